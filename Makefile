@@ -1,0 +1,131 @@
+# Makefile — builds every stage (./stage1 …) and the test runner; `make help` lists the targets.
+#
+# CUDA is found through CUDA_HOME (default /usr/local/cuda); cuDNN and NCCL through CUDNN_HOME /
+# NCCL_HOME or the usual system directories. Without a CUDA toolkit (or with CPU_ONLY=1) only the
+# CPU backend is built, and every binary still runs. CUDA_ARCH=90 (or "80 90") overrides the GPU
+# architectures; by default we build for the visible GPU, or for Turing…Hopper plus PTX.
+
+CC       ?= gcc
+CFLAGS   ?= -O3 -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -Icommon
+LDLIBS   := -lm -lpthread
+CUDA_HOME ?= /usr/local/cuda
+NVCC     := $(CUDA_HOME)/bin/nvcc
+
+ifeq ($(CPU_ONLY),1)
+  HAVE_CUDA :=
+else
+  HAVE_CUDA := $(shell test -x $(NVCC) && echo 1)
+endif
+
+# first directory of a list that holds a given file
+find_dir = $(firstword $(foreach d,$(2),$(if $(wildcard $(d)/$(1)),$(d))))
+
+SYS_INC := /usr/include /usr/local/include /usr/include/x86_64-linux-gnu /usr/include/aarch64-linux-gnu
+SYS_LIB := /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib
+
+ifeq ($(HAVE_CUDA),1)
+  CUDNN_INC := $(call find_dir,cudnn.h,$(if $(CUDNN_HOME),$(CUDNN_HOME)/include) $(CUDA_HOME)/include $(SYS_INC))
+  CUDNN_LIB := $(call find_dir,libcudnn.so,$(if $(CUDNN_HOME),$(CUDNN_HOME)/lib64 $(CUDNN_HOME)/lib) $(CUDA_HOME)/lib64 $(SYS_LIB))
+  NCCL_INC  := $(call find_dir,nccl.h,$(if $(NCCL_HOME),$(NCCL_HOME)/include) $(CUDA_HOME)/include $(SYS_INC))
+  NCCL_LIB  := $(call find_dir,libnccl.so,$(if $(NCCL_HOME),$(NCCL_HOME)/lib64 $(NCCL_HOME)/lib) $(CUDA_HOME)/lib64 $(SYS_LIB))
+  ifeq ($(CUDNN_INC),)
+    $(error CUDA found at $(CUDA_HOME) but no cudnn.h: install cuDNN 9, set CUDNN_HOME, or build with CPU_ONLY=1)
+  endif
+  # Architectures: the visible GPU's, else every one from Turing to Hopper this nvcc knows, + PTX.
+  ifeq ($(CUDA_ARCH),)
+    CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')
+  endif
+  ifeq ($(CUDA_ARCH),)
+    KNOWN := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | sed 's/compute_//')
+    CUDA_ARCH := $(filter 75 80 86 89 90,$(KNOWN))
+  endif
+  PTX_ARCH := $(lastword $(sort $(CUDA_ARCH)))
+  GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+              -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
+  CFLAGS   += -DUSE_CUDA -I$(CUDA_HOME)/include -I$(CUDNN_INC) $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
+  NVFLAGS  := -O3 -std=c++17 -Icommon $(GENCODE) -Xcompiler -Wall,-Wno-unused-parameter -DUSE_CUDA
+  LIBDIRS  := $(sort $(CUDA_HOME)/lib64 $(CUDNN_LIB) $(NCCL_LIB))
+  LDLIBS   += $(foreach d,$(LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudnn -lcublas -lcudart \
+              $(if $(NCCL_LIB),-lnccl) -lstdc++
+  BUILD    := build/cuda
+  FOUND    := CUDA $(CUDA_HOME) (sm: $(CUDA_ARCH)), cuDNN $(CUDNN_INC), NCCL $(if $(NCCL_INC),$(NCCL_INC),not found)
+else
+  BUILD    := build/cpu
+  FOUND    := no CUDA toolkit (CUDA_HOME=$(CUDA_HOME)$(if $(CPU_ONLY), CPU_ONLY=1)): building the CPU backend only
+endif
+
+COMMON_C  := $(wildcard common/*.c)
+COMMON_CU := $(if $(HAVE_CUDA),$(wildcard common/*.cu))
+COMMON_O  := $(COMMON_C:%.c=$(BUILD)/%.o) $(COMMON_CU:%.cu=$(BUILD)/%.cu.o)
+STAGE_DIRS := $(sort $(wildcard stages/stage[0-9]*_*))
+STAGES    := $(foreach d,$(STAGE_DIRS),$(firstword $(subst _, ,$(notdir $(d)))))
+TEST_C    := $(wildcard tests/*.c)
+TEST_O    := $(TEST_C:%.c=$(BUILD)/%.o)
+
+# Check is linked statically so the test runner also runs on machines without it (the GPU box).
+CHECK_A   := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcheck.a /usr/lib/aarch64-linux-gnu/libcheck.a /usr/lib64/libcheck.a /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
+SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
+CHECK_LIBS = $(CHECK_A) $(SUBUNIT_A) -lrt
+
+.PHONY: all help test check-dep found clean bench $(STAGES)
+all: found $(STAGES)
+
+found:
+	@echo "build: $(FOUND)"
+
+help:
+	@echo "make            build every stage ($(STAGES)) at the repository root"
+	@echo "make stageN     build one stage, e.g. make stage1 && ./stage1 --help"
+	@echo "make test       build and run the Check test suite (CPU; GPU tests run when a GPU is visible)"
+	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
+	@echo "make clean      remove build/ and the stage binaries"
+	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
+
+# ./stage1 ← stages/stage1_*/main.c + common
+define STAGE_RULE
+$(1): $(BUILD)/$(1)
+	@cp $(BUILD)/$(1) ./$(1)
+$(BUILD)/$(1): $(BUILD)/$(2)/main.o $(COMMON_O)
+	$(CC) $(CFLAGS) -o $$@ $$^ $(LDLIBS)
+endef
+$(foreach d,$(STAGE_DIRS),$(eval $(call STAGE_RULE,$(firstword $(subst _, ,$(notdir $(d)))),$(d))))
+
+$(BUILD)/%.o: %.c $(wildcard common/*.h) | found
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.cu.o: %.cu $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%.o: tests/%.c $(wildcard common/*.h tests/*.h) | check-dep
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -c -o $@ $<
+
+tests/run_tests: $(TEST_O) $(COMMON_O) | check-dep
+	$(CC) $(CFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+# Check (the C unit-test framework): installed through apt-get when missing and we are root.
+check-dep:
+	@if [ ! -f /usr/include/check.h ] || [ -z "$(CHECK_A)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "Check is missing: installing it with apt-get"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq check) >/dev/null || \
+	      { echo "error: apt-get install check failed"; exit 1; }; \
+	  else \
+	    echo "error: the Check unit-test library is missing; install it with: sudo apt-get install check"; exit 1; \
+	  fi; \
+	fi
+
+# The suite runs the stage binaries end to end, so they are built first. Check's own summary line
+# ("100%: Checks: N, Failures: 0, Errors: 0") is the last thing printed.
+test: check-dep $(STAGES)
+	@$(MAKE) --no-print-directory tests/run_tests
+	./tests/run_tests
+
+bench: stage1
+	bash tests/bench_stage1.sh
+
+clean:
+	rm -rf build tests/run_tests $(STAGES)

@@ -1,0 +1,48 @@
+/* checkpoint.h — saving and resuming training state, atomically and verifiably.
+ *
+ * File layout (little-endian): a fixed header (magic "DPDDPCKP", format version, header size, the
+ * model description, counters, seed), then the parameter blob, the buffer blob (batch-norm running
+ * statistics), the optimizer's momentum blob, and a 64-bit FNV-1a checksum of everything before it.
+ * A save writes "<path>.tmp", fsyncs it, renames it over <path> and fsyncs the directory, so a crash
+ * never leaves a half-written checkpoint under the real name and an older checkpoint is never lost.
+ * A load refuses — with an error naming the file and the problem — a missing file, a wrong magic or
+ * version, a truncated file, a checksum mismatch, and a model that differs from the one being
+ * trained (architecture, norm, parameter count, shape fingerprint). */
+#ifndef CHECKPOINT_H
+#define CHECKPOINT_H
+
+#include <stdint.h>
+
+typedef struct CheckpointMeta {
+    char arch[32];          /* "resnet18" | "tiny" */
+    char norm[8];           /* "bn" | "none" */
+    int64_t n_params;       /* floats in the parameter (and gradient, momentum) blob */
+    int64_t n_buffers;      /* floats in the buffer blob */
+    uint64_t shape_hash;    /* fingerprint of every parameter's name and shape */
+    /* where training stands */
+    int64_t step;           /* optimizer steps done */
+    int64_t epoch;          /* epoch to continue in */
+    int64_t batch_in_epoch; /* batches of that epoch already done (0 at an epoch boundary) */
+    int64_t seed;
+    int64_t momentum_valid; /* 1 once the optimizer has taken a step (its buffers exist) */
+    int64_t world_size;     /* informational: how many ranks trained it */
+} CheckpointMeta;
+
+/* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory). */
+void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
+                     const float *buffers, const float *momentum);
+
+/* Read and verify `path` against `expect` (arch, norm, n_params, n_buffers, shape_hash must match;
+ * its counters are ignored). On success fills *meta with the file's meta and the three host arrays
+ * (sized as in expect). Any problem is a user error (exit 2) that names the file and the fix. */
+void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
+                     float *params, float *buffers, float *momentum);
+
+/* "DIR/ckpt_epoch003.bin" style path for a save directory (creates DIR if needed; a DIR that cannot
+ * be created is a user error). Returns a malloc'd string. */
+char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
+
+uint64_t fnv1a64(uint64_t h, const void *data, size_t len);
+#define FNV1A64_INIT 0xcbf29ce484222325ull
+
+#endif

@@ -1,0 +1,66 @@
+/* cli.h — one command-line parser and one configuration for every stage.
+ *
+ * Each flag is a row in an Option table: name, kind, destination, allowed range or choices, help.
+ * cli_parse validates every value and, on a bad one, names the flag, the value and what is allowed
+ * (exit 2). --help prints the table. Stages pass their own extra rows (e.g. stage 2's --gpus), and
+ * the common rows below fill a TrainConfig. */
+#ifndef CLI_H
+#define CLI_H
+
+#include <stdint.h>
+
+typedef enum { OPT_INT, OPT_INT64, OPT_FLOAT, OPT_STR, OPT_FLAG, OPT_CHOICE } OptKind;
+
+typedef struct Option {
+    const char *name;    /* without the leading "--" */
+    OptKind kind;
+    void *dst;           /* int*, int64_t*, double*, const char** (STR and CHOICE), int* (FLAG → 1) */
+    double min, max;     /* inclusive range for INT / INT64 / FLOAT */
+    const char *choices; /* CHOICE: "a|b|c" */
+    const char *help;
+} Option;
+
+/* Parses argv against opts (an array terminated by a row with name == NULL). Accepts "--name value"
+ * and "--name=value". Unknown flags, missing values, unparsable numbers, out-of-range numbers and
+ * values outside the choices are user errors (die_user, exit 2). Positional arguments are errors.
+ * "--help" / "-h" prints `about`, then every option with its default (read from *dst before parsing)
+ * and help, and exits 0. A flag given twice: the last one wins. */
+void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about);
+
+/* The configuration every stage shares. Defaults are applied by config_defaults; values that depend
+ * on the device (model, dataset sizes, epochs) are left "auto" (empty string / −1) until
+ * config_resolve, once the device kind is known. */
+typedef struct TrainConfig {
+    const char *device;      /* auto | cuda | cpu */
+    const char *model;       /* "" (auto: resnet18 on CUDA, tiny on CPU) | resnet18 | tiny */
+    const char *norm;        /* bn | none */
+    int epochs;              /* −1 = auto */
+    int64_t steps;           /* stop after this many optimizer steps; 0 = no limit */
+    int batch_size;          /* per device */
+    double lr, momentum, weight_decay;
+    const char *schedule;    /* const | cosine (over the whole run) */
+    int64_t seed;
+    int log_every;
+    int deterministic;
+    int cudnn_benchmark;
+    int no_tf32;
+    const char *data;        /* "" = synthetic; else CIFAR-10 binary directory */
+    int64_t train_size;      /* −1 = auto (all of CIFAR-10; synthetic: 50000 GPU / 4096 CPU) */
+    int64_t test_size;       /* −1 = auto (10000 GPU / 1024 CPU) */
+    int workers;
+    int pin_memory;
+    const char *save;        /* "" = no checkpoints; else a directory */
+    const char *resume;      /* "" or a checkpoint file */
+    const char *report;      /* "" or a JSON-lines file */
+    const char *progress;    /* auto | on | off */
+} TrainConfig;
+
+void config_defaults(TrainConfig *c);
+/* The common option rows for c; `extra` (may be NULL) rows are appended. Returns a malloc'd,
+ * terminated table. */
+Option *config_options(TrainConfig *c, const Option *extra);
+/* Fill "auto" values for the device kind (cuda = 1 / cpu = 0) and check cross-flag rules
+ * (e.g. --steps and --epochs both 0). */
+void config_resolve(TrainConfig *c, int cuda);
+
+#endif

@@ -1,0 +1,43 @@
+/* data.h — datasets in host memory: the embedded synthetic CIFAR-like set, or real CIFAR-10.
+ *
+ * A Dataset is N images of 3×32×32 bytes (CHW, as CIFAR-10's binary format stores them) and N labels.
+ * The synthetic set is generated from a seed: every class has a smooth random prototype pattern and
+ * colour; each sample is its class prototype, shifted by a few pixels, with per-sample contrast and
+ * noise, so it is learnable but not trivial, and random crops and flips help as they do on CIFAR.
+ * Real CIFAR-10 (--data DIR) is read from data_batch_1..5.bin and test_batch.bin; every file is
+ * validated and a problem is reported naming the file and what is wrong with it. */
+#ifndef DATA_H
+#define DATA_H
+
+#include <stdint.h>
+
+#define IMG_C 3
+#define IMG_H 32
+#define IMG_W 32
+#define IMG_PIXELS (IMG_C * IMG_H * IMG_W) /* 3072 bytes per image */
+#define NUM_CLASSES 10
+
+typedef struct Dataset {
+    int64_t n;
+    uint8_t *images; /* n × 3072, CHW */
+    uint8_t *labels; /* n, each 0..9 */
+    char source[64]; /* "synthetic(seed=…)" or "cifar10:train" — for the report */
+} Dataset;
+
+/* Synthetic: train and test are disjoint draws from the same distribution (test uses a different
+ * stream of the same seed). n ≥ 1. Deterministic in (seed, n, train). */
+void dataset_synthetic(Dataset *ds, int64_t n, uint64_t seed, int train);
+
+/* CIFAR-10 binary: train = data_batch_1..5.bin (50000), test = test_batch.bin (10000).
+ * limit > 0 keeps the first `limit` samples (--train-size / --test-size); asking for more than the
+ * files hold is a user error. Errors (die_user): directory or file missing, size not a multiple of
+ * 3073, truncated file, label outside 0..9 (names the file and record index). */
+void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit);
+
+void dataset_free(Dataset *ds);
+
+/* Per-channel normalisation used for CIFAR-10 (torchvision's usual constants). */
+extern const float DATA_MEAN[3];
+extern const float DATA_STD[3];
+
+#endif

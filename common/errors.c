@@ -1,0 +1,39 @@
+/* errors.c — the single exit path for failures (see errors.h). */
+#include "errors.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void die_at(const char *file, int line, const char *call, const char *why, const char *hint) {
+    fflush(stdout);
+    fprintf(stderr, "%s:%d: %s failed: %s\n", file, line, call, why ? why : "(no reason given)");
+    if (hint && hint[0]) fprintf(stderr, "  hint: %s\n", hint);
+    exit(1);
+}
+
+void die_user(const char *fmt, ...) {
+    fflush(stdout);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+const char *errno_string(void) { return strerror(errno); }
+
+void *xmalloc_at(const char *file, int line, size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) die_at(file, line, "malloc", "out of host memory", "reduce --batch-size or --train-size");
+    return p;
+}
+
+void *xcalloc_at(const char *file, int line, size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) die_at(file, line, "calloc", "out of host memory", "reduce --batch-size or --train-size");
+    return p;
+}

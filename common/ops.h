@@ -1,0 +1,101 @@
+/* ops.h — every operation the trainer runs, one function each, dispatching on the device kind.
+ *
+ * DEV_CPU  → the plain C reference in ops_ref.c (the "CPU backend"; also the oracle for tests).
+ * DEV_CUDA → ops_cuda.c: cuDNN for convolution and batch norm, cuBLAS for linear, and our own
+ *            kernels (kernels.cu) for the rest.
+ *
+ * Conventions (all of them PyTorch's):
+ *  - tensors are float32, NCHW, contiguous; pointers are in the device's memory;
+ *  - conv weight [cout][cin][k][k]; linear weight [out][in], y = x·Wᵀ + b;
+ *  - parameter gradients (dw, dgamma, dbeta, dW, db) always ACCUMULATE (+=), as .grad does in
+ *    PyTorch, so gradient accumulation (stage 4) and DP's reduce (stage 2) need nothing special;
+ *    the trainer zeroes the flat gradient buffer once per optimizer step;
+ *  - activation gradients (dx) overwrite when accumulate == 0 and add when accumulate == 1 (a tensor
+ *    read by two layers — a residual block's input — receives the sum of both gradients);
+ *  - everything is issued on the device's compute stream; no op synchronises with the host.
+ */
+#ifndef OPS_H
+#define OPS_H
+
+#include <stdint.h>
+
+#include "device.h"
+
+/* ---- 2-D convolution, no bias (ResNet's convolutions are followed by batch norm) ---------------- */
+typedef struct ConvShape {
+    int cin, cout, k, stride, pad; /* square kernel */
+    int h, w;                      /* input spatial size */
+    int hout, wout;                /* = (h + 2·pad − k)/stride + 1, filled by conv_shape() */
+} ConvShape;
+void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int h, int w);
+
+/* A Conv holds the backend's plan (cuDNN descriptors and chosen algorithms) for batch sizes seen so
+ * far. conv_prepare plans for batch n (allocating workspace through the device); it is called at
+ * model setup for the batch sizes the run will use, so the step itself never allocates. Calling a
+ * conv op with an n that was not prepared prepares it on the spot. */
+typedef struct Conv {
+    ConvShape s;
+    void *plan; /* backend-private; NULL on CPU */
+} Conv;
+void conv_prepare(Device *d, Conv *c, int n);
+void conv_release(Device *d, Conv *c);
+void conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y);
+void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
+                        int accumulate);
+void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw);
+
+/* ---- batch norm over (N, H, W) per channel, PyTorch's BatchNorm2d(eps=1e-5, momentum=0.1) -------- */
+/* Training: normalise with the batch's biased variance; update running_mean/var in place with the
+ * *unbiased* variance: r = (1−momentum)·r + momentum·batch_stat. save_mean/save_invstd (c floats
+ * each; invstd = 1/sqrt(var_biased + eps)) are kept for backward. */
+void bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                      const float *beta, float *running_mean, float *running_var, float momentum,
+                      float eps, float *save_mean, float *save_invstd, float *y);
+void bn_forward_eval(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                     const float *beta, const float *running_mean, const float *running_var,
+                     float eps, float *y);
+void bn_backward(Device *d, int n, int c, int hw, const float *x, const float *dy,
+                 const float *gamma, const float *save_mean, const float *save_invstd, float eps,
+                 float *dx, float *dgamma, float *dbeta, int accumulate);
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+void relu_forward(Device *d, int64_t count, const float *x, float *y); /* x == y allowed */
+/* dx = dy · (y > 0); y is the forward OUTPUT (so ReLU can run in place). dx == dy allowed when
+ * accumulate == 0. */
+void relu_backward(Device *d, int64_t count, const float *y, const float *dy, float *dx,
+                   int accumulate);
+void add_forward(Device *d, int64_t count, const float *a, const float *b, float *y);
+/* dst = src (accumulate 0) or dst += src (accumulate 1): the backward of add, fan-out, copies. */
+void grad_pass(Device *d, int64_t count, const float *src, float *dst, int accumulate);
+
+/* ---- global average pool: [n][c][hw] → [n][c] ------------------------------------------------- */
+void avgpool_forward(Device *d, int n, int c, int hw, const float *x, float *y);
+void avgpool_backward(Device *d, int n, int c, int hw, const float *dy, float *dx, int accumulate);
+
+/* ---- linear: x [n][in], W [out][in], b [out] → y [n][out] ------------------------------------- */
+void linear_forward(Device *d, int n, int in, int out, const float *x, const float *W,
+                    const float *b, float *y);
+void linear_backward(Device *d, int n, int in, int out, const float *x, const float *W,
+                     const float *dy, float *dx, float *dW, float *db, int accumulate);
+
+/* ---- fused softmax + cross-entropy (mean reduction) and its gradient --------------------------- */
+/* For n rows of `classes` logits and int32 labels: per-sample loss_i = logsumexp(z_i) − z_i[label].
+ * Writes *loss = scale · Σ loss_i, dlogits = scale · (softmax(z) − onehot(label)), and
+ * *correct = number of rows whose argmax (first maximum) equals the label.
+ * The mean loss of a batch of B is scale = 1/B; DataParallel passes 1/(global batch).
+ * loss and correct are single device values (written, not accumulated). */
+void xent_forward_backward(Device *d, int n, int classes, const float *logits,
+                           const int32_t *labels, float scale, float *loss, int32_t *correct,
+                           float *dlogits);
+
+/* ---- SGD, PyTorch's formula (dampening 0, nesterov off), one pass over a flat buffer ------------ */
+/* g' = g + wd·p;  buf = first ? g' : momentum·buf + g';  p −= lr·buf.  (momentum 0 → p −= lr·g') */
+void sgd_step(Device *d, int64_t count, float *params, const float *grads, float *momentum_buf,
+              float lr, float momentum, float weight_decay, int first);
+
+/* ---- small helpers used by the stages ---------------------------------------------------------- */
+void scale_inplace(Device *d, int64_t count, float *x, float alpha); /* x *= alpha */
+/* y += x (same shapes): DataParallel's reduce-add of replica gradients into GPU0's. */
+void add_inplace(Device *d, int64_t count, const float *x, float *y);
+
+#endif

@@ -1,0 +1,47 @@
+/* ops_ref.h — the plain C reference of every op: the CPU backend, and the oracle for tests.
+ *
+ * Written once, generically, in ops_ref_impl.h, and instantiated twice by ops_ref.c: for float
+ * (suffix _f32, what the CPU backend trains with) and double (suffix _f64, what the finite-difference
+ * gradient checks use). Semantics are exactly those documented in ops.h; shapes are explicit here
+ * because the reference has no plan to hold them. Single-threaded and in a fixed order, so results
+ * are reproducible bit for bit; batch-norm statistics and softmax sums accumulate in double. */
+#ifndef OPS_REF_H
+#define OPS_REF_H
+
+#include <stdint.h>
+
+#include "ops.h"
+
+#define OPS_REF_DECLARE(T, S)                                                                      \
+    void ref_conv_forward##S(const ConvShape *s, int n, const T *x, const T *w, T *y);             \
+    void ref_conv_backward_data##S(const ConvShape *s, int n, const T *dy, const T *w, T *dx,      \
+                                   int accumulate);                                                \
+    void ref_conv_backward_filter##S(const ConvShape *s, int n, const T *x, const T *dy, T *dw);   \
+    void ref_bn_forward_train##S(int n, int c, int hw, const T *x, const T *gamma, const T *beta,  \
+                                 T *running_mean, T *running_var, T momentum, T eps, T *save_mean, \
+                                 T *save_invstd, T *y);                                            \
+    void ref_bn_forward_eval##S(int n, int c, int hw, const T *x, const T *gamma, const T *beta,   \
+                                const T *running_mean, const T *running_var, T eps, T *y);         \
+    void ref_bn_backward##S(int n, int c, int hw, const T *x, const T *dy, const T *gamma,         \
+                            const T *save_mean, const T *save_invstd, T eps, T *dx, T *dgamma,     \
+                            T *dbeta, int accumulate);                                             \
+    void ref_relu_forward##S(int64_t count, const T *x, T *y);                                     \
+    void ref_relu_backward##S(int64_t count, const T *y, const T *dy, T *dx, int accumulate);      \
+    void ref_add_forward##S(int64_t count, const T *a, const T *b, T *y);                          \
+    void ref_grad_pass##S(int64_t count, const T *src, T *dst, int accumulate);                    \
+    void ref_avgpool_forward##S(int n, int c, int hw, const T *x, T *y);                           \
+    void ref_avgpool_backward##S(int n, int c, int hw, const T *dy, T *dx, int accumulate);        \
+    void ref_linear_forward##S(int n, int in, int out, const T *x, const T *W, const T *b, T *y);  \
+    void ref_linear_backward##S(int n, int in, int out, const T *x, const T *W, const T *dy,       \
+                                T *dx, T *dW, T *db, int accumulate);                              \
+    void ref_xent_forward_backward##S(int n, int classes, const T *logits, const int32_t *labels,  \
+                                      T scale, T *loss, int32_t *correct, T *dlogits);             \
+    void ref_sgd_step##S(int64_t count, T *params, const T *grads, T *momentum_buf, T lr,          \
+                         T momentum, T weight_decay, int first);                                   \
+    void ref_scale_inplace##S(int64_t count, T *x, T alpha);                                       \
+    void ref_add_inplace##S(int64_t count, const T *x, T *y);
+
+OPS_REF_DECLARE(float, _f32)
+OPS_REF_DECLARE(double, _f64)
+
+#endif

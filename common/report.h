@@ -1,0 +1,47 @@
+/* report.h — what the user sees: console lines, a progress bar, and JSON lines for scripts.
+ *
+ * Console output is for people: one header, one line per epoch, one summary block, and a progress
+ * bar with ETA only when stdout is a terminal (--progress auto). JSON lines (--report FILE) are for
+ * programs: {"type":"step",…}, {"type":"epoch",…}, {"type":"summary",…}; floats are written with
+ * %.9g so a float32 round-trips exactly. Only the reporting rank writes (stage 3: rank 0). */
+#ifndef REPORT_H
+#define REPORT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct Report {
+    FILE *json;       /* NULL when no --report */
+    int progress;     /* draw the progress bar */
+    int active;       /* 0 on non-reporting ranks: every call is a no-op */
+    int bar_drawn;    /* a progress line is on screen and must be cleared before printing */
+    double bar_last;  /* last redraw time, to redraw at most ~10×/s */
+} Report;
+
+/* progress_flag: "auto" | "on" | "off". json_path may be "" or NULL. The file is created or
+ * truncated; failure to open it is a user error naming the path. */
+void report_open(Report *r, const char *json_path, const char *progress_flag, int active);
+void report_close(Report *r);
+
+/* printf to stdout, clearing the progress bar first. */
+void report_printf(Report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "epoch 2/5 [=====>     ] 120/390  loss 1.2345  ETA 0:12" on one line (\r), stdout only. */
+void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches,
+                     double elapsed_s, float loss);
+
+/* JSON-lines writer: begin an object of a given type, add fields, end (writes the line, flushes).
+ * Calls are no-ops when there is no file. */
+void json_begin(Report *r, const char *type);
+void json_int(Report *r, const char *key, int64_t v);
+void json_num(Report *r, const char *key, double v);  /* %.9g; non-finite → null */
+void json_str(Report *r, const char *key, const char *v);
+void json_int_list(Report *r, const char *key, const int64_t *v, int n);
+void json_num_list(Report *r, const char *key, const double *v, int n);
+void json_end(Report *r);
+
+/* Median of v[0..n−1] (v is reordered); 0 when n == 0. */
+double stats_median(double *v, int n);
+/* "1.23 GiB" style, into buf (returns buf). */
+const char *fmt_bytes(char *buf, size_t len, double bytes);
+
+#endif

@@ -1,0 +1,29 @@
+/* test_main.c — the Check runner: every suite, one summary line, exit status for make/CI.
+ * Usage: tests/run_tests [suite-name-substring]   (e.g. "ops_cuda" to run one suite) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests.h"
+
+typedef Suite *(*SuiteFn)(void);
+
+int main(int argc, char **argv) {
+    SuiteFn all[] = {suite_rng,        suite_ops_ref, suite_ops_cuda, suite_fixtures,
+                     suite_data,       suite_loader,  suite_checkpoint, suite_cli,
+                     suite_model,      suite_e2e};
+    const char *filter = argc > 1 ? argv[1] : NULL;
+    SRunner *sr = NULL;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        Suite *s = all[i]();
+        /* Check has no public suite-name getter; suites are named "name" in their constructor and
+         * filtered by the CK_RUN_SUITE environment variable, which we set from argv[1]. */
+        if (!sr) sr = srunner_create(s);
+        else srunner_add_suite(sr, s);
+    }
+    if (filter) setenv("CK_RUN_SUITE", filter, 1);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

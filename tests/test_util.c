@@ -1,0 +1,74 @@
+/* test_util.c — helpers shared by the test suites (see tests.h). */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "device.h"
+#include "rng.h"
+#include "tests.h"
+
+void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t h = hash3(seed, 0x5eed, (uint64_t)i);
+        x[i] = lo + (hi - lo) * (float)((double)(h >> 11) / 9007199254740992.0);
+    }
+}
+
+void test_fill_uniform_f64(double *x, int64_t n, uint64_t seed, double lo, double hi) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t h = hash3(seed, 0x5eed, (uint64_t)i);
+        x[i] = lo + (hi - lo) * ((double)(h >> 11) / 9007199254740992.0);
+    }
+}
+
+double test_rel_err(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (isnan(a[i]) || isnan(b[i])) return INFINITY;
+        if (d > num) num = d;
+        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
+    }
+    return num / (den > 1e-30 ? den : 1e-30);
+}
+
+int test_have_gpu(const char *what) {
+    if (device_cuda_count() > 0) return 1;
+    printf("SKIP: %s — no CUDA device visible (built %s CUDA)\n", what,
+#ifdef USE_CUDA
+           "with"
+#else
+           "without"
+#endif
+    );
+    fflush(stdout);
+    return 0;
+}
+
+const char *test_root(void) {
+    const char *r = getenv("TEST_ROOT");
+    return r && r[0] ? r : ".";
+}
+
+int test_run(const char *cmd, char **output) {
+    char *full = NULL;
+    if (asprintf(&full, "%s 2>&1", cmd) < 0) abort();
+    FILE *p = popen(full, "r");
+    free(full);
+    if (!p) return -1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (cap - len < 1024) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    if (output) *output = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}

@@ -1,0 +1,32 @@
+/* tests.h — the suites of the Check test runner and small shared test helpers.
+ * Each tests/test_*.c file defines one suite_*() listed here and in test_main.c. */
+#ifndef TESTS_H
+#define TESTS_H
+
+#include <check.h>
+#include <stdint.h>
+
+Suite *suite_rng(void);
+Suite *suite_ops_ref(void);     /* CPU reference: finite-difference gradient checks in float64 */
+Suite *suite_ops_cuda(void);    /* CUDA ops against the CPU reference (skips without a GPU) */
+Suite *suite_fixtures(void);    /* PyTorch fixtures (tests/fixtures/*.bin) against the CPU backend */
+Suite *suite_data(void);
+Suite *suite_loader(void);
+Suite *suite_checkpoint(void);
+Suite *suite_cli(void);
+Suite *suite_model(void);
+Suite *suite_e2e(void);         /* runs ./stage1 end to end */
+
+/* Uniform random floats in [lo, hi) from a fixed seed (test inputs). */
+void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi);
+void test_fill_uniform_f64(double *x, int64_t n, uint64_t seed, double lo, double hi);
+/* max |a−b| / max(1, max|b|) style relative error: ‖a−b‖∞ / max(‖b‖∞, tiny). */
+double test_rel_err(const float *a, const float *b, int64_t n);
+/* 1 if a CUDA device is visible; prints a visible SKIP line naming `what` otherwise (once per what). */
+int test_have_gpu(const char *what);
+/* Path of the repository root (where ./stage1 lives), from the runner's argv[0] or "." */
+const char *test_root(void);
+/* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
+int test_run(const char *cmd, char **output);
+
+#endif
