@@ -1,5 +1,4 @@
 /* test_util.c — helpers shared by the test suites (see tests.h). */
-#define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

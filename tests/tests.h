@@ -9,7 +9,7 @@
 Suite *suite_rng(void);
 Suite *suite_ops_ref(void);     /* CPU reference: finite-difference gradient checks in float64 */
 Suite *suite_ops_cuda(void);    /* CUDA ops against the CPU reference (skips without a GPU) */
-Suite *suite_fixtures(void);    /* PyTorch fixtures (tests/fixtures/*.bin) against the CPU backend */
+Suite *suite_fixtures(void);    /* PyTorch fixtures (tests/fixtures/) against the CPU backend */
 Suite *suite_data(void);
 Suite *suite_loader(void);
 Suite *suite_checkpoint(void);

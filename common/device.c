@@ -1,0 +1,298 @@
+/* device.c — logical devices, accounted memory, copies (see device.h). */
+#include "device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* PyTorch's caching allocator hands out blocks in multiples of 512 bytes; rounding the same way
+ * keeps our peak comparable with torch.cuda.max_memory_allocated(). */
+#define ALLOC_ROUND 512
+
+typedef struct AllocRecord {
+    void *p;
+    size_t bytes;
+} AllocRecord;
+
+double time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#ifdef USE_CUDA
+const char *cuda_hint(cudaError_t e) {
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return "the GPU is out of memory: lower --batch-size, or use --model tiny";
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return "no usable GPU/driver: run with --device cpu";
+    case cudaErrorInvalidDevice:
+        return "asked for a GPU that does not exist: check --gpus / CUDA_VISIBLE_DEVICES";
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+        return "binary not built for this GPU: rebuild with `make clean && make CUDA_ARCH=<cc>`";
+    default:
+        return NULL;
+    }
+}
+const char *cudnn_hint(cudnnStatus_t s) {
+    if (s == CUDNN_STATUS_NOT_SUPPORTED) return "this cuDNN does not support the configuration";
+    if (s == CUDNN_STATUS_ALLOC_FAILED) return "out of GPU memory: lower --batch-size";
+    return NULL;
+}
+#endif
+
+int device_cuda_count(void) {
+#ifdef USE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n;
+#else
+    return 0;
+#endif
+}
+
+DeviceKind device_kind_from_flag(const char *flag, int quiet) {
+    int n = device_cuda_count();
+    if (!strcmp(flag, "cpu")) return DEV_CPU;
+    if (!strcmp(flag, "cuda")) {
+        if (n == 0)
+            die_user("--device cuda: no CUDA GPU is visible%s — run with --device cpu",
+#ifdef USE_CUDA
+                     ""
+#else
+                     " (this binary was built without CUDA)"
+#endif
+            );
+        return DEV_CUDA;
+    }
+    if (n > 0) return DEV_CUDA;
+    if (!quiet) printf("note: no CUDA GPU visible — running on the CPU backend (small model, small dataset)\n");
+    return DEV_CPU;
+}
+
+void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
+    /* Options (deterministic, benchmark, allow_tf32) were set by the caller; keep them. */
+    d->kind = kind;
+    d->index = index;
+    d->ordinal = kind == DEV_CUDA ? ordinal : -1;
+    d->mem_cur = d->mem_peak = 0;
+    d->allocs = NULL;
+    d->n_allocs = d->cap_allocs = 0;
+    d->workspace = NULL;
+    d->workspace_bytes = 0;
+    pthread_mutex_init(&d->mem_lock, NULL);
+    if (kind == DEV_CPU) {
+        snprintf(d->name, sizeof d->name, "cpu%d", index);
+        return;
+    }
+#ifdef USE_CUDA
+    int n = device_cuda_count();
+    if (ordinal < 0 || ordinal >= n)
+        die_user("GPU %d requested but only %d visible — lower --gpus/--nproc-per-node or check "
+                 "CUDA_VISIBLE_DEVICES", ordinal, n);
+    CHECK_CUDA(cudaSetDevice(ordinal));
+    struct cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, ordinal));
+    snprintf(d->name, sizeof d->name, "cuda:%d (%.80s)", ordinal, prop.name);
+    CHECK_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking));
+    CHECK_CUDNN(cudnnCreate(&d->cudnn));
+    CHECK_CUDNN(cudnnSetStream(d->cudnn, d->stream));
+    CHECK_CUBLAS(cublasCreate(&d->cublas));
+    CHECK_CUBLAS(cublasSetStream(d->cublas, d->stream));
+    /* Plain fp32 GEMMs, as PyTorch's default (torch.backends.cuda.matmul.allow_tf32 = False). */
+    CHECK_CUBLAS(cublasSetMathMode(d->cublas, CUBLAS_DEFAULT_MATH));
+    /* cuBLAS would otherwise allocate its own workspace outside our account; give it none. */
+    CHECK_CUBLAS(cublasSetWorkspace(d->cublas, NULL, 0));
+#else
+    die_at(__FILE__, __LINE__, "device_init", "this binary was built without CUDA",
+           "rebuild with a CUDA toolkit (see `make help`) or run with --device cpu");
+#endif
+}
+
+void device_bind(Device *d) {
+#ifdef USE_CUDA
+    if (d->kind == DEV_CUDA) CHECK_CUDA(cudaSetDevice(d->ordinal));
+#endif
+}
+
+void device_destroy(Device *d) {
+    if (d->workspace) device_free(d, d->workspace);
+    d->workspace = NULL;
+#ifdef USE_CUDA
+    if (d->kind == DEV_CUDA) {
+        device_bind(d);
+        CHECK_CUDA(cudaStreamSynchronize(d->stream));
+        for (int i = 0; i < d->n_allocs; i++) cudaFree(d->allocs[i].p);
+        cudnnDestroy(d->cudnn);
+        cublasDestroy(d->cublas);
+        cudaStreamDestroy(d->stream);
+        cudaStreamDestroy(d->copy_stream);
+    }
+#endif
+    if (d->kind == DEV_CPU)
+        for (int i = 0; i < d->n_allocs; i++) free(d->allocs[i].p);
+    free(d->allocs);
+    d->allocs = NULL;
+    d->n_allocs = 0;
+    pthread_mutex_destroy(&d->mem_lock);
+}
+
+void *device_alloc(Device *d, size_t bytes, const char *what) {
+    size_t rounded = (bytes + ALLOC_ROUND - 1) / ALLOC_ROUND * ALLOC_ROUND;
+    if (rounded == 0) rounded = ALLOC_ROUND;
+    void *p = NULL;
+    if (d->kind == DEV_CPU) {
+        if (posix_memalign(&p, 64, rounded) != 0) p = NULL;
+    }
+#ifdef USE_CUDA
+    else {
+        device_bind(d);
+        cudaError_t e = cudaMalloc(&p, rounded);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            p = NULL;
+        }
+    }
+#endif
+    if (!p) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)",
+                 d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0);
+        die_at(__FILE__, __LINE__, "device_alloc", msg,
+               "out of memory: lower --batch-size, or use --model tiny");
+    }
+    pthread_mutex_lock(&d->mem_lock);
+    if (d->n_allocs == d->cap_allocs) {
+        d->cap_allocs = d->cap_allocs ? 2 * d->cap_allocs : 64;
+        d->allocs = realloc(d->allocs, (size_t)d->cap_allocs * sizeof *d->allocs);
+        if (!d->allocs) die_at(__FILE__, __LINE__, "realloc", "out of host memory", NULL);
+    }
+    d->allocs[d->n_allocs++] = (AllocRecord){p, rounded};
+    d->mem_cur += rounded;
+    if (d->mem_cur > d->mem_peak) d->mem_peak = d->mem_cur;
+    pthread_mutex_unlock(&d->mem_lock);
+    return p;
+}
+
+void device_free(Device *d, void *p) {
+    if (!p) return;
+    pthread_mutex_lock(&d->mem_lock);
+    int i = 0;
+    while (i < d->n_allocs && d->allocs[i].p != p) i++;
+    ASSERT(i < d->n_allocs); /* freeing memory this device never handed out */
+    d->mem_cur -= d->allocs[i].bytes;
+    d->allocs[i] = d->allocs[--d->n_allocs];
+    pthread_mutex_unlock(&d->mem_lock);
+    if (d->kind == DEV_CPU) free(p);
+#ifdef USE_CUDA
+    else {
+        device_bind(d);
+        /* cudaFree synchronises the device; it only happens at setup/teardown, never in a step. */
+        CHECK_CUDA(cudaFree(p));
+    }
+#endif
+}
+
+void *device_workspace(Device *d, size_t bytes) {
+    if (bytes <= d->workspace_bytes) return d->workspace;
+    if (d->workspace) {
+#ifdef USE_CUDA
+        if (d->kind == DEV_CUDA) CHECK_CUDA(cudaStreamSynchronize(d->stream));
+#endif
+        device_free(d, d->workspace);
+    }
+    d->workspace = device_alloc(d, bytes, "convolution workspace");
+    d->workspace_bytes = bytes;
+    return d->workspace;
+}
+
+void device_reset_peak(Device *d) {
+    pthread_mutex_lock(&d->mem_lock);
+    d->mem_peak = d->mem_cur;
+    pthread_mutex_unlock(&d->mem_lock);
+}
+
+void *host_alloc(Device *d, size_t bytes, int pinned) {
+#ifdef USE_CUDA
+    if (pinned && d && d->kind == DEV_CUDA) {
+        void *p = NULL;
+        device_bind(d);
+        CHECK_CUDA(cudaMallocHost(&p, bytes ? bytes : 1));
+        return p;
+    }
+#endif
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        die_at(__FILE__, __LINE__, "posix_memalign", "out of host memory", NULL);
+    return p;
+}
+
+void host_free(Device *d, void *p, int pinned) {
+    if (!p) return;
+#ifdef USE_CUDA
+    if (pinned && d && d->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaFreeHost(p));
+        return;
+    }
+#endif
+    free(p);
+}
+
+void device_memset0(Device *d, void *p, size_t bytes) {
+    if (d->kind == DEV_CPU) {
+        memset(p, 0, bytes);
+        return;
+    }
+#ifdef USE_CUDA
+    CHECK_CUDA(cudaMemsetAsync(p, 0, bytes, d->stream));
+#endif
+}
+
+void device_copy_h2d(Device *d, void *dst, const void *src, size_t bytes) {
+    if (d->kind == DEV_CPU) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+#ifdef USE_CUDA
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, d->stream));
+#endif
+}
+
+void device_copy_d2h(Device *d, void *dst, const void *src, size_t bytes) {
+    if (d->kind == DEV_CPU) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+#ifdef USE_CUDA
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->stream));
+    CHECK_CUDA(cudaStreamSynchronize(d->stream));
+#endif
+}
+
+void device_copy_d2d(Device *d, void *dst, const void *src, size_t bytes) {
+    if (d->kind == DEV_CPU) {
+        memmove(dst, src, bytes);
+        return;
+    }
+#ifdef USE_CUDA
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->stream));
+#endif
+}
+
+void device_sync(Device *d) {
+#ifdef USE_CUDA
+    if (d->kind == DEV_CUDA) {
+        device_bind(d);
+        CHECK_CUDA(cudaStreamSynchronize(d->copy_stream));
+        CHECK_CUDA(cudaStreamSynchronize(d->stream));
+    }
+#endif
+}
