@@ -100,7 +100,7 @@ void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     CHECK_CUDA(cudaSetDevice(ordinal));
     struct cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, ordinal));
-    snprintf(d->name, sizeof d->name, "cuda:%d (%.80s)", ordinal, prop.name);
+    snprintf(d->name, sizeof d->name, "cuda:%d (%.64s)", ordinal, prop.name);
     CHECK_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     CHECK_CUDA(cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking));
     CHECK_CUDNN(cudnnCreate(&d->cudnn));
