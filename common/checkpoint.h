@@ -11,6 +11,7 @@
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct CheckpointMeta {
@@ -38,7 +39,7 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum);
 
-/* "DIR/ckpt_epoch003.bin" style path for a save directory (creates DIR if needed; a DIR that cannot
+/* "DIR/epoch003.ckpt" (end of an epoch) or "DIR/step00001234.ckpt" (inside one) for a save directory (creates DIR if needed; a DIR that cannot
  * be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
 

@@ -13,6 +13,8 @@ int main(int argc, char **argv) {
                      suite_data,       suite_loader,  suite_checkpoint, suite_cli,
                      suite_model,      suite_e2e};
     const char *filter = argc > 1 ? argv[1] : NULL;
+    /* Check's default is 4 s per test; end-to-end runs of ./stage1 on the CPU take longer. */
+    setenv("CK_DEFAULT_TIMEOUT", "600", 0);
     SRunner *sr = NULL;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         Suite *s = all[i]();

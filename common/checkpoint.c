@@ -1,0 +1,305 @@
+/* checkpoint.c — atomic, verified checkpoints (see checkpoint.h).
+ *
+ * Layout, little-endian, every field written explicitly (byte by byte through put_u32/put_u64, not a
+ * raw struct dump, so compiler padding or a reordered CheckpointMeta can never change the format):
+ *
+ *   offset size  field
+ *        0    8  magic "DPDDPCKP"
+ *        8    4  u32 format version (1)
+ *       12    4  u32 header size in bytes (128)
+ *       16   32  arch, NUL-padded ("resnet18" | "tiny")
+ *       48    8  norm, NUL-padded ("bn" | "none")
+ *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
+ *       80    8  i64 step            88  8  i64 epoch          96  8  i64 batch_in_epoch
+ *      104    8  i64 seed           112  8  i64 momentum_valid 120  8  i64 world_size
+ *      128       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
+ *      end    8  u64 FNV-1a-64 of every byte before it
+ *
+ * The float blobs are written straight from host memory: we only build for little-endian hosts
+ * (x86-64, aarch64), checked at compile time, rather than byte-swapping ~90 MB per save. */
+
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "errors.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoint.c writes float blobs in host order and assumes a little-endian host"
+#endif
+
+#define CKPT_MAGIC "DPDDPCKP"
+#define CKPT_VERSION 1u
+#define CKPT_HEADER 128
+
+uint64_t fnv1a64(uint64_t h, const void *data, size_t len) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put_u64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m) {
+    memset(h, 0, CKPT_HEADER);
+    memcpy(h, CKPT_MAGIC, 8);
+    put_u32(h + 8, CKPT_VERSION);
+    put_u32(h + 12, CKPT_HEADER);
+    ASSERT(strnlen(m->arch, sizeof m->arch) < 32 && strnlen(m->norm, sizeof m->norm) < 8);
+    memcpy(h + 16, m->arch, strnlen(m->arch, sizeof m->arch));
+    memcpy(h + 48, m->norm, strnlen(m->norm, sizeof m->norm));
+    const int64_t f[] = {m->n_params, m->n_buffers, (int64_t)m->shape_hash, m->step, m->epoch,
+                         m->batch_in_epoch, m->seed, m->momentum_valid, m->world_size};
+    for (int i = 0; i < 9; i++) put_u64(h + 56 + 8 * i, (uint64_t)f[i]);
+}
+
+static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
+    memset(m, 0, sizeof *m);
+    memcpy(m->arch, h + 16, 31); /* the last byte of each string field stays NUL */
+    memcpy(m->norm, h + 48, 7);
+    int64_t *f[] = {&m->n_params, &m->n_buffers, NULL, &m->step, &m->epoch, &m->batch_in_epoch,
+                    &m->seed, &m->momentum_valid, &m->world_size};
+    for (int i = 0; i < 9; i++)
+        if (f[i]) *f[i] = (int64_t)get_u64(h + 56 + 8 * i);
+    m->shape_hash = get_u64(h + 72);
+}
+
+/* Total file size for a model of this size; −1 if the counts are nonsense (negative / overflow). */
+static int64_t ckpt_size(int64_t n_params, int64_t n_buffers) {
+    if (n_params < 0 || n_buffers < 0 || n_params > ((int64_t)1 << 40) || n_buffers > ((int64_t)1 << 40)) return -1;
+    return CKPT_HEADER + 4 * (2 * n_params + n_buffers) + 8;
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * save */
+
+/* Write all of buf, updating the running checksum; 0 on success, −1 with errno set on failure. */
+static int write_all(int fd, const void *buf, size_t len, uint64_t *hash) {
+    if (hash) *hash = fnv1a64(*hash, buf, len);
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* A failed save removes its temporary file and stops; the checkpoint under the real name (if any)
+ * was never touched, so training can be resumed from it. */
+_Noreturn static void save_fail(const char *tmp, int fd, const char *what, const char *path, int err) {
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    char call[1100];
+    snprintf(call, sizeof call, "%s('%s')", what, path);
+    die_at(__FILE__, __LINE__, call, strerror(err),
+           "check free space and permissions of the --save directory (df -h); any earlier checkpoint "
+           "there is intact and can be given to --resume");
+}
+
+/* fsync the directory holding path, so the rename itself is durable. */
+static void fsync_dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        /* some filesystems cannot fsync a directory (EINVAL); the data itself is already synced */
+        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)
+            die_at(__FILE__, __LINE__, "fsync(checkpoint directory)", errno_string(), dir);
+        close(fd);
+    }
+    free(dir);
+}
+
+void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
+                     const float *buffers, const float *momentum) {
+    size_t plen = strlen(path);
+    char *tmp = xmalloc(plen + 5);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) save_fail(tmp, -1, "open", tmp, errno);
+    unsigned char header[CKPT_HEADER];
+    header_encode(header, meta);
+    uint64_t h = FNV1A64_INIT;
+    size_t np = (size_t)meta->n_params * sizeof(float), nb = (size_t)meta->n_buffers * sizeof(float);
+    if (write_all(fd, header, sizeof header, &h) || write_all(fd, params, np, &h) ||
+        write_all(fd, buffers, nb, &h) || write_all(fd, momentum, np, &h))
+        save_fail(tmp, fd, "write", tmp, errno);
+    unsigned char sum[8];
+    put_u64(sum, h);
+    if (write_all(fd, sum, 8, NULL)) save_fail(tmp, fd, "write", tmp, errno);
+    /* fsync before rename: otherwise a crash can leave the new name pointing at unwritten blocks */
+    if (fsync(fd) != 0) save_fail(tmp, fd, "fsync", tmp, errno);
+    if (close(fd) != 0) save_fail(tmp, -1, "close", tmp, errno);
+    if (rename(tmp, path) != 0) save_fail(tmp, -1, "rename to final name", path, errno);
+    fsync_dir_of(path);
+    free(tmp);
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * load */
+
+/* Read exactly len bytes (or to EOF); returns the count read. */
+static size_t read_full(FILE *f, void *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        size_t r = fread((char *)buf + got, 1, len - got, f);
+        if (r == 0) break;
+        got += r;
+    }
+    return got;
+}
+
+/* Read len bytes into dst (or, when dst is NULL, through a scratch buffer) and hash them. */
+static void read_blob(FILE *f, const char *path, void *dst, size_t len, uint64_t *h) {
+    static unsigned char scratch[1 << 16];
+    if (dst) {
+        if (read_full(f, dst, len) != len) die_user("checkpoint '%s': read error: %s", path, errno_string());
+        *h = fnv1a64(*h, dst, len);
+        return;
+    }
+    while (len > 0) {
+        size_t n = len < sizeof scratch ? len : sizeof scratch;
+        if (read_full(f, scratch, n) != n) die_user("checkpoint '%s': read error: %s", path, errno_string());
+        *h = fnv1a64(*h, scratch, n);
+        len -= n;
+    }
+}
+
+void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
+                     float *params, float *buffers, float *momentum) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+        die_user("checkpoint '%s' is not a regular file (give --resume a .ckpt file)", path);
+    const int64_t size = (int64_t)st.st_size;
+    const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers);
+
+    unsigned char hd[CKPT_HEADER];
+    size_t got = read_full(f, hd, sizeof hd);
+    size_t mlen = got < 8 ? got : 8;
+    if (memcmp(hd, CKPT_MAGIC, mlen) != 0) /* a short prefix of the magic reads as truncated */
+        die_user("'%s' is not a checkpoint of this trainer (wrong magic; expected a file written by --save)", path);
+    if (got < CKPT_HEADER)
+        die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
+                 "earlier checkpoint", path, (long long)size, (long long)want_model);
+    uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
+    if (version != CKPT_VERSION)
+        die_user("checkpoint '%s' has format version %u; this trainer reads version %u (use the trainer "
+                 "version that wrote it)", path, version, CKPT_VERSION);
+    if (hsize != CKPT_HEADER)
+        die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize, CKPT_HEADER);
+    CheckpointMeta m;
+    header_decode(hd, &m);
+    int64_t want = ckpt_size(m.n_params, m.n_buffers);
+    if (want < 0) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
+    if (size < want)
+        die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
+                 "earlier checkpoint", path, (long long)size, (long long)want);
+    if (size > want)
+        die_user("checkpoint '%s' is corrupt: %lld bytes where its header implies %lld", path,
+                 (long long)size, (long long)want);
+
+    /* Read (straight into the caller's arrays when the sizes agree) and verify the checksum before
+     * judging the header's model description, so a flipped header byte reads as corruption. */
+    int fits = m.n_params == expect->n_params && m.n_buffers == expect->n_buffers;
+    uint64_t h = fnv1a64(FNV1A64_INIT, hd, sizeof hd);
+    size_t np = (size_t)m.n_params * sizeof(float), nb = (size_t)m.n_buffers * sizeof(float);
+    read_blob(f, path, fits ? params : NULL, np, &h);
+    read_blob(f, path, fits ? buffers : NULL, nb, &h);
+    read_blob(f, path, fits ? momentum : NULL, np, &h);
+    unsigned char sum[8];
+    if (read_full(f, sum, 8) != 8) die_user("checkpoint '%s': read error: %s", path, errno_string());
+    fclose(f);
+    if (get_u64(sum) != h)
+        die_user("checkpoint '%s' is corrupt: checksum mismatch (stored %016llx, computed %016llx) — the "
+                 "file was damaged after it was written; use an earlier checkpoint", path,
+                 (unsigned long long)get_u64(sum), (unsigned long long)h);
+
+    if (strcmp(m.arch, expect->arch) != 0)
+        die_user("checkpoint '%s' was saved for model %s, but this run trains %s (pass --model %s to "
+                 "resume it)", path, m.arch, expect->arch, m.arch);
+    if (strcmp(m.norm, expect->norm) != 0)
+        die_user("checkpoint '%s' was saved with --norm %s, but this run uses --norm %s (pass --norm %s "
+                 "to resume it)", path, m.norm, expect->norm, m.norm);
+    if (m.n_params != expect->n_params)
+        die_user("checkpoint '%s' has %lld parameters, but this %s model has %lld (saved by a different "
+                 "model definition)", path, (long long)m.n_params, expect->arch, (long long)expect->n_params);
+    if (m.n_buffers != expect->n_buffers)
+        die_user("checkpoint '%s' has %lld buffer values, but this %s model has %lld (saved by a different "
+                 "model definition)", path, (long long)m.n_buffers, expect->arch, (long long)expect->n_buffers);
+    if (m.shape_hash != expect->shape_hash)
+        die_user("checkpoint '%s' has a different shape fingerprint (%016llx, this model %016llx): same "
+                 "parameter count but different layer shapes or names (saved by a different model "
+                 "definition)", path, (unsigned long long)m.shape_hash, (unsigned long long)expect->shape_hash);
+    *meta = m;
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * paths */
+
+/* mkdir -p: create every missing component of dir. */
+static void mkdir_p(const char *dir) {
+    char *p = strdup(dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            die_user("--save '%s': cannot create '%s': %s", dir, p, errno_string());
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        die_user("--save '%s': cannot create it: %s", dir, errno_string());
+    free(p);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
+}
+
+char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {
+    if (!dir || !dir[0]) die_user("--save needs a directory");
+    mkdir_p(dir);
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--; /* "ckpts/" → "ckpts/epoch003.ckpt" */
+    char *out = NULL;
+    int n = end_of_epoch ? asprintf(&out, "%.*s/epoch%03lld.ckpt", (int)len, dir, (long long)epoch)
+                         : asprintf(&out, "%.*s/step%08lld.ckpt", (int)len, dir, (long long)step);
+    if (n < 0) die_at(__FILE__, __LINE__, "asprintf", "out of host memory", NULL);
+    if (len == 1 && dir[0] == '/') memmove(out, out + 1, strlen(out)); /* "/" → "/epoch003.ckpt" */
+    return out;
+}

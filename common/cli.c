@@ -1,0 +1,435 @@
+/* cli.c — the command-line parser and the shared TrainConfig (see cli.h).
+ *
+ * One table of Option rows drives parsing, validation and --help, so the help text is the
+ * documentation of every flag. Values are parsed strictly: "12x", "1e3" for an integer, "nan", an
+ * out-of-range number or a misspelled choice is refused with a message that names the flag, the
+ * value and what is allowed (die_user, exit 2) — a typo should never silently train the wrong thing.
+ *
+ * Open interval ends: Option has only inclusive [min, max]. A bound that is one ulp inside an integer
+ * (nextafter(0, +inf) for lr's "(0, 100]") is shown as an open end, so messages read "(0, 100]". */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "errors.h"
+
+/* ----------------------------------------------------------------------------------------------
+ * formatting helpers */
+
+/* An exact integer bound prints as an integer ("65536", "4294967295"), anything else with %g. */
+static void fmt_num(char *buf, size_t len, double v) {
+    if (v == floor(v) && fabs(v) < 1e15) snprintf(buf, len, "%.0f", v);
+    else snprintf(buf, len, "%g", v);
+}
+
+/* "[1, 65536]", "(0, 100]", "[0, 1)". */
+static void fmt_range(char *buf, size_t len, double lo, double hi) {
+    char a[40], b[40];
+    double rlo = round(lo), rhi = round(hi);
+    int open_lo = lo != rlo && nextafter(rlo, INFINITY) == lo;
+    int open_hi = hi != rhi && nextafter(rhi, -INFINITY) == hi;
+    fmt_num(a, sizeof a, open_lo ? rlo : lo);
+    fmt_num(b, sizeof b, open_hi ? rhi : hi);
+    snprintf(buf, len, "%c%s, %s%c", open_lo ? '(' : '[', a, b, open_hi ? ')' : ']');
+}
+
+/* The value placeholder shown in --help: INT, FLOAT, the choices, or for strings the first of
+ * DIR / FILE / PATH that the help text mentions (so "--data DIR" reads naturally). */
+static const char *opt_metavar(const Option *o) {
+    switch (o->kind) {
+    case OPT_INT:
+    case OPT_INT64: return "INT";
+    case OPT_FLOAT: return "FLOAT";
+    case OPT_FLAG: return "";
+    case OPT_CHOICE: return o->choices;
+    case OPT_STR: {
+        static const char *names[] = {"DIR", "FILE", "PATH"};
+        const char *best = "STR", *best_at = NULL;
+        for (int i = 0; i < 3; i++) {
+            const char *at = o->help ? strstr(o->help, names[i]) : NULL;
+            if (at && (!best_at || at < best_at)) best = names[i], best_at = at;
+        }
+        return best;
+    }
+    }
+    return "";
+}
+
+static int choice_ok(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    for (const char *p = choices;;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0) return 1;
+        if (!bar) return 0;
+        p = bar + 1;
+    }
+}
+
+/* The default as --help shows it. A number outside its own range, or an empty choice, is an
+ * internal "decide later" value (epochs −1, model ""), shown as "auto". */
+static void fmt_default(char *buf, size_t len, const Option *o) {
+    switch (o->kind) {
+    case OPT_INT: {
+        int v = *(const int *)o->dst;
+        if (v < o->min || v > o->max) snprintf(buf, len, "auto");
+        else snprintf(buf, len, "%d", v);
+        break;
+    }
+    case OPT_INT64: {
+        int64_t v = *(const int64_t *)o->dst;
+        if ((double)v < o->min || (double)v > o->max) snprintf(buf, len, "auto");
+        else snprintf(buf, len, "%lld", (long long)v);
+        break;
+    }
+    case OPT_FLOAT: snprintf(buf, len, "%g", *(const double *)o->dst); break;
+    case OPT_FLAG: snprintf(buf, len, "%s", *(const int *)o->dst ? "on" : "off"); break;
+    case OPT_STR: {
+        const char *v = *(const char *const *)o->dst;
+        snprintf(buf, len, "%s", v && v[0] ? v : "(none)");
+        break;
+    }
+    case OPT_CHOICE: {
+        const char *v = *(const char *const *)o->dst;
+        snprintf(buf, len, "%s", v && v[0] && choice_ok(o->choices, v) ? v : "auto");
+        break;
+    }
+    }
+}
+
+/* Help text wrapped at word boundaries to HELP_COLS, continuation lines indented to `col`. */
+#define HELP_COLS 110
+static void print_wrapped(const char *text, int col) {
+    int width = HELP_COLS - col < 40 ? 40 : HELP_COLS - col;
+    while ((int)strlen(text) > width) {
+        int cut = width;
+        while (cut > 0 && text[cut] != ' ') cut--;
+        if (cut == 0) break; /* one very long word: print it whole */
+        printf("%.*s\n%*s", cut, text, col, "");
+        text += cut + 1;
+    }
+    printf("%s\n", text);
+}
+
+static void cli_print_help(const Option *opts, const char *prog, const char *about) {
+    printf("usage: %s [options]\n", prog ? prog : "train");
+    if (about && about[0]) printf("\n%s\n", about);
+    printf("\noptions (--name VALUE or --name=VALUE):\n");
+    int w_name = 0, w_def = 0;
+    char def[256];
+    for (const Option *o = opts; o->name; o++) {
+        int n = (int)strlen(o->name) + 2 + (o->kind == OPT_FLAG ? 0 : 1 + (int)strlen(opt_metavar(o)));
+        if (n > w_name) w_name = n;
+        fmt_default(def, sizeof def, o);
+        if ((int)strlen(def) > w_def) w_def = (int)strlen(def);
+    }
+    if (w_name < 12) w_name = 12;
+    w_def += 10; /* "default " + padding */
+    for (const Option *o = opts; o->name; o++) {
+        char head[256], dflt[300];
+        snprintf(head, sizeof head, "--%s%s%s", o->name, o->kind == OPT_FLAG ? "" : " ", opt_metavar(o));
+        fmt_default(def, sizeof def, o);
+        snprintf(dflt, sizeof dflt, "default %s", def);
+        printf("  %-*s  %-*s ", w_name, head, w_def, dflt);
+        print_wrapped(o->help ? o->help : "", 2 + w_name + 2 + w_def + 1);
+    }
+    printf("  %-*s  %-*s %s\n", w_name, "--help, -h", w_def, "", "print this help and exit");
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * parsing */
+
+/* Levenshtein distance, for "did you mean" (names are short, so O(n·m) on the stack is fine). */
+static int edit_distance(const char *a, const char *b) {
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n > 63 || m > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+/* The closest option name to a misspelled one, or NULL if nothing is close: a unique prefix
+ * ("--batch" → batch-size) or an edit distance of at most 2 (or a third of the name). */
+static const char *suggest(const Option *opts, const char *name) {
+    size_t len = strlen(name);
+    const char *prefix_hit = NULL;
+    int n_prefix = 0;
+    for (const Option *o = opts; o->name; o++)
+        if (len >= 2 && strncmp(o->name, name, len) == 0) prefix_hit = o->name, n_prefix++;
+    if (n_prefix == 1) return prefix_hit;
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    for (const Option *o = opts; o->name; o++) {
+        int d = edit_distance(name, o->name);
+        if (d < best_d) best_d = d, best = o->name;
+    }
+    if (best && (best_d <= 2 || best_d * 3 <= (int)len)) return best;
+    return NULL;
+}
+
+static const Option *find_option(const Option *opts, const char *name, size_t len) {
+    for (const Option *o = opts; o->name; o++)
+        if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
+    return NULL;
+}
+
+_Noreturn static void die_unknown(const Option *opts, const char *arg) {
+    const char *name = arg;
+    while (*name == '-') name++;
+    char buf[128];
+    size_t len = strcspn(name, "=");
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 120 ? len : 120), name);
+    const char *s = suggest(opts, buf);
+    if (s) die_user("unknown option '%.*s' (did you mean --%s?)", (int)strcspn(arg, "="), arg, s);
+    die_user("unknown option '%.*s' (see --help for the list)", (int)strcspn(arg, "="), arg);
+}
+
+/* Store `v` into o->dst after strict validation. */
+static void opt_set(const Option *o, const char *v) {
+    char range[100];
+    fmt_range(range, sizeof range, o->min, o->max);
+    switch (o->kind) {
+    case OPT_INT:
+    case OPT_INT64: {
+        char *end = NULL;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (v[0] == 0 || end == v || *end != 0 || (v[0] != '-' && v[0] != '+' && (v[0] < '0' || v[0] > '9')))
+            die_user("--%s must be an integer in %s, got '%s'", o->name, range, v);
+        if (errno == ERANGE || (double)x < o->min || (double)x > o->max)
+            die_user("--%s must be an integer in %s, got '%s' (out of range)", o->name, range, v);
+        if (o->kind == OPT_INT) *(int *)o->dst = (int)x; /* range fits an int (checked above) */
+        else *(int64_t *)o->dst = (int64_t)x;
+        break;
+    }
+    case OPT_FLOAT: {
+        char *end = NULL;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (v[0] == 0 || end == v || *end != 0 || isspace((unsigned char)v[0]))
+            die_user("--%s must be a number in %s, got '%s'", o->name, range, v);
+        if (!isfinite(x) || (errno == ERANGE && fabs(x) > 1.0))
+            die_user("--%s must be a finite number in %s, got '%s'", o->name, range, v);
+        if (x < o->min || x > o->max)
+            die_user("--%s must be a number in %s, got '%s' (out of range)", o->name, range, v);
+        *(double *)o->dst = x;
+        break;
+    }
+    case OPT_STR: *(const char **)o->dst = v; break;
+    case OPT_CHOICE:
+        if (!choice_ok(o->choices, v)) die_user("--%s must be one of %s, got '%s'", o->name, o->choices, v);
+        *(const char **)o->dst = v;
+        break;
+    case OPT_FLAG: *(int *)o->dst = 1; break;
+    }
+}
+
+/* --help wins wherever it appears (except as another flag's value), and shows the defaults as they
+ * are before any other flag is applied, so it is checked before parsing anything. */
+static int wants_help(int argc, char **argv, const Option *opts) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (a[0] == '-' && a[1] == '-' && !strchr(a, '=')) {
+            const Option *o = find_option(opts, a + 2, strlen(a + 2));
+            if (o && o->kind != OPT_FLAG) i++; /* skip its value */
+        }
+    }
+    return 0;
+}
+
+void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
+    if (wants_help(argc, argv, opts)) {
+        cli_print_help(opts, prog, about);
+        fflush(stdout);
+        exit(0);
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || a[1] == 0)
+            die_user("unexpected argument '%s' (every option is --name VALUE; see --help)", a);
+        if (a[1] != '-' || a[2] == 0) die_unknown(opts, a); /* "-lr", "--" */
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const Option *o = find_option(opts, name, len);
+        if (!o) die_unknown(opts, a);
+        if (o->kind == OPT_FLAG) {
+            if (eq) die_user("--%s is a flag and takes no value, got '%s' (write just --%s)", o->name, eq + 1, o->name);
+            opt_set(o, NULL);
+            continue;
+        }
+        const char *v;
+        if (eq) v = eq + 1;
+        else {
+            if (i + 1 >= argc) die_user("--%s needs a value", o->name);
+            v = argv[++i];
+            /* "--lr --momentum 0.9": the value was forgotten. (A value that really starts with
+             * "--" can be given as --data=--odd-name.) */
+            if (v[0] == '-' && v[1] == '-' && v[2] != 0)
+                die_user("--%s needs a value, got option '%s' instead", o->name, v);
+        }
+        opt_set(o, v);
+    }
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * the shared configuration */
+
+void config_defaults(TrainConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->device = "auto";
+    c->model = "";
+    c->norm = "bn";
+    c->epochs = -1;
+    c->steps = 0;
+    c->batch_size = 128;
+    c->lr = 0.1;
+    c->momentum = 0.9;
+    c->weight_decay = 5e-4;
+    c->schedule = "cosine";
+    c->seed = 0;
+    c->log_every = 50;
+    c->deterministic = 0;
+    c->cudnn_benchmark = 0;
+    c->no_tf32 = 0;
+    c->data = "";
+    c->train_size = -1;
+    c->test_size = -1;
+    c->workers = 2;
+    c->pin_memory = 0;
+    c->save = "";
+    c->resume = "";
+    c->report = "";
+    c->progress = "auto";
+}
+
+Option *config_options(TrainConfig *c, const Option *extra) {
+    const double above0 = nextafter(0.0, INFINITY), below1 = nextafter(1.0, 0.0);
+    const Option common[] = {
+        {"device", OPT_CHOICE, &c->device, 0, 0, "auto|cuda|cpu",
+         "where to train; auto = CUDA if a GPU is visible, else the CPU (torch.device)"},
+        {"model", OPT_CHOICE, &c->model, 0, 0, "resnet18|tiny",
+         "resnet18 = CIFAR ResNet-18 (3x3 stem, no max-pool); tiny = a small CNN for CPU runs; "
+         "auto: resnet18 on CUDA, tiny on CPU"},
+        {"norm", OPT_CHOICE, &c->norm, 0, 0, "bn|none",
+         "normalization after each conv: bn = nn.BatchNorm2d, none = nn.Identity"},
+        {"epochs", OPT_INT, &c->epochs, 1, 100000, NULL,
+         "passes over the training set; auto: 5 on CUDA, 1 on CPU"},
+        {"steps", OPT_INT64, &c->steps, 0, 1e12, NULL,
+         "stop after this many optimizer steps (0 = no limit: run all epochs)"},
+        {"batch-size", OPT_INT, &c->batch_size, 1, 65536, NULL,
+         "samples per optimizer step per device (DataLoader batch_size)"},
+        {"lr", OPT_FLOAT, &c->lr, above0, 100, NULL, "peak learning rate (torch.optim.SGD lr)"},
+        {"momentum", OPT_FLOAT, &c->momentum, 0, below1, NULL, "SGD momentum (torch.optim.SGD momentum)"},
+        {"weight-decay", OPT_FLOAT, &c->weight_decay, 0, 1, NULL,
+         "L2 penalty added to every gradient (torch.optim.SGD weight_decay)"},
+        {"schedule", OPT_CHOICE, &c->schedule, 0, 0, "const|cosine",
+         "learning rate over the whole run: constant, or cosine decay "
+         "(lr_scheduler.CosineAnnealingLR with T_max = total steps)"},
+        {"seed", OPT_INT64, &c->seed, 0, 4294967295.0, NULL,
+         "seeds weights, data order and augmentation (torch.manual_seed; 32 bits, as mt19937 uses)"},
+        {"log-every", OPT_INT, &c->log_every, 1, 1e9, NULL, "record a step line every N optimizer steps"},
+        {"deterministic", OPT_FLAG, &c->deterministic, 0, 0, NULL,
+         "bitwise-reproducible runs: deterministic kernels only "
+         "(torch.use_deterministic_algorithms(True), torch.backends.cudnn.deterministic = True)"},
+        {"cudnn-benchmark", OPT_FLAG, &c->cudnn_benchmark, 0, 0, NULL,
+         "time cuDNN's conv algorithms once and use the fastest (torch.backends.cudnn.benchmark = True)"},
+        {"no-tf32", OPT_FLAG, &c->no_tf32, 0, 0, NULL,
+         "full-FP32 convolutions and matmuls instead of TF32 "
+         "(torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False)"},
+        {"data", OPT_STR, &c->data, 0, 0, NULL,
+         "CIFAR-10 binary version DIR (data_batch_1..5.bin, test_batch.bin); none = synthetic data"},
+        {"train-size", OPT_INT64, &c->train_size, 1, 1e9, NULL,
+         "training samples to use; auto: all of CIFAR-10, or synthetic 50000 on CUDA / 4096 on CPU"},
+        {"test-size", OPT_INT64, &c->test_size, 1, 1e9, NULL,
+         "test samples to evaluate; auto: all of CIFAR-10, or synthetic 10000 on CUDA / 1024 on CPU"},
+        {"workers", OPT_INT, &c->workers, 0, 64, NULL,
+         "data-loading threads (DataLoader num_workers; 0 = load in the training thread)"},
+        {"pin-memory", OPT_FLAG, &c->pin_memory, 0, 0, NULL,
+         "page-locked host batches for asynchronous copies (DataLoader pin_memory=True)"},
+        {"save", OPT_STR, &c->save, 0, 0, NULL,
+         "write checkpoints into DIR (created if missing) at the end of every epoch"},
+        {"resume", OPT_STR, &c->resume, 0, 0, NULL,
+         "continue training from checkpoint FILE: weights, optimizer state and data position"},
+        {"report", OPT_STR, &c->report, 0, 0, NULL,
+         "write JSON lines (step, epoch and summary records) to FILE, for scripts"},
+        {"progress", OPT_CHOICE, &c->progress, 0, 0, "auto|on|off",
+         "progress bar with ETA; auto = only when stdout is a terminal"},
+    };
+    int n_common = (int)(sizeof common / sizeof common[0]), n_extra = 0;
+    while (extra && extra[n_extra].name) n_extra++;
+    Option *t = xcalloc((size_t)(n_common + n_extra + 1), sizeof(Option));
+    memcpy(t, common, sizeof common);
+    if (n_extra) memcpy(t + n_common, extra, (size_t)n_extra * sizeof(Option));
+    return t; /* calloc'd, so row n_common + n_extra has name == NULL */
+}
+
+/* The directory part of a path ("a/b/c" → "a/b", "c" → ".", "/c" → "/"), malloc'd. */
+static char *path_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    size_t len = (size_t)(slash - path);
+    while (len > 0 && path[len - 1] == '/') len--;
+    if (len == 0) return strdup("/");
+    char *d = xmalloc(len + 1);
+    memcpy(d, path, len);
+    d[len] = 0;
+    return d;
+}
+
+void config_resolve(TrainConfig *c, int cuda) {
+    const int synthetic = !c->data || !c->data[0];
+    if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
+    if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
+    if (c->epochs < 0) c->epochs = cuda ? 5 : 1;
+    /* CIFAR-10 keeps −1 ("all of it"): only the loader knows how many samples the files hold. */
+    if (c->train_size < 0 && synthetic) c->train_size = cuda ? 50000 : 4096;
+    if (c->test_size < 0 && synthetic) c->test_size = cuda ? 10000 : 1024;
+
+    /* Cross-flag rules and paths: fail now, not after an epoch of training. */
+    if (c->epochs == 0 && c->steps == 0) die_user("--epochs and --steps are both 0: nothing to train");
+    /* --deterministic with --cudnn-benchmark is allowed, as in PyTorch: the search then only
+     * considers deterministic algorithms. */
+    struct stat st;
+    if (!synthetic) {
+        if (stat(c->data, &st) != 0)
+            die_user("--data '%s': %s (give the directory that holds data_batch_1.bin … test_batch.bin)",
+                     c->data, errno_string());
+        if (!S_ISDIR(st.st_mode))
+            die_user("--data '%s' is not a directory (give the directory that holds data_batch_1.bin …)", c->data);
+    }
+    if (c->resume && c->resume[0]) {
+        if (stat(c->resume, &st) != 0)
+            die_user("--resume '%s': %s (give a file written by --save, e.g. DIR/epoch003.ckpt)",
+                     c->resume, errno_string());
+        if (!S_ISREG(st.st_mode)) die_user("--resume '%s' is not a regular file (give a checkpoint file, not its directory)", c->resume);
+        if (access(c->resume, R_OK) != 0) die_user("--resume '%s' is not readable: %s", c->resume, errno_string());
+    }
+    if (c->save && c->save[0] && stat(c->save, &st) == 0 && !S_ISDIR(st.st_mode))
+        die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", c->save);
+    if (c->report && c->report[0]) {
+        char *dir = path_dir(c->report);
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            die_user("--report '%s': directory '%s' does not exist (create it first: mkdir -p %s)", c->report,
+                     dir, dir);
+        free(dir);
+        if (stat(c->report, &st) == 0 && S_ISDIR(st.st_mode))
+            die_user("--report '%s' is a directory (give a file name, e.g. %s/report.jsonl)", c->report, c->report);
+    }
+}

@@ -1,0 +1,272 @@
+/* data.c — datasets in host memory: the embedded synthetic CIFAR-like set and the CIFAR-10 reader.
+ *
+ * Synthetic set. Real CIFAR-10 cannot be assumed present (no network on many machines, and CI
+ * must run anyway), so the trainer ships a stand-in that has the same shape and, more importantly,
+ * *behaves* like an image classification problem: a CNN's loss goes down, test accuracy climbs
+ * well above chance over a few epochs but not to 100% after one, and random crops and flips help.
+ *
+ *   prototype(class)  = 128 + class colour + a few smooth random patterns (low-frequency
+ *                       sinusoids and Gaussian blobs, each with its own colour), drawn on a
+ *                       40×40 canvas so that it can be shifted by ±4 pixels without edges.
+ *   sample(split, i)  = prototype(label), shifted by (dx, dy) ∈ [−4, 4]², mirrored with p = 0.5,
+ *                       mixed with a shifted prototype of another class (weight up to 0.45),
+ *                       random contrast, brightness and tint, plus pixel noise; clamped to 0..255.
+ *
+ * Prototypes depend only on the seed (train and test share them: same distribution). Every
+ * sample's random choices come from its own stream keyed by hash3(seed, split, index), so a
+ * sample does not depend on how many were generated before it (generation could be parallel),
+ * and the test split (a different `split` key) never repeats a training sample.
+ *
+ * CIFAR-10 binary format: each record is 1 label byte followed by 3072 pixel bytes (1024 red,
+ * 1024 green, 1024 blue, each row-major 32×32) — already the CHW layout we keep in memory. */
+#include "data.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "errors.h"
+#include "rng.h"
+
+/* torchvision's usual CIFAR-10 statistics (per channel, on the 0..1 scale). */
+const float DATA_MEAN[3] = {0.4914f, 0.4822f, 0.4465f};
+const float DATA_STD[3] = {0.2470f, 0.2435f, 0.2616f};
+
+// ----------------------------------------------------------------------------------------------
+// synthetic set
+
+#ifndef SHIFT
+#define SHIFT 4                      /* max translation of the object, in pixels */
+#endif
+#define CANVAS (IMG_H + 2 * SHIFT)   /* patterns are drawn on a larger canvas so every shift is defined */
+#define CANVAS_PIXELS (IMG_C * CANVAS * CANVAS)
+#define N_BACKGROUND 16              /* background patterns shared by all classes */
+#ifndef OBJ_RMS
+#define OBJ_RMS 40.0
+#endif
+#ifndef BG_RMS
+#define BG_RMS 40.0
+#endif
+#ifndef COLOUR
+#define COLOUR 8.0
+#endif
+#ifndef MIX_MAX
+#define MIX_MAX 0.5f
+#endif
+#ifndef NOISE_MIN
+#define NOISE_MIN 40.0f
+#endif
+#ifndef WINDOW
+#define WINDOW 9.0
+#endif
+
+enum { SPLIT_PROTOTYPE = 0, SPLIT_TRAIN = 1, SPLIT_TEST = 2 }; /* keys of the hash streams */
+
+/* A tiny per-sample stream: splitmix64 over a counter. Cheap to start (one hash), unlike
+ * seeding a Mt19937 (624 words) for each of 50000 samples. */
+typedef struct { uint64_t state; } SampleRng;
+
+static uint64_t srng_next(SampleRng *r) { return splitmix64(r->state++); }
+static float srng_uniform(SampleRng *r) { return (float)(srng_next(r) >> 40) / 16777216.0f; } /* [0,1) */
+static int srng_int(SampleRng *r, int n) { return (int)(srng_next(r) % (uint64_t)n); }
+
+/* A smooth random colour pattern on the canvas, zero-mean-ish, scaled to RMS `rms`: a sum of a few
+ * low-frequency sinusoids and Gaussian blobs, each with its own colour (amplitude per channel).
+ * window > 0 multiplies it by a Gaussian window around the centre: an "object" rather than a texture. */
+static void draw_pattern(Mt19937 *g, int n_parts, double window, double rms, float *out /* CANVAS_PIXELS */) {
+    for (int i = 0; i < CANVAS_PIXELS; i++) out[i] = 0.0f;
+    for (int k = 0; k < n_parts; k++) {
+        double amp[IMG_C];
+        for (int ch = 0; ch < IMG_C; ch++) amp[ch] = mt_normal(g);
+        int blob = mt_uniform(g) < 0.5;
+        /* sinusoid: ≤ 2.5 cycles across the image; blob: σ of 2..6 pixels, centre near the middle */
+        double fx = (mt_uniform(g) * 5.0 - 2.5) * 2.0 * M_PI / IMG_W;
+        double fy = (mt_uniform(g) * 5.0 - 2.5) * 2.0 * M_PI / IMG_H;
+        double phase = mt_uniform(g) * 2.0 * M_PI;
+        double cx = CANVAS / 2.0 + (mt_uniform(g) - 0.5) * 16.0, cy = CANVAS / 2.0 + (mt_uniform(g) - 0.5) * 16.0;
+        double sigma = 2.0 + 4.0 * mt_uniform(g);
+        for (int y = 0; y < CANVAS; y++)
+            for (int x = 0; x < CANVAS; x++) {
+                double v = blob ? 2.0 * exp(-((x - cx) * (x - cx) + (y - cy) * (y - cy)) / (2.0 * sigma * sigma))
+                                : cos(fx * x + fy * y + phase);
+                for (int ch = 0; ch < IMG_C; ch++) out[(ch * CANVAS + y) * CANVAS + x] += (float)(amp[ch] * v);
+            }
+    }
+    if (window > 0.0)
+        for (int y = 0; y < CANVAS; y++)
+            for (int x = 0; x < CANVAS; x++) {
+                double dx = x - (CANVAS - 1) / 2.0, dy = y - (CANVAS - 1) / 2.0;
+                float w = (float)exp(-(dx * dx + dy * dy) / (2.0 * window * window));
+                for (int ch = 0; ch < IMG_C; ch++) out[(ch * CANVAS + y) * CANVAS + x] *= w;
+            }
+    /* The same RMS for every pattern: otherwise a class whose random amplitudes came out small would
+     * be a faint, noise-dominated class, much harder than the others. */
+    double ss = 0.0;
+    for (int i = 0; i < CANVAS_PIXELS; i++) ss += (double)out[i] * out[i];
+    float scale = (float)(rms / sqrt(ss / CANVAS_PIXELS + 1e-12));
+    for (int i = 0; i < CANVAS_PIXELS; i++) out[i] *= scale;
+}
+
+typedef struct {
+    float object[NUM_CLASSES][CANVAS_PIXELS];    /* what a class looks like */
+    float colour[NUM_CLASSES][IMG_C];            /* a weak class colour cast */
+    float background[N_BACKGROUND][CANVAS_PIXELS]; /* clutter, shared by all classes */
+} Prototypes;
+
+/* Everything shared by train and test: depends on the seed only. */
+static void synthetic_prototypes(uint64_t seed, Prototypes *P) {
+    Mt19937 g;
+    mt_seed(&g, hash3(seed, SPLIT_PROTOTYPE, 0));
+    for (int c = 0; c < NUM_CLASSES; c++) {
+        draw_pattern(&g, 4, WINDOW, OBJ_RMS, P->object[c]);
+        for (int ch = 0; ch < IMG_C; ch++) P->colour[c][ch] = (float)(COLOUR * mt_normal(&g));
+    }
+    for (int k = 0; k < N_BACKGROUND; k++) draw_pattern(&g, 3, 0.0, BG_RMS, P->background[k]);
+}
+
+/* One sample, from its own stream. Writes 3072 bytes and returns the label. */
+static uint8_t synthetic_sample(const Prototypes *P, uint64_t seed, int split, int64_t index, uint8_t *img) {
+    SampleRng r = {hash3(seed, (uint64_t)split, (uint64_t)index)};
+    int label = srng_int(&r, NUM_CLASSES);
+    int other = (label + 1 + srng_int(&r, NUM_CLASSES - 1)) % NUM_CLASSES; /* any class but label */
+    int bg1 = srng_int(&r, N_BACKGROUND), bg2 = srng_int(&r, N_BACKGROUND);
+    /* canvas offsets 0..2·SHIFT: where the 32×32 window sits over each layer */
+    int ox = srng_int(&r, 2 * SHIFT + 1), oy = srng_int(&r, 2 * SHIFT + 1);
+    int ox2 = srng_int(&r, 2 * SHIFT + 1), oy2 = srng_int(&r, 2 * SHIFT + 1);
+    int bx = srng_int(&r, 2 * SHIFT + 1), by = srng_int(&r, 2 * SHIFT + 1);
+    int flip = srng_int(&r, 2);
+    float strength = 0.5f + 0.5f * srng_uniform(&r);       /* how visible the object is */
+    float mix = MIX_MAX * srng_uniform(&r);                /* weight of the distractor object */
+    float w1 = 2.0f * srng_uniform(&r) - 1.0f, w2 = 2.0f * srng_uniform(&r) - 1.0f; /* clutter */
+    float contrast = 0.6f + 0.8f * srng_uniform(&r);       /* 0.6 .. 1.4 around mid-grey */
+    float bright = 60.0f * (srng_uniform(&r) - 0.5f);      /* ±30 */
+    float noise_amp = NOISE_MIN + NOISE_MIN * srng_uniform(&r); /* some images are much noisier */
+    uint64_t bits = 0;
+    int nbits = 0;
+    for (int ch = 0; ch < IMG_C; ch++) {
+        float base = 128.0f + bright + 30.0f * (srng_uniform(&r) - 0.5f) /* tint */ + contrast * P->colour[label][ch];
+        const float *po = P->object[label] + ch * CANVAS * CANVAS, *pd = P->object[other] + ch * CANVAS * CANVAS;
+        const float *pb1 = P->background[bg1] + ch * CANVAS * CANVAS, *pb2 = P->background[bg2] + ch * CANVAS * CANVAS;
+        for (int y = 0; y < IMG_H; y++)
+            for (int x = 0; x < IMG_W; x++) {
+                int xs = flip ? IMG_W - 1 - x : x; /* mirror the object: flips are part of the distribution */
+                float v = strength * (1.0f - mix) * po[(y + oy) * CANVAS + xs + ox] +
+                          strength * mix * pd[(y + oy2) * CANVAS + xs + ox2] +
+                          w1 * pb1[(y + by) * CANVAS + x + bx] + w2 * pb2[(y + by) * CANVAS + x + bx];
+                /* noise: triangular on [−1, 1] from two 8-bit uniforms; 4 pixels per 64-bit draw */
+                if (nbits == 0) { bits = srng_next(&r); nbits = 4; }
+                float tri = ((float)(bits & 0xff) + (float)((bits >> 8) & 0xff) - 255.0f) / 255.0f;
+                bits >>= 16;
+                nbits--;
+                v = base + contrast * v + noise_amp * tri;
+                v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+                img[(ch * IMG_H + y) * IMG_W + x] = (uint8_t)(v + 0.5f);
+            }
+    }
+    return (uint8_t)label;
+}
+
+void dataset_synthetic(Dataset *ds, int64_t n, uint64_t seed, int train) {
+    ASSERT(n >= 1);
+    memset(ds, 0, sizeof *ds);
+    ds->n = n;
+    ds->images = xmalloc((size_t)n * IMG_PIXELS);
+    ds->labels = xmalloc((size_t)n);
+    Prototypes *proto = xmalloc(sizeof(Prototypes));
+    synthetic_prototypes(seed, proto);
+    int split = train ? SPLIT_TRAIN : SPLIT_TEST;
+    for (int64_t i = 0; i < n; i++)
+        ds->labels[i] = synthetic_sample(proto, seed, split, i, ds->images + (size_t)i * IMG_PIXELS);
+    free(proto);
+    snprintf(ds->source, sizeof ds->source, "synthetic(seed=%llu)", (unsigned long long)seed);
+}
+
+// ----------------------------------------------------------------------------------------------
+// CIFAR-10 binary reader
+
+#define CIFAR_RECORD (1 + IMG_PIXELS)   /* 3073 bytes */
+#define CIFAR_PER_FILE 10000            /* records in each official file */
+
+static const char *const CIFAR_TRAIN_FILES[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                                "data_batch_4.bin", "data_batch_5.bin"};
+static const char *const CIFAR_TEST_FILES[] = {"test_batch.bin"};
+
+/* Open one file and return its record count; every problem is the user's to fix, so die_user. */
+static FILE *cifar_open(const char *path, int64_t *records) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT)
+            die_user("CIFAR-10 file '%s' not found — download it with docs/get_cifar10.sh, or drop --data "
+                     "to use the synthetic set", path);
+        die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) die_user("CIFAR-10 file '%s' is not a regular file", path);
+    int64_t size = (int64_t)st.st_size;
+    if (size == 0 || size % CIFAR_RECORD != 0)
+        die_user("CIFAR-10 file '%s' has %lld bytes, which is not a whole number of %d-byte records "
+                 "(1 label + 3072 pixels; the official files have %d bytes): truncated download, or not "
+                 "the binary version? Re-run docs/get_cifar10.sh",
+                 path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE);
+    *records = size / CIFAR_RECORD;
+    return f;
+}
+
+void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
+    memset(ds, 0, sizeof *ds);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die_user("CIFAR-10 directory '%s' not found — download it with docs/get_cifar10.sh, or drop --data to "
+                 "use the synthetic set", dir);
+    const char *const *names = train ? CIFAR_TRAIN_FILES : CIFAR_TEST_FILES;
+    int n_files = train ? 5 : 1;
+
+    /* First pass: every file exists and has a sane size, so a broken download is reported before
+     * we spend time reading (and whatever the limit). */
+    char paths[5][4096];
+    int64_t records[5], total = 0;
+    for (int k = 0; k < n_files; k++) {
+        snprintf(paths[k], sizeof paths[k], "%s/%s", dir, names[k]);
+        FILE *f = cifar_open(paths[k], &records[k]);
+        fclose(f);
+        total += records[k];
+    }
+    if (limit > total)
+        die_user("asked for %lld %s samples but '%s' holds only %lld (%s%s): lower --%s-size", (long long)limit,
+                 train ? "training" : "test", dir, (long long)total, names[0], train ? " .. data_batch_5.bin" : "",
+                 train ? "train" : "test");
+    int64_t n = limit > 0 ? limit : total;
+
+    ds->n = n;
+    ds->images = xmalloc((size_t)n * IMG_PIXELS);
+    ds->labels = xmalloc((size_t)n);
+    uint8_t record[CIFAR_RECORD];
+    int64_t i = 0;
+    for (int k = 0; k < n_files && i < n; k++) {
+        int64_t recs;
+        FILE *f = cifar_open(paths[k], &recs);
+        for (int64_t r = 0; r < recs && i < n; r++, i++) {
+            if (fread(record, 1, CIFAR_RECORD, f) != CIFAR_RECORD)
+                die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", paths[k], (long long)r,
+                         ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
+            if (record[0] >= NUM_CLASSES)
+                die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
+                         "CIFAR-100 format?", paths[k], (long long)r, record[0]);
+            ds->labels[i] = record[0];
+            memcpy(ds->images + (size_t)i * IMG_PIXELS, record + 1, IMG_PIXELS);
+        }
+        fclose(f);
+    }
+    ASSERT(i == n);
+    snprintf(ds->source, sizeof ds->source, "cifar10:%s", train ? "train" : "test");
+}
+
+void dataset_free(Dataset *ds) {
+    free(ds->images);
+    free(ds->labels);
+    memset(ds, 0, sizeof *ds);
+}

@@ -1,0 +1,370 @@
+/* model.c — building ResNets as a layer list, PyTorch-default initialisation, forward, backward. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h" /* fnv1a64 */
+#include "data.h"
+#include "rng.h"
+
+#define MAX_LAYERS 128
+#define MAX_PARAMS 128
+#define MAX_ACTS 96
+
+static const float BN_MOMENTUM = 0.1f, BN_EPS = 1e-5f; /* nn.BatchNorm2d defaults */
+
+/* ---- building -------------------------------------------------------------------------------- */
+
+typedef struct Builder {
+    Model *m;
+    int64_t pfloats, bfloats;
+} Builder;
+
+static int add_act(Builder *b, int c, int h, int w) {
+    Model *m = b->m;
+    ASSERT(m->n_acts < MAX_ACTS);
+    m->acts[m->n_acts] = (Activation){.c = c, .h = h, .w = w};
+    return m->n_acts++;
+}
+
+static int add_param(Builder *b, Param *table, int *n, int64_t *floats, const char *prefix,
+                     const char *suffix, int ndim, const int *shape) {
+    ASSERT(*n < MAX_PARAMS);
+    Param *p = &table[*n];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s%s%s", prefix, prefix[0] ? "." : "", suffix);
+    p->ndim = ndim;
+    p->count = 1;
+    for (int i = 0; i < ndim; i++) p->shape[i] = shape[i], p->count *= shape[i];
+    p->offset = *floats;
+    *floats += p->count;
+    return (*n)++;
+}
+
+static Layer *add_layer(Builder *b, LayerKind kind, const char *name, int in, int out) {
+    Model *m = b->m;
+    ASSERT(m->n_layers < MAX_LAYERS);
+    Layer *l = &m->layers[m->n_layers++];
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->in = in, l->in2 = -1, l->out = out, l->p0 = l->p1 = l->b0 = -1;
+    return l;
+}
+
+static int conv(Builder *b, int in, int cout, int k, int stride, int pad, const char *name) {
+    Activation *a = &b->m->acts[in];
+    ConvShape s;
+    conv_shape(&s, a->c, cout, k, stride, pad, a->h, a->w);
+    int out = add_act(b, cout, s.hout, s.wout);
+    Layer *l = add_layer(b, LAYER_CONV, name, in, out);
+    l->conv.s = s;
+    int shape[4] = {cout, s.cin, k, k};
+    l->p0 = add_param(b, b->m->params, &b->m->n_params, &b->pfloats, name, "weight", 4, shape);
+    return out;
+}
+
+/* Batch norm (or nothing, for --norm none), then an in-place ReLU when asked. */
+static int bn_relu(Builder *b, int in, const char *name, int relu) {
+    Model *m = b->m;
+    int out = in;
+    if (m->norm_bn) {
+        Activation *a = &m->acts[in];
+        out = add_act(b, a->c, a->h, a->w);
+        Layer *l = add_layer(b, LAYER_BN, name, in, out);
+        int shape[1] = {a->c};
+        l->p0 = add_param(b, m->params, &m->n_params, &b->pfloats, name, "weight", 1, shape);
+        l->p1 = add_param(b, m->params, &m->n_params, &b->pfloats, name, "bias", 1, shape);
+        l->b0 = add_param(b, m->buffers, &m->n_buffers, &b->bfloats, name, "running_mean", 1, shape);
+        add_param(b, m->buffers, &m->n_buffers, &b->bfloats, name, "running_var", 1, shape);
+    }
+    if (relu) add_layer(b, LAYER_RELU, "relu", out, out);
+    return out;
+}
+
+/* torchvision-style BasicBlock (as in the common CIFAR ResNet): two 3×3 convs and a shortcut that
+ * is a 1×1 strided conv + BN when the shape changes, the identity otherwise. */
+static int basic_block(Builder *b, int in, int cout, int stride, const char *prefix) {
+    char n[40];
+    int cin = b->m->acts[in].c;
+    snprintf(n, sizeof n, "%s.conv1", prefix);
+    int x = conv(b, in, cout, 3, stride, 1, n);
+    snprintf(n, sizeof n, "%s.bn1", prefix);
+    x = bn_relu(b, x, n, 1);
+    snprintf(n, sizeof n, "%s.conv2", prefix);
+    x = conv(b, x, cout, 3, 1, 1, n);
+    snprintf(n, sizeof n, "%s.bn2", prefix);
+    x = bn_relu(b, x, n, 0);
+    int sc = in;
+    if (stride != 1 || cin != cout) {
+        snprintf(n, sizeof n, "%s.shortcut.0", prefix);
+        sc = conv(b, in, cout, 1, stride, 0, n);
+        snprintf(n, sizeof n, "%s.shortcut.1", prefix);
+        sc = bn_relu(b, sc, n, 0);
+    }
+    Activation *a = &b->m->acts[x];
+    int out = add_act(b, a->c, a->h, a->w);
+    Layer *l = add_layer(b, LAYER_ADD, "add", x, out);
+    l->in2 = sc;
+    add_layer(b, LAYER_RELU, "relu", out, out);
+    return out;
+}
+
+static void build(Builder *b, const char *arch) {
+    Model *m = b->m;
+    int resnet18 = !strcmp(arch, "resnet18");
+    int widths18[4] = {64, 128, 256, 512}, widthsT[2] = {16, 32};
+    int *widths = resnet18 ? widths18 : widthsT;
+    int stages = resnet18 ? 4 : 2, blocks = resnet18 ? 2 : 1;
+
+    int x = add_act(b, IMG_C, IMG_H, IMG_W); /* activation 0: the input batch */
+    x = conv(b, x, widths[0], 3, 1, 1, "conv1"); /* CIFAR stem: 3×3, stride 1, no max-pool */
+    x = bn_relu(b, x, "bn1", 1);
+    for (int s = 0; s < stages; s++) {
+        /* tiny (16-32-64, one block per stage): every stage halves the resolution and doubles
+         * the width, so it is cheap enough for the CPU backend */
+        int cout = resnet18 ? widths[s] : widths[s] * 2;
+        for (int k = 0; k < blocks; k++) {
+            char prefix[24];
+            snprintf(prefix, sizeof prefix, "layer%d.%d", s + 1, k);
+            int stride = (k == 0 && (s > 0 || !resnet18)) ? 2 : 1;
+            x = basic_block(b, x, cout, stride, prefix);
+        }
+    }
+    Activation *a = &m->acts[x];
+    int pooled = add_act(b, a->c, 1, 1);
+    add_layer(b, LAYER_POOL, "avgpool", x, pooled);
+    int logits = add_act(b, m->classes, 1, 1);
+    Layer *l = add_layer(b, LAYER_LINEAR, "linear", pooled, logits);
+    l->fin = a->c, l->fout = m->classes;
+    int wshape[2] = {m->classes, a->c}, bshape[1] = {m->classes};
+    l->p0 = add_param(b, m->params, &m->n_params, &b->pfloats, "linear", "weight", 2, wshape);
+    l->p1 = add_param(b, m->params, &m->n_params, &b->pfloats, "linear", "bias", 1, bshape);
+}
+
+/* Which backward writes overwrite and which accumulate: walking the layers in reverse (the order
+ * backward runs), the first gradient to reach an activation overwrites, later ones add. In-place
+ * ReLU rewrites its own gradient in place, so it neither starts nor ends a sum. */
+static void plan_gradient_accumulation(Model *m) {
+    char written[MAX_ACTS] = {0};
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        Layer *l = &m->layers[i];
+        if (l->kind == LAYER_RELU) continue;
+        l->acc_in = written[l->in];
+        written[l->in] = 1;
+        if (l->in2 >= 0) {
+            l->acc_in2 = written[l->in2];
+            written[l->in2] = 1;
+        }
+    }
+}
+
+/* PyTorch's defaults: Conv2d/Linear reset_parameters use kaiming_uniform_(a=√5), whose bound works
+ * out to 1/√fan_in; Linear's bias is U(±1/√fan_in); BatchNorm: weight 1, bias 0, running mean 0,
+ * running var 1. Drawn with mt19937(seed) in parameter order, so runs are reproducible. */
+static void init_params(Model *m, uint64_t seed) {
+    float *hp = xmalloc((size_t)m->n_param_floats * sizeof(float));
+    float *hb = xmalloc((size_t)(m->n_buffer_floats ? m->n_buffer_floats : 1) * sizeof(float));
+    Mt19937 g;
+    mt_seed(&g, seed);
+    for (int l = 0; l < m->n_layers; l++) {
+        Layer *L = &m->layers[l];
+        if (L->kind == LAYER_CONV || L->kind == LAYER_LINEAR) {
+            Param *w = &m->params[L->p0];
+            int64_t fan_in = w->count / w->shape[0];
+            double bound = 1.0 / sqrt((double)fan_in);
+            for (int64_t i = 0; i < w->count; i++)
+                hp[w->offset + i] = (float)((2.0 * mt_uniform(&g) - 1.0) * bound);
+            if (L->p1 >= 0) {
+                Param *bias = &m->params[L->p1];
+                for (int64_t i = 0; i < bias->count; i++)
+                    hp[bias->offset + i] = (float)((2.0 * mt_uniform(&g) - 1.0) * bound);
+            }
+        } else if (L->kind == LAYER_BN) {
+            Param *gm = &m->params[L->p0], *bt = &m->params[L->p1];
+            Param *rm = &m->buffers[L->b0], *rv = &m->buffers[L->b0 + 1];
+            for (int64_t i = 0; i < gm->count; i++) {
+                hp[gm->offset + i] = 1.0f, hp[bt->offset + i] = 0.0f;
+                hb[rm->offset + i] = 0.0f, hb[rv->offset + i] = 1.0f;
+            }
+        }
+    }
+    device_copy_h2d(m->dev, m->param_flat, hp, (size_t)m->n_param_floats * sizeof(float));
+    if (m->n_buffer_floats)
+        device_copy_h2d(m->dev, m->buffer_flat, hb, (size_t)m->n_buffer_floats * sizeof(float));
+    device_sync(m->dev);
+    free(hp);
+    free(hb);
+}
+
+Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed) {
+    if (strcmp(arch, "resnet18") && strcmp(arch, "tiny"))
+        die_user("unknown model '%s' (choose resnet18 or tiny)", arch);
+    Model *m = xcalloc(1, sizeof *m);
+    m->dev = dev;
+    snprintf(m->arch, sizeof m->arch, "%s", arch);
+    m->norm_bn = norm_bn;
+    m->classes = NUM_CLASSES;
+    m->max_batch = max_batch;
+    m->layers = xcalloc(MAX_LAYERS, sizeof *m->layers);
+    m->params = xcalloc(MAX_PARAMS, sizeof *m->params);
+    m->buffers = xcalloc(MAX_PARAMS, sizeof *m->buffers);
+    m->acts = xcalloc(MAX_ACTS, sizeof *m->acts);
+    Builder b = {.m = m};
+    build(&b, arch);
+    m->n_param_floats = b.pfloats;
+    m->n_buffer_floats = b.bfloats;
+    plan_gradient_accumulation(m);
+
+    uint64_t h = FNV1A64_INIT;
+    for (int i = 0; i < m->n_params; i++) {
+        h = fnv1a64(h, m->params[i].name, strlen(m->params[i].name));
+        h = fnv1a64(h, m->params[i].shape, sizeof m->params[i].shape);
+    }
+    m->shape_hash = h;
+
+    size_t pbytes = (size_t)m->n_param_floats * sizeof(float);
+    m->param_flat = device_alloc(dev, pbytes, "parameters");
+    m->grad_flat = device_alloc(dev, pbytes, "gradients");
+    m->buffer_flat = device_alloc(dev, (size_t)(m->n_buffer_floats + 1) * sizeof(float), "bn buffers");
+    for (int i = 1; i < m->n_acts; i++) { /* activation 0 is the caller's input */
+        Activation *a = &m->acts[i];
+        size_t bytes = (size_t)max_batch * a->c * a->h * a->w * sizeof(float);
+        a->x = device_alloc(dev, bytes, "activations");
+        a->dx = device_alloc(dev, bytes, "activation gradients");
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        Layer *L = &m->layers[l];
+        if (L->kind != LAYER_BN) continue;
+        int c = m->acts[L->in].c;
+        L->save_mean = device_alloc(dev, (size_t)c * sizeof(float), "bn saved stats");
+        L->save_invstd = device_alloc(dev, (size_t)c * sizeof(float), "bn saved stats");
+    }
+    init_params(m, seed);
+    model_zero_grad(m);
+    return m;
+}
+
+void model_destroy(Model *m) {
+    if (!m) return;
+    Device *d = m->dev;
+    device_sync(d);
+    for (int l = 0; l < m->n_layers; l++) {
+        Layer *L = &m->layers[l];
+        if (L->kind == LAYER_CONV) conv_release(d, &L->conv);
+        if (L->kind == LAYER_BN) device_free(d, L->save_mean), device_free(d, L->save_invstd);
+    }
+    for (int i = 1; i < m->n_acts; i++) device_free(d, m->acts[i].x), device_free(d, m->acts[i].dx);
+    device_free(d, m->param_flat);
+    device_free(d, m->grad_flat);
+    device_free(d, m->buffer_flat);
+    free(m->layers), free(m->params), free(m->buffers), free(m->acts);
+    free(m);
+}
+
+void model_prepare(Model *m, int n) {
+    ASSERT(n >= 1 && n <= m->max_batch);
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind == LAYER_CONV) conv_prepare(m->dev, &m->layers[l].conv, n);
+}
+
+/* ---- forward and backward -------------------------------------------------------------------- */
+
+static float *P(Model *m, int p) { return m->param_flat + m->params[p].offset; }
+static float *G(Model *m, int p) { return m->grad_flat + m->params[p].offset; }
+static float *B(Model *m, int b) { return m->buffer_flat + m->buffers[b].offset; }
+static int64_t numel(const Activation *a, int n) { return (int64_t)n * a->c * a->h * a->w; }
+
+void model_forward(Model *m, int n, const float *x, int train) {
+    ASSERT(n >= 1 && n <= m->max_batch);
+    Device *d = m->dev;
+    m->acts[0].x = (float *)x;
+    for (int l = 0; l < m->n_layers; l++) {
+        Layer *L = &m->layers[l];
+        Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
+        switch (L->kind) {
+        case LAYER_CONV: conv_forward(d, &L->conv, n, in->x, P(m, L->p0), out->x); break;
+        case LAYER_BN:
+            if (train)
+                bn_forward_train(d, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
+                                 B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS, L->save_mean,
+                                 L->save_invstd, out->x);
+            else
+                bn_forward_eval(d, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
+                                B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
+            break;
+        case LAYER_RELU: relu_forward(d, numel(in, n), in->x, out->x); break;
+        case LAYER_ADD: add_forward(d, numel(in, n), in->x, m->acts[L->in2].x, out->x); break;
+        case LAYER_POOL: avgpool_forward(d, n, in->c, in->h * in->w, in->x, out->x); break;
+        case LAYER_LINEAR:
+            linear_forward(d, n, L->fin, L->fout, in->x, P(m, L->p0), P(m, L->p1), out->x);
+            break;
+        }
+    }
+}
+
+float *model_logits(Model *m) { return m->acts[m->n_acts - 1].x; }
+float *model_dlogits(Model *m) { return m->acts[m->n_acts - 1].dx; }
+
+static void ready(Layer *L, GradReadyFn fn, void *ctx) {
+    if (!fn) return;
+    if (L->p0 >= 0) fn(ctx, L->p0);
+    if (L->p1 >= 0) fn(ctx, L->p1);
+}
+
+void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
+    Device *d = m->dev;
+    for (int l = m->n_layers - 1; l >= 0; l--) {
+        Layer *L = &m->layers[l];
+        Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
+        float *dx = in->dx; /* NULL for the input batch: no gradient needed there */
+        switch (L->kind) {
+        case LAYER_CONV:
+            /* weight gradient first: it is final now, so DDP can start reducing it while we go on */
+            conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0));
+            ready(L, on_grad_ready, ctx);
+            if (dx) conv_backward_data(d, &L->conv, n, out->dx, P(m, L->p0), dx, L->acc_in);
+            break;
+        case LAYER_BN:
+            bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean,
+                        L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
+            ready(L, on_grad_ready, ctx);
+            break;
+        case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
+        case LAYER_ADD:
+            grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
+            grad_pass(d, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
+            break;
+        case LAYER_POOL: avgpool_backward(d, n, in->c, in->h * in->w, out->dx, dx, L->acc_in); break;
+        case LAYER_LINEAR:
+            linear_backward(d, n, L->fin, L->fout, in->x, P(m, L->p0), out->dx, dx, G(m, L->p0),
+                            G(m, L->p1), L->acc_in);
+            ready(L, on_grad_ready, ctx);
+            break;
+        }
+    }
+}
+
+void model_zero_grad(Model *m) {
+    device_memset0(m->dev, m->grad_flat, (size_t)m->n_param_floats * sizeof(float));
+}
+
+const char *model_describe(const Model *m, char *buf, int len) {
+    char num[32];
+    int64_t v = m->n_param_floats;
+    snprintf(num, sizeof num, "%lld", (long long)v);
+    /* thousands separators make "11,173,962" readable at a glance */
+    char sep[40];
+    int nl = (int)strlen(num), j = 0;
+    for (int i = 0; i < nl; i++) {
+        sep[j++] = num[i];
+        if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
+    }
+    sep[j] = 0;
+    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers", m->arch, m->norm_bn ? "bn" : "none",
+             sep, m->n_layers);
+    return buf;
+}

@@ -1,0 +1,171 @@
+/* ops.c — the dispatcher: every op of ops.h sends DEV_CPU to the C reference (ops_ref.c) and
+ * DEV_CUDA to the CUDA backend (ops_cuda.c). Nothing else happens here, so reading an op's
+ * implementation means opening ops_ref_impl.h (the maths, plainly) or ops_cuda.c (the GPU way).
+ *
+ * Built without CUDA, the CUDA branch compiles away entirely and a DEV_CUDA device is an internal
+ * error (device_init already refuses to create one). */
+#include "ops.h"
+
+#include "errors.h"
+#include "ops_ref.h"
+#ifdef USE_CUDA
+#include "ops_cuda.h"
+#endif
+
+#ifdef USE_CUDA
+#define DISPATCH(d, cpu_call, cuda_call)                                                           \
+    do {                                                                                           \
+        if ((d)->kind == DEV_CPU) cpu_call;                                                        \
+        else cuda_call;                                                                            \
+    } while (0)
+#else
+#define DISPATCH(d, cpu_call, cuda_call)                                                           \
+    do {                                                                                           \
+        if ((d)->kind == DEV_CPU) cpu_call;                                                        \
+        else no_cuda(__FILE__, __LINE__, __func__);                                                \
+    } while (0)
+
+_Noreturn static void no_cuda(const char *file, int line, const char *op) {
+    die_at(file, line, op, "this binary was built without CUDA",
+           "rebuild with a CUDA toolkit (see `make help`) or run with --device cpu");
+}
+#endif
+
+void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int h, int w) {
+    ASSERT(cin > 0 && cout > 0 && k > 0 && stride > 0 && pad >= 0 && h > 0 && w > 0);
+    s->cin = cin;
+    s->cout = cout;
+    s->k = k;
+    s->stride = stride;
+    s->pad = pad;
+    s->h = h;
+    s->w = w;
+    s->hout = (h + 2 * pad - k) / stride + 1;
+    s->wout = (w + 2 * pad - k) / stride + 1;
+    ASSERT(s->hout > 0 && s->wout > 0); /* kernel larger than the padded input */
+}
+
+/* ---- convolution: the CPU reference needs no plan ----------------------------------------------- */
+
+void conv_prepare(Device *d, Conv *c, int n) { DISPATCH(d, (void)0, cuda_conv_prepare(d, c, n)); }
+
+void conv_release(Device *d, Conv *c) { DISPATCH(d, (void)0, cuda_conv_release(d, c)); }
+
+void conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y) {
+    DISPATCH(d, ref_conv_forward_f32(&c->s, n, x, w, y), cuda_conv_forward(d, c, n, x, w, y));
+}
+
+void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
+                        int accumulate) {
+    DISPATCH(d, ref_conv_backward_data_f32(&c->s, n, dy, w, dx, accumulate),
+             cuda_conv_backward_data(d, c, n, dy, w, dx, accumulate));
+}
+
+void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw) {
+    DISPATCH(d, ref_conv_backward_filter_f32(&c->s, n, x, dy, dw),
+             cuda_conv_backward_filter(d, c, n, x, dy, dw));
+}
+
+/* ---- batch norm --------------------------------------------------------------------------------- */
+
+void bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                      const float *beta, float *running_mean, float *running_var, float momentum,
+                      float eps, float *save_mean, float *save_invstd, float *y) {
+    DISPATCH(d,
+             ref_bn_forward_train_f32(n, c, hw, x, gamma, beta, running_mean, running_var,
+                                      momentum, eps, save_mean, save_invstd, y),
+             cuda_bn_forward_train(d, n, c, hw, x, gamma, beta, running_mean, running_var,
+                                   momentum, eps, save_mean, save_invstd, y));
+}
+
+void bn_forward_eval(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                     const float *beta, const float *running_mean, const float *running_var,
+                     float eps, float *y) {
+    DISPATCH(d,
+             ref_bn_forward_eval_f32(n, c, hw, x, gamma, beta, running_mean, running_var, eps, y),
+             cuda_bn_forward_eval(d, n, c, hw, x, gamma, beta, running_mean, running_var, eps,
+                                  y));
+}
+
+void bn_backward(Device *d, int n, int c, int hw, const float *x, const float *dy,
+                 const float *gamma, const float *save_mean, const float *save_invstd, float eps,
+                 float *dx, float *dgamma, float *dbeta, int accumulate) {
+    DISPATCH(d,
+             ref_bn_backward_f32(n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma,
+                                 dbeta, accumulate),
+             cuda_bn_backward(d, n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma,
+                              dbeta, accumulate));
+}
+
+/* ---- elementwise -------------------------------------------------------------------------------- */
+
+void relu_forward(Device *d, int64_t count, const float *x, float *y) {
+    DISPATCH(d, ref_relu_forward_f32(count, x, y), cuda_relu_forward(d, count, x, y));
+}
+
+void relu_backward(Device *d, int64_t count, const float *y, const float *dy, float *dx,
+                   int accumulate) {
+    DISPATCH(d, ref_relu_backward_f32(count, y, dy, dx, accumulate),
+             cuda_relu_backward(d, count, y, dy, dx, accumulate));
+}
+
+void add_forward(Device *d, int64_t count, const float *a, const float *b, float *y) {
+    DISPATCH(d, ref_add_forward_f32(count, a, b, y), cuda_add_forward(d, count, a, b, y));
+}
+
+void grad_pass(Device *d, int64_t count, const float *src, float *dst, int accumulate) {
+    DISPATCH(d, ref_grad_pass_f32(count, src, dst, accumulate),
+             cuda_grad_pass(d, count, src, dst, accumulate));
+}
+
+/* ---- pooling, linear, loss ---------------------------------------------------------------------- */
+
+void avgpool_forward(Device *d, int n, int c, int hw, const float *x, float *y) {
+    DISPATCH(d, ref_avgpool_forward_f32(n, c, hw, x, y), cuda_avgpool_forward(d, n, c, hw, x, y));
+}
+
+void avgpool_backward(Device *d, int n, int c, int hw, const float *dy, float *dx, int accumulate) {
+    DISPATCH(d, ref_avgpool_backward_f32(n, c, hw, dy, dx, accumulate),
+             cuda_avgpool_backward(d, n, c, hw, dy, dx, accumulate));
+}
+
+void linear_forward(Device *d, int n, int in, int out, const float *x, const float *W,
+                    const float *b, float *y) {
+    DISPATCH(d, ref_linear_forward_f32(n, in, out, x, W, b, y),
+             cuda_linear_forward(d, n, in, out, x, W, b, y));
+}
+
+void linear_backward(Device *d, int n, int in, int out, const float *x, const float *W,
+                     const float *dy, float *dx, float *dW, float *db, int accumulate) {
+    DISPATCH(d, ref_linear_backward_f32(n, in, out, x, W, dy, dx, dW, db, accumulate),
+             cuda_linear_backward(d, n, in, out, x, W, dy, dx, dW, db, accumulate));
+}
+
+void xent_forward_backward(Device *d, int n, int classes, const float *logits,
+                           const int32_t *labels, float scale, float *loss, int32_t *correct,
+                           float *dlogits) {
+    DISPATCH(d,
+             ref_xent_forward_backward_f32(n, classes, logits, labels, scale, loss, correct,
+                                           dlogits),
+             cuda_xent_forward_backward(d, n, classes, logits, labels, scale, loss, correct,
+                                        dlogits));
+}
+
+/* ---- optimizer and helpers ---------------------------------------------------------------------- */
+
+void sgd_step(Device *d, int64_t count, float *params, const float *grads, float *momentum_buf,
+              float lr, float momentum, float weight_decay, int first) {
+    DISPATCH(d,
+             ref_sgd_step_f32(count, params, grads, momentum_buf, lr, momentum, weight_decay,
+                              first),
+             cuda_sgd_step(d, count, params, grads, momentum_buf, lr, momentum, weight_decay,
+                           first));
+}
+
+void scale_inplace(Device *d, int64_t count, float *x, float alpha) {
+    DISPATCH(d, ref_scale_inplace_f32(count, x, alpha), cuda_scale_inplace(d, count, x, alpha));
+}
+
+void add_inplace(Device *d, int64_t count, const float *x, float *y) {
+    DISPATCH(d, ref_add_inplace_f32(count, x, y), cuda_add_inplace(d, count, x, y));
+}

@@ -1,0 +1,521 @@
+/* ops_cuda.c — the CUDA backend of ops.h (see ops_cuda.h).
+ *
+ * Convolution and batch norm use cuDNN's *legacy* API (cudnnConvolutionForward & co.). It is
+ * deprecated in cuDNN 9 in favour of the graph API but still shipped, and it is what PyTorch's
+ * eager mode calls, so our choices (algorithm search, math type, determinism) mirror PyTorch's.
+ * The linear layer is a cuBLAS SGEMM; everything else is a kernel of ours (kernels.cu).
+ * Every op is issued on d->stream (cuDNN's and cuBLAS's handles were bound to it in device_init)
+ * and none synchronises with the host. Nothing here allocates device memory except conv planning,
+ * which runs at model setup. */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#ifdef USE_CUDA
+
+#include "ops_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "kernels.h"
+
+/* ================================================================================================
+ * Convolution
+ *
+ * A Conv's plan holds, for each batch size prepared so far, the cuDNN descriptors and the chosen
+ * algorithm (+ its workspace size) of the three passes: forward, backward-data, backward-filter.
+ * The filter descriptor does not depend on the batch size, so it is shared.
+ *
+ * Algorithm choice, as PyTorch does it:
+ *  - d->benchmark: measure every algorithm on scratch tensors (cudnnFind*Ex) and take the fastest;
+ *  - otherwise:    take cuDNN's heuristic ranking (cudnnGet*_v7), no GPU time spent;
+ *  - either way, skip failed entries, non-deterministic ones when d->deterministic, ones needing
+ *    more than CONV_WORKSPACE_CAP of workspace, and TF32 ones unless d->allow_tf32.
+ * The math type: CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores for fp32 (PyTorch's default,
+ * torch.backends.cudnn.allow_tf32 = True); CUDNN_FMA_MATH forces true fp32 arithmetic.
+ * ================================================================================================ */
+
+#define CONV_PLAN_MAX_N 16                    /* batch sizes per Conv (train, last, eval, ...) */
+#define CONV_WORKSPACE_CAP ((size_t)1 << 30)  /* never pick an algorithm needing more than 1 GiB */
+#define CONV_MAX_ALGOS 16                     /* > any CUDNN_CONVOLUTION_*_ALGO_COUNT */
+
+enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2, N_PASSES = 3 };
+static const char *const pass_name[N_PASSES] = {"forward", "backward-data", "backward-filter"};
+static const int pass_algo_count[N_PASSES] = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT};
+
+typedef struct ConvPlanEntry {
+    int n;
+    cudnnTensorDescriptor_t x_desc, y_desc; /* [n][cin][h][w], [n][cout][hout][wout] */
+    /* One convolution descriptor per pass, because each carries the math type of the algorithm
+     * chosen for that pass (cuDNN needs algorithm + math type to pick its kernel). */
+    cudnnConvolutionDescriptor_t conv_desc[N_PASSES];
+    int algo[N_PASSES]; /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
+    size_t ws_bytes[N_PASSES];
+} ConvPlanEntry;
+
+typedef struct ConvPlan {
+    cudnnFilterDescriptor_t w_desc; /* [cout][cin][k][k] */
+    int count;
+    ConvPlanEntry entry[CONV_PLAN_MAX_N];
+} ConvPlan;
+
+/* The three cudnn*AlgoPerf_t structs have the same fields but different types; copy the fields we
+ * use into one struct so the selection logic is written once. */
+typedef struct Candidate {
+    int algo;
+    cudnnStatus_t status;
+    size_t memory;
+    cudnnDeterminism_t determinism;
+    cudnnMathType_t math;
+} Candidate;
+
+#define TO_CANDIDATES(out, perf, count)                                                            \
+    for (int i_ = 0; i_ < (count); i_++) {                                                         \
+        (out)[i_].algo = (int)(perf)[i_].algo;                                                     \
+        (out)[i_].status = (perf)[i_].status;                                                      \
+        (out)[i_].memory = (perf)[i_].memory;                                                      \
+        (out)[i_].determinism = (perf)[i_].determinism;                                            \
+        (out)[i_].math = (perf)[i_].mathType;                                                      \
+    }
+
+/* Scratch tensors for the benchmark search, so measuring never touches the model's buffers.
+ * x doubles as dx, y as dy, w as dw. */
+typedef struct Scratch {
+    void *x, *y, *w, *ws;
+    size_t ws_bytes;
+} Scratch;
+
+static cudnnMathType_t base_math(const Device *d) {
+    return d->allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+/* Workspace one algorithm needs for one pass (with the descriptor's current math type); not
+ * SUCCESS when the algorithm does not support this configuration. */
+static cudnnStatus_t workspace_size(Device *d, const ConvPlan *p, const ConvPlanEntry *e, int pass,
+                                    int algo, size_t *bytes) {
+    *bytes = 0;
+    switch (pass) {
+    case PASS_FWD:
+        return cudnnGetConvolutionForwardWorkspaceSize(d->cudnn, e->x_desc, p->w_desc,
+                                                       e->conv_desc[pass], e->y_desc,
+                                                       (cudnnConvolutionFwdAlgo_t)algo, bytes);
+    case PASS_BWD_DATA:
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            d->cudnn, p->w_desc, e->y_desc, e->conv_desc[pass], e->x_desc,
+            (cudnnConvolutionBwdDataAlgo_t)algo, bytes);
+    default:
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            d->cudnn, e->x_desc, e->y_desc, e->conv_desc[pass], p->w_desc,
+            (cudnnConvolutionBwdFilterAlgo_t)algo, bytes);
+    }
+}
+
+/* cuDNN's ranked list of algorithms for one pass: measured (sc != NULL) or heuristic. */
+static int list_candidates(Device *d, const ConvPlan *p, const ConvPlanEntry *e, int pass,
+                           const Scratch *sc, Candidate *out) {
+    int got = 0;
+    cudnnConvolutionDescriptor_t cd = e->conv_desc[pass];
+    if (pass == PASS_FWD) {
+        cudnnConvolutionFwdAlgoPerf_t perf[CONV_MAX_ALGOS];
+        if (sc)
+            CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
+                d->cudnn, e->x_desc, sc->x, p->w_desc, sc->w, cd, e->y_desc, sc->y,
+                CONV_MAX_ALGOS, &got, perf, sc->ws, sc->ws_bytes));
+        else
+            CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(d->cudnn, e->x_desc, p->w_desc, cd,
+                                                               e->y_desc, CONV_MAX_ALGOS, &got,
+                                                               perf));
+        TO_CANDIDATES(out, perf, got);
+    } else if (pass == PASS_BWD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CONV_MAX_ALGOS];
+        if (sc)
+            CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+                d->cudnn, p->w_desc, sc->w, e->y_desc, sc->y, cd, e->x_desc, sc->x,
+                CONV_MAX_ALGOS, &got, perf, sc->ws, sc->ws_bytes));
+        else
+            CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                d->cudnn, p->w_desc, e->y_desc, cd, e->x_desc, CONV_MAX_ALGOS, &got, perf));
+        TO_CANDIDATES(out, perf, got);
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CONV_MAX_ALGOS];
+        if (sc)
+            CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                d->cudnn, e->x_desc, sc->x, e->y_desc, sc->y, cd, p->w_desc, sc->w,
+                CONV_MAX_ALGOS, &got, perf, sc->ws, sc->ws_bytes));
+        else
+            CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                d->cudnn, e->x_desc, e->y_desc, cd, p->w_desc, CONV_MAX_ALGOS, &got, perf));
+        TO_CANDIDATES(out, perf, got);
+    }
+    return got;
+}
+
+/* Pick the first acceptable algorithm of cuDNN's ranking for one pass; leaves the pass's conv
+ * descriptor set to that algorithm's math type. */
+static void choose_algo(Device *d, const Conv *c, const ConvPlan *p, ConvPlanEntry *e, int pass,
+                        const Scratch *sc) {
+    Candidate cand[CONV_MAX_ALGOS];
+    CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass], base_math(d)));
+    int count = list_candidates(d, p, e, pass, sc, cand);
+    for (int i = 0; i < count; i++) {
+        const Candidate *k = &cand[i];
+        if (k->status != CUDNN_STATUS_SUCCESS) continue;
+        if (d->deterministic && k->determinism != CUDNN_DETERMINISTIC) continue;
+        /* ALLOW_CONVERSION may down-convert fp32 to half: never for us. Tensor-op math on fp32
+         * data means TF32: only when allowed. */
+        if (k->math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+        if (!d->allow_tf32 && k->math == CUDNN_TENSOR_OP_MATH) continue;
+        CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass],
+                                                d->allow_tf32 ? k->math : CUDNN_FMA_MATH));
+        /* Ask for the workspace again with the final descriptor (this also rejects an algorithm
+         * the math type does not support) and keep the larger of the two answers. */
+        size_t ws = 0;
+        if (workspace_size(d, p, e, pass, k->algo, &ws) != CUDNN_STATUS_SUCCESS) continue;
+        if (k->memory > ws) ws = k->memory;
+        if (ws > CONV_WORKSPACE_CAP) continue;
+        e->algo[pass] = k->algo;
+        e->ws_bytes[pass] = ws;
+        return;
+    }
+    char why[256];
+    snprintf(why, sizeof why,
+             "no usable %s algorithm for conv %d->%d k%d s%d p%d on %dx%d, batch %d "
+             "(deterministic=%d, allow_tf32=%d, %d candidates)",
+             pass_name[pass], c->s.cin, c->s.cout, c->s.k, c->s.stride, c->s.pad, c->s.h, c->s.w,
+             e->n, d->deterministic, d->allow_tf32, count);
+    die_at(__FILE__, __LINE__, "choose_algo", why,
+           "try without --deterministic, or report the shape and cuDNN version");
+}
+
+/* Workspace for the benchmark search: the most any algorithm of any pass asks for (up to the cap
+ * and to half the free memory), so cudnnFind can try them all. It is allocated for the search
+ * only and shows in mem_peak, as PyTorch's benchmark workspace shows in max_memory_allocated. */
+static size_t search_workspace_bytes(Device *d, const ConvPlan *p, ConvPlanEntry *e) {
+    size_t most = 0;
+    for (int pass = 0; pass < N_PASSES; pass++) {
+        CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass], base_math(d)));
+        for (int algo = 0; algo < pass_algo_count[pass]; algo++) {
+            size_t b = 0;
+            if (workspace_size(d, p, e, pass, algo, &b) != CUDNN_STATUS_SUCCESS) continue;
+            if (b <= CONV_WORKSPACE_CAP && b > most) most = b;
+        }
+    }
+    size_t free_b = 0, total_b = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    if (most > free_b / 2) most = free_b / 2;
+    return most;
+}
+
+static ConvPlanEntry *find_entry(ConvPlan *p, int n) {
+    if (!p) return NULL;
+    for (int i = 0; i < p->count; i++)
+        if (p->entry[i].n == n) return &p->entry[i];
+    return NULL;
+}
+
+void cuda_conv_prepare(Device *d, Conv *c, int n) {
+    const ConvShape *s = &c->s;
+    ASSERT(n > 0 && s->hout > 0 && s->wout > 0);
+    if (!c->plan) {
+        ConvPlan *p = xcalloc(1, sizeof *p);
+        CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w_desc));
+        CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                               s->cout, s->cin, s->k, s->k));
+        c->plan = p;
+    }
+    ConvPlan *p = c->plan;
+    if (find_entry(p, n)) return;
+    if (p->count == CONV_PLAN_MAX_N)
+        die_at(__FILE__, __LINE__, "conv_prepare", "too many distinct batch sizes for one Conv",
+               "raise CONV_PLAN_MAX_N in ops_cuda.c");
+
+    ConvPlanEntry *e = &p->entry[p->count];
+    memset(e, 0, sizeof *e);
+    e->n = n;
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&e->x_desc));
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&e->y_desc));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n,
+                                           s->cin, s->h, s->w));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n,
+                                           s->cout, s->hout, s->wout));
+    for (int pass = 0; pass < N_PASSES; pass++) {
+        CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&e->conv_desc[pass]));
+        /* PyTorch's conv is cross-correlation (no kernel flip); dilation 1; fp32 accumulation */
+        CHECK_CUDNN(cudnnSetConvolution2dDescriptor(e->conv_desc[pass], s->pad, s->pad, s->stride,
+                                                    s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                    CUDNN_DATA_FLOAT));
+    }
+    /* Our shape arithmetic (conv_shape) and cuDNN's must agree. */
+    int on, oc, oh, ow;
+    CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(e->conv_desc[PASS_FWD], e->x_desc, p->w_desc,
+                                                      &on, &oc, &oh, &ow));
+    ASSERT(on == n && oc == s->cout && oh == s->hout && ow == s->wout);
+    CHECK_CUDNN(cudnnSetStream(d->cudnn, d->stream));
+
+    Scratch sc = {0}, *scp = NULL;
+    if (d->benchmark) {
+        size_t xb = (size_t)n * s->cin * s->h * s->w * sizeof(float);
+        size_t yb = (size_t)n * s->cout * s->hout * s->wout * sizeof(float);
+        size_t wb = (size_t)s->cout * s->cin * s->k * s->k * sizeof(float);
+        sc.x = device_alloc(d, xb, "cudnn benchmark scratch (x)");
+        sc.y = device_alloc(d, yb, "cudnn benchmark scratch (y)");
+        sc.w = device_alloc(d, wb, "cudnn benchmark scratch (w)");
+        /* zeros, so no garbage NaN/denormal pattern can influence the timings */
+        device_memset0(d, sc.x, xb);
+        device_memset0(d, sc.y, yb);
+        device_memset0(d, sc.w, wb);
+        sc.ws_bytes = search_workspace_bytes(d, p, e);
+        if (sc.ws_bytes) sc.ws = device_alloc(d, sc.ws_bytes, "cudnn benchmark workspace");
+        scp = &sc;
+    }
+    for (int pass = 0; pass < N_PASSES; pass++) choose_algo(d, c, p, e, pass, scp);
+    if (scp) {
+        CHECK_CUDA(cudaStreamSynchronize(d->stream));
+        device_free(d, sc.ws);
+        device_free(d, sc.w);
+        device_free(d, sc.y);
+        device_free(d, sc.x);
+    }
+    /* Grow the device's shared workspace now, so the step never allocates. */
+    size_t need = 0;
+    for (int pass = 0; pass < N_PASSES; pass++)
+        if (e->ws_bytes[pass] > need) need = e->ws_bytes[pass];
+    if (need) device_workspace(d, need);
+    p->count++; /* the entry is complete: publish it */
+}
+
+void cuda_conv_release(Device *d, Conv *c) {
+    ConvPlan *p = c->plan;
+    if (!p) return;
+    for (int i = 0; i < p->count; i++) {
+        ConvPlanEntry *e = &p->entry[i];
+        for (int pass = 0; pass < N_PASSES; pass++)
+            CHECK_CUDNN(cudnnDestroyConvolutionDescriptor(e->conv_desc[pass]));
+        CHECK_CUDNN(cudnnDestroyTensorDescriptor(e->x_desc));
+        CHECK_CUDNN(cudnnDestroyTensorDescriptor(e->y_desc));
+    }
+    CHECK_CUDNN(cudnnDestroyFilterDescriptor(p->w_desc));
+    free(p);
+    c->plan = NULL;
+    /* The workspace belongs to the device (shared by all convs) and stays with it. */
+}
+
+/* The plan entry for batch n, prepared on the spot if the caller did not (ops.h allows it). */
+static ConvPlanEntry *entry_for(Device *d, Conv *c, int n) {
+    ConvPlanEntry *e = find_entry(c->plan, n);
+    if (!e) {
+        cuda_conv_prepare(d, c, n);
+        e = find_entry(c->plan, n);
+    }
+    return e;
+}
+
+/* The shared workspace; already large enough since prepare grew it, so this never allocates. */
+static void *workspace_for(Device *d, size_t bytes) {
+    return bytes ? device_workspace(d, bytes) : NULL;
+}
+
+static const float ONE = 1.f, ZERO = 0.f;
+
+void cuda_conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y) {
+    ConvPlanEntry *e = entry_for(d, c, n);
+    const ConvPlan *p = c->plan;
+    size_t ws = e->ws_bytes[PASS_FWD];
+    CHECK_CUDNN(cudnnConvolutionForward(d->cudnn, &ONE, e->x_desc, x, p->w_desc, w,
+                                        e->conv_desc[PASS_FWD],
+                                        (cudnnConvolutionFwdAlgo_t)e->algo[PASS_FWD],
+                                        workspace_for(d, ws), ws, &ZERO, e->y_desc, y));
+}
+
+void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
+                             int accumulate) {
+    ConvPlanEntry *e = entry_for(d, c, n);
+    const ConvPlan *p = c->plan;
+    size_t ws = e->ws_bytes[PASS_BWD_DATA];
+    /* beta = 1 makes cuDNN add into dx: dx = conv_bwd(dy) + 1·dx */
+    CHECK_CUDNN(cudnnConvolutionBackwardData(d->cudnn, &ONE, p->w_desc, w, e->y_desc, dy,
+                                             e->conv_desc[PASS_BWD_DATA],
+                                             (cudnnConvolutionBwdDataAlgo_t)e->algo[PASS_BWD_DATA],
+                                             workspace_for(d, ws), ws, accumulate ? &ONE : &ZERO,
+                                             e->x_desc, dx));
+}
+
+void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,
+                               float *dw) {
+    ConvPlanEntry *e = entry_for(d, c, n);
+    const ConvPlan *p = c->plan;
+    size_t ws = e->ws_bytes[PASS_BWD_FILTER];
+    /* parameter gradients always accumulate (ops.h): beta = 1 */
+    CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+        d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, ws), ws, &ONE,
+        p->w_desc, dw));
+}
+
+/* ================================================================================================
+ * Batch norm: cuDNN's spatial mode (statistics per channel over N·H·W), the mode PyTorch uses for
+ * NCHW input. Not SPATIAL_PERSISTENT: that one is faster but its reductions may use atomics, so it
+ * is not deterministic.
+ * cuDNN updates the running variance with the unbiased batch variance and returns
+ * 1/sqrt(var_biased + eps) as savedInvVariance, exactly ops.h's running_var and save_invstd.
+ * Descriptors are created and destroyed per call: that is host-only bookkeeping of a few hundred
+ * nanoseconds, cheaper to read than a cache keyed by (n, c, hw) and safe across threads.
+ * The hw spatial positions are described as a 1 × hw image; spatial BN only cares about their
+ * count and layout, which are the same.
+ * ================================================================================================ */
+
+typedef struct BnDesc {
+    cudnnTensorDescriptor_t x;     /* [n][c][1][hw]; also used for y, dy, dx */
+    cudnnTensorDescriptor_t param; /* [1][c][1][1]; gamma, beta, means, variances and their grads */
+} BnDesc;
+
+static BnDesc bn_desc_create(int n, int c, int hw) {
+    BnDesc b;
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.x));
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.param));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, 1, hw));
+    CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(b.param, b.x, CUDNN_BATCHNORM_SPATIAL));
+    return b;
+}
+
+static void bn_desc_destroy(BnDesc b) {
+    CHECK_CUDNN(cudnnDestroyTensorDescriptor(b.x));
+    CHECK_CUDNN(cudnnDestroyTensorDescriptor(b.param));
+}
+
+void cuda_bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                           const float *beta, float *running_mean, float *running_var,
+                           float momentum, float eps, float *save_mean, float *save_invstd,
+                           float *y) {
+    ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+    BnDesc b = bn_desc_create(n, c, hw);
+    /* exponentialAverageFactor: running = (1 − f)·running + f·batch, i.e. f = PyTorch's momentum */
+    CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
+        d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
+        (double)momentum, running_mean, running_var, (double)eps, save_mean, save_invstd));
+    bn_desc_destroy(b);
+}
+
+void cuda_bn_forward_eval(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                          const float *beta, const float *running_mean, const float *running_var,
+                          float eps, float *y) {
+    ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+    BnDesc b = bn_desc_create(n, c, hw);
+    CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
+        d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
+        running_mean, running_var, (double)eps));
+    bn_desc_destroy(b);
+}
+
+void cuda_bn_backward(Device *d, int n, int c, int hw, const float *x, const float *dy,
+                      const float *gamma, const float *save_mean, const float *save_invstd,
+                      float eps, float *dx, float *dgamma, float *dbeta, int accumulate) {
+    ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+    BnDesc b = bn_desc_create(n, c, hw);
+    /* dx = 1·bn_bwd + (accumulate ? 1 : 0)·dx;  dgamma, dbeta = 1·grad + 1·old (always accumulate) */
+    CHECK_CUDNN(cudnnBatchNormalizationBackward(
+        d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
+        b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
+    bn_desc_destroy(b);
+}
+
+/* ================================================================================================
+ * Elementwise, pooling, loss, optimizer: our kernels
+ * ================================================================================================ */
+
+void cuda_relu_forward(Device *d, int64_t count, const float *x, float *y) {
+    launch_relu_forward(d->stream, count, x, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_relu_backward(Device *d, int64_t count, const float *y, const float *dy, float *dx,
+                        int accumulate) {
+    launch_relu_backward(d->stream, count, y, dy, dx, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_add_forward(Device *d, int64_t count, const float *a, const float *b, float *y) {
+    launch_add_forward(d->stream, count, a, b, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_grad_pass(Device *d, int64_t count, const float *src, float *dst, int accumulate) {
+    launch_grad_pass(d->stream, count, src, dst, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_avgpool_forward(Device *d, int n, int c, int hw, const float *x, float *y) {
+    launch_avgpool_forward(d->stream, n, c, hw, x, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_avgpool_backward(Device *d, int n, int c, int hw, const float *dy, float *dx,
+                           int accumulate) {
+    launch_avgpool_backward(d->stream, n, c, hw, dy, dx, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_xent_forward_backward(Device *d, int n, int classes, const float *logits,
+                                const int32_t *labels, float scale, float *loss, int32_t *correct,
+                                float *dlogits) {
+    ASSERT(n >= 0 && classes > 0);
+    launch_xent_forward_backward(d->stream, n, classes, logits, labels, scale, loss, correct,
+                                 dlogits);
+    CHECK_LAUNCH();
+}
+
+void cuda_sgd_step(Device *d, int64_t count, float *params, const float *grads,
+                   float *momentum_buf, float lr, float momentum, float weight_decay, int first) {
+    launch_sgd_step(d->stream, count, params, grads, momentum_buf, lr, momentum, weight_decay,
+                    first);
+    CHECK_LAUNCH();
+}
+
+void cuda_scale_inplace(Device *d, int64_t count, float *x, float alpha) {
+    launch_scale_inplace(d->stream, count, x, alpha);
+    CHECK_LAUNCH();
+}
+
+void cuda_add_inplace(Device *d, int64_t count, const float *x, float *y) {
+    launch_add_inplace(d->stream, count, x, y);
+    CHECK_LAUNCH();
+}
+
+/* ================================================================================================
+ * Linear: cuBLAS SGEMM in plain fp32 (the handle's math mode is CUBLAS_DEFAULT_MATH: no TF32,
+ * as PyTorch's default matmul). cuBLAS is column-major; a row-major [r][c] matrix is, to cuBLAS,
+ * its transpose [c][r] with leading dimension c. So every product below is written for the
+ * transposes:  y = x·Wᵀ  ⇔  yᵀ = W·xᵀ, and so on.
+ * ================================================================================================ */
+
+void cuda_linear_forward(Device *d, int n, int in, int out, const float *x, const float *W,
+                         const float *b, float *y) {
+    if (n <= 0) return;
+    /* yᵀ[out][n] = W[out][in] · xᵀ[in][n]; cuBLAS sees W as Wᵀ (in×out, ld in), so op T. */
+    CHECK_CUBLAS(cublasSgemm(d->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &ONE, W, in, x, in,
+                             &ZERO, y, out));
+    if (b) {
+        launch_bias_add(d->stream, n, out, b, y);
+        CHECK_LAUNCH();
+    }
+}
+
+void cuda_linear_backward(Device *d, int n, int in, int out, const float *x, const float *W,
+                          const float *dy, float *dx, float *dW, float *db, int accumulate) {
+    if (n <= 0) return;
+    if (dx) /* dxᵀ[in][n] = Wᵀ[in][out] · dyᵀ[out][n] */
+        CHECK_CUBLAS(cublasSgemm(d->cublas, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &ONE, W, in, dy,
+                                 out, accumulate ? &ONE : &ZERO, dx, in));
+    if (dW) /* dWᵀ[in][out] += xᵀ[in][n] · dy[n][out] */
+        CHECK_CUBLAS(cublasSgemm(d->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &ONE, x, in, dy,
+                                 out, &ONE, dW, in));
+    if (db) { /* db[out] += column sums of dy: a kernel, as a GEMV would need a ones vector */
+        launch_bias_grad(d->stream, n, out, dy, db);
+        CHECK_LAUNCH();
+    }
+}
+
+#endif /* USE_CUDA */

@@ -1,0 +1,59 @@
+/* ops_cuda.h — the CUDA backend of ops.h: cuDNN (convolution, batch norm), cuBLAS (linear) and our
+ * kernels (kernels.cu) for everything else. Called only through the dispatcher in ops.c, with
+ * exactly the semantics documented in ops.h. Exists only in a CUDA build. */
+#ifndef OPS_CUDA_H
+#define OPS_CUDA_H
+
+#ifdef USE_CUDA
+
+#include <stdint.h>
+
+#include "ops.h"
+
+void cuda_conv_prepare(Device *d, Conv *c, int n);
+void cuda_conv_release(Device *d, Conv *c);
+void cuda_conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y);
+void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
+                             int accumulate);
+void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,
+                               float *dw);
+
+void cuda_bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                           const float *beta, float *running_mean, float *running_var,
+                           float momentum, float eps, float *save_mean, float *save_invstd,
+                           float *y);
+void cuda_bn_forward_eval(Device *d, int n, int c, int hw, const float *x, const float *gamma,
+                          const float *beta, const float *running_mean, const float *running_var,
+                          float eps, float *y);
+void cuda_bn_backward(Device *d, int n, int c, int hw, const float *x, const float *dy,
+                      const float *gamma, const float *save_mean, const float *save_invstd,
+                      float eps, float *dx, float *dgamma, float *dbeta, int accumulate);
+
+void cuda_relu_forward(Device *d, int64_t count, const float *x, float *y);
+void cuda_relu_backward(Device *d, int64_t count, const float *y, const float *dy, float *dx,
+                        int accumulate);
+void cuda_add_forward(Device *d, int64_t count, const float *a, const float *b, float *y);
+void cuda_grad_pass(Device *d, int64_t count, const float *src, float *dst, int accumulate);
+
+void cuda_avgpool_forward(Device *d, int n, int c, int hw, const float *x, float *y);
+void cuda_avgpool_backward(Device *d, int n, int c, int hw, const float *dy, float *dx,
+                           int accumulate);
+
+void cuda_linear_forward(Device *d, int n, int in, int out, const float *x, const float *W,
+                         const float *b, float *y);
+void cuda_linear_backward(Device *d, int n, int in, int out, const float *x, const float *W,
+                          const float *dy, float *dx, float *dW, float *db, int accumulate);
+
+void cuda_xent_forward_backward(Device *d, int n, int classes, const float *logits,
+                                const int32_t *labels, float scale, float *loss, int32_t *correct,
+                                float *dlogits);
+
+void cuda_sgd_step(Device *d, int64_t count, float *params, const float *grads,
+                   float *momentum_buf, float lr, float momentum, float weight_decay, int first);
+
+void cuda_scale_inplace(Device *d, int64_t count, float *x, float alpha);
+void cuda_add_inplace(Device *d, int64_t count, const float *x, float *y);
+
+#endif /* USE_CUDA */
+
+#endif

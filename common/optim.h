@@ -1,0 +1,32 @@
+/* optim.h — SGD with momentum and weight decay over a flat parameter buffer, and the LR schedule.
+ *
+ * torch.optim.SGD(params, lr, momentum, weight_decay) with dampening 0 and no Nesterov: the whole
+ * model is one flat buffer, so one step is one fused kernel launch (ops.h: sgd_step). The momentum
+ * buffer is created lazily by PyTorch on the first step (buf = g); `steps` tells us whether that
+ * has happened, and is saved in checkpoints so a resumed run continues exactly. */
+#ifndef OPTIM_H
+#define OPTIM_H
+
+#include <stdint.h>
+
+#include "device.h"
+
+typedef struct Optimizer {
+    Device *dev;
+    int64_t count;       /* floats in the flat buffers */
+    double lr, momentum, weight_decay;
+    float *momentum_buf; /* device, count floats (NULL when momentum == 0) */
+    int64_t steps;       /* optimizer steps taken */
+} Optimizer;
+
+void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double momentum,
+                double weight_decay);
+void optim_destroy(Optimizer *o);
+/* One SGD step at learning rate lr_now (from lr_schedule). */
+void optim_step(Optimizer *o, float *params, const float *grads, double lr_now);
+
+/* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
+ * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). */
+double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps);
+
+#endif

@@ -1,0 +1,221 @@
+/* report.c — console lines, the progress bar and the JSON-lines writer (see report.h).
+ *
+ * The console is for people, the JSON file for programs, so they never mix: the bar goes to stdout
+ * only, is redrawn at most ~10 times a second (a terminal that scrolls at 5000 lines/s slows the
+ * training it reports on), and is wiped before any other line is printed. JSON floats use %.9g:
+ * nine significant digits are enough for any float32 to read back bit-exactly. */
+#include "report.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errors.h"
+
+#define BAR_COLS 79  /* the bar line is padded to this width, so a redraw always covers the last one */
+#define BAR_CELLS 24 /* "[=====>     ]" interior */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void report_open(Report *r, const char *json_path, const char *progress_flag, int active) {
+    memset(r, 0, sizeof *r);
+    r->active = active;
+    if (!active) return;
+    if (!progress_flag || !strcmp(progress_flag, "auto")) r->progress = isatty(STDOUT_FILENO);
+    else if (!strcmp(progress_flag, "on")) r->progress = 1;
+    else if (!strcmp(progress_flag, "off")) r->progress = 0;
+    else die_user("--progress must be one of auto|on|off, got '%s'", progress_flag);
+    if (json_path && json_path[0]) {
+        r->json = fopen(json_path, "w");
+        if (!r->json)
+            die_user("cannot open --report file '%s': %s (check that its directory exists and is writable)",
+                     json_path, errno_string());
+    }
+    r->bar_last = -1e30;
+}
+
+/* Wipe the bar line so the next output starts at column 0 on a clean line. */
+static void bar_clear(Report *r) {
+    if (!r->bar_drawn) return;
+    printf("\r%*s\r", BAR_COLS, "");
+    r->bar_drawn = 0;
+}
+
+void report_close(Report *r) {
+    if (!r->active) return;
+    bar_clear(r);
+    fflush(stdout);
+    if (r->json) {
+        /* A full disk shows up here at the latest; say so rather than leave a silently short file. */
+        if (ferror(r->json) | fclose(r->json))
+            fprintf(stderr, "warning: writing the --report file failed (%s); it may be incomplete\n",
+                    errno_string());
+        r->json = NULL;
+    }
+    r->active = 0;
+}
+
+void report_printf(Report *r, const char *fmt, ...) {
+    if (!r->active) return;
+    bar_clear(r);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout); /* people watch this live, and it may be piped through tee */
+}
+
+/* "1:02:03" above an hour, else "2:03". */
+static void fmt_duration(char *buf, size_t len, double s) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+    else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
+}
+
+void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches,
+                     double elapsed_s, float loss) {
+    if (!r->active || !r->progress) return;
+    double t = now_s();
+    if (t - r->bar_last < 0.1 && batch < batches) return; /* ~10 redraws/s; always draw the last */
+    r->bar_last = t;
+    char cells[BAR_CELLS + 1];
+    int filled = batches > 0 ? (int)((double)BAR_CELLS * (double)batch / (double)batches) : 0;
+    if (filled > BAR_CELLS) filled = BAR_CELLS;
+    for (int i = 0; i < BAR_CELLS; i++) cells[i] = i < filled ? '=' : ' ';
+    if (filled > 0 && filled < BAR_CELLS) cells[filled - 1] = '>';
+    cells[BAR_CELLS] = 0;
+    char eta[32];
+    double left = batch > 0 ? elapsed_s / (double)batch * (double)(batches - batch) : 0;
+    fmt_duration(eta, sizeof eta, left);
+    char line[256];
+    int n = snprintf(line, sizeof line, "epoch %d/%d [%s] %lld/%lld  loss %.4f  ETA %s", epoch, epochs, cells,
+                     (long long)batch, (long long)batches, (double)loss, eta);
+    if (n < 0) return;
+    printf("\r%-*s", BAR_COLS, line);
+    fflush(stdout);
+    r->bar_drawn = 1;
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * JSON lines */
+
+static int json_on(const Report *r) { return r->active && r->json; }
+
+static void json_write_str(FILE *f, const char *s) {
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\b': fputs("\\b", f); break;
+        case '\f': fputs("\\f", f); break;
+        default:
+            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+            else fputc(*p, f); /* UTF-8 bytes pass through unchanged */
+        }
+    }
+    fputc('"', f);
+}
+
+static void json_write_num(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.9g", v);
+    else fputs("null", f); /* JSON has no NaN/Infinity; null keeps the line parseable */
+}
+
+static void json_key(Report *r, const char *key) {
+    fputc(',', r->json);
+    json_write_str(r->json, key);
+    fputc(':', r->json);
+}
+
+void json_begin(Report *r, const char *type) {
+    if (!json_on(r)) return;
+    fputs("{\"type\":", r->json);
+    json_write_str(r->json, type);
+}
+
+void json_int(Report *r, const char *key, int64_t v) {
+    if (!json_on(r)) return;
+    json_key(r, key);
+    fprintf(r->json, "%lld", (long long)v);
+}
+
+void json_num(Report *r, const char *key, double v) {
+    if (!json_on(r)) return;
+    json_key(r, key);
+    json_write_num(r->json, v);
+}
+
+void json_str(Report *r, const char *key, const char *v) {
+    if (!json_on(r)) return;
+    json_key(r, key);
+    json_write_str(r->json, v);
+}
+
+void json_int_list(Report *r, const char *key, const int64_t *v, int n) {
+    if (!json_on(r)) return;
+    json_key(r, key);
+    fputc('[', r->json);
+    for (int i = 0; i < n; i++) fprintf(r->json, i ? ",%lld" : "%lld", (long long)v[i]);
+    fputc(']', r->json);
+}
+
+void json_num_list(Report *r, const char *key, const double *v, int n) {
+    if (!json_on(r)) return;
+    json_key(r, key);
+    fputc('[', r->json);
+    for (int i = 0; i < n; i++) {
+        if (i) fputc(',', r->json);
+        json_write_num(r->json, v[i]);
+    }
+    fputc(']', r->json);
+}
+
+void json_end(Report *r) {
+    if (!json_on(r)) return;
+    fputs("}\n", r->json);
+    fflush(r->json); /* a line is complete on disk once written: `tail -f` and crashes see whole lines */
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * small statistics and formatting */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double stats_median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double); /* n is a few hundred timings: sorting is fine */
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char *fmt_bytes(char *buf, size_t len, double bytes) {
+    static const char *units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    double a = fabs(bytes);
+    if (a < 1024) {
+        snprintf(buf, len, "%.0f B", bytes);
+        return buf;
+    }
+    int u = 0;
+    double v = bytes / 1024;
+    while (fabs(v) >= 1024 && u < 4) v /= 1024, u++;
+    snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}

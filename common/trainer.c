@@ -1,0 +1,443 @@
+/* trainer.c — datasets, device input, step statistics, evaluation, report and checkpoints for a run. */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+/* ---- data ------------------------------------------------------------------------------------ */
+
+void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
+    if (cfg->data[0]) {
+        dataset_cifar10(train, cfg->data, 1, cfg->train_size > 0 ? cfg->train_size : 0);
+        dataset_cifar10(test, cfg->data, 0, cfg->test_size > 0 ? cfg->test_size : 0);
+    } else {
+        dataset_synthetic(train, cfg->train_size, (uint64_t)cfg->seed, 1);
+        dataset_synthetic(test, cfg->test_size, (uint64_t)cfg->seed, 0);
+    }
+}
+
+LoaderConfig loader_config(const TrainConfig *cfg, int batch_size, int train) {
+    int w = cfg->workers;
+    return (LoaderConfig){.batch_size = batch_size, .workers = w, .prefetch = 2 * (w > 0 ? w : 1) + 2,
+                          .augment = train, .shuffle = train, .drop_last = 0,
+                          .pinned = cfg->pin_memory, .seed = (uint64_t)cfg->seed};
+}
+
+/* ---- input pipe ------------------------------------------------------------------------------ */
+
+void input_init(InputPipe *p, Device *dev, Loader *loader, int max_batch) {
+    memset(p, 0, sizeof *p);
+    p->dev = dev;
+    p->loader = loader;
+    if (dev->kind == DEV_CPU) return; /* the CPU backend reads the loader's batch in place */
+    for (int s = 0; s < 2; s++) {
+        p->x[s] = device_alloc(dev, (size_t)max_batch * IMG_PIXELS * sizeof(float), "input batch");
+        p->y[s] = device_alloc(dev, (size_t)max_batch * sizeof(int32_t), "input labels");
+#ifdef USE_CUDA
+        CHECK_CUDA(cudaEventCreateWithFlags(&p->copied[s], cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventCreateWithFlags(&p->consumed[s], cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventRecord(p->consumed[s], dev->stream));
+#endif
+    }
+}
+
+static void release_slot(InputPipe *p, int s) {
+    if (!p->held[s]) return;
+#ifdef USE_CUDA
+    /* The loader may refill this host buffer only once its copy has landed. */
+    if (p->dev->kind == DEV_CUDA) CHECK_CUDA(cudaEventSynchronize(p->copied[s]));
+#endif
+    loader_release(p->loader, p->held[s]);
+    p->held[s] = NULL;
+}
+
+Batch *input_next(InputPipe *p, float **x, int32_t **y) {
+    Device *d = p->dev;
+#ifdef USE_CUDA
+    /* Everything the previous step reads from its input slot has been issued by now. */
+    if (d->kind == DEV_CUDA) CHECK_CUDA(cudaEventRecord(p->consumed[p->slot], d->stream));
+#endif
+    Batch *b = loader_next(p->loader);
+    if (!b) return NULL;
+    int s = p->slot ^= 1;
+    release_slot(p, s); /* the batch from two steps ago */
+    p->held[s] = b;
+    if (d->kind == DEV_CPU) {
+        *x = b->x, *y = b->y;
+        return b;
+    }
+#ifdef USE_CUDA
+    /* Copy on the copy stream, after the step that last used this slot, and make the compute stream
+     * (not the host) wait for it: with pinned memory the copy overlaps the previous step. */
+    device_bind(d);
+    CHECK_CUDA(cudaStreamWaitEvent(d->copy_stream, p->consumed[s], 0));
+    CHECK_CUDA(cudaMemcpyAsync(p->x[s], b->x, (size_t)b->n * IMG_PIXELS * sizeof(float),
+                               cudaMemcpyHostToDevice, d->copy_stream));
+    CHECK_CUDA(cudaMemcpyAsync(p->y[s], b->y, (size_t)b->n * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, d->copy_stream));
+    CHECK_CUDA(cudaEventRecord(p->copied[s], d->copy_stream));
+    CHECK_CUDA(cudaStreamWaitEvent(d->stream, p->copied[s], 0));
+#endif
+    *x = p->x[s], *y = p->y[s];
+    return b;
+}
+
+void input_drain(InputPipe *p) {
+    release_slot(p, 0);
+    release_slot(p, 1);
+}
+
+void input_destroy(InputPipe *p) {
+    input_drain(p);
+    if (p->dev->kind == DEV_CPU) return;
+    for (int s = 0; s < 2; s++) {
+        device_free(p->dev, p->x[s]);
+        device_free(p->dev, p->y[s]);
+#ifdef USE_CUDA
+        cudaEventDestroy(p->copied[s]);
+        cudaEventDestroy(p->consumed[s]);
+#endif
+    }
+}
+
+/* ---- step log -------------------------------------------------------------------------------- */
+
+void steplog_init(StepLog *s, Device *dev, int cap) {
+    memset(s, 0, sizeof *s);
+    s->dev = dev;
+    s->cap = cap;
+    s->loss = device_alloc(dev, (size_t)cap * sizeof(float), "step statistics");
+    s->correct = device_alloc(dev, (size_t)cap * sizeof(int32_t), "step statistics");
+    s->n = xcalloc((size_t)cap, sizeof(int));
+    s->t_host = xcalloc((size_t)cap + 1, sizeof(double));
+#ifdef USE_CUDA
+    if (dev->kind == DEV_CUDA) {
+        s->ev = xcalloc((size_t)cap + 1, sizeof(cudaEvent_t));
+        for (int i = 0; i <= cap; i++) CHECK_CUDA(cudaEventCreate(&s->ev[i]));
+    }
+#endif
+}
+
+void steplog_destroy(StepLog *s) {
+    device_free(s->dev, s->loss);
+    device_free(s->dev, s->correct);
+    free(s->n);
+    free(s->t_host);
+#ifdef USE_CUDA
+    if (s->ev) {
+        for (int i = 0; i <= s->cap; i++) cudaEventDestroy(s->ev[i]);
+        free(s->ev);
+    }
+#endif
+}
+
+static void mark(StepLog *s, int i) {
+#ifdef USE_CUDA
+    if (s->dev->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaEventRecord(s->ev[i], s->dev->stream));
+        return;
+    }
+#endif
+    s->t_host[i] = time_now();
+}
+
+int steplog_begin(StepLog *s, int n) {
+    ASSERT(s->count < s->cap);
+    int i = s->count++;
+    s->n[i] = n;
+    mark(s, i);
+    return i;
+}
+
+float steplog_loss(StepLog *s, int slot) {
+    float v;
+    device_copy_d2h(s->dev, &v, s->loss + slot, sizeof v);
+    return v;
+}
+
+int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *times) {
+    int k = s->count;
+    mark(s, k);
+    device_sync(s->dev);
+    float *loss = xmalloc((size_t)(k + 1) * sizeof(float));
+    int32_t *corr = xmalloc((size_t)(k + 1) * sizeof(int32_t));
+    if (k) {
+        device_copy_d2h(s->dev, loss, s->loss, (size_t)k * sizeof(float));
+        device_copy_d2h(s->dev, corr, s->correct, (size_t)k * sizeof(int32_t));
+    }
+    double lsum = 0, csum = 0, nsum = 0;
+    for (int i = 0; i < k; i++) {
+        lsum += (double)loss[i] * s->n[i];
+        csum += corr[i];
+        nsum += s->n[i];
+        if (!times) continue;
+#ifdef USE_CUDA
+        if (s->ev) {
+            float ms;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, s->ev[i], s->ev[i + 1]));
+            times[i] = ms;
+            continue;
+        }
+#endif
+        times[i] = 1e3 * (s->t_host[i + 1] - s->t_host[i]);
+    }
+    if (mean_loss) *mean_loss = nsum ? lsum / nsum : NAN;
+    if (accuracy) *accuracy = nsum ? csum / nsum : NAN;
+    free(loss);
+    free(corr);
+    s->count = 0;
+    return k;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss) {
+    loader_start_epoch(in->loader, 0, 0, NULL, 0);
+    float *x;
+    int32_t *y;
+    Batch *b;
+    while ((b = input_next(in, &x, &y))) {
+        int i = steplog_begin(scratch, b->n);
+        model_forward(m, b->n, x, 0);
+        /* the loss kernel also writes dlogits; harmless scratch here */
+        xent_forward_backward(m->dev, b->n, m->classes, model_logits(m), y, 1.0f / (float)b->n,
+                              scratch->loss + i, scratch->correct + i, model_dlogits(m));
+    }
+    input_drain(in);
+    steplog_finish(scratch, loss, accuracy, NULL);
+}
+
+/* ---- the run --------------------------------------------------------------------------------- */
+
+static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
+    const TrainConfig *c = r->cfg;
+    Model *m = r->model;
+    CheckpointMeta meta = {0};
+    snprintf(meta.arch, sizeof meta.arch, "%s", m->arch);
+    snprintf(meta.norm, sizeof meta.norm, "%s", m->norm_bn ? "bn" : "none");
+    meta.n_params = m->n_param_floats;
+    meta.n_buffers = m->n_buffer_floats;
+    meta.shape_hash = m->shape_hash;
+    meta.step = r->step;
+    meta.epoch = epoch;
+    meta.batch_in_epoch = batch_in_epoch;
+    meta.seed = c->seed;
+    meta.momentum_valid = r->opt->steps > 0;
+    meta.world_size = r->world_size;
+    size_t pb = (size_t)m->n_param_floats * sizeof(float);
+    float *p = xmalloc(pb), *mom = xcalloc(1, pb);
+    float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
+    device_copy_d2h(m->dev, p, m->param_flat, pb);
+    device_copy_d2h(m->dev, buf, m->buffer_flat, (size_t)m->n_buffer_floats * sizeof(float));
+    if (r->opt->momentum_buf) device_copy_d2h(m->dev, mom, r->opt->momentum_buf, pb);
+    char *path = checkpoint_path(c->save, end_of_epoch ? epoch - 1 : epoch, r->step, end_of_epoch);
+    checkpoint_save(path, &meta, p, buf, mom);
+    report_printf(&r->report, "saved checkpoint %s\n", path);
+    json_begin(&r->report, "checkpoint");
+    json_str(&r->report, "path", path);
+    json_int(&r->report, "step", r->step);
+    json_end(&r->report);
+    free(path), free(p), free(mom), free(buf);
+}
+
+static void resume(Run *r) {
+    const TrainConfig *c = r->cfg;
+    Model *m = r->model;
+    CheckpointMeta expect = {0}, got;
+    snprintf(expect.arch, sizeof expect.arch, "%s", m->arch);
+    snprintf(expect.norm, sizeof expect.norm, "%s", m->norm_bn ? "bn" : "none");
+    expect.n_params = m->n_param_floats;
+    expect.n_buffers = m->n_buffer_floats;
+    expect.shape_hash = m->shape_hash;
+    size_t pb = (size_t)m->n_param_floats * sizeof(float);
+    float *p = xmalloc(pb), *mom = xmalloc(pb);
+    float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
+    checkpoint_load(c->resume, &expect, &got, p, buf, mom);
+    if (got.seed != c->seed)
+        die_user("checkpoint '%s' was trained with --seed %lld, this run has --seed %lld — pass "
+                 "--seed %lld to continue it", c->resume, (long long)got.seed, (long long)c->seed,
+                 (long long)got.seed);
+    device_copy_h2d(m->dev, m->param_flat, p, pb);
+    device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
+    if (r->opt->momentum_buf) device_copy_h2d(m->dev, r->opt->momentum_buf, mom, pb);
+    device_sync(m->dev);
+    r->opt->steps = got.momentum_valid ? got.step : 0;
+    r->step = got.step;
+    r->epoch = got.epoch;
+    r->start_batch = got.batch_in_epoch;
+    report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", c->resume,
+                  (long long)got.step, (long long)got.epoch + 1, (long long)got.batch_in_epoch);
+    free(p), free(mom), free(buf);
+}
+
+void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
+               int world_size, Model *m, Optimizer *opt, int64_t batches_per_epoch,
+               const char *data_desc) {
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg, r->stage = stage, r->devs = devs, r->n_devs = n_devs, r->world_size = world_size;
+    r->model = m, r->opt = opt, r->batches_per_epoch = batches_per_epoch;
+    r->total_steps = (int64_t)cfg->epochs * batches_per_epoch;
+    if (cfg->steps > 0 && cfg->steps < r->total_steps) r->total_steps = cfg->steps;
+    r->cap_times = 1024;
+    r->times = xmalloc((size_t)r->cap_times * sizeof(double));
+    report_open(&r->report, cfg->report, cfg->progress, 1);
+    char desc[128];
+    report_printf(&r->report, "%s | %s | %s\n", stage, devs[0]->name, model_describe(m, desc, sizeof desc));
+    report_printf(&r->report,
+                  "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
+                  "momentum %g, wd %g | seed %lld%s%s\n",
+                  data_desc, cfg->batch_size, world_size, cfg->epochs, (long long)batches_per_epoch,
+                  cfg->lr, cfg->schedule, cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
+                  cfg->deterministic ? " | deterministic" : "",
+                  cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    json_begin(&r->report, "config");
+    json_str(&r->report, "stage", stage);
+    json_str(&r->report, "device", devs[0]->name);
+    json_str(&r->report, "model", m->arch);
+    json_int(&r->report, "params", m->n_param_floats);
+    json_int(&r->report, "batch_size", cfg->batch_size);
+    json_int(&r->report, "world_size", world_size);
+    json_end(&r->report);
+    if (cfg->resume[0]) resume(r);
+    r->t_start = r->epoch_t0 = time_now();
+}
+
+int run_done(const Run *r) { return r->cfg->steps > 0 && r->step >= r->cfg->steps; }
+
+double run_lr(const Run *r) {
+    return lr_schedule(r->cfg->schedule, r->cfg->lr, r->step, r->total_steps);
+}
+
+void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
+    r->step++;
+    r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
+    const TrainConfig *c = r->cfg;
+    if (r->step % c->log_every == 0 || run_done(r)) {
+        float loss = steplog_loss(log, slot); /* the one synchronisation, every --log-every steps */
+        json_begin(&r->report, "step");
+        json_int(&r->report, "step", r->step);
+        json_int(&r->report, "epoch", r->epoch + 1);
+        json_num(&r->report, "loss", loss);
+        json_num(&r->report, "lr", lr_schedule(c->schedule, c->lr, r->step - 1, r->total_steps));
+        json_end(&r->report);
+        if (!r->report.progress)
+            report_printf(&r->report, "  step %6lld  epoch %lld  batch %5lld/%lld  loss %.4f\n",
+                          (long long)r->step, (long long)r->epoch + 1, (long long)batch + 1,
+                          (long long)r->batches_per_epoch, loss);
+        r->last_train_loss = loss;
+    }
+    report_progress(&r->report, (int)r->epoch + 1, c->epochs, batch + 1, r->batches_per_epoch,
+                    time_now() - r->epoch_t0, (float)r->last_train_loss);
+}
+
+static size_t peak_of(const Run *r, int64_t *peaks) {
+    size_t mx = 0;
+    for (int i = 0; i < r->n_devs; i++) {
+        peaks[i] = (int64_t)r->devs[i]->mem_peak;
+        if (r->devs[i]->mem_peak > mx) mx = r->devs[i]->mem_peak;
+    }
+    return mx;
+}
+
+/* Median over the run's timed steps (warm-up excluded). */
+static double median_ms(const Run *r) {
+    double *tmp = xmalloc((size_t)(r->n_times + 1) * sizeof(double));
+    memcpy(tmp, r->times, (size_t)r->n_times * sizeof(double));
+    double med = stats_median(tmp, r->n_times);
+    free(tmp);
+    return med;
+}
+
+static void collect_times(Run *r, StepLog *log, double *loss, double *acc) {
+    double *t = xmalloc((size_t)(log->count + 1) * sizeof(double));
+    int k = steplog_finish(log, loss, acc, t);
+    for (int i = 0; i < k; i++, r->seen_steps++) {
+        if (r->seen_steps < WARMUP_STEPS) continue;
+        if (r->n_times == r->cap_times) {
+            r->cap_times *= 2;
+            r->times = realloc(r->times, (size_t)r->cap_times * sizeof(double));
+            ASSERT(r->times);
+        }
+        r->times[r->n_times++] = t[i];
+    }
+    free(t);
+}
+
+void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, double data_wait_s) {
+    const TrainConfig *c = r->cfg;
+    double loss, acc;
+    collect_times(r, log, &loss, &acc);
+    r->data_wait_s += data_wait_s;
+    r->last_train_loss = loss, r->last_train_acc = acc, r->last_test_acc = test_acc;
+    double med = median_ms(r), secs = time_now() - r->epoch_t0;
+    int64_t peaks[64];
+    char mem[32];
+    fmt_bytes(mem, sizeof mem, (double)peak_of(r, peaks));
+    report_printf(&r->report,
+                  "%s %lld/%d  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
+                  "%.2f ms/it  %.0f img/s  data wait %.2f s | peak mem %s | %.1f s\n",
+                  r->start_batch >= r->batches_per_epoch ? "epoch" : "partial epoch",
+                  (long long)r->epoch + 1, c->epochs, loss, 100 * acc, test_loss, 100 * test_acc, med,
+                  med > 0 ? 1e3 * r->world_size * c->batch_size / med : 0.0, data_wait_s, mem, secs);
+    json_begin(&r->report, "epoch");
+    json_int(&r->report, "epoch", r->epoch + 1);
+    json_int(&r->report, "step", r->step);
+    json_num(&r->report, "train_loss", loss);
+    json_num(&r->report, "train_acc", acc);
+    json_num(&r->report, "test_loss", test_loss);
+    json_num(&r->report, "test_acc", test_acc);
+    json_num(&r->report, "ms_per_iter_median", med);
+    json_num(&r->report, "data_wait_s", data_wait_s);
+    json_num(&r->report, "epoch_s", secs);
+    json_int_list(&r->report, "peak_mem_bytes", peaks, r->n_devs);
+    json_end(&r->report);
+    if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
+        r->epoch++;
+        r->start_batch = 0;
+        r->last_epoch_done = r->epoch;
+        if (c->save[0]) save_checkpoint(r, r->epoch, 0, 1);
+    } else if (c->save[0]) { /* stopped inside it (--steps): keep the position for --resume */
+        save_checkpoint(r, r->epoch, r->start_batch, 0);
+    }
+    r->epoch_t0 = time_now();
+}
+
+void run_finish(Run *r) {
+    const TrainConfig *c = r->cfg;
+    double med = median_ms(r), wall = time_now() - r->t_start;
+    double ips = med > 0 ? 1e3 * r->world_size * c->batch_size / med : 0.0;
+    int64_t peaks[64];
+    peak_of(r, peaks);
+    report_printf(&r->report, "summary: %lld steps in %.1f s | final train loss %.4f | test acc "
+                              "%.2f%% | %.2f ms/it (median) | %.0f img/s | data wait %.2f s\n",
+                  (long long)r->step, wall, r->last_train_loss, 100 * r->last_test_acc, med, ips,
+                  r->data_wait_s);
+    for (int i = 0; i < r->n_devs; i++) {
+        char mem[32];
+        report_printf(&r->report, "  peak memory %-28s %s\n", r->devs[i]->name,
+                      fmt_bytes(mem, sizeof mem, (double)r->devs[i]->mem_peak));
+    }
+    json_begin(&r->report, "summary");
+    json_str(&r->report, "stage", r->stage);
+    json_str(&r->report, "device", r->devs[0]->kind == DEV_CUDA ? "cuda" : "cpu");
+    json_int(&r->report, "world_size", r->world_size);
+    json_str(&r->report, "model", r->model->arch);
+    json_str(&r->report, "norm", r->model->norm_bn ? "bn" : "none");
+    json_int(&r->report, "batch_size", c->batch_size);
+    json_int(&r->report, "steps", r->step);
+    json_int(&r->report, "epochs", r->last_epoch_done);
+    json_num(&r->report, "final_train_loss", r->last_train_loss);
+    json_num(&r->report, "test_acc", r->last_test_acc);
+    json_num(&r->report, "ms_per_iter_median", med);
+    json_num(&r->report, "img_per_s", ips);
+    json_num(&r->report, "data_wait_s", r->data_wait_s);
+    json_num(&r->report, "wall_s", wall);
+    json_int_list(&r->report, "peak_mem_bytes", peaks, r->n_devs);
+    json_end(&r->report);
+    report_close(&r->report);
+    free(r->times);
+}

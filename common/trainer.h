@@ -1,0 +1,114 @@
+/* trainer.h — what every stage's training loop needs besides the loop itself.
+ *
+ * The stage mains stay short and parallel by calling these: open the datasets the flags ask for,
+ * move each batch to the device (InputPipe), record each step's loss, accuracy and time without
+ * synchronising (StepLog), evaluate, save and resume checkpoints, and print the report (Run).
+ *
+ * Timing is honest: on CUDA a step's time is the interval between events recorded on the compute
+ * stream at consecutive step starts (what the GPU really spent, host stalls included, no added
+ * synchronisation); on the CPU backend it is wall-clock time. The first WARMUP_STEPS steps of a run
+ * (cuDNN planning, caches) are excluded from the median. */
+#ifndef TRAINER_H
+#define TRAINER_H
+
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "cli.h"
+#include "data.h"
+#include "device.h"
+#include "loader.h"
+#include "model.h"
+#include "optim.h"
+#include "report.h"
+
+#define WARMUP_STEPS 5
+
+/* Datasets per --data / --train-size / --test-size / --seed. */
+void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test);
+/* Loader settings from the flags: train (augment, shuffle) or evaluation (neither). */
+LoaderConfig loader_config(const TrainConfig *cfg, int batch_size, int train);
+
+/* ---- host batch → device, double-buffered on the copy stream --------------------------------- */
+typedef struct InputPipe {
+    Device *dev;
+    Loader *loader;
+    float *x[2];
+    int32_t *y[2];
+    Batch *held[2]; /* loader slots still referenced by an in-flight copy or step */
+    int slot;
+#ifdef USE_CUDA
+    cudaEvent_t copied[2], consumed[2];
+#endif
+} InputPipe;
+void input_init(InputPipe *p, Device *dev, Loader *loader, int max_batch);
+/* Next batch of the epoch, its images and labels ready on the device's compute stream (the stream
+ * waits for the copy; the host does not), or NULL at the end of the epoch. */
+Batch *input_next(InputPipe *p, float **x, int32_t **y);
+/* Release every held batch (end of epoch, or stopping early). */
+void input_drain(InputPipe *p);
+void input_destroy(InputPipe *p);
+
+/* ---- per-step statistics kept on the device ---------------------------------------------------- */
+typedef struct StepLog {
+    Device *dev;
+    int cap, count;        /* steps recorded this epoch */
+    float *loss;           /* device: mean loss of each step */
+    int32_t *correct;      /* device: correct predictions of each step */
+    int *n;                /* host: samples in each step */
+    double *t_host;        /* CPU backend: wall time at each step start */
+#ifdef USE_CUDA
+    cudaEvent_t *ev;       /* CUDA: event at each step start (+1 for the epoch end) */
+#endif
+} StepLog;
+void steplog_init(StepLog *s, Device *dev, int cap);
+void steplog_destroy(StepLog *s);
+/* Mark the start of a step of n samples; returns its slot (pass &loss[slot], &correct[slot] to the
+ * loss). */
+int steplog_begin(StepLog *s, int n);
+/* The loss of step `slot` (synchronises: used only every --log-every steps). */
+float steplog_loss(StepLog *s, int slot);
+/* End of epoch: synchronise once, return the sample-weighted mean loss and accuracy, and append the
+ * step times (ms) to times[] (returns how many were appended). */
+int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *times);
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+/* Accuracy and mean loss of the model on a loader's epoch 0 (no augmentation), in eval mode. */
+void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss);
+
+/* ---- the run: report, timing across epochs, checkpoints --------------------------------------- */
+typedef struct Run {
+    const TrainConfig *cfg;
+    const char *stage;     /* "stage1" … */
+    Report report;
+    Device **devs;         /* every device of this process, for peak memory */
+    int n_devs;
+    int world_size;        /* samples per step = world_size × batch_size */
+    Model *model;          /* the model that is saved (stage 2: GPU0's master) */
+    Optimizer *opt;
+    int64_t batches_per_epoch;
+    int64_t step, total_steps;     /* optimizer steps done / planned */
+    int64_t epoch, start_batch;    /* where the loop starts (after a resume) */
+    double *times;                 /* step times (ms) after warm-up, whole run */
+    int n_times, cap_times, seen_steps;
+    double data_wait_s, t_start, epoch_t0;
+    double last_train_loss, last_train_acc, last_test_acc;
+    int64_t last_epoch_done;
+} Run;
+
+/* Print the header (device, model, data, flags), open --report, resume from --resume if given
+ * (restoring parameters, buffers, momentum and the position in the data). */
+void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
+               int world_size, Model *m, Optimizer *opt, int64_t batches_per_epoch,
+               const char *data_desc);
+int run_done(const Run *r); /* --steps reached */
+double run_lr(const Run *r); /* learning rate for the next step */
+/* After each optimizer step: logging (every --log-every steps), progress bar. */
+void run_step_end(Run *r, StepLog *log, int slot, int64_t batch);
+/* After each epoch — or the part of one done when --steps stops the run inside it: statistics,
+ * evaluation result, report line, checkpoint (--save; mid-epoch position kept for --resume). */
+void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, double data_wait_s);
+/* Final summary (console + JSON); closes the report. */
+void run_finish(Run *r);
+
+#endif

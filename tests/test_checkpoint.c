@@ -1,0 +1,428 @@
+/* test_checkpoint.c — checkpoints round-trip bit-exactly, and every damaged or mismatched file is
+ * refused with exit status 2 and a message that says what is wrong; a failed save never destroys
+ * the previous checkpoint.
+ *
+ * Failing saves are simulated without permissions (the tests may run as root): a path into a missing
+ * directory, a file-size limit (RLIMIT_FSIZE, i.e. "disk full" after a few KiB), and the .tmp name
+ * pointing at /dev/full. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "tests.h"
+
+/* Run fn(arg) in a child with stdout and stderr captured into *out (malloc'd); returns its exit
+ * status (0 when fn returns, 128+signal when killed). */
+static int run_captured(void (*fn)(void *), void *arg, char **out) {
+    fflush(stdout);
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    ck_assert_ptr_nonnull(cap);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fileno(cap), STDOUT_FILENO);
+        dup2(fileno(cap), STDERR_FILENO);
+        fn(arg);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    fseek(cap, 0, SEEK_END);
+    long n = ftell(cap);
+    rewind(cap);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, cap);
+    buf[got] = 0;
+    fclose(cap);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * a small fake model, a temporary directory per test */
+
+enum { NP = 1000, NB = 37 };
+#define FILE_BYTES (128 + 4 * (2 * NP + NB) + 8)
+
+static char g_dir[64];
+static char g_path[128];
+static float g_params[NP], g_buffers[NB], g_mom[NP];
+static CheckpointMeta g_meta;
+
+static void fixture_setup(void) {
+    strcpy(g_dir, "/tmp/test_ckpt_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    snprintf(g_path, sizeof g_path, "%s/a.ckpt", g_dir);
+    test_fill_uniform(g_params, NP, 1, -1, 1);
+    test_fill_uniform(g_buffers, NB, 2, 0, 3);
+    test_fill_uniform(g_mom, NP, 3, -0.01f, 0.01f);
+    g_params[0] = -0.0f; /* bit patterns that a float compare would not distinguish */
+    g_params[1] = NAN;
+    g_params[2] = 1.40129846e-45f;
+    g_mom[NP - 1] = INFINITY;
+    memset(&g_meta, 0, sizeof g_meta);
+    strcpy(g_meta.arch, "tiny");
+    strcpy(g_meta.norm, "bn");
+    g_meta.n_params = NP;
+    g_meta.n_buffers = NB;
+    g_meta.shape_hash = 0x0123456789abcdefull;
+    g_meta.step = 1234567890123LL;
+    g_meta.epoch = 3;
+    g_meta.batch_in_epoch = 17;
+    g_meta.seed = 4294967295LL;
+    g_meta.momentum_valid = 1;
+    g_meta.world_size = 4;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
+static void fixture_teardown(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void write_bytes(const char *path, const unsigned char *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+static unsigned char *read_bytes(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = malloc(*n + 1);
+    ck_assert_uint_eq(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+/* load `path` against `expect` in a child: returns the status, output in *out */
+typedef struct {
+    const char *path;
+    CheckpointMeta expect;
+} LoadJob;
+
+static void load_child(void *arg) {
+    LoadJob *j = arg;
+    static float p[NP + 16], b[NB + 16], m[NP + 16];
+    CheckpointMeta got;
+    checkpoint_load(j->path, &j->expect, &got, p, b, m);
+}
+
+static void expect_load_refused(const char *path, const CheckpointMeta *expect, const char *want,
+                                const char *what) {
+    LoadJob j = {path, *expect};
+    char *out = NULL;
+    int st = run_captured(load_child, &j, &out);
+    ck_assert_msg(st == 2, "%s: load exited %d (want 2): %s", what, st, out);
+    ck_assert_msg(strstr(out, path), "%s: message does not name the file: %s", what, out);
+    ck_assert_msg(strstr(out, want), "%s: message lacks \"%s\": %s", what, want, out);
+    free(out);
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * tests */
+
+START_TEST(test_fnv1a64_vectors) {
+    ck_assert_uint_eq(fnv1a64(FNV1A64_INIT, "", 0), 0xcbf29ce484222325ull);
+    ck_assert_uint_eq(fnv1a64(FNV1A64_INIT, "a", 1), 0xaf63dc4c8601ec8cull);
+    ck_assert_uint_eq(fnv1a64(FNV1A64_INIT, "foobar", 6), 0x85944171f73967e8ull);
+    /* streaming equals one shot */
+    ck_assert_uint_eq(fnv1a64(fnv1a64(FNV1A64_INIT, "foo", 3), "bar", 3), 0x85944171f73967e8ull);
+}
+END_TEST
+
+START_TEST(test_round_trip) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "%s.tmp", g_path);
+    ck_assert_msg(access(tmp, F_OK) != 0, "%s remains after a good save", tmp);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    ck_assert_uint_eq(n, FILE_BYTES);
+    ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
+    ck_assert(b[8] == 1 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 1, little-endian */
+    ck_assert(b[12] == 128 && b[13] == 0);                          /* header size */
+    ck_assert_str_eq((const char *)b + 16, "tiny");
+    ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
+    ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
+    ck_assert(memcmp(b + 128, g_params, 4 * NP) == 0);
+    uint64_t h = fnv1a64(FNV1A64_INIT, b, n - 8), stored = 0;
+    for (int i = 0; i < 8; i++) stored |= (uint64_t)b[n - 8 + i] << (8 * i);
+    ck_assert_uint_eq(h, stored);
+    free(b);
+
+    static float p[NP], bu[NB], m[NP];
+    memset(p, 0x55, sizeof p);
+    CheckpointMeta got, expect = g_meta;
+    expect.step = expect.epoch = expect.batch_in_epoch = expect.seed = 0; /* counters are ignored */
+    checkpoint_load(g_path, &expect, &got, p, bu, m);
+    ck_assert_str_eq(got.arch, "tiny");
+    ck_assert_str_eq(got.norm, "bn");
+    ck_assert_int_eq(got.n_params, NP);
+    ck_assert_int_eq(got.n_buffers, NB);
+    ck_assert_uint_eq(got.shape_hash, g_meta.shape_hash);
+    ck_assert_int_eq(got.step, g_meta.step);
+    ck_assert_int_eq(got.epoch, 3);
+    ck_assert_int_eq(got.batch_in_epoch, 17);
+    ck_assert_int_eq(got.seed, 4294967295LL);
+    ck_assert_int_eq(got.momentum_valid, 1);
+    ck_assert_int_eq(got.world_size, 4);
+    ck_assert(memcmp(p, g_params, sizeof p) == 0);
+    ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
+    ck_assert(memcmp(m, g_mom, sizeof m) == 0);
+
+    /* saving again over an existing checkpoint replaces it */
+    g_meta.step = 7;
+    g_params[5] = 42.0f;
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_load(g_path, &expect, &got, p, bu, m);
+    ck_assert_int_eq(got.step, 7);
+    ck_assert(p[5] == 42.0f);
+
+    /* a model without buffers (norm none) and a 31-character arch name fit too */
+    CheckpointMeta nb = g_meta;
+    nb.n_buffers = 0;
+    strcpy(nb.norm, "none");
+    memset(nb.arch, 'x', 31);
+    nb.arch[31] = 0;
+    checkpoint_save(g_path, &nb, g_params, NULL, g_mom);
+    checkpoint_load(g_path, &nb, &got, p, NULL, m);
+    ck_assert_str_eq(got.arch, nb.arch);
+    ck_assert_str_eq(got.norm, "none");
+    ck_assert(memcmp(m, g_mom, sizeof m) == 0);
+}
+END_TEST
+
+START_TEST(test_truncated) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    char cut[160];
+    snprintf(cut, sizeof cut, "%s/cut.ckpt", g_dir);
+    /* empty, inside the magic, inside the header, at the header's end, inside each blob, inside
+     * the checksum, one byte short */
+    const size_t at[] = {0, 5, 8, 60, 127, 128, 129, 128 + 4 * NP + 3, 128 + 4 * (NP + NB) + 100, n - 8, n - 3, n - 1};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        write_bytes(cut, b, at[i]);
+        char what[64];
+        snprintf(what, sizeof what, "cut at %zu of %zu", at[i], n);
+        expect_load_refused(cut, &g_meta, "truncated", what);
+    }
+    /* the message gives sizes and the fix */
+    write_bytes(cut, b, 1000);
+    LoadJob j = {cut, g_meta};
+    char *out = NULL;
+    ck_assert_int_eq(run_captured(load_child, &j, &out), 2);
+    char want[64];
+    snprintf(want, sizeof want, "1000 of %d bytes", FILE_BYTES);
+    ck_assert_msg(strstr(out, want) && strstr(out, "earlier checkpoint"), "%s", out);
+    free(out);
+    /* bytes beyond the checksum are refused too */
+    unsigned char *longer = calloc(n + 4, 1);
+    memcpy(longer, b, n);
+    write_bytes(cut, longer, n + 4);
+    expect_load_refused(cut, &g_meta, "corrupt", "4 trailing bytes");
+    free(longer);
+    free(b);
+}
+END_TEST
+
+START_TEST(test_flipped_byte) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", g_dir);
+    /* first param byte, a middle one, the buffers, the last momentum byte, a header counter
+     * (step), the arch name, and the checksum itself */
+    const size_t at[] = {128, 128 + 2001, 128 + 4 * NP + 7, n - 9, 80, 16, n - 8, n - 1};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        for (int bit = 0; bit < 8; bit += 7) {
+            b[at[i]] ^= (unsigned char)(1u << bit);
+            write_bytes(bad, b, n);
+            b[at[i]] ^= (unsigned char)(1u << bit);
+            char what[64];
+            snprintf(what, sizeof what, "bit %d of byte %zu flipped", bit, at[i]);
+            expect_load_refused(bad, &g_meta, "corrupt: checksum mismatch", what);
+        }
+    }
+    free(b);
+}
+END_TEST
+
+START_TEST(test_bad_magic_version_missing) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", g_dir);
+    b[0] = 'X';
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "bad magic");
+    b[0] = 'D';
+    write_bytes(bad, (const unsigned char *)"hello world, this is a text file\n", 33);
+    expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
+    write_bytes(bad, (const unsigned char *)"PK", 2);
+    expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
+    b[8] = 2;
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "version 2", "future version");
+    b[8] = 1;
+    char missing[160];
+    snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
+    expect_load_refused(missing, &g_meta, "No such file", "missing file");
+    expect_load_refused(g_dir, &g_meta, "not a regular file", "a directory");
+    free(b);
+}
+END_TEST
+
+START_TEST(test_wrong_model) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    CheckpointMeta e = g_meta;
+    strcpy(e.arch, "resnet18");
+    expect_load_refused(g_path, &e, "model tiny, but this run trains resnet18", "arch");
+    e = g_meta;
+    strcpy(e.norm, "none");
+    expect_load_refused(g_path, &e, "--norm bn, but this run uses --norm none", "norm");
+    e = g_meta;
+    e.n_params = NP + 16; /* the child's arrays have room for it */
+    expect_load_refused(g_path, &e, "1000 parameters", "n_params");
+    e = g_meta;
+    e.n_params = NP - 1;
+    expect_load_refused(g_path, &e, "this tiny model has 999", "n_params smaller");
+    e = g_meta;
+    e.n_buffers = NB + 1;
+    expect_load_refused(g_path, &e, "buffer", "n_buffers");
+    e = g_meta;
+    e.shape_hash ^= 1;
+    expect_load_refused(g_path, &e, "shape fingerprint", "shape_hash");
+}
+END_TEST
+
+/* ---- failing saves ---- */
+
+typedef struct {
+    const char *path;
+    int limit_fsize; /* bytes; 0 = none */
+} SaveJob;
+
+static void save_child(void *arg) {
+    SaveJob *j = arg;
+    if (j->limit_fsize) { /* "disk full" after limit bytes: write() fails with EFBIG */
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {(rlim_t)j->limit_fsize, (rlim_t)j->limit_fsize};
+        ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    }
+    static float p[NP];
+    for (int i = 0; i < NP; i++) p[i] = 99.0f; /* different contents from the saved checkpoint */
+    checkpoint_save(j->path, &g_meta, p, g_buffers, g_mom);
+}
+
+static void expect_save_fails_keeping_old(SaveJob *j, const char *what) {
+    char *out = NULL;
+    int st = run_captured(save_child, j, &out);
+    ck_assert_msg(st == 1, "%s: save exited %d (want 1, die_at): %s", what, st, out);
+    ck_assert_msg(strstr(out, j->path), "%s: message does not name the path: %s", what, out);
+    free(out);
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "%s.tmp", j->path);
+    ck_assert_msg(access(tmp, F_OK) != 0, "%s: %s left behind", what, tmp);
+    /* the previous checkpoint is intact and loads */
+    static float p[NP], bu[NB], m[NP];
+    CheckpointMeta got;
+    checkpoint_load(g_path, &g_meta, &got, p, bu, m);
+    ck_assert_msg(memcmp(p, g_params, sizeof p) == 0, "%s: previous checkpoint damaged", what);
+}
+
+START_TEST(test_failed_save_keeps_previous) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    SaveJob j = {g_path, 4096}; /* the file is ~8 KiB: the write fails half way */
+    expect_save_fails_keeping_old(&j, "RLIMIT_FSIZE");
+    /* the .tmp name leads to /dev/full: every write fails with ENOSPC */
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "%s.tmp", g_path);
+    ck_assert_int_eq(symlink("/dev/full", tmp), 0);
+    SaveJob full = {g_path, 0};
+    expect_save_fails_keeping_old(&full, "/dev/full");
+    /* a directory that does not exist */
+    char nodir[160];
+    snprintf(nodir, sizeof nodir, "%s/no/such/dir/b.ckpt", g_dir);
+    SaveJob nd = {nodir, 0};
+    char *out = NULL;
+    int st = run_captured(save_child, &nd, &out);
+    ck_assert_msg(st == 1 && strstr(out, nodir), "missing dir: exit %d: %s", st, out);
+    free(out);
+}
+END_TEST
+
+static void path_child(void *arg) { free(checkpoint_path((const char *)arg, 1, 1, 1)); }
+
+START_TEST(test_checkpoint_path) {
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/run/ckpts", g_dir); /* two levels to create */
+    char *p = checkpoint_path(dir, 3, 1234, 1);
+    char want[200];
+    snprintf(want, sizeof want, "%s/epoch003.ckpt", dir);
+    ck_assert_str_eq(p, want);
+    free(p);
+    struct stat st;
+    ck_assert(stat(dir, &st) == 0 && S_ISDIR(st.st_mode));
+    p = checkpoint_path(dir, 3, 1234, 0);
+    snprintf(want, sizeof want, "%s/step00001234.ckpt", dir);
+    ck_assert_str_eq(p, want);
+    free(p);
+    char slash[170];
+    snprintf(slash, sizeof slash, "%s//", dir); /* existing, with trailing slashes */
+    p = checkpoint_path(slash, 12, 0, 1);
+    snprintf(want, sizeof want, "%s/epoch012.ckpt", dir);
+    ck_assert_str_eq(p, want);
+    free(p);
+    /* a file where the directory should be */
+    char file[170];
+    snprintf(file, sizeof file, "%s/afile", g_dir);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    char *out = NULL;
+    int rc = run_captured(path_child, file, &out);
+    ck_assert_msg(rc == 2 && strstr(out, file) && strstr(out, "not a directory"), "exit %d: %s", rc, out);
+    free(out);
+    char under[190];
+    snprintf(under, sizeof under, "%s/afile/sub", g_dir);
+    rc = run_captured(path_child, under, &out);
+    ck_assert_msg(rc == 2 && strstr(out, under), "exit %d: %s", rc, out);
+    free(out);
+}
+END_TEST
+
+Suite *suite_checkpoint(void) {
+    Suite *s = suite_create("checkpoint");
+    TCase *tc = tcase_create("checkpoint");
+    tcase_set_timeout(tc, 30);
+    tcase_add_checked_fixture(tc, fixture_setup, fixture_teardown);
+    tcase_add_test(tc, test_fnv1a64_vectors);
+    tcase_add_test(tc, test_round_trip);
+    tcase_add_test(tc, test_truncated);
+    tcase_add_test(tc, test_flipped_byte);
+    tcase_add_test(tc, test_bad_magic_version_missing);
+    tcase_add_test(tc, test_wrong_model);
+    tcase_add_test(tc, test_failed_save_keeps_previous);
+    tcase_add_test(tc, test_checkpoint_path);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,540 @@
+/* test_cli.c — the command-line parser, the shared configuration and the report writer.
+ *
+ * Every kind of bad input must exit with status 2 and a message that names the flag, so each error
+ * case runs the parser in a forked child with stdout+stderr captured, and checks status and text. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "report.h"
+#include "rng.h"
+#include "tests.h"
+
+/* Run fn(arg) in a child with stdout and stderr captured into *out (malloc'd). Returns its exit
+ * status: 0 when fn returns, 128+signal when killed. */
+static int run_captured(void (*fn)(void *), void *arg, char **out) {
+    fflush(stdout);
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    ck_assert_ptr_nonnull(cap);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fileno(cap), STDOUT_FILENO);
+        dup2(fileno(cap), STDERR_FILENO);
+        fn(arg);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    fseek(cap, 0, SEEK_END);
+    long n = ftell(cap);
+    rewind(cap);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, cap);
+    buf[got] = 0;
+    fclose(cap);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * parsing a command line into a TrainConfig (+ one stage-specific row, as stage 2 adds --gpus) */
+
+typedef struct {
+    const char *const *args; /* NULL-terminated, without argv[0] */
+    int resolve;             /* also run config_resolve(c, resolve_cuda) */
+    int resolve_cuda;
+} ParseJob;
+
+static TrainConfig g_cfg;
+static int g_gpus;
+
+static void parse_into(TrainConfig *c, const char *const *args) {
+    static char *argv[64];
+    int argc = 0;
+    argv[argc++] = "stageX";
+    for (int i = 0; args[i]; i++) argv[argc++] = (char *)args[i];
+    argv[argc] = NULL;
+    config_defaults(c);
+    g_gpus = 1;
+    const Option extra[] = {{"gpus", OPT_INT, &g_gpus, 1, 64, NULL, "GPUs to use (stage-specific row)"},
+                            {NULL, 0, NULL, 0, 0, NULL, NULL}};
+    Option *t = config_options(c, extra);
+    cli_parse(argc, argv, t, "stageX", "stageX: a test program.");
+    free(t);
+}
+
+static void parse_child(void *arg) {
+    ParseJob *j = arg;
+    TrainConfig c;
+    parse_into(&c, j->args);
+    if (j->resolve) config_resolve(&c, j->resolve_cuda);
+}
+
+/* Expect `args` to be refused: exit status 2 and every one of the NULL-terminated `want` fragments
+ * in the output. */
+static void expect_refused(const char *const *args, const char *const *want) {
+    ParseJob j = {args, 1, 0};
+    char *out = NULL;
+    int st = run_captured(parse_child, &j, &out);
+    char cmd[512] = "";
+    for (int i = 0; args[i]; i++) {
+        strncat(cmd, args[i], sizeof cmd - strlen(cmd) - 2);
+        strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+    }
+    ck_assert_msg(st == 2, "'%s' exited %d (want 2), output: %s", cmd, st, out);
+    ck_assert_msg(strncmp(out, "error: ", 7) == 0, "'%s': message should start with 'error: ', got: %s", cmd, out);
+    for (int i = 0; want[i]; i++)
+        ck_assert_msg(strstr(out, want[i]), "'%s': output lacks \"%s\": %s", cmd, want[i], out);
+    free(out);
+}
+#define REFUSED(ARGS, ...) expect_refused((const char *const[]){ARGS, NULL}, (const char *const[]){__VA_ARGS__, NULL})
+#define A(...) __VA_ARGS__
+
+START_TEST(test_good_parse) {
+    const char *args[] = {"--batch-size", "64",     "--lr=0.05",  "--momentum", "0",           "--seed",
+                          "4294967295",   "--steps=1000000000000", "--norm",     "none",        "--data=/nope",
+                          "--save",       "ck",     "--model=tiny", "--weight-decay", "1",       "--epochs",
+                          "100000",       "--gpus", "8",          "--test-size", "1",           "--workers=0",
+                          NULL};
+    parse_into(&g_cfg, args);
+    ck_assert_int_eq(g_cfg.batch_size, 64);
+    ck_assert(g_cfg.lr == 0.05);
+    ck_assert(g_cfg.momentum == 0.0);
+    ck_assert_int_eq(g_cfg.seed, 4294967295LL);
+    ck_assert_int_eq(g_cfg.steps, 1000000000000LL);
+    ck_assert_str_eq(g_cfg.norm, "none");
+    ck_assert_str_eq(g_cfg.data, "/nope");
+    ck_assert_str_eq(g_cfg.save, "ck");
+    ck_assert_str_eq(g_cfg.model, "tiny");
+    ck_assert(g_cfg.weight_decay == 1.0);
+    ck_assert_int_eq(g_cfg.epochs, 100000);
+    ck_assert_int_eq(g_gpus, 8);
+    ck_assert_int_eq(g_cfg.test_size, 1);
+    ck_assert_int_eq(g_cfg.workers, 0);
+    /* untouched fields keep their defaults */
+    ck_assert_str_eq(g_cfg.schedule, "cosine");
+    ck_assert_int_eq(g_cfg.log_every, 50);
+    ck_assert_int_eq(g_cfg.train_size, -1);
+}
+END_TEST
+
+START_TEST(test_last_wins_flags_choices) {
+    const char *args[] = {"--lr",        "0.1",       "--lr=1e-3",       "--lr",       "100",    "--device",
+                          "cpu",         "--device=cuda", "--schedule", "const",     "--progress", "off",
+                          "--deterministic", "--no-tf32", "--pin-memory", "--deterministic", "--momentum", "0.999",
+                          "--report",    "r.jsonl",   "--resume=",       NULL};
+    parse_into(&g_cfg, args);
+    ck_assert(g_cfg.lr == 100.0);
+    ck_assert_str_eq(g_cfg.device, "cuda");
+    ck_assert_str_eq(g_cfg.schedule, "const");
+    ck_assert_str_eq(g_cfg.progress, "off");
+    ck_assert_int_eq(g_cfg.deterministic, 1);
+    ck_assert_int_eq(g_cfg.no_tf32, 1);
+    ck_assert_int_eq(g_cfg.pin_memory, 1);
+    ck_assert_int_eq(g_cfg.cudnn_benchmark, 0);
+    ck_assert(g_cfg.momentum == 0.999);
+    ck_assert_str_eq(g_cfg.report, "r.jsonl");
+    ck_assert_str_eq(g_cfg.resume, "");
+    const char *args2[] = {"--cudnn-benchmark", "--model", "resnet18", "--progress=on", "--device", "auto", NULL};
+    parse_into(&g_cfg, args2);
+    ck_assert_int_eq(g_cfg.cudnn_benchmark, 1);
+    ck_assert_str_eq(g_cfg.model, "resnet18");
+    ck_assert_str_eq(g_cfg.progress, "on");
+    ck_assert_str_eq(g_cfg.device, "auto");
+}
+END_TEST
+
+START_TEST(test_bad_numbers) {
+    REFUSED(A("--batch-size", "abc"), "--batch-size must be an integer in [1, 65536], got 'abc'");
+    REFUSED(A("--batch-size", "12x"), "--batch-size", "'12x'");
+    REFUSED(A("--batch-size=0"), "--batch-size", "[1, 65536]", "'0'");
+    REFUSED(A("--batch-size", "65537"), "--batch-size", "'65537'");
+    REFUSED(A("--batch-size", "1e3"), "--batch-size", "integer");
+    REFUSED(A("--batch-size", " 5"), "--batch-size");
+    REFUSED(A("--batch-size", "0x10"), "--batch-size");
+    REFUSED(A("--batch-size", "99999999999999999999999"), "--batch-size");
+    REFUSED(A("--epochs", "-1"), "--epochs", "[1, 100000]", "'-1'");
+    REFUSED(A("--epochs", "2.5"), "--epochs", "'2.5'");
+    REFUSED(A("--steps", "-5"), "--steps");
+    REFUSED(A("--steps", "99999999999999999999"), "--steps");
+    REFUSED(A("--seed", "-1"), "--seed", "[0, 4294967295]", "'-1'");
+    REFUSED(A("--seed", "4294967296"), "--seed");
+    REFUSED(A("--lr", "0"), "--lr must be a number in (0, 100], got '0'");
+    REFUSED(A("--lr", "-0.1"), "--lr", "(0, 100]");
+    REFUSED(A("--lr", "100.5"), "--lr");
+    REFUSED(A("--lr", "nan"), "--lr", "'nan'");
+    REFUSED(A("--lr", "inf"), "--lr", "finite");
+    REFUSED(A("--lr", "1e999"), "--lr");
+    REFUSED(A("--lr="), "--lr", "''");
+    REFUSED(A("--lr", "0.1.2"), "--lr", "'0.1.2'");
+    REFUSED(A("--momentum", "1"), "--momentum must be a number in [0, 1), got '1'");
+    REFUSED(A("--momentum", "-0.5"), "--momentum");
+    REFUSED(A("--weight-decay", "2"), "--weight-decay", "[0, 1]");
+    REFUSED(A("--log-every", "0"), "--log-every");
+    REFUSED(A("--workers", "65"), "--workers", "[0, 64]");
+    REFUSED(A("--train-size", "0"), "--train-size");
+    REFUSED(A("--test-size", "x"), "--test-size");
+    REFUSED(A("--gpus", "0"), "--gpus", "[1, 64]"); /* extra rows are validated the same way */
+}
+END_TEST
+
+START_TEST(test_bad_choices_and_syntax) {
+    REFUSED(A("--norm", "batch"), "--norm must be one of bn|none, got 'batch'");
+    REFUSED(A("--model=resnet50"), "--model", "resnet18|tiny", "'resnet50'");
+    REFUSED(A("--device", "gpu"), "--device", "auto|cuda|cpu");
+    REFUSED(A("--schedule", "Cosine"), "--schedule", "const|cosine");
+    REFUSED(A("--progress", ""), "--progress", "auto|on|off");
+    REFUSED(A("--bach-size", "5"), "unknown option '--bach-size' (did you mean --batch-size?)");
+    REFUSED(A("--batch", "5"), "unknown option '--batch'", "--batch-size");
+    REFUSED(A("--learning-rate=0.1"), "unknown option '--learning-rate'");
+    REFUSED(A("--zzzzzzzz"), "unknown option '--zzzzzzzz'");
+    REFUSED(A("-lr", "0.1"), "unknown option '-lr'", "--lr");
+    REFUSED(A("--"), "unknown option");
+    REFUSED(A("--lr"), "--lr needs a value");
+    REFUSED(A("--lr", "--momentum", "0.5"), "--lr needs a value");
+    REFUSED(A("--data"), "--data needs a value");
+    REFUSED(A("--deterministic=1"), "--deterministic is a flag", "'1'");
+    REFUSED(A("--pin-memory=true"), "--pin-memory");
+    REFUSED(A("train"), "unexpected argument 'train'");
+    REFUSED(A("--lr", "0.1", "0.2"), "unexpected argument '0.2'");
+    REFUSED(A("-"), "unexpected argument '-'");
+}
+END_TEST
+
+static void help_child(void *arg) {
+    const char *args[] = {"--lr", "0.5", (const char *)arg, "--lr", "junk", NULL};
+    TrainConfig c;
+    parse_into(&c, args);
+}
+
+START_TEST(test_help) {
+    const char *forms[] = {"--help", "-h"};
+    for (int k = 0; k < 2; k++) {
+        char *out = NULL;
+        int st = run_captured(help_child, (void *)forms[k], &out);
+        ck_assert_msg(st == 0, "%s exited %d: %s", forms[k], st, out);
+        ck_assert_msg(strstr(out, "stageX: a test program."), "help lacks the about text: %s", out);
+        TrainConfig c;
+        config_defaults(&c);
+        Option *t = config_options(&c, NULL);
+        for (Option *o = t; o->name; o++) {
+            char flag[64];
+            snprintf(flag, sizeof flag, "--%s", o->name);
+            ck_assert_msg(strstr(out, flag), "help lacks %s:\n%s", flag, out);
+            ck_assert_msg(o->help && o->help[0], "%s has no help text", flag);
+        }
+        free(t);
+        ck_assert(strstr(out, "--gpus"));
+        /* defaults as before parsing (--lr 0.5 came first but must not show as the default) */
+        ck_assert_msg(strstr(out, "default 0.1 "), "help should show lr's default 0.1:\n%s", out);
+        ck_assert(strstr(out, "default 128 "));
+        ck_assert(strstr(out, "default cosine "));
+        ck_assert(strstr(out, "--data DIR"));
+        ck_assert(strstr(out, "--resume FILE"));
+        ck_assert(strstr(out, "--norm bn|none"));
+        ck_assert(strstr(out, "cudnn.benchmark = True"));
+        free(out);
+    }
+}
+END_TEST
+
+/* Defaults as documented in cli.h. */
+START_TEST(test_defaults_and_resolve) {
+    TrainConfig c;
+    config_defaults(&c);
+    ck_assert_str_eq(c.device, "auto");
+    ck_assert_str_eq(c.model, "");
+    ck_assert_str_eq(c.norm, "bn");
+    ck_assert_int_eq(c.epochs, -1);
+    ck_assert_int_eq(c.steps, 0);
+    ck_assert_int_eq(c.batch_size, 128);
+    ck_assert(c.lr == 0.1 && c.momentum == 0.9 && c.weight_decay == 5e-4);
+    ck_assert_str_eq(c.schedule, "cosine");
+    ck_assert_int_eq(c.seed, 0);
+    ck_assert_int_eq(c.log_every, 50);
+    ck_assert_int_eq(c.deterministic + c.cudnn_benchmark + c.no_tf32 + c.pin_memory, 0);
+    ck_assert_str_eq(c.data, "");
+    ck_assert_int_eq(c.train_size, -1);
+    ck_assert_int_eq(c.test_size, -1);
+    ck_assert_int_eq(c.workers, 2);
+    ck_assert_str_eq(c.save, "");
+    ck_assert_str_eq(c.resume, "");
+    ck_assert_str_eq(c.report, "");
+    ck_assert_str_eq(c.progress, "auto");
+
+    config_resolve(&c, 1);
+    ck_assert_str_eq(c.model, "resnet18");
+    ck_assert_int_eq(c.epochs, 5);
+    ck_assert_int_eq(c.train_size, 50000);
+    ck_assert_int_eq(c.test_size, 10000);
+    ck_assert_str_eq(c.device, "cuda");
+
+    config_defaults(&c);
+    config_resolve(&c, 0);
+    ck_assert_str_eq(c.model, "tiny");
+    ck_assert_int_eq(c.epochs, 1);
+    ck_assert_int_eq(c.train_size, 4096);
+    ck_assert_int_eq(c.test_size, 1024);
+    ck_assert_str_eq(c.device, "cpu");
+
+    /* explicit values are kept; CIFAR-10 keeps −1 = "all of it" */
+    config_defaults(&c);
+    c.model = "tiny";
+    c.epochs = 3;
+    c.data = "/tmp";
+    c.test_size = 7;
+    config_resolve(&c, 1);
+    ck_assert_str_eq(c.model, "tiny");
+    ck_assert_int_eq(c.epochs, 3);
+    ck_assert_int_eq(c.train_size, -1);
+    ck_assert_int_eq(c.test_size, 7);
+}
+END_TEST
+
+START_TEST(test_resolve_paths) {
+    char dir[] = "/tmp/test_cli_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char file[128], missing[128], report_missing[160], report_ok[128];
+    snprintf(file, sizeof file, "%s/a.ckpt", dir);
+    snprintf(missing, sizeof missing, "%s/missing.ckpt", dir);
+    snprintf(report_missing, sizeof report_missing, "%s/no/such/dir/r.jsonl", dir);
+    snprintf(report_ok, sizeof report_ok, "%s/r.jsonl", dir);
+    FILE *f = fopen(file, "w");
+    fputs("x", f);
+    fclose(f);
+
+    REFUSED(A("--resume", missing), "--resume", missing);
+    REFUSED(A("--resume", dir), "--resume", "not a regular file");
+    REFUSED(A("--data", missing), "--data", missing);
+    REFUSED(A("--data", file), "--data", "not a directory");
+    REFUSED(A("--report", report_missing), "--report", "does not exist");
+    REFUSED(A("--report", dir), "--report", "is a directory");
+    REFUSED(A("--save", file), "--save", "not a directory");
+
+    /* the good versions pass */
+    const char *ok[] = {"--resume", file, "--data", dir, "--report", report_ok, "--save", dir, NULL};
+    ParseJob j = {ok, 1, 0};
+    char *out = NULL;
+    int st = run_captured(parse_child, &j, &out);
+    ck_assert_msg(st == 0, "valid paths refused (%d): %s", st, out);
+    free(out);
+    const char *rel[] = {"--report", "relative.jsonl", NULL};
+    j.args = rel;
+    st = run_captured(parse_child, &j, &out);
+    ck_assert_msg(st == 0, "a report in the current directory refused (%d): %s", st, out);
+    free(out);
+
+    unlink(file);
+    rmdir(dir);
+}
+END_TEST
+
+/* ----------------------------------------------------------------------------------------------
+ * report.c */
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+START_TEST(test_json_lines) {
+    char dir[] = "/tmp/test_report_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    Report r;
+    report_open(&r, path, "off", 1);
+    json_begin(&r, "step");
+    json_int(&r, "step", -12);
+    json_num(&r, "loss", 0.1f);
+    json_num(&r, "bad", NAN);
+    json_num(&r, "big", -INFINITY);
+    json_str(&r, "s", "q\"b\\n\nt\tc\x01\x1f\r\b\fé");
+    json_str(&r, "nul", NULL);
+    const int64_t il[] = {1, -2, 3000000000LL};
+    const double dl[] = {0.5, INFINITY, 1e-300};
+    json_int_list(&r, "il", il, 3);
+    json_num_list(&r, "dl", dl, 3);
+    json_num_list(&r, "empty", dl, 0);
+    json_end(&r);
+    json_begin(&r, "epoch");
+    json_end(&r);
+    report_close(&r);
+    char *s = slurp(path);
+    const char *want = "{\"type\":\"step\",\"step\":-12,\"loss\":0.100000001,\"bad\":null,\"big\":null,"
+                       "\"s\":\"q\\\"b\\\\n\\nt\\tc\\u0001\\u001f\\r\\b\\fé\",\"nul\":null,"
+                       "\"il\":[1,-2,3000000000],\"dl\":[0.5,null,1e-300],\"empty\":[]}\n"
+                       "{\"type\":\"epoch\"}\n";
+    ck_assert_str_eq(s, want);
+    free(s);
+
+    /* an inactive (non-reporting rank) report neither creates the file nor writes anything */
+    unlink(path);
+    report_open(&r, path, "on", 0);
+    json_begin(&r, "step");
+    json_int(&r, "x", 1);
+    json_end(&r);
+    report_printf(&r, "not printed %d\n", 1);
+    report_progress(&r, 1, 1, 1, 1, 1.0, 1.0f);
+    report_close(&r);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    /* no path → no file, no crash */
+    report_open(&r, "", "off", 1);
+    json_begin(&r, "step");
+    json_end(&r);
+    report_close(&r);
+    report_open(&r, NULL, "off", 1);
+    report_close(&r);
+    rmdir(dir);
+}
+END_TEST
+
+/* %.9g must read back to the identical float32, for normal, subnormal and extreme values. */
+START_TEST(test_json_float_roundtrip) {
+    char dir[] = "/tmp/test_report_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    enum { N = 20000 };
+    static float v[N];
+    for (int i = 0; i < N; i++) { /* every finite bit pattern is fair game, subnormals included */
+        uint32_t u = (uint32_t)splitmix64((uint64_t)i);
+        if ((u & 0x7f800000u) == 0x7f800000u) u &= ~0x00800000u; /* not inf/nan */
+        memcpy(&v[i], &u, 4);
+    }
+    v[0] = 1.40129846e-45f; /* smallest subnormal */
+    v[1] = 3.4028234663852886e38f;
+    v[2] = 1.17549435e-38f;
+    v[3] = 0.1f;
+    v[4] = -0.0f;
+    Report r;
+    report_open(&r, path, "off", 1);
+    for (int i = 0; i < N; i++) {
+        json_begin(&r, "v");
+        json_num(&r, "x", v[i]);
+        json_end(&r);
+    }
+    report_close(&r);
+    FILE *f = fopen(path, "r");
+    char line[128];
+    int i = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *x = strstr(line, "\"x\":");
+        ck_assert_ptr_nonnull(x);
+        float back = strtof(x + 4, NULL);
+        ck_assert_msg(memcmp(&back, &v[i], 4) == 0, "%.9g did not round-trip: %s", (double)v[i], line);
+        i++;
+    }
+    fclose(f);
+    ck_assert_int_eq(i, N);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_median_and_bytes) {
+    double a[] = {5, 1, 4, 2, 3};
+    ck_assert(stats_median(a, 5) == 3);
+    double b[] = {10, -1, 7, 3};
+    ck_assert(stats_median(b, 4) == 5);
+    double c[] = {42};
+    ck_assert(stats_median(c, 1) == 42);
+    ck_assert(stats_median(NULL, 0) == 0);
+    char buf[32];
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 0), "0 B");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 512), "512 B");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1023), "1023 B");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1536), "1.50 KiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 3.21 * 1048576), "3.21 MiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1.07 * 1073741824.0), "1.07 GiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 2.5 * 1099511627776.0), "2.50 TiB");
+}
+END_TEST
+
+static void progress_child(void *arg) {
+    Report r;
+    report_open(&r, NULL, "on", 1);
+    report_progress(&r, 2, 5, 120, 390, 6.0, 1.2345f);
+    report_printf(&r, "epoch line\n");
+    report_progress(&r, 2, 5, 121, 390, 6.1, 1.0f); /* within 0.1 s: not redrawn */
+    report_close(&r);
+    Report off;
+    report_open(&off, NULL, "off", 1);
+    report_progress(&off, 1, 1, 1, 2, 1.0, 1.0f); /* bar disabled: nothing */
+    report_printf(&off, "done\n");
+    report_close(&off);
+}
+
+START_TEST(test_progress_bar) {
+    char *out = NULL;
+    int st = run_captured(progress_child, NULL, &out);
+    ck_assert_int_eq(st, 0);
+    const char *bar = strstr(out, "epoch 2/5 [");
+    ck_assert_msg(bar, "no bar drawn: %s", out);
+    ck_assert_msg(strstr(out, "] 120/390  loss 1.2345  ETA 0:14"), "bar text: %s", out);
+    /* the bar was wiped (\r + spaces + \r) right before the printed line */
+    const char *line = strstr(out, "\repoch line\n");
+    ck_assert_msg(line && line[-1] == ' ', "bar not cleared before output: %s", out);
+    ck_assert_msg(!strstr(out, "121/390"), "bar redrawn faster than 10/s: %s", out);
+    ck_assert_msg(strstr(out, "done\n") && !strstr(out, "epoch 1/1"), "off bar drawn: %s", out);
+    free(out);
+}
+END_TEST
+
+static void report_open_child(void *arg) {
+    Report r;
+    report_open(&r, (const char *)arg, "off", 1);
+}
+
+START_TEST(test_report_open_fails) {
+    char *out = NULL;
+    int st = run_captured(report_open_child, "/nonexistent-dir-xyz/r.jsonl", &out);
+    ck_assert_int_eq(st, 2);
+    ck_assert_msg(strstr(out, "/nonexistent-dir-xyz/r.jsonl"), "message does not name the path: %s", out);
+    free(out);
+}
+END_TEST
+
+Suite *suite_cli(void) {
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("parse");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_good_parse);
+    tcase_add_test(tc, test_last_wins_flags_choices);
+    tcase_add_test(tc, test_bad_numbers);
+    tcase_add_test(tc, test_bad_choices_and_syntax);
+    tcase_add_test(tc, test_help);
+    tcase_add_test(tc, test_defaults_and_resolve);
+    tcase_add_test(tc, test_resolve_paths);
+    suite_add_tcase(s, tc);
+    TCase *tr = tcase_create("report");
+    tcase_set_timeout(tr, 30);
+    tcase_add_test(tr, test_json_lines);
+    tcase_add_test(tr, test_json_float_roundtrip);
+    tcase_add_test(tr, test_median_and_bytes);
+    tcase_add_test(tr, test_progress_bar);
+    tcase_add_test(tr, test_report_open_fails);
+    suite_add_tcase(s, tr);
+    return s;
+}

@@ -1,0 +1,198 @@
+/* test_e2e.c — ./stage1 end to end on the CPU backend: it learns, it resumes bit for bit, it
+ * refuses bad input with a clear message, and its JSON report has what scripts rely on. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "device.h"
+
+#include "tests.h"
+
+/* A small, quick run: tiny model, 512 synthetic images, batch 32 → 16 steps per epoch. */
+#define SMALL "--device cpu --model tiny --train-size 512 --test-size 256 --batch-size 32 --progress off"
+
+static char *tmpdir(void) {
+    char *t = strdup("/tmp/e2e_XXXXXX");
+    ck_assert(mkdtemp(t));
+    return t;
+}
+
+static int run_stage(const char *stage, const char *args, char **out) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s/%s %s", test_root(), stage, args);
+    return test_run(cmd, out);
+}
+
+/* Losses of the {"type":"step"} lines of a JSON-lines report, in order. */
+static int read_losses(const char *path, double *loss, int max) {
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f, "report %s not written", path);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        if (!strstr(line, "\"type\":\"step\"")) continue;
+        char *p = strstr(line, "\"loss\":");
+        ck_assert(p);
+        loss[n++] = atof(p + 7);
+    }
+    fclose(f);
+    return n;
+}
+
+static char *slurp(const char *path, long *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)*len + 1);
+    ck_assert(fread(b, 1, (size_t)*len, f) == (size_t)*len);
+    b[*len] = 0;
+    fclose(f);
+    return b;
+}
+
+START_TEST(stage1_cpu_learns) {
+    char *dir = tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, SMALL " --epochs 3 --lr 0.05 --log-every 1 --report %s", path);
+    int rc = run_stage("stage1", args, &out);
+    ck_assert_msg(rc == 0, "stage1 failed (%d):\n%s", rc, out);
+    double loss[64];
+    int n = read_losses(path, loss, 64);
+    ck_assert_int_eq(n, 48);
+    double first = (loss[0] + loss[1] + loss[2] + loss[3]) / 4;
+    double last = (loss[n - 1] + loss[n - 2] + loss[n - 3] + loss[n - 4]) / 4;
+    ck_assert_msg(last < 0.8 * first, "loss did not fall: first %.4f last %.4f", first, last);
+    /* the summary line carries what scripts need */
+    long len;
+    char *rep = slurp(path, &len);
+    char *sum = strstr(rep, "\"type\":\"summary\"");
+    ck_assert(sum);
+    const char *keys[] = {"stage", "device", "world_size", "model", "norm", "batch_size", "steps",
+                          "epochs", "final_train_loss", "test_acc", "ms_per_iter_median",
+                          "img_per_s", "peak_mem_bytes"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "\"%s\":", keys[i]);
+        ck_assert_msg(strstr(sum, k), "summary lacks %s", keys[i]);
+    }
+    ck_assert(strstr(out, "summary:"));
+    free(rep), free(out), free(dir);
+}
+END_TEST
+
+/* Stop at step 5 (inside epoch 1), resume, and finish at step 20 (inside epoch 2): the final
+ * checkpoint and the logged losses must equal those of one uninterrupted run, bit for bit. */
+START_TEST(stage1_resume_is_bit_identical) {
+    char *dir = tmpdir(), args[2048], *out;
+    const char *common = SMALL " --epochs 2 --deterministic --log-every 1 --workers 2";
+    snprintf(args, sizeof args, "%s --steps 20 --save %s/a --report %s/a.jsonl", common, dir, dir);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --steps 5 --save %s/b --report %s/b.jsonl", common, dir, dir);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --steps 20 --resume %s/b/step00000005.ckpt --save %s/c --report %s/c.jsonl",
+             common, dir, dir, dir);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "resumed from"), "%s", out);
+    free(out);
+    char pa[512], pc[512];
+    const char *files[] = {"step00000020.ckpt", "epoch001.ckpt"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(pa, sizeof pa, "%s/a/%s", dir, files[i]);
+        snprintf(pc, sizeof pc, "%s/c/%s", dir, files[i]);
+        long la, lc;
+        char *a = slurp(pa, &la), *c = slurp(pc, &lc);
+        ck_assert_msg(a && c, "missing %s or %s", pa, pc);
+        ck_assert_int_eq(la, lc);
+        ck_assert_msg(!memcmp(a, c, (size_t)la), "%s differs between resumed and straight runs", files[i]);
+        free(a), free(c);
+    }
+    double la[32], lc[32];
+    snprintf(pa, sizeof pa, "%s/a.jsonl", dir);
+    snprintf(pc, sizeof pc, "%s/c.jsonl", dir);
+    ck_assert_int_eq(read_losses(pa, la, 32), 20);
+    ck_assert_int_eq(read_losses(pc, lc, 32), 15);
+    for (int i = 0; i < 15; i++) ck_assert_msg(la[5 + i] == lc[i], "step %d: %.9g vs %.9g", 6 + i, la[5 + i], lc[i]);
+    free(dir);
+}
+END_TEST
+
+/* Two runs with the same flags give identical losses (--deterministic), whatever the worker count. */
+START_TEST(stage1_deterministic_across_workers) {
+    char *dir = tmpdir(), args[1024], *out;
+    for (int w = 0; w < 2; w++) {
+        snprintf(args, sizeof args, SMALL " --steps 6 --deterministic --log-every 1 --workers %d --report %s/w%d.jsonl",
+                 w ? 3 : 0, dir, w);
+        ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+        free(out);
+    }
+    double a[8], b[8];
+    char p[512];
+    snprintf(p, sizeof p, "%s/w0.jsonl", dir);
+    ck_assert_int_eq(read_losses(p, a, 8), 6);
+    snprintf(p, sizeof p, "%s/w1.jsonl", dir);
+    ck_assert_int_eq(read_losses(p, b, 8), 6);
+    for (int i = 0; i < 6; i++) ck_assert(a[i] == b[i]);
+    free(dir);
+}
+END_TEST
+
+typedef struct BadCase {
+    const char *args, *expect;
+} BadCase;
+
+START_TEST(stage1_bad_input_is_refused_clearly) {
+    char *dir = tmpdir(), corrupt[512], missing_dir[512];
+    snprintf(corrupt, sizeof corrupt, "%s/corrupt.ckpt", dir);
+    FILE *f = fopen(corrupt, "wb");
+    fputs("DPDDPCKP this is not really a checkpoint", f);
+    fclose(f);
+    snprintf(missing_dir, sizeof missing_dir, "%s/empty", dir);
+    ck_assert(mkdir(missing_dir, 0755) == 0);
+    char a1[1024], a2[1024];
+    snprintf(a1, sizeof a1, "--device cpu --resume %s", corrupt);
+    snprintf(a2, sizeof a2, "--device cpu --data %s", missing_dir);
+    BadCase cases[] = {
+        {"--batch-size 0", "--batch-size"},
+        {"--lr abc", "--lr"},
+        {"--model resnet50", "--model"},
+        {"--epochs", "--epochs"},
+        {"--frobnicate 3", "--frobnicate"},
+        {"--device cpu --resume /nonexistent/x.ckpt", "x.ckpt"},
+        {a1, "corrupt.ckpt"},
+        {a2, "data_batch_1.bin"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = run_stage("stage1", cases[i].args, &out);
+        ck_assert_msg(rc == 2, "'%s' exited %d, expected 2:\n%s", cases[i].args, rc, out);
+        ck_assert_msg(strstr(out, "error:") && strstr(out, cases[i].expect),
+                      "'%s': message does not name '%s':\n%s", cases[i].args, cases[i].expect, out);
+        free(out);
+    }
+    if (device_cuda_count() == 0) { /* only meaningful where there is no GPU */
+        char *out;
+        ck_assert_int_eq(run_stage("stage1", "--device cuda", &out), 2);
+        ck_assert(strstr(out, "--device cpu"));
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
+Suite *suite_e2e(void) {
+    Suite *s = suite_create("e2e");
+    TCase *tc = tcase_create("stage1");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, stage1_cpu_learns);
+    tcase_add_test(tc, stage1_resume_is_bit_identical);
+    tcase_add_test(tc, stage1_deterministic_across_workers);
+    tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
+    suite_add_tcase(s, tc);
+    return s;
+}

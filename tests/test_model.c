@@ -1,0 +1,210 @@
+/* test_model.c — the model as a whole: layout, initialisation, the backward plan, the gradient-ready
+ * hook, accumulation semantics, train/eval, and (with a GPU) the CUDA model against the CPU model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "ops.h"
+#include "tests.h"
+
+static Device cpu(void) {
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    return d;
+}
+
+START_TEST(resnet18_has_pytorch_parameter_count) {
+    Device d = cpu();
+    Model *m = model_create(&d, "resnet18", 1, 1, 0);
+    ck_assert_int_eq(m->n_param_floats, 11173962); /* sum(p.numel()) of the CIFAR ResNet-18 */
+    ck_assert_int_eq(m->n_params, 62);
+    ck_assert_int_eq(m->n_buffer_floats, 2 * 4800); /* running mean + var of every BN channel */
+    ck_assert_str_eq(m->params[0].name, "conv1.weight");
+    ck_assert_str_eq(m->params[m->n_params - 1].name, "linear.bias");
+    Model *none = model_create(&d, "resnet18", 0, 1, 0);
+    ck_assert_int_eq(none->n_buffer_floats, 0);
+    ck_assert(none->shape_hash != m->shape_hash);
+    model_destroy(none);
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(init_follows_pytorch_defaults) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 1, 2, 123);
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        float *v = m->param_flat + p->offset;
+        if (p->ndim >= 2 || strstr(p->name, "linear.bias")) {
+            int64_t fan_in = p->ndim >= 2 ? p->count / p->shape[0] : m->params[i - 1].count / p->count;
+            double bound = 1.0 / sqrt((double)fan_in), mx = 0, mean = 0;
+            for (int64_t j = 0; j < p->count; j++) mx = fmax(mx, fabs(v[j])), mean += v[j];
+            ck_assert_msg(mx <= bound && mx > 0.5 * bound, "%s: max |w| %g vs bound %g", p->name, mx, bound);
+            ck_assert(fabs(mean / p->count) < 0.2 * bound + bound / sqrt((double)p->count) * 3);
+        } else if (strstr(p->name, "weight")) { /* batch-norm γ */
+            for (int64_t j = 0; j < p->count; j++) ck_assert(v[j] == 1.0f);
+        } else {
+            for (int64_t j = 0; j < p->count; j++) ck_assert(v[j] == 0.0f);
+        }
+    }
+    /* same seed, same weights; other seed, other weights */
+    Model *same = model_create(&d, "tiny", 1, 2, 123), *other = model_create(&d, "tiny", 1, 2, 124);
+    ck_assert(!memcmp(same->param_flat, m->param_flat, m->n_param_floats * sizeof(float)));
+    ck_assert(memcmp(other->param_flat, m->param_flat, m->n_param_floats * sizeof(float)));
+    model_destroy(same), model_destroy(other), model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(backward_plan_accumulates_at_fan_out) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 1, 2, 0);
+    /* Every activation read by two layers gets exactly one overwrite and one accumulate. */
+    int reads[128] = {0}, acc[128] = {0};
+    for (int l = 0; l < m->n_layers; l++) {
+        Layer *L = &m->layers[l];
+        if (L->kind == LAYER_RELU) continue;
+        reads[L->in]++, acc[L->in] += L->acc_in;
+        if (L->in2 >= 0) reads[L->in2]++, acc[L->in2] += L->acc_in2;
+    }
+    int fanouts = 0;
+    for (int a = 0; a < m->n_acts; a++) {
+        ck_assert_int_eq(acc[a], reads[a] > 0 ? reads[a] - 1 : 0);
+        fanouts += reads[a] > 1;
+    }
+    ck_assert_int_eq(fanouts, 2); /* tiny: one residual block per stage, two stages */
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+typedef struct Ready {
+    int calls[128];
+    int order[128], n;
+} Ready;
+static void on_ready(void *ctx, int p) {
+    Ready *r = ctx;
+    r->calls[p]++;
+    r->order[r->n++] = p;
+}
+
+START_TEST(grad_ready_hook_fires_once_per_parameter_in_reverse) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 1, 4, 0);
+    float x[4 * 3072];
+    int32_t y[4] = {1, 2, 3, 4};
+    test_fill_uniform(x, 4 * 3072, 5, -1, 1);
+    float loss;
+    int32_t correct;
+    model_forward(m, 4, x, 1);
+    xent_forward_backward(&d, 4, 10, model_logits(m), y, 0.25f, &loss, &correct, model_dlogits(m));
+    Ready r = {0};
+    model_backward(m, 4, on_ready, &r);
+    ck_assert_int_eq(r.n, m->n_params);
+    for (int p = 0; p < m->n_params; p++) ck_assert_int_eq(r.calls[p], 1);
+    ck_assert_int_eq(r.order[0], m->n_params - 2); /* linear.weight is ready first */
+    ck_assert_int_eq(r.order[r.n - 1], 0);         /* conv1.weight last */
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(gradients_accumulate_across_backwards) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 0, 4, 0); /* no BN: two identical passes, identical grads */
+    float x[4 * 3072];
+    int32_t y[4] = {0, 9, 5, 5};
+    test_fill_uniform(x, 4 * 3072, 6, -1, 1);
+    float loss;
+    int32_t correct;
+    int64_t n = m->n_param_floats;
+    float *once = malloc(n * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        model_forward(m, 4, x, 1);
+        xent_forward_backward(&d, 4, 10, model_logits(m), y, 0.25f, &loss, &correct, model_dlogits(m));
+        model_backward(m, 4, NULL, NULL);
+        if (pass == 0) memcpy(once, m->grad_flat, n * sizeof(float));
+    }
+    for (int64_t i = 0; i < n; i++) ck_assert_float_eq_tol(m->grad_flat[i], 2 * once[i], 1e-6 + 1e-5 * fabsf(once[i]));
+    model_zero_grad(m);
+    for (int64_t i = 0; i < n; i++) ck_assert(m->grad_flat[i] == 0.0f);
+    free(once);
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(eval_mode_leaves_running_stats_alone) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 1, 4, 0);
+    float x[4 * 3072];
+    test_fill_uniform(x, 4 * 3072, 8, -2, 3);
+    int64_t nb = m->n_buffer_floats;
+    float *before = malloc(nb * sizeof(float)), *l1 = malloc(40 * sizeof(float));
+    memcpy(before, m->buffer_flat, nb * sizeof(float));
+    model_forward(m, 4, x, 0);
+    ck_assert(!memcmp(before, m->buffer_flat, nb * sizeof(float)));
+    memcpy(l1, model_logits(m), 40 * sizeof(float));
+    model_forward(m, 4, x, 0);
+    ck_assert(!memcmp(l1, model_logits(m), 40 * sizeof(float))); /* deterministic */
+    model_forward(m, 4, x, 1);
+    ck_assert(memcmp(before, m->buffer_flat, nb * sizeof(float)));
+    free(before), free(l1);
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+/* The CUDA model against the CPU model: same weights, same batch (TF32 off, so plain fp32). */
+START_TEST(cuda_model_matches_cpu_model) {
+    if (!test_have_gpu("model: CUDA forward/backward vs CPU")) return;
+    Device c = cpu(), g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    int n = 16;
+    Model *mc = model_create(&c, "tiny", 1, n, 3), *mg = model_create(&g, "tiny", 1, n, 3);
+    float *x = malloc((size_t)n * 3072 * sizeof(float));
+    int32_t y[16];
+    for (int i = 0; i < n; i++) y[i] = (i * 7) % 10;
+    test_fill_uniform(x, (int64_t)n * 3072, 9, -2, 2);
+    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
+    int32_t *yg = device_alloc(&g, sizeof y, "y");
+    float *lossg = device_alloc(&g, 4, "loss");
+    int32_t *corrg = device_alloc(&g, 4, "correct");
+    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, yg, y, sizeof y);
+    float lossc;
+    int32_t corrc;
+    model_forward(mc, n, x, 1);
+    xent_forward_backward(&c, n, 10, model_logits(mc), y, 1.0f / n, &lossc, &corrc, model_dlogits(mc));
+    model_backward(mc, n, NULL, NULL);
+    model_forward(mg, n, xg, 1);
+    xent_forward_backward(&g, n, 10, model_logits(mg), yg, 1.0f / n, lossg, corrg, model_dlogits(mg));
+    model_backward(mg, n, NULL, NULL);
+    int64_t np = mc->n_param_floats;
+    float *gg = malloc(np * sizeof(float)), lg;
+    device_copy_d2h(&g, gg, mg->grad_flat, np * sizeof(float));
+    device_copy_d2h(&g, &lg, lossg, 4);
+    ck_assert_msg(fabsf(lg - lossc) < 1e-5f * fabsf(lossc), "loss gpu %g cpu %g", lg, lossc);
+    double err = test_rel_err(gg, mc->grad_flat, np);
+    ck_assert_msg(err < 1e-4, "gradients differ: relative error %g", err);
+    free(gg), free(x);
+    model_destroy(mc), model_destroy(mg);
+    device_destroy(&c), device_destroy(&g);
+}
+END_TEST
+
+Suite *suite_model(void) {
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, resnet18_has_pytorch_parameter_count);
+    tcase_add_test(tc, init_follows_pytorch_defaults);
+    tcase_add_test(tc, backward_plan_accumulates_at_fan_out);
+    tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
+    tcase_add_test(tc, gradients_accumulate_across_backwards);
+    tcase_add_test(tc, eval_mode_leaves_running_stats_alone);
+    tcase_add_test(tc, cuda_model_matches_cpu_model);
+    suite_add_tcase(s, tc);
+    return s;
+}

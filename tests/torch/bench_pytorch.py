@@ -1,0 +1,54 @@
+"""bench_pytorch.py — the PyTorch eager baseline that the stages are compared against.
+
+    python3 tests/torch/bench_pytorch.py --model resnet18 --batch 128 --steps 200 [--channels-last]
+
+Same model (models.py), synthetic data already on the GPU, SGD with momentum 0.9 and weight decay
+5e-4, cudnn.benchmark on, fp32 with PyTorch's default TF32 policy for convolutions. Each step is
+timed with CUDA events at step starts (as the C stages do); the median is reported, warm-up
+excluded. Prints one JSON line: ms_per_iter_median, img_per_s, peak_mem_bytes.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from models import ResNet
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = ResNet(args.model).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(args.batch, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (args.batch,), device=dev)
+    torch.cuda.reset_peak_memory_stats()
+    total = args.warmup + args.steps
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
+    for i in range(total):
+        events[i].record()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    events[total].record()
+    torch.cuda.synchronize()
+    ms = [events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, total)]
+    med = statistics.median(ms)
+    print(json.dumps({"type": "summary", "who": "pytorch", "model": args.model, "batch_size": args.batch,
+                      "ms_per_iter_median": med, "img_per_s": 1000.0 * args.batch / med,
+                      "peak_mem_bytes": [torch.cuda.max_memory_allocated()],
+                      "torch": torch.__version__, "loss": loss.item()}))
+
+
+if __name__ == "__main__":
+    main()
