@@ -356,7 +356,7 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"data", OPT_STR, &c->data, 0, 0, NULL,
          "CIFAR-10 binary version DIR (data_batch_1..5.bin, test_batch.bin); none = synthetic data"},
         {"train-size", OPT_INT64, &c->train_size, 1, 1e9, NULL,
-         "training samples to use; auto: all of CIFAR-10, or synthetic 50000 on CUDA / 4096 on CPU"},
+         "training samples to use; auto: all of CIFAR-10, or synthetic 50000 on CUDA / 8192 on CPU"},
         {"test-size", OPT_INT64, &c->test_size, 1, 1e9, NULL,
          "test samples to evaluate; auto: all of CIFAR-10, or synthetic 10000 on CUDA / 1024 on CPU"},
         {"workers", OPT_INT, &c->workers, 0, 64, NULL,
@@ -397,9 +397,9 @@ void config_resolve(TrainConfig *c, int cuda) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
     if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
-    if (c->epochs < 0) c->epochs = cuda ? 5 : 1;
+    if (c->epochs < 0) c->epochs = cuda ? 5 : 4;
     /* CIFAR-10 keeps −1 ("all of it"): only the loader knows how many samples the files hold. */
-    if (c->train_size < 0 && synthetic) c->train_size = cuda ? 50000 : 4096;
+    if (c->train_size < 0 && synthetic) c->train_size = cuda ? 50000 : 8192;
     if (c->test_size < 0 && synthetic) c->test_size = cuda ? 10000 : 1024;
 
     /* Cross-flag rules and paths: fail now, not after an epoch of training. */

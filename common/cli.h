@@ -34,7 +34,7 @@ typedef struct TrainConfig {
     const char *device;      /* auto | cuda | cpu */
     const char *model;       /* "" (auto: resnet18 on CUDA, tiny on CPU) | resnet18 | tiny */
     const char *norm;        /* bn | none */
-    int epochs;              /* −1 = auto */
+    int epochs;              /* −1 = auto (5 on CUDA, 4 on CPU) */
     int64_t steps;           /* stop after this many optimizer steps; 0 = no limit */
     int batch_size;          /* per device */
     double lr, momentum, weight_decay;
@@ -45,7 +45,7 @@ typedef struct TrainConfig {
     int cudnn_benchmark;
     int no_tf32;
     const char *data;        /* "" = synthetic; else CIFAR-10 binary directory */
-    int64_t train_size;      /* −1 = auto (all of CIFAR-10; synthetic: 50000 GPU / 4096 CPU) */
+    int64_t train_size;      /* −1 = auto (all of CIFAR-10; synthetic: 50000 GPU / 8192 CPU) */
     int64_t test_size;       /* −1 = auto (10000 GPU / 1024 CPU) */
     int workers;
     int pin_memory;

@@ -5,12 +5,17 @@
  * *behaves* like an image classification problem: a CNN's loss goes down, test accuracy climbs
  * well above chance over a few epochs but not to 100% after one, and random crops and flips help.
  *
- *   prototype(class)  = 128 + class colour + a few smooth random patterns (low-frequency
- *                       sinusoids and Gaussian blobs, each with its own colour), drawn on a
- *                       40×40 canvas so that it can be shifted by ±4 pixels without edges.
- *   sample(split, i)  = prototype(label), shifted by (dx, dy) ∈ [−4, 4]², mirrored with p = 0.5,
- *                       mixed with a shifted prototype of another class (weight up to 0.45),
- *                       random contrast, brightness and tint, plus pixel noise; clamped to 0..255.
+ *   object(class)     = a few smooth random patterns (low-frequency sinusoids and Gaussian blobs,
+ *                       each with its own colour) under a Gaussian window: a blob-like "thing";
+ *                       plus a weak class colour cast.
+ *   background[16]    = the same kind of patterns without the window: clutter shared by all classes.
+ *   sample(split, i)  = mid-grey + object(label) at a random strength, shifted by up to ±4 px and
+ *                       mirrored with p = 0.5 + a weaker object of another class (weight < 0.5,
+ *                       shifted on its own) + two random background patterns + random contrast,
+ *                       brightness and tint + pixel noise; clamped to 0..255.
+ * Every layer is drawn on a 40×40 canvas so a ±4 px shift never runs off its edge. The clutter is
+ * stronger than the object and the noise is heavy, so a linear look at the pixels does poorly
+ * (nearest class mean: ~50%) and a CNN has something to learn.
  *
  * Prototypes depend only on the seed (train and test share them: same distribution). Every
  * sample's random choices come from its own stream keyed by hash3(seed, split, index), so a
@@ -38,30 +43,21 @@ const float DATA_STD[3] = {0.2470f, 0.2435f, 0.2616f};
 // ----------------------------------------------------------------------------------------------
 // synthetic set
 
-#ifndef SHIFT
-#define SHIFT 4                      /* max translation of the object, in pixels */
-#endif
-#define CANVAS (IMG_H + 2 * SHIFT)   /* patterns are drawn on a larger canvas so every shift is defined */
+/* The knobs below were tuned (with PyTorch, SGD lr 0.05, batch 128, crop + flip, seeds 0 and 1) so
+ * that learning is visible but not instant: a CIFAR ResNet-18 reaches ~70% train / ~83% test
+ * accuracy after epoch 1, ~87% after 2 and ~90% after 5, still climbing; the CPU "tiny" CNN on
+ * 8192 images ~50% after one epoch and ~61% after two. Stronger objects or weaker clutter make
+ * it trivially easy (>97% after one epoch); weaker ones make the first epochs look stuck. */
+#define SHIFT 4                      /* max translation of each layer, in pixels */
+#define CANVAS (IMG_H + 2 * SHIFT)   /* patterns are drawn on 40×40 so every shift is defined */
 #define CANVAS_PIXELS (IMG_C * CANVAS * CANVAS)
-#define N_BACKGROUND 16              /* background patterns shared by all classes */
-#ifndef OBJ_RMS
-#define OBJ_RMS 40.0
-#endif
-#ifndef BG_RMS
-#define BG_RMS 40.0
-#endif
-#ifndef COLOUR
-#define COLOUR 8.0
-#endif
-#ifndef MIX_MAX
-#define MIX_MAX 0.5f
-#endif
-#ifndef NOISE_MIN
-#define NOISE_MIN 40.0f
-#endif
-#ifndef WINDOW
-#define WINDOW 9.0
-#endif
+#define N_BACKGROUND 16              /* clutter patterns shared by all classes */
+#define OBJ_RMS 35.0                 /* class object contrast (pixel levels, RMS) */
+#define BG_RMS 45.0                  /* clutter contrast: stronger than the object, like real photos */
+#define COLOUR 8.0                   /* class colour cast (std, pixel levels): a weak hint only */
+#define MIX_MAX 0.5f                 /* the distractor object never outweighs the labelled one */
+#define NOISE_MIN 45.0f              /* pixel noise amplitude, uniform in [NOISE_MIN, 2·NOISE_MIN] */
+#define WINDOW 9.0                   /* σ (pixels) of the Gaussian window that makes a pattern an object */
 
 enum { SPLIT_PROTOTYPE = 0, SPLIT_TRAIN = 1, SPLIT_TEST = 2 }; /* keys of the hash streams */
 
@@ -116,7 +112,7 @@ typedef struct {
     float background[N_BACKGROUND][CANVAS_PIXELS]; /* clutter, shared by all classes */
 } Prototypes;
 
-/* Everything shared by train and test: depends on the seed only. */
+/* Everything shared by train and test (the "world"): depends on the seed only. */
 static void synthetic_prototypes(uint64_t seed, Prototypes *P) {
     Mt19937 g;
     mt_seed(&g, hash3(seed, SPLIT_PROTOTYPE, 0));

@@ -25,7 +25,7 @@ static int blocks_for(int64_t count) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);                  \
          i += (int64_t)gridDim.x * blockDim.x)
 
-/* ---- elementwise -------------------------------------------------------------------------------- */
+/* ---- elementwise ----------------------------------------------------------------------------- */
 
 __global__ void relu_forward_kernel(int64_t count, const float *x, float *y) {
     GRID_STRIDE(i, count) {
@@ -59,7 +59,7 @@ __global__ void add_inplace_kernel(int64_t count, const float *x, float *y) {
     GRID_STRIDE(i, count) y[i] += x[i];
 }
 
-/* ---- global average pool ------------------------------------------------------------------------ */
+/* ---- global average pool --------------------------------------------------------------------- */
 
 /* One thread per (sample, channel) sums its hw contiguous values in order. hw is small in ResNet
  * (4×4 = 16 for CIFAR), so a per-thread loop is the simple and adequate choice. */
@@ -80,7 +80,7 @@ __global__ void avgpool_backward_kernel(int64_t count, int hw, const float *dy, 
     }
 }
 
-/* ---- linear layer bias -------------------------------------------------------------------------- */
+/* ---- linear layer bias ----------------------------------------------------------------------- */
 
 __global__ void bias_add_kernel(int64_t count, int out, const float *b, float *y) {
     GRID_STRIDE(i, count) y[i] += b[i % out];
@@ -96,14 +96,15 @@ __global__ void bias_grad_kernel(int n, int out, const float *dy, float *db) {
     }
 }
 
-/* ---- fused softmax + cross-entropy -------------------------------------------------------------- */
+/* ---- fused softmax + cross-entropy ----------------------------------------------------------- */
 
 /* A single block of XENT_THREADS: warp w handles rows w, w + WARPS, w + 2·WARPS, ... Within a row
  * the 32 lanes stride over the classes (coalesced reads) and combine with butterfly shuffles, which
- * leave every lane holding the same bits. Lane 0 of each warp accumulates its rows' loss (in double)
- * and correct count in row order; thread 0 then adds the per-warp partials in warp order. Fixed
- * order everywhere → the same bits every run, with no scratch memory and no float atomics.
- * One block is plenty for a classifier head (n·classes is at most a few million). */
+ * leave every lane holding the same bits. Lane 0 of each warp accumulates its rows' loss (in
+ * double) and correct count in row order; thread 0 then adds the per-warp partials in warp order.
+ * Fixed order everywhere → the same bits every run, with no scratch memory and no float atomics.
+ * One block is plenty for a classifier head (n·classes is at most a few million): 1024 threads
+ * rather than the usual 256, so that 32 warps share the rows. */
 #define XENT_THREADS 1024
 #define XENT_WARPS (XENT_THREADS / 32)
 
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
     }
 }
 
-/* ---- SGD ---------------------------------------------------------------------------------------- */
+/* ---- SGD ------------------------------------------------------------------------------------- */
 
 /* PyTorch's torch.optim.SGD (dampening 0, no nesterov) for one element. */
 __device__ __forceinline__ void sgd_update(float &p, float g, float &buf, float lr, float momentum,
@@ -215,7 +216,7 @@ __global__ void sgd_kernel_vec4(int64_t count4, float4 *params, const float4 *gr
     }
 }
 
-/* ---- launchers ---------------------------------------------------------------------------------- */
+/* ---- launchers ------------------------------------------------------------------------------- */
 
 extern "C" {
 

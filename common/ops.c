@@ -45,7 +45,7 @@ void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int
     ASSERT(s->hout > 0 && s->wout > 0); /* kernel larger than the padded input */
 }
 
-/* ---- convolution: the CPU reference needs no plan ----------------------------------------------- */
+/* ---- convolution: the CPU reference needs no plan -------------------------------------------- */
 
 void conv_prepare(Device *d, Conv *c, int n) { DISPATCH(d, (void)0, cuda_conv_prepare(d, c, n)); }
 
@@ -66,7 +66,7 @@ void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float
              cuda_conv_backward_filter(d, c, n, x, dy, dw));
 }
 
-/* ---- batch norm --------------------------------------------------------------------------------- */
+/* ---- batch norm ------------------------------------------------------------------------------ */
 
 void bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
                       const float *beta, float *running_mean, float *running_var, float momentum,
@@ -97,7 +97,7 @@ void bn_backward(Device *d, int n, int c, int hw, const float *x, const float *d
                               dbeta, accumulate));
 }
 
-/* ---- elementwise -------------------------------------------------------------------------------- */
+/* ---- elementwise ----------------------------------------------------------------------------- */
 
 void relu_forward(Device *d, int64_t count, const float *x, float *y) {
     DISPATCH(d, ref_relu_forward_f32(count, x, y), cuda_relu_forward(d, count, x, y));
@@ -118,7 +118,7 @@ void grad_pass(Device *d, int64_t count, const float *src, float *dst, int accum
              cuda_grad_pass(d, count, src, dst, accumulate));
 }
 
-/* ---- pooling, linear, loss ---------------------------------------------------------------------- */
+/* ---- pooling, linear, loss ------------------------------------------------------------------- */
 
 void avgpool_forward(Device *d, int n, int c, int hw, const float *x, float *y) {
     DISPATCH(d, ref_avgpool_forward_f32(n, c, hw, x, y), cuda_avgpool_forward(d, n, c, hw, x, y));
@@ -151,7 +151,7 @@ void xent_forward_backward(Device *d, int n, int classes, const float *logits,
                                         dlogits));
 }
 
-/* ---- optimizer and helpers ---------------------------------------------------------------------- */
+/* ---- optimizer and helpers ------------------------------------------------------------------- */
 
 void sgd_step(Device *d, int64_t count, float *params, const float *grads, float *momentum_buf,
               float lr, float momentum, float weight_decay, int first) {

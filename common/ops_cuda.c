@@ -34,7 +34,7 @@
  *    more than CONV_WORKSPACE_CAP of workspace, and TF32 ones unless d->allow_tf32.
  * The math type: CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores for fp32 (PyTorch's default,
  * torch.backends.cudnn.allow_tf32 = True); CUDNN_FMA_MATH forces true fp32 arithmetic.
- * ================================================================================================ */
+ * ============================================================================================== */
 
 #define CONV_PLAN_MAX_N 16                    /* batch sizes per Conv (train, last, eval, ...) */
 #define CONV_WORKSPACE_CAP ((size_t)1 << 30)  /* never pick an algorithm needing more than 1 GiB */
@@ -365,7 +365,7 @@ void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const 
  * nanoseconds, cheaper to read than a cache keyed by (n, c, hw) and safe across threads.
  * The hw spatial positions are described as a 1 × hw image; spatial BN only cares about their
  * count and layout, which are the same.
- * ================================================================================================ */
+ * ============================================================================================== */
 
 typedef struct BnDesc {
     cudnnTensorDescriptor_t x;     /* [n][c][1][hw]; also used for y, dy, dx */
@@ -415,7 +415,7 @@ void cuda_bn_backward(Device *d, int n, int c, int hw, const float *x, const flo
                       float eps, float *dx, float *dgamma, float *dbeta, int accumulate) {
     ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
     BnDesc b = bn_desc_create(n, c, hw);
-    /* dx = 1·bn_bwd + (accumulate ? 1 : 0)·dx;  dgamma, dbeta = 1·grad + 1·old (always accumulate) */
+    /* dx = 1·bn_bwd + (accumulate ? 1 : 0)·dx;  dgamma, dbeta = 1·grad + 1·old (always +=) */
     CHECK_CUDNN(cudnnBatchNormalizationBackward(
         d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
         b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
@@ -424,7 +424,7 @@ void cuda_bn_backward(Device *d, int n, int c, int hw, const float *x, const flo
 
 /* ================================================================================================
  * Elementwise, pooling, loss, optimizer: our kernels
- * ================================================================================================ */
+ * ============================================================================================== */
 
 void cuda_relu_forward(Device *d, int64_t count, const float *x, float *y) {
     launch_relu_forward(d->stream, count, x, y);
@@ -489,7 +489,7 @@ void cuda_add_inplace(Device *d, int64_t count, const float *x, float *y) {
  * as PyTorch's default matmul). cuBLAS is column-major; a row-major [r][c] matrix is, to cuBLAS,
  * its transpose [c][r] with leading dimension c. So every product below is written for the
  * transposes:  y = x·Wᵀ  ⇔  yᵀ = W·xᵀ, and so on.
- * ================================================================================================ */
+ * ============================================================================================== */
 
 void cuda_linear_forward(Device *d, int n, int in, int out, const float *x, const float *W,
                          const float *b, float *y) {

@@ -234,7 +234,8 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     device_copy_d2h(m->dev, p, m->param_flat, pb);
     device_copy_d2h(m->dev, buf, m->buffer_flat, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) device_copy_d2h(m->dev, mom, r->opt->momentum_buf, pb);
-    char *path = checkpoint_path(c->save, end_of_epoch ? epoch - 1 : epoch, r->step, end_of_epoch);
+    /* epochNNN = NNN epochs completed; stepNNN = stopped inside an epoch after NNN steps */
+    char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
     checkpoint_save(path, &meta, p, buf, mom);
     report_printf(&r->report, "saved checkpoint %s\n", path);
     json_begin(&r->report, "checkpoint");
@@ -280,8 +281,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     memset(r, 0, sizeof *r);
     r->cfg = cfg, r->stage = stage, r->devs = devs, r->n_devs = n_devs, r->world_size = world_size;
     r->model = m, r->opt = opt, r->batches_per_epoch = batches_per_epoch;
+    /* The schedule spans the epochs asked for; --steps only stops the run early, so a run stopped
+     * at step S and resumed follows exactly the schedule of an uninterrupted run. */
     r->total_steps = (int64_t)cfg->epochs * batches_per_epoch;
-    if (cfg->steps > 0 && cfg->steps < r->total_steps) r->total_steps = cfg->steps;
     r->cap_times = 1024;
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     report_open(&r->report, cfg->report, cfg->progress, 1);

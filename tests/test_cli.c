@@ -285,8 +285,8 @@ START_TEST(test_defaults_and_resolve) {
     config_defaults(&c);
     config_resolve(&c, 0);
     ck_assert_str_eq(c.model, "tiny");
-    ck_assert_int_eq(c.epochs, 1);
-    ck_assert_int_eq(c.train_size, 4096);
+    ck_assert_int_eq(c.epochs, 4);
+    ck_assert_int_eq(c.train_size, 8192);
     ck_assert_int_eq(c.test_size, 1024);
     ck_assert_str_eq(c.device, "cpu");
 

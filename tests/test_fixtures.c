@@ -1,4 +1,4 @@
-/* test_fixtures.c — PyTorch as the outside oracle: the CPU backend against tests/fixtures/*.bin.
+/* test_fixtures.c — PyTorch as the outside oracle: the CPU backend against tests/fixtures/.
  *
  * The fixtures are written by tests/torch/make_fixtures.py on a machine with PyTorch (the device
  * machine) and committed. Layers are compared in float64 (our _f64 reference vs torch float64:

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# get_cifar10.sh — download the CIFAR-10 binary version and unpack it for --data.
+#
+# Usage: docs/get_cifar10.sh [DIR]        (default: ./data/cifar-10-batches-bin)
+#
+# Afterwards DIR holds data_batch_1.bin .. data_batch_5.bin (50000 training images) and
+# test_batch.bin (10000 test images), each record 1 label byte + 3072 pixel bytes, and you can run
+#   ./stage1 --data DIR
+# The archive (~163 MB) comes from the dataset's official page, https://www.cs.toronto.edu/~kriz/cifar.html,
+# and is checked against its published MD5 before anything is unpacked. Running the script again
+# when DIR is already complete does nothing. Needs curl or wget, tar, and md5sum (or md5 on macOS).
+set -euo pipefail
+
+URL="https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+MD5="c32a1d4ab5d03f1284b67883e8d87530"
+FILES="data_batch_1.bin data_batch_2.bin data_batch_3.bin data_batch_4.bin data_batch_5.bin test_batch.bin"
+RECORD_BYTES=30730000 # 10000 records × 3073 bytes in every file
+
+DIR="${1:-./data/cifar-10-batches-bin}"
+if [ "$#" -gt 1 ] || [ "${DIR#-}" != "$DIR" ]; then
+    echo "usage: $0 [DIR]   (default ./data/cifar-10-batches-bin)" >&2
+    exit 2
+fi
+
+die() {
+    echo "error: $*" >&2
+    exit 1
+}
+
+file_size() { wc -c <"$1" | tr -d ' '; }
+
+complete() { # every file present with the official size
+    local f
+    for f in $FILES; do
+        [ -f "$DIR/$f" ] && [ "$(file_size "$DIR/$f")" = "$RECORD_BYTES" ] || return 1
+    done
+}
+
+if complete; then
+    echo "CIFAR-10 is already in $DIR"
+    exit 0
+fi
+
+md5_of() {
+    if command -v md5sum >/dev/null 2>&1; then
+        md5sum "$1" | cut -d' ' -f1
+    elif command -v md5 >/dev/null 2>&1; then
+        md5 -q "$1"
+    else
+        die "neither md5sum nor md5 found: cannot verify the download"
+    fi
+}
+
+# Download next to the destination (same filesystem) and clean up whatever happens.
+mkdir -p "$DIR"
+TMP="$(mktemp -d "$DIR/.download.XXXXXX")"
+trap 'rm -rf "$TMP"' EXIT
+ARCHIVE="$TMP/cifar-10-binary.tar.gz"
+
+echo "downloading $URL"
+if command -v curl >/dev/null 2>&1; then
+    curl -fL --retry 3 -o "$ARCHIVE" "$URL" || die "download failed (curl): no network, or the URL moved?"
+elif command -v wget >/dev/null 2>&1; then
+    wget -O "$ARCHIVE" "$URL" || die "download failed (wget): no network, or the URL moved?"
+else
+    die "neither curl nor wget found: install one, or download $URL by hand and unpack it into $DIR"
+fi
+
+GOT="$(md5_of "$ARCHIVE")"
+[ "$GOT" = "$MD5" ] || die "MD5 of the download is $GOT, expected $MD5: corrupt or incomplete download; run again"
+
+# The archive holds cifar-10-batches-bin/{data_batch_*.bin,test_batch.bin,batches.meta.txt,readme.html}.
+tar -xzf "$ARCHIVE" -C "$TMP" || die "could not unpack $ARCHIVE"
+for f in $FILES; do
+    [ -f "$TMP/cifar-10-batches-bin/$f" ] || die "$f is missing from the archive"
+    mv -f "$TMP/cifar-10-batches-bin/$f" "$DIR/$f"
+done
+for f in batches.meta.txt readme.html; do # the class names and the dataset's readme, if present
+    if [ -f "$TMP/cifar-10-batches-bin/$f" ]; then mv -f "$TMP/cifar-10-batches-bin/$f" "$DIR/$f"; fi
+done
+
+complete || die "files in $DIR do not have the expected size of $RECORD_BYTES bytes"
+echo "CIFAR-10 ready in $DIR — train with: ./stage1 --data $DIR"

@@ -1,0 +1,285 @@
+/* test_data.c — the synthetic set (deterministic, train ≠ test, balanced, learnable but not trivial)
+ * and the CIFAR-10 reader on small files written to a temporary directory, including every
+ * user error it must report (exit code 2, a message naming the offending file). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "tests.h"
+
+// ----------------------------------------------------------------------------------------------
+// synthetic
+
+START_TEST(synthetic_is_deterministic) {
+    Dataset a, b, c, prefix;
+    dataset_synthetic(&a, 2000, 7, 1);
+    dataset_synthetic(&b, 2000, 7, 1);
+    dataset_synthetic(&c, 2000, 8, 1);
+    ck_assert(!memcmp(a.images, b.images, (size_t)a.n * IMG_PIXELS));
+    ck_assert(!memcmp(a.labels, b.labels, (size_t)a.n));
+    ck_assert(memcmp(a.images, c.images, (size_t)a.n * IMG_PIXELS));
+    ck_assert(memcmp(a.labels, c.labels, (size_t)a.n));
+    ck_assert_str_eq(a.source, "synthetic(seed=7)");
+    /* each sample depends on (seed, split, index) only, not on how many were generated */
+    dataset_synthetic(&prefix, 100, 7, 1);
+    ck_assert(!memcmp(prefix.images, a.images, (size_t)prefix.n * IMG_PIXELS));
+    ck_assert(!memcmp(prefix.labels, a.labels, (size_t)prefix.n));
+    dataset_free(&a);
+    dataset_free(&b);
+    dataset_free(&c);
+    dataset_free(&prefix);
+}
+END_TEST
+
+START_TEST(synthetic_train_and_test_differ) {
+    Dataset tr, te;
+    dataset_synthetic(&tr, 2000, 7, 1);
+    dataset_synthetic(&te, 500, 7, 0);
+    ck_assert(memcmp(tr.labels, te.labels, (size_t)te.n)); /* a different stream */
+    for (int64_t i = 0; i < te.n; i++)
+        for (int64_t j = 0; j < tr.n; j++)
+            ck_assert_msg(memcmp(te.images + i * IMG_PIXELS, tr.images + j * IMG_PIXELS, IMG_PIXELS),
+                          "test sample %lld copies training sample %lld", (long long)i, (long long)j);
+    dataset_free(&tr);
+    dataset_free(&te);
+}
+END_TEST
+
+START_TEST(synthetic_labels_balanced_and_pixels_spread) {
+    Dataset ds;
+    dataset_synthetic(&ds, 10000, 3, 1);
+    int64_t count[NUM_CLASSES] = {0}, hist[256] = {0};
+    for (int64_t i = 0; i < ds.n; i++) {
+        ck_assert_int_lt(ds.labels[i], NUM_CLASSES);
+        count[ds.labels[i]]++;
+    }
+    for (int c = 0; c < NUM_CLASSES; c++) ck_assert_msg(count[c] > 850 && count[c] < 1150, "class %d: %lld", c, (long long)count[c]);
+    /* Images use the byte range: mean near mid-grey, and not mostly clipped (the noisiest images
+     * saturate some pixels: about 4.5% are 0 or 255). */
+    double sum = 0;
+    for (int64_t i = 0; i < ds.n * IMG_PIXELS; i++) hist[ds.images[i]]++, sum += ds.images[i];
+    double mean = sum / (double)(ds.n * IMG_PIXELS), clipped = (double)(hist[0] + hist[255]) / (double)(ds.n * IMG_PIXELS);
+    ck_assert_msg(mean > 100 && mean < 156, "pixel mean %.1f", mean);
+    ck_assert_msg(clipped < 0.08, "%.1f%% of pixels clipped", 100 * clipped);
+    dataset_free(&ds);
+}
+END_TEST
+
+/* A crude learnability check: the nearest-class-mean classifier on raw pixels. It must beat chance
+ * clearly (the set carries class information) but stay far from perfect (a CNN has work to do). */
+START_TEST(synthetic_is_learnable_not_trivial) {
+    Dataset tr, te;
+    dataset_synthetic(&tr, 5000, 1337, 1);
+    dataset_synthetic(&te, 1000, 1337, 0);
+    double *mean = calloc((size_t)NUM_CLASSES * IMG_PIXELS, sizeof(double));
+    int64_t count[NUM_CLASSES] = {0};
+    for (int64_t i = 0; i < tr.n; i++) {
+        count[tr.labels[i]]++;
+        for (int p = 0; p < IMG_PIXELS; p++) mean[tr.labels[i] * IMG_PIXELS + p] += tr.images[i * IMG_PIXELS + p];
+    }
+    for (int c = 0; c < NUM_CLASSES; c++)
+        for (int p = 0; p < IMG_PIXELS; p++) mean[c * IMG_PIXELS + p] /= (double)count[c];
+    int64_t correct = 0;
+    for (int64_t i = 0; i < te.n; i++) {
+        int best = 0;
+        double best_d = 1e300;
+        for (int c = 0; c < NUM_CLASSES; c++) {
+            double d = 0;
+            for (int p = 0; p < IMG_PIXELS; p++) {
+                double e = te.images[i * IMG_PIXELS + p] - mean[c * IMG_PIXELS + p];
+                d += e * e;
+            }
+            if (d < best_d) best_d = d, best = c;
+        }
+        correct += best == te.labels[i];
+    }
+    double acc = (double)correct / (double)te.n;
+    printf("data: nearest-class-mean accuracy on the synthetic set: %.1f%% (chance 10%%)\n", 100 * acc);
+    fflush(stdout);
+    ck_assert_msg(acc > 0.2 && acc < 0.8, "nearest-class-mean accuracy %.3f", acc);
+    free(mean);
+    dataset_free(&tr);
+    dataset_free(&te);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------------------------
+// CIFAR-10 reader on files we write
+
+#define RECORD (1 + IMG_PIXELS)
+static const char *const FILES[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
+                                    "data_batch_5.bin", "test_batch.bin"};
+enum { PER_FILE = 3, TEST_RECORDS = 4 };
+
+/* The pixel bytes of global record r (train: file k = r / 3; test: r = 100 + j). */
+static uint8_t pixel_of(int r, int p) { return (uint8_t)(r * 31 + p * 7 + (p >> 10)); }
+static uint8_t label_of(int r) { return (uint8_t)((r * 3) % NUM_CLASSES); }
+
+static void write_file(const char *dir, const char *name, int first_record, int records) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint8_t rec[RECORD];
+    for (int r = first_record; r < first_record + records; r++) {
+        rec[0] = label_of(r);
+        for (int p = 0; p < IMG_PIXELS; p++) rec[1 + p] = pixel_of(r, p);
+        ck_assert_int_eq(fwrite(rec, 1, RECORD, f), RECORD);
+    }
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A valid little CIFAR-10: 5 × 3 training records, 4 test records (global numbers 100..103). */
+static void make_cifar(char *dir /* ≥ 64 bytes, receives the path */) {
+    strcpy(dir, "/tmp/test_cifar_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    for (int k = 0; k < 5; k++) write_file(dir, FILES[k], k * PER_FILE, PER_FILE);
+    write_file(dir, FILES[5], 100, TEST_RECORDS);
+}
+
+static void remove_cifar(const char *dir) {
+    char path[512];
+    for (int k = 0; k < 6; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, FILES[k]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+START_TEST(cifar_reads_valid_files) {
+    char dir[64];
+    make_cifar(dir);
+    Dataset tr, te, part;
+    dataset_cifar10(&tr, dir, 1, 0);
+    ck_assert_int_eq(tr.n, 5 * PER_FILE);
+    ck_assert_str_eq(tr.source, "cifar10:train");
+    for (int r = 0; r < tr.n; r++) { /* in file order: data_batch_1 first */
+        ck_assert_int_eq(tr.labels[r], label_of(r));
+        for (int p = 0; p < IMG_PIXELS; p++) ck_assert_int_eq(tr.images[r * IMG_PIXELS + p], pixel_of(r, p));
+    }
+    dataset_cifar10(&te, dir, 0, 0);
+    ck_assert_int_eq(te.n, TEST_RECORDS);
+    ck_assert_str_eq(te.source, "cifar10:test");
+    for (int r = 0; r < te.n; r++) {
+        ck_assert_int_eq(te.labels[r], label_of(100 + r));
+        ck_assert(te.images[r * IMG_PIXELS + 1234] == pixel_of(100 + r, 1234));
+    }
+    dataset_cifar10(&part, dir, 1, 7); /* a limit that spans files */
+    ck_assert_int_eq(part.n, 7);
+    ck_assert(!memcmp(part.images, tr.images, 7 * IMG_PIXELS));
+    ck_assert(!memcmp(part.labels, tr.labels, 7));
+    dataset_free(&part);
+    dataset_cifar10(&part, dir, 1, 5 * PER_FILE); /* exactly everything is fine */
+    ck_assert_int_eq(part.n, 5 * PER_FILE);
+    dataset_free(&part);
+    dataset_free(&tr);
+    dataset_free(&te);
+    remove_cifar(dir);
+}
+END_TEST
+
+/* Run dataset_cifar10 in a child process; it must exit with 2 and say something naming `needle`. */
+static void expect_user_error(const char *dir, int train, int64_t limit, const char *needle, const char *also) {
+    char errpath[] = "/tmp/test_cifar_err_XXXXXX";
+    int fd = mkstemp(errpath);
+    ck_assert_int_ge(fd, 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd, 2);
+        Dataset ds;
+        dataset_cifar10(&ds, dir, train, limit);
+        _exit(0); /* no error: the parent reports it */
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    char msg[2048] = {0};
+    ssize_t got = pread(fd, msg, sizeof msg - 1, 0);
+    close(fd);
+    unlink(errpath);
+    ck_assert_msg(got > 0, "no message on stderr (needle '%s')", needle);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "exit status %d, message: %s", status, msg);
+    ck_assert_msg(strstr(msg, needle), "message does not name '%s': %s", needle, msg);
+    if (also) ck_assert_msg(strstr(msg, also), "message lacks '%s': %s", also, msg);
+    ck_assert_msg(!strncmp(msg, "error: ", 7), "not a user error: %s", msg);
+}
+
+START_TEST(cifar_missing_directory_or_file) {
+    char dir[64], path[512];
+    expect_user_error("/nonexistent/cifar-10-batches-bin", 1, 0, "/nonexistent/cifar-10-batches-bin", "get_cifar10.sh");
+    make_cifar(dir);
+    snprintf(path, sizeof path, "%s/data_batch_3.bin", dir);
+    unlink(path);
+    expect_user_error(dir, 1, 0, path, "get_cifar10.sh");
+    expect_user_error(dir, 1, 2, path, NULL); /* every file is checked, whatever the limit */
+    Dataset te; /* the test split does not need the training files */
+    dataset_cifar10(&te, dir, 0, 0);
+    ck_assert_int_eq(te.n, TEST_RECORDS);
+    dataset_free(&te);
+    snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+    unlink(path);
+    expect_user_error(dir, 0, 0, path, "not found");
+    remove_cifar(dir);
+}
+END_TEST
+
+START_TEST(cifar_truncated_or_empty_file) {
+    char dir[64], path[512];
+    make_cifar(dir);
+    snprintf(path, sizeof path, "%s/data_batch_2.bin", dir);
+    ck_assert_int_eq(truncate(path, 2 * RECORD + 1000), 0);
+    expect_user_error(dir, 1, 0, path, "3073");
+    ck_assert_int_eq(truncate(path, 0), 0);
+    expect_user_error(dir, 1, 0, path, "0 bytes");
+    remove_cifar(dir);
+}
+END_TEST
+
+START_TEST(cifar_label_out_of_range) {
+    char dir[64], path[512];
+    make_cifar(dir);
+    snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, 2 * RECORD, SEEK_SET), 0); /* record 2's label byte */
+    ck_assert_int_eq(fputc(10, f), 10);
+    fclose(f);
+    expect_user_error(dir, 0, 0, path, "record 2");
+    remove_cifar(dir);
+}
+END_TEST
+
+START_TEST(cifar_limit_too_large) {
+    char dir[64];
+    make_cifar(dir);
+    expect_user_error(dir, 1, 5 * PER_FILE + 1, dir, "15");
+    expect_user_error(dir, 0, TEST_RECORDS + 1, dir, "test_batch.bin");
+    remove_cifar(dir);
+}
+END_TEST
+
+Suite *suite_data(void) {
+    Suite *s = suite_create("data");
+    TCase *tc = tcase_create("synthetic");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, synthetic_is_deterministic);
+    tcase_add_test(tc, synthetic_train_and_test_differ);
+    tcase_add_test(tc, synthetic_labels_balanced_and_pixels_spread);
+    tcase_add_test(tc, synthetic_is_learnable_not_trivial);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cifar10");
+    tcase_add_test(tc, cifar_reads_valid_files);
+    tcase_add_test(tc, cifar_missing_directory_or_file);
+    tcase_add_test(tc, cifar_truncated_or_empty_file);
+    tcase_add_test(tc, cifar_label_out_of_range);
+    tcase_add_test(tc, cifar_limit_too_large);
+    suite_add_tcase(s, tc);
+    return s;
+}

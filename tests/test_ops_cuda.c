@@ -1,0 +1,681 @@
+/* test_ops_cuda.c — every CUDA op (ops_cuda.c, kernels.cu) against the CPU reference (ops_ref.c)
+ * on the same random inputs, plus the properties only the GPU backend has: the per-batch-size conv
+ * plan cache, deterministic algorithms, benchmark search, and memory accounting.
+ *
+ * Without a visible GPU every test prints a SKIP line and passes, so the suite runs anywhere.
+ * Each test opens its own Device with allow_tf32 = 0 (true fp32, CUDNN_FMA_MATH): with TF32 the
+ * GPU would legitimately differ from the reference by ~1e-3 and the comparison would prove little.
+ *
+ * Tolerances (relative: ‖got − want‖∞ / ‖want‖∞, see test_rel_err):
+ *  - TOL_CONV 1e-4: cuDNN sums in fp32 but in its own order and, depending on the algorithm chosen,
+ *    through Winograd or FFT transforms whose fp32 rounding adds error of order 1e-6–1e-5 relative
+ *    to the output's scale. Our reductions are at most ~10^4 terms (≈ 1e-6 in a random-walk
+ *    order), so a correct op scores ≤ 1e-5; any real bug (wrong index, padding, transpose) is O(1).
+ *  - TOL_SUM 1e-4: other reductions in fp32 on the GPU against the reference (batch norm sums in
+ *    double, the GEMM in float with another blocking): same reasoning, no transforms.
+ *  - TOL_ELEM 1e-5: one or two roundings per element (the GPU may fuse a multiply-add, or divide
+ *    in float where the reference divides in double) — a few ulps at most.
+ *  - pure elementwise ops (relu, add, copies, scaling) are the same single IEEE operation on both
+ *    sides and must match exactly. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "ops.h"
+#include "ops_ref.h"
+#include "tests.h"
+
+#define TOL_CONV 1e-4
+#define TOL_SUM 1e-4
+#define TOL_ELEM 1e-5
+
+#define BN_MOMENTUM 0.1f
+#define BN_EPS 1e-5f
+
+/* ---- host buffers ---------------------------------------------------------------------------- */
+
+static float *hrand(int64_t n, uint64_t seed, float lo, float hi) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    test_fill_uniform(p, n, seed, lo, hi);
+    return p;
+}
+
+static float *hcopy(const float *src, int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    memcpy(p, src, (size_t)n * sizeof(float));
+    return p;
+}
+
+static float *hzeros(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+
+/* ---- device buffers -------------------------------------------------------------------------- */
+
+/* A CUDA device in true fp32; deterministic / benchmark as asked. */
+static void gpu_open(Device *d, int deterministic, int benchmark) {
+    memset(d, 0, sizeof *d);
+    d->allow_tf32 = 0;
+    d->deterministic = deterministic;
+    d->benchmark = benchmark;
+    device_init(d, DEV_CUDA, 0, 0);
+}
+
+static float *up(Device *d, const float *h, int64_t n) {
+    float *p = device_alloc(d, (size_t)n * sizeof(float), "test tensor");
+    device_copy_h2d(d, p, h, (size_t)n * sizeof(float));
+    return p;
+}
+
+static float *dzeros(Device *d, int64_t n) {
+    float *p = device_alloc(d, (size_t)n * sizeof(float), "test tensor");
+    device_memset0(d, p, (size_t)n * sizeof(float));
+    return p;
+}
+
+/* Synchronous copy back into a fresh host buffer (device_copy_d2h waits for the stream). */
+static float *down(Device *d, const float *p, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    device_copy_d2h(d, h, p, (size_t)n * sizeof(float));
+    return h;
+}
+
+/* ---- comparisons ----------------------------------------------------------------------------- */
+
+/* OPS_CUDA_VERBOSE=1 prints every measured error, to see the margin against each tolerance. */
+static int verbose(void) {
+    const char *v = getenv("OPS_CUDA_VERBOSE");
+    return v && v[0] && v[0] != '0';
+}
+
+#define EXPECT_CLOSE(got, want, n, tol, ...)                                                       \
+    do {                                                                                           \
+        double e_ = test_rel_err((got), (want), (n));                                              \
+        char what_[160];                                                                           \
+        snprintf(what_, sizeof what_, __VA_ARGS__);                                                \
+        if (verbose()) printf("  %-60s rel err %.2e (tol %.0e)\n", what_, e_, (double)(tol));      \
+        ck_assert_msg(e_ <= (tol), "%s: relative error %.3g (tolerance %.1g)", what_, e_,          \
+                      (double)(tol));                                                              \
+    } while (0)
+
+/* Download a device tensor and compare it with the reference. */
+#define EXPECT_GPU_CLOSE(d, dev, want, n, tol, ...)                                                \
+    do {                                                                                           \
+        float *g_ = down((d), (dev), (n));                                                         \
+        EXPECT_CLOSE(g_, (want), (n), (tol), __VA_ARGS__);                                         \
+        free(g_);                                                                                  \
+    } while (0)
+
+#define EXPECT_GPU_EXACT(d, dev, want, n, what)                                                    \
+    do {                                                                                           \
+        float *g_ = down((d), (dev), (n));                                                         \
+        int64_t bad_ = 0, first_ = -1;                                                             \
+        for (int64_t i_ = 0; i_ < (n); i_++)                                                       \
+            if (!(g_[i_] == (want)[i_])) {                                                         \
+                if (first_ < 0) first_ = i_;                                                       \
+                bad_++;                                                                            \
+            }                                                                                      \
+        ck_assert_msg(bad_ == 0, "%s: %lld of %lld elements differ (first at %lld: %g vs %g)",     \
+                      (what), (long long)bad_, (long long)(n), (long long)first_,                  \
+                      first_ >= 0 ? (double)g_[first_] : 0.0,                                      \
+                      first_ >= 0 ? (double)(want)[first_] : 0.0);                                 \
+        free(g_);                                                                                  \
+    } while (0)
+
+/* ---- convolution ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int cin, cout, k, stride, pad, h, w;
+} ConvCfg;
+
+/* ResNet-18's kinds of convolution. h ≠ w everywhere but the stem, so a swapped height/width
+ * cannot go unnoticed; cin ≠ cout, so a transposed filter cannot either. */
+static const ConvCfg conv_cfgs[] = {
+    {16, 32, 3, 1, 1, 12, 10}, /* k3 s1 p1: the body of a basic block */
+    {16, 32, 3, 2, 1, 12, 10}, /* k3 s2 p1: the first conv of a downsampling block */
+    {16, 32, 1, 2, 0, 12, 10}, /* k1 s2 p0: the projection shortcut */
+    {3, 16, 3, 1, 1, 32, 32},  /* the CIFAR stem: cin = 3 is an unusual shape for cuDNN */
+};
+
+/* Run all three passes of conv c at batch n on fresh inputs and compare with the reference:
+ * forward; backward-data overwriting (into garbage) and accumulating; backward-filter accumulating
+ * onto a non-zero dw. When the batch size was prepared, the ops must not allocate anything. */
+static void check_conv(Device *d, Conv *c, int n, uint64_t seed, int prepared, const char *tag) {
+    const ConvShape *s = &c->s;
+    int64_t xn = (int64_t)n * s->cin * s->h * s->w, yn = (int64_t)n * s->cout * s->hout * s->wout;
+    int64_t wn = (int64_t)s->cout * s->cin * s->k * s->k;
+    float *hx = hrand(xn, seed, -1.f, 1.f), *hw = hrand(wn, seed + 1, -0.5f, 0.5f);
+    float *hdy = hrand(yn, seed + 2, -1.f, 1.f), *hdx0 = hrand(xn, seed + 3, -1.f, 1.f);
+    float *hdw0 = hrand(wn, seed + 4, -1.f, 1.f);
+
+    float *ry = hzeros(yn), *rdx = hzeros(xn), *rdx_acc = hcopy(hdx0, xn), *rdw = hcopy(hdw0, wn);
+    ref_conv_forward_f32(s, n, hx, hw, ry);
+    ref_conv_backward_data_f32(s, n, hdy, hw, rdx, 0);
+    ref_conv_backward_data_f32(s, n, hdy, hw, rdx_acc, 1);
+    ref_conv_backward_filter_f32(s, n, hx, hdy, rdw);
+
+    float *x = up(d, hx, xn), *w = up(d, hw, wn), *dy = up(d, hdy, yn), *y = dzeros(d, yn);
+    float *dx = up(d, hdx0, xn), *dx_acc = up(d, hdx0, xn), *dw = up(d, hdw0, wn);
+    size_t cur = d->mem_cur;
+    int n_allocs = d->n_allocs;
+    conv_forward(d, c, n, x, w, y);
+    conv_backward_data(d, c, n, dy, w, dx, 0);
+    conv_backward_data(d, c, n, dy, w, dx_acc, 1);
+    conv_backward_filter(d, c, n, x, dy, dw);
+    if (prepared)
+        ck_assert_msg(d->mem_cur == cur && d->n_allocs == n_allocs,
+                      "%s n=%d: a prepared conv allocated in the step", tag, n);
+
+    EXPECT_GPU_CLOSE(d, y, ry, yn, TOL_CONV, "%s n=%d conv_forward", tag, n);
+    EXPECT_GPU_CLOSE(d, dx, rdx, xn, TOL_CONV, "%s n=%d conv_backward_data", tag, n);
+    EXPECT_GPU_CLOSE(d, dx_acc, rdx_acc, xn, TOL_CONV, "%s n=%d conv_backward_data accumulate",
+                     tag, n);
+    EXPECT_GPU_CLOSE(d, dw, rdw, wn, TOL_CONV, "%s n=%d conv_backward_filter (+=)", tag, n);
+
+    device_free(d, x), device_free(d, w), device_free(d, dy), device_free(d, y);
+    device_free(d, dx), device_free(d, dx_acc), device_free(d, dw);
+    free(hx), free(hw), free(hdy), free(hdx0), free(hdw0);
+    free(ry), free(rdx), free(rdx_acc), free(rdw);
+}
+
+START_TEST(test_conv_matches_reference) {
+    if (!test_have_gpu("ops_cuda: conv vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    for (size_t i = 0; i < sizeof conv_cfgs / sizeof conv_cfgs[0]; i++) {
+        const ConvCfg *k = &conv_cfgs[i];
+        char tag[64];
+        snprintf(tag, sizeof tag, "conv %d->%d k%d s%d p%d %dx%d", k->cin, k->cout, k->k,
+                 k->stride, k->pad, k->h, k->w);
+        Conv c = {0};
+        conv_shape(&c.s, k->cin, k->cout, k->k, k->stride, k->pad, k->h, k->w);
+        /* Two batch sizes in one Conv's plan cache, used alternately, then one never prepared
+         * (planned on the spot, as ops.h allows). */
+        conv_prepare(&d, &c, 8);
+        conv_prepare(&d, &c, 1);
+        conv_prepare(&d, &c, 8); /* a second prepare of the same n is a no-op */
+        ck_assert_ptr_nonnull(c.plan);
+        uint64_t seed = 1000 + 100 * i;
+        check_conv(&d, &c, 8, seed, 1, tag);
+        check_conv(&d, &c, 1, seed + 10, 1, tag);
+        check_conv(&d, &c, 8, seed + 20, 1, tag);
+        check_conv(&d, &c, 3, seed + 30, 0, tag);
+        conv_release(&d, &c);
+        ck_assert_ptr_null(c.plan);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
+/* Deterministic mode: the same inputs give the same bits, pass after pass, including the
+ * backward-filter reduction (where cuDNN's fastest algorithms use atomics). Checked with the
+ * heuristic choice and with the benchmark search (which must filter what it measures too). */
+START_TEST(test_conv_deterministic) {
+    if (!test_have_gpu("ops_cuda: deterministic conv")) return;
+    for (int benchmark = 0; benchmark <= 1; benchmark++) {
+        Device d;
+        gpu_open(&d, 1, benchmark);
+        Conv c = {0};
+        conv_shape(&c.s, 64, 64, 3, 1, 1, 16, 16);
+        const int n = 32;
+        int64_t xn = (int64_t)n * 64 * 16 * 16, wn = 64 * 64 * 9;
+        float *hx = hrand(xn, 71, -1.f, 1.f), *hdy = hrand(xn, 72, -1.f, 1.f);
+        float *hw = hrand(wn, 73, -0.5f, 0.5f);
+        float *x = up(&d, hx, xn), *dy = up(&d, hdy, xn), *w = up(&d, hw, wn);
+        float *dw1 = dzeros(&d, wn), *dw2 = dzeros(&d, wn), *dx1 = dzeros(&d, xn),
+              *dx2 = dzeros(&d, xn), *y1 = dzeros(&d, xn), *y2 = dzeros(&d, xn);
+        conv_prepare(&d, &c, n);
+        conv_backward_filter(&d, &c, n, x, dy, dw1);
+        conv_backward_filter(&d, &c, n, x, dy, dw2);
+        conv_backward_data(&d, &c, n, dy, w, dx1, 0);
+        conv_backward_data(&d, &c, n, dy, w, dx2, 0);
+        conv_forward(&d, &c, n, x, w, y1);
+        conv_forward(&d, &c, n, x, w, y2);
+        float *a = down(&d, dw1, wn), *b = down(&d, dw2, wn);
+        ck_assert_msg(memcmp(a, b, (size_t)wn * sizeof(float)) == 0,
+                      "deterministic backward-filter differs between runs (benchmark=%d)",
+                      benchmark);
+        /* and it is still the right answer. The oracle runs in double here: these are sums of
+         * n·16·16 = 8192 products, where the float reference's own rounding (~1e-5) would be most
+         * of what we measure. */
+        double *x64 = malloc((size_t)xn * sizeof(double));
+        double *dy64 = malloc((size_t)xn * sizeof(double));
+        double *dw64 = calloc((size_t)wn, sizeof(double));
+        for (int64_t i = 0; i < xn; i++) x64[i] = hx[i], dy64[i] = hdy[i];
+        ref_conv_backward_filter_f64(&c.s, n, x64, dy64, dw64);
+        float *rdw = hzeros(wn);
+        for (int64_t i = 0; i < wn; i++) rdw[i] = (float)dw64[i];
+        free(x64), free(dy64), free(dw64);
+        EXPECT_CLOSE(a, rdw, wn, TOL_CONV, "deterministic backward-filter (benchmark=%d)",
+                     benchmark);
+        free(a), free(b), free(rdw);
+        a = down(&d, dx1, xn), b = down(&d, dx2, xn);
+        ck_assert_msg(memcmp(a, b, (size_t)xn * sizeof(float)) == 0,
+                      "deterministic backward-data differs between runs (benchmark=%d)", benchmark);
+        free(a), free(b);
+        a = down(&d, y1, xn), b = down(&d, y2, xn);
+        ck_assert_msg(memcmp(a, b, (size_t)xn * sizeof(float)) == 0,
+                      "deterministic forward differs between runs (benchmark=%d)", benchmark);
+        free(a), free(b);
+        conv_release(&d, &c);
+        free(hx), free(hdy), free(hw);
+        device_destroy(&d);
+    }
+}
+END_TEST
+
+/* Benchmark mode: algorithms chosen by measurement still compute the right thing, and the search's
+ * scratch tensors and workspace went through the memory account (they show in mem_peak, as in
+ * torch.cuda.max_memory_allocated) while only the chosen workspace stays allocated. */
+START_TEST(test_conv_benchmark) {
+    if (!test_have_gpu("ops_cuda: conv benchmark mode")) return;
+    Device d;
+    gpu_open(&d, 0, 1);
+    Conv c = {0};
+    conv_shape(&c.s, 64, 64, 3, 1, 1, 16, 16);
+    const int n = 32;
+    device_reset_peak(&d);
+    size_t cur0 = d.mem_cur, ws0 = d.workspace_bytes;
+    conv_prepare(&d, &c, n);
+    size_t scratch = (size_t)n * 64 * 16 * 16 * sizeof(float) * 2 + 64 * 64 * 9 * sizeof(float);
+    ck_assert_msg(d.mem_peak >= cur0 + scratch,
+                  "benchmark search scratch not accounted: peak grew by %zu, scratch is %zu",
+                  d.mem_peak - cur0, scratch);
+    ck_assert_msg(d.mem_peak - cur0 >= d.workspace_bytes - ws0,
+                  "peak grew by %zu, less than the workspace growth %zu", d.mem_peak - cur0,
+                  d.workspace_bytes - ws0);
+    ck_assert(d.mem_peak >= d.mem_cur);
+    /* the scratch is gone again: what remains is at most the (512-rounded) workspace */
+    ck_assert_msg(d.mem_cur <= cur0 + d.workspace_bytes + 512,
+                  "benchmark search leaked memory: %zu bytes in use, workspace %zu",
+                  d.mem_cur - cur0, d.workspace_bytes);
+    check_conv(&d, &c, n, 333, 1, "benchmark conv 64->64 k3");
+    /* a stride-2 shape, measured too */
+    Conv c2 = {0};
+    conv_shape(&c2.s, 32, 64, 3, 2, 1, 16, 16);
+    conv_prepare(&d, &c2, 16);
+    check_conv(&d, &c2, 16, 444, 1, "benchmark conv 32->64 k3 s2");
+    conv_release(&d, &c);
+    conv_release(&d, &c2);
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- batch norm ------------------------------------------------------------------------------ */
+
+static void check_bn(Device *d, int n, int c, int hw, uint64_t seed) {
+    int64_t cnt = (int64_t)n * c * hw;
+    /* non-zero mean and non-unit spread, so mean and variance handling both matter */
+    float *hx = hrand(cnt, seed, -2.f, 3.f), *hdy = hrand(cnt, seed + 1, -1.f, 1.f);
+    float *hg = hrand(c, seed + 2, 0.5f, 1.5f), *hb = hrand(c, seed + 3, -0.5f, 0.5f);
+    float *hrm = hrand(c, seed + 4, -0.2f, 0.2f), *hrv = hrand(c, seed + 5, 0.5f, 2.f);
+    float *hdx0 = hrand(cnt, seed + 6, -1.f, 1.f), *hdg0 = hrand(c, seed + 7, -1.f, 1.f);
+    float *hdb0 = hrand(c, seed + 8, -1.f, 1.f);
+
+    /* reference: train forward, then backward twice (overwrite, then accumulate into a non-zero
+     * dx), both adding into the same dgamma/dbeta; then eval forward with the original stats */
+    float *ry = hzeros(cnt), *rrm = hcopy(hrm, c), *rrv = hcopy(hrv, c), *rsm = hzeros(c),
+          *rsi = hzeros(c), *rdx = hzeros(cnt), *rdx_acc = hcopy(hdx0, cnt), *rdg = hcopy(hdg0, c),
+          *rdb = hcopy(hdb0, c), *rye = hzeros(cnt);
+    ref_bn_forward_train_f32(n, c, hw, hx, hg, hb, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsi, ry);
+    ref_bn_backward_f32(n, c, hw, hx, hdy, hg, rsm, rsi, BN_EPS, rdx, rdg, rdb, 0);
+    ref_bn_backward_f32(n, c, hw, hx, hdy, hg, rsm, rsi, BN_EPS, rdx_acc, rdg, rdb, 1);
+    ref_bn_forward_eval_f32(n, c, hw, hx, hg, hb, hrm, hrv, BN_EPS, rye);
+
+    float *x = up(d, hx, cnt), *dy = up(d, hdy, cnt), *g = up(d, hg, c), *b = up(d, hb, c);
+    float *rm = up(d, hrm, c), *rv = up(d, hrv, c), *rm0 = up(d, hrm, c), *rv0 = up(d, hrv, c);
+    float *sm = dzeros(d, c), *si = dzeros(d, c), *y = dzeros(d, cnt), *ye = dzeros(d, cnt);
+    float *dx = up(d, hdx0, cnt), *dx_acc = up(d, hdx0, cnt), *dg = up(d, hdg0, c),
+          *db = up(d, hdb0, c);
+    bn_forward_train(d, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, si, y);
+    bn_backward(d, n, c, hw, x, dy, g, sm, si, BN_EPS, dx, dg, db, 0);
+    bn_backward(d, n, c, hw, x, dy, g, sm, si, BN_EPS, dx_acc, dg, db, 1);
+    bn_forward_eval(d, n, c, hw, x, g, b, rm0, rv0, BN_EPS, ye);
+
+    char tag[64];
+    snprintf(tag, sizeof tag, "bn n=%d c=%d hw=%d", n, c, hw);
+    EXPECT_GPU_CLOSE(d, y, ry, cnt, TOL_SUM, "%s train y", tag);
+    EXPECT_GPU_CLOSE(d, rm, rrm, c, TOL_SUM, "%s running_mean", tag);
+    EXPECT_GPU_CLOSE(d, rv, rrv, c, TOL_SUM, "%s running_var (unbiased update)", tag);
+    EXPECT_GPU_CLOSE(d, sm, rsm, c, TOL_SUM, "%s save_mean", tag);
+    EXPECT_GPU_CLOSE(d, si, rsi, c, TOL_SUM, "%s save_invstd", tag);
+    EXPECT_GPU_CLOSE(d, dx, rdx, cnt, TOL_SUM, "%s backward dx", tag);
+    EXPECT_GPU_CLOSE(d, dx_acc, rdx_acc, cnt, TOL_SUM, "%s backward dx accumulate", tag);
+    EXPECT_GPU_CLOSE(d, dg, rdg, c, TOL_SUM, "%s dgamma (+= twice)", tag);
+    EXPECT_GPU_CLOSE(d, db, rdb, c, TOL_SUM, "%s dbeta (+= twice)", tag);
+    EXPECT_GPU_CLOSE(d, ye, rye, cnt, TOL_SUM, "%s eval y", tag);
+
+    device_free(d, x), device_free(d, dy), device_free(d, g), device_free(d, b);
+    device_free(d, rm), device_free(d, rv), device_free(d, rm0), device_free(d, rv0);
+    device_free(d, sm), device_free(d, si), device_free(d, y), device_free(d, ye);
+    device_free(d, dx), device_free(d, dx_acc), device_free(d, dg), device_free(d, db);
+    free(hx), free(hdy), free(hg), free(hb), free(hrm), free(hrv), free(hdx0), free(hdg0),
+        free(hdb0);
+    free(ry), free(rrm), free(rrv), free(rsm), free(rsi), free(rdx), free(rdx_acc), free(rdg),
+        free(rdb), free(rye);
+}
+
+START_TEST(test_bn_matches_reference) {
+    if (!test_have_gpu("ops_cuda: batch norm vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    check_bn(&d, 8, 16, 36, 2000);  /* a late ResNet stage: small images */
+    check_bn(&d, 4, 8, 1024, 2100); /* the stem: 32×32 images, long per-channel reductions */
+    check_bn(&d, 2, 3, 5, 2200);    /* tiny and odd-sized */
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- elementwise, pooling -------------------------------------------------------------------- */
+
+START_TEST(test_elementwise_matches_reference) {
+    if (!test_have_gpu("ops_cuda: elementwise vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    const int64_t n = 10007; /* not a multiple of the block size: exercises the tail */
+    float *ha = hrand(n, 3000, -1.f, 1.f), *hb = hrand(n, 3001, -1.f, 1.f);
+    float *hc = hrand(n, 3002, -1.f, 1.f);
+    float *a = up(&d, ha, n), *b = up(&d, hb, n), *y = dzeros(&d, n);
+    float *r = hzeros(n), *r2 = hcopy(hc, n);
+
+    /* relu forward, out of place and in place */
+    ref_relu_forward_f32(n, ha, r);
+    relu_forward(&d, n, a, y);
+    EXPECT_GPU_EXACT(&d, y, r, n, "relu_forward");
+    float *a2 = up(&d, ha, n);
+    relu_forward(&d, n, a2, a2);
+    EXPECT_GPU_EXACT(&d, a2, r, n, "relu_forward in place");
+
+    /* relu backward from the forward output r: overwrite, accumulate, and in place (dx == dy) */
+    float *hy = hcopy(r, n), *dy = up(&d, hb, n), *dx = up(&d, hc, n);
+    float *ry = y; /* y holds relu(a) on the device */
+    ref_relu_backward_f32(n, hy, hb, r, 0);
+    relu_backward(&d, n, ry, dy, dx, 0);
+    EXPECT_GPU_EXACT(&d, dx, r, n, "relu_backward");
+    ref_relu_backward_f32(n, hy, hb, r2, 1);
+    float *dx_acc = up(&d, hc, n);
+    relu_backward(&d, n, ry, dy, dx_acc, 1);
+    EXPECT_GPU_EXACT(&d, dx_acc, r2, n, "relu_backward accumulate");
+    float *dyi = up(&d, hb, n);
+    ref_relu_backward_f32(n, hy, hb, r, 0);
+    relu_backward(&d, n, ry, dyi, dyi, 0);
+    EXPECT_GPU_EXACT(&d, dyi, r, n, "relu_backward in place");
+
+    /* add */
+    ref_add_forward_f32(n, ha, hb, r);
+    add_forward(&d, n, a, b, y);
+    EXPECT_GPU_EXACT(&d, y, r, n, "add_forward");
+
+    /* grad_pass: copy, then add */
+    float *dst = up(&d, hc, n);
+    grad_pass(&d, n, a, dst, 0);
+    EXPECT_GPU_EXACT(&d, dst, ha, n, "grad_pass copy");
+    memcpy(r, hc, (size_t)n * sizeof(float));
+    ref_grad_pass_f32(n, hb, r, 1);
+    float *dst2 = up(&d, hc, n);
+    grad_pass(&d, n, b, dst2, 1);
+    EXPECT_GPU_EXACT(&d, dst2, r, n, "grad_pass accumulate");
+
+    /* scale_inplace, add_inplace */
+    memcpy(r, ha, (size_t)n * sizeof(float));
+    ref_scale_inplace_f32(n, r, 0.37f);
+    float *s = up(&d, ha, n);
+    scale_inplace(&d, n, s, 0.37f);
+    EXPECT_GPU_EXACT(&d, s, r, n, "scale_inplace");
+    memcpy(r, hb, (size_t)n * sizeof(float));
+    ref_add_inplace_f32(n, ha, r);
+    float *t = up(&d, hb, n);
+    add_inplace(&d, n, a, t);
+    EXPECT_GPU_EXACT(&d, t, r, n, "add_inplace");
+
+    /* a zero count launches nothing and touches nothing */
+    relu_forward(&d, 0, a, y);
+    add_inplace(&d, 0, a, t);
+    device_sync(&d);
+
+    free(ha), free(hb), free(hc), free(r), free(r2), free(hy);
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(test_avgpool_matches_reference) {
+    if (!test_have_gpu("ops_cuda: avgpool vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    const int n = 8, c = 64, hw = 16; /* ResNet-18 CIFAR: 512 channels of 4×4 in the real model */
+    int64_t xn = (int64_t)n * c * hw, yn = (int64_t)n * c;
+    float *hx = hrand(xn, 4000, -1.f, 1.f), *hdy = hrand(yn, 4001, -1.f, 1.f);
+    float *hdx0 = hrand(xn, 4002, -1.f, 1.f);
+    float *ry = hzeros(yn), *rdx = hzeros(xn), *rdx_acc = hcopy(hdx0, xn);
+    ref_avgpool_forward_f32(n, c, hw, hx, ry);
+    ref_avgpool_backward_f32(n, c, hw, hdy, rdx, 0);
+    ref_avgpool_backward_f32(n, c, hw, hdy, rdx_acc, 1);
+    float *x = up(&d, hx, xn), *y = dzeros(&d, yn), *dy = up(&d, hdy, yn);
+    float *dx = up(&d, hdx0, xn), *dx_acc = up(&d, hdx0, xn);
+    avgpool_forward(&d, n, c, hw, x, y);
+    avgpool_backward(&d, n, c, hw, dy, dx, 0);
+    avgpool_backward(&d, n, c, hw, dy, dx_acc, 1);
+    EXPECT_GPU_CLOSE(&d, y, ry, yn, TOL_ELEM, "avgpool_forward");
+    EXPECT_GPU_CLOSE(&d, dx, rdx, xn, TOL_ELEM, "avgpool_backward");
+    EXPECT_GPU_CLOSE(&d, dx_acc, rdx_acc, xn, TOL_ELEM, "avgpool_backward accumulate");
+    free(hx), free(hdy), free(hdx0), free(ry), free(rdx), free(rdx_acc);
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+
+static void check_linear(Device *d, int n, int in, int out, uint64_t seed) {
+    int64_t xn = (int64_t)n * in, wn = (int64_t)out * in, yn = (int64_t)n * out;
+    float *hx = hrand(xn, seed, -1.f, 1.f), *hW = hrand(wn, seed + 1, -0.5f, 0.5f);
+    float *hb = hrand(out, seed + 2, -0.5f, 0.5f), *hdy = hrand(yn, seed + 3, -1.f, 1.f);
+    float *hdx0 = hrand(xn, seed + 4, -1.f, 1.f), *hdW0 = hrand(wn, seed + 5, -1.f, 1.f);
+    float *hdb0 = hrand(out, seed + 6, -1.f, 1.f);
+    /* reference: forward; backward overwriting dx, then accumulating into a non-zero dx; dW and db
+     * receive both calls' gradients on top of their initial values */
+    float *ry = hzeros(yn), *rdx = hzeros(xn), *rdx_acc = hcopy(hdx0, xn), *rdW = hcopy(hdW0, wn),
+          *rdb = hcopy(hdb0, out);
+    ref_linear_forward_f32(n, in, out, hx, hW, hb, ry);
+    ref_linear_backward_f32(n, in, out, hx, hW, hdy, rdx, rdW, rdb, 0);
+    ref_linear_backward_f32(n, in, out, hx, hW, hdy, rdx_acc, rdW, rdb, 1);
+
+    float *x = up(d, hx, xn), *W = up(d, hW, wn), *b = up(d, hb, out), *dy = up(d, hdy, yn);
+    float *y = dzeros(d, yn), *dx = up(d, hdx0, xn), *dx_acc = up(d, hdx0, xn);
+    float *dW = up(d, hdW0, wn), *db = up(d, hdb0, out);
+    linear_forward(d, n, in, out, x, W, b, y);
+    linear_backward(d, n, in, out, x, W, dy, dx, dW, db, 0);
+    linear_backward(d, n, in, out, x, W, dy, dx_acc, dW, db, 1);
+
+    char tag[64];
+    snprintf(tag, sizeof tag, "linear n=%d in=%d out=%d", n, in, out);
+    EXPECT_GPU_CLOSE(d, y, ry, yn, TOL_SUM, "%s forward", tag);
+    EXPECT_GPU_CLOSE(d, dx, rdx, xn, TOL_SUM, "%s dx", tag);
+    EXPECT_GPU_CLOSE(d, dx_acc, rdx_acc, xn, TOL_SUM, "%s dx accumulate", tag);
+    EXPECT_GPU_CLOSE(d, dW, rdW, wn, TOL_SUM, "%s dW (+= twice)", tag);
+    EXPECT_GPU_CLOSE(d, db, rdb, out, TOL_SUM, "%s db (+= twice)", tag);
+
+    device_free(d, x), device_free(d, W), device_free(d, b), device_free(d, dy);
+    device_free(d, y), device_free(d, dx), device_free(d, dx_acc), device_free(d, dW),
+        device_free(d, db);
+    free(hx), free(hW), free(hb), free(hdy), free(hdx0), free(hdW0), free(hdb0);
+    free(ry), free(rdx), free(rdx_acc), free(rdW), free(rdb);
+}
+
+START_TEST(test_linear_matches_reference) {
+    if (!test_have_gpu("ops_cuda: linear vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    check_linear(&d, 8, 64, 10, 5000);
+    check_linear(&d, 33, 512, 10, 5100); /* ResNet-18's head, odd batch */
+    check_linear(&d, 1, 7, 3, 5200);     /* degenerate sizes */
+    check_linear(&d, 300, 24, 17, 5300); /* more rows than columns, odd everything */
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- softmax + cross-entropy ----------------------------------------------------------------- */
+
+static void check_xent(Device *d, int n, int classes, float scale, uint64_t seed, int with_ties) {
+    int64_t cnt = (int64_t)n * classes;
+    float *hz = hrand(cnt, seed, -3.f, 3.f), *u = hrand(n, seed + 1, 0.f, 1.f);
+    int32_t *hl = malloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        hl[i] = (int32_t)(u[i] * (float)classes);
+        if (hl[i] >= classes) hl[i] = classes - 1;
+    }
+    if (with_ties) {
+        /* argmax takes the FIRST maximum (torch.argmax): an all-equal row is "correct" only for
+         * label 0, and a row with two equal maxima only for the earlier one */
+        ck_assert_int_ge(n, 3);
+        ck_assert_int_ge(classes, 8);
+        for (int j = 0; j < classes; j++) hz[j] = hz[classes + j] = 0.5f;
+        hl[0] = 0, hl[1] = 5;
+        hz[2 * classes + 3] = hz[2 * classes + 7] = 10.f;
+        hl[2] = 7;
+    }
+    float rloss = 0, *rdz = hzeros(cnt);
+    int32_t rcorrect = -1;
+    ref_xent_forward_backward_f32(n, classes, hz, hl, scale, &rloss, &rcorrect, rdz);
+
+    float *z = up(d, hz, cnt), *dz = dzeros(d, cnt), *loss = dzeros(d, 1);
+    int32_t *labels = device_alloc(d, (size_t)n * sizeof(int32_t), "test labels");
+    int32_t *correct = device_alloc(d, sizeof(int32_t), "test correct");
+    device_copy_h2d(d, labels, hl, (size_t)n * sizeof(int32_t));
+    device_memset0(d, correct, sizeof(int32_t));
+
+    char tag[64];
+    snprintf(tag, sizeof tag, "xent n=%d classes=%d", n, classes);
+    float gloss[2];
+    int32_t gcorrect[2];
+    float *gdz[2];
+    for (int run = 0; run < 2; run++) { /* twice: the result must be bit-reproducible */
+        xent_forward_backward(d, n, classes, z, labels, scale, loss, correct, dz);
+        device_copy_d2h(d, &gloss[run], loss, sizeof(float));
+        device_copy_d2h(d, &gcorrect[run], correct, sizeof(int32_t));
+        gdz[run] = down(d, dz, cnt);
+    }
+    EXPECT_CLOSE(&gloss[0], &rloss, 1, TOL_ELEM, "%s loss (%g vs %g)", tag, (double)gloss[0],
+                 (double)rloss);
+    ck_assert_msg(gcorrect[0] == rcorrect, "%s correct: %d vs %d", tag, gcorrect[0], rcorrect);
+    EXPECT_CLOSE(gdz[0], rdz, cnt, TOL_ELEM, "%s dlogits", tag);
+    ck_assert_msg(memcmp(&gloss[0], &gloss[1], sizeof(float)) == 0 && gcorrect[0] == gcorrect[1] &&
+                      memcmp(gdz[0], gdz[1], (size_t)cnt * sizeof(float)) == 0,
+                  "%s: two runs differ", tag);
+
+    /* dlogits may alias logits (the reference allows it; so must we) */
+    xent_forward_backward(d, n, classes, z, labels, scale, loss, correct, z);
+    EXPECT_GPU_CLOSE(d, z, rdz, cnt, TOL_ELEM, "%s dlogits in place", tag);
+
+    device_free(d, z), device_free(d, dz), device_free(d, loss), device_free(d, labels),
+        device_free(d, correct);
+    free(hz), free(u), free(hl), free(rdz), free(gdz[0]), free(gdz[1]);
+}
+
+START_TEST(test_xent_matches_reference) {
+    if (!test_have_gpu("ops_cuda: softmax cross-entropy vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    check_xent(&d, 37, 10, 1.f / 128.f, 6000, 1); /* DataParallel-style scale 1/global batch */
+    check_xent(&d, 128, 10, 1.f / 128.f, 6100, 0);
+    check_xent(&d, 1000, 10, 1.f / 1000.f, 6200, 0); /* many rows per warp */
+    check_xent(&d, 5, 1000, 1.f / 5.f, 6300, 1);     /* many classes per lane */
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- SGD ------------------------------------------------------------------------------------- */
+
+/* Four optimizer steps (the first initialises the momentum buffer) on params[off .. off+count),
+ * against the reference. off = 1 makes the pointers misaligned for float4. */
+static void check_sgd(Device *d, int64_t count, int64_t off, float momentum, uint64_t seed) {
+    const float lr = 0.1f, wd = 5e-4f;
+    int64_t total = count + off;
+    float *hp = hrand(total, seed, -1.f, 1.f), *hbuf = hrand(total, seed + 1, -1.f, 1.f);
+    float *p = up(d, hp, total), *buf = up(d, hbuf, total), *g = dzeros(d, total);
+    float *rp = hcopy(hp, total), *rbuf = hcopy(hbuf, total);
+    for (int step = 0; step < 4; step++) {
+        float *hg = hrand(total, seed + 10 + step, -1.f, 1.f);
+        device_copy_h2d(d, g, hg, (size_t)total * sizeof(float));
+        float *b_dev = momentum != 0.f ? buf + off : NULL;
+        float *b_ref = momentum != 0.f ? rbuf + off : NULL;
+        ref_sgd_step_f32(count, rp + off, hg + off, b_ref, lr, momentum, wd, step == 0);
+        sgd_step(d, count, p + off, g + off, b_dev, lr, momentum, wd, step == 0);
+        device_sync(d); /* hg is reused by the next step's copy */
+        free(hg);
+        char tag[96];
+        snprintf(tag, sizeof tag, "sgd count=%lld off=%lld momentum=%g step %d", (long long)count,
+                 (long long)off, (double)momentum, step);
+        EXPECT_GPU_CLOSE(d, p, rp, total, TOL_ELEM, "%s params", tag);
+        if (momentum != 0.f)
+            EXPECT_GPU_CLOSE(d, buf, rbuf, total, TOL_ELEM, "%s momentum buf", tag);
+    }
+    /* elements outside the slice are untouched */
+    float *gp = down(d, p, total);
+    for (int64_t i = 0; i < off; i++) ck_assert(gp[i] == hp[i]);
+    free(gp);
+    device_free(d, p), device_free(d, buf), device_free(d, g);
+    free(hp), free(hbuf), free(rp), free(rbuf);
+}
+
+START_TEST(test_sgd_matches_reference) {
+    if (!test_have_gpu("ops_cuda: sgd vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    check_sgd(&d, 10000, 0, 0.9f, 7000); /* aligned, multiple of 4: the float4 path */
+    check_sgd(&d, 10003, 0, 0.9f, 7100); /* ragged count: the scalar path */
+    check_sgd(&d, 9996, 1, 0.9f, 7200);  /* multiple of 4 but misaligned: must use scalar */
+    check_sgd(&d, 10000, 0, 0.f, 7300);  /* plain SGD: no momentum buffer at all (NULL) */
+    check_sgd(&d, 10003, 0, 0.f, 7400);
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- memory accounting ----------------------------------------------------------------------- */
+
+/* device.h: every allocation is accounted, rounded up to 512 bytes as PyTorch's allocator does. */
+static size_t round512(size_t b) { return (b + 511) / 512 * 512; }
+
+START_TEST(test_memory_accounted) {
+    if (!test_have_gpu("ops_cuda: memory accounting")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    size_t cur0 = d.mem_cur;
+    void *p = device_alloc(&d, 1000, "test");
+    ck_assert_uint_eq(d.mem_cur, cur0 + round512(1000));
+    ck_assert(d.mem_peak >= d.mem_cur);
+    device_free(&d, p);
+    ck_assert_uint_eq(d.mem_cur, cur0);
+
+    /* conv planning (heuristic mode) allocates only the device's shared workspace, which stays
+     * with the device after the plan is released; ops on a prepared plan allocate nothing */
+    Conv c = {0};
+    conv_shape(&c.s, 16, 32, 3, 1, 1, 12, 10);
+    conv_prepare(&d, &c, 8);
+    ck_assert_uint_eq(d.mem_cur, cur0 + (d.workspace_bytes ? round512(d.workspace_bytes) : 0));
+    size_t planned = d.mem_cur;
+    check_conv(&d, &c, 8, 8000, 1, "memory test conv");
+    ck_assert_uint_eq(d.mem_cur, planned); /* check_conv's tensors were all freed */
+    conv_release(&d, &c);
+    ck_assert_uint_eq(d.mem_cur, planned);
+    device_destroy(&d);
+}
+END_TEST
+
+Suite *suite_ops_cuda(void) {
+    Suite *s = suite_create("ops_cuda");
+    TCase *tc = tcase_create("ops_cuda");
+    /* CUDA context + cuDNN start-up take seconds per test (each runs in its own process) */
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_conv_matches_reference);
+    tcase_add_test(tc, test_conv_deterministic);
+    tcase_add_test(tc, test_conv_benchmark);
+    tcase_add_test(tc, test_bn_matches_reference);
+    tcase_add_test(tc, test_elementwise_matches_reference);
+    tcase_add_test(tc, test_avgpool_matches_reference);
+    tcase_add_test(tc, test_linear_matches_reference);
+    tcase_add_test(tc, test_xent_matches_reference);
+    tcase_add_test(tc, test_sgd_matches_reference);
+    tcase_add_test(tc, test_memory_accounted);
+    suite_add_tcase(s, tc);
+    return s;
+}
