@@ -213,8 +213,13 @@ void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, doubl
 
 /* ---- the run --------------------------------------------------------------------------------- */
 
+static void sum_over_ranks(const Run *r, double *v, int n) {
+    if (r->sum_across && r->world_size > 1) r->sum_across(r->sum_ctx, v, n);
+}
+
 static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
     const TrainConfig *c = r->cfg;
+    if (r->rank != 0) return; /* replicas are identical: one copy is enough */
     Model *m = r->model;
     CheckpointMeta meta = {0};
     snprintf(meta.arch, sizeof meta.arch, "%s", m->arch);
@@ -276,17 +281,18 @@ static void resume(Run *r) {
 }
 
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
-               int world_size, Model *m, Optimizer *opt, int64_t batches_per_epoch,
-               const char *data_desc) {
+               int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,
+               Optimizer *opt, int64_t batches_per_epoch, const char *data_desc) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg, r->stage = stage, r->devs = devs, r->n_devs = n_devs, r->world_size = world_size;
+    r->rank = rank, r->sum_across = sum_across, r->sum_ctx = sum_ctx;
     r->model = m, r->opt = opt, r->batches_per_epoch = batches_per_epoch;
     /* The schedule spans the epochs asked for; --steps only stops the run early, so a run stopped
      * at step S and resumed follows exactly the schedule of an uninterrupted run. */
     r->total_steps = (int64_t)cfg->epochs * batches_per_epoch;
     r->cap_times = 1024;
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
-    report_open(&r->report, cfg->report, cfg->progress, 1);
+    report_open(&r->report, cfg->report, cfg->progress, rank == 0);
     char desc[128];
     report_printf(&r->report, "%s | %s | %s\n", stage, devs[0]->name, model_describe(m, desc, sizeof desc));
     report_printf(&r->report,
@@ -319,7 +325,9 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
     const TrainConfig *c = r->cfg;
     if (r->step % c->log_every == 0 || run_done(r)) {
-        float loss = steplog_loss(log, slot); /* the one synchronisation, every --log-every steps */
+        double loss = steplog_loss(log, slot); /* the one synchronisation, every --log-every steps */
+        sum_over_ranks(r, &loss, 1);
+        loss /= r->world_size > 1 && r->sum_across ? r->world_size : 1;
         json_begin(&r->report, "step");
         json_int(&r->report, "step", r->step);
         json_int(&r->report, "epoch", r->epoch + 1);
@@ -336,13 +344,24 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
                     time_now() - r->epoch_t0, (float)r->last_train_loss);
 }
 
-static size_t peak_of(const Run *r, int64_t *peaks) {
-    size_t mx = 0;
-    for (int i = 0; i < r->n_devs; i++) {
-        peaks[i] = (int64_t)r->devs[i]->mem_peak;
-        if (r->devs[i]->mem_peak > mx) mx = r->devs[i]->mem_peak;
+/* Peak memory of every device of the job: this process's devices, or one per rank (stage 3).
+ * Returns how many, and the largest in *max. */
+static int peaks_of(const Run *r, int64_t *peaks, int cap, size_t *max) {
+    int n;
+    if (r->sum_across && r->world_size > 1) {
+        n = r->world_size < cap ? r->world_size : cap;
+        double v[64] = {0};
+        v[r->rank < n ? r->rank : 0] = (double)r->devs[0]->mem_peak;
+        sum_over_ranks(r, v, n);
+        for (int i = 0; i < n; i++) peaks[i] = (int64_t)v[i];
+    } else {
+        n = r->n_devs < cap ? r->n_devs : cap;
+        for (int i = 0; i < n; i++) peaks[i] = (int64_t)r->devs[i]->mem_peak;
     }
-    return mx;
+    *max = 0;
+    for (int i = 0; i < n; i++)
+        if ((size_t)peaks[i] > *max) *max = (size_t)peaks[i];
+    return n;
 }
 
 /* Median over the run's timed steps (warm-up excluded). */
@@ -354,9 +373,17 @@ static double median_ms(const Run *r) {
     return med;
 }
 
+/* End of an epoch's steps: the loss and accuracy over every rank's samples, and this process's
+ * step times (after warm-up) appended to the run's. */
 static void collect_times(Run *r, StepLog *log, double *loss, double *acc) {
     double *t = xmalloc((size_t)(log->count + 1) * sizeof(double));
+    double n = 0;
+    for (int i = 0; i < log->count; i++) n += log->n[i];
     int k = steplog_finish(log, loss, acc, t);
+    double v[3] = {*loss * n, *acc * n, n};
+    sum_over_ranks(r, v, 3);
+    *loss = v[2] > 0 ? v[0] / v[2] : NAN;
+    *acc = v[2] > 0 ? v[1] / v[2] : NAN;
     for (int i = 0; i < k; i++, r->seen_steps++) {
         if (r->seen_steps < WARMUP_STEPS) continue;
         if (r->n_times == r->cap_times) {
@@ -373,12 +400,17 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     const TrainConfig *c = r->cfg;
     double loss, acc;
     collect_times(r, log, &loss, &acc);
+    double test[2] = {test_acc, test_loss}; /* ranks evaluate equal-sized shards: plain mean */
+    sum_over_ranks(r, test, 2);
+    if (r->sum_across && r->world_size > 1) test_acc = test[0] / r->world_size, test_loss = test[1] / r->world_size;
     r->data_wait_s += data_wait_s;
     r->last_train_loss = loss, r->last_train_acc = acc, r->last_test_acc = test_acc;
     double med = median_ms(r), secs = time_now() - r->epoch_t0;
     int64_t peaks[64];
+    size_t max_peak;
+    int n_peaks = peaks_of(r, peaks, 64, &max_peak);
     char mem[32];
-    fmt_bytes(mem, sizeof mem, (double)peak_of(r, peaks));
+    fmt_bytes(mem, sizeof mem, (double)max_peak);
     report_printf(&r->report,
                   "%s %lld/%d  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
                   "%.2f ms/it  %.0f img/s  data wait %.2f s | peak mem %s | %.1f s\n",
@@ -395,7 +427,7 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     json_num(&r->report, "ms_per_iter_median", med);
     json_num(&r->report, "data_wait_s", data_wait_s);
     json_num(&r->report, "epoch_s", secs);
-    json_int_list(&r->report, "peak_mem_bytes", peaks, r->n_devs);
+    json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks);
     json_end(&r->report);
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
         r->epoch++;
@@ -413,15 +445,17 @@ void run_finish(Run *r) {
     double med = median_ms(r), wall = time_now() - r->t_start;
     double ips = med > 0 ? 1e3 * r->world_size * c->batch_size / med : 0.0;
     int64_t peaks[64];
-    peak_of(r, peaks);
+    size_t max_peak;
+    int n_peaks = peaks_of(r, peaks, 64, &max_peak);
     report_printf(&r->report, "summary: %lld steps in %.1f s | final train loss %.4f | test acc "
                               "%.2f%% | %.2f ms/it (median) | %.0f img/s | data wait %.2f s\n",
                   (long long)r->step, wall, r->last_train_loss, 100 * r->last_test_acc, med, ips,
                   r->data_wait_s);
-    for (int i = 0; i < r->n_devs; i++) {
-        char mem[32];
-        report_printf(&r->report, "  peak memory %-28s %s\n", r->devs[i]->name,
-                      fmt_bytes(mem, sizeof mem, (double)r->devs[i]->mem_peak));
+    for (int i = 0; i < n_peaks; i++) {
+        char mem[32], who[100];
+        if (r->sum_across && r->world_size > 1) snprintf(who, sizeof who, "rank %d", i);
+        else snprintf(who, sizeof who, "%s", r->devs[i]->name);
+        report_printf(&r->report, "  peak memory %-28s %s\n", who, fmt_bytes(mem, sizeof mem, (double)peaks[i]));
     }
     json_begin(&r->report, "summary");
     json_str(&r->report, "stage", r->stage);
@@ -438,7 +472,7 @@ void run_finish(Run *r) {
     json_num(&r->report, "img_per_s", ips);
     json_num(&r->report, "data_wait_s", r->data_wait_s);
     json_num(&r->report, "wall_s", wall);
-    json_int_list(&r->report, "peak_mem_bytes", peaks, r->n_devs);
+    json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks);
     json_end(&r->report);
     report_close(&r->report);
     free(r->times);

@@ -77,13 +77,20 @@ int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *time
 void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss);
 
 /* ---- the run: report, timing across epochs, checkpoints --------------------------------------- */
+/* Sums v[0..n−1] element-wise over every process of the job, in place (stage 3 all-reduces them
+ * over its communicator). NULL = a single process: nothing to do. */
+typedef void (*SumAcrossFn)(void *ctx, double *v, int n);
+
 typedef struct Run {
     const TrainConfig *cfg;
     const char *stage;     /* "stage1" … */
-    Report report;
+    Report report;         /* active on rank 0 only */
     Device **devs;         /* every device of this process, for peak memory */
     int n_devs;
     int world_size;        /* samples per step = world_size × batch_size */
+    int rank;              /* this process's rank (0 when there is one process) */
+    SumAcrossFn sum_across;
+    void *sum_ctx;
     Model *model;          /* the model that is saved (stage 2: GPU0's master) */
     Optimizer *opt;
     int64_t batches_per_epoch;
@@ -97,10 +104,14 @@ typedef struct Run {
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given
- * (restoring parameters, buffers, momentum and the position in the data). */
+ * (restoring parameters, buffers, momentum and the position in the data).
+ * Several processes (stage 3): every rank calls this with its rank and a sum_across function;
+ * only rank 0 prints, writes the report and saves checkpoints; losses, accuracies and step
+ * counts are summed over ranks (so the report shows the average), and the summary lists every
+ * rank's peak memory (each process owns one device, n_devs == 1). */
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
-               int world_size, Model *m, Optimizer *opt, int64_t batches_per_epoch,
-               const char *data_desc);
+               int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,
+               Optimizer *opt, int64_t batches_per_epoch, const char *data_desc);
 int run_done(const Run *r); /* --steps reached */
 double run_lr(const Run *r); /* learning rate for the next step */
 /* After each optimizer step: logging (every --log-every steps), progress bar. */

@@ -66,13 +66,29 @@ static const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *d
     return NULL;
 }
 
+/* A float record as doubles (float32 records are widened; the copy lives until the forked test
+ * process ends). */
 static const double *fx_f64(const Fx *fx, const char *name, int64_t expect_count) {
     int64_t n;
     int dt;
     const void *p = fx_get(fx, name, &n, &dt);
-    ck_assert_msg(dt == 1, "%s: expected float64", name);
+    ck_assert_msg(dt == 0 || dt == 1, "%s: expected a float record", name);
     if (expect_count >= 0) ck_assert_int_eq(n, expect_count);
-    return p;
+    if (dt == 1) return p;
+    double *d = malloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) d[i] = ((const float *)p)[i];
+    return d;
+}
+
+/* An integer record as int64 (int32 records are widened). */
+static const int64_t *fx_i64(const Fx *fx, const char *name, int64_t *count) {
+    int dt;
+    const void *p = fx_get(fx, name, count, &dt);
+    ck_assert_msg(dt == 2 || dt == 3, "%s: expected an integer record", name);
+    if (dt == 2) return p;
+    int64_t *d = malloc((size_t)*count * sizeof(int64_t));
+    for (int64_t i = 0; i < *count; i++) d[i] = ((const int32_t *)p)[i];
+    return d;
 }
 
 static float *to_f32(const double *x, int64_t n) {
@@ -284,11 +300,11 @@ START_TEST(randperm_matches_torch) {
     int64_t *out = malloc(50000 * sizeof(int64_t));
     for (int i = 0; i < 7; i++)
         for (int j = 0; j < 5; j++) {
+            if (ns[i] == 50000 && (j != 0 && j != 4)) continue; /* two seeds at full CIFAR size */
             char k[64];
             snprintf(k, sizeof k, "randperm_n%lld_s%llu", (long long)ns[i], (unsigned long long)seeds[j]);
             int64_t cnt;
-            int dt;
-            const int64_t *want = fx_get(&fx, k, &cnt, &dt);
+            const int64_t *want = fx_i64(&fx, k, &cnt);
             ck_assert_int_eq(cnt, ns[i]);
             randperm(ns[i], seeds[j], out);
             ck_assert_msg(!memcmp(out, want, (size_t)cnt * 8), "%s differs from torch.randperm", k);

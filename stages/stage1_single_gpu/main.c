@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
 
     Device *devs[1] = {&dev};
     Run run;
-    run_begin(&run, &cfg, "stage1", devs, 1, 1, model, &opt, batches, train_set.source);
+    run_begin(&run, &cfg, "stage1", devs, 1, 1, 0, NULL, NULL, model, &opt, batches, train_set.source);
 
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         loader_start_epoch(train_loader, run.epoch, run.start_batch, NULL, 0);
