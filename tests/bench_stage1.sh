@@ -15,19 +15,31 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1 | se
 
 python3 tests/torch/bench_pytorch.py --model resnet18 --batch 128 --steps "$STEPS" --warmup 20 \
     | tee "$OUT/pytorch.json"
-./stage1 --model resnet18 --batch-size 128 --cudnn-benchmark --pin-memory --workers 4 \
-    --steps $((STEPS + 5)) --epochs 100 --schedule const --progress off --log-every 1000 \
-    --report "$OUT/stage1.jsonl" > "$OUT/stage1.log"
-tail -n 3 "$OUT/stage1.log"
+# Stage 1 three ways: the comparison row (cuDNN benchmark, pinned memory), then what each of those
+# two choices buys.
+run_stage1() { # name, extra flags...
+    local name=$1; shift
+    ./stage1 --model resnet18 --batch-size 128 --workers 4 --steps $((STEPS + 5)) --epochs 100 \
+        --schedule const --progress off --log-every 1000 --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log"
+    tail -n 2 "$OUT/$name.log"
+}
+run_stage1 stage1 --cudnn-benchmark --pin-memory
+run_stage1 stage1_heuristic --pin-memory
+run_stage1 stage1_pageable --cudnn-benchmark
 
-python3 - "$OUT/pytorch.json" "$OUT/stage1.jsonl" <<'PY'
+python3 - "$OUT" <<'PY'
 import json, sys
-pt = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-st = [json.loads(l) for l in open(sys.argv[2]) if '"summary"' in l][-1]
-gib = lambda b: b / 2**30
+out = sys.argv[1]
+pt = json.loads(open(f"{out}/pytorch.json").read().strip().splitlines()[-1])
+def summary(name):
+    return [json.loads(l) for l in open(f"{out}/{name}.jsonl") if '"summary"' in l][-1]
+rows = [("PyTorch " + pt["torch"] + " eager", pt),
+        ("stage1 --cudnn-benchmark --pin-memory", summary("stage1")),
+        ("stage1 (heuristic algorithms)", summary("stage1_heuristic")),
+        ("stage1 (pageable host memory)", summary("stage1_pageable"))]
 print()
-print(f"{'ResNet-18, batch 128, fp32':32s} {'ms/iter':>9s} {'img/s':>9s} {'peak mem':>10s}")
-print(f"{'PyTorch ' + pt['torch'] + ' eager':32s} {pt['ms_per_iter_median']:9.2f} {pt['img_per_s']:9.0f} {gib(pt['peak_mem_bytes'][0]):8.2f} GiB")
-print(f"{'stage1':32s} {st['ms_per_iter_median']:9.2f} {st['img_per_s']:9.0f} {gib(st['peak_mem_bytes'][0]):8.2f} GiB")
-print(f"{'ratio (stage1 speed / PyTorch)':32s} {pt['ms_per_iter_median'] / st['ms_per_iter_median']:9.2f}x")
+print(f"{'ResNet-18, batch 128, fp32':40s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs PyTorch':>11s}")
+for name, r in rows:
+    print(f"{name:40s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} "
+          f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {pt['ms_per_iter_median'] / r['ms_per_iter_median']:10.2f}x")
 PY

@@ -24,35 +24,6 @@
 #include "checkpoint.h"
 #include "tests.h"
 
-/* Run fn(arg) in a child with stdout and stderr captured into *out (malloc'd); returns its exit
- * status (0 when fn returns, 128+signal when killed). */
-static int run_captured(void (*fn)(void *), void *arg, char **out) {
-    fflush(stdout);
-    fflush(stderr);
-    FILE *cap = tmpfile();
-    ck_assert_ptr_nonnull(cap);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(fileno(cap), STDOUT_FILENO);
-        dup2(fileno(cap), STDERR_FILENO);
-        fn(arg);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    fseek(cap, 0, SEEK_END);
-    long n = ftell(cap);
-    rewind(cap);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, cap);
-    buf[got] = 0;
-    fclose(cap);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 /* ----------------------------------------------------------------------------------------------
  * a small fake model, a temporary directory per test */
@@ -129,7 +100,7 @@ static void expect_load_refused(const char *path, const CheckpointMeta *expect, 
                                 const char *what) {
     LoadJob j = {path, *expect};
     char *out = NULL;
-    int st = run_captured(load_child, &j, &out);
+    int st = test_run_captured(load_child, &j, &out);
     ck_assert_msg(st == 2, "%s: load exited %d (want 2): %s", what, st, out);
     ck_assert_msg(strstr(out, path), "%s: message does not name the file: %s", what, out);
     ck_assert_msg(strstr(out, want), "%s: message lacks \"%s\": %s", what, want, out);
@@ -229,7 +200,7 @@ START_TEST(test_truncated) {
     write_bytes(cut, b, 1000);
     LoadJob j = {cut, g_meta};
     char *out = NULL;
-    ck_assert_int_eq(run_captured(load_child, &j, &out), 2);
+    ck_assert_int_eq(test_run_captured(load_child, &j, &out), 2);
     char want[64];
     snprintf(want, sizeof want, "1000 of %d bytes", FILE_BYTES);
     ck_assert_msg(strstr(out, want) && strstr(out, "earlier checkpoint"), "%s", out);
@@ -337,7 +308,7 @@ static void save_child(void *arg) {
 
 static void expect_save_fails_keeping_old(SaveJob *j, const char *what) {
     char *out = NULL;
-    int st = run_captured(save_child, j, &out);
+    int st = test_run_captured(save_child, j, &out);
     ck_assert_msg(st == 1, "%s: save exited %d (want 1, die_at): %s", what, st, out);
     ck_assert_msg(strstr(out, j->path), "%s: message does not name the path: %s", what, out);
     free(out);
@@ -366,7 +337,7 @@ START_TEST(test_failed_save_keeps_previous) {
     snprintf(nodir, sizeof nodir, "%s/no/such/dir/b.ckpt", g_dir);
     SaveJob nd = {nodir, 0};
     char *out = NULL;
-    int st = run_captured(save_child, &nd, &out);
+    int st = test_run_captured(save_child, &nd, &out);
     ck_assert_msg(st == 1 && strstr(out, nodir), "missing dir: exit %d: %s", st, out);
     free(out);
 }
@@ -399,12 +370,12 @@ START_TEST(test_checkpoint_path) {
     snprintf(file, sizeof file, "%s/afile", g_dir);
     write_bytes(file, (const unsigned char *)"x", 1);
     char *out = NULL;
-    int rc = run_captured(path_child, file, &out);
+    int rc = test_run_captured(path_child, file, &out);
     ck_assert_msg(rc == 2 && strstr(out, file) && strstr(out, "not a directory"), "exit %d: %s", rc, out);
     free(out);
     char under[190];
     snprintf(under, sizeof under, "%s/afile/sub", g_dir);
-    rc = run_captured(path_child, under, &out);
+    rc = test_run_captured(path_child, under, &out);
     ck_assert_msg(rc == 2 && strstr(out, under), "exit %d: %s", rc, out);
     free(out);
 }

@@ -19,35 +19,6 @@
 #include "rng.h"
 #include "tests.h"
 
-/* Run fn(arg) in a child with stdout and stderr captured into *out (malloc'd). Returns its exit
- * status: 0 when fn returns, 128+signal when killed. */
-static int run_captured(void (*fn)(void *), void *arg, char **out) {
-    fflush(stdout);
-    fflush(stderr);
-    FILE *cap = tmpfile();
-    ck_assert_ptr_nonnull(cap);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(fileno(cap), STDOUT_FILENO);
-        dup2(fileno(cap), STDERR_FILENO);
-        fn(arg);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    fseek(cap, 0, SEEK_END);
-    long n = ftell(cap);
-    rewind(cap);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, cap);
-    buf[got] = 0;
-    fclose(cap);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 /* ----------------------------------------------------------------------------------------------
  * parsing a command line into a TrainConfig (+ one stage-specific row, as stage 2 adds --gpus) */
@@ -88,7 +59,7 @@ static void parse_child(void *arg) {
 static void expect_refused(const char *const *args, const char *const *want) {
     ParseJob j = {args, 1, 0};
     char *out = NULL;
-    int st = run_captured(parse_child, &j, &out);
+    int st = test_run_captured(parse_child, &j, &out);
     char cmd[512] = "";
     for (int i = 0; args[i]; i++) {
         strncat(cmd, args[i], sizeof cmd - strlen(cmd) - 2);
@@ -224,7 +195,7 @@ START_TEST(test_help) {
     const char *forms[] = {"--help", "-h"};
     for (int k = 0; k < 2; k++) {
         char *out = NULL;
-        int st = run_captured(help_child, (void *)forms[k], &out);
+        int st = test_run_captured(help_child, (void *)forms[k], &out);
         ck_assert_msg(st == 0, "%s exited %d: %s", forms[k], st, out);
         ck_assert_msg(strstr(out, "stageX: a test program."), "help lacks the about text: %s", out);
         TrainConfig c;
@@ -328,12 +299,12 @@ START_TEST(test_resolve_paths) {
     const char *ok[] = {"--resume", file, "--data", dir, "--report", report_ok, "--save", dir, NULL};
     ParseJob j = {ok, 1, 0};
     char *out = NULL;
-    int st = run_captured(parse_child, &j, &out);
+    int st = test_run_captured(parse_child, &j, &out);
     ck_assert_msg(st == 0, "valid paths refused (%d): %s", st, out);
     free(out);
     const char *rel[] = {"--report", "relative.jsonl", NULL};
     j.args = rel;
-    st = run_captured(parse_child, &j, &out);
+    st = test_run_captured(parse_child, &j, &out);
     ck_assert_msg(st == 0, "a report in the current directory refused (%d): %s", st, out);
     free(out);
 
@@ -488,7 +459,7 @@ static void progress_child(void *arg) {
 
 START_TEST(test_progress_bar) {
     char *out = NULL;
-    int st = run_captured(progress_child, NULL, &out);
+    int st = test_run_captured(progress_child, NULL, &out);
     ck_assert_int_eq(st, 0);
     const char *bar = strstr(out, "epoch 2/5 [");
     ck_assert_msg(bar, "no bar drawn: %s", out);
@@ -509,7 +480,7 @@ static void report_open_child(void *arg) {
 
 START_TEST(test_report_open_fails) {
     char *out = NULL;
-    int st = run_captured(report_open_child, "/nonexistent-dir-xyz/r.jsonl", &out);
+    int st = test_run_captured(report_open_child, "/nonexistent-dir-xyz/r.jsonl", &out);
     ck_assert_int_eq(st, 2);
     ck_assert_msg(strstr(out, "/nonexistent-dir-xyz/r.jsonl"), "message does not name the path: %s", out);
     free(out);

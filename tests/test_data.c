@@ -183,32 +183,29 @@ START_TEST(cifar_reads_valid_files) {
 }
 END_TEST
 
+typedef struct CifarCall {
+    const char *dir;
+    int train;
+    int64_t limit;
+} CifarCall;
+
+static void call_cifar10(void *arg) {
+    CifarCall *c = arg;
+    Dataset ds;
+    dataset_cifar10(&ds, c->dir, c->train, c->limit);
+}
+
 /* Run dataset_cifar10 in a child process; it must exit with 2 and say something naming `needle`. */
 static void expect_user_error(const char *dir, int train, int64_t limit, const char *needle, const char *also) {
-    char errpath[] = "/tmp/test_cifar_err_XXXXXX";
-    int fd = mkstemp(errpath);
-    ck_assert_int_ge(fd, 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(fd, 2);
-        Dataset ds;
-        dataset_cifar10(&ds, dir, train, limit);
-        _exit(0); /* no error: the parent reports it */
-    }
-    int status = 0;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    char msg[2048] = {0};
-    ssize_t got = pread(fd, msg, sizeof msg - 1, 0);
-    close(fd);
-    unlink(errpath);
-    ck_assert_msg(got > 0, "no message on stderr (needle '%s')", needle);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "exit status %d, message: %s", status, msg);
+    CifarCall call = {dir, train, limit};
+    char *msg;
+    int status = test_run_captured(call_cifar10, &call, &msg);
+    ck_assert_msg(msg[0], "no message (needle '%s')", needle);
+    ck_assert_msg(status == 2, "exit status %d, message: %s", status, msg);
     ck_assert_msg(strstr(msg, needle), "message does not name '%s': %s", needle, msg);
     if (also) ck_assert_msg(strstr(msg, also), "message lacks '%s': %s", also, msg);
     ck_assert_msg(!strncmp(msg, "error: ", 7), "not a user error: %s", msg);
+    free(msg);
 }
 
 START_TEST(cifar_missing_directory_or_file) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "device.h"
 #include "rng.h"
@@ -69,5 +70,35 @@ int test_run(const char *cmd, char **output) {
     int st = pclose(p);
     if (output) *output = buf;
     else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Run fn(arg) in a child with stdout and stderr captured into *out (malloc'd). Returns its exit
+ * status: 0 when fn returns, 128+signal when killed. */
+int test_run_captured(void (*fn)(void *), void *arg, char **out) {
+    fflush(stdout);
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    ck_assert_ptr_nonnull(cap);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fileno(cap), STDOUT_FILENO);
+        dup2(fileno(cap), STDERR_FILENO);
+        fn(arg);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    fseek(cap, 0, SEEK_END);
+    long n = ftell(cap);
+    rewind(cap);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, cap);
+    buf[got] = 0;
+    fclose(cap);
+    *out = buf;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

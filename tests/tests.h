@@ -31,6 +31,9 @@ double test_rel_err(const float *a, const float *b, int64_t n);
 int test_have_gpu(const char *what);
 /* Path of the repository root (where ./stage1 lives), from the runner's argv[0] or "." */
 const char *test_root(void);
+/* Run fn(arg) in a forked child with stdout+stderr captured into *out (malloc'd); returns its exit
+ * status (0 when fn returns, 128+signal when killed). For code that must exit(2) on bad input. */
+int test_run_captured(void (*fn)(void *), void *arg, char **out);
 /* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
 int test_run(const char *cmd, char **output);
 
