@@ -330,7 +330,7 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"norm", OPT_CHOICE, &c->norm, 0, 0, "bn|none",
          "normalization after each conv: bn = nn.BatchNorm2d, none = nn.Identity"},
         {"epochs", OPT_INT, &c->epochs, 1, 100000, NULL,
-         "passes over the training set; auto: 5 on CUDA, 1 on CPU"},
+         "passes over the training set; auto: 5 on CUDA, 4 on CPU"},
         {"steps", OPT_INT64, &c->steps, 0, 1e12, NULL,
          "stop after this many optimizer steps (0 = no limit: run all epochs)"},
         {"batch-size", OPT_INT, &c->batch_size, 1, 65536, NULL,

@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
-# gpu_session.sh — everything the GPU machine is needed for, in one go (logs under $OUT or runs/gpu):
-#   1. PyTorch fixtures (tests/torch/make_fixtures.py) — copied into tests/fixtures for the tests
-#   2. the whole test suite with the GPU visible (CUDA ops vs CPU, CUDA model vs CPU model, …)
-#   3. the default ./stage1 run, timed
-#   4. the stage 1 vs PyTorch benchmark (tests/bench_stage1.sh)
-# Expects ./stage1 and tests/run_tests already built (or builds them with make).
+# gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
+#
+#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), stage2, stage3
+#
+#   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
+#           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
+#   stage2: tests/bench_stage2.sh (DataParallel vs one GPU vs PyTorch nn.DataParallel)
+#   stage3: tests/bench_stage3.sh (DDP vs one GPU vs PyTorch DDP)
+#
+# Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
+# Expects the binaries built (make all tests/run_tests), or builds them.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-runs/gpu}
-mkdir -p "$OUT"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
 export NCCL_NVLS_ENABLE=0
 log() { echo "=== $* ($(date +%T))"; }
+[ $# -gt 0 ] || set -- stage1
 {
   log "gpu"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  log "fixtures"
-  PYTHONUNBUFFERED=1 python3 tests/torch/make_fixtures.py "$OUT/fixtures" && cp "$OUT"/fixtures/*.bin tests/fixtures/
-  tar -C "$OUT" -cf "$OUT/fixtures.tar" fixtures && rm -rf "$OUT/fixtures"
-  if [ ! -x ./stage1 ] || [ ! -x tests/run_tests ]; then make stage1 tests/run_tests; fi
-  log "tests"; ./tests/run_tests; echo "run_tests exit $?"
-  log "stage1 default run"; TIMEFORMAT='stage1 default run: wall %R s'
-  time ./stage1 --progress off --report "$OUT/stage1_default.jsonl"
-  log "bench"; BENCH_OUT="$OUT" bash tests/bench_stage1.sh
+  if [ ! -x ./stage1 ] || [ ! -x tests/run_tests ]; then make all tests/run_tests; fi
+  for part in "$@"; do
+    case $part in
+      stage1)
+        log "fixtures"
+        mkdir -p tests/fixtures
+        PYTHONUNBUFFERED=1 python3 tests/torch/make_fixtures.py "$LOGS/fixtures" && cp "$LOGS"/fixtures/*.bin tests/fixtures/
+        log "tests"; ./tests/run_tests; echo "run_tests exit $?"
+        log "stage1 default run"; TIMEFORMAT='stage1 default run: wall %R s'
+        time ./stage1 --progress off --report "$LOGS/stage1_default.jsonl"
+        log "bench stage1"; BENCH_OUT="$LOGS/bench1" bash tests/bench_stage1.sh ;;
+      stage2) log "bench stage2"; BENCH_OUT="$LOGS/bench2" bash tests/bench_stage2.sh ;;
+      stage3) log "bench stage3"; BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh ;;
+      *) echo "unknown part '$part' (stage1, stage2, stage3)"; exit 2 ;;
+    esac
+  done
   log "done"
 } 2>&1 | tee "$OUT/session.log"
+tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$LOGS"

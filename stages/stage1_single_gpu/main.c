@@ -21,8 +21,7 @@
 #include "trainer.h"
 
 static const char *ABOUT =
-    "stage1: single-device training of ResNet-18 (CIFAR layout) on synthetic data or CIFAR-10.\n"
-    "usage: ./stage1 [options]";
+    "stage1: single-device training of ResNet-18 (CIFAR layout) on synthetic data or CIFAR-10.";
 
 int main(int argc, char **argv) {
     TrainConfig cfg;
