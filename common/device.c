@@ -296,3 +296,40 @@ void device_sync(Device *d) {
     }
 #endif
 }
+
+/* ---- copies between logical devices ---------------------------------------------------------- */
+
+void device_copy_peer(Device *on, void *dst, const Device *dst_dev, const void *src,
+                      const Device *src_dev, size_t bytes) {
+    ASSERT(on == dst_dev || on == src_dev);
+    ASSERT(dst_dev->kind == src_dev->kind);
+    if (bytes == 0) return;
+    if (on->kind == DEV_CPU) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+#ifdef USE_CUDA
+    device_bind(on); /* the stream belongs to `on`'s GPU */
+    CHECK_CUDA(cudaMemcpyPeerAsync(dst, dst_dev->ordinal, src, src_dev->ordinal, bytes, on->stream));
+#endif
+}
+
+int device_enable_peer(Device *a, Device *b) {
+    if (a->kind == DEV_CPU || a->ordinal == b->ordinal) return 1;
+#ifdef USE_CUDA
+    int ab = 0, ba = 0;
+    CHECK_CUDA(cudaDeviceCanAccessPeer(&ab, a->ordinal, b->ordinal));
+    CHECK_CUDA(cudaDeviceCanAccessPeer(&ba, b->ordinal, a->ordinal));
+    if (!ab || !ba) return 0;
+    Device *from[2] = {a, b}, *to[2] = {b, a};
+    for (int i = 0; i < 2; i++) {
+        device_bind(from[i]);
+        cudaError_t e = cudaDeviceEnablePeerAccess(to[i]->ordinal, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError(); /* enabled by an earlier pair */
+        else CHECK_CUDA(e);
+    }
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -111,4 +111,17 @@ const char *cuda_hint(cudaError_t e);
 const char *cudnn_hint(cudnnStatus_t s);
 #endif
 
+/* ---- copies between logical devices (stage 2's scatter, broadcast, gather, reduce) ------------- */
+/* Copy `bytes` from src (memory of src_dev) to dst (memory of dst_dev), ordered on the compute
+ * stream of `on`, which must be src_dev or dst_dev; the caller orders the other device's stream
+ * with events. CPU: memcpy. CUDA: cudaMemcpyPeerAsync — direct over NVLink/PCIe when peer access is
+ * on (device_enable_peer), staged through host memory by the driver when it is not, and a plain
+ * device-to-device copy when both logical devices share one GPU. */
+void device_copy_peer(Device *on, void *dst, const Device *dst_dev, const void *src,
+                      const Device *src_dev, size_t bytes);
+/* Turn on peer access between the GPUs of two logical devices, both ways. Returns 1 when copies
+ * between them are direct (peer access on, or the same GPU, or CPU), 0 when the GPUs cannot reach
+ * each other directly (copies then go through host memory). */
+int device_enable_peer(Device *a, Device *b);
+
 #endif

@@ -42,19 +42,36 @@
 /* Per-thread grow-only scratch (im2col columns and GEMM packing), so the step never mallocs once
  * warmed up, and stage 2's threads — each driving its own replica — never share a buffer. */
 enum { REF_SCRATCH_COL, REF_SCRATCH_PACK_A, REF_SCRATCH_PACK_B, REF_SCRATCH_COUNT };
+#include <pthread.h>
 #endif /* OPS_REF_IMPL_ONCE */
 
 #define REF_NR ((int)(32 / sizeof(T))) /* 8 floats or 4 doubles: two 16-byte vectors */
 
 /* ---- scratch ----------------------------------------------------------------------------------- */
 
-/* Freed never: each thread keeps its high-water mark for its lifetime (the trainer's threads live
- * for the whole run). Contents are not preserved when a slot grows. */
+/* Each thread keeps its high-water mark for its lifetime, and the buffers are freed when the thread
+ * exits (a pthread key's destructor), because stage 2 creates new threads every step, as PyTorch's
+ * DataParallel does. Contents are not preserved when a slot grows. */
 static _Thread_local T *REF_FN(scratch_buf)[REF_SCRATCH_COUNT];
 static _Thread_local size_t REF_FN(scratch_cap)[REF_SCRATCH_COUNT];
+static pthread_key_t REF_FN(scratch_key);
+static pthread_once_t REF_FN(scratch_once) = PTHREAD_ONCE_INIT;
+
+/* Runs at thread exit with the thread's buffer array (its TLS is still valid then). */
+static void REF_FN(scratch_release)(void *bufs) {
+    T **b = bufs;
+    for (int i = 0; i < REF_SCRATCH_COUNT; i++) free(b[i]), b[i] = NULL, REF_FN(scratch_cap)[i] = 0;
+}
+static void REF_FN(scratch_key_create)(void) {
+    if (pthread_key_create(&REF_FN(scratch_key), REF_FN(scratch_release)) != 0)
+        die_at(__FILE__, __LINE__, "pthread_key_create", "no thread-specific key left", NULL);
+}
 
 static T *REF_FN(scratch)(int slot, size_t count) {
     if (count > REF_FN(scratch_cap)[slot]) {
+        pthread_once(&REF_FN(scratch_once), REF_FN(scratch_key_create));
+        /* a non-NULL value arms the destructor for this thread */
+        pthread_setspecific(REF_FN(scratch_key), REF_FN(scratch_buf));
         free(REF_FN(scratch_buf)[slot]);
         size_t bytes = (count * sizeof(T) + 63) & ~(size_t)63; /* aligned_alloc wants a multiple */
         REF_FN(scratch_buf)[slot] = aligned_alloc(64, bytes);

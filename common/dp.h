@@ -1,0 +1,182 @@
+/* dp.h — torch.nn.DataParallel: scatter, replicate, parallel_apply, gather, reduce-add (stage 2).
+ *
+ * One process drives N logical devices (GPUs, or virtual CPU devices on the CPU backend). Each
+ * training step does what DataParallel does inside `loss = F.cross_entropy(model(x), y);
+ * loss.backward()` (../shared/SEMANTICS.md):
+ *   dp_scatter      the whole batch sits on device 0; chunks of ceil(B/N) (the last takes the rest,
+ *                   so there may be fewer chunks than devices) are copied to the other devices;
+ *   dp_replicate    device 0's parameters and buffers are broadcast to the other devices, in ~10 MiB
+ *                   groups, every step (device 0's replica *is* the master: no copy);
+ *   dp_parallel_apply  a new host thread per replica (--dp-thread-pool: persistent threads), each
+ *                   running its replica's forward on its own device and stream, holding the GIL for
+ *                   each op's Python and releasing it for the launch;
+ *   dp_gather       the logits are concatenated on device 0, where the caller computes the loss;
+ *   dp_backward     the logits' gradient is scattered back and every replica's backward runs in a
+ *                   persistent per-device thread without the GIL (PyTorch's autograd device threads);
+ *   dp_reduce_add   every replica's gradients are summed into device 0's (the master's), ~10 MiB at a
+ *                   time; the optimizer then steps on device 0 only.
+ * Batch norm: each replica normalises with its own chunk's statistics; only replica 0's running
+ * statistics persist (they are the master's buffers; the others are overwritten by the next
+ * broadcast).
+ *
+ * Python is modelled, not run: the host-side interpreter time PyTorch spends in each forward op and
+ * in DataParallel's own functions is charged as time spent holding the GIL (common/gil.h), with
+ * constants measured by tests/torch/calibrate_dp.py. Everything else — copies, kernels, waits — is
+ * real and measured. Every phase is timed (CUDA events on device 0's stream, or wall-clock on the
+ * CPU backend) and reported next to the modelled Python it contains (dp_report). */
+#ifndef DP_H
+#define DP_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "gil.h"
+#include "model.h"
+#include "trainer.h"
+
+/* The phases of a step, in order; each ends where the next begins, so they add up to the step.
+ * DP_INPUT is the time between the previous step's end and this step's scatter: waiting for the
+ * batch on device 0 and zero_grad. */
+typedef enum {
+    DP_INPUT, DP_SCATTER, DP_REPLICATE, DP_FORWARD, DP_GATHER, DP_LOSS, DP_BACKWARD, DP_REDUCE,
+    DP_OPTIMIZER, DP_PHASES
+} DpPhase;
+extern const char *const dp_phase_name[DP_PHASES];
+
+#define DP_MAX_DEVICES 64
+#define DP_BUCKET_BYTES ((size_t)10 << 20) /* broadcast_coalesced / reduce_add_coalesced buffer_size */
+
+typedef struct DpConfig {
+    int p2p;           /* 1: direct device-to-device copies; 0: staged through host memory (--p2p off) */
+    int thread_pool;   /* 1: persistent forward threads instead of new ones every step */
+    double switch_ms;  /* the GIL's switch interval (sys.getswitchinterval) */
+    double op_us;      /* interpreter time per forward op, in each replica's thread */
+    /* the Python of DataParallel itself (main thread, and each new thread's start-up) */
+    double call_us;    /* per call of scatter, replicate, parallel_apply, gather, and their backward */
+    double module_us;  /* replicate: per module, per replica (shallow copy, re-binding children) */
+    double param_us;   /* replicate and reduce-add: per tensor, per replica */
+    double thread_us;  /* parallel_apply: per thread (Python thread start-up, _worker's contexts) */
+    double host_us;    /* < 0: the sum of the above; ≥ 0: scale them so one step's total is this */
+} DpConfig;
+
+/* The provisional defaults (see stages/stage2_data_parallel/README.md for where they come from). */
+DpConfig dp_config_defaults(void);
+
+/* Persistent worker threads, one per replica: the main thread wakes those of replicas 0..k−1 for
+ * one piece of work each (a forward, or a backward) and waits until all are done. */
+typedef struct DpCrew {
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;      /* bumped for every run */
+    int k, pending, quit;
+} DpCrew;
+
+typedef struct DataParallel DataParallel;
+
+/* A CUDA event (cross-device ordering, phase marks); an unused placeholder without CUDA. */
+#ifdef USE_CUDA
+typedef cudaEvent_t DpEvent;
+#else
+typedef void *DpEvent;
+#endif
+
+typedef struct Replica {
+    DataParallel *dp;
+    int index;
+    Device *dev;
+    Model *model;
+    float *x;           /* this step's input chunk (device 0: a view of the whole batch) */
+    float *x_buf;       /* devices ≥ 1: where the scatter puts the chunk */
+    int n, offset;      /* chunk size and offset in the batch, this step */
+    GilThread gil;      /* its forward thread's GIL statistics (the thread is new every step) */
+    double fwd_wait_s;  /* GIL wait during this step's forward */
+    double fwd_py_s;    /* interpreter time charged during this step's forward */
+    pthread_t fwd_thread, pool_thread, bwd_thread;
+    DpEvent fwd_done, bwd_done;             /* on its stream: forward / backward issued so far */
+    DpEvent staged_d2h[2], staged_h2d[2];   /* --p2p off: staging-buffer hand-offs */
+} Replica;
+
+struct DataParallel {
+    int n;              /* logical devices */
+    int k;              /* replicas taking part this step (= number of chunks) */
+    int batch;          /* this step's global batch */
+    int max_batch;      /* global batch the buffers are sized for */
+    Device **devs;
+    Replica rep[DP_MAX_DEVICES];
+    Model *master;      /* replica 0's model: saved, evaluated, stepped by the optimizer */
+    DpConfig cfg;
+    int python;         /* any modelled Python at all (else the GIL is never taken) */
+    double host_scale;  /* from --gil-host-us: multiplies DataParallel's own Python costs */
+    int n_modules, n_tensors; /* what replicate copies, counted as PyTorch's twin model has them */
+    int direct;         /* every pair of devices copies directly (peer access or the same GPU) */
+    Gil gil;
+    GilThread main;     /* the main thread's GIL statistics */
+    /* on device 0 */
+    float *logits, *dlogits;     /* the gathered [batch][classes] and its gradient (the loss's) */
+    float *landing;              /* one reduce bucket arriving from another device */
+    size_t landing_floats;
+    /* --p2p off: two host staging buffers (pinned on CUDA), used in turn */
+    void *staging[2];
+    int stage_next;
+    Replica *stage_last[2];      /* whose staged_h2d[b] last read buffer b (NULL: none) */
+    /* worker threads */
+    DpCrew bwd_crew, pool_crew;
+    pthread_mutex_t start_mu;    /* Thread.start() waits until the new thread has bootstrapped */
+    pthread_cond_t start_cv;
+    int started;
+    /* phase timing, this epoch: mark 0 = the step's start, mark p ≥ 1 = the end of phase p */
+    int cap, step;
+    int64_t steps_seen;          /* steps of earlier epochs (for the warm-up) */
+    double (*t_mark)[DP_PHASES]; /* CPU: wall-clock marks */
+    double (*py_ms)[DP_PHASES];  /* modelled Python charged in each phase (ms), per step */
+    double *wait_ms;             /* mean GIL wait of the replica threads in forward (ms), per step */
+    double cur_py_s[DP_PHASES];  /* this step's, being accumulated */
+    DpEvent (*ev)[DP_PHASES];    /* CUDA: marks as events on device 0's compute stream */
+    DpEvent replicated, dlogits_ready; /* device 0: parameters broadcast / logits' gradient scattered */
+    /* timed steps of the whole run (after the warm-up), for the medians */
+    double *ph_ms[DP_PHASES], *ph_py_ms[DP_PHASES], *step_ms, *step_wait_ms;
+    int n_samples, cap_samples;
+};
+
+/* PyTorch's chunk rule: sizes of the chunks a batch of `batch` splits into over n devices
+ * (chunk = ceil(batch / n), the last takes the rest). Returns the number of chunks (≤ n). */
+int dp_chunks(int batch, int n, int *sizes);
+
+/* n logical devices of `kind`, with opts' deterministic / benchmark / allow_tf32. CUDA: device i is
+ * GPU i % (visible GPUs), with a one-line notice when GPUs are shared. n outside [1, 64] is a user
+ * error naming --gpus. */
+Device **dp_devices_create(int n, DeviceKind kind, const Device *opts);
+void dp_devices_destroy(Device **devs, int n);
+
+/* models[i] lives on devs[i] (created with max_batch ≥ the largest chunk); models[0] is the master.
+ * max_batch: the global batch; steps_cap: most steps in one epoch (phase timing slots). */
+void dp_init(DataParallel *dp, Device **devs, int n, Model **models, int max_batch, int steps_cap,
+             const DpConfig *cfg);
+void dp_destroy(DataParallel *dp);
+/* Plan every replica's convolutions for the chunks a global batch of `batch` makes. */
+void dp_prepare(DataParallel *dp, int batch);
+/* What this DataParallel is: devices, copies, threads, and the modelled Python and its cost. */
+void dp_describe(const DataParallel *dp, Report *r);
+
+/* The step, in order (see the top of this file). x is the whole batch on device 0. */
+void dp_scatter(DataParallel *dp, const float *x, int batch);
+void dp_replicate(DataParallel *dp);
+void dp_parallel_apply(DataParallel *dp);
+void dp_gather(DataParallel *dp);          /* → dp->logits on device 0 */
+void dp_backward(DataParallel *dp);        /* from dp->dlogits on device 0 */
+void dp_reduce_add(DataParallel *dp);      /* → master->grad_flat */
+/* End of a phase the caller ran itself (DP_LOSS, DP_OPTIMIZER). */
+void dp_mark(DataParallel *dp, DpPhase phase);
+
+/* End of an epoch's steps: read this epoch's phase times (synchronises device 0 once). */
+void dp_epoch_end(DataParallel *dp);
+/* Phase breakdown (median ms per step), modelled Python per phase, GIL statistics — on the console
+ * and as JSON records "phases", "gil" and "gil_thread". Call before run_finish. */
+void dp_report(DataParallel *dp, Run *run);
+
+/* Modelled Python (µs) in one step of a global batch `batch`: DataParallel's own (main thread and
+ * thread start-ups) in *host_us, the forward ops' over all replicas in *ops_us; returns the sum. */
+double dp_python_us(const DataParallel *dp, int batch, double *host_us, double *ops_us);
+
+#endif

@@ -1,0 +1,457 @@
+/* test_dp.c — DataParallel (common/dp.h, ./stage2): PyTorch's chunk rule, what replicate copies,
+ * DP ≡ one device, batch norm's running statistics, device 0's extra memory, and ./stage2 end to
+ * end on the CPU backend (and on CUDA logical devices when a GPU is visible). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "dp.h"
+#include "model.h"
+#include "ops.h"
+#include "optim.h"
+#include "tests.h"
+
+/* ---- the chunk rule ------------------------------------------------------------------------- */
+
+START_TEST(scatter_chunks_follow_torch_chunk) {
+    struct { int b, n, k, sizes[4]; } cases[] = {
+        {10, 4, 4, {3, 3, 3, 1}}, /* ceil(10/4) = 3; the last takes the rest */
+        {6, 4, 3, {2, 2, 2}},     /* fewer chunks than devices: device 3 idles */
+        {3, 4, 3, {1, 1, 1}},
+        {8, 2, 2, {4, 4}},
+        {1, 4, 1, {1}},
+        {7, 1, 1, {7}},
+        {9, 3, 3, {3, 3, 3}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int sizes[DP_MAX_DEVICES];
+        int k = dp_chunks(cases[c].b, cases[c].n, sizes);
+        ck_assert_msg(k == cases[c].k, "(%d, %d): %d chunks, expected %d", cases[c].b, cases[c].n, k, cases[c].k);
+        for (int i = 0; i < k; i++) ck_assert_int_eq(sizes[i], cases[c].sizes[i]);
+    }
+}
+END_TEST
+
+/* ---- one DataParallel step, and one stage-1 step, as the tests need them ------------------- */
+
+typedef struct StepOut {
+    float loss;
+    float *params, *grads, *buffers; /* the master's after the step (host copies, malloc'd) */
+    float *replica1_buffers;         /* replica 1's BN statistics after the step (n ≥ 2) */
+    size_t peak[DP_MAX_DEVICES];
+    int64_t np, nb;
+} StepOut;
+
+static void step_out_free(StepOut *o) {
+    free(o->params), free(o->grads), free(o->buffers), free(o->replica1_buffers);
+}
+
+/* A fixed batch: images in [-2, 2), labels cycling through the classes. */
+static void make_batch(int n, float *x, int32_t *y) {
+    test_fill_uniform(x, (int64_t)n * IMG_PIXELS, 42, -2, 2);
+    for (int i = 0; i < n; i++) y[i] = (i * 3 + 1) % NUM_CLASSES;
+}
+
+static float *to_host(Device *d, const void *src, size_t bytes) {
+    float *h = malloc(bytes ? bytes : 4);
+    if (bytes) device_copy_d2h(d, h, src, bytes);
+    return h;
+}
+
+static Device opts_for(DeviceKind kind) {
+    /* CUDA: plain fp32 and deterministic algorithms, so only summation order differs */
+    return (Device){.deterministic = kind == DEV_CUDA, .allow_tf32 = 0};
+}
+
+/* One SGD step (lr 0.1, momentum 0.9, wd 5e-4) of `arch` through DataParallel on n logical devices
+ * with global batch `batch`, the loss's scale 1/batch. */
+static void dp_one_step(DeviceKind kind, int n, int batch, const char *arch, int bn, const DpConfig *cfg,
+                        StepOut *out) {
+    Device opts = opts_for(kind);
+    Device **devs = dp_devices_create(n, kind, &opts);
+    Device *d0 = devs[0];
+    int chunk = (batch + n - 1) / n;
+    Model *models[DP_MAX_DEVICES];
+    for (int i = 0; i < n; i++) models[i] = model_create(devs[i], arch, bn, chunk, 7);
+    Model *m = models[0];
+    Optimizer opt;
+    optim_init(&opt, d0, m->n_param_floats, 0.1, 0.9, 5e-4);
+    DataParallel dp;
+    dp_init(&dp, devs, n, models, batch, 4, cfg);
+    dp_prepare(&dp, batch);
+    float *xh = malloc((size_t)batch * IMG_PIXELS * sizeof(float));
+    int32_t *yh = malloc((size_t)batch * sizeof(int32_t));
+    make_batch(batch, xh, yh);
+    float *x = xh, *loss = &out->loss;
+    int32_t *y = yh, correct_h, *correct = &correct_h;
+    if (kind == DEV_CUDA) {
+        x = device_alloc(d0, (size_t)batch * IMG_PIXELS * sizeof(float), "x");
+        y = device_alloc(d0, (size_t)batch * sizeof(int32_t), "y");
+        loss = device_alloc(d0, sizeof(float), "loss");
+        correct = device_alloc(d0, sizeof(int32_t), "correct");
+        device_copy_h2d(d0, x, xh, (size_t)batch * IMG_PIXELS * sizeof(float));
+        device_copy_h2d(d0, y, yh, (size_t)batch * sizeof(int32_t));
+    }
+    model_zero_grad(m);
+    dp_scatter(&dp, x, batch);
+    dp_replicate(&dp);
+    dp_parallel_apply(&dp);
+    dp_gather(&dp);
+    xent_forward_backward(d0, batch, m->classes, dp.logits, y, 1.0f / (float)batch, loss, correct, dp.dlogits);
+    dp_mark(&dp, DP_LOSS);
+    dp_backward(&dp);
+    dp_reduce_add(&dp);
+    /* the summed gradient, before the optimizer reads it */
+    out->np = m->n_param_floats, out->nb = m->n_buffer_floats;
+    out->grads = to_host(d0, m->grad_flat, (size_t)out->np * sizeof(float));
+    optim_step(&opt, m->param_flat, m->grad_flat, 0.1);
+    dp_mark(&dp, DP_OPTIMIZER);
+    dp_epoch_end(&dp);
+    out->params = to_host(d0, m->param_flat, (size_t)out->np * sizeof(float));
+    out->buffers = to_host(d0, m->buffer_flat, (size_t)out->nb * sizeof(float));
+    out->replica1_buffers = n > 1 ? to_host(devs[1], models[1]->buffer_flat, (size_t)out->nb * sizeof(float)) : NULL;
+    if (kind == DEV_CUDA) {
+        device_copy_d2h(d0, &out->loss, loss, sizeof(float));
+        device_free(d0, x), device_free(d0, y), device_free(d0, loss), device_free(d0, correct);
+    }
+    for (int i = 0; i < n; i++) out->peak[i] = devs[i]->mem_peak;
+    dp_destroy(&dp);
+    optim_destroy(&opt);
+    for (int i = 0; i < n; i++) model_destroy(models[i]);
+    dp_devices_destroy(devs, n);
+    free(xh), free(yh);
+}
+
+/* The same step as stage 1 takes it: one device, the whole batch. */
+static void ref_one_step(DeviceKind kind, int batch, const char *arch, int bn, StepOut *out) {
+    DpConfig none = dp_config_defaults();
+    none.op_us = 0, none.host_us = 0;
+    dp_one_step(kind, 1, batch, arch, bn, &none, out); /* one device: DataParallel calls the module */
+}
+
+/* The one-device path is stage 1's loop exactly; check that once against model_forward directly. */
+START_TEST(dp_on_one_device_is_stage1) {
+    StepOut a;
+    ref_one_step(DEV_CPU, 6, "tiny", 1, &a);
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    Model *m = model_create(&d, "tiny", 1, 6, 7);
+    Optimizer opt;
+    optim_init(&opt, &d, m->n_param_floats, 0.1, 0.9, 5e-4);
+    float *x = malloc(6 * IMG_PIXELS * sizeof(float)), loss;
+    int32_t y[6], correct;
+    make_batch(6, x, y);
+    model_zero_grad(m);
+    model_forward(m, 6, x, 1);
+    xent_forward_backward(&d, 6, 10, model_logits(m), y, 1.0f / 6, &loss, &correct, model_dlogits(m));
+    model_backward(m, 6, NULL, NULL);
+    optim_step(&opt, m->param_flat, m->grad_flat, 0.1);
+    ck_assert(loss == a.loss);
+    ck_assert(!memcmp(m->param_flat, a.params, (size_t)a.np * sizeof(float)));
+    ck_assert(!memcmp(m->buffer_flat, a.buffers, (size_t)a.nb * sizeof(float)));
+    free(x);
+    optim_destroy(&opt);
+    model_destroy(m);
+    device_destroy(&d);
+    step_out_free(&a);
+}
+END_TEST
+
+/* DP on n devices with global batch B ≡ one device with batch B (--norm none, so the chunks do not
+ * see different batch statistics). The CPU backend computes logits per sample, so the loss is the
+ * same bit for bit; the parameter gradients are the same per-sample terms summed in a different
+ * order — (Σ chunk 0) + (Σ chunk 1) + … against one running sum — so they agree to float32
+ * rounding: each of the ≤ 8 additions may round differently by half an ulp (ε = 1.2e-7) of a
+ * partial sum no larger than max |g|·(a few), so 1e-6 of max |g| bounds it (we see ~5e-8). The
+ * first SGD step moves p by lr·(g + wd·p), so parameters agree to lr·1e-6·max|g| plus one rounding
+ * of p itself (|p| < 1: 1e-7). */
+static void check_dp_equals_one_device(DeviceKind kind, int n, int batch, double grad_tol, double loss_tol) {
+    DpConfig cfg = dp_config_defaults();
+    cfg.switch_ms = 0.1; /* short, so the modelled GIL actually switches during the test */
+    StepOut a, b;
+    dp_one_step(kind, n, batch, "tiny", 0, &cfg, &a);
+    ref_one_step(kind, batch, "tiny", 0, &b);
+    ck_assert_msg(fabsf(a.loss - b.loss) <= loss_tol * fabsf(b.loss), "n=%d: loss %.9g vs %.9g", n, a.loss, b.loss);
+    ck_assert(a.np == b.np && a.np > 0);
+    double gerr = test_rel_err(a.grads, b.grads, a.np);
+    ck_assert_msg(gerr <= grad_tol, "n=%d batch=%d: gradients differ by %.3g of max|g|", n, batch, gerr);
+    double gmax = 0, pdiff = 0;
+    for (int64_t i = 0; i < a.np; i++) {
+        gmax = fmax(gmax, fabs(b.grads[i]));
+        pdiff = fmax(pdiff, fabs((double)a.params[i] - b.params[i]));
+    }
+    ck_assert_msg(pdiff <= 0.1 * grad_tol * gmax + 1e-7, "n=%d: parameters differ by %.3g (max|g| %.3g)", n, pdiff, gmax);
+    step_out_free(&a), step_out_free(&b);
+}
+
+START_TEST(dp_equals_one_device_cpu) {
+    check_dp_equals_one_device(DEV_CPU, 2, 8, 1e-6, 0); /* chunks 4, 4 */
+    check_dp_equals_one_device(DEV_CPU, 3, 8, 1e-6, 0); /* chunks 3, 3, 2 */
+    check_dp_equals_one_device(DEV_CPU, 4, 6, 1e-6, 0); /* chunks 2, 2, 2: device 3 idles */
+}
+END_TEST
+
+/* On CUDA, cuDNN may pick different algorithms for a chunk than for the whole batch, and the loss
+ * kernel reduces in another order, so besides the summation order the convolutions themselves round
+ * differently (fp32, TF32 off, deterministic algorithms): 1e-4 of max |g|, as the CUDA-vs-CPU model
+ * test allows, and 1e-5 on the loss. */
+START_TEST(dp_equals_one_device_cuda) {
+    if (!test_have_gpu("dp: DP ≡ one device on CUDA logical devices")) return;
+    check_dp_equals_one_device(DEV_CUDA, 2, 16, 1e-4, 1e-5);
+    check_dp_equals_one_device(DEV_CUDA, 3, 16, 1e-4, 1e-5);
+}
+END_TEST
+
+/* Every way of moving data and running threads gives the same numbers, bit for bit. */
+START_TEST(dp_variants_are_bit_identical) {
+    DpConfig base = dp_config_defaults();
+    StepOut ref;
+    dp_one_step(DEV_CPU, 3, 7, "tiny", 1, &base, &ref);
+    DpConfig v[3] = {base, base, base};
+    v[0].thread_pool = 1;
+    v[1].p2p = 0;
+    v[2].op_us = 0, v[2].host_us = 0;
+    for (int i = 0; i < 3; i++) {
+        StepOut o;
+        dp_one_step(DEV_CPU, 3, 7, "tiny", 1, &v[i], &o);
+        ck_assert_msg(o.loss == ref.loss, "variant %d: loss", i);
+        ck_assert_msg(!memcmp(o.params, ref.params, (size_t)o.np * sizeof(float)), "variant %d: params", i);
+        ck_assert_msg(!memcmp(o.buffers, ref.buffers, (size_t)o.nb * sizeof(float)), "variant %d: buffers", i);
+        step_out_free(&o);
+    }
+    step_out_free(&ref);
+}
+END_TEST
+
+/* Batch norm: each replica normalises with its own chunk; the master keeps replica 0's running
+ * statistics — exactly those of a forward over chunk 0 alone — and replica 1's are thrown away. */
+START_TEST(dp_bn_running_stats_are_replica0s) {
+    DpConfig cfg = dp_config_defaults();
+    StepOut a;
+    dp_one_step(DEV_CPU, 2, 8, "tiny", 1, &cfg, &a);
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    Model *m = model_create(&d, "tiny", 1, 4, 7);
+    float *x = malloc(8 * IMG_PIXELS * sizeof(float));
+    int32_t y[8];
+    make_batch(8, x, y);
+    model_forward(m, 4, x, 1); /* chunk 0 */
+    ck_assert(!memcmp(m->buffer_flat, a.buffers, (size_t)a.nb * sizeof(float)));
+    model_forward(m, 4, x + 4 * IMG_PIXELS, 1); /* replica 1 saw chunk 1 after the same broadcast */
+    Model *m1 = model_create(&d, "tiny", 1, 4, 7);
+    model_forward(m1, 4, x + 4 * IMG_PIXELS, 1);
+    ck_assert(!memcmp(m1->buffer_flat, a.replica1_buffers, (size_t)a.nb * sizeof(float)));
+    ck_assert(memcmp(a.buffers, a.replica1_buffers, (size_t)a.nb * sizeof(float)));
+    free(x);
+    model_destroy(m), model_destroy(m1);
+    device_destroy(&d);
+    step_out_free(&a);
+}
+END_TEST
+
+/* Device 0 holds the optimizer state, the gathered logits, the reduce's landing bucket: its peak is
+ * above every other device's. */
+START_TEST(dp_device0_peak_memory_is_highest) {
+    DpConfig cfg = dp_config_defaults();
+    int ns[2] = {2, 3};
+    for (int t = 0; t < 2; t++) {
+        StepOut a;
+        dp_one_step(DEV_CPU, ns[t], 12, "tiny", 1, &cfg, &a);
+        for (int i = 1; i < ns[t]; i++)
+            ck_assert_msg(a.peak[0] > a.peak[i], "n=%d: device 0 peak %zu <= device %d's %zu", ns[t], a.peak[0], i, a.peak[i]);
+        step_out_free(&a);
+    }
+}
+END_TEST
+
+/* What replicate copies every step, counted as nn.Module.modules() / parameters() + buffers() of
+ * the PyTorch twin (tests/torch/models.py) counts them. */
+START_TEST(dp_counts_modules_and_tensors_as_pytorch) {
+    struct { const char *arch; int bn, modules, tensors; } c[] = {
+        {"resnet18", 1, 62, 62 + 60}, /* 20 BN × (running_mean, running_var, num_batches_tracked) */
+        {"resnet18", 0, 59, 22},  /* 20 convs + linear weight and bias; no BN */
+        {"tiny", 1, 22, 23 + 21},
+    };
+    for (int i = 0; i < 3; i++) {
+        Device d = {0};
+        device_init(&d, DEV_CPU, 0, -1);
+        Device *devs[1] = {&d};
+        Model *m = model_create(&d, c[i].arch, c[i].bn, 1, 0);
+        DataParallel dp;
+        DpConfig cfg = dp_config_defaults();
+        dp_init(&dp, devs, 1, &m, 1, 1, &cfg);
+        ck_assert_msg(dp.n_modules == c[i].modules, "%s/%d: %d modules", c[i].arch, c[i].bn, dp.n_modules);
+        ck_assert_msg(dp.n_tensors == c[i].tensors, "%s/%d: %d tensors", c[i].arch, c[i].bn, dp.n_tensors);
+        dp_destroy(&dp);
+        model_destroy(m);
+        device_destroy(&d);
+    }
+}
+END_TEST
+
+/* ---- ./stage2 end to end -------------------------------------------------------------------- */
+
+#define SMALL2 "--model tiny --train-size 512 --test-size 256 --batch-size 16 --progress off"
+
+static char *tmpdir(void) {
+    char *t = strdup("/tmp/dp_XXXXXX");
+    ck_assert(mkdtemp(t));
+    return t;
+}
+
+static int run_stage2(const char *args, char **out) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/stage2 %s", test_root(), args);
+    return test_run(cmd, out);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    ck_assert(fread(b, 1, (size_t)len, f) == (size_t)len);
+    b[len] = 0;
+    fclose(f);
+    return b;
+}
+
+/* The number after "key": in the first line of type `type`. */
+static double json_field(const char *rep, const char *type, const char *key) {
+    char t[64], k[64];
+    snprintf(t, sizeof t, "\"type\":\"%s\"", type);
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *line = strstr(rep, t);
+    ck_assert_msg(line, "no %s record", type);
+    const char *end = strchr(line, '\n');
+    const char *p = strstr(line, k);
+    ck_assert_msg(p && (!end || p < end), "%s record lacks %s", type, key);
+    return atof(p + strlen(k));
+}
+
+/* A run's phases add up to its step time, its device 0 peaks above device 1. */
+static void check_report(const char *path) {
+    char *rep = slurp(path);
+    ck_assert_msg(rep, "report %s not written", path);
+    double sum = json_field(rep, "phases", "sum_ms"), step = json_field(rep, "phases", "step_ms");
+    ck_assert_msg(fabs(sum - step) <= 0.10 * step, "phases sum to %.3f ms, step %.3f ms", sum, step);
+    ck_assert(json_field(rep, "phases", "adds_up") == 1);
+    const char *sum_line = strstr(rep, "\"type\":\"summary\"");
+    ck_assert(sum_line);
+    const char *s = strstr(sum_line, "\"peak_mem_bytes\":[");
+    ck_assert(s);
+    double p0 = atof(s + strlen("\"peak_mem_bytes\":[")), p1 = atof(strchr(s, ',') + 1);
+    ck_assert_msg(p0 > p1, "device 0 peak %.0f <= device 1 peak %.0f", p0, p1);
+    free(rep);
+}
+
+START_TEST(stage2_cpu_learns_and_phases_add_up) {
+    char *dir = tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --gpus 2 " SMALL2 " --epochs 4 --lr 0.05 --log-every 1 --report %s", path);
+    int rc = run_stage2(args, &out);
+    ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
+    ck_assert_msg(strstr(out, "DataParallel phases") && strstr(out, "adds up") && strstr(out, "GIL ("), "%s", out);
+    char *rep = slurp(path);
+    double first = 0, last = 0;
+    int n = 0;
+    double loss[64];
+    for (char *p = rep; (p = strstr(p, "\"type\":\"step\"")); p++) loss[n++] = atof(strstr(p, "\"loss\":") + 7);
+    ck_assert_int_eq(n, 64);
+    for (int i = 0; i < 4; i++) first += loss[i] / 4, last += loss[n - 1 - i] / 4;
+    ck_assert_msg(last < 0.8 * first, "loss did not fall: first %.4f last %.4f", first, last);
+    ck_assert(json_field(rep, "summary", "world_size") == 2);
+    ck_assert(strstr(rep, "\"type\":\"gil_thread\""));
+    free(rep);
+    check_report(path);
+    free(out), free(dir);
+}
+END_TEST
+
+START_TEST(stage2_cpu_variants_run) {
+    char *dir = tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --gpus 3 " SMALL2 " --steps 12 --dp-thread-pool --p2p off "
+             "--gil-switch-ms 0.2 --report %s", path);
+    int rc = run_stage2(args, &out);
+    ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
+    ck_assert_msg(strstr(out, "persistent threads") && strstr(out, "--p2p off"), "%s", out);
+    check_report(path);
+    free(out);
+    snprintf(args, sizeof args, "--device cpu --gpus 2 " SMALL2 " --steps 8 --no-python --report %s", path);
+    rc = run_stage2(args, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "GIL: never taken"), "stage2 --no-python (%d):\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
+START_TEST(stage2_bad_flags_are_refused_clearly) {
+    struct { const char *args, *expect; } cases[] = {
+        {"--device cpu --gpus 0", "--gpus"},
+        {"--device cpu --gpus 65", "--gpus"},
+        {"--device cpu --gpus two", "--gpus"},
+        {"--device cpu --gil-switch-ms 0", "--gil-switch-ms"},
+        {"--device cpu --gil-op-us -1", "--gil-op-us"},
+        {"--device cpu --gil-host-us -2", "--gil-host-us"},
+        {"--device cpu --p2p maybe", "--p2p"},
+        {"--device cpu --dp-thread-pool=1", "--dp-thread-pool"},
+        {"--device cpu --train-size 64 --gil-host-us 5 --gil-host-call-us 0 --gil-host-module-us 0 "
+         "--gil-host-param-us 0 --gil-host-thread-us 0", "--gil-host-us"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = run_stage2(cases[i].args, &out);
+        ck_assert_msg(rc == 2, "'%s' exited %d, expected 2:\n%s", cases[i].args, rc, out);
+        ck_assert_msg(strstr(out, "error:") && strstr(out, cases[i].expect),
+                      "'%s': message does not name '%s':\n%s", cases[i].args, cases[i].expect, out);
+        free(out);
+    }
+}
+END_TEST
+
+/* On a GPU machine: two logical devices (two GPUs, or one shared), both copy paths. */
+START_TEST(stage2_cuda_runs_and_phases_add_up) {
+    if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
+    char *dir = tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    const char *variants[2] = {"", "--p2p off --dp-thread-pool"};
+    for (int v = 0; v < 2; v++) {
+        snprintf(args, sizeof args, "--device cuda --gpus 2 --model tiny --train-size 4096 --test-size 512 "
+                 "--batch-size 64 --steps 40 --progress off %s --report %s", variants[v], path);
+        int rc = run_stage2(args, &out);
+        ck_assert_msg(rc == 0, "stage2 %s failed (%d):\n%s", variants[v], rc, out);
+        check_report(path);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
+Suite *suite_dp(void) {
+    Suite *s = suite_create("dp");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, scatter_chunks_follow_torch_chunk);
+    tcase_add_test(tc, dp_counts_modules_and_tensors_as_pytorch);
+    tcase_add_test(tc, dp_on_one_device_is_stage1);
+    tcase_add_test(tc, dp_equals_one_device_cpu);
+    tcase_add_test(tc, dp_equals_one_device_cuda);
+    tcase_add_test(tc, dp_variants_are_bit_identical);
+    tcase_add_test(tc, dp_bn_running_stats_are_replica0s);
+    tcase_add_test(tc, dp_device0_peak_memory_is_highest);
+    suite_add_tcase(s, tc);
+    TCase *e2e = tcase_create("stage2");
+    tcase_set_timeout(e2e, 300);
+    tcase_add_test(e2e, stage2_cpu_learns_and_phases_add_up);
+    tcase_add_test(e2e, stage2_cpu_variants_run);
+    tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
+    tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
+    suite_add_tcase(s, e2e);
+    return s;
+}
