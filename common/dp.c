@@ -32,12 +32,14 @@ const char *const dp_phase_name[DP_PHASES] = {"input", "scatter", "replicate", "
         if (rc_ != 0) die_at(__FILE__, __LINE__, #call, strerror(rc_), NULL);                      \
     } while (0)
 
-/* Provisional until tests/torch/calibrate_dp.py has run on the target machine (it prints the flags
- * to pass; tests/bench_stage2.sh runs it and uses them). Only op_us is a measurement: 7.4 µs per
- * eager op from one thread, PyTorch 2.11 on an H200 host (../shared/SEMANTICS.md). */
+/* Measured by tests/torch/calibrate_dp.py (PyTorch 2.11, Python 3.12, 2× H200 host, cudnn.benchmark
+ * off, median of 100 calls; run by tests/bench_stage2.sh on 2026-11-29 — docs/stage2.md). Rerun it on
+ * your machine: it prints the flags to pass. op_us is the serialized (GIL-held) part of one of
+ * ResNet-18's forward ops: 46.5 µs per op from one thread, 70.8 µs with two threads at once; a tiny
+ * eager op measured 7.4 µs (../shared/SEMANTICS.md), a conv with its argument parsing costs more. */
 DpConfig dp_config_defaults(void) {
-    return (DpConfig){.p2p = 1, .thread_pool = 0, .switch_ms = 5.0, .op_us = 7.0, .call_us = 40.0,
-                      .module_us = 5.0, .param_us = 1.5, .thread_us = 60.0, .host_us = -1.0};
+    return (DpConfig){.p2p = 1, .thread_pool = 0, .switch_ms = 5.0, .op_us = 24.24, .call_us = 40.6,
+                      .module_us = 14.04, .param_us = 11.92, .thread_us = 127.0, .host_us = -1.0};
 }
 
 int dp_chunks(int batch, int n, int *sizes) {
@@ -794,6 +796,13 @@ void dp_report(DataParallel *dp, Run *run) {
     }
     json_num(r, "sum_ms", sum);
     json_num(r, "step_ms", run_step);
+    /* Means add where medians need not: the phases partition each step, so the mean of their sums
+     * must equal the mean step time whatever the noise (the tests check these). */
+    double sum_mean = 0, step_mean = 0;
+    for (int i = 0; i < n; i++) sum_mean += dp->step_ms[i] / n;
+    for (int i = 0; i < run->n_times; i++) step_mean += run->times[i] / run->n_times;
+    json_num(r, "sum_mean_ms", sum_mean);
+    json_num(r, "step_mean_ms", run->n_times ? step_mean : sum_mean);
     json_num(r, "phase_step_ms", step);
     json_num(r, "python_ms", py_sum);
     json_num(r, "forward_gil_wait_ms", wait);

@@ -60,7 +60,7 @@ typedef struct DpConfig {
     double host_us;    /* < 0: the sum of the above; ≥ 0: scale them so one step's total is this */
 } DpConfig;
 
-/* The provisional defaults (see stages/stage2_data_parallel/README.md for where they come from). */
+/* The calibrated defaults (see stages/stage2_data_parallel/README.md for where they come from). */
 DpConfig dp_config_defaults(void);
 
 /* Persistent worker threads, one per replica: the main thread wakes those of replicas 0..k−1 for

@@ -160,8 +160,7 @@ float steplog_loss(StepLog *s, int slot) {
 }
 
 int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *times) {
-    int k = s->count;
-    mark(s, k);
+    int k = s->count, timed = 0;
     device_sync(s->dev);
     float *loss = xmalloc((size_t)(k + 1) * sizeof(float));
     int32_t *corr = xmalloc((size_t)(k + 1) * sizeof(int32_t));
@@ -174,23 +173,25 @@ int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *time
         lsum += (double)loss[i] * s->n[i];
         csum += corr[i];
         nsum += s->n[i];
-        if (!times) continue;
+        /* A step lasts from its start mark to the next step's. The epoch's last step has no next
+         * one (what follows it is evaluation), so it is not timed. */
+        if (!times || i + 1 == k) continue;
 #ifdef USE_CUDA
         if (s->ev) {
             float ms;
             CHECK_CUDA(cudaEventElapsedTime(&ms, s->ev[i], s->ev[i + 1]));
-            times[i] = ms;
+            times[timed++] = ms;
             continue;
         }
 #endif
-        times[i] = 1e3 * (s->t_host[i + 1] - s->t_host[i]);
+        times[timed++] = 1e3 * (s->t_host[i + 1] - s->t_host[i]);
     }
     if (mean_loss) *mean_loss = nsum ? lsum / nsum : NAN;
     if (accuracy) *accuracy = nsum ? csum / nsum : NAN;
     free(loss);
     free(corr);
     s->count = 0;
-    return k;
+    return timed;
 }
 
 /* ---- evaluation ------------------------------------------------------------------------------ */

@@ -68,8 +68,9 @@ void steplog_destroy(StepLog *s);
 int steplog_begin(StepLog *s, int n);
 /* The loss of step `slot` (synchronises: used only every --log-every steps). */
 float steplog_loss(StepLog *s, int slot);
-/* End of epoch: synchronise once, return the sample-weighted mean loss and accuracy, and append the
- * step times (ms) to times[] (returns how many were appended). */
+/* End of epoch: synchronise once, return the sample-weighted mean loss and accuracy, and write the
+ * step times (ms) to times[] (returns how many: every step but the epoch's last, whose end is not
+ * marked — evaluation follows it). */
 int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *times);
 
 /* ---- evaluation ------------------------------------------------------------------------------ */

@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/nu
 
 # 1. calibration -----------------------------------------------------------------------------------
 echo "=== calibrate_dp.py ($(date +%T))"
-GIL_FLAGS="" GIL_SRC="stage 2's provisional defaults (calibration failed: see $OUT/calibrate.log)"
+GIL_FLAGS="" GIL_SRC="stage 2's built-in (calibrated) defaults (calibration failed: see $OUT/calibrate.log)"
 if timeout 120 python3 tests/torch/calibrate_dp.py --model resnet18 --repeat 100 > "$OUT/calibrate.log" 2>&1; then
   GIL_FLAGS=$(grep '^flags:' "$OUT/calibrate.log" | tail -n 1 | sed 's/^flags: //')
   [ -n "$GIL_FLAGS" ] && GIL_SRC="calibrated on this machine"

@@ -339,9 +339,10 @@ static double json_field(const char *rep, const char *type, const char *key) {
 static void check_report(const char *path) {
     char *rep = slurp(path);
     ck_assert_msg(rep, "report %s not written", path);
-    double sum = json_field(rep, "phases", "sum_ms"), step = json_field(rep, "phases", "step_ms");
-    ck_assert_msg(fabs(sum - step) <= 0.10 * step, "phases sum to %.3f ms, step %.3f ms", sum, step);
-    ck_assert(json_field(rep, "phases", "adds_up") == 1);
+    /* Means, not the medians the console shows: on a busy 2-core CI machine medians of parts need
+     * not add up to the median of the whole, but means of a partition always do. */
+    double sum = json_field(rep, "phases", "sum_mean_ms"), step = json_field(rep, "phases", "step_mean_ms");
+    ck_assert_msg(fabs(sum - step) <= 0.10 * step, "phases sum to %.3f ms on average, step %.3f ms", sum, step);
     const char *sum_line = strstr(rep, "\"type\":\"summary\"");
     ck_assert(sum_line);
     const char *s = strstr(sum_line, "\"peak_mem_bytes\":[");

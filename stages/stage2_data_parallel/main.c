@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
         {"gil-switch-ms", OPT_FLOAT, &dpc.switch_ms, 0.001, 1000, NULL,
          "the GIL's switch interval in ms (sys.setswitchinterval)"},
         {"gil-op-us", OPT_FLOAT, &dpc.op_us, 0, 1e5, NULL,
-         "modelled Python per forward op, held under the GIL (PyTorch 2.11 eager on an H200 host: 7.4)"},
+         "modelled Python per forward op, held under the GIL (calibrate_dp.py on a 2x H200 host: 24.24)"},
         {"gil-host-call-us", OPT_FLOAT, &dpc.call_us, 0, 1e5, NULL,
          "modelled Python per call of scatter / replicate / parallel_apply / gather and their backward "
          "(tests/torch/calibrate_dp.py measures it)"},

@@ -1,0 +1,53 @@
+/* comm.h — a communicator: the collectives DDP needs, behind one interface with two implementations.
+ *
+ *   NCCL       one communicator per job (its unique id travels from rank 0 through the store), its
+ *              own high-priority CUDA stream, one GPU per rank. A watchdog thread polls
+ *              ncclCommGetAsyncError and the age of the oldest unfinished operation; an error or
+ *              a timeout aborts the communicator and exits, never a silent hang.
+ *   host ring  a ring all-reduce (reduce-scatter, then all-gather) between the ranks' processes over
+ *              TCP sockets, run by a communication thread. CPU workers use it directly; GPU workers
+ *              with --comm host copy each buffer device → host → ring → device, as gloo does for
+ *              CUDA tensors. It lets several workers share one GPU, which NCCL refuses.
+ *
+ * Operations are asynchronous and run in the order issued. Each starts only after everything already
+ * issued on the device's compute stream (an event; the CPU backend computes synchronously, so there
+ * it may start at once) and works in place. comm_wait makes the compute stream — not the host —
+ * wait for all of them on NCCL; the host ring blocks the caller until they are done, as gloo's
+ * work.wait() does. Every rank must issue the same operations in the same order. */
+#ifndef COMM_H
+#define COMM_H
+
+#include <stdint.h>
+
+#include "device.h"
+#include "store.h"
+
+typedef enum { COMM_NCCL = 0, COMM_HOST = 1 } CommKind;
+
+typedef struct Comm Comm;
+
+/* Collective: every rank of the store's job calls it. timeout_s bounds every operation (and, on
+ * NCCL, communicator creation): past it the job fails with an error naming what hung. */
+Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s);
+void comm_destroy(Comm *c);
+const char *comm_describe(const Comm *c); /* "NCCL 2.28.9" / "host ring over TCP (127.0.0.1)" */
+int comm_have_nccl(void);                 /* this binary was built with NCCL */
+
+/* In-place SUM all-reduce / broadcast from root of count floats in the device's memory. They return
+ * an id for comm_op_ms. */
+int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count);
+int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root);
+/* Work issued on the compute stream from now on runs after every operation issued so far. */
+void comm_wait(Comm *c);
+/* How long operation `id` ran on the communicator, in ms (waits for it to finish): the NCCL
+ * stream's events around it, or the ring thread's wall time including the host copies. */
+double comm_op_ms(Comm *c, int64_t id);
+
+/* Blocking element-wise sum of n host doubles over all ranks; every rank gets the same bits. */
+void comm_sum_doubles(Comm *c, double *v, int n);
+/* The same, with the signature of trainer.h's SumAcrossFn (ctx is the Comm). */
+void comm_sum_across(void *ctx, double *v, int n);
+/* Every rank's device work issued so far is done, and every rank has reached this point. */
+void comm_barrier(Comm *c, const char *what);
+
+#endif

@@ -1,0 +1,388 @@
+/* ddp.c — DDP's reducer: bucket plans, the gradient-ready hook, buffer broadcasts, and the
+ * communication statistics (see ddp.h). */
+#include "ddp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h" /* fnv1a64 */
+#include "ops.h"
+#include "report.h"
+
+enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_AFTER_BCAST };
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static void series_push(DdpSeries *s, double v) {
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof(double));
+        ASSERT(s->v);
+    }
+    s->v[s->n++] = v;
+}
+
+static double series_median(const DdpSeries *s) {
+    if (!s->n) return 0;
+    double *tmp = xmalloc((size_t)s->n * sizeof(double));
+    memcpy(tmp, s->v, (size_t)s->n * sizeof(double));
+    double m = stats_median(tmp, s->n);
+    free(tmp);
+    return m;
+}
+
+/* "3 buckets: 9.01 MiB, 25.27 MiB, 8.35 MiB" */
+static void describe(const Ddp *d, char *buf, size_t len) {
+    size_t used = (size_t)snprintf(buf, len, "%d bucket%s:", d->n_buckets, d->n_buckets == 1 ? "" : "s");
+    for (int b = 0; b < d->n_buckets && used < len; b++) {
+        char sz[32];
+        if (b == 12 && d->n_buckets > 13) {
+            snprintf(buf + used, len - used, " … (%d more)", d->n_buckets - 12);
+            return;
+        }
+        fmt_bytes(sz, sizeof sz, 4.0 * (double)d->buckets[b].count);
+        used += (size_t)snprintf(buf + used, len - used, "%s %s", b ? "," : "", sz);
+    }
+}
+
+/* ---- bucket plans ---------------------------------------------------------------------------- */
+
+/* Every bucket is a contiguous slice and together they tile the gradient buffer, so a parameter's
+ * bucket is the one whose slice holds its offset. */
+static void index_buckets(Ddp *d) {
+    Model *m = d->m;
+    for (int b = 0; b < d->n_buckets; b++) d->buckets[b].n_params = 0;
+    for (int p = 0; p < m->n_params; p++) {
+        int b = 0;
+        while (!(m->params[p].offset >= d->buckets[b].offset &&
+                 m->params[p].offset < d->buckets[b].offset + d->buckets[b].count))
+            b++;
+        d->bucket_of[p] = b;
+        d->buckets[b].n_params++;
+    }
+    for (int b = 0; b < d->n_buckets; b++) d->buckets[b].pending = d->buckets[b].n_params;
+    d->next = 0;
+}
+
+/* Group parameters, in the given order, into buckets: a bucket closes once it holds at least its
+ * limit (the first `first_limit`, the rest cap_bytes) — PyTorch's _compute_bucket_assignment_by_size
+ * — and its parameters form one contiguous slice of the buffer. Returns 0 if the last bucket would
+ * not be contiguous (an order our models never produce); the plan is then left unchanged. */
+static int plan(Ddp *d, const int *order, size_t first_limit) {
+    Model *m = d->m;
+    DdpBucket *nb = xcalloc((size_t)m->n_params, sizeof *nb);
+    int n = 0, members = 0;
+    int64_t lo = INT64_MAX, hi = 0, count = 0;
+    size_t limit = first_limit;
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *p = &m->params[order[i]];
+        if (p->offset < lo) lo = p->offset;
+        if (p->offset + p->count > hi) hi = p->offset + p->count;
+        count += p->count, members++;
+        int contiguous = hi - lo == count;
+        if ((size_t)count * sizeof(float) >= limit && contiguous) {
+            nb[n++] = (DdpBucket){.offset = lo, .count = count};
+            lo = INT64_MAX, hi = 0, count = 0, members = 0;
+            limit = d->cap_bytes;
+        }
+    }
+    if (members) {
+        if (hi - lo != count) {
+            free(nb);
+            return 0;
+        }
+        nb[n++] = (DdpBucket){.offset = lo, .count = count};
+    }
+    free(d->buckets);
+    d->buckets = nb;
+    d->n_buckets = n;
+    index_buckets(d);
+    return 1;
+}
+
+/* After the first step: rank 0's gradient-ready order (so every rank gets the same buckets, as
+ * PyTorch syncs its rebuilt bucket indices from rank 0), first bucket 1 MiB. */
+static void rebuild(Ddp *d) {
+    Model *m = d->m;
+    ASSERT(m->n_params <= 512);
+    double v[512] = {0};
+    if (d->rank == 0)
+        for (int i = 0; i < m->n_params; i++) v[i] = d->ready_order[i];
+    comm_sum_doubles(d->comm, v, m->n_params);
+    for (int i = 0; i < m->n_params; i++) d->ready_order[i] = (int)v[i];
+    d->rebuilt = 1;
+    char desc[512];
+    if (!plan(d, d->ready_order, DDP_FIRST_BUCKET_BYTES)) {
+        report_printf(&d->run->report,
+                      "ddp: gradient-ready order does not give contiguous buckets; keeping the reverse-order plan\n");
+        return;
+    }
+    describe(d, desc, sizeof desc);
+    report_printf(&d->run->report,
+                  "ddp: after step 1, buckets rebuilt in gradient-ready order (first ≤ 1 MiB): %s\n", desc);
+}
+
+/* ---- timing points ---------------------------------------------------------------------------- */
+
+static void mark(Ddp *d, DdpStep *s, int i) {
+#ifdef USE_CUDA
+    if (d->dev->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaEventRecord(s->ev[i], d->dev->stream));
+        return;
+    }
+#endif
+    s->t[i] = time_now();
+}
+
+static double elapsed_ms(Ddp *d, DdpStep *s, int a, int b) {
+#ifdef USE_CUDA
+    if (d->dev->kind == DEV_CUDA) {
+        float ms = 0;
+        CHECK_CUDA(cudaEventSynchronize(s->ev[b]));
+        CHECK_CUDA(cudaEventElapsedTime(&ms, s->ev[a], s->ev[b]));
+        return ms;
+    }
+#endif
+    return 1e3 * (s->t[b] - s->t[a]);
+}
+
+static double busbw_factor(int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; }
+
+/* Read a finished step's timings back (it is DDP_STATS_LAG steps old: no real wait). */
+static void harvest(Ddp *d, DdpStep *s, int64_t iter) {
+    if (!s->pending) return;
+    s->pending = 0;
+    double ar = 0;
+    for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
+    double exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT);
+    double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_AFTER_BCAST) : 0;
+    if (exposed < 0) exposed = 0;
+    if (iter >= WARMUP_STEPS) {
+        series_push(&d->ar, ar), series_push(&d->ar_run, ar);
+        series_push(&d->exposed, exposed), series_push(&d->exposed_run, exposed);
+        series_push(&d->bcast, bc), series_push(&d->bcast_run, bc);
+    }
+    Report *r = &d->run->report;
+    if (s->step % d->run->cfg->log_every == 0) {
+        double algbw = ar > 0 ? (double)s->bytes / (ar * 1e6) : 0; /* GB/s */
+        json_begin(r, "comm");
+        json_int(r, "step", s->step);
+        json_num(r, "allreduce_ms", ar);
+        json_num(r, "exposed_ms", exposed + bc);
+        json_num(r, "exposed_backward_ms", exposed);
+        json_num(r, "bcast_ms", bc);
+        json_int(r, "bytes", s->bytes);
+        json_int(r, "collectives", s->n_ops);
+        json_num(r, "algbw_gbps", algbw);
+        json_num(r, "busbw_gbps", algbw * busbw_factor(d->world));
+        json_end(r);
+    }
+}
+
+static DdpStep *step_of(Ddp *d, int64_t iter) { return &d->steps[iter % (DDP_STATS_LAG + 1)]; }
+
+static void harvest_all(Ddp *d) {
+    for (int64_t i = d->iteration - DDP_STATS_LAG; i < d->iteration; i++)
+        if (i >= 0) harvest(d, step_of(d, i), i);
+}
+
+/* ---- the interface --------------------------------------------------------------------------- */
+
+void ddp_init(Ddp *d, Run *run, Comm *comm, double bucket_mb, int overlap) {
+    memset(d, 0, sizeof *d);
+    Model *m = run->model;
+    d->run = run, d->m = m, d->comm = comm, d->dev = m->dev;
+    d->rank = run->rank, d->world = run->world_size, d->overlap = overlap;
+    d->cap_bytes = (size_t)(bucket_mb * 1048576.0);
+    if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
+
+    /* DDP's constructor checks that every rank built the same model. We also check the flags that
+     * decide which collectives run when: ranks that disagree would wait for each other forever. */
+    const TrainConfig *c = run->cfg;
+    char flags[256];
+    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu", c->batch_size, c->epochs, (long long)c->steps,
+             c->log_every, (long long)c->train_size, (long long)c->test_size, (long long)c->seed, overlap,
+             d->cap_bytes);
+    uint64_t h = m->shape_hash, hf = fnv1a64(FNV1A64_INIT, flags, strlen(flags));
+    double mine[5] = {(double)(h & 0xffffffu), (double)(h >> 40), (double)m->n_param_floats,
+                      (double)(hf & 0xffffffu), (double)(hf >> 40)}, all[5];
+    memcpy(all, mine, sizeof all);
+    comm_sum_doubles(comm, all, 5);
+    for (int i = 0; i < 3; i++)
+        if (all[i] != mine[i] * d->world)
+            die_user("rank %d: the ranks built different models (architecture, --norm or parameter shapes "
+                     "differ) — start every rank with the same flags", d->rank);
+    for (int i = 3; i < 5; i++)
+        if (all[i] != mine[i] * d->world)
+            die_user("rank %d: the ranks were started with different training flags (--batch-size, --epochs, "
+                     "--steps, --log-every, --train-size, --test-size, --seed, --bucket-mb or --no-overlap) — "
+                     "start every rank with the same flags", d->rank);
+    /* …and makes every replica start from rank 0's parameters and buffers. */
+    comm_broadcast_async(comm, m->param_flat, m->n_param_floats, 0);
+    if (m->n_buffer_floats) comm_broadcast_async(comm, m->buffer_flat, m->n_buffer_floats, 0);
+    comm_wait(comm);
+
+    d->bucket_of = xcalloc((size_t)m->n_params, sizeof(int));
+    d->ready_order = xcalloc((size_t)m->n_params, sizeof(int));
+    int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
+    for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
+    ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
+    free(reverse);
+#ifdef USE_CUDA
+    if (d->dev->kind == DEV_CUDA)
+        for (int s = 0; s <= DDP_STATS_LAG; s++)
+            for (int i = 0; i < 4; i++) CHECK_CUDA(cudaEventCreate(&d->steps[s].ev[i]));
+#endif
+    char desc[512], cap[32];
+    describe(d, desc, sizeof desc);
+    fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
+    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, cap %s)\n",
+                  d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
+                                                          : "--no-overlap: one all-reduce after backward",
+                  overlap ? "in buckets" : "bucket plan (unused)", desc, cap);
+}
+
+void ddp_destroy(Ddp *d) {
+#ifdef USE_CUDA
+    if (d->dev->kind == DEV_CUDA)
+        for (int s = 0; s <= DDP_STATS_LAG; s++)
+            for (int i = 0; i < 4; i++) cudaEventDestroy(d->steps[s].ev[i]);
+#endif
+    DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run};
+    for (int i = 0; i < 6; i++) free(all[i]->v);
+    free(d->buckets), free(d->bucket_of), free(d->ready_order);
+}
+
+void ddp_forward_begin(Ddp *d) {
+    if (d->iteration == 1 && !d->rebuilt) rebuild(d);
+    if (d->iteration >= DDP_STATS_LAG)
+        harvest(d, step_of(d, d->iteration - DDP_STATS_LAG), d->iteration - DDP_STATS_LAG);
+    DdpStep *s = step_of(d, d->iteration);
+    ASSERT(!s->pending);
+    s->step = d->run->step + 1;
+    s->first_op = -1, s->n_ops = 0, s->bytes = 0, s->bcast_op = -1;
+    /* broadcast_buffers=True: every forward starts from rank 0's running statistics. */
+    if (d->m->n_buffer_floats && d->world > 1) {
+        mark(d, s, T_PRE_BCAST);
+        s->bcast_op = comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
+        comm_wait(d->comm);
+        mark(d, s, T_AFTER_BCAST);
+    }
+}
+
+static void launch(Ddp *d, float *g, int64_t count) {
+    DdpStep *s = step_of(d, d->iteration);
+    /* Averaging, PyTorch's way: divide by the world size, then SUM. */
+    if (d->world > 1) scale_inplace(d->dev, count, g, 1.0f / (float)d->world);
+    int64_t id = comm_allreduce_async(d->comm, g, count);
+    if (s->first_op < 0) s->first_op = id;
+    ASSERT(id == s->first_op + s->n_ops); /* nothing else is issued during backward */
+    s->n_ops++;
+    s->bytes += count * (int64_t)sizeof(float);
+}
+
+void ddp_grad_ready(void *ctx, int p) {
+    Ddp *d = ctx;
+    if (d->iteration == 0) d->ready_order[d->n_ready++] = p;
+    if (!d->overlap) return;
+    DdpBucket *b = &d->buckets[d->bucket_of[p]];
+    ASSERT(b->pending > 0);
+    if (--b->pending > 0) return;
+    /* Launch every bucket that is complete, in index order: a bucket that completes early waits for
+     * the ones before it, so all ranks issue the same collectives in the same order. */
+    while (d->next < d->n_buckets && d->buckets[d->next].pending == 0) {
+        DdpBucket *nb = &d->buckets[d->next++];
+        launch(d, d->m->grad_flat + nb->offset, nb->count);
+    }
+}
+
+void ddp_backward_end(Ddp *d) {
+    DdpStep *s = step_of(d, d->iteration);
+    Model *m = d->m;
+    mark(d, s, T_BWD_END);
+    if (!d->overlap) {
+        launch(d, m->grad_flat, m->n_param_floats);
+    } else if (d->next != d->n_buckets) {
+        DdpBucket *b = &d->buckets[d->next];
+        char msg[160];
+        snprintf(msg, sizeof msg, "bucket %d still waits for %d gradient(s) after backward", d->next,
+                 b->pending);
+        die_at(__FILE__, __LINE__, "ddp_backward_end", msg,
+               "every parameter must receive a gradient in every backward (PyTorch: find_unused_parameters)");
+    }
+    /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */
+    comm_wait(d->comm);
+    mark(d, s, T_AFTER_WAIT);
+    for (int b = 0; b < d->n_buckets; b++) d->buckets[b].pending = d->buckets[b].n_params;
+    d->next = 0;
+    if (d->iteration == 0) ASSERT(d->n_ready == m->n_params);
+    s->pending = 1;
+    d->iteration++;
+}
+
+void ddp_sync_buffers(Ddp *d) {
+    if (!d->m->n_buffer_floats || d->world == 1) return;
+    comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
+    comm_wait(d->comm);
+}
+
+/* Medians of this rank's series, averaged over ranks; the line and the JSON record. Collective. */
+static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSeries *bc) {
+    Run *r = d->run;
+    double v[4] = {series_median(ar), series_median(ex), series_median(bc), ar->n > 0};
+    comm_sum_doubles(d->comm, v, 4);
+    for (int i = 0; i < 3; i++) v[i] /= d->world;
+    double *tmp = xmalloc((size_t)(r->n_times + 1) * sizeof(double));
+    memcpy(tmp, r->times, (size_t)r->n_times * sizeof(double));
+    double step_ms = stats_median(tmp, r->n_times);
+    free(tmp);
+    int64_t bytes = d->m->n_param_floats * (int64_t)sizeof(float);
+    double algbw = v[0] > 0 ? (double)bytes / (v[0] * 1e6) : 0, exposed = v[1] + v[2];
+    double pct = step_ms > 0 ? 100.0 * exposed / step_ms : 0;
+    if (v[3] > 0) {
+        char mb[32];
+        fmt_bytes(mb, sizeof mb, (double)bytes);
+        report_printf(&r->report,
+                      "%s all-reduce %.3f ms/step (%s in %d %s, algbw %.1f GB/s, busbw %.1f GB/s) | exposed "
+                      "%.3f ms = %.1f%% of the step (after backward %.3f, buffer broadcast %.3f)\n",
+                      strcmp(type, "comm_summary") ? "  comm:" : "comm over the run:", v[0], mb,
+                      d->overlap ? d->n_buckets : 1,
+                      d->overlap ? (d->n_buckets == 1 ? "bucket" : "buckets") : "piece, after backward", algbw,
+                      algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
+    }
+    json_begin(&r->report, type);
+    json_int(&r->report, "epoch", r->epoch);
+    json_int(&r->report, "step", r->step);
+    json_str(&r->report, "comm", comm_describe(d->comm));
+    json_int(&r->report, "overlap", d->overlap);
+    json_int(&r->report, "buckets", d->overlap ? d->n_buckets : 1);
+    json_int(&r->report, "bytes_per_step", bytes);
+    json_num(&r->report, "allreduce_ms_median", v[0]);
+    json_num(&r->report, "exposed_ms_median", exposed);
+    json_num(&r->report, "exposed_backward_ms_median", v[1]);
+    json_num(&r->report, "bcast_ms_median", v[2]);
+    json_num(&r->report, "step_ms_median", step_ms);
+    json_num(&r->report, "exposed_pct", pct);
+    json_num(&r->report, "algbw_gbps", algbw);
+    json_num(&r->report, "busbw_gbps", algbw * busbw_factor(d->world));
+    if (!strcmp(type, "comm_summary")) {
+        int64_t sizes[64];
+        int n = d->n_buckets < 64 ? d->n_buckets : 64;
+        for (int b = 0; b < n; b++) sizes[b] = d->buckets[b].count * (int64_t)sizeof(float);
+        json_int_list(&r->report, "bucket_bytes", sizes, n);
+    }
+    json_end(&r->report);
+}
+
+void ddp_epoch_end(Ddp *d) {
+    harvest_all(d);
+    report(d, "comm_epoch", &d->ar, &d->exposed, &d->bcast);
+    d->ar.n = d->exposed.n = d->bcast.n = 0;
+}
+
+void ddp_finish(Ddp *d) {
+    harvest_all(d);
+    report(d, "comm_summary", &d->ar_run, &d->exposed_run, &d->bcast_run);
+}

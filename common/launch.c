@@ -1,0 +1,421 @@
+/* launch.c — the launcher (fork + exec one worker per GPU, watch them, stop them all on a failure)
+ * and the worker's view of the job from its environment (see launch.h). */
+#include "launch.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "errors.h"
+
+/* One cache line per local worker in a page shared by the launcher and its workers. */
+typedef struct StatusSlot {
+    int64_t step;        /* step the worker is in (0: still setting up) */
+    int64_t exit_ns;     /* CLOCK_MONOTONIC when it called exit() (0: it did not, e.g. a signal) */
+    int64_t collateral;  /* its failure was caused by another rank's */
+    int64_t pad[5];
+} StatusSlot;
+
+static StatusSlot *my_slot;   /* worker: its slot, or NULL when not started by our launcher */
+static int fail_rank = -1, fail_signal = 0;
+static int64_t fail_step = -1;
+static int my_rank;
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    if (!v || !v[0]) return dflt;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*end || errno || x < 0 || x > INT_MAX)
+        die_user("environment variable %s='%s' is not a non-negative integer", name, v);
+    return (int)x;
+}
+
+static const struct { const char *name; int sig; } SIGNALS[] = {
+    {"HUP", SIGHUP}, {"INT", SIGINT}, {"QUIT", SIGQUIT}, {"ILL", SIGILL}, {"ABRT", SIGABRT},
+    {"BUS", SIGBUS}, {"FPE", SIGFPE}, {"KILL", SIGKILL}, {"SEGV", SIGSEGV}, {"PIPE", SIGPIPE},
+    {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2},
+};
+
+static const char *signal_name(int sig) {
+    for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++)
+        if (SIGNALS[i].sig == sig) return SIGNALS[i].name;
+    return "?";
+}
+
+/* ---- the worker side ------------------------------------------------------------------------- */
+
+static void note_exit(void) {
+    if (my_slot) __atomic_store_n(&my_slot->exit_ns, mono_ns(), __ATOMIC_RELAXED);
+}
+
+/* STAGE3_FAIL_AT=r:s[:SIG] (test-only). */
+static void parse_fail_at(void) {
+    const char *v = getenv("STAGE3_FAIL_AT");
+    if (!v || !v[0]) return;
+    char sig[16] = "";
+    long long s;
+    if (sscanf(v, "%d:%lld:%15s", &fail_rank, &s, sig) < 2 || fail_rank < 0 || s < 1)
+        die_user("STAGE3_FAIL_AT='%s': expected RANK:STEP or RANK:STEP:SIGNAL (e.g. 1:3 or 1:3:KILL)", v);
+    fail_step = s;
+    if (sig[0]) {
+        for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++)
+            if (!strcmp(sig, SIGNALS[i].name) || (!strncmp(sig, "SIG", 3) && !strcmp(sig + 3, SIGNALS[i].name)))
+                fail_signal = SIGNALS[i].sig;
+        if (!fail_signal)
+            die_user("STAGE3_FAIL_AT='%s': unknown signal '%s' (try KILL, SEGV, TERM, ABRT)", v, sig);
+    }
+}
+
+void launch_step(int64_t step) {
+    if (my_slot) __atomic_store_n(&my_slot->step, step, __ATOMIC_RELAXED);
+    if (step != fail_step || my_rank != fail_rank) return;
+    fflush(stdout);
+    fprintf(stderr, "rank %d: failing on purpose at step %lld (STAGE3_FAIL_AT=%s)\n", my_rank,
+            (long long)step, getenv("STAGE3_FAIL_AT"));
+    if (fail_signal) {
+        signal(fail_signal, SIG_DFL);
+        raise(fail_signal);
+    }
+    exit(3);
+}
+
+void launch_mark_collateral(void) {
+    if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
+}
+
+static void attach_status_page(int local_rank) {
+    int fd = env_int("STAGE3_STATUS_FD", -1);
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < (size_t)(local_rank + 1) * sizeof(StatusSlot)) return;
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd); /* the mapping stays */
+    if (p == MAP_FAILED) return;
+    my_slot = (StatusSlot *)p + local_rank;
+    atexit(note_exit);
+}
+
+/* SLURM_TASKS_PER_NODE looks like "4(x2),3": the first count is this node's on a regular layout. */
+static int slurm_local_world(int world) {
+    int n = env_int("SLURM_NTASKS_PER_NODE", 0);
+    if (n > 0) return n;
+    const char *t = getenv("SLURM_TASKS_PER_NODE");
+    if (t && atoi(t) > 0) return atoi(t);
+    return world;
+}
+
+/* Fill w from the launcher's variables; 0 when there are none (we are to launch). */
+static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
+    memset(w, 0, sizeof *w);
+    const char *addr = getenv("MASTER_ADDR");
+    snprintf(w->master_addr, sizeof w->master_addr, "%s", addr && addr[0] ? addr : cfg->master_addr);
+    w->master_port = env_int("MASTER_PORT", cfg->master_port);
+    if (getenv("RANK")) {
+        if (!getenv("WORLD_SIZE")) die_user("RANK is set but WORLD_SIZE is not: set both (as torchrun does)");
+        w->rank = env_int("RANK", 0);
+        w->world_size = env_int("WORLD_SIZE", 1);
+        w->local_rank = env_int("LOCAL_RANK", w->rank);
+        w->local_world_size = env_int("LOCAL_WORLD_SIZE", w->world_size);
+        w->node_rank = env_int("GROUP_RANK", 0);
+        w->launcher = getenv("STAGE3_STATUS_FD")      ? "stage3"
+                      : getenv("TORCHELASTIC_RUN_ID") ? "torchrun"
+                                                      : "environment";
+        /* torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers to share it;
+         * we speak our own protocol, so ours goes next door. */
+        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        if (agent && !strcmp(agent, "True")) w->master_port++;
+    } else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && getenv("SLURM_LOCALID")) {
+        w->rank = env_int("SLURM_PROCID", 0);
+        w->world_size = env_int("SLURM_NTASKS", 1);
+        w->local_rank = env_int("SLURM_LOCALID", 0);
+        w->local_world_size = slurm_local_world(w->world_size);
+        w->node_rank = env_int("SLURM_NODEID", 0);
+        w->launcher = "srun";
+    } else if (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) {
+        w->rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+        w->world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+        w->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+        w->local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", w->world_size);
+        w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
+        w->launcher = "mpirun";
+    } else {
+        return 0;
+    }
+    if (w->world_size < 1 || w->rank >= w->world_size)
+        die_user("rank %d of a world of %d (from %s's variables): the rank must be below the world size",
+                 w->rank, w->world_size, w->launcher);
+    if (w->local_world_size < 1 || w->local_rank >= w->local_world_size)
+        die_user("local rank %d of %d workers per node (from %s's variables) is out of range", w->local_rank,
+                 w->local_world_size, w->launcher);
+    if (w->master_port < 1 || w->master_port > 65535)
+        die_user("the rendezvous port %d is out of range (MASTER_PORT / --master-port)", w->master_port);
+    return 1;
+}
+
+void launch_resolve(const LaunchConfig *cfg, const char *launcher, int gpus, int local_workers,
+                    int *cuda, CommKind *comm) {
+    if (!strcmp(cfg->device, "cuda") && gpus == 0)
+        die_user("--device cuda: no CUDA GPU is visible — run with --device cpu");
+    *cuda = !strcmp(cfg->device, "cuda") || (!strcmp(cfg->device, "auto") && gpus > 0);
+    if (!strcmp(cfg->comm, "nccl")) *comm = COMM_NCCL;
+    else if (!strcmp(cfg->comm, "host")) *comm = COMM_HOST;
+    else *comm = *cuda && comm_have_nccl() ? COMM_NCCL : COMM_HOST;
+    if (*comm != COMM_NCCL) return;
+    if (!*cuda)
+        die_user("--comm nccl needs GPU workers (NCCL moves GPU memory); CPU workers use --comm host");
+    if (!comm_have_nccl())
+        die_user("--comm nccl: this binary was built without NCCL — install NCCL 2 (or set NCCL_HOME) and "
+                 "rebuild, or use --comm host");
+    /* srun / mpirun often give each task its own GPU (CUDA_VISIBLE_DEVICES per task): one visible
+     * GPU is then this worker's own. */
+    int per_task_gpu = gpus == 1 && (!strcmp(launcher, "srun") || !strcmp(launcher, "mpirun"));
+    if (local_workers > gpus && !per_task_gpu)
+        die_user("%d workers per node with --comm nccl need %d GPUs, but %d %s visible — NCCL needs one GPU "
+                 "per worker: use --nproc-per-node %d, or --comm host to let workers share GPUs",
+                 local_workers, local_workers, gpus, gpus == 1 ? "is" : "are", gpus);
+}
+
+int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank % gpus : 0; }
+
+/* ---- the launcher ---------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int sig) { got_signal = sig; }
+
+/* How many GPUs are visible, asked in a child process: the launcher itself must never touch CUDA,
+ * or the workers it forks would inherit a half-initialised driver. */
+static int count_gpus(void) {
+    int p[2];
+    CHECK_SYS(pipe(p));
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK_SYS(pid);
+    if (pid == 0) {
+        close(p[0]);
+        int n = device_cuda_count();
+        if (write(p[1], &n, sizeof n) != sizeof n) _exit(1);
+        _exit(0);
+    }
+    close(p[1]);
+    int n = 0;
+    if (read(p[0], &n, sizeof n) != sizeof n) n = 0;
+    close(p[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    return n;
+}
+
+typedef struct Child {
+    pid_t pid;
+    int rank, local_rank;
+    int status, reaped, stopped_by_us;
+    int64_t reap_ns;
+} Child;
+
+static void set_env_int(const char *name, int v) {
+    char b[24];
+    snprintf(b, sizeof b, "%d", v);
+    setenv(name, b, 1);
+}
+
+static void reap(Child *ch, int n, pid_t pid, int status) {
+    for (int i = 0; i < n; i++)
+        if (ch[i].pid == pid) {
+            ch[i].status = status, ch[i].reaped = 1, ch[i].reap_ns = mono_ns();
+            return;
+        }
+}
+
+static int failed(const Child *c) {
+    return c->reaped && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+}
+
+/* SIGTERM every live worker, SIGKILL the ones still alive after the grace period, reap them all. */
+static void stop_all(Child *ch, int n) {
+    for (int i = 0; i < n; i++)
+        if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM);
+    int64_t deadline = mono_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
+    int sent_kill = 0;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < n; i++) alive += !ch[i].reaped;
+        if (!alive) return;
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            reap(ch, n, pid, st);
+            continue;
+        }
+        if (pid < 0 && errno == ECHILD) return;
+        if (!sent_kill && mono_ns() > deadline) {
+            for (int i = 0; i < n; i++)
+                if (!ch[i].reaped) kill(ch[i].pid, SIGKILL);
+            sent_kill = 1;
+            deadline = mono_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
+        } else if (sent_kill && mono_ns() > deadline) {
+            return; /* stuck in the kernel (a GPU driver call): SIGKILL will take it when it returns */
+        }
+        usleep(5000);
+    }
+}
+
+static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, size_t len) {
+    char how[64], when[64];
+    if (WIFEXITED(c->status)) snprintf(how, sizeof how, "exited with code %d", WEXITSTATUS(c->status));
+    else
+        snprintf(how, sizeof how, "was killed by signal %d (SIG%s)", WTERMSIG(c->status),
+                 signal_name(WTERMSIG(c->status)));
+    int64_t step = __atomic_load_n(&slot->step, __ATOMIC_RELAXED);
+    if (step > 0) snprintf(when, sizeof when, "at step %lld", (long long)step);
+    else snprintf(when, sizeof when, "during setup (before step 1)");
+    snprintf(buf, len, "rank %d (local rank %d, pid %d) %s %s", c->rank, c->local_rank, (int)c->pid, how, when);
+}
+
+_Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
+    int gpus = strcmp(cfg->device, "cpu") ? count_gpus() : 0;
+    int cuda;
+    CommKind comm;
+    int n = cfg->nproc_per_node;
+    if (n == 0) { /* one per GPU, as `torchrun --nproc-per-node gpu` */
+        int probe_cuda = !strcmp(cfg->device, "cuda") || (!strcmp(cfg->device, "auto") && gpus > 0);
+        n = probe_cuda ? gpus : 2;
+    }
+    launch_resolve(cfg, "stage3", gpus, n, &cuda, &comm);
+    if (cfg->node_rank >= cfg->nnodes)
+        die_user("--node-rank %d must be below --nnodes %d (nodes are numbered from 0)", cfg->node_rank,
+                 cfg->nnodes);
+    int world = cfg->nnodes * n, first = cfg->node_rank * n;
+
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) exe[len] = 0;
+    else snprintf(exe, sizeof exe, "%s", argv[0]);
+
+    /* The status page: one slot per local worker, inherited as a file descriptor across exec. */
+    int status_fd = memfd_create("stage3-status", 0);
+    CHECK_SYS(status_fd);
+    CHECK_SYS(ftruncate(status_fd, (off_t)(n * sizeof(StatusSlot))));
+    StatusSlot *slots =
+        mmap(NULL, (size_t)n * sizeof(StatusSlot), PROT_READ | PROT_WRITE, MAP_SHARED, status_fd, 0);
+    if (slots == MAP_FAILED) die_at(__FILE__, __LINE__, "mmap", errno_string(), NULL);
+
+    printf("stage3: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d\n", n,
+           n == 1 ? "" : "s", first, first + n - 1, world, cuda ? "GPU" : "CPU",
+           comm == COMM_NCCL ? "nccl" : "host ring", cfg->master_addr, cfg->master_port);
+    fflush(stdout);
+    fflush(stderr);
+
+    struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: waitpid returns EINTR */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+
+    pid_t self = getpid();
+    Child *ch = xcalloc((size_t)n, sizeof *ch);
+    for (int i = 0; i < n; i++) {
+        ch[i].rank = first + i, ch[i].local_rank = i;
+        pid_t pid = fork();
+        CHECK_SYS(pid);
+        if (pid == 0) {
+            /* Die with the launcher, whatever kills it (even SIGKILL): no orphaned workers. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != self) _exit(1);
+            set_env_int("RANK", first + i);
+            set_env_int("LOCAL_RANK", i);
+            set_env_int("WORLD_SIZE", world);
+            set_env_int("LOCAL_WORLD_SIZE", n);
+            set_env_int("GROUP_RANK", cfg->node_rank);
+            setenv("MASTER_ADDR", cfg->master_addr, 1);
+            set_env_int("MASTER_PORT", cfg->master_port);
+            set_env_int("STAGE3_STATUS_FD", status_fd);
+            unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+            execv(exe, argv);
+            fprintf(stderr, "error: stage3 launcher: cannot exec %s: %s\n", exe, strerror(errno));
+            _exit(127);
+        }
+        ch[i].pid = pid;
+    }
+    close(status_fd);
+
+    /* Wait. The first worker to fail (or a signal to us) stops everyone. */
+    int alive = n, failure = 0;
+    while (alive > 0 && !failure && !got_signal) {
+        int st;
+        pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        reap(ch, n, pid, st);
+        alive--;
+        for (int i = 0; i < n; i++) failure |= ch[i].pid == pid && failed(&ch[i]);
+    }
+    if (!failure && !got_signal) exit(0);
+
+    if (got_signal) { /* Ctrl-C or a kill: the workers may have died of it first, which is no failure */
+        stop_all(ch, n);
+        fprintf(stderr, "stage3: interrupted by SIG%s: stopped all %d workers\n", signal_name(got_signal), n);
+        exit(128 + got_signal);
+    }
+    /* A failure: say so at once, then stop the others. */
+    char msg[256];
+    for (int i = 0; i < n; i++)
+        if (failed(&ch[i])) {
+            describe_exit(&ch[i], &slots[i], msg, sizeof msg);
+            fprintf(stderr, "stage3: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", msg,
+                    LAUNCH_GRACE_S);
+            break;
+        }
+    stop_all(ch, n);
+    /* The root cause: of the workers that failed on their own, one whose failure was not caused by a
+     * peer's, the earliest (its exit() time, or when we saw it die). */
+    int root = -1;
+    int64_t best = INT64_MAX;
+    int best_collateral = 1;
+    for (int i = 0; i < n; i++) {
+        if (!failed(&ch[i])) continue;
+        if (ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
+            (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL))
+            continue;
+        int coll = (int)__atomic_load_n(&slots[i].collateral, __ATOMIC_RELAXED);
+        int64_t t = __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
+        if (!t) t = ch[i].reap_ns;
+        if (coll < best_collateral || (coll == best_collateral && t < best))
+            root = i, best = t, best_collateral = coll;
+    }
+    if (root < 0) root = 0;
+    int stopped = 0;
+    for (int i = 0; i < n; i++) stopped += ch[i].stopped_by_us;
+    describe_exit(&ch[root], &slots[root], msg, sizeof msg);
+    fprintf(stderr, "stage3: job failed: %s (first failure); %d other worker%s stopped\n", msg, stopped,
+            stopped == 1 ? "" : "s");
+    int code = WIFEXITED(ch[root].status) ? WEXITSTATUS(ch[root].status) : 128 + WTERMSIG(ch[root].status);
+    exit(code ? code : 1);
+}
+
+void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
+    (void)argc;
+    if (!worker_from_env(cfg, w)) launcher_run(argv, cfg);
+    my_rank = w->rank;
+    attach_status_page(w->local_rank);
+    parse_fail_at();
+}

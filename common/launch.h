@@ -1,0 +1,64 @@
+/* launch.h — one process per GPU: the launcher (our torchrun), and the worker's side of it.
+ *
+ * `./stage3` started by hand finds no rank variables in its environment and becomes the launcher:
+ * before any CUDA call (a CUDA context does not survive fork), it forks and execs --nproc-per-node
+ * copies of itself, each with torchrun's variables — RANK, LOCAL_RANK, WORLD_SIZE,
+ * LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR, MASTER_PORT — then waits. If any worker
+ * exits non-zero or dies by a signal, it SIGTERMs the others, SIGKILLs them after a grace period,
+ * and exits non-zero naming the root cause: the rank, its exit code or signal, and the step it was
+ * in (workers publish their step in a shared page, STAGE3_STATUS_FD). Workers also die with the
+ * launcher (PR_SET_PDEATHSIG), so none is ever orphaned.
+ *
+ * The same binary is a worker when started by torchrun --no-python (RANK, …), srun (SLURM_PROCID,
+ * SLURM_LOCALID, SLURM_NTASKS) or mpirun (OMPI_COMM_WORLD_RANK, _LOCAL_RANK, _SIZE).
+ * Under torchrun, its agent already holds MASTER_PORT for its own store (TORCHELASTIC_USE_AGENT_STORE
+ * = True), so rank 0 hosts ours on MASTER_PORT + 1.
+ *
+ * Test-only: STAGE3_FAIL_AT=r:s makes rank r exit with code 3 at the start of step s;
+ * STAGE3_FAIL_AT=r:s:SIG (e.g. 1:4:KILL, 0:2:SEGV) makes it kill itself with that signal instead. */
+#ifndef LAUNCH_H
+#define LAUNCH_H
+
+#include <stdint.h>
+
+#include "comm.h"
+
+#define LAUNCH_GRACE_S 5.0 /* SIGTERM → SIGKILL (torchrun waits 30 s; our workers hold no state) */
+
+typedef struct LaunchConfig {
+    int nproc_per_node;      /* 0 = one per visible GPU (2 on the CPU backend) */
+    int nnodes, node_rank;
+    const char *master_addr; /* where rank 0 hosts the rendezvous store */
+    int master_port;
+    const char *device;      /* --device: auto | cuda | cpu */
+    const char *comm;        /* --comm: auto | nccl | host */
+} LaunchConfig;
+
+typedef struct Worker {
+    int rank, local_rank, world_size, local_world_size, node_rank;
+    char master_addr[256];
+    int master_port;         /* the store's port (MASTER_PORT + 1 under torchrun's agent store) */
+    const char *launcher;    /* "stage3", "torchrun", "srun", "mpirun" or "environment" */
+} Worker;
+
+/* Call at the top of main, after the flags are parsed and before any CUDA call. Without rank
+ * variables in the environment this process becomes the launcher and never returns (it exits
+ * with the job's status). In a worker it fills *w from the environment and returns. */
+void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w);
+
+/* Resolve --device and --comm ("auto") for `gpus` visible GPUs and `local_workers` workers per
+ * node, and check the combination (exit 2 with the fix: NCCL without GPUs, more NCCL workers than
+ * GPUs, a binary built without NCCL). *cuda = 1 for GPU workers. */
+void launch_resolve(const LaunchConfig *cfg, const char *launcher, int gpus, int local_workers,
+                    int *cuda, CommKind *comm);
+/* The GPU a worker uses: its local rank (NCCL), or local rank mod GPUs (--comm host shares). */
+int launch_gpu_of(const Worker *w, int gpus);
+
+/* Worker: "I am in step `step`" (1-based; cheap: one store to shared memory), and the test-only
+ * STAGE3_FAIL_AT fault. */
+void launch_step(int64_t step);
+/* Worker: the failure about to be reported is a consequence of another rank's (a closed
+ * connection, a collective that timed out), so the launcher blames the other one. */
+void launch_mark_collateral(void);
+
+#endif

@@ -1,0 +1,70 @@
+/* store.h — a small TCP key-value store for rendezvous (PyTorch's TCPStore, reduced to what we need).
+ *
+ * Before any communicator exists, the processes of a job must find each other. Rank 0 hosts the
+ * store: a server thread listening on --master-addr:--master-port (that address only) that answers
+ * every rank, rank 0 included. Over it the ranks check that everyone has arrived (rendezvous), pass
+ * NCCL's unique id from rank 0 to the others, publish the host ring's socket addresses, and meet in
+ * barriers. Messages are bounded (STORE_MAX_KEY, STORE_MAX_VALUE); anything larger closes the
+ * connection instead of growing a buffer without limit.
+ *
+ * Protocol, one request then one response per connection at a time (integers big-endian):
+ *   request  = op:u8 pad:u8[3] key_len:u32 val_len:u32 key val
+ *   response = status:u8 pad:u8[3] val_len:u32 val
+ *   ops: SET (store), GET (answered once the key exists), ADD (int64 counter; returns the new
+ *   value), CHECK (status 1 if the key exists).
+ *
+ * Every wait has a timeout, and every failure says which rank, what, and which flag to check. */
+#ifndef STORE_H
+#define STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_MAX_KEY 256
+#define STORE_MAX_VALUE (1 << 20) /* 1 MiB: NCCL's unique id is 128 bytes, a ring address ~60 */
+
+typedef struct Store Store;
+
+/* Join the job's rendezvous at addr:port as `rank` of `world`. Rank 0 first starts the server there
+ * (a port in use or an address that is not this machine's is a user error). Every rank connects,
+ * retrying until timeout_s, claims its rank (two processes with one rank is an error) and waits
+ * until all `world` ranks have joined; a rank missing after timeout_s is named in the error. */
+Store *store_open(const char *addr, int port, int rank, int world, double timeout_s);
+/* Rank 0 waits (bounded) until every other rank has disconnected, then stops the server. */
+void store_close(Store *s);
+/* Timeout for later gets and barriers (the job's collective timeout once training runs). */
+void store_set_timeout(Store *s, double timeout_s);
+
+void store_set(Store *s, const char *key, const void *val, size_t len);
+/* Wait until `key` exists, copy its value into val (at most cap bytes), return its length.
+ * Dies naming the key if it does not appear within the timeout. */
+size_t store_get(Store *s, const char *key, void *val, size_t cap);
+/* Wait until `key` exists (the same timeout and error as store_get). */
+void store_wait(Store *s, const char *key);
+int64_t store_add(Store *s, const char *key, int64_t delta); /* atomic; returns the new value */
+int store_check(Store *s, const char *key);                   /* 1 if the key exists now */
+/* Every rank calls it; returns once all have. A rank missing after the timeout is named. */
+void store_barrier(Store *s, const char *what);
+
+/* The local IP address this rank uses to reach the store — the interface its peers can reach too
+ * (the host ring listens there). */
+const char *store_local_ip(const Store *s);
+/* 0, 1, 2, … on successive calls: ranks that call it in the same order get the same numbers
+ * (communicators name their keys with it). */
+int store_sequence(Store *s);
+int store_rank(const Store *s);
+int store_world(const Store *s);
+
+/* ---- sockets, shared with comm.c's host ring --------------------------------------------------- */
+/* Listen on addr:port (port 0: any free port; the port chosen is returned in *bound). Returns the
+ * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, …). */
+int net_listen(const char *addr, int port, int *bound);
+/* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
+ * socket, or −1 with errno set (ETIMEDOUT when the time ran out). */
+int net_connect(const char *addr, int port, double timeout_s);
+/* Send / receive exactly len bytes. Return 0, or −1 on error, timeout (errno ETIMEDOUT) or a closed
+ * peer (errno ECONNRESET). */
+int net_send_all(int fd, const void *buf, size_t len, double timeout_s);
+int net_recv_all(int fd, void *buf, size_t len, double timeout_s);
+
+#endif

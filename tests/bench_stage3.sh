@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# bench_stage3.sh — stage 1 vs stage 3 (overlap, --no-overlap) vs PyTorch DDP, in one run:
+#   bash tests/bench_stage3.sh          (./stage1 and ./stage3 built; PyTorch for its rows)
+#
+# All train ResNet-18 (CIFAR layout) at batch 128 per GPU, SGD(momentum 0.9, wd 5e-4), fp32 with
+# TF32 allowed in convolutions; the stages run their real input pipeline (4 loader threads, pinned
+# memory), PyTorch's batches sit on the GPU already. Scaling efficiency = img/s with N GPUs / (N ×
+# img/s on one GPU), each framework against itself. Exposed communication = time the compute stream
+# waited for communication (stage 3's "comm_summary" record), as % of the median step.
+# Then a `torchrun --no-python` launch of two ./stage3 workers must train exactly like ./stage3's
+# own launcher. With one GPU, the stage 3 rows (and PyTorch's, with gloo) run two workers sharing
+# it through --comm host: the mechanics are all there, the timings then say nothing about scaling.
+# Logs and JSON under $BENCH_OUT (default runs/bench_stage3); the table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+# NVLink multicast stays off in every process below (torchrun's workers included): it is not needed
+# here, and on shared hosts it can take the GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${BENCH_OUT:-runs/bench_stage3}
+STEPS=${STEPS:-300}
+mkdir -p "$OUT"
+rm -f "$OUT"/*.jsonl "$OUT"/*.json "$OUT"/*.ran
+[ -x ./stage1 ] && [ -x ./stage3 ] || make stage1 stage3 || exit 1
+
+HAVE_TORCH=0
+python3 -c "import torch" 2>/dev/null && HAVE_TORCH=1
+if [ "$HAVE_TORCH" = 1 ]; then
+    NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+fi
+if [ "$NGPU" -ge 2 ]; then
+    COMM=nccl; BACKEND=nccl; MODE="2 GPUs"
+else
+    COMM=host; BACKEND=gloo; MODE="2 workers on 1 GPU"
+    echo "note: $NGPU GPU visible — stage 3 runs two workers sharing it with --comm host (and PyTorch DDP"
+    echo "      two processes with gloo): the DDP path is exercised, but these timings do not show scaling"
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1 | sed "s/^/gpu: /;s/$/ (x$NGPU)/"
+TORCHRUN=$(command -v torchrun || echo "python3 -m torch.distributed.run")
+PORT=$((20000 + $$ % 10000)) # below the ephemeral range; a different port for every run below
+next_port() { PORT=$((PORT + 10)); }
+log() { echo "=== $* ($(date +%T))"; }
+
+# name, stage binary, extra flags...: the timed run (median over the steps after warm-up)
+run_stage() {
+    local name=$1 bin=$2; shift 2
+    next_port
+    [ "$bin" = stage3 ] && set -- --master-port "$PORT" "$@"
+    timeout -k 10 180 "./$bin" --model resnet18 --batch-size 128 --workers 4 --pin-memory \
+        --steps $((STEPS + 5)) --epochs 100 --test-size 2000 --schedule const --progress off --log-every 1000 \
+        --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    [ $rc = 0 ] || echo "$name FAILED (exit $rc): see $OUT/$name.log"
+    grep -E "^(summary|comm over)" "$OUT/$name.log"
+}
+
+log "stage 1, one GPU";            run_stage stage1 stage1
+log "stage 3, $MODE, --comm $COMM, overlap"; run_stage stage3 stage3 --nproc-per-node 2 --comm "$COMM"
+log "stage 3, $MODE, --comm $COMM, --no-overlap"; run_stage stage3_nooverlap stage3 --nproc-per-node 2 --comm "$COMM" --no-overlap
+
+if [ "$HAVE_TORCH" = 1 ]; then
+    log "PyTorch, one GPU"
+    timeout -k 10 180 python3 tests/torch/bench_pytorch.py --model resnet18 --batch 128 --steps "$STEPS" --warmup 20 \
+        > "$OUT/pytorch1.json" 2> "$OUT/pytorch1.log" || echo "PyTorch one-GPU run FAILED: see $OUT/pytorch1.log"
+    log "PyTorch DDP, $MODE ($BACKEND)"
+    next_port
+    timeout -k 10 240 $TORCHRUN --nproc-per-node 2 --master-port "$PORT" tests/torch/bench_ddp.py --model resnet18 \
+        --batch 128 --steps "$STEPS" --warmup 20 --backend "$BACKEND" > "$OUT/pytorch_ddp.json" 2> "$OUT/pytorch_ddp.log" \
+        || echo "PyTorch DDP run FAILED: see $OUT/pytorch_ddp.log"
+fi
+
+# The same 20 deterministic steps, launched by ./stage3 itself and by torchrun --no-python.
+CHECK=(--nproc-per-node 2 --comm "$COMM" --train-size 5120 --test-size 512 --steps 20 --log-every 1
+       --deterministic --progress off)
+log "./stage3 launcher vs torchrun --no-python"
+next_port
+timeout -k 10 120 ./stage3 "${CHECK[@]}" --master-port "$PORT" --report "$OUT/check_launcher.jsonl" \
+    > "$OUT/check_launcher.log" 2>&1 || echo "launcher check run FAILED: see $OUT/check_launcher.log"
+if [ "$HAVE_TORCH" = 1 ]; then
+    next_port
+    touch "$OUT/check_torchrun.ran"
+    timeout -k 10 180 $TORCHRUN --no-python --nproc-per-node 2 --master-port "$PORT" ./stage3 "${CHECK[@]}" \
+        --report "$OUT/check_torchrun.jsonl" > "$OUT/check_torchrun.log" 2>&1 \
+        || echo "torchrun check run FAILED: see $OUT/check_torchrun.log"
+fi
+
+python3 - "$OUT" "$MODE" "$NGPU" <<'PY'
+import json, os, sys
+out, mode, ngpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
+shared = ngpu < 2
+
+def records(path, kind):
+    try:
+        return [json.loads(l) for l in open(path) if l.strip().startswith("{") and f'"type":"{kind}"' in l.replace(" ", "")]
+    except OSError:
+        return []
+
+def last(path, kind="summary"):
+    r = records(path, kind)
+    return r[-1] if r else None
+
+GiB = 2**30
+s1, s3, s3n = (last(f"{out}/{n}.jsonl") for n in ("stage1", "stage3", "stage3_nooverlap"))
+c3, c3n = last(f"{out}/stage3.jsonl", "comm_summary"), last(f"{out}/stage3_nooverlap.jsonl", "comm_summary")
+pt1, ptd = last(f"{out}/pytorch1.json"), last(f"{out}/pytorch_ddp.json")
+
+def mem(r):
+    p = r["peak_mem_bytes"]
+    if len(p) == 1:
+        return f"{p[0] / GiB:.2f} GiB"
+    return f"{max(p) / GiB:.2f}/{min(p) / GiB:.2f} GiB ({max(p) / min(p):.3f})"
+
+def eff(r, base):
+    if not (r and base) or shared:
+        return "n/a (1 GPU)" if shared and r and base else "-"
+    return f"{100 * r['img_per_s'] / (r['world_size'] * base['img_per_s']):.1f}%"
+
+def exposed(c):
+    return f"{c['exposed_ms_median']:.3f} ms ({c['exposed_pct']:.1f}%)" if c else "-"
+
+comm = "nccl" if not shared else "host"
+rows = [("stage 1, one GPU", s1, None, None),
+        (f"stage 3, {mode}, {comm}, overlap", s3, s1, c3),
+        (f"stage 3, {mode}, {comm}, --no-overlap", s3n, s1, c3n)]
+if pt1:
+    rows.append((f"PyTorch {pt1['torch']}, one GPU", pt1, None, None))
+if ptd:
+    ptd.setdefault("world_size", len(ptd["peak_mem_bytes"]))
+    rows.append((f"PyTorch DDP, {mode}, {ptd['backend']}", ptd, pt1, None))
+
+# torchrun --no-python ./stage3 against ./stage3's own launcher
+a, b = records(f"{out}/check_launcher.jsonl", "step"), records(f"{out}/check_torchrun.jsonl", "step")
+if not os.path.exists(f"{out}/check_torchrun.ran"):
+    check = "torchrun --no-python ./stage3: not run (no PyTorch, so no torchrun)"
+elif a and len(a) == len(b):
+    diff = max(abs(x["loss"] - y["loss"]) / max(abs(x["loss"]), 1e-30) for x, y in zip(a, b))
+    check = (f"torchrun --no-python ./stage3, 2 workers ({mode}): {len(b)} steps, losses equal ./stage3's own "
+             f"launcher's to {diff:.2g} (relative): " + ("PASS" if diff <= 1e-5 else "FAIL"))
+else:
+    check = f"torchrun --no-python ./stage3: FAIL ({len(a)} vs {len(b)} logged steps; see {out}/check_*.log)"
+
+print()
+print(f"{'ResNet-18, batch 128 per GPU, fp32':48s} {'ms/iter':>8s} {'img/s':>8s} {'scaling':>16s} {'exposed comm':>18s}  peak mem per GPU (max/min)")
+for name, r, base, c in rows:
+    if not r:
+        print(f"{name:48s} {'failed':>8s}")
+        continue
+    print(f"{name:48s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} {eff(r, base):>16s} {exposed(c):>18s}  {mem(r)}")
+print(check)
+if s3 and s1 and c3 and not shared:
+    e = s3["img_per_s"] / (s3["world_size"] * s1["img_per_s"])
+    p = s3["peak_mem_bytes"]
+    print(f"goals: scaling >= 97%: {'PASS' if e >= 0.97 else 'FAIL'} ({100 * e:.1f}%) | exposed comm <= 5% of the step: "
+          f"{'PASS' if c3['exposed_pct'] <= 5 else 'FAIL'} ({c3['exposed_pct']:.1f}%) | memory max/min <= 1.05: "
+          f"{'PASS' if max(p) / min(p) <= 1.05 else 'FAIL'} ({max(p) / min(p):.3f})")
+elif shared:
+    print("goals: scaling and exposed-communication goals need 2 GPUs; rerun this script on a 2-GPU machine")
+PY

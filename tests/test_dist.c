@@ -1,0 +1,505 @@
+/* test_dist.c — stage 3's plumbing: the sampler as ./stage3 prints it, the rendezvous store, the
+ * host ring all-reduce, and the launcher (bad flags, a failing rank, torchrun / srun conventions).
+ * Ranks of in-process tests are threads, each with its own store connection and communicator;
+ * everything listens on 127.0.0.1 only, and every child process runs under `timeout`. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "device.h"
+#include "rng.h"
+#include "sampler.h"
+#include "store.h"
+
+#include "tests.h"
+
+#define LIMIT "timeout -k 5 120 " /* no test leaves a process behind, even when it fails */
+
+/* A port nobody listens on right now (the kernel's choice for port 0). */
+/* A port pair (p, p+1) nobody listens on, below the kernel's ephemeral range (32768 and up), so
+ * that no outgoing connection of another process can take it between this check and its use.
+ * (p+1: under torchrun's variables, rank 0 hosts the store on MASTER_PORT + 1.) */
+static int free_port(void) {
+    static unsigned seed;
+    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (;;) {
+        seed = seed * 1103515245u + 12345u;
+        int port = 20000 + (int)((seed >> 8) % 12000), ok = 1;
+        for (int k = 0; k < 2 && ok; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + k)),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+            close(fd);
+        }
+        if (ok) return port;
+    }
+}
+
+static int stage3(const char *env, const char *args, char **out) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s " LIMIT "%s/stage3 %s", env ? env : "", test_root(), args);
+    return test_run(cmd, out);
+}
+
+/* ---- the sampler, as ./stage3 --show-sampler prints it ---------------------------------------- */
+
+START_TEST(show_sampler_prints_the_shard) {
+    struct { int64_t n; int world, rank; int64_t epoch, seed; int drop_last, shuffle; } cases[] = {
+        {10, 3, 1, 2, 5, 0, 1},  {10, 3, 2, 0, 0, 1, 1}, {3, 4, 3, 1, 7, 0, 1},  /* N < R: repeats */
+        {17, 4, 0, 3, 42, 0, 0}, {1000, 8, 5, 9, 1, 1, 1}, {50000, 2, 1, 4, 0, 0, 1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char args[512], *out;
+        snprintf(args, sizeof args, "--show-sampler --dataset-size %lld --world-size %d --rank %d --epoch %lld --seed %lld%s%s",
+                 (long long)cases[c].n, cases[c].world, cases[c].rank, (long long)cases[c].epoch,
+                 (long long)cases[c].seed, cases[c].drop_last ? " --drop-last" : "", cases[c].shuffle ? "" : " --no-shuffle");
+        ck_assert_msg(stage3(NULL, args, &out) == 0, "%s\n%s", args, out);
+        int64_t k = sampler_num_samples(cases[c].n, cases[c].world, cases[c].drop_last);
+        int64_t *want = malloc((size_t)(k + 1) * sizeof(int64_t));
+        sampler_indices(cases[c].n, cases[c].world, cases[c].rank, (uint64_t)cases[c].seed, cases[c].epoch,
+                        cases[c].shuffle, cases[c].drop_last, want);
+        char *p = out, *end;
+        for (int64_t i = 0; i < k; i++) {
+            long long v = strtoll(p, &end, 10);
+            ck_assert_msg(end != p, "%s: only %lld of %lld indices printed", args, (long long)i, (long long)k);
+            ck_assert_msg(v == want[i], "%s: index %lld is %lld, expected %lld", args, (long long)i, v, (long long)want[i]);
+            p = end;
+        }
+        while (*p == ' ' || *p == '\n') p++;
+        ck_assert_msg(*p == 0, "%s: extra output '%.40s'", args, p);
+        free(want), free(out);
+    }
+}
+END_TEST
+
+/* ---- the store ------------------------------------------------------------------------------- */
+
+typedef struct RankArg {
+    int rank, world, port;
+    int64_t count;  /* ring tests: floats to reduce */
+    int root;
+    int ok;
+    char msg[256];
+} RankArg;
+
+static void *store_rank_main(void *p) {
+    RankArg *a = p;
+    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
+    char key[32], val[64];
+    snprintf(key, sizeof key, "hello/%d", a->rank);
+    snprintf(val, sizeof val, "from rank %d", a->rank);
+    store_set(s, key, val, strlen(val) + 1);
+    /* get waits for a key another rank sets later */
+    if (a->rank == a->world - 1) {
+        usleep(100000);
+        store_set(s, "late", "finally", 8);
+    }
+    char got[64] = "";
+    store_wait(s, "late");
+    ck_assert_uint_eq(store_get(s, "late", got, sizeof got), 8);
+    ck_assert_str_eq(got, "finally");
+    for (int r = 0; r < a->world; r++) {
+        snprintf(key, sizeof key, "hello/%d", r);
+        memset(got, 0, sizeof got);
+        store_get(s, key, got, sizeof got);
+        snprintf(val, sizeof val, "from rank %d", r);
+        ck_assert_str_eq(got, val);
+    }
+    /* add is atomic: every rank adds rank+1 ten times */
+    for (int i = 0; i < 10; i++) store_add(s, "counter", a->rank + 1);
+    store_barrier(s, "after adding");
+    ck_assert_int_eq(store_add(s, "counter", 0), 10 * a->world * (a->world + 1) / 2);
+    ck_assert(store_check(s, "late"));
+    ck_assert(!store_check(s, "never-set"));
+    /* a value at the size limit round-trips */
+    if (a->rank == 1) {
+        char *big = malloc(STORE_MAX_VALUE);
+        for (int i = 0; i < STORE_MAX_VALUE; i++) big[i] = (char)(i * 7);
+        store_set(s, "big", big, STORE_MAX_VALUE);
+        free(big);
+    }
+    char *back = malloc(STORE_MAX_VALUE);
+    ck_assert_uint_eq(store_get(s, "big", back, STORE_MAX_VALUE), STORE_MAX_VALUE);
+    for (int i = 0; i < STORE_MAX_VALUE; i += 4099) ck_assert(back[i] == (char)(i * 7));
+    free(back);
+    store_barrier(s, "before closing");
+    store_close(s);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(store_set_get_add_barrier) {
+    int port = free_port(), world = 4;
+    pthread_t t[4];
+    RankArg a[4];
+    for (int r = 0; r < world; r++) {
+        a[r] = (RankArg){.rank = r, .world = world, .port = port};
+        pthread_create(&t[r], NULL, store_rank_main, &a[r]);
+    }
+    for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "rank %d did not finish", r);
+}
+END_TEST
+
+/* A request larger than the limit closes that connection; the server keeps serving the others. */
+static void *oversized_rank0(void *p) {
+    RankArg *a = p;
+    Store *s = store_open("127.0.0.1", a->port, 0, 1, 10);
+    int fd = net_connect("127.0.0.1", a->port, 5);
+    ck_assert(fd >= 0);
+    unsigned char h[12] = {1, 0, 0, 0, 0, 0, 0, 3};
+    uint32_t v = htonl(STORE_MAX_VALUE + 1);
+    memcpy(h + 8, &v, 4);
+    ck_assert(net_send_all(fd, h, sizeof h, 5) == 0);
+    char c;
+    ck_assert_msg(net_recv_all(fd, &c, 1, 5) < 0, "the store answered an oversized request");
+    close(fd);
+    store_set(s, "still", "alive", 6);
+    char got[8] = "";
+    store_get(s, "still", got, sizeof got);
+    ck_assert_str_eq(got, "alive");
+    store_close(s);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(store_bounds_message_sizes) {
+    RankArg a = {.port = free_port()};
+    pthread_t t;
+    pthread_create(&t, NULL, oversized_rank0, &a);
+    pthread_join(t, NULL);
+    ck_assert(a.ok);
+}
+END_TEST
+
+typedef struct OpenArg {
+    int port, rank, world;
+    double timeout;
+} OpenArg;
+static void open_store(void *p) {
+    OpenArg *o = p;
+    store_open("127.0.0.1", o->port, o->rank, o->world, o->timeout);
+}
+
+START_TEST(store_rendezvous_timeouts_are_clear) {
+    char *out;
+    /* rank 0 alone in a world of 2: names the rank that did not come */
+    OpenArg a = {.port = free_port(), .rank = 0, .world = 2, .timeout = 1};
+    double t0 = time_now();
+    ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
+    ck_assert_msg(strstr(out, "rank 1 did not join within 1 s") && strstr(out, "--master-addr"), "%s", out);
+    ck_assert(time_now() - t0 < 5);
+    free(out);
+    /* rank 1 with nobody hosting the store */
+    OpenArg b = {.port = free_port(), .rank = 1, .world = 2, .timeout = 1};
+    ck_assert_int_eq(test_run_captured(open_store, &b, &out), 2);
+    ck_assert_msg(strstr(out, "rank 1 could not reach the rendezvous store at 127.0.0.1:") && strstr(out, "--master-addr"),
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(store_port_in_use_is_clear) {
+    int port = free_port();
+    int fd = net_listen("127.0.0.1", port, NULL);
+    ck_assert(fd >= 0);
+    OpenArg a = {.port = port, .rank = 0, .world = 1, .timeout = 2};
+    char *out;
+    ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
+    ck_assert_msg(strstr(out, "in use") && strstr(out, "--master-port"), "%s", out);
+    free(out);
+    /* the same through ./stage3: rank 0 fails, the launcher stops rank 1 and passes the code on */
+    char args[256];
+    snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --master-port %d --rdzv-timeout 20", port);
+    double t0 = time_now();
+    ck_assert_int_eq(stage3(NULL, args, &out), 2);
+    ck_assert_msg(strstr(out, "in use") && strstr(out, "job failed: rank 0"), "%s", out);
+    ck_assert(time_now() - t0 < 10);
+    free(out);
+    close(fd);
+    /* and a worker whose peer never comes, started with torchrun's variables */
+    snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --rdzv-timeout 1");
+    char env[128];
+    snprintf(env, sizeof env, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d", free_port());
+    ck_assert_int_eq(stage3(env, args, &out), 2);
+    ck_assert_msg(strstr(out, "rank 1 did not join within 1 s — check --master-addr"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* ---- the host ring --------------------------------------------------------------------------- */
+
+/* Inputs whose sums are exact in float (small integers), so every rank must get exactly Σ. */
+static float exact_input(int rank, int64_t i) { return (float)((rank * 7 + i * 3) % 17) - 8.0f; }
+
+static void *ring_rank_main(void *p) {
+    RankArg *a = p;
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, a->rank, 0);
+    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
+    Comm *c = comm_create(COMM_HOST, s, &dev, 20);
+    int64_t n = a->count;
+    float *x = malloc((size_t)(n + 1) * sizeof(float)), *y = malloc((size_t)(n + 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = exact_input(a->rank, i);
+    /* two operations in flight at once, on two buffers */
+    test_fill_uniform(y, n, 100 + (uint64_t)a->rank, -1, 1);
+    int64_t id = comm_allreduce_async(c, x, n);
+    comm_allreduce_async(c, y, n);
+    comm_wait(c);
+    ck_assert(comm_op_ms(c, id) >= 0);
+    for (int64_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < a->world; r++) want += exact_input(r, i);
+        if (x[i] != want) {
+            snprintf(a->msg, sizeof a->msg, "world %d, count %lld, rank %d: x[%lld] = %g, expected %g", a->world,
+                     (long long)n, a->rank, (long long)i, x[i], want);
+            return NULL;
+        }
+    }
+    /* every rank ends with the same bits: sum the bit patterns' hash over ranks and compare */
+    uint64_t h = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &y[i], 4);
+        h = hash3(h, b, (uint64_t)i);
+    }
+    double v[3] = {(double)(h >> 40), (double)(h & 0xffffff), 1.0};
+    double mine[3] = {v[0], v[1], v[2]};
+    comm_sum_doubles(c, v, 3);
+    if (v[0] != a->world * mine[0] || v[1] != a->world * mine[1] || v[2] != a->world) {
+        snprintf(a->msg, sizeof a->msg, "world %d, count %lld: ranks ended with different bits", a->world, (long long)n);
+        return NULL;
+    }
+    /* broadcast from the last rank */
+    for (int64_t i = 0; i < n; i++) x[i] = a->rank == a->root ? (float)i : -1.0f;
+    comm_broadcast_async(c, x, n, a->root);
+    comm_wait(c);
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] != (float)i) {
+            snprintf(a->msg, sizeof a->msg, "broadcast from %d, world %d, rank %d: x[%lld] = %g", a->root, a->world,
+                     a->rank, (long long)i, x[i]);
+            return NULL;
+        }
+    comm_destroy(c);
+    store_close(s);
+    device_destroy(&dev);
+    free(x), free(y);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(host_ring_allreduce_is_exact) {
+    const int worlds[] = {1, 2, 3, 4, 5};
+    const int64_t counts[] = {1, 3, 7, 1000, 100003}; /* fewer elements than ranks, and remainders */
+    for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            int world = worlds[w], port = free_port();
+            pthread_t t[5];
+            RankArg a[5];
+            for (int r = 0; r < world; r++) {
+                a[r] = (RankArg){.rank = r, .world = world, .port = port, .count = counts[k], .root = world - 1};
+                pthread_create(&t[r], NULL, ring_rank_main, &a[r]);
+            }
+            for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
+            for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
+        }
+}
+END_TEST
+
+/* ---- the launcher ---------------------------------------------------------------------------- */
+
+#define TINY "--device cpu --model tiny --train-size 256 --test-size 64 --batch-size 16 --progress off"
+
+START_TEST(launcher_refuses_bad_flags) {
+    struct { const char *args, *expect; } cases[] = {
+        {"--nproc-per-node 0", "--nproc-per-node"},
+        {"--nproc-per-node two", "--nproc-per-node"},
+        {"--bucket-mb 0", "--bucket-mb"},
+        {"--comm gloo", "--comm"},
+        {"--master-port 70000", "--master-port"},
+        {"--device cpu --comm nccl", "--comm host"},
+        {"--device cpu --nnodes 2 --node-rank 2", "--node-rank"},
+        {"--show-sampler --world-size 2 --rank 2 --dataset-size 5", "--rank"},
+        {"--show-sampler --world-size 2", "--dataset-size"},
+        {"--device cpu --report /nonexistent/dir/r.jsonl", "/nonexistent/dir"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = stage3(NULL, cases[i].args, &out);
+        ck_assert_msg(rc == 2, "'%s' exited %d, expected 2:\n%s", cases[i].args, rc, out);
+        ck_assert_msg(strstr(out, "error:") && strstr(out, cases[i].expect), "'%s': message lacks '%s':\n%s",
+                      cases[i].args, cases[i].expect, out);
+        ck_assert_msg(!strstr(out, "launching"), "'%s' started workers before refusing:\n%s", cases[i].args, out);
+        free(out);
+    }
+    /* RANK without WORLD_SIZE is an incomplete torchrun environment */
+    char *out;
+    ck_assert_int_eq(stage3("RANK=0", TINY, &out), 2);
+    ck_assert_msg(strstr(out, "WORLD_SIZE"), "%s", out);
+    free(out);
+    if (device_cuda_count() == 0) {
+        ck_assert_int_eq(stage3(NULL, "--device cuda", &out), 2);
+        ck_assert_msg(strstr(out, "--device cpu"), "%s", out);
+        free(out);
+    }
+}
+END_TEST
+
+/* Processes whose command line contains `marker` (unique per test), other than ourselves. */
+static int processes_with(const char *marker) {
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0 || pid == getpid()) continue;
+        char path[64], buf[4096];
+        snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < len; i++)
+            if (!buf[i]) buf[i] = ' ';
+        buf[len] = 0;
+        if (strstr(buf, marker) && !strstr(buf, "sh -c")) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+START_TEST(launcher_stops_everyone_when_a_rank_fails) {
+    struct { const char *fail, *expect; int nproc; } cases[] = {
+        {"STAGE3_FAIL_AT=1:3", "rank 1 (local rank 1", 2},          /* exits with code 3 */
+        {"STAGE3_FAIL_AT=2:4:KILL", "rank 2 (local rank 2", 3},     /* killed by a signal */
+        {"STAGE3_FAIL_AT=0:2", "rank 0 (local rank 0", 3},          /* the store's host fails */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[512], marker[64], *out;
+        snprintf(marker, sizeof marker, "--seed %d", 4242 + (int)i);
+        snprintf(args, sizeof args, TINY " --epochs 50 --nproc-per-node %d --master-port %d %s", cases[i].nproc,
+                 free_port(), marker);
+        double t0 = time_now();
+        int rc = stage3(cases[i].fail, args, &out);
+        double took = time_now() - t0;
+        ck_assert_msg(rc != 0 && rc != 124, "%s: exit %d\n%s", cases[i].fail, rc, out);
+        ck_assert_msg(took < 10, "%s: the job took %.1f s to stop", cases[i].fail, took);
+        ck_assert_msg(strstr(out, "job failed: ") && strstr(out, cases[i].expect), "%s: root cause not named:\n%s",
+                      cases[i].fail, out);
+        ck_assert_msg(strstr(out, "at step "), "%s: step not named:\n%s", cases[i].fail, out);
+        ck_assert_msg(processes_with(marker) == 0, "%s: processes left behind", cases[i].fail);
+        free(out);
+    }
+}
+END_TEST
+
+/* The same binary as a worker under torchrun's and srun's variables (started here by hand, as
+ * those launchers would): it trains exactly as under our own launcher. torchrun's agent holds
+ * MASTER_PORT itself, so a listener sits there to prove we use the port after it. */
+static int read_step_losses(const char *path, double *loss, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        char *p = strstr(line, "\"type\":\"step\"") ? strstr(line, "\"loss\":") : NULL;
+        if (p) loss[n++] = atof(p + 7);
+    }
+    fclose(f);
+    return n;
+}
+
+START_TEST(workers_under_torchrun_and_srun_variables) {
+    char dir[] = "/tmp/dist_XXXXXX", cmd[4096], *out;
+    ck_assert(mkdtemp(dir));
+    const char *common = TINY " --steps 4 --log-every 1 --deterministic --rdzv-timeout 20";
+    int port = free_port();
+    snprintf(cmd, sizeof cmd, "--nproc-per-node 2 --master-port %d %s --report %s/ours.jsonl", port, common, dir);
+    ck_assert_msg(stage3(NULL, cmd, &out) == 0, "%s", out);
+    free(out);
+
+    port = free_port();
+    int agent = net_listen("127.0.0.1", port, NULL); /* stands for torchrun's agent store */
+    ck_assert(agent >= 0);
+    const char *tr = "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 MASTER_ADDR=127.0.0.1 "
+                     "TORCHELASTIC_RUN_ID=test TORCHELASTIC_USE_AGENT_STORE=True";
+    snprintf(cmd, sizeof cmd,
+             "(RANK=0 LOCAL_RANK=0 %s MASTER_PORT=%d " LIMIT "%s/stage3 %s --report %s/torchrun.jsonl & "
+             "RANK=1 LOCAL_RANK=1 %s MASTER_PORT=%d " LIMIT "%s/stage3 %s; r1=$?; wait $!; r0=$?; exit $((r0 | r1)))",
+             tr, port, test_root(), common, dir, tr, port, test_root(), common);
+    int rc = test_run(cmd, &out);
+    close(agent);
+    ck_assert_msg(rc == 0, "torchrun-style workers failed (%d):\n%s", rc, out);
+    free(out);
+
+    port = free_port();
+    snprintf(cmd, sizeof cmd,
+             "(SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s --report %s/srun.jsonl & "
+             "SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s; r1=$?; wait $!; r0=$?; "
+             "exit $((r0 | r1)))",
+             port, test_root(), common, dir, port, test_root(), common);
+    ck_assert_msg(test_run(cmd, &out) == 0, "srun-style workers failed:\n%s", out);
+    free(out);
+
+    double a[8], b[8], c[8];
+    char p[600];
+    snprintf(p, sizeof p, "%s/ours.jsonl", dir);
+    ck_assert_int_eq(read_step_losses(p, a, 8), 4);
+    snprintf(p, sizeof p, "%s/torchrun.jsonl", dir);
+    ck_assert_int_eq(read_step_losses(p, b, 8), 4);
+    snprintf(p, sizeof p, "%s/srun.jsonl", dir);
+    ck_assert_int_eq(read_step_losses(p, c, 8), 4);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(a[i] == b[i], "step %d: launcher %.9g, torchrun-style %.9g", i + 1, a[i], b[i]);
+        ck_assert_msg(a[i] == c[i], "step %d: launcher %.9g, srun-style %.9g", i + 1, a[i], c[i]);
+    }
+}
+END_TEST
+
+/* --nnodes 2: two launchers (as on two machines), one worker each; they must agree on the flags. */
+START_TEST(two_nodes_and_mismatched_flags) {
+    char cmd[4096], *out;
+    for (int mismatch = 0; mismatch < 2; mismatch++) {
+        int port = free_port();
+        snprintf(cmd, sizeof cmd,
+                 "(" LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
+                 LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d %s; "
+                 "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
+                 test_root(), port, test_root(), port, mismatch ? "--log-every 1" : "");
+        ck_assert_int_eq(test_run(cmd, &out), 0);
+        if (mismatch)
+            ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "different training flags"), "%s", out);
+        else
+            ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "summary:"), "%s", out);
+        free(out);
+    }
+}
+END_TEST
+
+Suite *suite_dist(void) {
+    Suite *s = suite_create("dist");
+    TCase *tc = tcase_create("dist");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, show_sampler_prints_the_shard);
+    tcase_add_test(tc, store_set_get_add_barrier);
+    tcase_add_test(tc, store_bounds_message_sizes);
+    tcase_add_test(tc, store_rendezvous_timeouts_are_clear);
+    tcase_add_test(tc, store_port_in_use_is_clear);
+    tcase_add_test(tc, host_ring_allreduce_is_exact);
+    tcase_add_test(tc, launcher_refuses_bad_flags);
+    tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
+    tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
+    tcase_add_test(tc, two_nodes_and_mismatched_flags);
+    suite_add_tcase(s, tc);
+    return s;
+}
