@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
-#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), stage2, stage3
+#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
+#   tests:  the whole test suite with the GPU(s) visible
 #   stage2: tests/bench_stage2.sh (DataParallel vs one GPU vs PyTorch nn.DataParallel)
 #   stage3: tests/bench_stage3.sh (DDP vs one GPU vs PyTorch DDP)
 #
@@ -31,9 +32,10 @@ log() { echo "=== $* ($(date +%T))"; }
         log "stage1 default run"; TIMEFORMAT='stage1 default run: wall %R s'
         time ./stage1 --progress off --report "$LOGS/stage1_default.jsonl"
         log "bench stage1"; BENCH_OUT="$LOGS/bench1" bash tests/bench_stage1.sh ;;
+      tests) log "tests"; ./tests/run_tests; echo "run_tests exit $?" ;;
       stage2) log "bench stage2"; BENCH_OUT="$LOGS/bench2" bash tests/bench_stage2.sh ;;
       stage3) log "bench stage3"; BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh ;;
-      *) echo "unknown part '$part' (stage1, stage2, stage3)"; exit 2 ;;
+      *) echo "unknown part '$part' (stage1, tests, stage2, stage3)"; exit 2 ;;
     esac
   done
   log "done"
