@@ -13,15 +13,24 @@ void die_at(const char *file, int line, const char *call, const char *why, const
     exit(1);
 }
 
-void die_user(const char *fmt, ...) {
+static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
     fflush(stdout);
-    va_list ap;
-    va_start(ap, fmt);
     fputs("error: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
-    va_end(ap);
-    exit(2);
+    exit(code);
+}
+
+void die_user(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    die_message(2, fmt, ap);
+}
+
+void die_runtime(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    die_message(1, fmt, ap);
 }
 
 const char *errno_string(void) { return strerror(errno); }

@@ -15,6 +15,9 @@ _Noreturn void die_at(const char *file, int line, const char *call, const char *
 
 /* Bad input from the user (flag, dataset file, checkpoint): "error: <message>" and exit(2). printf-style. */
 _Noreturn void die_user(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A failure at run time that is nobody's bug (a peer process died, a timeout): "error: <message>"
+ * and exit(1). printf-style. */
+_Noreturn void die_runtime(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* A system call that returns -1 / NULL on failure and sets errno. */
 #define CHECK_SYS(call)                                                                            \

@@ -24,19 +24,6 @@ enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4 };
 #define HDR 12          /* op, 3 pad bytes, key_len, val_len */
 #define MAX_CONNS 4096  /* a job of up to ~4000 ranks; more connections are refused */
 
-/* A failure at run time (a peer died, a timeout): "error: ..." and exit 1. Bad configuration uses
- * die_user (exit 2). */
-_Noreturn static void store_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void store_fail(const char *fmt, ...) {
-    fflush(stdout);
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(1);
-}
 
 /* ---- sockets --------------------------------------------------------------------------------- */
 
@@ -465,7 +452,7 @@ struct Store {
 };
 
 _Noreturn static void lost(const Store *s, const char *what) {
-    store_fail("rank %d: the rendezvous store at %s:%d stopped answering during %s (%s) — rank 0, which "
+    die_runtime("rank %d: the rendezvous store at %s:%d stopped answering during %s (%s) — rank 0, which "
                "hosts it, has probably exited: see its error", s->rank, s->addr, s->port, what,
                errno_string());
 }
@@ -485,7 +472,7 @@ static int request(Store *s, int op, const char *key, const void *val, uint32_t 
     uint8_t r[8];
     if (net_recv_all(s->fd, r, 8, timeout) < 0) {
         if (errno == ETIMEDOUT && op == OP_GET)
-            store_fail("rank %d: waited %.0f s for '%s' in the rendezvous store — the rank that should "
+            die_runtime("rank %d: waited %.0f s for '%s' in the rendezvous store — the rank that should "
                        "publish it (usually rank 0) is slow, hung or failed: see its error",
                        s->rank, timeout, key);
         lost(s, key);
@@ -621,7 +608,7 @@ void store_barrier(Store *s, const char *what) {
         char fmt[64], who[600];
         snprintf(fmt, sizeof fmt, "barrier/%lld/%%d", n);
         missing_ranks(s, fmt, who, sizeof who);
-        store_fail("rank %d: %s did not reach the barrier (%s) within %.0f s — slow, hung or failed: see "
+        die_runtime("rank %d: %s did not reach the barrier (%s) within %.0f s — slow, hung or failed: see "
                    "their errors", s->rank, who, what, s->timeout);
     }
 }

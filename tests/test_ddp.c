@@ -32,27 +32,6 @@
 
 #define LIMIT "timeout -k 5 300 "
 
-/* A port pair (p, p+1) nobody listens on, below the kernel's ephemeral range (32768 and up), so
- * that no outgoing connection of another process can take it between this check and its use.
- * (p+1: under torchrun's variables, rank 0 hosts the store on MASTER_PORT + 1.) */
-static int free_port(void) {
-    static unsigned seed;
-    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
-    for (;;) {
-        seed = seed * 1103515245u + 12345u;
-        int port = 20000 + (int)((seed >> 8) % 12000), ok = 1;
-        for (int k = 0; k < 2 && ok; k++) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + k)),
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-            ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-            close(fd);
-        }
-        if (ok) return port;
-    }
-}
-
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -103,7 +82,7 @@ typedef struct OneRank {
 static void one_rank_open(OneRank *o, const char *arch) {
     memset(o, 0, sizeof *o);
     device_init(&o->dev, DEV_CPU, 0, 0);
-    o->store = store_open("127.0.0.1", free_port(), 0, 1, 10);
+    o->store = store_open("127.0.0.1", test_free_port(), 0, 1, 10);
     o->comm = comm_create(COMM_HOST, o->store, &o->dev, 10);
     config_defaults(&o->cfg);
     o->m = model_create(&o->dev, arch, 1, 1, 0);
@@ -218,19 +197,6 @@ END_TEST
 
 /* ---- DDP ≡ one device --------------------------------------------------------------------------- */
 
-static int read_losses(const char *path, double *loss, int max) {
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f, "report %s not written", path);
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < max) {
-        char *p = strstr(line, "\"type\":\"step\"") ? strstr(line, "\"loss\":") : NULL;
-        if (p) loss[n++] = atof(p + 7);
-    }
-    fclose(f);
-    return n;
-}
-
 /* Parameters of a checkpoint of the given model. */
 static float *load_params(const char *path, const char *arch, int norm_bn) {
     Device cpu = {0};
@@ -272,15 +238,15 @@ static void check_equivalence(const char *common, int world, int batch, int step
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage3 %s %s --nproc-per-node %d --batch-size %d --steps %d --log-every 1 --master-port %d "
                    "--save %s/ddp --report %s/ddp.jsonl",
-             test_root(), common, stage3_extra, world, batch, steps, free_port(), dir, dir);
+             test_root(), common, stage3_extra, world, batch, steps, test_free_port(), dir, dir);
     ck_assert_msg(test_run(cmd, &out) == 0, "%s: stage3 failed:\n%s", what, out);
     free(out);
     double a[64], b[64];
     char pa[600], pb[600];
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/ddp.jsonl", dir);
-    ck_assert_int_eq(read_losses(pa, a, 64), steps);
-    ck_assert_int_eq(read_losses(pb, b, 64), steps);
+    ck_assert_int_eq(test_read_losses(pa, a, 64), steps);
+    ck_assert_int_eq(test_read_losses(pb, b, 64), steps);
     for (int i = 0; i < steps; i++)
         ck_assert_msg(fabs(a[i] - b[i]) <= 1e-5 * fabs(a[i]), "%s: step %d loss %.9g (stage 1) vs %.9g (stage 3)", what,
                       i + 1, a[i], b[i]);
@@ -350,7 +316,7 @@ START_TEST(ddp_nccl_resnet18_reports) {
     char dir[] = "/tmp/ddp_XXXXXX", cmd[1024], *out, path[600];
     ck_assert(mkdtemp(dir));
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 --nproc-per-node 2 --train-size 4096 --test-size 512 --steps 30 "
-             "--log-every 10 --progress off --master-port %d --report %s/r.jsonl", test_root(), free_port(), dir);
+             "--log-every 10 --progress off --master-port %d --report %s/r.jsonl", test_root(), test_free_port(), dir);
     ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "comm: all-reduce") && strstr(out, "NCCL"), "%s", out);
     free(out);

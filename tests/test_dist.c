@@ -23,28 +23,6 @@
 
 #define LIMIT "timeout -k 5 120 " /* no test leaves a process behind, even when it fails */
 
-/* A port nobody listens on right now (the kernel's choice for port 0). */
-/* A port pair (p, p+1) nobody listens on, below the kernel's ephemeral range (32768 and up), so
- * that no outgoing connection of another process can take it between this check and its use.
- * (p+1: under torchrun's variables, rank 0 hosts the store on MASTER_PORT + 1.) */
-static int free_port(void) {
-    static unsigned seed;
-    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
-    for (;;) {
-        seed = seed * 1103515245u + 12345u;
-        int port = 20000 + (int)((seed >> 8) % 12000), ok = 1;
-        for (int k = 0; k < 2 && ok; k++) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + k)),
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-            ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-            close(fd);
-        }
-        if (ok) return port;
-    }
-}
-
 static int stage3(const char *env, const char *args, char **out) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s " LIMIT "%s/stage3 %s", env ? env : "", test_root(), args);
@@ -139,7 +117,7 @@ static void *store_rank_main(void *p) {
 }
 
 START_TEST(store_set_get_add_barrier) {
-    int port = free_port(), world = 4;
+    int port = test_free_port(), world = 4;
     pthread_t t[4];
     RankArg a[4];
     for (int r = 0; r < world; r++) {
@@ -174,7 +152,7 @@ static void *oversized_rank0(void *p) {
 }
 
 START_TEST(store_bounds_message_sizes) {
-    RankArg a = {.port = free_port()};
+    RankArg a = {.port = test_free_port()};
     pthread_t t;
     pthread_create(&t, NULL, oversized_rank0, &a);
     pthread_join(t, NULL);
@@ -194,14 +172,14 @@ static void open_store(void *p) {
 START_TEST(store_rendezvous_timeouts_are_clear) {
     char *out;
     /* rank 0 alone in a world of 2: names the rank that did not come */
-    OpenArg a = {.port = free_port(), .rank = 0, .world = 2, .timeout = 1};
+    OpenArg a = {.port = test_free_port(), .rank = 0, .world = 2, .timeout = 1};
     double t0 = time_now();
     ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
     ck_assert_msg(strstr(out, "rank 1 did not join within 1 s") && strstr(out, "--master-addr"), "%s", out);
     ck_assert(time_now() - t0 < 5);
     free(out);
     /* rank 1 with nobody hosting the store */
-    OpenArg b = {.port = free_port(), .rank = 1, .world = 2, .timeout = 1};
+    OpenArg b = {.port = test_free_port(), .rank = 1, .world = 2, .timeout = 1};
     ck_assert_int_eq(test_run_captured(open_store, &b, &out), 2);
     ck_assert_msg(strstr(out, "rank 1 could not reach the rendezvous store at 127.0.0.1:") && strstr(out, "--master-addr"),
                   "%s", out);
@@ -210,7 +188,7 @@ START_TEST(store_rendezvous_timeouts_are_clear) {
 END_TEST
 
 START_TEST(store_port_in_use_is_clear) {
-    int port = free_port();
+    int port = test_free_port();
     int fd = net_listen("127.0.0.1", port, NULL);
     ck_assert(fd >= 0);
     OpenArg a = {.port = port, .rank = 0, .world = 1, .timeout = 2};
@@ -230,7 +208,7 @@ START_TEST(store_port_in_use_is_clear) {
     /* and a worker whose peer never comes, started with torchrun's variables */
     snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --rdzv-timeout 1");
     char env[128];
-    snprintf(env, sizeof env, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d", free_port());
+    snprintf(env, sizeof env, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d", test_free_port());
     ck_assert_int_eq(stage3(env, args, &out), 2);
     ck_assert_msg(strstr(out, "rank 1 did not join within 1 s — check --master-addr"), "%s", out);
     free(out);
@@ -303,7 +281,7 @@ START_TEST(host_ring_allreduce_is_exact) {
     const int64_t counts[] = {1, 3, 7, 1000, 100003}; /* fewer elements than ranks, and remainders */
     for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
         for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
-            int world = worlds[w], port = free_port();
+            int world = worlds[w], port = test_free_port();
             pthread_t t[5];
             RankArg a[5];
             for (int r = 0; r < world; r++) {
@@ -388,7 +366,7 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
         char args[512], marker[64], *out;
         snprintf(marker, sizeof marker, "--seed %d", 4242 + (int)i);
         snprintf(args, sizeof args, TINY " --epochs 50 --nproc-per-node %d --master-port %d %s", cases[i].nproc,
-                 free_port(), marker);
+                 test_free_port(), marker);
         double t0 = time_now();
         int rc = stage3(cases[i].fail, args, &out);
         double took = time_now() - t0;
@@ -423,12 +401,12 @@ START_TEST(workers_under_torchrun_and_srun_variables) {
     char dir[] = "/tmp/dist_XXXXXX", cmd[4096], *out;
     ck_assert(mkdtemp(dir));
     const char *common = TINY " --steps 4 --log-every 1 --deterministic --rdzv-timeout 20";
-    int port = free_port();
+    int port = test_free_port();
     snprintf(cmd, sizeof cmd, "--nproc-per-node 2 --master-port %d %s --report %s/ours.jsonl", port, common, dir);
     ck_assert_msg(stage3(NULL, cmd, &out) == 0, "%s", out);
     free(out);
 
-    port = free_port();
+    port = test_free_port();
     int agent = net_listen("127.0.0.1", port, NULL); /* stands for torchrun's agent store */
     ck_assert(agent >= 0);
     const char *tr = "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 MASTER_ADDR=127.0.0.1 "
@@ -442,7 +420,7 @@ START_TEST(workers_under_torchrun_and_srun_variables) {
     ck_assert_msg(rc == 0, "torchrun-style workers failed (%d):\n%s", rc, out);
     free(out);
 
-    port = free_port();
+    port = test_free_port();
     snprintf(cmd, sizeof cmd,
              "(SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s --report %s/srun.jsonl & "
              "SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s; r1=$?; wait $!; r0=$?; "
@@ -470,7 +448,7 @@ END_TEST
 START_TEST(two_nodes_and_mismatched_flags) {
     char cmd[4096], *out;
     for (int mismatch = 0; mismatch < 2; mismatch++) {
-        int port = free_port();
+        int port = test_free_port();
         snprintf(cmd, sizeof cmd,
                  "(" LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
                  LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d %s; "

@@ -297,29 +297,10 @@ END_TEST
 
 #define SMALL2 "--model tiny --train-size 512 --test-size 256 --batch-size 16 --progress off"
 
-static char *tmpdir(void) {
-    char *t = strdup("/tmp/dp_XXXXXX");
-    ck_assert(mkdtemp(t));
-    return t;
-}
-
 static int run_stage2(const char *args, char **out) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s/stage2 %s", test_root(), args);
     return test_run(cmd, out);
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    ck_assert(fread(b, 1, (size_t)len, f) == (size_t)len);
-    b[len] = 0;
-    fclose(f);
-    return b;
 }
 
 /* The number after "key": in the first line of type `type`. */
@@ -337,7 +318,7 @@ static double json_field(const char *rep, const char *type, const char *key) {
 
 /* A run's phases add up to its step time, its device 0 peaks above device 1. */
 static void check_report(const char *path) {
-    char *rep = slurp(path);
+    char *rep = test_slurp(path, NULL);
     ck_assert_msg(rep, "report %s not written", path);
     /* Means, not the medians the console shows: on a busy 2-core CI machine medians of parts need
      * not add up to the median of the whole, but means of a partition always do. */
@@ -353,13 +334,13 @@ static void check_report(const char *path) {
 }
 
 START_TEST(stage2_cpu_learns_and_phases_add_up) {
-    char *dir = tmpdir(), args[1024], path[512], *out;
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
     snprintf(args, sizeof args, "--device cpu --gpus 2 " SMALL2 " --epochs 4 --lr 0.05 --log-every 1 --report %s", path);
     int rc = run_stage2(args, &out);
     ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
     ck_assert_msg(strstr(out, "DataParallel phases") && strstr(out, "adds up") && strstr(out, "GIL ("), "%s", out);
-    char *rep = slurp(path);
+    char *rep = test_slurp(path, NULL);
     double first = 0, last = 0;
     int n = 0;
     double loss[64];
@@ -376,7 +357,7 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
 END_TEST
 
 START_TEST(stage2_cpu_variants_run) {
-    char *dir = tmpdir(), args[1024], path[512], *out;
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
     snprintf(args, sizeof args, "--device cpu --gpus 3 " SMALL2 " --steps 12 --dp-thread-pool --p2p off "
              "--gil-switch-ms 0.2 --report %s", path);
@@ -419,7 +400,7 @@ END_TEST
 /* On a GPU machine: two logical devices (two GPUs, or one shared), both copy paths. */
 START_TEST(stage2_cuda_runs_and_phases_add_up) {
     if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
-    char *dir = tmpdir(), args[1024], path[512], *out;
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
     const char *variants[2] = {"", "--p2p off --dp-thread-pool"};
     for (int v = 0; v < 2; v++) {

@@ -13,62 +13,27 @@
 /* A small, quick run: tiny model, 512 synthetic images, batch 32 → 16 steps per epoch. */
 #define SMALL "--device cpu --model tiny --train-size 512 --test-size 256 --batch-size 32 --progress off"
 
-static char *tmpdir(void) {
-    char *t = strdup("/tmp/e2e_XXXXXX");
-    ck_assert(mkdtemp(t));
-    return t;
-}
-
 static int run_stage(const char *stage, const char *args, char **out) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s/%s %s", test_root(), stage, args);
     return test_run(cmd, out);
 }
 
-/* Losses of the {"type":"step"} lines of a JSON-lines report, in order. */
-static int read_losses(const char *path, double *loss, int max) {
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f, "report %s not written", path);
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < max) {
-        if (!strstr(line, "\"type\":\"step\"")) continue;
-        char *p = strstr(line, "\"loss\":");
-        ck_assert(p);
-        loss[n++] = atof(p + 7);
-    }
-    fclose(f);
-    return n;
-}
-
-static char *slurp(const char *path, long *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)*len + 1);
-    ck_assert(fread(b, 1, (size_t)*len, f) == (size_t)*len);
-    b[*len] = 0;
-    fclose(f);
-    return b;
-}
-
 START_TEST(stage1_cpu_learns) {
-    char *dir = tmpdir(), args[1024], path[512], *out;
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
     snprintf(args, sizeof args, SMALL " --epochs 4 --lr 0.05 --log-every 1 --report %s", path);
     int rc = run_stage("stage1", args, &out);
     ck_assert_msg(rc == 0, "stage1 failed (%d):\n%s", rc, out);
     double loss[64];
-    int n = read_losses(path, loss, 64);
+    int n = test_read_losses(path, loss, 64);
     ck_assert_int_eq(n, 64);
     double first = (loss[0] + loss[1] + loss[2] + loss[3]) / 4;
     double last = (loss[n - 1] + loss[n - 2] + loss[n - 3] + loss[n - 4]) / 4;
     ck_assert_msg(last < 0.8 * first, "loss did not fall: first %.4f last %.4f", first, last);
     /* the summary line carries what scripts need */
     long len;
-    char *rep = slurp(path, &len);
+    char *rep = test_slurp(path, &len);
     char *sum = strstr(rep, "\"type\":\"summary\"");
     ck_assert(sum);
     const char *keys[] = {"stage", "device", "world_size", "model", "norm", "batch_size", "steps",
@@ -87,7 +52,7 @@ END_TEST
 /* Stop at step 5 (inside epoch 1), resume, and finish at step 20 (inside epoch 2): the final
  * checkpoint and the logged losses must equal those of one uninterrupted run, bit for bit. */
 START_TEST(stage1_resume_is_bit_identical) {
-    char *dir = tmpdir(), args[2048], *out;
+    char *dir = test_tmpdir(), args[2048], *out;
     const char *common = SMALL " --epochs 2 --deterministic --log-every 1 --workers 2";
     snprintf(args, sizeof args, "%s --steps 20 --save %s/a --report %s/a.jsonl", common, dir, dir);
     ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
@@ -106,7 +71,7 @@ START_TEST(stage1_resume_is_bit_identical) {
         snprintf(pa, sizeof pa, "%s/a/%s", dir, files[i]);
         snprintf(pc, sizeof pc, "%s/c/%s", dir, files[i]);
         long la, lc;
-        char *a = slurp(pa, &la), *c = slurp(pc, &lc);
+        char *a = test_slurp(pa, &la), *c = test_slurp(pc, &lc);
         ck_assert_msg(a && c, "missing %s or %s", pa, pc);
         ck_assert_int_eq(la, lc);
         ck_assert_msg(!memcmp(a, c, (size_t)la), "%s differs between resumed and straight runs", files[i]);
@@ -115,8 +80,8 @@ START_TEST(stage1_resume_is_bit_identical) {
     double la[32], lc[32];
     snprintf(pa, sizeof pa, "%s/a.jsonl", dir);
     snprintf(pc, sizeof pc, "%s/c.jsonl", dir);
-    ck_assert_int_eq(read_losses(pa, la, 32), 20);
-    ck_assert_int_eq(read_losses(pc, lc, 32), 15);
+    ck_assert_int_eq(test_read_losses(pa, la, 32), 20);
+    ck_assert_int_eq(test_read_losses(pc, lc, 32), 15);
     for (int i = 0; i < 15; i++) ck_assert_msg(la[5 + i] == lc[i], "step %d: %.9g vs %.9g", 6 + i, la[5 + i], lc[i]);
     free(dir);
 }
@@ -124,7 +89,7 @@ END_TEST
 
 /* Two runs with the same flags give identical losses (--deterministic), whatever the worker count. */
 START_TEST(stage1_deterministic_across_workers) {
-    char *dir = tmpdir(), args[1024], *out;
+    char *dir = test_tmpdir(), args[1024], *out;
     for (int w = 0; w < 2; w++) {
         snprintf(args, sizeof args, SMALL " --steps 6 --deterministic --log-every 1 --workers %d --report %s/w%d.jsonl",
                  w ? 3 : 0, dir, w);
@@ -134,9 +99,9 @@ START_TEST(stage1_deterministic_across_workers) {
     double a[8], b[8];
     char p[512];
     snprintf(p, sizeof p, "%s/w0.jsonl", dir);
-    ck_assert_int_eq(read_losses(p, a, 8), 6);
+    ck_assert_int_eq(test_read_losses(p, a, 8), 6);
     snprintf(p, sizeof p, "%s/w1.jsonl", dir);
-    ck_assert_int_eq(read_losses(p, b, 8), 6);
+    ck_assert_int_eq(test_read_losses(p, b, 8), 6);
     for (int i = 0; i < 6; i++) ck_assert(a[i] == b[i]);
     free(dir);
 }
@@ -147,7 +112,7 @@ typedef struct BadCase {
 } BadCase;
 
 START_TEST(stage1_bad_input_is_refused_clearly) {
-    char *dir = tmpdir(), corrupt[512], missing_dir[512];
+    char *dir = test_tmpdir(), corrupt[512], missing_dir[512];
     snprintf(corrupt, sizeof corrupt, "%s/corrupt.ckpt", dir);
     FILE *f = fopen(corrupt, "wb");
     fputs("DPDDPCKP this is not really a checkpoint", f);

@@ -3,7 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device.h"
@@ -101,4 +105,58 @@ int test_run_captured(void (*fn)(void *), void *arg, char **out) {
     fclose(cap);
     *out = buf;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A port pair (p, p+1) nobody listens on, below the kernel's ephemeral range (32768 and up), so
+ * that no outgoing connection of another process can take it between this check and its use.
+ * (p+1: under torchrun's variables, rank 0 hosts the store on MASTER_PORT + 1.) */
+int test_free_port(void) {
+    static unsigned seed;
+    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (;;) {
+        seed = seed * 1103515245u + 12345u;
+        int port = 20000 + (int)((seed >> 8) % 12000), ok = 1;
+        for (int k = 0; k < 2 && ok; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + k)),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+            close(fd);
+        }
+        if (ok) return port;
+    }
+}
+
+int test_read_losses(const char *path, double *loss, int max) {
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f, "report %s not written", path);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        char *p = strstr(line, "\"type\":\"step\"") ? strstr(line, "\"loss\":") : NULL;
+        if (p) loss[n++] = atof(p + 7);
+    }
+    fclose(f);
+    return n;
+}
+
+char *test_slurp(const char *path, long *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    ck_assert(fread(b, 1, (size_t)n, f) == (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    if (len) *len = n;
+    return b;
+}
+
+char *test_tmpdir(void) {
+    char *t = strdup("/tmp/tests_XXXXXX");
+    ck_assert(mkdtemp(t));
+    return t;
 }

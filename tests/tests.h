@@ -34,6 +34,14 @@ const char *test_root(void);
 /* Run fn(arg) in a forked child with stdout+stderr captured into *out (malloc'd); returns its exit
  * status (0 when fn returns, 128+signal when killed). For code that must exit(2) on bad input. */
 int test_run_captured(void (*fn)(void *), void *arg, char **out);
+/* A free loopback port p (with p+1 free too) for a test's rendezvous store. */
+int test_free_port(void);
+/* The "loss" of every {"type":"step"} line of a JSON-lines report, in order; returns how many. */
+int test_read_losses(const char *path, double *loss, int max);
+/* A whole file as a malloc'd NUL-terminated string (NULL if missing); *len gets its size. */
+char *test_slurp(const char *path, long *len);
+/* A fresh directory under /tmp (malloc'd path). */
+char *test_tmpdir(void);
 /* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
 int test_run(const char *cmd, char **output);
 
