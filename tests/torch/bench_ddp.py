@@ -13,14 +13,13 @@ ms_per_iter_median, img_per_s (all ranks together), peak_mem_bytes (one entry pe
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import ResNet
+from timing import time_sgd_steps
 
 
 def main():
@@ -45,25 +44,14 @@ def main():
     x = torch.randn(args.batch, 3, 32, 32, device=dev, generator=gen)
     y = torch.randint(0, 10, (args.batch,), device=dev, generator=gen)
     torch.cuda.reset_peak_memory_stats(dev)
-    total = args.warmup + args.steps
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
-    for i in range(total):
-        events[i].record()
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-    events[total].record()
-    torch.cuda.synchronize()
-    ms = [events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, total)]
-    med = statistics.median(ms)
+    med, loss = time_sgd_steps(model, opt, x, y, args.warmup, args.steps)
     peaks = [None] * world
     dist.all_gather_object(peaks, torch.cuda.max_memory_allocated(dev))
     if rank == 0:
         print(json.dumps({"type": "summary", "who": "pytorch_ddp", "backend": args.backend, "world_size": world,
                           "model": args.model, "batch_size": args.batch, "ms_per_iter_median": med,
                           "img_per_s": 1000.0 * world * args.batch / med, "peak_mem_bytes": peaks,
-                          "torch": torch.__version__, "loss": loss.item()}), flush=True)
+                          "torch": torch.__version__, "loss": loss}), flush=True)
     dist.destroy_process_group()
 
 

@@ -13,13 +13,12 @@ With one GPU the DataParallel run is skipped: it needs two devices, and PyTorch'
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from models import ResNet
+from timing import time_sgd_steps
 
 
 def run(arch, devices, batch, steps, warmup):
@@ -34,25 +33,14 @@ def run(arch, devices, batch, steps, warmup):
     for d in devices:
         torch.cuda.synchronize(d)
         torch.cuda.reset_peak_memory_stats(d)
-    total = warmup + steps
     with torch.cuda.device(devices[0]):
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
-        for i in range(total):
-            events[i].record()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-        events[total].record()
-    for d in devices:
-        torch.cuda.synchronize(d)
-    ms = [events[i].elapsed_time(events[i + 1]) for i in range(warmup, total)]
-    med = statistics.median(ms)
+        med, loss = time_sgd_steps(model, opt, x, y, warmup, steps,
+                                   sync=lambda: [torch.cuda.synchronize(d) for d in devices])
     return {"type": "summary", "who": "pytorch", "mode": "dp" if len(devices) > 1 else "single",
             "model": arch, "gpus": len(devices), "batch_size": batch, "ms_per_iter_median": med,
             "img_per_s": 1000.0 * n / med,
             "peak_mem_bytes": [torch.cuda.max_memory_allocated(d) for d in devices],
-            "torch": torch.__version__, "loss": loss.item()}
+            "torch": torch.__version__, "loss": loss}
 
 
 def main():

@@ -1,6 +1,6 @@
 """bench_pytorch.py — the PyTorch eager baseline that the stages are compared against.
 
-    python3 tests/torch/bench_pytorch.py --model resnet18 --batch 128 --steps 200 [--channels-last]
+    python3 tests/torch/bench_pytorch.py --model resnet18 --batch 128 --steps 200
 
 Same model (models.py), synthetic data already on the GPU, SGD with momentum 0.9 and weight decay
 5e-4, cudnn.benchmark on, fp32 with PyTorch's default TF32 policy for convolutions. Each step is
@@ -9,12 +9,11 @@ excluded. Prints one JSON line: ms_per_iter_median, img_per_s, peak_mem_bytes.
 """
 import argparse
 import json
-import statistics
 
 import torch
-import torch.nn.functional as F
 
 from models import ResNet
+from timing import time_sgd_steps
 
 
 def main():
@@ -32,22 +31,11 @@ def main():
     x = torch.randn(args.batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch,), device=dev)
     torch.cuda.reset_peak_memory_stats()
-    total = args.warmup + args.steps
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
-    for i in range(total):
-        events[i].record()
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-    events[total].record()
-    torch.cuda.synchronize()
-    ms = [events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, total)]
-    med = statistics.median(ms)
+    med, loss = time_sgd_steps(model, opt, x, y, args.warmup, args.steps)
     print(json.dumps({"type": "summary", "who": "pytorch", "model": args.model, "batch_size": args.batch,
                       "ms_per_iter_median": med, "img_per_s": 1000.0 * args.batch / med,
                       "peak_mem_bytes": [torch.cuda.max_memory_allocated()],
-                      "torch": torch.__version__, "loss": loss.item()}))
+                      "torch": torch.__version__, "loss": loss}))
 
 
 if __name__ == "__main__":
