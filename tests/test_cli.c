@@ -316,19 +316,6 @@ END_TEST
 /* ----------------------------------------------------------------------------------------------
  * report.c */
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
 START_TEST(test_json_lines) {
     char dir[] = "/tmp/test_report_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -352,7 +339,8 @@ START_TEST(test_json_lines) {
     json_begin(&r, "epoch");
     json_end(&r);
     report_close(&r);
-    char *s = slurp(path);
+    char *s = test_slurp(path, NULL);
+    ck_assert_ptr_nonnull(s);
     const char *want = "{\"type\":\"step\",\"step\":-12,\"loss\":0.100000001,\"bad\":null,\"big\":null,"
                        "\"s\":\"q\\\"b\\\\n\\nt\\tc\\u0001\\u001f\\r\\b\\fé\",\"nul\":null,"
                        "\"il\":[1,-2,3000000000],\"dl\":[0.5,null,1e-300],\"empty\":[]}\n"
