@@ -24,8 +24,7 @@
 
 static const char *ABOUT =
     "stage2: torch.nn.DataParallel training of ResNet-18 (CIFAR layout) on N GPUs (or N virtual CPU\n"
-    "devices), with CPython's GIL modelled. --batch-size is per device: the global batch is N times it.\n"
-    "usage: ./stage2 [options]";
+    "devices), with CPython's GIL modelled. --batch-size is per device: the global batch is N times it.";
 
 int main(int argc, char **argv) {
     TrainConfig cfg;
