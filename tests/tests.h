@@ -16,7 +16,7 @@ Suite *suite_checkpoint(void);
 Suite *suite_cli(void);
 Suite *suite_model(void);
 Suite *suite_e2e(void);         /* runs ./stage1 end to end */
-/* Later stages (declared weak in test_main.c while they are being written). */
+/* Stages 2 and 3. */
 Suite *suite_gil(void);         /* stage 2: the GIL model */
 Suite *suite_dp(void);          /* stage 2: scatter / replicate / gather / reduce, DP ≡ one device */
 Suite *suite_dist(void);        /* stage 3: launcher, rendezvous store, communicators */
