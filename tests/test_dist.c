@@ -364,7 +364,8 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[512], marker[64], *out;
-        snprintf(marker, sizeof marker, "--seed %d", 4242 + (int)i);
+        /* a seed unique to this test process marks its workers, even beside another test run */
+        snprintf(marker, sizeof marker, "--seed %d", (int)(getpid() % 100000) * 10 + (int)i);
         snprintf(args, sizeof args, TINY " --epochs 50 --nproc-per-node %d --master-port %d %s", cases[i].nproc,
                  test_free_port(), marker);
         double t0 = time_now();
