@@ -385,19 +385,6 @@ END_TEST
 /* The same binary as a worker under torchrun's and srun's variables (started here by hand, as
  * those launchers would): it trains exactly as under our own launcher. torchrun's agent holds
  * MASTER_PORT itself, so a listener sits there to prove we use the port after it. */
-static int read_step_losses(const char *path, double *loss, int max) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < max) {
-        char *p = strstr(line, "\"type\":\"step\"") ? strstr(line, "\"loss\":") : NULL;
-        if (p) loss[n++] = atof(p + 7);
-    }
-    fclose(f);
-    return n;
-}
-
 START_TEST(workers_under_torchrun_and_srun_variables) {
     char dir[] = "/tmp/dist_XXXXXX", cmd[4096], *out;
     ck_assert(mkdtemp(dir));
@@ -433,11 +420,11 @@ START_TEST(workers_under_torchrun_and_srun_variables) {
     double a[8], b[8], c[8];
     char p[600];
     snprintf(p, sizeof p, "%s/ours.jsonl", dir);
-    ck_assert_int_eq(read_step_losses(p, a, 8), 4);
+    ck_assert_int_eq(test_read_losses(p, a, 8), 4);
     snprintf(p, sizeof p, "%s/torchrun.jsonl", dir);
-    ck_assert_int_eq(read_step_losses(p, b, 8), 4);
+    ck_assert_int_eq(test_read_losses(p, b, 8), 4);
     snprintf(p, sizeof p, "%s/srun.jsonl", dir);
-    ck_assert_int_eq(read_step_losses(p, c, 8), 4);
+    ck_assert_int_eq(test_read_losses(p, c, 8), 4);
     for (int i = 0; i < 4; i++) {
         ck_assert_msg(a[i] == b[i], "step %d: launcher %.9g, torchrun-style %.9g", i + 1, a[i], b[i]);
         ck_assert_msg(a[i] == c[i], "step %d: launcher %.9g, srun-style %.9g", i + 1, a[i], c[i]);
