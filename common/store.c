@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "device.h" /* time_now */
+#include "clock.h"
 #include "errors.h"
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4 };
@@ -419,9 +419,8 @@ static Server *server_start(const char *addr, int port) {
     Server *sv = xcalloc(1, sizeof *sv);
     sv->fd = fd;
     CHECK_SYS(pipe2(sv->wake, O_CLOEXEC));
-    pthread_mutex_init(&sv->mu, NULL);
-    int rc = pthread_create(&sv->thread, NULL, server_main, sv);
-    if (rc) die_at(__FILE__, __LINE__, "pthread_create", strerror(rc), NULL);
+    xmutex_init(&sv->mu);
+    xthread_create(&sv->thread, server_main, sv);
     return sv;
 }
 
@@ -551,7 +550,7 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     Store *s = xcalloc(1, sizeof *s);
     s->rank = rank, s->world = world, s->timeout = timeout_s, s->port = port;
     snprintf(s->addr, sizeof s->addr, "%s", addr);
-    pthread_mutex_init(&s->mu, NULL);
+    xmutex_init(&s->mu);
     if (rank == 0) s->server = server_start(addr, port);
     s->fd = net_connect(addr, port, timeout_s);
     if (s->fd < 0)

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device.h" /* time_now */
+#include "clock.h"
 #include "gil.h"
 #include "tests.h"
 
