@@ -154,7 +154,9 @@ START_TEST(gil_forced_switch_dropper_does_not_reacquire_first) {
         ck_assert_int_eq(s.t.acquires, 2); /* it came back after us, and finished its 60 ms */
         ck_assert(s.t.held_s >= 0.059);
         ck_assert_int_le(s.t.forced_drops, 1);
-        forced += s.t.forced_drops;
+        /* on a loaded machine the waiter may be asked to drop too (the spinner's timed wait for
+         * the lock back can expire while we hold it), so count both threads' forced drops */
+        forced += s.t.forced_drops + me.forced_drops;
     }
     /* every forced wait that ran is counted once, in the thread and in the lock (on a loaded
      * machine the waiter can win every race, so none may have run: not a failure) */
