@@ -5,9 +5,12 @@
 # CPU backend is built, and every binary still runs. CUDA_ARCH=90 (or "80 90") overrides the GPU
 # architectures; by default we build for the visible GPU, or for Turing…Hopper plus PTX.
 
+# CFLAGS / LDFLAGS are the user's (`make CFLAGS="-O0 -g -fsanitize=address"` replaces only them);
+# the flags the build needs live in ALL_CFLAGS, which always adds them first.
 CC       ?= gcc
 CFLAGS   ?= -O3 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -Icommon
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -Icommon \
+             $(CUDA_CFLAGS) -MMD -MP $(CFLAGS)
 LDLIBS   := -lm -lpthread
 CUDA_HOME ?= /usr/local/cuda
 NVCC     := $(CUDA_HOME)/bin/nvcc
@@ -43,8 +46,8 @@ ifeq ($(HAVE_CUDA),1)
   PTX_ARCH := $(lastword $(sort $(CUDA_ARCH)))
   GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
               -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
-  CFLAGS   += -DUSE_CUDA -I$(CUDA_HOME)/include -I$(CUDNN_INC) $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
-  NVFLAGS  := -O3 -std=c++17 -Icommon $(GENCODE) -Xcompiler -Wall,-Wno-unused-parameter -DUSE_CUDA
+  CUDA_CFLAGS := -DUSE_CUDA -I$(CUDA_HOME)/include -I$(CUDNN_INC) $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
+  NVFLAGS  := -O3 -std=c++17 -Icommon -MMD -MP $(GENCODE) -Xcompiler -Wall,-Wno-unused-parameter -DUSE_CUDA
   LIBDIRS  := $(sort $(CUDA_HOME)/lib64 $(CUDNN_LIB) $(NCCL_LIB))
   LDLIBS   += $(foreach d,$(LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudnn -lcublas -lcudart \
               $(if $(NCCL_LIB),-lnccl) -lstdc++
@@ -58,17 +61,27 @@ endif
 COMMON_C  := $(wildcard common/*.c)
 COMMON_CU := $(if $(HAVE_CUDA),$(wildcard common/*.cu))
 COMMON_O  := $(COMMON_C:%.c=$(BUILD)/%.o) $(COMMON_CU:%.cu=$(BUILD)/%.cu.o)
+LIBCOMMON := $(BUILD)/libcommon.a
 STAGE_DIRS := $(sort $(wildcard stages/stage[0-9]*_*))
 STAGES    := $(foreach d,$(STAGE_DIRS),$(firstword $(subst _, ,$(notdir $(d)))))
 TEST_C    := $(wildcard tests/*.c)
 TEST_O    := $(TEST_C:%.c=$(BUILD)/%.o)
+STAGE_O   := $(foreach d,$(STAGE_DIRS),$(BUILD)/$(d)/main.o)
+# What the compiler wrote about which headers each object includes (-MMD -MP).
+DEPS      := $(COMMON_O:.o=.d) $(TEST_O:.o=.d) $(STAGE_O:.o=.d)
 
-# Check is linked statically so the test runner also runs on machines without it (the GPU box).
-CHECK_A   := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcheck.a /usr/lib/aarch64-linux-gnu/libcheck.a /usr/lib64/libcheck.a /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
+# Check (the C unit-test framework) is found through pkg-config, else in the usual directories. It
+# is linked statically whenever its archive exists, so the test runner also runs on machines
+# without Check (the GPU box); without the archive, pkg-config's (shared) libraries are used.
+CHECK_PC  := $(shell pkg-config --exists check 2>/dev/null && echo 1)
+CHECK_CFLAGS := $(if $(CHECK_PC),$(shell pkg-config --cflags check))
+CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variable=libdir check)/libcheck.a) \
+               /usr/lib/x86_64-linux-gnu/libcheck.a /usr/lib/aarch64-linux-gnu/libcheck.a /usr/lib64/libcheck.a \
+               /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
-CHECK_LIBS = $(CHECK_A) $(SUBUNIT_A) -lrt
+CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
-.PHONY: all help test check-dep found clean bench bench2 bench3 $(STAGES)
+.PHONY: all help test check check-dep found clean bench bench2 bench3 $(STAGES)
 all: found $(STAGES)
 
 found:
@@ -78,39 +91,48 @@ help:
 	@echo "make            build every stage ($(STAGES)) at the repository root"
 	@echo "make stageN     build one stage, e.g. make stage1 && ./stage1 --help"
 	@echo "make test       build and run the Check test suite (CPU; GPU tests run when a GPU is visible)"
+	@echo "make check      the same as make test"
 	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
-# ./stage1 ← stages/stage1_*/main.c + common
+# Everything in common/ is one static library; the stages and the test runner link it.
+$(LIBCOMMON): $(COMMON_O)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+# ./stage1 ← stages/stage1_*/main.c + libcommon.a (any new stages/stageN_*/ gets the same rule)
 define STAGE_RULE
 $(1): $(BUILD)/$(1)
 	@cp $(BUILD)/$(1) ./$(1)
-$(BUILD)/$(1): $(BUILD)/$(2)/main.o $(COMMON_O)
-	$(CC) $(CFLAGS) -o $$@ $$^ $(LDLIBS)
+$(BUILD)/$(1): $(BUILD)/$(2)/main.o $(LIBCOMMON)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $$@ $$^ $(LDLIBS)
 endef
 $(foreach d,$(STAGE_DIRS),$(eval $(call STAGE_RULE,$(firstword $(subst _, ,$(notdir $(d)))),$(d))))
 
-$(BUILD)/%.o: %.c $(wildcard common/*.h) | found
+$(BUILD)/%.o: %.c | found
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.cu.o: %.cu $(wildcard common/*.h)
+$(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
-$(BUILD)/tests/%.o: tests/%.c $(wildcard common/*.h tests/*.h) | check-dep
+$(BUILD)/tests/%.o: tests/%.c | check-dep
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -c -o $@ $<
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c -o $@ $<
 
-tests/run_tests: $(TEST_O) $(COMMON_O) | check-dep
-	$(CC) $(CFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+tests/run_tests: $(TEST_O) $(LIBCOMMON) | check-dep
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+-include $(DEPS)
 
 # Check (the C unit-test framework): installed through apt-get when missing and we are root.
 check-dep:
-	@if [ ! -f /usr/include/check.h ] || [ -z "$(CHECK_A)" ]; then \
+	@if ! { pkg-config --exists check 2>/dev/null || [ -f /usr/include/check.h ]; } || \
+	   [ -z "$(CHECK_A)$(CHECK_PC)" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "Check is missing: installing it with apt-get"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq check) >/dev/null || \
@@ -125,6 +147,8 @@ check-dep:
 test: check-dep $(STAGES)
 	@$(MAKE) --no-print-directory tests/run_tests
 	./tests/run_tests
+
+check: test
 
 bench: stage1
 	bash tests/bench_stage1.sh

@@ -38,15 +38,6 @@
 #define CKPT_VERSION 1u
 #define CKPT_HEADER 128
 
-uint64_t fnv1a64(uint64_t h, const void *data, size_t len) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 static void put_u32(unsigned char *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }

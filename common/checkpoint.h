@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hash.h" /* fnv1a64: the checksum (and, for callers of this header, the model fingerprint) */
+
 typedef struct CheckpointMeta {
     char arch[32];          /* "resnet18" | "tiny" */
     char norm[8];           /* "bn" | "none" */
@@ -43,7 +45,5 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
  * be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
 
-uint64_t fnv1a64(uint64_t h, const void *data, size_t len);
-#define FNV1A64_INIT 0xcbf29ce484222325ull
 
 #endif

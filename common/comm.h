@@ -13,7 +13,10 @@
  * issued on the device's compute stream (an event; the CPU backend computes synchronously, so there
  * it may start at once) and works in place. comm_wait makes the compute stream — not the host —
  * wait for all of them on NCCL; the host ring blocks the caller until they are done, as gloo's
- * work.wait() does. Every rank must issue the same operations in the same order. */
+ * work.wait() does. Every rank must issue the same operations in the same order.
+ *
+ * The code: comm.c (the interface, dispatching through a table of operations per backend),
+ * comm_nccl.c and comm_host.c (the backends), comm_internal.h (what they share). */
 #ifndef COMM_H
 #define COMM_H
 
@@ -32,6 +35,10 @@ Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s);
 void comm_destroy(Comm *c);
 const char *comm_describe(const Comm *c); /* "NCCL 2.28.9" / "host ring over TCP (127.0.0.1)" */
 int comm_have_nccl(void);                 /* this binary was built with NCCL */
+/* The backend for --comm `flag` (auto | nccl | host): auto is NCCL for GPU workers when built with
+ * it, else the host ring. A combination that cannot work is a user error naming the fix: NCCL
+ * without GPUs, without NCCL in the binary, or with more workers per node than `gpus`. */
+CommKind comm_choose(const char *flag, int cuda, int gpus, int local_workers);
 
 /* In-place SUM all-reduce / broadcast from root of count floats in the device's memory. They return
  * an id for comm_op_ms. */

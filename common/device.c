@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* PyTorch's caching allocator hands out blocks in multiples of 512 bytes; rounding the same way
  * keeps our peak comparable with torch.cuda.max_memory_allocated(). */
@@ -14,12 +13,6 @@ typedef struct AllocRecord {
     void *p;
     size_t bytes;
 } AllocRecord;
-
-double time_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #ifdef USE_CUDA
 const char *cuda_hint(cudaError_t e) {
@@ -87,7 +80,7 @@ void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     d->n_allocs = d->cap_allocs = 0;
     d->workspace = NULL;
     d->workspace_bytes = 0;
-    pthread_mutex_init(&d->mem_lock, NULL);
+    xmutex_init(&d->mem_lock);
     if (kind == DEV_CPU) {
         snprintf(d->name, sizeof d->name, "cpu%d", index);
         return;

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "clock.h" /* time_now, for host-side timing */
 #include "errors.h"
 
 #ifdef USE_CUDA
@@ -79,8 +80,6 @@ void device_copy_d2h(Device *d, void *dst, const void *src, size_t bytes); /* sy
 void device_copy_d2d(Device *d, void *dst, const void *src, size_t bytes);
 void device_sync(Device *d); /* wait for everything issued on the device's streams */
 
-/* Wall-clock seconds (monotonic), for host-side timing. */
-double time_now(void);
 
 /* --device flag: "auto" | "cuda" | "cpu" → kind. auto = CUDA when a GPU is visible, else CPU with
  * a one-line notice on stdout. "cuda" without a GPU is a user error. */

@@ -2,7 +2,7 @@
  *
  * One process drives N logical devices (GPUs, or virtual CPU devices on the CPU backend). Each
  * training step does what DataParallel does inside `loss = F.cross_entropy(model(x), y);
- * loss.backward()` (../shared/SEMANTICS.md):
+ * loss.backward()` (docs/semantics.md):
  *   dp_scatter      the whole batch sits on device 0; chunks of ceil(B/N) (the last takes the rest,
  *                   so there may be fewer chunks than devices) are copied to the other devices;
  *   dp_replicate    device 0's parameters and buffers are broadcast to the other devices, in ~10 MiB
@@ -23,16 +23,22 @@
  * in DataParallel's own functions is charged as time spent holding the GIL (common/gil.h), with
  * constants measured by tests/torch/calibrate_dp.py. Everything else — copies, kernels, waits — is
  * real and measured. Every phase is timed (CUDA events on device 0's stream, or wall-clock on the
- * CPU backend) and reported next to the modelled Python it contains (dp_report). */
+ * CPU backend) and reported next to the modelled Python it contains (dp_report).
+ *
+ * The code: dp.c (the step and its copies), dp_threads.c (the replicas' threads), dp_python.c
+ * (the modelled Python and stage 2's flags), dp_report.c (phase timing and the report). */
 #ifndef DP_H
 #define DP_H
 
 #include <pthread.h>
 #include <stdint.h>
 
+#include "cli.h"
+#include "crew.h"
 #include "device.h"
 #include "gil.h"
 #include "model.h"
+#include "timemark.h"
 #include "trainer.h"
 
 /* The phases of a step, in order; each ends where the next begins, so they add up to the step.
@@ -58,23 +64,24 @@ typedef struct DpConfig {
     double param_us;   /* replicate and reduce-add: per tensor, per replica */
     double thread_us;  /* parallel_apply: per thread (Python thread start-up, _worker's contexts) */
     double host_us;    /* < 0: the sum of the above; ≥ 0: scale them so one step's total is this */
+    /* flags that set the fields above (applied by dp_config_resolve) */
+    int gpus;          /* --gpus: logical devices; 0 = auto */
+    int no_python;     /* --no-python: op_us = host_us = 0 */
+    const char *p2p_flag; /* --p2p on|off */
 } DpConfig;
 
 /* The calibrated defaults (see stages/stage2_data_parallel/README.md for where they come from). */
 DpConfig dp_config_defaults(void);
-
-/* Persistent worker threads, one per replica: the main thread wakes those of replicas 0..k−1 for
- * one piece of work each (a forward, or a backward) and waits until all are done. */
-typedef struct DpCrew {
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    uint64_t gen;      /* bumped for every run */
-    int k, pending, quit;
-} DpCrew;
+/* Stage 2's own flags (--gpus, --gil-*, --no-python, --dp-thread-pool, --p2p) as option rows
+ * writing into *c: config_options(&cfg, dp_options(&c)). */
+const Option *dp_options(DpConfig *c);
+/* After cli_parse: apply --no-python and --p2p, and pick the device count when --gpus is auto
+ * (every visible GPU, or 2 virtual devices on the CPU backend). */
+void dp_config_resolve(DpConfig *c, DeviceKind kind);
 
 typedef struct DataParallel DataParallel;
 
-/* A CUDA event (cross-device ordering, phase marks); an unused placeholder without CUDA. */
+/* A CUDA event for ordering work across devices; an unused placeholder without CUDA. */
 #ifdef USE_CUDA
 typedef cudaEvent_t DpEvent;
 #else
@@ -102,6 +109,7 @@ struct DataParallel {
     int k;              /* replicas taking part this step (= number of chunks) */
     int batch;          /* this step's global batch */
     int max_batch;      /* global batch the buffers are sized for */
+    int64_t sample_floats; /* one input sample (the model's input activation: c × h × w) */
     Device **devs;
     Replica rep[DP_MAX_DEVICES];
     Model *master;      /* replica 0's model: saved, evaluated, stepped by the optimizer */
@@ -121,18 +129,17 @@ struct DataParallel {
     int stage_next;
     Replica *stage_last[2];      /* whose staged_h2d[b] last read buffer b (NULL: none) */
     /* worker threads */
-    DpCrew bwd_crew, pool_crew;
+    Crew bwd_crew, pool_crew;
     pthread_mutex_t start_mu;    /* Thread.start() waits until the new thread has bootstrapped */
     pthread_cond_t start_cv;
     int started;
     /* phase timing, this epoch: mark 0 = the step's start, mark p ≥ 1 = the end of phase p */
     int cap, step;
     int64_t steps_seen;          /* steps of earlier epochs (for the warm-up) */
-    double (*t_mark)[DP_PHASES]; /* CPU: wall-clock marks */
     double (*py_ms)[DP_PHASES];  /* modelled Python charged in each phase (ms), per step */
     double *wait_ms;             /* mean GIL wait of the replica threads in forward (ms), per step */
     double cur_py_s[DP_PHASES];  /* this step's, being accumulated */
-    DpEvent (*ev)[DP_PHASES];    /* CUDA: marks as events on device 0's compute stream */
+    TimeMark (*at)[DP_PHASES];   /* the marks, on device 0's compute stream (or wall clock) */
     DpEvent replicated, dlogits_ready; /* device 0: parameters broadcast / logits' gradient scattered */
     /* timed steps of the whole run (after the warm-up), for the medians */
     double *ph_ms[DP_PHASES], *ph_py_ms[DP_PHASES], *step_ms, *step_wait_ms;
@@ -159,15 +166,17 @@ void dp_prepare(DataParallel *dp, int batch);
 /* What this DataParallel is: devices, copies, threads, and the modelled Python and its cost. */
 void dp_describe(const DataParallel *dp, Report *r);
 
-/* The step, in order (see the top of this file). x is the whole batch on device 0. */
+/* The step, in order (see the top of this file). x is the whole batch on device 0. Between
+ * dp_gather and dp_backward the caller computes the loss (the DP_LOSS phase); after dp_reduce_add
+ * it steps the optimizer on the master, then calls dp_step_end (the DP_OPTIMIZER phase). */
 void dp_scatter(DataParallel *dp, const float *x, int batch);
 void dp_replicate(DataParallel *dp);
 void dp_parallel_apply(DataParallel *dp);
 void dp_gather(DataParallel *dp);          /* → dp->logits on device 0 */
 void dp_backward(DataParallel *dp);        /* from dp->dlogits on device 0 */
 void dp_reduce_add(DataParallel *dp);      /* → master->grad_flat */
-/* End of a phase the caller ran itself (DP_LOSS, DP_OPTIMIZER). */
-void dp_mark(DataParallel *dp, DpPhase phase);
+/* The step is over (the optimizer has stepped): closes its phase timing. */
+void dp_step_end(DataParallel *dp);
 
 /* End of an epoch's steps: read this epoch's phase times (synchronises device 0 once). */
 void dp_epoch_end(DataParallel *dp);

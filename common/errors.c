@@ -33,6 +33,13 @@ void die_runtime(const char *fmt, ...) {
     die_message(1, fmt, ap);
 }
 
+void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn)(void *), void *arg) {
+    int rc = pthread_create(thread, NULL, fn, arg);
+    if (rc != 0)
+        die_at(file, line, "pthread_create", strerror(rc),
+               "the process may be out of threads (ulimit -u); lower --workers or --gpus");
+}
+
 const char *errno_string(void) { return strerror(errno); }
 
 void *xmalloc_at(const char *file, int line, size_t bytes) {

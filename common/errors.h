@@ -8,7 +8,9 @@
 #define ERRORS_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <string.h>
 
 /* Print "file:line: call failed: why\n  hint: hint" to stderr and exit(1). hint may be NULL. */
 _Noreturn void die_at(const char *file, int line, const char *call, const char *why, const char *hint);
@@ -24,6 +26,20 @@ _Noreturn void die_runtime(const char *fmt, ...) __attribute__((format(printf, 1
     do {                                                                                           \
         if ((call) == -1) die_at(__FILE__, __LINE__, #call, errno_string(), NULL);                 \
     } while (0)
+
+/* A pthread call: they return an error number (0 = success) instead of setting errno. */
+#define CHECK_PT(call)                                                                             \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0) die_at(__FILE__, __LINE__, #call, strerror(rc_), NULL);                      \
+    } while (0)
+
+/* Threads, mutexes and condition variables that are either created or end the program with a
+ * message naming the caller's file:line (pthread_create fails when the process is out of threads). */
+#define xthread_create(thread, fn, arg) xthread_create_at(__FILE__, __LINE__, (thread), (fn), (arg))
+void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn)(void *), void *arg);
+#define xmutex_init(mutex) CHECK_PT(pthread_mutex_init((mutex), NULL))
+#define xcond_init(cond) CHECK_PT(pthread_cond_init((cond), NULL))
 
 /* malloc that never returns NULL. */
 #define xmalloc(bytes) xmalloc_at(__FILE__, __LINE__, (bytes))

@@ -10,21 +10,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "device.h" /* time_now */
+#include "clock.h"
 #include "errors.h"
-
-#define CHECK_PT(call)                                                                             \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != 0) die_at(__FILE__, __LINE__, #call, strerror(rc_), NULL);                      \
-    } while (0)
 
 void gil_init(Gil *g, double switch_ms) {
     memset(g, 0, sizeof *g);
     ASSERT(switch_ms > 0);
     g->interval_s = switch_ms * 1e-3;
-    CHECK_PT(pthread_mutex_init(&g->mutex, NULL));
-    CHECK_PT(pthread_mutex_init(&g->switch_mutex, NULL));
+    xmutex_init(&g->mutex);
+    xmutex_init(&g->switch_mutex);
     /* timed waits on the monotonic clock, so a wall-clock jump cannot stretch the interval */
     pthread_condattr_t a;
     CHECK_PT(pthread_condattr_init(&a));

@@ -8,34 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "device.h"
 #include "errors.h"
-
-/* One cache line per local worker in a page shared by the launcher and its workers. */
-typedef struct StatusSlot {
-    int64_t step;        /* step the worker is in (0: still setting up) */
-    int64_t exit_ns;     /* CLOCK_MONOTONIC when it called exit() (0: it did not, e.g. a signal) */
-    int64_t collateral;  /* its failure was caused by another rank's */
-    int64_t pad[5];
-} StatusSlot;
-
-static StatusSlot *my_slot;   /* worker: its slot, or NULL when not started by our launcher */
-static int fail_rank = -1, fail_signal = 0;
-static int64_t fail_step = -1;
-static int my_rank;
-
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
 static int env_int(const char *name, int dflt) {
@@ -49,70 +27,7 @@ static int env_int(const char *name, int dflt) {
     return (int)x;
 }
 
-static const struct { const char *name; int sig; } SIGNALS[] = {
-    {"HUP", SIGHUP}, {"INT", SIGINT}, {"QUIT", SIGQUIT}, {"ILL", SIGILL}, {"ABRT", SIGABRT},
-    {"BUS", SIGBUS}, {"FPE", SIGFPE}, {"KILL", SIGKILL}, {"SEGV", SIGSEGV}, {"PIPE", SIGPIPE},
-    {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2},
-};
-
-static const char *signal_name(int sig) {
-    for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++)
-        if (SIGNALS[i].sig == sig) return SIGNALS[i].name;
-    return "?";
-}
-
 /* ---- the worker side ------------------------------------------------------------------------- */
-
-static void note_exit(void) {
-    if (my_slot) __atomic_store_n(&my_slot->exit_ns, mono_ns(), __ATOMIC_RELAXED);
-}
-
-/* STAGE3_FAIL_AT=r:s[:SIG] (test-only). */
-static void parse_fail_at(void) {
-    const char *v = getenv("STAGE3_FAIL_AT");
-    if (!v || !v[0]) return;
-    char sig[16] = "";
-    long long s;
-    if (sscanf(v, "%d:%lld:%15s", &fail_rank, &s, sig) < 2 || fail_rank < 0 || s < 1)
-        die_user("STAGE3_FAIL_AT='%s': expected RANK:STEP or RANK:STEP:SIGNAL (e.g. 1:3 or 1:3:KILL)", v);
-    fail_step = s;
-    if (sig[0]) {
-        for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++)
-            if (!strcmp(sig, SIGNALS[i].name) || (!strncmp(sig, "SIG", 3) && !strcmp(sig + 3, SIGNALS[i].name)))
-                fail_signal = SIGNALS[i].sig;
-        if (!fail_signal)
-            die_user("STAGE3_FAIL_AT='%s': unknown signal '%s' (try KILL, SEGV, TERM, ABRT)", v, sig);
-    }
-}
-
-void launch_step(int64_t step) {
-    if (my_slot) __atomic_store_n(&my_slot->step, step, __ATOMIC_RELAXED);
-    if (step != fail_step || my_rank != fail_rank) return;
-    fflush(stdout);
-    fprintf(stderr, "rank %d: failing on purpose at step %lld (STAGE3_FAIL_AT=%s)\n", my_rank,
-            (long long)step, getenv("STAGE3_FAIL_AT"));
-    if (fail_signal) {
-        signal(fail_signal, SIG_DFL);
-        raise(fail_signal);
-    }
-    exit(3);
-}
-
-void launch_mark_collateral(void) {
-    if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
-}
-
-static void attach_status_page(int local_rank) {
-    int fd = env_int("STAGE3_STATUS_FD", -1);
-    if (fd < 0) return;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < (size_t)(local_rank + 1) * sizeof(StatusSlot)) return;
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd); /* the mapping stays */
-    if (p == MAP_FAILED) return;
-    my_slot = (StatusSlot *)p + local_rank;
-    atexit(note_exit);
-}
 
 /* SLURM_TASKS_PER_NODE looks like "4(x2),3": the first count is this node's on a regular layout. */
 static int slurm_local_world(int world) {
@@ -176,22 +91,10 @@ void launch_resolve(const LaunchConfig *cfg, const char *launcher, int gpus, int
     if (!strcmp(cfg->device, "cuda") && gpus == 0)
         die_user("--device cuda: no CUDA GPU is visible — run with --device cpu");
     *cuda = !strcmp(cfg->device, "cuda") || (!strcmp(cfg->device, "auto") && gpus > 0);
-    if (!strcmp(cfg->comm, "nccl")) *comm = COMM_NCCL;
-    else if (!strcmp(cfg->comm, "host")) *comm = COMM_HOST;
-    else *comm = *cuda && comm_have_nccl() ? COMM_NCCL : COMM_HOST;
-    if (*comm != COMM_NCCL) return;
-    if (!*cuda)
-        die_user("--comm nccl needs GPU workers (NCCL moves GPU memory); CPU workers use --comm host");
-    if (!comm_have_nccl())
-        die_user("--comm nccl: this binary was built without NCCL — install NCCL 2 (or set NCCL_HOME) and "
-                 "rebuild, or use --comm host");
     /* srun / mpirun often give each task its own GPU (CUDA_VISIBLE_DEVICES per task): one visible
      * GPU is then this worker's own. */
     int per_task_gpu = gpus == 1 && (!strcmp(launcher, "srun") || !strcmp(launcher, "mpirun"));
-    if (local_workers > gpus && !per_task_gpu)
-        die_user("%d workers per node with --comm nccl need %d GPUs, but %d %s visible — NCCL needs one GPU "
-                 "per worker: use --nproc-per-node %d, or --comm host to let workers share GPUs",
-                 local_workers, local_workers, gpus, gpus == 1 ? "is" : "are", gpus);
+    *comm = comm_choose(cfg->comm, *cuda, per_task_gpu ? local_workers : gpus, local_workers);
 }
 
 int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank % gpus : 0; }
@@ -239,7 +142,7 @@ static void set_env_int(const char *name, int v) {
 static void reap(Child *ch, int n, pid_t pid, int status) {
     for (int i = 0; i < n; i++)
         if (ch[i].pid == pid) {
-            ch[i].status = status, ch[i].reaped = 1, ch[i].reap_ns = mono_ns();
+            ch[i].status = status, ch[i].reaped = 1, ch[i].reap_ns = status_clock_ns();
             return;
         }
 }
@@ -252,7 +155,7 @@ static int failed(const Child *c) {
 static void stop_all(Child *ch, int n) {
     for (int i = 0; i < n; i++)
         if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM);
-    int64_t deadline = mono_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
+    int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
     int sent_kill = 0;
     for (;;) {
         int alive = 0;
@@ -265,12 +168,12 @@ static void stop_all(Child *ch, int n) {
             continue;
         }
         if (pid < 0 && errno == ECHILD) return;
-        if (!sent_kill && mono_ns() > deadline) {
+        if (!sent_kill && status_clock_ns() > deadline) {
             for (int i = 0; i < n; i++)
                 if (!ch[i].reaped) kill(ch[i].pid, SIGKILL);
             sent_kill = 1;
-            deadline = mono_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
-        } else if (sent_kill && mono_ns() > deadline) {
+            deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
+        } else if (sent_kill && status_clock_ns() > deadline) {
             return; /* stuck in the kernel (a GPU driver call): SIGKILL will take it when it returns */
         }
         usleep(5000);
@@ -282,7 +185,7 @@ static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, siz
     if (WIFEXITED(c->status)) snprintf(how, sizeof how, "exited with code %d", WEXITSTATUS(c->status));
     else
         snprintf(how, sizeof how, "was killed by signal %d (SIG%s)", WTERMSIG(c->status),
-                 signal_name(WTERMSIG(c->status)));
+                 status_signal_name(WTERMSIG(c->status)));
     int64_t step = __atomic_load_n(&slot->step, __ATOMIC_RELAXED);
     if (step > 0) snprintf(when, sizeof when, "at step %lld", (long long)step);
     else snprintf(when, sizeof when, "during setup (before step 1)");
@@ -310,12 +213,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     else snprintf(exe, sizeof exe, "%s", argv[0]);
 
     /* The status page: one slot per local worker, inherited as a file descriptor across exec. */
-    int status_fd = memfd_create("stage3-status", 0);
-    CHECK_SYS(status_fd);
-    CHECK_SYS(ftruncate(status_fd, (off_t)(n * sizeof(StatusSlot))));
-    StatusSlot *slots =
-        mmap(NULL, (size_t)n * sizeof(StatusSlot), PROT_READ | PROT_WRITE, MAP_SHARED, status_fd, 0);
-    if (slots == MAP_FAILED) die_at(__FILE__, __LINE__, "mmap", errno_string(), NULL);
+    int status_fd;
+    StatusSlot *slots = status_page_create(n, &status_fd);
 
     printf("stage3: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d\n", n,
            n == 1 ? "" : "s", first, first + n - 1, world, cuda ? "GPU" : "CPU",
@@ -373,7 +272,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
 
     if (got_signal) { /* Ctrl-C or a kill: the workers may have died of it first, which is no failure */
         stop_all(ch, n);
-        fprintf(stderr, "stage3: interrupted by SIG%s: stopped all %d workers\n", signal_name(got_signal), n);
+        fprintf(stderr, "stage3: interrupted by SIG%s: stopped all %d workers\n", status_signal_name(got_signal), n);
         exit(128 + got_signal);
     }
     /* A failure: say so at once, then stop the others. */
@@ -415,7 +314,5 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
 void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
     (void)argc;
     if (!worker_from_env(cfg, w)) launcher_run(argv, cfg);
-    my_rank = w->rank;
-    attach_status_page(w->local_rank);
-    parse_fail_at();
+    status_attach(env_int("STAGE3_STATUS_FD", -1), w->local_rank, w->rank);
 }

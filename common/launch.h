@@ -6,7 +6,7 @@
  * LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR, MASTER_PORT — then waits. If any worker
  * exits non-zero or dies by a signal, it SIGTERMs the others, SIGKILLs them after a grace period,
  * and exits non-zero naming the root cause: the rank, its exit code or signal, and the step it was
- * in (workers publish their step in a shared page, STAGE3_STATUS_FD). Workers also die with the
+ * in (workers publish their step in a shared page: worker_status.h). Workers also die with the
  * launcher (PR_SET_PDEATHSIG), so none is ever orphaned.
  *
  * The same binary is a worker when started by torchrun --no-python (RANK, …), srun (SLURM_PROCID,
@@ -21,7 +21,8 @@
 
 #include <stdint.h>
 
-#include "comm.h"
+#include "comm.h"          /* CommKind: the backend is chosen by comm_choose */
+#include "worker_status.h" /* launch_step, launch_mark_collateral */
 
 #define LAUNCH_GRACE_S 5.0 /* SIGTERM → SIGKILL (torchrun waits 30 s; our workers hold no state) */
 
@@ -46,19 +47,12 @@ typedef struct Worker {
  * with the job's status). In a worker it fills *w from the environment and returns. */
 void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w);
 
-/* Resolve --device and --comm ("auto") for `gpus` visible GPUs and `local_workers` workers per
- * node, and check the combination (exit 2 with the fix: NCCL without GPUs, more NCCL workers than
- * GPUs, a binary built without NCCL). *cuda = 1 for GPU workers. */
+/* Resolve --device ("auto") for `gpus` visible GPUs, then --comm through comm_choose for
+ * `local_workers` workers per node (exit 2 with the fix on a bad combination). *cuda = 1 for GPU
+ * workers. */
 void launch_resolve(const LaunchConfig *cfg, const char *launcher, int gpus, int local_workers,
                     int *cuda, CommKind *comm);
 /* The GPU a worker uses: its local rank (NCCL), or local rank mod GPUs (--comm host shares). */
 int launch_gpu_of(const Worker *w, int gpus);
-
-/* Worker: "I am in step `step`" (1-based; cheap: one store to shared memory), and the test-only
- * STAGE3_FAIL_AT fault. */
-void launch_step(int64_t step);
-/* Worker: the failure about to be reported is a consequence of another rank's (a closed
- * connection, a collective that timed out), so the launcher blames the other one. */
-void launch_mark_collateral(void);
 
 #endif

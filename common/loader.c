@@ -188,16 +188,15 @@ Loader *loader_create(const Dataset *ds, const LoaderConfig *cfg, Device *dev) {
     l->n_order = ds->n; /* until the first epoch, for loader_batches_per_epoch */
     int64_t n = l->n_order;
     l->n_batches = cfg->drop_last ? n / cfg->batch_size : (n + cfg->batch_size - 1) / cfg->batch_size;
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->work_cv, NULL);
-    pthread_cond_init(&l->ready_cv, NULL);
+    xmutex_init(&l->mu);
+    xcond_init(&l->work_cv);
+    xcond_init(&l->ready_cv);
     if (cfg->workers > 0) l->threads = xcalloc((size_t)cfg->workers, sizeof(pthread_t));
     for (int w = 0; w < cfg->workers; w++) {
         WorkerArg *arg = xmalloc(sizeof *arg);
         arg->l = l;
         arg->id = w;
-        int rc = pthread_create(&l->threads[w], NULL, worker_main, arg);
-        if (rc != 0) die_at(__FILE__, __LINE__, "pthread_create", strerror(rc), "lower --workers");
+        xthread_create(&l->threads[w], worker_main, arg);
     }
     return l;
 }

@@ -206,6 +206,15 @@ double stats_median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double stats_median_copy(const double *v, int n) {
+    if (n <= 0) return 0;
+    double *tmp = xmalloc((size_t)n * sizeof(double));
+    memcpy(tmp, v, (size_t)n * sizeof(double));
+    double m = stats_median(tmp, n);
+    free(tmp);
+    return m;
+}
+
 const char *fmt_bytes(char *buf, size_t len, double bytes) {
     static const char *units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
     double a = fabs(bytes);

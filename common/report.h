@@ -41,6 +41,8 @@ void json_end(Report *r);
 
 /* Median of v[0..n−1] (v is reordered); 0 when n == 0. */
 double stats_median(double *v, int n);
+/* The same without touching v (sorts a copy): for series that keep growing or are read again. */
+double stats_median_copy(const double *v, int n);
 /* "1.23 GiB" style, into buf (returns buf). */
 const char *fmt_bytes(char *buf, size_t len, double bytes);
 

@@ -1,7 +1,7 @@
 /* rng.h — the random numbers the trainer uses, chosen to match PyTorch where it matters.
  *
  * mt19937 is PyTorch's CPU generator: torch.Generator().manual_seed(s) seeds it with the standard
- * init_genrand on (uint32)s, and randperm draws its 32-bit outputs (see SEMANTICS.md). So the
+ * init_genrand on (uint32)s, and randperm draws its 32-bit outputs (docs/semantics.md). So the
  * epoch order and stage 3's DistributedSampler are bit-identical to PyTorch's.
  * splitmix64 hashes (seed, epoch, index) into the random choices of one sample's augmentation, so
  * they do not depend on which worker thread or rank handles the sample. */

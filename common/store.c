@@ -1,5 +1,5 @@
 /* store.c — the rendezvous key-value store: a poll() server thread in rank 0, a blocking client in
- * every rank, and the socket helpers the host ring reuses (see store.h). */
+ * every rank (see store.h). Sockets come from net.h. */
 #include "store.h"
 
 #include <arpa/inet.h>
@@ -17,175 +17,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "device.h" /* time_now */
+#include "clock.h"
 #include "errors.h"
+#include "net.h"
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4 };
 #define HDR 12          /* op, 3 pad bytes, key_len, val_len */
 #define MAX_CONNS 4096  /* a job of up to ~4000 ranks; more connections are refused */
-
-
-/* ---- sockets --------------------------------------------------------------------------------- */
-
-static int resolve(const char *addr, int port, int passive, struct addrinfo **res) {
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = passive ? AI_PASSIVE : 0};
-    return getaddrinfo(addr, ps, &hints, res);
-}
-
-static void tune(int fd) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small requests go out at once */
-}
-
-int net_listen(const char *addr, int port, int *bound) {
-    struct addrinfo *res;
-    if (resolve(addr, port, 1, &res) != 0) {
-        errno = EADDRNOTAVAIL;
-        return -1;
-    }
-    int fd = -1, err = EADDRNOTAVAIL;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-        if (fd < 0) continue;
-        /* REUSEADDR only skips TIME_WAIT leftovers of an earlier run; two live listeners on one
-         * port are still refused (EADDRINUSE), which is the error we want to report. */
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
-        err = errno;
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    if (fd < 0) {
-        errno = err;
-        return -1;
-    }
-    if (bound) {
-        struct sockaddr_storage ss;
-        socklen_t len = sizeof ss;
-        getsockname(fd, (struct sockaddr *)&ss, &len);
-        *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                : ((struct sockaddr_in *)&ss)->sin_port);
-    }
-    return fd;
-}
-
-/* One non-blocking connect attempt, bounded by timeout_ms. */
-static int connect_once(const struct addrinfo *ai, int timeout_ms, int *err) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        *err = errno;
-        return -1;
-    }
-    int flags = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc < 0 && errno == EINPROGRESS) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
-        rc = poll(&p, 1, timeout_ms);
-        if (rc == 1) {
-            int e = 0;
-            socklen_t l = sizeof e;
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
-            rc = e ? -1 : 0;
-            errno = e;
-        } else {
-            errno = rc == 0 ? ETIMEDOUT : errno;
-            rc = -1;
-        }
-    }
-    if (rc < 0) {
-        *err = errno;
-        close(fd);
-        return -1;
-    }
-    fcntl(fd, F_SETFL, flags); /* blocking again: every wait below goes through poll() anyway */
-    tune(fd);
-    return fd;
-}
-
-int net_connect(const char *addr, int port, double timeout_s) {
-    double t_end = time_now() + timeout_s;
-    int err = ETIMEDOUT, pause_ms = 20;
-    for (;;) {
-        struct addrinfo *res;
-        if (resolve(addr, port, 0, &res) == 0) {
-            for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-                double left = t_end - time_now();
-                int ms = left > 1.0 ? 1000 : (left > 0 ? (int)(left * 1000) + 1 : 1);
-                int fd = connect_once(ai, ms, &err);
-                if (fd >= 0) {
-                    freeaddrinfo(res);
-                    return fd;
-                }
-            }
-            freeaddrinfo(res);
-        } else {
-            err = EHOSTUNREACH; /* the name does not resolve (yet) */
-        }
-        /* The listener may simply not be up yet (rank 0 still starting): retry until the deadline. */
-        if (time_now() + pause_ms * 1e-3 > t_end) break;
-        usleep((useconds_t)pause_ms * 1000);
-        if (pause_ms < 200) pause_ms *= 2;
-    }
-    errno = err;
-    return -1;
-}
-
-/* Wait for fd to become readable / writable; 0 when ready, −1 with errno ETIMEDOUT or the error. */
-static int wait_fd(int fd, short events, double t_end) {
-    for (;;) {
-        double left = t_end - time_now();
-        if (left <= 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        struct pollfd p = {.fd = fd, .events = events};
-        int ms = left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
-        int rc = poll(&p, 1, ms);
-        if (rc > 0) return 0;
-        if (rc < 0 && errno != EINTR) return -1;
-    }
-}
-
-int net_send_all(int fd, const void *buf, size_t len, double timeout_s) {
-    const char *p = buf;
-    double t_end = time_now() + timeout_s;
-    while (len > 0) {
-        if (wait_fd(fd, POLLOUT, t_end) < 0) return -1;
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT); /* never SIGPIPE */
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-            if (errno == EPIPE) errno = ECONNRESET;
-            return -1;
-        }
-        p += n, len -= (size_t)n;
-    }
-    return 0;
-}
-
-int net_recv_all(int fd, void *buf, size_t len, double timeout_s) {
-    char *p = buf;
-    double t_end = time_now() + timeout_s;
-    while (len > 0) {
-        if (wait_fd(fd, POLLIN, t_end) < 0) return -1;
-        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
-        if (n == 0) {
-            errno = ECONNRESET;
-            return -1;
-        }
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-            return -1;
-        }
-        p += n, len -= (size_t)n;
-    }
-    return 0;
-}
 
 static void put_u32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
@@ -386,7 +224,7 @@ static void *server_main(void *arg) {
                 close(fd);
                 continue;
             }
-            tune(fd);
+            net_nodelay(fd);
             if (sv->n_conns == sv->cap_conns) {
                 sv->cap_conns = sv->cap_conns ? 2 * sv->cap_conns : 16;
                 sv->conns = realloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
@@ -419,9 +257,8 @@ static Server *server_start(const char *addr, int port) {
     Server *sv = xcalloc(1, sizeof *sv);
     sv->fd = fd;
     CHECK_SYS(pipe2(sv->wake, O_CLOEXEC));
-    pthread_mutex_init(&sv->mu, NULL);
-    int rc = pthread_create(&sv->thread, NULL, server_main, sv);
-    if (rc) die_at(__FILE__, __LINE__, "pthread_create", strerror(rc), NULL);
+    xmutex_init(&sv->mu);
+    xthread_create(&sv->thread, server_main, sv);
     return sv;
 }
 
@@ -551,7 +388,7 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     Store *s = xcalloc(1, sizeof *s);
     s->rank = rank, s->world = world, s->timeout = timeout_s, s->port = port;
     snprintf(s->addr, sizeof s->addr, "%s", addr);
-    pthread_mutex_init(&s->mu, NULL);
+    xmutex_init(&s->mu);
     if (rank == 0) s->server = server_start(addr, port);
     s->fd = net_connect(addr, port, timeout_s);
     if (s->fd < 0)

@@ -55,16 +55,4 @@ int store_sequence(Store *s);
 int store_rank(const Store *s);
 int store_world(const Store *s);
 
-/* ---- sockets, shared with comm.c's host ring --------------------------------------------------- */
-/* Listen on addr:port (port 0: any free port; the port chosen is returned in *bound). Returns the
- * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, …). */
-int net_listen(const char *addr, int port, int *bound);
-/* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
- * socket, or −1 with errno set (ETIMEDOUT when the time ran out). */
-int net_connect(const char *addr, int port, double timeout_s);
-/* Send / receive exactly len bytes. Return 0, or −1 on error, timeout (errno ETIMEDOUT) or a closed
- * peer (errno ECONNRESET). */
-int net_send_all(int fd, const void *buf, size_t len, double timeout_s);
-int net_recv_all(int fd, void *buf, size_t len, double timeout_s);
-
 #endif

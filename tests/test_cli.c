@@ -420,6 +420,11 @@ START_TEST(test_median_and_bytes) {
     double c[] = {42};
     ck_assert(stats_median(c, 1) == 42);
     ck_assert(stats_median(NULL, 0) == 0);
+    const double d[] = {9, 2, 7, 4}; /* the copying median leaves its input as it was */
+    ck_assert(stats_median_copy(d, 4) == 5.5);
+    ck_assert(d[0] == 9 && d[1] == 2 && d[2] == 7 && d[3] == 4);
+    ck_assert(stats_median_copy(d, 3) == 7);
+    ck_assert(stats_median_copy(NULL, 0) == 0);
     char buf[32];
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 0), "0 B");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 512), "512 B");

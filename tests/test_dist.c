@@ -17,6 +17,7 @@
 #include "device.h"
 #include "rng.h"
 #include "sampler.h"
+#include "net.h"
 #include "store.h"
 
 #include "tests.h"

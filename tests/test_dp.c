@@ -102,14 +102,13 @@ static void dp_one_step(DeviceKind kind, int n, int batch, const char *arch, int
     dp_parallel_apply(&dp);
     dp_gather(&dp);
     xent_forward_backward(d0, batch, m->classes, dp.logits, y, 1.0f / (float)batch, loss, correct, dp.dlogits);
-    dp_mark(&dp, DP_LOSS);
     dp_backward(&dp);
     dp_reduce_add(&dp);
     /* the summed gradient, before the optimizer reads it */
     out->np = m->n_param_floats, out->nb = m->n_buffer_floats;
     out->grads = to_host(d0, m->grad_flat, (size_t)out->np * sizeof(float));
     optim_step(&opt, m->param_flat, m->grad_flat, 0.1);
-    dp_mark(&dp, DP_OPTIMIZER);
+    dp_step_end(&dp);
     dp_epoch_end(&dp);
     out->params = to_host(d0, m->param_flat, (size_t)out->np * sizeof(float));
     out->buffers = to_host(d0, m->buffer_flat, (size_t)out->nb * sizeof(float));

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device.h" /* time_now */
+#include "clock.h"
 #include "gil.h"
 #include "tests.h"
 
@@ -86,18 +86,27 @@ static void wait_until_holding(Spinner *s) {
     while (!atomic_load(&s->holding)) sched_yield();
 }
 
+/* A spinner thread holding the GIL (returns once it does), and a waiter — this thread — about to
+ * ask for it. */
+static void start_spinner(Spinner *s, pthread_t *th) {
+    gil_thread_init(&s->t, "spinner");
+    ck_assert_int_eq(pthread_create(th, NULL, spin_holder, s), 0);
+    wait_until_holding(s);
+}
+static void start_waiter(Gil *g, GilThread *me) {
+    gil_thread_init(me, "waiter");
+    gil_thread_start(g, me);
+}
+
 START_TEST(gil_waiter_gets_lock_within_one_switch_interval) {
     const double interval_ms = 10;
     Gil g;
     gil_init(&g, interval_ms);
     Spinner s = {.g = &g, .hold_us = 400e3};
-    gil_thread_init(&s.t, "spinner");
     pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, spin_holder, &s), 0);
-    wait_until_holding(&s);
+    start_spinner(&s, &th);
     GilThread me;
-    gil_thread_init(&me, "waiter");
-    gil_thread_start(&g, &me);
+    start_waiter(&g, &me);
     double t0 = time_now();
     gil_acquire(&g, &me);
     double waited_ms = 1e3 * (time_now() - t0);
@@ -128,13 +137,10 @@ START_TEST(gil_forced_switch_dropper_does_not_reacquire_first) {
      * usually runs, but the property asserted is the order, which holds either way. */
     for (int round = 0; round < 5 || (forced == 0 && round < 20); round++) {
         Spinner s = {.g = &g, .hold_us = 60e3};
-        gil_thread_init(&s.t, "spinner");
         pthread_t th;
-        ck_assert_int_eq(pthread_create(&th, NULL, spin_holder, &s), 0);
-        wait_until_holding(&s);
+        start_spinner(&s, &th);
         GilThread me;
-        gil_thread_init(&me, "waiter");
-        gil_thread_start(&g, &me);
+        start_waiter(&g, &me);
         gil_acquire(&g, &me);
         /* the spinner dropped mid-hold and has not had the lock back since */
         ck_assert_int_eq(atomic_load(&s.done), 0);
@@ -148,7 +154,9 @@ START_TEST(gil_forced_switch_dropper_does_not_reacquire_first) {
         ck_assert_int_eq(s.t.acquires, 2); /* it came back after us, and finished its 60 ms */
         ck_assert(s.t.held_s >= 0.059);
         ck_assert_int_le(s.t.forced_drops, 1);
-        forced += s.t.forced_drops;
+        /* on a loaded machine the waiter may be asked to drop too (the spinner's timed wait for
+         * the lock back can expire while we hold it), so count both threads' forced drops */
+        forced += s.t.forced_drops + me.forced_drops;
     }
     /* every forced wait that ran is counted once, in the thread and in the lock (on a loaded
      * machine the waiter can win every race, so none may have run: not a failure) */

@@ -2,6 +2,14 @@
  *
  *   make stage1 && ./stage1            (./stage1 --help for every flag)
  *
+ * What you will learn:
+ *   - the five calls of a training step (zero_grad, forward, loss, backward, optimizer step) and
+ *     what each one runs on the device;
+ *   - how batches reach the GPU without the GPU waiting (loader threads, a copy stream);
+ *   - how to time a GPU step honestly (events on the stream, no added synchronisation).
+ * Stages 2 (DataParallel) and 3 (DDP) each branch from this file: diff either against it to see
+ * its idea alone. Stage 4 builds on stage 3, and stage 5 on stage 4.
+ *
  * One step is what a PyTorch user writes:
  *     for x, y in loader:  x, y = x.cuda(), y.cuda()
  *         optimizer.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); optimizer.step()

@@ -2,6 +2,15 @@
  *
  *   make stage2 && ./stage2            (./stage2 --help for every flag)
  *
+ * What you will learn:
+ *   - what nn.DataParallel does inside one step: scatter the batch, replicate the model, run the
+ *     replicas in threads, gather the outputs, and reduce the gradients onto GPU0;
+ *   - why it is often slower than one GPU: every step re-copies the model, and every replica's
+ *     Python serialises on one interpreter lock (the GIL);
+ *   - why GPU0 needs more memory than the others (the whole batch, the logits, the master).
+ * This stage branches from stage 1 (diff the two files); stage 3 (DDP) also branches from stage 1:
+ * it replaces DataParallel rather than extending it.
+ *
  * The loop is stage 1's, with the model wrapped as a PyTorch user wraps it:
  *     model = nn.DataParallel(model)       # and then, unchanged:
  *     optimizer.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); optimizer.step()
@@ -30,39 +39,7 @@ int main(int argc, char **argv) {
     TrainConfig cfg;
     config_defaults(&cfg);
     DpConfig dpc = dp_config_defaults();
-    int gpus = 0, no_python = 0;
-    const char *p2p = "on";
-    const Option extra[] = {
-        {"gpus", OPT_INT, &gpus, 1, DP_MAX_DEVICES, NULL,
-         "devices to use (DataParallel device_ids); auto: every visible GPU, or 2 virtual devices on the "
-         "CPU backend. More than the visible GPUs share them round-robin"},
-        {"gil-switch-ms", OPT_FLOAT, &dpc.switch_ms, 0.001, 1000, NULL,
-         "the GIL's switch interval in ms (sys.setswitchinterval)"},
-        {"gil-op-us", OPT_FLOAT, &dpc.op_us, 0, 1e5, NULL,
-         "modelled Python per forward op, held under the GIL (calibrate_dp.py on a 2x H200 host: 24.24)"},
-        {"gil-host-call-us", OPT_FLOAT, &dpc.call_us, 0, 1e5, NULL,
-         "modelled Python per call of scatter / replicate / parallel_apply / gather and their backward "
-         "(tests/torch/calibrate_dp.py measures it)"},
-        {"gil-host-module-us", OPT_FLOAT, &dpc.module_us, 0, 1e5, NULL,
-         "replicate's Python per module per replica (calibrate_dp.py)"},
-        {"gil-host-param-us", OPT_FLOAT, &dpc.param_us, 0, 1e5, NULL,
-         "replicate's and reduce-add's Python per parameter or buffer per replica (calibrate_dp.py)"},
-        {"gil-host-thread-us", OPT_FLOAT, &dpc.thread_us, 0, 1e5, NULL,
-         "parallel_apply's Python per new thread: start-up and _worker's contexts (calibrate_dp.py)"},
-        {"gil-host-us", OPT_FLOAT, &dpc.host_us, -1, 1e7, NULL,
-         "DataParallel's own Python per step in µs: -1 = from the --gil-host-* costs; another value "
-         "scales them to that total (0: none)"},
-        {"no-python", OPT_FLAG, &no_python, 0, 0, NULL,
-         "the 'what if there were no Python' experiment: --gil-op-us 0 --gil-host-us 0"},
-        {"dp-thread-pool", OPT_FLAG, &dpc.thread_pool, 0, 0, NULL,
-         "persistent forward threads instead of PyTorch's new thread per replica every step"},
-        {"p2p", OPT_CHOICE, &p2p, 0, 0, "on|off",
-         "off: every copy between GPUs goes through host memory, as between GPUs without peer access"},
-        {NULL},
-    };
-    cli_parse(argc, argv, config_options(&cfg, extra), "stage2", ABOUT);
-    if (no_python) dpc.op_us = 0, dpc.host_us = 0;
-    dpc.p2p = !strcmp(p2p, "on");
+    cli_parse(argc, argv, config_options(&cfg, dp_options(&dpc)), "stage2", ABOUT);
 
     /* The devices: N logical devices, GPUs (or virtual CPU devices). Device 0 holds the whole batch,
      * the master model, the loss and the optimizer. */
@@ -70,7 +47,8 @@ int main(int argc, char **argv) {
                    .allow_tf32 = !cfg.no_tf32};
     DeviceKind kind = device_kind_from_flag(cfg.device, 0);
     config_resolve(&cfg, kind == DEV_CUDA);
-    int n = gpus ? gpus : kind == DEV_CUDA ? device_cuda_count() : 2;
+    dp_config_resolve(&dpc, kind);
+    int n = dpc.gpus;
     Device **devs = dp_devices_create(n, kind, &opts);
     Device *dev = devs[0];
     int global = n * cfg.batch_size; /* --batch-size is per device, as in stage 1 */
@@ -121,13 +99,13 @@ int main(int argc, char **argv) {
             dp_replicate(&dp);          /* device 0's parameters and buffers broadcast to the others */
             dp_parallel_apply(&dp);     /* a thread per replica runs its forward, under the GIL */
             dp_gather(&dp);             /* the logits concatenated on device 0 */
-            xent_forward_backward(dev, b->n, model->classes, dp.logits, y, 1.0f / (float)b->n,
-                                  &log.loss[slot], &log.correct[slot], dp.dlogits);
-            dp_mark(&dp, DP_LOSS);
+            xent_forward_backward(dev, b->n, model->classes, dp.logits, y,
+                                  1.0f / (float)b->n, &log.loss[slot], &log.correct[slot],
+                                  dp.dlogits);
             dp_backward(&dp);           /* the logits' gradient scattered back; backward everywhere */
             dp_reduce_add(&dp);         /* every replica's gradients summed into device 0's */
             optim_step(&opt, model->param_flat, model->grad_flat, run_lr(&run));
-            dp_mark(&dp, DP_OPTIMIZER);
+            dp_step_end(&dp);           /* closes this step's phase timing */
             run_step_end(&run, &log, slot, b->index);
         }
         input_drain(&train_in);

@@ -1,0 +1,197 @@
+/* dp_report.c — DataParallel's phase timing and its report.
+ *
+ * A step is cut into phases (dp.h's DpPhase) by marks on device 0's compute stream — the stream
+ * every copy of the step is ordered on — so the phases partition the step and add up to it. Each
+ * phase is reported next to the modelled Python charged inside it, with the GIL's statistics. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_internal.h"
+
+const char *const dp_phase_name[DP_PHASES] = {"input", "scatter", "replicate", "forward", "gather",
+                                              "loss",  "backward", "reduce",   "optimizer"};
+
+void dp_timing_init(DataParallel *dp, int steps_cap) {
+    dp->cap = steps_cap;
+    dp->py_ms = xcalloc((size_t)steps_cap, sizeof *dp->py_ms);
+    dp->wait_ms = xcalloc((size_t)steps_cap, sizeof *dp->wait_ms);
+    dp->at = xcalloc((size_t)steps_cap, sizeof *dp->at);
+    for (int s = 0; s < steps_cap; s++)
+        for (int p = 0; p < DP_PHASES; p++) timemark_init(&dp->at[s][p], dp->devs[0]);
+}
+
+void dp_timing_destroy(DataParallel *dp) {
+    for (int s = 0; s < dp->cap; s++)
+        for (int p = 0; p < DP_PHASES; p++) timemark_destroy(&dp->at[s][p]);
+    free(dp->at), free(dp->py_ms), free(dp->wait_ms);
+    for (int p = 0; p < DP_PHASES; p++) free(dp->ph_ms[p]), free(dp->ph_py_ms[p]);
+    free(dp->step_ms), free(dp->step_wait_ms);
+}
+
+void dp_mark(DataParallel *dp, int m) {
+    ASSERT(m >= 0 && m < DP_PHASES);
+    ASSERT(dp->step < dp->cap); /* more steps in one epoch than dp_init was told */
+    timemark_record(&dp->at[dp->step][m], dp->devs[0]);
+    device_bind(dp->devs[0]);
+}
+
+void dp_step_end(DataParallel *dp) {
+    dp_mark(dp, DP_OPTIMIZER);
+    for (int p = 0; p < DP_PHASES; p++) dp->py_ms[dp->step][p] = 1e3 * dp->cur_py_s[p], dp->cur_py_s[p] = 0;
+    dp->step++;
+}
+
+void dp_describe(const DataParallel *dp, Report *r) {
+    const DpConfig *c = &dp->cfg;
+    char names[512] = "";
+    for (int i = 0; i < dp->n && strlen(names) < 400; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", dp->devs[i]->name);
+    report_printf(r, "DataParallel: %d replica%s on %s | copies: %s | forward: %s\n", dp->n,
+                  dp->n == 1 ? "" : "s", names,
+                  dp->n == 1 ? "none (one device)"
+                  : !c->p2p  ? "staged through host memory (--p2p off)"
+                  : dp->devs[0]->kind == DEV_CPU ? "memcpy between the virtual devices"
+                  : dp->direct ? "direct (peer access, or one GPU)"
+                               : "no peer access between these GPUs: the driver stages them through host memory",
+                  dp->n == 1       ? "in the main thread (one device: DataParallel calls the module itself)"
+                  : c->thread_pool ? "persistent threads (--dp-thread-pool)"
+                                   : "a new thread per replica every step");
+    if (!dp->python) {
+        report_printf(r, "modelled Python: none (--gil-op-us 0, --gil-host-us 0): the GIL is never taken\n");
+        return;
+    }
+    double host_us, ops_us;
+    dp_python_us(dp, dp->max_batch, &host_us, &ops_us);
+    report_printf(r,
+                  "modelled Python, charged as time holding the GIL (switch interval %g ms): %g µs per "
+                  "forward op × %d ops per replica, and DataParallel's own %.2f ms per step (replicate "
+                  "copies %d modules and %d tensors per replica; --gil-host-call-us %g "
+                  "--gil-host-module-us %g --gil-host-param-us %g --gil-host-thread-us %g%s)\n",
+                  c->switch_ms, c->op_us, dp->master->n_layers, 1e-3 * host_us, dp->n_modules,
+                  dp->n_tensors, c->call_us, c->module_us, c->param_us, c->thread_us,
+                  c->host_us >= 0 ? ", scaled by --gil-host-us" : "");
+}
+
+void dp_epoch_end(DataParallel *dp) {
+    int steps = dp->step;
+    if (steps == 0) return;
+    if (dp->n_samples + steps > dp->cap_samples) {
+        dp->cap_samples = 2 * (dp->n_samples + steps);
+        for (int p = 0; p < DP_PHASES; p++) {
+            dp->ph_ms[p] = realloc(dp->ph_ms[p], (size_t)dp->cap_samples * sizeof(double));
+            dp->ph_py_ms[p] = realloc(dp->ph_py_ms[p], (size_t)dp->cap_samples * sizeof(double));
+            ASSERT(dp->ph_ms[p] && dp->ph_py_ms[p]);
+        }
+        dp->step_ms = realloc(dp->step_ms, (size_t)dp->cap_samples * sizeof(double));
+        dp->step_wait_ms = realloc(dp->step_wait_ms, (size_t)dp->cap_samples * sizeof(double));
+        ASSERT(dp->step_ms && dp->step_wait_ms);
+    }
+    for (int s = 1; s < steps; s++) { /* step 0 of an epoch has no previous step to measure input from */
+        if (dp->steps_seen + s < WARMUP_STEPS) continue;
+        double ms[DP_PHASES], total = 0;
+        for (int p = 0; p < DP_PHASES; p++) {
+            int s_from = p == 0 ? s - 1 : s, m_from = p == 0 ? DP_OPTIMIZER : p - 1;
+            ms[p] = timemark_ms(&dp->at[s_from][m_from], &dp->at[s][p]);
+            total += ms[p];
+        }
+        int i = dp->n_samples++;
+        for (int p = 0; p < DP_PHASES; p++) {
+            dp->ph_ms[p][i] = ms[p];
+            dp->ph_py_ms[p][i] = dp->py_ms[s][p];
+        }
+        dp->step_ms[i] = total;
+        dp->step_wait_ms[i] = dp->wait_ms[s];
+    }
+    dp->steps_seen += steps;
+    dp->step = 0;
+}
+
+void dp_report(DataParallel *dp, Run *run) {
+    Report *r = &run->report;
+    int n = dp->n_samples;
+    if (n == 0) {
+        report_printf(r, "DataParallel phases: too few steps to time (the first %d are warm-up, and the "
+                         "first step of each epoch has no input phase)\n", WARMUP_STEPS);
+        return;
+    }
+    double med[DP_PHASES], py[DP_PHASES], sum = 0, py_sum = 0;
+    for (int p = 0; p < DP_PHASES; p++) {
+        med[p] = stats_median_copy(dp->ph_ms[p], n);
+        py[p] = stats_median_copy(dp->ph_py_ms[p], n);
+        sum += med[p], py_sum += py[p];
+    }
+    double step = stats_median_copy(dp->step_ms, n), wait = stats_median_copy(dp->step_wait_ms, n);
+    double run_step = run->n_times ? stats_median_copy(run->times, run->n_times) : step;
+    double off = run_step > 0 ? (sum - run_step) / run_step : 0;
+    int adds_up = fabs(off) <= 0.10;
+    const char *where = dp->devs[0]->kind == DEV_CUDA ? "device 0's stream (CUDA events)" : "wall clock";
+    report_printf(r, "DataParallel phases over %d steps (median ms per step, timed on %s; modelled "
+                     "Python = host time charged under the GIL, all threads together)\n", n, where);
+    report_printf(r, "  %-10s %9s %16s\n", "phase", "measured", "modelled Python");
+    for (int p = 0; p < DP_PHASES; p++) {
+        char extra[64] = "";
+        if (p == DP_FORWARD && dp->python) snprintf(extra, sizeof extra, "   (GIL wait %.3f per replica thread)", wait);
+        if (py[p] > 0) report_printf(r, "  %-10s %9.3f %16.3f%s\n", dp_phase_name[p], med[p], py[p], extra);
+        else report_printf(r, "  %-10s %9.3f %16s%s\n", dp_phase_name[p], med[p], "-", extra);
+    }
+    report_printf(r, "  %-10s %9.3f %16.3f   vs step time %.3f ms (median ms/it): %s (%+.1f%%)\n", "sum", sum,
+                  py_sum, run_step, adds_up ? "adds up" : "DOES NOT add up", 100 * off);
+    json_begin(r, "phases");
+    json_int(r, "steps", n);
+    for (int p = 0; p < DP_PHASES; p++) {
+        char key[40];
+        snprintf(key, sizeof key, "%s_ms", dp_phase_name[p]);
+        json_num(r, key, med[p]);
+        snprintf(key, sizeof key, "%s_python_ms", dp_phase_name[p]);
+        json_num(r, key, py[p]);
+    }
+    json_num(r, "sum_ms", sum);
+    json_num(r, "step_ms", run_step);
+    /* Means add where medians need not: the phases partition each step, so the mean of their sums
+     * must equal the mean step time whatever the noise (the tests check these). */
+    double sum_mean = 0, step_mean = 0;
+    for (int i = 0; i < n; i++) sum_mean += dp->step_ms[i] / n;
+    for (int i = 0; i < run->n_times; i++) step_mean += run->times[i] / run->n_times;
+    json_num(r, "sum_mean_ms", sum_mean);
+    json_num(r, "step_mean_ms", run->n_times ? step_mean : sum_mean);
+    json_num(r, "phase_step_ms", step);
+    json_num(r, "python_ms", py_sum);
+    json_num(r, "forward_gil_wait_ms", wait);
+    json_int(r, "adds_up", adds_up);
+    json_end(r);
+
+    /* the GIL */
+    Gil *g = &dp->gil;
+    if (!dp->python) {
+        report_printf(r, "GIL: never taken (no modelled Python)\n");
+        return;
+    }
+    report_printf(r, "GIL (switch interval %g ms): %lld hand-offs, %lld forced switches over %lld steps\n",
+                  dp->cfg.switch_ms, (long long)g->handoffs, (long long)g->forced_switches,
+                  (long long)dp->steps_seen);
+    report_printf(r, "  %-12s %10s %10s %10s %13s %12s\n", "thread", "held ms", "waited ms", "acquires",
+                  "drop requests", "forced drops");
+    json_begin(r, "gil");
+    json_num(r, "switch_ms", dp->cfg.switch_ms);
+    json_int(r, "handoffs", g->handoffs);
+    json_int(r, "forced_switches", g->forced_switches);
+    json_int(r, "steps", dp->steps_seen);
+    json_end(r);
+    for (int i = -1; i < dp->n; i++) {
+        GilThread *t = i < 0 ? &dp->main : &dp->rep[i].gil;
+        if (i >= 0 && t->acquires == 0) continue; /* replica 0 runs in the main thread when alone */
+        report_printf(r, "  %-12s %10.1f %10.1f %10lld %13lld %12lld\n", t->name, 1e3 * t->held_s,
+                      1e3 * t->waited_s, (long long)t->acquires, (long long)t->drop_requests,
+                      (long long)t->forced_drops);
+        json_begin(r, "gil_thread");
+        json_str(r, "thread", t->name);
+        json_num(r, "held_ms", 1e3 * t->held_s);
+        json_num(r, "waited_ms", 1e3 * t->waited_s);
+        json_int(r, "acquires", t->acquires);
+        json_int(r, "drop_requests", t->drop_requests);
+        json_int(r, "forced_drops", t->forced_drops);
+        json_end(r);
+    }
+}

@@ -1,0 +1,17 @@
+/* hash.h — FNV-1a, 64 bits: the one hash of this project.
+ *
+ * It fingerprints a model's parameter names and shapes, checksums checkpoints, and lets DDP's ranks
+ * compare their bucket plans. Not cryptographic: it catches accidents (a truncated file, a
+ * different model), not an attacker. */
+#ifndef HASH_H
+#define HASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FNV1A64_INIT 0xcbf29ce484222325ull
+
+/* Continue hash h over len bytes (start from FNV1A64_INIT; chain calls to hash several pieces). */
+uint64_t fnv1a64(uint64_t h, const void *data, size_t len);
+
+#endif

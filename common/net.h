@@ -1,0 +1,25 @@
+/* net.h — the few TCP socket calls this project needs, each with a deadline.
+ *
+ * The rendezvous store (store.c) and the host ring (comm_host.c) both talk TCP: listen, connect
+ * (retrying while the other side is still starting), and send or receive exactly N bytes. Every
+ * call is bounded by a timeout, so a dead or stopped peer becomes an error instead of a hang, and
+ * sends never raise SIGPIPE. Failures return −1 with errno set; the caller says what it was doing. */
+#ifndef NET_H
+#define NET_H
+
+#include <stddef.h>
+
+/* Listen on addr:port (port 0: any free port; the port chosen is returned in *bound). Returns the
+ * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, …). */
+int net_listen(const char *addr, int port, int *bound);
+/* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
+ * socket, or −1 with errno set (ETIMEDOUT when the time ran out). */
+int net_connect(const char *addr, int port, double timeout_s);
+/* Send / receive exactly len bytes. Return 0, or −1 on error, timeout (errno ETIMEDOUT) or a closed
+ * peer (errno ECONNRESET). */
+int net_send_all(int fd, const void *buf, size_t len, double timeout_s);
+int net_recv_all(int fd, void *buf, size_t len, double timeout_s);
+/* Small messages go out at once (TCP_NODELAY); for sockets from accept(). */
+void net_nodelay(int fd);
+
+#endif

@@ -1,0 +1,100 @@
+/* worker_status.c — the launcher's shared status page and the worker's side of it (see
+ * worker_status.h), with the test-only fault injection of STAGE3_FAIL_AT. */
+#include "worker_status.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errors.h"
+
+static StatusSlot *my_slot;   /* worker: its slot, or NULL when not started by our launcher */
+static int fail_rank = -1, fail_signal = 0;
+static int64_t fail_step = -1;
+static int my_rank;
+
+int64_t status_clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static const struct { const char *name; int sig; } SIGNALS[] = {
+    {"HUP", SIGHUP}, {"INT", SIGINT}, {"QUIT", SIGQUIT}, {"ILL", SIGILL}, {"ABRT", SIGABRT},
+    {"BUS", SIGBUS}, {"FPE", SIGFPE}, {"KILL", SIGKILL}, {"SEGV", SIGSEGV}, {"PIPE", SIGPIPE},
+    {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2},
+};
+
+const char *status_signal_name(int sig) {
+    for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++)
+        if (SIGNALS[i].sig == sig) return SIGNALS[i].name;
+    return "?";
+}
+
+StatusSlot *status_page_create(int n, int *fd) {
+    *fd = memfd_create("stage3-status", 0); /* inherited across exec by the workers */
+    CHECK_SYS(*fd);
+    CHECK_SYS(ftruncate(*fd, (off_t)(n * sizeof(StatusSlot))));
+    StatusSlot *slots = mmap(NULL, (size_t)n * sizeof(StatusSlot), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    if (slots == MAP_FAILED) die_at(__FILE__, __LINE__, "mmap", errno_string(), NULL);
+    return slots;
+}
+
+/* ---- the worker side ------------------------------------------------------------------------- */
+
+static void note_exit(void) {
+    if (my_slot) __atomic_store_n(&my_slot->exit_ns, status_clock_ns(), __ATOMIC_RELAXED);
+}
+
+/* STAGE3_FAIL_AT=r:s[:SIG] (test-only). */
+static void parse_fail_at(void) {
+    const char *v = getenv("STAGE3_FAIL_AT");
+    if (!v || !v[0]) return;
+    char sig[16] = "";
+    long long s;
+    if (sscanf(v, "%d:%lld:%15s", &fail_rank, &s, sig) < 2 || fail_rank < 0 || s < 1)
+        die_user("STAGE3_FAIL_AT='%s': expected RANK:STEP or RANK:STEP:SIGNAL (e.g. 1:3 or 1:3:KILL)", v);
+    fail_step = s;
+    if (sig[0]) {
+        for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++)
+            if (!strcmp(sig, SIGNALS[i].name) || (!strncmp(sig, "SIG", 3) && !strcmp(sig + 3, SIGNALS[i].name)))
+                fail_signal = SIGNALS[i].sig;
+        if (!fail_signal)
+            die_user("STAGE3_FAIL_AT='%s': unknown signal '%s' (try KILL, SEGV, TERM, ABRT)", v, sig);
+    }
+}
+
+void launch_step(int64_t step) {
+    if (my_slot) __atomic_store_n(&my_slot->step, step, __ATOMIC_RELAXED);
+    if (step != fail_step || my_rank != fail_rank) return;
+    fflush(stdout);
+    fprintf(stderr, "rank %d: failing on purpose at step %lld (STAGE3_FAIL_AT=%s)\n", my_rank,
+            (long long)step, getenv("STAGE3_FAIL_AT"));
+    if (fail_signal) {
+        signal(fail_signal, SIG_DFL);
+        raise(fail_signal);
+    }
+    exit(3);
+}
+
+void launch_mark_collateral(void) {
+    if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
+}
+
+void status_attach(int fd, int local_rank, int rank) {
+    my_rank = rank;
+    parse_fail_at();
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < (size_t)(local_rank + 1) * sizeof(StatusSlot)) return;
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd); /* the mapping stays */
+    if (p == MAP_FAILED) return;
+    my_slot = (StatusSlot *)p + local_rank;
+    atexit(note_exit);
+}

@@ -1,0 +1,41 @@
+/* worker_status.h — the page a launcher shares with its workers, so that a failure names its cause.
+ *
+ * Our launcher (launch.h) creates one page with a slot per local worker and hands it to each worker
+ * as an inherited file descriptor (STAGE3_STATUS_FD). A worker writes, with plain atomic stores, the
+ * step it is in, when it called exit(), and whether its failure is only a consequence of another
+ * rank's; after a failure the launcher reads the slots to blame the rank that failed first, for a
+ * reason of its own. Under another launcher (torchrun, srun, mpirun) there is no page and these
+ * calls only do their local part. Anything may call them — the communicator marks its own failures
+ * collateral — without depending on the launcher. */
+#ifndef WORKER_STATUS_H
+#define WORKER_STATUS_H
+
+#include <stdint.h>
+
+/* One cache line per local worker. */
+typedef struct StatusSlot {
+    int64_t step;        /* step the worker is in (0: still setting up) */
+    int64_t exit_ns;     /* status_clock_ns() when it called exit() (0: it did not, e.g. a signal) */
+    int64_t collateral;  /* its failure was caused by another rank's */
+    int64_t pad[5];
+} StatusSlot;
+
+/* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
+StatusSlot *status_page_create(int n, int *fd);
+/* Worker: map slot local_rank of the page behind fd (fd < 0: no page), and read the test-only
+ * STAGE3_FAIL_AT fault for `rank`. */
+void status_attach(int fd, int local_rank, int rank);
+
+/* Worker: "I am in step `step`" (1-based; cheap: one store to shared memory), and the test-only
+ * STAGE3_FAIL_AT=r:s[:SIG] fault: rank r exits with code 3 (or kills itself with SIG) at step s. */
+void launch_step(int64_t step);
+/* Worker: the failure about to be reported is a consequence of another rank's (a closed
+ * connection, a collective that timed out), so the launcher blames the other one. */
+void launch_mark_collateral(void);
+
+/* CLOCK_MONOTONIC in ns (the clock of exit_ns). */
+int64_t status_clock_ns(void);
+/* "KILL" for SIGKILL, … ("?" for a signal we do not name). */
+const char *status_signal_name(int sig);
+
+#endif
