@@ -147,7 +147,10 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     for (int i = 0; i < n; i++) reverse[i] = n - 1 - i;
     size_t cap = 4 << 20;
     Ddp d;
-    ddp_init(&d, &o.run, o.comm, 4.0, 1);
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = 4.0;
+    ddp_init(&d, &o.run, o.comm, &f);
     check_plan(&d, reverse, cap, cap);
     int before = d.n_buckets;
     ck_assert_int_ge(before, 6); /* 44.7 MB of ResNet-18 in 4 MiB buckets (some 9 MiB convs alone) */
@@ -184,11 +187,15 @@ START_TEST(bucket_extremes) {
     int reverse[512] = {0};
     for (int i = 0; i < o.m->n_params; i++) reverse[i] = o.m->n_params - 1 - i;
     Ddp d;
-    ddp_init(&d, &o.run, o.comm, 1e-6, 1); /* every parameter its own bucket */
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = 1e-6;
+    ddp_init(&d, &o.run, o.comm, &f); /* every parameter its own bucket */
     ck_assert_int_eq(d.n_buckets, o.m->n_params);
     check_plan(&d, reverse, 4, 4);
     ddp_destroy(&d);
-    ddp_init(&d, &o.run, o.comm, 1000, 1); /* one bucket for everything */
+    f.bucket_mb = 1000;
+    ddp_init(&d, &o.run, o.comm, &f); /* one bucket for everything */
     ck_assert_int_eq(d.n_buckets, 1);
     ddp_destroy(&d);
     one_rank_close(&o);
