@@ -204,8 +204,8 @@ END_TEST
 
 /* ---- DDP ≡ one device --------------------------------------------------------------------------- */
 
-/* Parameters of a checkpoint of the given model. */
-static float *load_params(const char *path, const char *arch, int norm_bn) {
+/* Parameters of a checkpoint of the given model (malloc'd). */
+float *test_load_params(const char *path, const char *arch, int norm_bn) {
     Device cpu = {0};
     device_init(&cpu, DEV_CPU, 0, 0);
     Model *m = model_create(&cpu, arch, norm_bn, 1, 0);
@@ -222,7 +222,7 @@ static float *load_params(const char *path, const char *arch, int norm_bn) {
     return p;
 }
 
-static int64_t n_params_of(const char *arch) {
+int64_t test_n_params(const char *arch) {
     Device cpu = {0};
     device_init(&cpu, DEV_CPU, 0, 0);
     Model *m = model_create(&cpu, arch, 0, 1, 0);
@@ -260,8 +260,8 @@ static void check_equivalence(const char *common, int world, int batch, int step
     snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, steps);
     snprintf(pb, sizeof pb, "%s/ddp/step%08d.ckpt", dir, steps);
     const char *arch = strstr(common, "resnet18") ? "resnet18" : "tiny";
-    float *pa_ = load_params(pa, arch, 0), *pb_ = load_params(pb, arch, 0);
-    double err = test_rel_err(pb_, pa_, n_params_of(arch));
+    float *pa_ = test_load_params(pa, arch, 0), *pb_ = test_load_params(pb, arch, 0);
+    double err = test_rel_err(pb_, pa_, test_n_params(arch));
     ck_assert_msg(err <= 1e-5, "%s: final parameters differ by %.3g (relative)", what, err);
     free(pa_), free(pb_);
 }
