@@ -81,7 +81,7 @@ CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variab
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
-.PHONY: all help test check check-dep found clean bench bench2 bench3 $(STAGES)
+.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 $(STAGES)
 all: found $(STAGES)
 
 found:
@@ -95,6 +95,7 @@ help:
 	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
+	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -158,6 +159,9 @@ bench2: stage1 stage2
 
 bench3: stage1 stage3
 	bash tests/bench_stage3.sh
+
+bench4: stage1 stage3 stage4
+	bash tests/bench_stage4.sh
 
 clean:
 	rm -rf build tests/run_tests $(STAGES)

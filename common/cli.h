@@ -37,6 +37,7 @@ typedef struct TrainConfig {
     int epochs;              /* −1 = auto (5 on CUDA, 4 on CPU) */
     int64_t steps;           /* stop after this many optimizer steps; 0 = no limit */
     int batch_size;          /* per device */
+    int accum_steps;         /* micro-batches per optimizer step (stage 4's --accum-steps); 0 = no accumulation */
     double lr, momentum, weight_decay;
     const char *schedule;    /* const | cosine (over the whole run) */
     int64_t seed;

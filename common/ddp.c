@@ -1,5 +1,5 @@
-/* ddp.c — DDP's reducer: bucket plans, the gradient-ready hook, buffer broadcasts, and the
- * communication statistics (see ddp.h). */
+/* ddp.c — DDP's flags, its reducer (bucket plans, the gradient-ready hook, no_sync), buffer
+ * broadcasts, sharded evaluation, and the communication statistics (see ddp.h). */
 #include "ddp.h"
 
 #include <math.h>
@@ -8,8 +8,57 @@
 #include <string.h>
 
 #include "checkpoint.h" /* fnv1a64 */
+#include "launch.h"
 #include "ops.h"
 #include "report.h"
+
+/* ---- the flags ------------------------------------------------------------------------------- */
+
+Option *ddp_options(DdpFlags *f, const Option *extra) {
+    *f = (DdpFlags){.nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500, .comm = "auto",
+                    .bucket_mb = 25, .rdzv_timeout = 60, .comm_timeout = 300,
+                    .show = {.world_size = 1, .dataset_size = -1}};
+    const double above0 = nextafter(0.0, INFINITY); /* shown as the open end of (0, …] */
+    const Option rows[] = {
+        {"nproc-per-node", OPT_INT, &f->nproc_per_node, 1, 1024, NULL,
+         "worker processes on this node (torchrun --nproc-per-node); auto: one per visible GPU, 2 on the CPU"},
+        {"nnodes", OPT_INT, &f->nnodes, 1, 65536, NULL, "machines in the job (torchrun --nnodes)"},
+        {"node-rank", OPT_INT, &f->node_rank, 0, 65535, NULL,
+         "this machine's number, 0 … nnodes−1 (torchrun --node-rank)"},
+        {"master-addr", OPT_STR, &f->master_addr, 0, 0, NULL,
+         "address of node 0, where rank 0 hosts the rendezvous store (torchrun --master-addr)"},
+        {"master-port", OPT_INT, &f->master_port, 1, 65535, NULL,
+         "TCP port of the rendezvous store (torchrun --master-port)"},
+        {"comm", OPT_CHOICE, &f->comm, 0, 0, "auto|nccl|host",
+         "all-reduce backend: nccl (GPUs), or host = a ring over TCP through host memory (CPU workers; GPU "
+         "workers sharing a GPU), like gloo; auto: nccl on GPUs"},
+        {"bucket-mb", OPT_FLOAT, &f->bucket_mb, above0, 1e6, NULL,
+         "gradient bucket size in MiB (DistributedDataParallel bucket_cap_mb)"},
+        {"no-overlap", OPT_FLAG, &f->no_overlap, 0, 0, NULL,
+         "all-reduce all gradients once after backward instead of bucket by bucket during it (the experiment)"},
+        {"drop-last", OPT_FLAG, &f->drop_last, 0, 0, NULL,
+         "DistributedSampler(drop_last=True): drop the tail instead of padding every rank to the same length"},
+        {"rdzv-timeout", OPT_FLOAT, &f->rdzv_timeout, 1, 3600, NULL, "seconds to wait for every rank to join"},
+        {"comm-timeout", OPT_FLOAT, &f->comm_timeout, 1, 86400, NULL,
+         "seconds before an unfinished collective counts as hung and the job is stopped "
+         "(init_process_group timeout)"},
+        {"show-sampler", OPT_FLAG, &f->show.show, 0, 0, NULL,
+         "print one rank's DistributedSampler indices (with --dataset-size, --world-size, --rank, --epoch, "
+         "--seed, --drop-last, --no-shuffle) and exit"},
+        {"dataset-size", OPT_INT64, &f->show.dataset_size, 1, 1e12, NULL, "--show-sampler: dataset length N"},
+        {"world-size", OPT_INT, &f->show.world_size, 1, 65536, NULL, "--show-sampler: number of ranks R"},
+        {"rank", OPT_INT, &f->show.rank, 0, 65535, NULL, "--show-sampler: the rank whose indices to print"},
+        {"epoch", OPT_INT64, &f->show.epoch, 0, 1e9, NULL, "--show-sampler: the epoch (sampler.set_epoch)"},
+        {"no-shuffle", OPT_FLAG, &f->no_shuffle, 0, 0, NULL,
+         "DistributedSampler(shuffle=False): indices in order"},
+    };
+    size_t n = sizeof rows / sizeof rows[0], n_extra = 0;
+    while (extra && extra[n_extra].name) n_extra++;
+    Option *all = xcalloc(n + n_extra + 1, sizeof(Option)); /* + the terminating zero row */
+    memcpy(all, rows, sizeof rows);
+    if (n_extra) memcpy(all + n, extra, n_extra * sizeof(Option));
+    return all;
+}
 
 enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_AFTER_BCAST };
 
@@ -150,61 +199,82 @@ static double elapsed_ms(Ddp *d, DdpStep *s, int a, int b) {
 
 static double busbw_factor(int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; }
 
-/* Read a finished step's timings back (it is DDP_STATS_LAG steps old: no real wait). */
-static void harvest(Ddp *d, DdpStep *s, int64_t iter) {
-    if (!s->pending) return;
-    s->pending = 0;
-    double ar = 0;
-    for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
-    double exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT);
-    double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_AFTER_BCAST) : 0;
-    if (exposed < 0) exposed = 0;
-    if (iter >= WARMUP_STEPS) {
-        series_push(&d->ar, ar), series_push(&d->ar_run, ar);
-        series_push(&d->exposed, exposed), series_push(&d->exposed_run, exposed);
-        series_push(&d->bcast, bc), series_push(&d->bcast_run, bc);
+/* One optimizer step's micro-steps have all been read back: into the medians (after warm-up) and,
+ * every --log-every steps, a "comm" record. */
+static void flush_group(Ddp *d) {
+    DdpGroup *g = &d->group;
+    if (!g->micro) return;
+    if (d->groups_seen++ >= WARMUP_STEPS) {
+        series_push(&d->ar, g->ar), series_push(&d->ar_run, g->ar);
+        series_push(&d->exposed, g->exposed), series_push(&d->exposed_run, g->exposed);
+        series_push(&d->bcast, g->bc), series_push(&d->bcast_run, g->bc);
     }
     Report *r = &d->run->report;
-    if (s->step % d->run->cfg->log_every == 0) {
-        double algbw = ar > 0 ? (double)s->bytes / (ar * 1e6) : 0; /* GB/s */
+    if (g->step % d->run->cfg->log_every == 0) {
+        double algbw = g->ar > 0 ? (double)g->bytes / (g->ar * 1e6) : 0; /* GB/s */
         json_begin(r, "comm");
-        json_int(r, "step", s->step);
-        json_num(r, "allreduce_ms", ar);
-        json_num(r, "exposed_ms", exposed + bc);
-        json_num(r, "exposed_backward_ms", exposed);
-        json_num(r, "bcast_ms", bc);
-        json_int(r, "bytes", s->bytes);
-        json_int(r, "collectives", s->n_ops);
+        json_int(r, "step", g->step);
+        json_int(r, "micro_steps", g->micro);
+        json_num(r, "allreduce_ms", g->ar);
+        json_num(r, "exposed_ms", g->exposed + g->bc);
+        json_num(r, "exposed_backward_ms", g->exposed);
+        json_num(r, "bcast_ms", g->bc);
+        json_int(r, "bytes", g->bytes);
+        json_int(r, "collectives", g->n_ops);
+        json_int(r, "broadcasts", g->bcasts);
         json_num(r, "algbw_gbps", algbw);
         json_num(r, "busbw_gbps", algbw * busbw_factor(d->world));
         json_end(r);
     }
+    memset(g, 0, sizeof *g);
+}
+
+/* Read a finished micro-step's timings back (it is DDP_STATS_LAG micro-steps old: no real wait)
+ * and add them to its optimizer step's. */
+static void harvest(Ddp *d, DdpStep *s) {
+    if (!s->pending) return;
+    s->pending = 0;
+    double ar = 0, exposed = 0;
+    for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
+    if (s->synced) exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT);
+    double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_AFTER_BCAST) : 0;
+    if (exposed < 0) exposed = 0;
+    if (d->group.micro && d->group.step != s->step) flush_group(d);
+    DdpGroup *g = &d->group;
+    g->step = s->step;
+    g->micro++;
+    g->ar += ar, g->exposed += exposed, g->bc += bc;
+    g->bytes += s->bytes, g->n_ops += s->n_ops, g->bcasts += s->bcast_op >= 0;
 }
 
 static DdpStep *step_of(Ddp *d, int64_t iter) { return &d->steps[iter % (DDP_STATS_LAG + 1)]; }
 
+/* At a group boundary (epoch end, run end): read back everything, close the last optimizer step. */
 static void harvest_all(Ddp *d) {
     for (int64_t i = d->iteration - DDP_STATS_LAG; i < d->iteration; i++)
-        if (i >= 0) harvest(d, step_of(d, i), i);
+        if (i >= 0) harvest(d, step_of(d, i));
+    flush_group(d);
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */
 
-void ddp_init(Ddp *d, Run *run, Comm *comm, double bucket_mb, int overlap) {
+void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     memset(d, 0, sizeof *d);
     Model *m = run->model;
+    int overlap = !f->no_overlap;
     d->run = run, d->m = m, d->comm = comm, d->dev = m->dev;
     d->rank = run->rank, d->world = run->world_size, d->overlap = overlap;
-    d->cap_bytes = (size_t)(bucket_mb * 1048576.0);
+    d->sync = 1, d->forward_param_sync = 1; /* as a freshly constructed DistributedDataParallel */
+    d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
 
     /* DDP's constructor checks that every rank built the same model. We also check the flags that
      * decide which collectives run when: ranks that disagree would wait for each other forever. */
     const TrainConfig *c = run->cfg;
     char flags[256];
-    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu", c->batch_size, c->epochs, (long long)c->steps,
-             c->log_every, (long long)c->train_size, (long long)c->test_size, (long long)c->seed, overlap,
-             d->cap_bytes);
+    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu %d %d", c->batch_size, c->epochs,
+             (long long)c->steps, c->log_every, (long long)c->train_size, (long long)c->test_size, (long long)c->seed,
+             overlap, d->cap_bytes, c->accum_steps, f->sync_each_micro_step);
     uint64_t h = m->shape_hash, hf = fnv1a64(FNV1A64_INIT, flags, strlen(flags));
     double mine[5] = {(double)(h & 0xffffffu), (double)(h >> 40), (double)m->n_param_floats,
                       (double)(hf & 0xffffffu), (double)(hf >> 40)}, all[5];
@@ -217,8 +287,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, double bucket_mb, int overlap) {
     for (int i = 3; i < 5; i++)
         if (all[i] != mine[i] * d->world)
             die_user("rank %d: the ranks were started with different training flags (--batch-size, --epochs, "
-                     "--steps, --log-every, --train-size, --test-size, --seed, --bucket-mb or --no-overlap) — "
-                     "start every rank with the same flags", d->rank);
+                     "--steps, --log-every, --train-size, --test-size, --seed, --bucket-mb, --no-overlap, "
+                     "--accum-steps or --sync-each-micro-step) — start every rank with the same flags", d->rank);
     /* …and makes every replica start from rank 0's parameters and buffers. */
     comm_broadcast_async(comm, m->param_flat, m->n_param_floats, 0);
     if (m->n_buffer_floats) comm_broadcast_async(comm, m->buffer_flat, m->n_buffer_floats, 0);
@@ -242,6 +312,13 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, double bucket_mb, int overlap) {
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
                   overlap ? "in buckets" : "bucket plan (unused)", desc, cap);
+    if (c->accum_steps > 0)
+        report_printf(&run->report, "ddp: %s\n",
+                      f->sync_each_micro_step
+                          ? "--sync-each-micro-step: no no_sync — every micro-step all-reduces its gradients "
+                            "(the experiment)"
+                          : "no_sync for all but the last micro-step of each optimizer step: one all-reduce "
+                            "per optimizer step");
 }
 
 void ddp_destroy(Ddp *d) {
@@ -252,24 +329,38 @@ void ddp_destroy(Ddp *d) {
 #endif
     DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run};
     for (int i = 0; i < 6; i++) free(all[i]->v);
-    free(d->buckets), free(d->bucket_of), free(d->ready_order);
+    free(d->buckets), free(d->bucket_of), free(d->ready_order), free(d->eval_idx);
+}
+
+void ddp_set_sync(Ddp *d, int sync) { d->sync = sync != 0; }
+
+/* _pre_forward's buffer broadcast, if require_forward_param_sync says so; the flag then says
+ * whether this forward's backward synchronises (_post_forward: grad enabled and not in no_sync). */
+static int64_t forward_buffers(Ddp *d, DdpStep *s, int grad_sync) {
+    int64_t op = -1;
+    if (d->forward_param_sync && d->m->n_buffer_floats && d->world > 1) {
+        if (s) mark(d, s, T_PRE_BCAST);
+        op = comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
+        comm_wait(d->comm);
+        if (s) mark(d, s, T_AFTER_BCAST);
+    }
+    d->forward_param_sync = grad_sync;
+    return op;
 }
 
 void ddp_forward_begin(Ddp *d) {
-    if (d->iteration == 1 && !d->rebuilt) rebuild(d);
-    if (d->iteration >= DDP_STATS_LAG)
-        harvest(d, step_of(d, d->iteration - DDP_STATS_LAG), d->iteration - DDP_STATS_LAG);
+    launch_step(d->run->step + 1); /* where this rank is, for the launcher's failure report */
+    /* After the first synchronised backward, the buckets follow the order it produced gradients. */
+    if (d->synced == 1 && !d->rebuilt) rebuild(d);
+    if (d->iteration >= DDP_STATS_LAG) harvest(d, step_of(d, d->iteration - DDP_STATS_LAG));
+    if (d->run->step + 1 != d->group_step) d->group_step = d->run->step + 1, d->opt_steps++;
     DdpStep *s = step_of(d, d->iteration);
     ASSERT(!s->pending);
-    s->step = d->run->step + 1;
-    s->first_op = -1, s->n_ops = 0, s->bytes = 0, s->bcast_op = -1;
-    /* broadcast_buffers=True: every forward starts from rank 0's running statistics. */
-    if (d->m->n_buffer_floats && d->world > 1) {
-        mark(d, s, T_PRE_BCAST);
-        s->bcast_op = comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
-        comm_wait(d->comm);
-        mark(d, s, T_AFTER_BCAST);
-    }
+    s->step = d->group_step;
+    s->first_op = -1, s->n_ops = 0, s->bytes = 0;
+    s->synced = d->sync;
+    s->bcast_op = forward_buffers(d, s, d->sync);
+    if (s->bcast_op >= 0) d->bcasts++;
 }
 
 static void launch(Ddp *d, float *g, int64_t count) {
@@ -281,11 +372,15 @@ static void launch(Ddp *d, float *g, int64_t count) {
     ASSERT(id == s->first_op + s->n_ops); /* nothing else is issued during backward */
     s->n_ops++;
     s->bytes += count * (int64_t)sizeof(float);
+    d->allreduce_calls++;
+    d->allreduce_bytes += count * (int64_t)sizeof(float);
 }
 
 void ddp_grad_ready(void *ctx, int p) {
     Ddp *d = ctx;
-    if (d->iteration == 0) d->ready_order[d->n_ready++] = p;
+    /* no_sync: the gradient just stays in (is added to) the flat buffer */
+    if (!d->sync) return;
+    if (d->synced == 0) d->ready_order[d->n_ready++] = p;
     if (!d->overlap) return;
     DdpBucket *b = &d->buckets[d->bucket_of[p]];
     ASSERT(b->pending > 0);
@@ -301,6 +396,11 @@ void ddp_grad_ready(void *ctx, int p) {
 void ddp_backward_end(Ddp *d) {
     DdpStep *s = step_of(d, d->iteration);
     Model *m = d->m;
+    s->pending = 1;
+    if (!s->synced) { /* no_sync: nothing was launched, nothing to wait for */
+        d->iteration++;
+        return;
+    }
     mark(d, s, T_BWD_END);
     if (!d->overlap) {
         launch(d, m->grad_flat, m->n_param_floats);
@@ -317,20 +417,35 @@ void ddp_backward_end(Ddp *d) {
     mark(d, s, T_AFTER_WAIT);
     for (int b = 0; b < d->n_buckets; b++) d->buckets[b].pending = d->buckets[b].n_params;
     d->next = 0;
-    if (d->iteration == 0) ASSERT(d->n_ready == m->n_params);
-    s->pending = 1;
+    if (d->synced == 0) ASSERT(d->n_ready == m->n_params);
+    d->synced++;
     d->iteration++;
 }
 
-void ddp_sync_buffers(Ddp *d) {
-    if (!d->m->n_buffer_floats || d->world == 1) return;
-    comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
-    comm_wait(d->comm);
+void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, double *accuracy,
+                  double *loss) {
+    /* model.eval(); with torch.no_grad(): the first forward broadcasts (if a synchronised step came
+     * before), and a forward without gradients leaves require_forward_param_sync off. */
+    if (forward_buffers(d, NULL, 0) >= 0) d->eval_bcasts++;
+    /* DistributedSampler(test_set, shuffle=False): positions rank, rank + R, …; those past the end
+     * of the test set are padding (repeats), always this rank's last ones: not evaluated. */
+    if (!d->eval_idx || d->eval_n != n_test) {
+        free(d->eval_idx);
+        d->eval_idx = xmalloc((size_t)(sampler_num_samples(n_test, d->world, 0) + 1) * sizeof(int64_t));
+        sampler_indices(n_test, d->world, d->rank, 0, 0, 0, 0, d->eval_idx);
+        d->eval_n = n_test;
+    }
+    double sums[3]; /* Σ loss, correct, samples */
+    evaluate_indices(d->m, in, scratch, d->eval_idx, sampler_num_real(n_test, d->world, d->rank), sums);
+    comm_sum_doubles(d->comm, sums, 3);
+    *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    *accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
 }
 
 /* Medians of this rank's series, averaged over ranks; the line and the JSON record. Collective. */
 static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSeries *bc) {
     Run *r = d->run;
+    int accum = r->cfg->accum_steps > 0, summary = !strcmp(type, "comm_summary");
     double v[4] = {series_median(ar), series_median(ex), series_median(bc), ar->n > 0};
     comm_sum_doubles(d->comm, v, 4);
     for (int i = 0; i < 3; i++) v[i] /= d->world;
@@ -338,19 +453,33 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     memcpy(tmp, r->times, (size_t)r->n_times * sizeof(double));
     double step_ms = stats_median(tmp, r->n_times);
     free(tmp);
-    int64_t bytes = d->m->n_param_floats * (int64_t)sizeof(float);
+    /* bytes all-reduced per optimizer step: the gradients once — K times without no_sync */
+    int64_t grad_bytes = d->m->n_param_floats * (int64_t)sizeof(float);
+    int64_t bytes = d->opt_steps ? d->allreduce_bytes / d->opt_steps : grad_bytes;
     double algbw = v[0] > 0 ? (double)bytes / (v[0] * 1e6) : 0, exposed = v[1] + v[2];
     double pct = step_ms > 0 ? 100.0 * exposed / step_ms : 0;
     if (v[3] > 0) {
-        char mb[32];
+        char mb[32], pieces[64];
         fmt_bytes(mb, sizeof mb, (double)bytes);
+        if (accum && bytes != grad_bytes)
+            snprintf(pieces, sizeof pieces, "%.2f × the gradients", (double)bytes / (double)grad_bytes);
+        else
+            snprintf(pieces, sizeof pieces, "%d %s", d->overlap ? d->n_buckets : 1,
+                     d->overlap ? (d->n_buckets == 1 ? "bucket" : "buckets") : "piece, after backward");
         report_printf(&r->report,
-                      "%s all-reduce %.3f ms/step (%s in %d %s, algbw %.1f GB/s, busbw %.1f GB/s) | exposed "
+                      "%s all-reduce %.3f ms/%s (%s in %s, algbw %.1f GB/s, busbw %.1f GB/s) | exposed "
                       "%.3f ms = %.1f%% of the step (after backward %.3f, buffer broadcast %.3f)\n",
-                      strcmp(type, "comm_summary") ? "  comm:" : "comm over the run:", v[0], mb,
-                      d->overlap ? d->n_buckets : 1,
-                      d->overlap ? (d->n_buckets == 1 ? "bucket" : "buckets") : "piece, after backward", algbw,
-                      algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
+                      summary ? "comm over the run:" : "  comm:", v[0], accum ? "optimizer step" : "step", mb,
+                      pieces, algbw, algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
+    }
+    if (summary && (accum || d->world > 1)) {
+        char total[32];
+        fmt_bytes(total, sizeof total, (double)d->allreduce_bytes);
+        report_printf(&r->report,
+                      "  counts: %lld optimizer steps, %lld micro-steps | %lld gradient all-reduces (%s) | %lld "
+                      "buffer broadcasts in training, %lld in evaluation\n",
+                      (long long)d->opt_steps, (long long)d->iteration, (long long)d->allreduce_calls, total,
+                      (long long)d->bcasts, (long long)d->eval_bcasts);
     }
     json_begin(&r->report, type);
     json_int(&r->report, "epoch", r->epoch);
@@ -367,11 +496,25 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     json_num(&r->report, "exposed_pct", pct);
     json_num(&r->report, "algbw_gbps", algbw);
     json_num(&r->report, "busbw_gbps", algbw * busbw_factor(d->world));
-    if (!strcmp(type, "comm_summary")) {
+    json_int(&r->report, "micro_steps", d->iteration);
+    json_int(&r->report, "optimizer_steps", d->opt_steps);
+    json_int(&r->report, "allreduce_calls", d->allreduce_calls);
+    json_int(&r->report, "allreduce_bytes", d->allreduce_bytes);
+    json_int(&r->report, "buffer_broadcasts", d->bcasts);
+    json_int(&r->report, "eval_buffer_broadcasts", d->eval_bcasts);
+    if (summary) {
         int64_t sizes[64];
         int n = d->n_buckets < 64 ? d->n_buckets : 64;
         for (int b = 0; b < n; b++) sizes[b] = d->buckets[b].count * (int64_t)sizeof(float);
         json_int_list(&r->report, "bucket_bytes", sizes, n);
+        /* …and the run's summary record carries the counts too */
+        run_summary_int(r, "micro_steps", d->iteration);
+        run_summary_int(r, "optimizer_steps", d->opt_steps);
+        run_summary_int(r, "allreduce_calls", d->allreduce_calls);
+        run_summary_int(r, "allreduce_bytes", d->allreduce_bytes);
+        run_summary_int(r, "buffer_broadcasts", d->bcasts);
+        run_summary_int(r, "eval_buffer_broadcasts", d->eval_bcasts);
+        run_summary_num(r, "exposed_comm_ms_per_step", exposed);
     }
     json_end(&r->report);
 }

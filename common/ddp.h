@@ -5,10 +5,10 @@
  * parameters, so it needs no buffer of its own, no copy in and no copy out — and no second
  * gradient-sized allocation per GPU. At first the buckets follow *reverse* parameter order (the
  * order backward roughly produces gradients), each closed once it reaches --bucket-mb. After the
- * first step they are rebuilt once, in the order the gradients really became ready, the first
- * closed at 1 MiB so the first all-reduce starts as early as possible. (A bucket is only closed
- * where its parameters form one contiguous slice, which can make it one small tensor larger than
- * PyTorch's.)
+ * first synchronised step they are rebuilt once, in the order the gradients really became ready,
+ * the first closed at 1 MiB so the first all-reduce starts as early as possible. (A bucket is only
+ * closed where its parameters form one contiguous slice, which can make it one small tensor larger
+ * than PyTorch's.)
  *
  * model_backward calls ddp_grad_ready(p) as soon as parameter p's gradient is final. When the last
  * gradient of a bucket arrives, the whole bucket is divided by the world size (so the SUM all-reduce
@@ -18,25 +18,58 @@
  * the compute stream wait for all of them before the optimizer runs. --no-overlap instead
  * all-reduces the whole gradient once, after backward: the same bytes, nothing hidden.
  *
- * Every forward first broadcasts the buffers (BN running statistics) from rank 0, as DDP does by
- * default (broadcast_buffers=True); parameters and buffers are broadcast once at the start.
+ * no_sync (gradient accumulation, stage 4): ddp_set_sync(d, 0) is `with ddp_model.no_sync():`, and
+ * like PyTorch's it must cover the forward as well as the backward. Under it the gradient-ready hook
+ * does nothing: each backward ADDS its gradients to the flat buffer (model_backward accumulates) and
+ * no bucket is reduced. The next backward with sync on reduces the buckets — views of the
+ * accumulated buffer — as it produces them, overlapped with that backward, exactly as above.
  *
- * Measured per step, without synchronising the step (read back three steps later): all-reduce time
- * (the communicator's time for every bucket), EXPOSED communication time (how long the compute
- * stream sat waiting for communication: from the end of backward until the last bucket was done,
- * plus the forward's buffer broadcast), bytes reduced, and algbw / busbw as nccl-tests define them:
- * algbw = bytes / time, busbw = algbw · 2(n−1)/n for an all-reduce over n ranks. */
+ * Buffers (BN running statistics) follow DDP's broadcast_buffers=True and its
+ * require_forward_param_sync flag: before a forward, rank 0's buffers are broadcast if the flag is
+ * set; after it, the flag becomes "this forward's backward will synchronise". So a training forward
+ * after a synchronised step broadcasts, the forwards inside no_sync and the one after them do not,
+ * and an evaluation (forwards without gradients) broadcasts once, if a synchronised step came
+ * before it, and leaves the flag off. Parameters and buffers are broadcast once at the start.
+ *
+ * Measured per optimizer step, without synchronising the step (each micro-step's events are read
+ * back three micro-steps later): all-reduce time (the communicator's time for every bucket),
+ * EXPOSED communication time (how long the compute stream sat waiting for communication: from the
+ * end of each synchronising backward until its last bucket was done, plus the forwards' buffer
+ * broadcasts), bytes reduced, and algbw / busbw as nccl-tests define them: algbw = bytes / time,
+ * busbw = algbw · 2(n−1)/n for an all-reduce over n ranks. Counted over the run: micro-steps,
+ * optimizer steps, all-reduce calls and bytes, buffer broadcasts. */
 #ifndef DDP_H
 #define DDP_H
 
 #include <stdint.h>
 
+#include "cli.h"
 #include "comm.h"
 #include "model.h"
+#include "sampler.h"
 #include "trainer.h"
 
 #define DDP_FIRST_BUCKET_BYTES (1 << 20) /* torch.distributed._DEFAULT_FIRST_BUCKET_BYTES */
-#define DDP_STATS_LAG 3                   /* steps between a step and the reading of its timings */
+#define DDP_STATS_LAG 3                   /* micro-steps between a micro-step and the reading of its timings */
+
+/* The flags of a DDP job — torchrun's, init_process_group's, DistributedDataParallel's,
+ * DistributedSampler's — shared by every stage that runs under DDP. */
+typedef struct DdpFlags {
+    int nproc_per_node, nnodes, node_rank, master_port; /* torchrun */
+    const char *master_addr;
+    double rdzv_timeout;
+    const char *comm;                                   /* all-reduce backend */
+    double comm_timeout;
+    double bucket_mb;                                   /* DistributedDataParallel */
+    int no_overlap;
+    int sync_each_micro_step; /* stage 4: the experiment of forgetting no_sync (no row here) */
+    int drop_last, no_shuffle;                          /* DistributedSampler */
+    SamplerShow show;                                   /* --show-sampler */
+} DdpFlags;
+
+/* Set f's defaults and return the option rows for its flags (malloc'd, terminated), followed by
+ * `extra` (may be NULL) — to be passed on as config_options' extra rows. */
+Option *ddp_options(DdpFlags *f, const Option *extra);
 
 typedef struct DdpBucket {
     int64_t offset, count; /* the slice of grad_flat, in floats */
@@ -44,9 +77,10 @@ typedef struct DdpBucket {
     int pending;           /* gradients of this bucket not ready yet in this backward */
 } DdpBucket;
 
-typedef struct DdpStep { /* one step's measurements, until read back */
-    int64_t step;
+typedef struct DdpStep { /* one micro-step's measurements, until read back */
+    int64_t step;        /* the optimizer step it belongs to */
     int64_t first_op, n_ops, bytes, bcast_op;
+    int synced;          /* its backward all-reduced */
     double t[4];         /* CPU backend: backward end, after the wait, before/after the broadcast */
 #ifdef USE_CUDA
     cudaEvent_t ev[4];   /* the same four points as CUDA events on the compute stream */
@@ -54,7 +88,13 @@ typedef struct DdpStep { /* one step's measurements, until read back */
     int pending;
 } DdpStep;
 
-typedef struct DdpSeries { /* per-step values, for medians */
+typedef struct DdpGroup { /* one optimizer step's sums over its micro-steps */
+    int64_t step, bytes, n_ops, bcasts;
+    int micro;
+    double ar, exposed, bc;
+} DdpGroup;
+
+typedef struct DdpSeries { /* per-optimizer-step values, for medians */
     double *v;
     int n, cap;
 } DdpSeries;
@@ -69,28 +109,49 @@ typedef struct Ddp {
     DdpBucket *buckets;
     int n_buckets;
     int *bucket_of;            /* parameter → bucket */
-    int *ready_order, n_ready; /* gradient-ready order of the first backward */
+    int *ready_order, n_ready; /* gradient-ready order of the first synchronised backward */
     int rebuilt, next;         /* next: the next bucket to launch */
-    int64_t iteration;         /* steps done by this process */
+    /* PyTorch's two flags */
+    int sync;                  /* require_backward_grad_sync: off inside no_sync */
+    int forward_param_sync;    /* require_forward_param_sync: broadcast buffers before the next forward */
+    int64_t iteration;         /* micro-steps (forward + backward) done by this process */
+    int64_t synced;            /* of them, those whose backward all-reduced */
+    int64_t group_step;        /* the optimizer step of the micro-step in flight */
+    /* counted over this process's run */
+    int64_t opt_steps, allreduce_calls, allreduce_bytes, bcasts, eval_bcasts;
     DdpStep steps[DDP_STATS_LAG + 1];
+    DdpGroup group;            /* the optimizer step being read back */
+    int64_t groups_seen;
     DdpSeries ar, exposed, bcast, ar_run, exposed_run, bcast_run; /* this epoch / whole run */
+    int64_t *eval_idx, eval_n; /* this rank's test-set shard */
 } Ddp;
 
-/* Wrap run->model: check every rank built the same model, broadcast parameters and buffers from
- * rank 0, plan the buckets. Collective. bucket_mb as PyTorch's bucket_cap_mb (MiB). */
-void ddp_init(Ddp *d, Run *run, Comm *comm, double bucket_mb, int overlap);
+/* Wrap run->model: check every rank built the same model and got the same flags, broadcast
+ * parameters and buffers from rank 0, plan the buckets (f->bucket_mb as PyTorch's bucket_cap_mb,
+ * in MiB). Collective. */
+void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f);
 void ddp_destroy(Ddp *d);
-/* Before each training forward: broadcast the buffers from rank 0; the bucket rebuild after step 1. */
+/* sync = 0: the next forward and backward run inside `ddp_model.no_sync()`; 1 (the default): they
+ * synchronise. Stays set until changed. */
+void ddp_set_sync(Ddp *d, int sync);
+/* Before each training forward: the buffer broadcast (per require_forward_param_sync), the bucket
+ * rebuild after the first synchronised step, and where this rank is (for the launcher's report). */
 void ddp_forward_begin(Ddp *d);
 /* model_backward's gradient-ready hook (ctx = the Ddp). */
 void ddp_grad_ready(void *ctx, int param);
-/* After model_backward: --no-overlap's single all-reduce; the compute stream waits for all buckets. */
+/* After model_backward: --no-overlap's single all-reduce; the compute stream waits for all buckets
+ * (nothing to wait for under no_sync). */
 void ddp_backward_end(Ddp *d);
-/* Before evaluation: rank 0's buffers everywhere (DDP's first forward in eval mode does this). */
-void ddp_sync_buffers(Ddp *d);
+/* Evaluation the DDP way: every rank evaluates its DistributedSampler shard of the n_test samples
+ * (shuffle off, the padding not counted), through DDP's forward without gradients (one buffer
+ * broadcast first, per require_forward_param_sync), and the sums are all-reduced: every rank gets
+ * the accuracy and mean loss over the whole test set, each sample counted once. Collective. */
+void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, double *accuracy,
+                  double *loss);
 /* After run_epoch_end / before run_finish: the communication line and JSON record ("comm_epoch",
- * "comm_summary"; every --log-every steps also a "comm" record for that step), medians over the
- * steps after warm-up, averaged over ranks. Collective. */
+ * "comm_summary"; every --log-every optimizer steps also a "comm" record for that step), medians
+ * over the optimizer steps after warm-up, averaged over ranks; ddp_finish also hands the run's
+ * counts to the summary. Collective. */
 void ddp_epoch_end(Ddp *d);
 void ddp_finish(Ddp *d);
 

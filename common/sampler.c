@@ -1,6 +1,7 @@
 /* sampler.c — DistributedSampler's index arithmetic (see sampler.h). */
 #include "sampler.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "errors.h"
@@ -23,4 +24,23 @@ void sampler_indices(int64_t n, int world, int rank, uint64_t seed, int64_t epoc
      * from its start, as many times as needed when N < R. Rank r takes positions r, r+R, … */
     for (int64_t k = 0; k < per_rank; k++) out[k] = order[(rank + k * world) % n];
     free(order);
+}
+
+int64_t sampler_num_real(int64_t n, int world, int rank) {
+    ASSERT(world >= 1 && rank >= 0 && rank < world);
+    /* rank r's k-th index sits at position r + kR of the padded list: real while r + kR < N */
+    return n > rank ? (n - rank + world - 1) / world : 0;
+}
+
+int sampler_show(const SamplerShow *s, uint64_t seed, int shuffle, int drop_last) {
+    if (s->dataset_size < 1) die_user("--show-sampler needs --dataset-size N (the length of the dataset)");
+    if (s->rank >= s->world_size)
+        die_user("--rank %d must be below --world-size %d (ranks are numbered from 0)", s->rank, s->world_size);
+    int64_t n = sampler_num_samples(s->dataset_size, s->world_size, drop_last);
+    int64_t *idx = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    sampler_indices(s->dataset_size, s->world_size, s->rank, seed, s->epoch, shuffle, drop_last, idx);
+    for (int64_t i = 0; i < n; i++) printf(i ? " %lld" : "%lld", (long long)idx[i]);
+    printf("\n");
+    free(idx);
+    return 0;
 }

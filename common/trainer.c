@@ -113,6 +113,7 @@ void steplog_init(StepLog *s, Device *dev, int cap) {
     s->loss = device_alloc(dev, (size_t)cap * sizeof(float), "step statistics");
     s->correct = device_alloc(dev, (size_t)cap * sizeof(int32_t), "step statistics");
     s->n = xcalloc((size_t)cap, sizeof(int));
+    s->k = xcalloc((size_t)cap, sizeof(int));
     s->t_host = xcalloc((size_t)cap + 1, sizeof(double));
 #ifdef USE_CUDA
     if (dev->kind == DEV_CUDA) {
@@ -126,6 +127,7 @@ void steplog_destroy(StepLog *s) {
     device_free(s->dev, s->loss);
     device_free(s->dev, s->correct);
     free(s->n);
+    free(s->k);
     free(s->t_host);
 #ifdef USE_CUDA
     if (s->ev) {
@@ -145,22 +147,41 @@ static void mark(StepLog *s, int i) {
     s->t_host[i] = time_now();
 }
 
-int steplog_begin(StepLog *s, int n) {
-    ASSERT(s->count < s->cap);
+int steplog_micro(StepLog *s, int micro, int n, int k) {
+    ASSERT(s->count < s->cap && k >= 1);
+    if (micro == 0) { /* a new step: its time starts here */
+        s->step_first = s->count;
+        mark(s, s->steps++);
+    }
+    ASSERT(s->steps > 0);
     int i = s->count++;
     s->n[i] = n;
-    mark(s, i);
+    s->k[i] = k;
     return i;
 }
 
-float steplog_loss(StepLog *s, int slot) {
-    float v;
-    device_copy_d2h(s->dev, &v, s->loss + slot, sizeof v);
-    return v;
+int steplog_begin(StepLog *s, int n) { return steplog_micro(s, 0, n, 1); }
+
+double steplog_step_loss(StepLog *s) {
+    int first = s->step_first, m = s->count - first;
+    ASSERT(m >= 1);
+    float v[64];
+    double lsum = 0, nsum = 0;
+    for (int at = 0; at < m; at += 64) { /* a step's entries are contiguous: one copy per 64 */
+        int c = m - at < 64 ? m - at : 64;
+        device_copy_d2h(s->dev, v, s->loss + first + at, (size_t)c * sizeof(float));
+        /* entry i holds mean_i / k_i: the step's mean is Σ loss·k·n / Σ n (exactly the loss for
+         * one entry with k = 1) */
+        for (int i = 0; i < c; i++) {
+            lsum += (double)v[i] * s->k[first + at + i] * s->n[first + at + i];
+            nsum += s->n[first + at + i];
+        }
+    }
+    return lsum / nsum;
 }
 
 int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *times) {
-    int k = s->count, timed = 0;
+    int k = s->count, timed = 0, steps = s->steps;
     device_sync(s->dev);
     float *loss = xmalloc((size_t)(k + 1) * sizeof(float));
     int32_t *corr = xmalloc((size_t)(k + 1) * sizeof(int32_t));
@@ -170,12 +191,14 @@ int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *time
     }
     double lsum = 0, csum = 0, nsum = 0;
     for (int i = 0; i < k; i++) {
-        lsum += (double)loss[i] * s->n[i];
+        lsum += (double)loss[i] * s->k[i] * s->n[i];
         csum += corr[i];
         nsum += s->n[i];
+    }
+    for (int i = 0; i < steps; i++) {
         /* A step lasts from its start mark to the next step's. The epoch's last step has no next
          * one (what follows it is evaluation), so it is not timed. */
-        if (!times || i + 1 == k) continue;
+        if (!times || i + 1 == steps) continue;
 #ifdef USE_CUDA
         if (s->ev) {
             float ms;
@@ -190,14 +213,13 @@ int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *time
     if (accuracy) *accuracy = nsum ? csum / nsum : NAN;
     free(loss);
     free(corr);
-    s->count = 0;
+    s->count = s->steps = s->step_first = 0;
     return timed;
 }
 
 /* ---- evaluation ------------------------------------------------------------------------------ */
 
-void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss) {
-    loader_start_epoch(in->loader, 0, 0, NULL, 0);
+static void evaluate_epoch(Model *m, InputPipe *in, StepLog *scratch) {
     float *x;
     int32_t *y;
     Batch *b;
@@ -209,7 +231,24 @@ void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, doubl
                               scratch->loss + i, scratch->correct + i, model_dlogits(m));
     }
     input_drain(in);
+}
+
+void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss) {
+    loader_start_epoch(in->loader, 0, 0, NULL, 0);
+    evaluate_epoch(m, in, scratch);
     steplog_finish(scratch, loss, accuracy, NULL);
+}
+
+void evaluate_indices(Model *m, InputPipe *in, StepLog *scratch, const int64_t *indices, int64_t n,
+                      double sums[3]) {
+    loader_start_epoch(in->loader, 0, 0, indices, n);
+    evaluate_epoch(m, in, scratch);
+    double samples = 0, loss = 0, acc = 0;
+    for (int i = 0; i < scratch->count; i++) samples += scratch->n[i];
+    steplog_finish(scratch, &loss, &acc, NULL);
+    sums[0] = samples > 0 ? loss * samples : 0;
+    sums[1] = samples > 0 ? nearbyint(acc * samples) : 0; /* a count */
+    sums[2] = samples;
 }
 
 /* ---- the run --------------------------------------------------------------------------------- */
@@ -272,6 +311,15 @@ static void resume(Run *r) {
     device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) device_copy_h2d(m->dev, r->opt->momentum_buf, mom, pb);
     device_sync(m->dev);
+    if (c->accum_steps > 0) { /* a checkpoint sits on a group boundary of the K it was trained with */
+        int64_t expect_step = got.epoch * r->steps_per_epoch + (got.batch_in_epoch + r->accum - 1) / r->accum;
+        if ((got.batch_in_epoch % r->accum && got.batch_in_epoch != r->batches_per_epoch) ||
+            got.step != expect_step)
+            die_user("checkpoint '%s' (step %lld: epoch %lld, batch %lld) does not fall on an optimizer step of "
+                     "--accum-steps %d with this --batch-size, data and world size — resume with the flags it was "
+                     "trained with", c->resume, (long long)got.step, (long long)got.epoch + 1,
+                     (long long)got.batch_in_epoch, r->accum);
+    }
     r->opt->steps = got.momentum_valid ? got.step : 0;
     r->step = got.step;
     r->epoch = got.epoch;
@@ -288,21 +336,39 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     r->cfg = cfg, r->stage = stage, r->devs = devs, r->n_devs = n_devs, r->world_size = world_size;
     r->rank = rank, r->sum_across = sum_across, r->sum_ctx = sum_ctx;
     r->model = m, r->opt = opt, r->batches_per_epoch = batches_per_epoch;
+    r->accum = cfg->accum_steps > 0 ? cfg->accum_steps : 1;
+    r->steps_per_epoch = (batches_per_epoch + r->accum - 1) / r->accum;
     /* The schedule spans the epochs asked for; --steps only stops the run early, so a run stopped
      * at step S and resumed follows exactly the schedule of an uninterrupted run. */
-    r->total_steps = (int64_t)cfg->epochs * batches_per_epoch;
+    r->total_steps = (int64_t)cfg->epochs * r->steps_per_epoch;
     r->cap_times = 1024;
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     report_open(&r->report, cfg->report, cfg->progress, rank == 0);
     char desc[128];
     report_printf(&r->report, "%s | %s | %s\n", stage, devs[0]->name, model_describe(m, desc, sizeof desc));
-    report_printf(&r->report,
-                  "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
-                  "momentum %g, wd %g | seed %lld%s%s\n",
-                  data_desc, cfg->batch_size, world_size, cfg->epochs, (long long)batches_per_epoch,
-                  cfg->lr, cfg->schedule, cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
-                  cfg->deterministic ? " | deterministic" : "",
-                  cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    if (cfg->accum_steps > 0) /* gradient accumulation: an optimizer step is K micro-batches */
+        report_printf(&r->report,
+                      "data: %s | batch %d × %d micro-batches × %d device(s) = effective batch %lld | %d epochs, "
+                      "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), momentum %g, wd %g | seed "
+                      "%lld%s%s\n",
+                      data_desc, cfg->batch_size, r->accum, world_size,
+                      (long long)r->accum * cfg->batch_size * world_size, cfg->epochs,
+                      (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
+                      cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
+                      cfg->deterministic ? " | deterministic" : "", cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    else
+        report_printf(&r->report,
+                      "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
+                      "momentum %g, wd %g | seed %lld%s%s\n",
+                      data_desc, cfg->batch_size, world_size, cfg->epochs, (long long)batches_per_epoch,
+                      cfg->lr, cfg->schedule, cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
+                      cfg->deterministic ? " | deterministic" : "",
+                      cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    if (cfg->accum_steps > batches_per_epoch)
+        report_printf(&r->report,
+                      "note: --accum-steps %d is more than the %lld micro-batches of an epoch: one optimizer step "
+                      "per epoch, over all of them (its gradient still divided by %d)\n",
+                      cfg->accum_steps, (long long)batches_per_epoch, cfg->accum_steps);
     json_begin(&r->report, "config");
     json_str(&r->report, "stage", stage);
     json_str(&r->report, "device", devs[0]->name);
@@ -310,6 +376,10 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_int(&r->report, "params", m->n_param_floats);
     json_int(&r->report, "batch_size", cfg->batch_size);
     json_int(&r->report, "world_size", world_size);
+    if (cfg->accum_steps > 0) {
+        json_int(&r->report, "accum_steps", r->accum);
+        json_int(&r->report, "effective_batch", (int64_t)r->accum * cfg->batch_size * world_size);
+    }
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
     r->t_start = r->epoch_t0 = time_now();
@@ -326,7 +396,7 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
     const TrainConfig *c = r->cfg;
     if (r->step % c->log_every == 0 || run_done(r)) {
-        double loss = steplog_loss(log, slot); /* the one synchronisation, every --log-every steps */
+        double loss = steplog_step_loss(log); /* the one synchronisation, every --log-every steps */
         sum_over_ranks(r, &loss, 1);
         loss /= r->world_size > 1 && r->sum_across ? r->world_size : 1;
         json_begin(&r->report, "step");
@@ -365,6 +435,11 @@ static int peaks_of(const Run *r, int64_t *peaks, int cap, size_t *max) {
     return n;
 }
 
+/* Images per second at a median step time: every optimizer step takes K × batch × world images. */
+static double images_per_s(const Run *r, double med_ms) {
+    return med_ms > 0 ? 1e3 * r->world_size * r->cfg->batch_size * r->accum / med_ms : 0.0;
+}
+
 /* Median over the run's timed steps (warm-up excluded). */
 static double median_ms(const Run *r) {
     double *tmp = xmalloc((size_t)(r->n_times + 1) * sizeof(double));
@@ -401,9 +476,6 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     const TrainConfig *c = r->cfg;
     double loss, acc;
     collect_times(r, log, &loss, &acc);
-    double test[2] = {test_acc, test_loss}; /* ranks evaluate equal-sized shards: plain mean */
-    sum_over_ranks(r, test, 2);
-    if (r->sum_across && r->world_size > 1) test_acc = test[0] / r->world_size, test_loss = test[1] / r->world_size;
     r->data_wait_s += data_wait_s;
     r->last_train_loss = loss, r->last_train_acc = acc, r->last_test_acc = test_acc;
     double med = median_ms(r), secs = time_now() - r->epoch_t0;
@@ -414,10 +486,10 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     fmt_bytes(mem, sizeof mem, (double)max_peak);
     report_printf(&r->report,
                   "%s %lld/%d  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
-                  "%.2f ms/it  %.0f img/s  data wait %.2f s | peak mem %s | %.1f s\n",
+                  "%.2f ms/%s  %.0f img/s  data wait %.2f s | peak mem %s | %.1f s\n",
                   r->start_batch >= r->batches_per_epoch ? "epoch" : "partial epoch",
                   (long long)r->epoch + 1, c->epochs, loss, 100 * acc, test_loss, 100 * test_acc, med,
-                  med > 0 ? 1e3 * r->world_size * c->batch_size / med : 0.0, data_wait_s, mem, secs);
+                  c->accum_steps > 0 ? "step" : "it", images_per_s(r, med), data_wait_s, mem, secs);
     json_begin(&r->report, "epoch");
     json_int(&r->report, "epoch", r->epoch + 1);
     json_int(&r->report, "step", r->step);
@@ -441,17 +513,25 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     r->epoch_t0 = time_now();
 }
 
+static void add_extra(Run *r, const char *key, double v, int integer) {
+    ASSERT(r->n_extras < RUN_EXTRAS);
+    r->extras[r->n_extras].key = key, r->extras[r->n_extras].v = v, r->extras[r->n_extras].integer = integer;
+    r->n_extras++;
+}
+void run_summary_int(Run *r, const char *key, int64_t v) { add_extra(r, key, (double)v, 1); }
+void run_summary_num(Run *r, const char *key, double v) { add_extra(r, key, v, 0); }
+
 void run_finish(Run *r) {
     const TrainConfig *c = r->cfg;
     double med = median_ms(r), wall = time_now() - r->t_start;
-    double ips = med > 0 ? 1e3 * r->world_size * c->batch_size / med : 0.0;
+    double ips = images_per_s(r, med);
     int64_t peaks[64];
     size_t max_peak;
     int n_peaks = peaks_of(r, peaks, 64, &max_peak);
-    report_printf(&r->report, "summary: %lld steps in %.1f s | final train loss %.4f | test acc "
-                              "%.2f%% | %.2f ms/it (median) | %.0f img/s | data wait %.2f s\n",
-                  (long long)r->step, wall, r->last_train_loss, 100 * r->last_test_acc, med, ips,
-                  r->data_wait_s);
+    report_printf(&r->report, "summary: %lld %ssteps in %.1f s | final train loss %.4f | test acc "
+                              "%.2f%% | %.2f ms/%s (median) | %.0f img/s | data wait %.2f s\n",
+                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", wall, r->last_train_loss,
+                  100 * r->last_test_acc, med, c->accum_steps > 0 ? "step" : "it", ips, r->data_wait_s);
     for (int i = 0; i < n_peaks; i++) {
         char mem[32], who[100];
         if (r->sum_across && r->world_size > 1) snprintf(who, sizeof who, "rank %d", i);
@@ -465,7 +545,8 @@ void run_finish(Run *r) {
     json_str(&r->report, "model", r->model->arch);
     json_str(&r->report, "norm", r->model->norm_bn ? "bn" : "none");
     json_int(&r->report, "batch_size", c->batch_size);
-    json_int(&r->report, "steps", r->step);
+    json_int(&r->report, "accum_steps", r->accum);
+    json_int(&r->report, "steps", r->step); /* optimizer steps */
     json_int(&r->report, "epochs", r->last_epoch_done);
     json_num(&r->report, "final_train_loss", r->last_train_loss);
     json_num(&r->report, "test_acc", r->last_test_acc);
@@ -474,6 +555,10 @@ void run_finish(Run *r) {
     json_num(&r->report, "data_wait_s", r->data_wait_s);
     json_num(&r->report, "wall_s", wall);
     json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks);
+    for (int i = 0; i < r->n_extras; i++) {
+        if (r->extras[i].integer) json_int(&r->report, r->extras[i].key, (int64_t)r->extras[i].v);
+        else json_num(&r->report, r->extras[i].key, r->extras[i].v);
+    }
     json_end(&r->report);
     report_close(&r->report);
     free(r->times);

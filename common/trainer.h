@@ -7,7 +7,13 @@
  * Timing is honest: on CUDA a step's time is the interval between events recorded on the compute
  * stream at consecutive step starts (what the GPU really spent, host stalls included, no added
  * synchronisation); on the CPU backend it is wall-clock time. The first WARMUP_STEPS steps of a run
- * (cuDNN planning, caches) are excluded from the median. */
+ * (cuDNN planning, caches) are excluded from the median.
+ *
+ * Gradient accumulation (stage 4, TrainConfig.accum_steps = K > 0): a step is an OPTIMIZER step of
+ * K micro-batches. --steps, the LR schedule, the step log, the timing (ms per optimizer step;
+ * images/s counts K × batch × world images per step) and checkpoints all count optimizer steps; an
+ * epoch has ceil(batches / K) of them, its last group possibly shorter. Checkpoints therefore
+ * always sit on a group boundary, and a resume must use the same K. */
 #ifndef TRAINER_H
 #define TRAINER_H
 
@@ -50,12 +56,15 @@ void input_drain(InputPipe *p);
 void input_destroy(InputPipe *p);
 
 /* ---- per-step statistics kept on the device ---------------------------------------------------- */
+/* One entry (slot) per batch the loss ran on — per micro-batch under accumulation — and one time
+ * mark per step. */
 typedef struct StepLog {
     Device *dev;
-    int cap, count;        /* steps recorded this epoch */
-    float *loss;           /* device: mean loss of each step */
-    int32_t *correct;      /* device: correct predictions of each step */
-    int *n;                /* host: samples in each step */
+    int cap, count;        /* entries recorded this epoch (≤ cap) */
+    int steps, step_first; /* steps begun this epoch; the current step's first entry */
+    float *loss;           /* device: each entry's loss as the loss kernel wrote it (mean / k) */
+    int32_t *correct;      /* device: correct predictions of each entry */
+    int *n, *k;            /* host: samples in each entry; the K its loss was divided by */
     double *t_host;        /* CPU backend: wall time at each step start */
 #ifdef USE_CUDA
     cudaEvent_t *ev;       /* CUDA: event at each step start (+1 for the epoch end) */
@@ -64,10 +73,15 @@ typedef struct StepLog {
 void steplog_init(StepLog *s, Device *dev, int cap);
 void steplog_destroy(StepLog *s);
 /* Mark the start of a step of n samples; returns its slot (pass &loss[slot], &correct[slot] to the
- * loss). */
+ * loss, with scale 1/n). */
 int steplog_begin(StepLog *s, int n);
-/* The loss of step `slot` (synchronises: used only every --log-every steps). */
-float steplog_loss(StepLog *s, int slot);
+/* Gradient accumulation: micro-batch `micro` (0 starts a new step and marks its time) of n samples,
+ * whose loss is written divided by k (the idiom's loss / K: scale 1/(k·n)); returns its slot.
+ * steplog_begin(s, n) is steplog_micro(s, 0, n, 1). */
+int steplog_micro(StepLog *s, int micro, int n, int k);
+/* The loss of the current step: the mean over every sample of its entries (synchronises: used only
+ * every --log-every steps). */
+double steplog_step_loss(StepLog *s);
 /* End of epoch: synchronise once, return the sample-weighted mean loss and accuracy, and write the
  * step times (ms) to times[] (returns how many: every step but the epoch's last, whose end is not
  * marked — evaluation follows it). */
@@ -76,11 +90,17 @@ int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *time
 /* ---- evaluation ------------------------------------------------------------------------------ */
 /* Accuracy and mean loss of the model on a loader's epoch 0 (no augmentation), in eval mode. */
 void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss);
+/* The same over the given dataset indices only (DDP: this rank's shard), as sums to be added up
+ * over ranks: sums[0] = Σ loss, sums[1] = correct predictions, sums[2] = samples. */
+void evaluate_indices(Model *m, InputPipe *in, StepLog *scratch, const int64_t *indices, int64_t n,
+                      double sums[3]);
 
 /* ---- the run: report, timing across epochs, checkpoints --------------------------------------- */
 /* Sums v[0..n−1] element-wise over every process of the job, in place (stage 3 all-reduces them
  * over its communicator). NULL = a single process: nothing to do. */
 typedef void (*SumAcrossFn)(void *ctx, double *v, int n);
+
+#define RUN_EXTRAS 16
 
 typedef struct Run {
     const TrainConfig *cfg;
@@ -94,7 +114,9 @@ typedef struct Run {
     void *sum_ctx;
     Model *model;          /* the model that is saved (stage 2: GPU0's master) */
     Optimizer *opt;
-    int64_t batches_per_epoch;
+    int64_t batches_per_epoch;     /* loader batches (micro-batches under accumulation) */
+    int accum;                     /* K: micro-batches per optimizer step (1 without accumulation) */
+    int64_t steps_per_epoch;       /* optimizer steps: ceil(batches_per_epoch / K) */
     int64_t step, total_steps;     /* optimizer steps done / planned */
     int64_t epoch, start_batch;    /* where the loop starts (after a resume) */
     double *times;                 /* step times (ms) after warm-up, whole run */
@@ -102,24 +124,33 @@ typedef struct Run {
     double data_wait_s, t_start, epoch_t0;
     double last_train_loss, last_train_acc, last_test_acc;
     int64_t last_epoch_done;
+    struct { const char *key; double v; int integer; } extras[RUN_EXTRAS]; /* run_summary_* */
+    int n_extras;
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given
- * (restoring parameters, buffers, momentum and the position in the data).
+ * (restoring parameters, buffers, momentum and the position in the data). With
+ * cfg->accum_steps > 0 the run accumulates gradients: the header shows the effective batch
+ * K × batch × world, and a checkpoint must sit on a group boundary of the same K.
  * Several processes (stage 3): every rank calls this with its rank and a sum_across function;
- * only rank 0 prints, writes the report and saves checkpoints; losses, accuracies and step
- * counts are summed over ranks (so the report shows the average), and the summary lists every
- * rank's peak memory (each process owns one device, n_devs == 1). */
+ * only rank 0 prints, writes the report and saves checkpoints; training losses, accuracies and
+ * step counts are summed over ranks (so the report shows the average), and the summary lists every
+ * rank's peak memory (each process owns one device, n_devs == 1). The test accuracy and loss given
+ * to run_epoch_end are already the whole job's (ddp_evaluate all-reduces them). */
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
                int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,
                Optimizer *opt, int64_t batches_per_epoch, const char *data_desc);
 int run_done(const Run *r); /* --steps reached */
 double run_lr(const Run *r); /* learning rate for the next step */
-/* After each optimizer step: logging (every --log-every steps), progress bar. */
+/* After each optimizer step (slot: its last entry; batch: the loader batch it ended with): logging
+ * (every --log-every steps), progress bar. */
 void run_step_end(Run *r, StepLog *log, int slot, int64_t batch);
 /* After each epoch — or the part of one done when --steps stops the run inside it: statistics,
  * evaluation result, report line, checkpoint (--save; mid-epoch position kept for --resume). */
 void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, double data_wait_s);
+/* A field for the summary's JSON record (e.g. DDP's collective counts), before run_finish. */
+void run_summary_int(Run *r, const char *key, int64_t v);
+void run_summary_num(Run *r, const char *key, double v);
 /* Final summary (console + JSON); closes the report. */
 void run_finish(Run *r);
 

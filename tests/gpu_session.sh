@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
-#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3
+#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
 #   tests:  the whole test suite with the GPU(s) visible
 #   stage2: tests/bench_stage2.sh (DataParallel vs one GPU vs PyTorch nn.DataParallel)
 #   stage3: tests/bench_stage3.sh (DDP vs one GPU vs PyTorch DDP)
+#   stage4: the accum and ddp suites with the GPU(s) visible, the PyTorch no_sync fixture
+#           (tests/torch/ddp_nosync_fixture.py, gloo: regenerated and diffed against the committed one),
+#           and tests/bench_stage4.sh (accumulation vs stages 1 and 3 vs PyTorch DDP with no_sync)
 #
 # Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
 # Expects the binaries built (make all tests/run_tests), or builds them.
@@ -35,7 +38,15 @@ log() { echo "=== $* ($(date +%T))"; }
       tests) log "tests"; ./tests/run_tests; echo "run_tests exit $?" ;;
       stage2) log "bench stage2"; BENCH_OUT="$LOGS/bench2" bash tests/bench_stage2.sh ;;
       stage3) log "bench stage3"; BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh ;;
-      *) echo "unknown part '$part' (stage1, tests, stage2, stage3)"; exit 2 ;;
+      stage4)
+        log "tests accum, ddp"; ./tests/run_tests accum; echo "run_tests accum exit $?"
+        ./tests/run_tests ddp; echo "run_tests ddp exit $?"
+        log "fixture ddp_nosync"
+        python3 tests/torch/ddp_nosync_fixture.py "$LOGS/ddp_nosync.txt" > /dev/null &&
+          { diff <(grep -v '^#' tests/fixtures/ddp_nosync.txt) <(grep -v '^#' "$LOGS/ddp_nosync.txt") &&
+            echo "ddp_nosync fixture: same counts as committed"; }
+        log "bench stage4"; BENCH_OUT="$LOGS/bench4" bash tests/bench_stage4.sh ;;
+      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4)"; exit 2 ;;
     esac
   done
   log "done"

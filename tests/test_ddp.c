@@ -147,7 +147,10 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     for (int i = 0; i < n; i++) reverse[i] = n - 1 - i;
     size_t cap = 4 << 20;
     Ddp d;
-    ddp_init(&d, &o.run, o.comm, 4.0, 1);
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = 4.0;
+    ddp_init(&d, &o.run, o.comm, &f);
     check_plan(&d, reverse, cap, cap);
     int before = d.n_buckets;
     ck_assert_int_ge(before, 6); /* 44.7 MB of ResNet-18 in 4 MiB buckets (some 9 MiB convs alone) */
@@ -184,11 +187,15 @@ START_TEST(bucket_extremes) {
     int reverse[512] = {0};
     for (int i = 0; i < o.m->n_params; i++) reverse[i] = o.m->n_params - 1 - i;
     Ddp d;
-    ddp_init(&d, &o.run, o.comm, 1e-6, 1); /* every parameter its own bucket */
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = 1e-6;
+    ddp_init(&d, &o.run, o.comm, &f); /* every parameter its own bucket */
     ck_assert_int_eq(d.n_buckets, o.m->n_params);
     check_plan(&d, reverse, 4, 4);
     ddp_destroy(&d);
-    ddp_init(&d, &o.run, o.comm, 1000, 1); /* one bucket for everything */
+    f.bucket_mb = 1000;
+    ddp_init(&d, &o.run, o.comm, &f); /* one bucket for everything */
     ck_assert_int_eq(d.n_buckets, 1);
     ddp_destroy(&d);
     one_rank_close(&o);
@@ -197,8 +204,8 @@ END_TEST
 
 /* ---- DDP ≡ one device --------------------------------------------------------------------------- */
 
-/* Parameters of a checkpoint of the given model. */
-static float *load_params(const char *path, const char *arch, int norm_bn) {
+/* Parameters of a checkpoint of the given model (malloc'd). */
+float *test_load_params(const char *path, const char *arch, int norm_bn) {
     Device cpu = {0};
     device_init(&cpu, DEV_CPU, 0, 0);
     Model *m = model_create(&cpu, arch, norm_bn, 1, 0);
@@ -215,7 +222,7 @@ static float *load_params(const char *path, const char *arch, int norm_bn) {
     return p;
 }
 
-static int64_t n_params_of(const char *arch) {
+int64_t test_n_params(const char *arch) {
     Device cpu = {0};
     device_init(&cpu, DEV_CPU, 0, 0);
     Model *m = model_create(&cpu, arch, 0, 1, 0);
@@ -253,8 +260,8 @@ static void check_equivalence(const char *common, int world, int batch, int step
     snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, steps);
     snprintf(pb, sizeof pb, "%s/ddp/step%08d.ckpt", dir, steps);
     const char *arch = strstr(common, "resnet18") ? "resnet18" : "tiny";
-    float *pa_ = load_params(pa, arch, 0), *pb_ = load_params(pb, arch, 0);
-    double err = test_rel_err(pb_, pa_, n_params_of(arch));
+    float *pa_ = test_load_params(pa, arch, 0), *pb_ = test_load_params(pb, arch, 0);
+    double err = test_rel_err(pb_, pa_, test_n_params(arch));
     ck_assert_msg(err <= 1e-5, "%s: final parameters differ by %.3g (relative)", what, err);
     free(pa_), free(pb_);
 }

@@ -21,6 +21,7 @@ Suite *suite_gil(void);         /* stage 2: the GIL model */
 Suite *suite_dp(void);          /* stage 2: scatter / replicate / gather / reduce, DP ≡ one device */
 Suite *suite_dist(void);        /* stage 3: launcher, rendezvous store, communicators */
 Suite *suite_ddp(void);         /* stage 3: buckets, DDP ≡ one device, faults */
+Suite *suite_accum(void);       /* stage 4: accumulation ≡ a K× batch, no_sync counts, resume */
 
 /* Uniform random floats in [lo, hi) from a fixed seed (test inputs). */
 void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi);
@@ -44,5 +45,8 @@ char *test_slurp(const char *path, long *len);
 char *test_tmpdir(void);
 /* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
 int test_run(const char *cmd, char **output);
+/* (test_ddp.c) A checkpoint's parameters (malloc'd), and a model's parameter count. */
+float *test_load_params(const char *path, const char *arch, int norm_bn);
+int64_t test_n_params(const char *arch);
 
 #endif

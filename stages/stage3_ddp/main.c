@@ -10,8 +10,8 @@
  * Compared with stage 1 (diff the two files): the process is one of a job (launch, store, comm),
  * its loader reads only its DistributedSampler shard, the forward starts from rank 0's BN buffers,
  * backward hands each gradient to the bucket reducer as it is produced (ddp_grad_ready), and the
- * optimizer waits for the averaged gradients (ddp_backward_end). Everything else is stage 1. */
-#include <math.h>
+ * optimizer waits for the averaged gradients (ddp_backward_end), and each rank evaluates its shard of
+ * the test set (ddp_evaluate all-reduces the sums). Everything else is stage 1. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,79 +36,13 @@ static const char *ABOUT =
     "       torchrun --no-python --nproc-per-node 2 ./stage3 [options]   (or srun / mpirun)\n"
     "       ./stage3 --show-sampler --dataset-size N --world-size R --rank r [--epoch e] [--seed s]";
 
-typedef struct Stage3Flags {
-    int nproc_per_node, nnodes, node_rank, master_port;
-    const char *master_addr, *comm;
-    double bucket_mb, rdzv_timeout, comm_timeout;
-    int no_overlap, drop_last, no_shuffle;
-    int show_sampler, world_size, rank;
-    int64_t dataset_size, epoch;
-} Stage3Flags;
-
-/* --show-sampler: this rank's DistributedSampler indices for one epoch, on one line. */
-static int show_sampler(const Stage3Flags *f, const TrainConfig *cfg) {
-    if (f->dataset_size < 1) die_user("--show-sampler needs --dataset-size N (the length of the dataset)");
-    if (f->rank >= f->world_size)
-        die_user("--rank %d must be below --world-size %d (ranks are numbered from 0)", f->rank, f->world_size);
-    int64_t n = sampler_num_samples(f->dataset_size, f->world_size, f->drop_last);
-    int64_t *idx = xmalloc((size_t)(n + 1) * sizeof(int64_t));
-    sampler_indices(f->dataset_size, f->world_size, f->rank, (uint64_t)cfg->seed, f->epoch, !f->no_shuffle,
-                    f->drop_last, idx);
-    for (int64_t i = 0; i < n; i++) printf(i ? " %lld" : "%lld", (long long)idx[i]);
-    printf("\n");
-    free(idx);
-    return 0;
-}
-
-/* Stage 1's flags plus stage 3's own: torchrun's, DDP's, and the sampler lesson's. */
-static void parse_flags(int argc, char **argv, TrainConfig *cfg, Stage3Flags *f) {
-    config_defaults(cfg);
-    *f = (Stage3Flags){.nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500, .comm = "auto",
-                        .bucket_mb = 25, .rdzv_timeout = 60, .comm_timeout = 300, .world_size = 1,
-                        .dataset_size = -1};
-    const double above0 = nextafter(0.0, INFINITY); /* shown as the open end of (0, …] */
-    const Option extra[] = {
-        {"nproc-per-node", OPT_INT, &f->nproc_per_node, 1, 1024, NULL,
-         "worker processes on this node (torchrun --nproc-per-node); auto: one per visible GPU, 2 on the CPU"},
-        {"nnodes", OPT_INT, &f->nnodes, 1, 65536, NULL, "machines in the job (torchrun --nnodes)"},
-        {"node-rank", OPT_INT, &f->node_rank, 0, 65535, NULL,
-         "this machine's number, 0 … nnodes−1 (torchrun --node-rank)"},
-        {"master-addr", OPT_STR, &f->master_addr, 0, 0, NULL,
-         "address of node 0, where rank 0 hosts the rendezvous store (torchrun --master-addr)"},
-        {"master-port", OPT_INT, &f->master_port, 1, 65535, NULL,
-         "TCP port of the rendezvous store (torchrun --master-port)"},
-        {"comm", OPT_CHOICE, &f->comm, 0, 0, "auto|nccl|host",
-         "all-reduce backend: nccl (GPUs), or host = a ring over TCP through host memory (CPU workers; GPU "
-         "workers sharing a GPU), like gloo; auto: nccl on GPUs"},
-        {"bucket-mb", OPT_FLOAT, &f->bucket_mb, above0, 1e6, NULL,
-         "gradient bucket size in MiB (DistributedDataParallel bucket_cap_mb)"},
-        {"no-overlap", OPT_FLAG, &f->no_overlap, 0, 0, NULL,
-         "all-reduce all gradients once after backward instead of bucket by bucket during it (the experiment)"},
-        {"drop-last", OPT_FLAG, &f->drop_last, 0, 0, NULL,
-         "DistributedSampler(drop_last=True): drop the tail instead of padding every rank to the same length"},
-        {"rdzv-timeout", OPT_FLOAT, &f->rdzv_timeout, 1, 3600, NULL, "seconds to wait for every rank to join"},
-        {"comm-timeout", OPT_FLOAT, &f->comm_timeout, 1, 86400, NULL,
-         "seconds before an unfinished collective counts as hung and the job is stopped "
-         "(init_process_group timeout)"},
-        {"show-sampler", OPT_FLAG, &f->show_sampler, 0, 0, NULL,
-         "print one rank's DistributedSampler indices (with --dataset-size, --world-size, --rank, --epoch, "
-         "--seed, --drop-last, --no-shuffle) and exit"},
-        {"dataset-size", OPT_INT64, &f->dataset_size, 1, 1e12, NULL, "--show-sampler: dataset length N"},
-        {"world-size", OPT_INT, &f->world_size, 1, 65536, NULL, "--show-sampler: number of ranks R"},
-        {"rank", OPT_INT, &f->rank, 0, 65535, NULL, "--show-sampler: the rank whose indices to print"},
-        {"epoch", OPT_INT64, &f->epoch, 0, 1e9, NULL, "--show-sampler: the epoch (sampler.set_epoch)"},
-        {"no-shuffle", OPT_FLAG, &f->no_shuffle, 0, 0, NULL,
-         "DistributedSampler(shuffle=False): indices in order"},
-        {NULL, 0, NULL, 0, 0, NULL, NULL},
-    };
-    cli_parse(argc, argv, config_options(cfg, extra), "stage3", ABOUT);
-}
-
 int main(int argc, char **argv) {
+    /* Stage 1's flags plus torchrun's, DDP's and the sampler lesson's (ddp_options). */
     TrainConfig cfg;
-    Stage3Flags f;
-    parse_flags(argc, argv, &cfg, &f);
-    if (f.show_sampler) return show_sampler(&f, &cfg);
+    DdpFlags f;
+    config_defaults(&cfg);
+    cli_parse(argc, argv, config_options(&cfg, ddp_options(&f, NULL)), "stage3", ABOUT);
+    if (f.show.show) return sampler_show(&f.show, (uint64_t)cfg.seed, !f.no_shuffle, f.drop_last);
     TrainConfig check = cfg;
     config_resolve(&check, 0); /* bad paths fail here, once, not in every worker */
 
@@ -167,7 +101,8 @@ int main(int argc, char **argv) {
     /* Plan every convolution for the batch sizes we will see (the last batch may be short). */
     model_prepare(model, cfg.batch_size);
     if (shard % cfg.batch_size) model_prepare(model, (int)(shard % cfg.batch_size));
-    if (test_set.n % cfg.batch_size) model_prepare(model, (int)(test_set.n % cfg.batch_size));
+    int64_t test_shard = sampler_num_real(test_set.n, w.world_size, w.rank); /* evaluated by this rank */
+    if (test_shard % cfg.batch_size) model_prepare(model, (int)(test_shard % cfg.batch_size));
 
     Device *devs[1] = {&dev};
     Run run;
@@ -175,7 +110,7 @@ int main(int argc, char **argv) {
               train_set.source);
     /* DDP(model): same model everywhere, rank 0's weights broadcast, gradient buckets planned. */
     Ddp ddp;
-    ddp_init(&ddp, &run, comm, f.bucket_mb, !f.no_overlap);
+    ddp_init(&ddp, &run, comm, &f);
 
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         sampler_indices(train_set.n, w.world_size, w.rank, (uint64_t)cfg.seed, run.epoch, !f.no_shuffle,
@@ -186,7 +121,6 @@ int main(int argc, char **argv) {
         Batch *b;
         while (!run_done(&run) && (b = input_next(&train_in, &x, &y))) {
             int slot = steplog_begin(&log, b->n);
-            launch_step(run.step + 1); /* where this rank is, for the launcher's failure report */
             model_zero_grad(model);
             ddp_forward_begin(&ddp); /* BN buffers from rank 0 */
             model_forward(model, b->n, x, 1);
@@ -201,9 +135,8 @@ int main(int argc, char **argv) {
         }
         input_drain(&train_in);
         double wait = loader_take_wait_seconds(train_loader);
-        double test_acc, test_loss;
-        ddp_sync_buffers(&ddp);
-        evaluate(model, &test_in, &eval_log, &test_acc, &test_loss);
+        double test_acc, test_loss; /* each rank its shard of the test set, the sums all-reduced */
+        ddp_evaluate(&ddp, &test_in, test_set.n, &eval_log, &test_acc, &test_loss);
         run_epoch_end(&run, &log, test_acc, test_loss, wait);
         ddp_epoch_end(&ddp);
     }

@@ -1,7 +1,8 @@
-"""bench_ddp.py — the PyTorch DistributedDataParallel baseline that stage 3 is compared against.
+"""bench_ddp.py — the PyTorch DistributedDataParallel baseline that stages 3 and 4 are compared against.
 
     torchrun --nproc-per-node 2 tests/torch/bench_ddp.py --model resnet18 --batch 128 --steps 300
     torchrun --nproc-per-node 2 tests/torch/bench_ddp.py --backend gloo     # two processes on one GPU
+    torchrun --nproc-per-node 2 tests/torch/bench_ddp.py --accum-steps 4    # gradient accumulation (stage 4)
 
 Same model (models.py) and optimizer as bench_pytorch.py: synthetic data already on each GPU, batch
 128 per GPU, SGD with momentum 0.9 and weight decay 5e-4, cudnn.benchmark on, fp32 with PyTorch's
@@ -9,17 +10,44 @@ default TF32 policy for convolutions, DDP with its defaults (bucket_cap_mb 25, b
 gradients copied into buckets). Each step is timed with CUDA events at step starts (as the C stages
 do); the median over the steps after warm-up is rank 0's. Rank 0 prints one JSON line:
 ms_per_iter_median, img_per_s (all ranks together), peak_mem_bytes (one entry per rank).
+
+--accum-steps K > 1 times optimizer steps of K micro-batches of --batch each, the idiom of
+stages/stage4_grad_accum: the first K−1 forward/backward passes inside ddp_model.no_sync(), each loss
+divided by K, then optimizer.step() and zero_grad(); img_per_s then counts K × batch × world images
+per step. --sync-each-micro-step leaves no_sync out (every backward all-reduces: the experiment).
 """
 import argparse
 import json
 import os
+import statistics
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import ResNet
 from timing import time_sgd_steps
+
+
+def time_accum_steps(model, opt, xs, ys, warmup, steps, sync_each):
+    """Optimizer steps of len(xs) micro-batches, timed as timing.time_sgd_steps times its steps."""
+    K, total = len(xs), warmup + steps
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
+    for i in range(total):
+        events[i].record()
+        for k in range(K):
+            last = k == K - 1
+            with (nullcontext() if last or sync_each else model.no_sync()):
+                loss = F.cross_entropy(model(xs[k]), ys[k]) / K
+                loss.backward()
+        opt.step()
+        opt.zero_grad()
+    events[total].record()
+    torch.cuda.synchronize()
+    ms = [events[i].elapsed_time(events[i + 1]) for i in range(warmup, total)]
+    return statistics.median(ms), loss.item() * K
 
 
 def main():
@@ -29,7 +57,11 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    ap.add_argument("--accum-steps", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
+    ap.add_argument("--sync-each-micro-step", action="store_true", help="accumulate without no_sync")
     args = ap.parse_args()
+    if args.accum_steps < 1:
+        ap.error("--accum-steps must be at least 1")
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device("cuda", local % torch.cuda.device_count())
@@ -41,16 +73,21 @@ def main():
     model = DDP(ResNet(args.model).to(dev), device_ids=[dev.index])
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     gen = torch.Generator(device=dev).manual_seed(1000 + rank)  # each rank its own batch
-    x = torch.randn(args.batch, 3, 32, 32, device=dev, generator=gen)
-    y = torch.randint(0, 10, (args.batch,), device=dev, generator=gen)
+    K = args.accum_steps
+    xs = [torch.randn(args.batch, 3, 32, 32, device=dev, generator=gen) for _ in range(K)]
+    ys = [torch.randint(0, 10, (args.batch,), device=dev, generator=gen) for _ in range(K)]
     torch.cuda.reset_peak_memory_stats(dev)
-    med, loss = time_sgd_steps(model, opt, x, y, args.warmup, args.steps)
+    if K == 1 and not args.sync_each_micro_step:
+        med, loss = time_sgd_steps(model, opt, xs[0], ys[0], args.warmup, args.steps)
+    else:
+        med, loss = time_accum_steps(model, opt, xs, ys, args.warmup, args.steps, args.sync_each_micro_step)
     peaks = [None] * world
     dist.all_gather_object(peaks, torch.cuda.max_memory_allocated(dev))
     if rank == 0:
         print(json.dumps({"type": "summary", "who": "pytorch_ddp", "backend": args.backend, "world_size": world,
-                          "model": args.model, "batch_size": args.batch, "ms_per_iter_median": med,
-                          "img_per_s": 1000.0 * world * args.batch / med, "peak_mem_bytes": peaks,
+                          "model": args.model, "batch_size": args.batch, "accum_steps": K,
+                          "sync_each_micro_step": args.sync_each_micro_step, "ms_per_iter_median": med,
+                          "img_per_s": 1000.0 * world * args.batch * K / med, "peak_mem_bytes": peaks,
                           "torch": torch.__version__, "loss": loss}), flush=True)
     dist.destroy_process_group()
 
