@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h" /* fnv1a64 */
+#include "hash.h"
 #include "launch.h"
 #include "ops.h"
 #include "report.h"
@@ -73,14 +73,7 @@ static void series_push(DdpSeries *s, double v) {
     s->v[s->n++] = v;
 }
 
-static double series_median(const DdpSeries *s) {
-    if (!s->n) return 0;
-    double *tmp = xmalloc((size_t)s->n * sizeof(double));
-    memcpy(tmp, s->v, (size_t)s->n * sizeof(double));
-    double m = stats_median(tmp, s->n);
-    free(tmp);
-    return m;
-}
+static double series_median(const DdpSeries *s) { return stats_median_copy(s->v, s->n); }
 
 /* "3 buckets: 9.01 MiB, 25.27 MiB, 8.35 MiB" */
 static void describe(const Ddp *d, char *buf, size_t len) {
@@ -175,27 +168,9 @@ static void rebuild(Ddp *d) {
 
 /* ---- timing points ---------------------------------------------------------------------------- */
 
-static void mark(Ddp *d, DdpStep *s, int i) {
-#ifdef USE_CUDA
-    if (d->dev->kind == DEV_CUDA) {
-        CHECK_CUDA(cudaEventRecord(s->ev[i], d->dev->stream));
-        return;
-    }
-#endif
-    s->t[i] = time_now();
-}
+static void mark(Ddp *d, DdpStep *s, int i) { timemark_record(&s->at[i], d->dev); }
 
-static double elapsed_ms(Ddp *d, DdpStep *s, int a, int b) {
-#ifdef USE_CUDA
-    if (d->dev->kind == DEV_CUDA) {
-        float ms = 0;
-        CHECK_CUDA(cudaEventSynchronize(s->ev[b]));
-        CHECK_CUDA(cudaEventElapsedTime(&ms, s->ev[a], s->ev[b]));
-        return ms;
-    }
-#endif
-    return 1e3 * (s->t[b] - s->t[a]);
-}
+static double elapsed_ms(Ddp *d, DdpStep *s, int a, int b) { return timemark_ms(&s->at[a], &s->at[b]); }
 
 static double busbw_factor(int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; }
 
@@ -300,11 +275,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
     ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
     free(reverse);
-#ifdef USE_CUDA
-    if (d->dev->kind == DEV_CUDA)
-        for (int s = 0; s <= DDP_STATS_LAG; s++)
-            for (int i = 0; i < 4; i++) CHECK_CUDA(cudaEventCreate(&d->steps[s].ev[i]));
-#endif
+    for (int s = 0; s <= DDP_STATS_LAG; s++)
+        for (int i = 0; i < 4; i++) timemark_init(&d->steps[s].at[i], d->dev);
     char desc[512], cap[32];
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
@@ -322,11 +294,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
 }
 
 void ddp_destroy(Ddp *d) {
-#ifdef USE_CUDA
-    if (d->dev->kind == DEV_CUDA)
-        for (int s = 0; s <= DDP_STATS_LAG; s++)
-            for (int i = 0; i < 4; i++) cudaEventDestroy(d->steps[s].ev[i]);
-#endif
+    for (int s = 0; s <= DDP_STATS_LAG; s++)
+        for (int i = 0; i < 4; i++) timemark_destroy(&d->steps[s].at[i]);
     DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run};
     for (int i = 0; i < 6; i++) free(all[i]->v);
     free(d->buckets), free(d->bucket_of), free(d->ready_order), free(d->eval_idx);
@@ -449,10 +418,7 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     double v[4] = {series_median(ar), series_median(ex), series_median(bc), ar->n > 0};
     comm_sum_doubles(d->comm, v, 4);
     for (int i = 0; i < 3; i++) v[i] /= d->world;
-    double *tmp = xmalloc((size_t)(r->n_times + 1) * sizeof(double));
-    memcpy(tmp, r->times, (size_t)r->n_times * sizeof(double));
-    double step_ms = stats_median(tmp, r->n_times);
-    free(tmp);
+    double step_ms = stats_median_copy(r->times, r->n_times);
     /* bytes all-reduced per optimizer step: the gradients once — K times without no_sync */
     int64_t grad_bytes = d->m->n_param_floats * (int64_t)sizeof(float);
     int64_t bytes = d->opt_steps ? d->allreduce_bytes / d->opt_steps : grad_bytes;

@@ -47,6 +47,7 @@
 #include "comm.h"
 #include "model.h"
 #include "sampler.h"
+#include "timemark.h"
 #include "trainer.h"
 
 #define DDP_FIRST_BUCKET_BYTES (1 << 20) /* torch.distributed._DEFAULT_FIRST_BUCKET_BYTES */
@@ -81,10 +82,7 @@ typedef struct DdpStep { /* one micro-step's measurements, until read back */
     int64_t step;        /* the optimizer step it belongs to */
     int64_t first_op, n_ops, bytes, bcast_op;
     int synced;          /* its backward all-reduced */
-    double t[4];         /* CPU backend: backward end, after the wait, before/after the broadcast */
-#ifdef USE_CUDA
-    cudaEvent_t ev[4];   /* the same four points as CUDA events on the compute stream */
-#endif
+    TimeMark at[4];      /* backward end, after the wait, before/after the broadcast */
     int pending;
 } DdpStep;
 

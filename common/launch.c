@@ -16,6 +16,9 @@
 #include "errors.h"
 
 /* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
+/* The launcher speaks as the program it launches ("stage3", "stage4", …). */
+static char prog[64] = "stage3";
+
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     if (!v || !v[0]) return dflt;
@@ -51,7 +54,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->local_rank = env_int("LOCAL_RANK", w->rank);
         w->local_world_size = env_int("LOCAL_WORLD_SIZE", w->world_size);
         w->node_rank = env_int("GROUP_RANK", 0);
-        w->launcher = getenv("STAGE3_STATUS_FD")      ? "stage3"
+        w->launcher = getenv("STAGE3_STATUS_FD")      ? prog
                       : getenv("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                       : "environment";
         /* torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers to share it;
@@ -201,7 +204,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         int probe_cuda = !strcmp(cfg->device, "cuda") || (!strcmp(cfg->device, "auto") && gpus > 0);
         n = probe_cuda ? gpus : 2;
     }
-    launch_resolve(cfg, "stage3", gpus, n, &cuda, &comm);
+    launch_resolve(cfg, prog, gpus, n, &cuda, &comm);
     if (cfg->node_rank >= cfg->nnodes)
         die_user("--node-rank %d must be below --nnodes %d (nodes are numbered from 0)", cfg->node_rank,
                  cfg->nnodes);
@@ -216,7 +219,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int status_fd;
     StatusSlot *slots = status_page_create(n, &status_fd);
 
-    printf("stage3: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d\n", n,
+    printf("%s: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d\n", prog, n,
            n == 1 ? "" : "s", first, first + n - 1, world, cuda ? "GPU" : "CPU",
            comm == COMM_NCCL ? "nccl" : "host ring", cfg->master_addr, cfg->master_port);
     fflush(stdout);
@@ -248,7 +251,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             set_env_int("STAGE3_STATUS_FD", status_fd);
             unsetenv("TORCHELASTIC_USE_AGENT_STORE");
             execv(exe, argv);
-            fprintf(stderr, "error: stage3 launcher: cannot exec %s: %s\n", exe, strerror(errno));
+            fprintf(stderr, "error: %s launcher: cannot exec %s: %s\n", prog, exe, strerror(errno));
             _exit(127);
         }
         ch[i].pid = pid;
@@ -272,7 +275,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
 
     if (got_signal) { /* Ctrl-C or a kill: the workers may have died of it first, which is no failure */
         stop_all(ch, n);
-        fprintf(stderr, "stage3: interrupted by SIG%s: stopped all %d workers\n", status_signal_name(got_signal), n);
+        fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(got_signal), n);
         exit(128 + got_signal);
     }
     /* A failure: say so at once, then stop the others. */
@@ -280,7 +283,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     for (int i = 0; i < n; i++)
         if (failed(&ch[i])) {
             describe_exit(&ch[i], &slots[i], msg, sizeof msg);
-            fprintf(stderr, "stage3: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", msg,
+            fprintf(stderr, "%s: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", prog, msg,
                     LAUNCH_GRACE_S);
             break;
         }
@@ -305,7 +308,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int stopped = 0;
     for (int i = 0; i < n; i++) stopped += ch[i].stopped_by_us;
     describe_exit(&ch[root], &slots[root], msg, sizeof msg);
-    fprintf(stderr, "stage3: job failed: %s (first failure); %d other worker%s stopped\n", msg, stopped,
+    fprintf(stderr, "%s: job failed: %s (first failure); %d other worker%s stopped\n", prog, msg, stopped,
             stopped == 1 ? "" : "s");
     int code = WIFEXITED(ch[root].status) ? WEXITSTATUS(ch[root].status) : 128 + WTERMSIG(ch[root].status);
     exit(code ? code : 1);
@@ -313,6 +316,9 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
 
 void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
     (void)argc;
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (!strncmp(base, "stage", 5)) snprintf(prog, sizeof prog, "%s", base);
     if (!worker_from_env(cfg, w)) launcher_run(argv, cfg);
     status_attach(env_int("STAGE3_STATUS_FD", -1), w->local_rank, w->rank);
 }

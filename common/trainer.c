@@ -114,13 +114,8 @@ void steplog_init(StepLog *s, Device *dev, int cap) {
     s->correct = device_alloc(dev, (size_t)cap * sizeof(int32_t), "step statistics");
     s->n = xcalloc((size_t)cap, sizeof(int));
     s->k = xcalloc((size_t)cap, sizeof(int));
-    s->t_host = xcalloc((size_t)cap + 1, sizeof(double));
-#ifdef USE_CUDA
-    if (dev->kind == DEV_CUDA) {
-        s->ev = xcalloc((size_t)cap + 1, sizeof(cudaEvent_t));
-        for (int i = 0; i <= cap; i++) CHECK_CUDA(cudaEventCreate(&s->ev[i]));
-    }
-#endif
+    s->at = xcalloc((size_t)cap + 1, sizeof *s->at);
+    for (int i = 0; i <= cap; i++) timemark_init(&s->at[i], dev);
 }
 
 void steplog_destroy(StepLog *s) {
@@ -128,24 +123,11 @@ void steplog_destroy(StepLog *s) {
     device_free(s->dev, s->correct);
     free(s->n);
     free(s->k);
-    free(s->t_host);
-#ifdef USE_CUDA
-    if (s->ev) {
-        for (int i = 0; i <= s->cap; i++) cudaEventDestroy(s->ev[i]);
-        free(s->ev);
-    }
-#endif
+    for (int i = 0; i <= s->cap; i++) timemark_destroy(&s->at[i]);
+    free(s->at);
 }
 
-static void mark(StepLog *s, int i) {
-#ifdef USE_CUDA
-    if (s->dev->kind == DEV_CUDA) {
-        CHECK_CUDA(cudaEventRecord(s->ev[i], s->dev->stream));
-        return;
-    }
-#endif
-    s->t_host[i] = time_now();
-}
+static void mark(StepLog *s, int i) { timemark_record(&s->at[i], s->dev); }
 
 int steplog_micro(StepLog *s, int micro, int n, int k) {
     ASSERT(s->count < s->cap && k >= 1);
@@ -199,15 +181,7 @@ int steplog_finish(StepLog *s, double *mean_loss, double *accuracy, double *time
         /* A step lasts from its start mark to the next step's. The epoch's last step has no next
          * one (what follows it is evaluation), so it is not timed. */
         if (!times || i + 1 == steps) continue;
-#ifdef USE_CUDA
-        if (s->ev) {
-            float ms;
-            CHECK_CUDA(cudaEventElapsedTime(&ms, s->ev[i], s->ev[i + 1]));
-            times[timed++] = ms;
-            continue;
-        }
-#endif
-        times[timed++] = 1e3 * (s->t_host[i + 1] - s->t_host[i]);
+        times[timed++] = timemark_ms(&s->at[i], &s->at[i + 1]);
     }
     if (mean_loss) *mean_loss = nsum ? lsum / nsum : NAN;
     if (accuracy) *accuracy = nsum ? csum / nsum : NAN;
@@ -441,13 +415,7 @@ static double images_per_s(const Run *r, double med_ms) {
 }
 
 /* Median over the run's timed steps (warm-up excluded). */
-static double median_ms(const Run *r) {
-    double *tmp = xmalloc((size_t)(r->n_times + 1) * sizeof(double));
-    memcpy(tmp, r->times, (size_t)r->n_times * sizeof(double));
-    double med = stats_median(tmp, r->n_times);
-    free(tmp);
-    return med;
-}
+static double median_ms(const Run *r) { return stats_median_copy(r->times, r->n_times); }
 
 /* End of an epoch's steps: the loss and accuracy over every rank's samples, and this process's
  * step times (after warm-up) appended to the run's. */

@@ -27,6 +27,7 @@
 #include "model.h"
 #include "optim.h"
 #include "report.h"
+#include "timemark.h"
 
 #define WARMUP_STEPS 5
 
@@ -65,10 +66,7 @@ typedef struct StepLog {
     float *loss;           /* device: each entry's loss as the loss kernel wrote it (mean / k) */
     int32_t *correct;      /* device: correct predictions of each entry */
     int *n, *k;            /* host: samples in each entry; the K its loss was divided by */
-    double *t_host;        /* CPU backend: wall time at each step start */
-#ifdef USE_CUDA
-    cudaEvent_t *ev;       /* CUDA: event at each step start (+1 for the epoch end) */
-#endif
+    TimeMark *at;          /* a mark at each step start (+1 for the epoch end) */
 } StepLog;
 void steplog_init(StepLog *s, Device *dev, int cap);
 void steplog_destroy(StepLog *s);
