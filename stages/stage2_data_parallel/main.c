@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
         models[i] = model_create(devs[i], cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed);
     Model *model = models[0];
     Optimizer opt;
-    optim_init(&opt, dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
+    optim_init_named(&opt, cfg.optimizer, dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
     LoaderConfig train_cfg = loader_config(&cfg, global, 1);
     LoaderConfig test_cfg = loader_config(&cfg, cfg.batch_size, 0);
