@@ -158,6 +158,39 @@ def plan_cost(arch, batch, benchmark, threads):
         torch.backends.cudnn.benchmark = False
 
 
+def gil_free_while_planning(arch, batch):
+    """Does planning hold the GIL? A Python spinner thread counts while a brand-new thread runs its
+    first forward (planning every convolution); its rate against its rate while the main thread
+    sleeps: near 0 if the planning thread held the GIL, near 1 (or what the cores allow) if not."""
+    model = ResNet(arch).cuda(0).train()
+    x = torch.randn(batch, 3, 32, 32, device="cuda:0")
+    model(x)
+    sync_all()
+    count, stop = [0], [False]
+
+    def spin():
+        while not stop[0]:
+            count[0] += 1
+    sp = threading.Thread(target=spin, daemon=True)
+    sp.start()
+    time.sleep(0.05)
+    c0, t0 = count[0], time.perf_counter()
+    time.sleep(0.2)
+    free = (count[0] - c0) / (time.perf_counter() - t0)
+
+    def first():
+        model(x)
+        sync_all()
+    th = threading.Thread(target=first)
+    c0, t0 = count[0], time.perf_counter()
+    th.start()
+    th.join()
+    during = (count[0] - c0) / (time.perf_counter() - t0)
+    stop[0] = True
+    sp.join()
+    return during / free
+
+
 class Holder(nn.Module):
     """One module holding n one-element parameters: replicate's per-tensor work, little else."""
 
@@ -282,6 +315,11 @@ def main():
                   f"{f / 1e3:.2f} ms as a new thread's first -> {per:.1f} µs per convolution ({convs} convs, "
                   f"batch {args.batch}); a conv-free model's first forward in a new thread costs "
                   f"{other:.1f} µs more than warm (not charged)")
+
+    r = measure("GIL during planning", lambda: gil_free_while_planning(args.model, args.batch))
+    if r is not None:
+        print(f"GIL while a new thread plans its first forward: a Python spinner thread ran at {100 * r:.0f}% of "
+              f"its free rate ({'so planning does not hold the GIL' if r > 0.2 else 'planning HOLDS the GIL'})")
 
     switch_ms = 1e3 * sys.getswitchinterval()
     print(f"flags: --gil-switch-ms {switch_ms:g} --gil-op-us {got['op']:.2f} "
