@@ -317,6 +317,7 @@ void config_defaults(TrainConfig *c) {
     c->resume = "";
     c->report = "";
     c->progress = "auto";
+    c->optimizer = "sgd";
 }
 
 Option *config_options(TrainConfig *c, const Option *extra) {
@@ -339,6 +340,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"momentum", OPT_FLOAT, &c->momentum, 0, below1, NULL, "SGD momentum (torch.optim.SGD momentum)"},
         {"weight-decay", OPT_FLOAT, &c->weight_decay, 0, 1, NULL,
          "L2 penalty added to every gradient (torch.optim.SGD weight_decay)"},
+        {"optimizer", OPT_CHOICE, &c->optimizer, 0, 0, "sgd|adam",
+         "sgd = torch.optim.SGD(lr, momentum, weight_decay); adam = torch.optim.Adam(lr, "
+         "weight_decay) with betas (0.9, 0.999), eps 1e-8 (--momentum unused; Adam's usual lr is 1e-3)"},
         {"schedule", OPT_CHOICE, &c->schedule, 0, 0, "const|cosine",
          "learning rate over the whole run: constant, or cosine decay "
          "(lr_scheduler.CosineAnnealingLR with T_max = total steps)"},
@@ -406,6 +410,10 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (c->epochs == 0 && c->steps == 0) die_user("--epochs and --steps are both 0: nothing to train");
     /* --deterministic with --cudnn-benchmark is allowed, as in PyTorch: the search then only
      * considers deterministic algorithms. */
+    /* The checkpoint format holds SGD's momentum buffer, not Adam's two state buffers. */
+    if (!strcmp(c->optimizer, "adam") && ((c->save && c->save[0]) || (c->resume && c->resume[0])))
+        die_user("--optimizer adam cannot be saved or resumed yet (checkpoints hold SGD's state only): "
+                 "drop --save/--resume, or use --optimizer sgd");
     struct stat st;
     if (!synthetic) {
         if (stat(c->data, &st) != 0)

@@ -54,6 +54,7 @@ typedef struct TrainConfig {
     const char *resume;      /* "" or a checkpoint file */
     const char *report;      /* "" or a JSON-lines file */
     const char *progress;    /* auto | on | off */
+    const char *optimizer;   /* sgd | adam (torch.optim.SGD / torch.optim.Adam) */
 } TrainConfig;
 
 void config_defaults(TrainConfig *c);

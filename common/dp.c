@@ -190,6 +190,9 @@ void dp_init(DataParallel *dp, Device **devs, int n, Model **models, int max_bat
         dp->logits = model_logits(m);
         dp->dlogits = model_dlogits(m);
     }
+    if (d0->kind == DEV_CPU) /* the GPU input pipe's two slots of the whole batch, on device 0 */
+        for (int b = 0; b < 2; b++)
+            dp->batch0[b] = device_alloc(d0, (size_t)max_batch * dp->sample_floats * sizeof(float), "input batch");
     if (!cfg->p2p && n > 1)
         for (int b = 0; b < 2; b++) dp->staging[b] = host_alloc(d0, STAGING_BYTES, d0->kind == DEV_CUDA);
     dp->direct = 1;
@@ -222,6 +225,7 @@ void dp_destroy(DataParallel *dp) {
         device_free(d0, dp->landing);
     }
     for (int b = 0; b < 2; b++) host_free(d0, dp->staging[b], d0->kind == DEV_CUDA);
+    for (int b = 0; b < 2; b++) device_free(d0, dp->batch0[b]);
     dp_event_destroy(d0, dp->replicated);
     dp_event_destroy(d0, dp->dlogits_ready);
     dp_timing_destroy(dp);
@@ -242,6 +246,11 @@ void dp_prepare(DataParallel *dp, int batch) {
 
 void dp_scatter(DataParallel *dp, const float *x, int batch) {
     ASSERT(batch >= 1 && batch <= dp->max_batch);
+    if (dp->batch0[0]) { /* CPU backend: device 0 holds its own copy, as a GPU's input pipe does */
+        float *dst = dp->batch0[dp->batch0_slot ^= 1];
+        memcpy(dst, x, (size_t)batch * dp->sample_floats * sizeof(float));
+        x = dst;
+    }
     dp_mark(dp, 0); /* the step starts */
     Replica *r0 = &dp->rep[0];
     dp_interpret(dp, &dp->main, dp->host_scale * dp->cfg.call_us, &dp->cur_py_s[DP_SCATTER]);
@@ -293,7 +302,11 @@ void dp_replicate(DataParallel *dp) {
 
 void dp_parallel_apply(DataParallel *dp) {
     Device *d0 = dp->devs[0];
-    for (int i = 0; i < dp->k; i++) dp->rep[i].fwd_py_s = dp->rep[i].fwd_wait_s = 0;
+    for (int i = 0; i < dp->k; i++) {
+        Replica *r = &dp->rep[i];
+        r->fwd_py_s = r->fwd_wait_s = r->plan_own_s = r->plan_charged_s = 0;
+        r->plan_misses = 0;
+    }
     if (dp->n > 1) dp_interpret(dp, &dp->main, dp->host_scale * dp->cfg.call_us, &dp->cur_py_s[DP_FORWARD]);
     dp_forward_replicas(dp); /* a thread per replica (dp_threads.c) */
     double wait = 0;
@@ -302,6 +315,14 @@ void dp_parallel_apply(DataParallel *dp) {
         dp->cur_py_s[DP_FORWARD] += dp->rep[i].fwd_py_s;
     }
     dp->wait_ms[dp->step] = 1e3 * wait / dp->k;
+    double *plan = dp->plan[dp->step];
+    plan[0] = plan[1] = plan[2] = 0;
+    for (int i = 0; i < dp->k; i++) { /* mean per replica thread */
+        Replica *r = &dp->rep[i];
+        plan[0] += (double)r->plan_misses / dp->k;
+        plan[1] += 1e3 * (r->plan_own_s + r->plan_charged_s) / dp->k;
+        plan[2] += 1e3 * r->plan_own_s / dp->k;
+    }
     for (int i = 1; i < dp->k; i++) dp_event_wait(d0, dp->rep[i].fwd_done);
     dp_mark(dp, DP_FORWARD);
 }

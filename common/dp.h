@@ -9,7 +9,9 @@
  *                   groups, every step (device 0's replica *is* the master: no copy);
  *   dp_parallel_apply  a new host thread per replica (--dp-thread-pool: persistent threads), each
  *                   running its replica's forward on its own device and stream, holding the GIL for
- *                   each op's Python and releasing it for the launch;
+ *                   each op's Python and releasing it for the launch; each thread has its own
+ *                   convolution plan cache (plan_cache.h), so a new thread plans every forward
+ *                   convolution again;
  *   dp_gather       the logits are concatenated on device 0, where the caller computes the loss;
  *   dp_backward     the logits' gradient is scattered back and every replica's backward runs in a
  *                   persistent per-device thread without the GIL (PyTorch's autograd device threads);
@@ -38,6 +40,7 @@
 #include "device.h"
 #include "gil.h"
 #include "model.h"
+#include "plan_cache.h"
 #include "timemark.h"
 #include "trainer.h"
 
@@ -64,6 +67,9 @@ typedef struct DpConfig {
     double param_us;   /* replicate and reduce-add: per tensor, per replica */
     double thread_us;  /* parallel_apply: per thread (Python thread start-up, _worker's contexts) */
     double host_us;    /* < 0: the sum of the above; ≥ 0: scale them so one step's total is this */
+    /* planning a forward convolution in a thread whose plan cache lacks it (plan_cache.h): the
+     * calibrated cost of one plan, µs, with cudnn.benchmark off / on (not Python: no GIL held) */
+    double plan_us, plan_bench_us;
     /* flags that set the fields above (applied by dp_config_resolve) */
     int gpus;          /* --gpus: logical devices; 0 = auto */
     int no_python;     /* --no-python: op_us = host_us = 0 */
@@ -99,6 +105,10 @@ typedef struct Replica {
     GilThread gil;      /* its forward thread's GIL statistics (the thread is new every step) */
     double fwd_wait_s;  /* GIL wait during this step's forward */
     double fwd_py_s;    /* interpreter time charged during this step's forward */
+    /* its forward thread's plan cache, this step: misses, our cuDNN calls' time, the charge on top */
+    int64_t plan_misses;
+    double plan_own_s, plan_charged_s;
+    int64_t plan_misses_total; /* over the run */
     pthread_t fwd_thread, pool_thread, bwd_thread;
     DpEvent fwd_done, bwd_done;             /* on its stream: forward / backward issued so far */
     DpEvent staged_d2h[2], staged_h2d[2];   /* --p2p off: staging-buffer hand-offs */
@@ -120,6 +130,10 @@ struct DataParallel {
     int direct;         /* every pair of devices copies directly (peer access or the same GPU) */
     Gil gil;
     GilThread main;     /* the main thread's GIL statistics */
+    PlanCache main_cache; /* the main thread's plan cache (it runs the forward when k == 1) */
+    float *batch0[2];   /* CPU backend: device 0's own copy of the whole batch (two slots, as the
+                           GPU input pipe has), so device 0's memory account holds it too */
+    int batch0_slot;
     /* on device 0 */
     float *logits, *dlogits;     /* the gathered [batch][classes] and its gradient (the loss's) */
     float *landing;              /* one reduce bucket arriving from another device */
@@ -138,11 +152,13 @@ struct DataParallel {
     int64_t steps_seen;          /* steps of earlier epochs (for the warm-up) */
     double (*py_ms)[DP_PHASES];  /* modelled Python charged in each phase (ms), per step */
     double *wait_ms;             /* mean GIL wait of the replica threads in forward (ms), per step */
+    double (*plan)[3];           /* per step, mean per replica thread: plan misses, planning ms
+                                    (ours + charge), of which our cuDNN calls' ms */
     double cur_py_s[DP_PHASES];  /* this step's, being accumulated */
     TimeMark (*at)[DP_PHASES];   /* the marks, on device 0's compute stream (or wall clock) */
     DpEvent replicated, dlogits_ready; /* device 0: parameters broadcast / logits' gradient scattered */
     /* timed steps of the whole run (after the warm-up), for the medians */
-    double *ph_ms[DP_PHASES], *ph_py_ms[DP_PHASES], *step_ms, *step_wait_ms;
+    double *ph_ms[DP_PHASES], *ph_py_ms[DP_PHASES], *step_ms, *step_wait_ms, *step_plan[3];
     int n_samples, cap_samples;
 };
 

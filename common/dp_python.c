@@ -16,16 +16,23 @@
  * off, median of 100 calls; run by tests/bench_stage2.sh on 2026-11-29 — docs/stage2.md). Rerun it on
  * your machine: it prints the flags to pass. op_us is the serialized (GIL-held) part of one of
  * ResNet-18's forward ops: 46.5 µs per op from one thread, 70.8 µs with two threads at once (a
- * conv's Python, with its argument parsing, costs more than a tiny elementwise op's). */
+ * conv's Python, with its argument parsing, costs more than a tiny elementwise op's).
+ *
+ * plan_us / plan_bench_us: what planning one forward convolution costs a thread whose plan cache
+ * is empty (plan_cache.h), with cudnn.benchmark off / on: a new thread's first forward minus a warm
+ * forward, divided by ResNet-18's 20 convolutions. Measured by tests/torch/dp_thread_cost.py
+ * (PyTorch 2.11, 2× H200, batch 128; issue 10): off 28–35 ms against 2.4–4.0 ms warm, so
+ * (31.5 − 3.2) / 20 = 1.415 ms; on 425–2922 ms, of which we take the low end, (425 − 3.2) / 20 =
+ * 21.09 ms. calibrate_dp.py measures both on your machine and prints the flags. */
 DpConfig dp_config_defaults(void) {
     return (DpConfig){.p2p = 1, .thread_pool = 0, .switch_ms = 5.0, .op_us = 24.24, .call_us = 40.6,
                       .module_us = 14.04, .param_us = 11.92, .thread_us = 127.0, .host_us = -1.0,
-                      .p2p_flag = "on"};
+                      .plan_us = 1415.0, .plan_bench_us = 21090.0, .p2p_flag = "on"};
 }
 
 /* Stage 2's flags, bound to *c. The table is static: stage 2 has one DpConfig for the program. */
 const Option *dp_options(DpConfig *c) {
-    static Option rows[12];
+    static Option rows[14];
     const Option r[] = {
         {"gpus", OPT_INT, &c->gpus, 1, DP_MAX_DEVICES, NULL,
          "devices to use (DataParallel device_ids); auto: every visible GPU, or 2 virtual devices on the "
@@ -46,6 +53,13 @@ const Option *dp_options(DpConfig *c) {
         {"gil-host-us", OPT_FLOAT, &c->host_us, -1, 1e7, NULL,
          "DataParallel's own Python per step in µs: -1 = from the --gil-host-* costs; another value "
          "scales them to that total (0: none)"},
+        {"dp-plan-us", OPT_FLOAT, &c->plan_us, 0, 1e7, NULL,
+         "what planning one forward convolution costs a thread with an empty plan cache, µs, "
+         "cudnn.benchmark off: our real cuDNN calls plus a charge up to this (calibrate_dp.py; 0: "
+         "only the real calls)"},
+        {"dp-plan-bench-us", OPT_FLOAT, &c->plan_bench_us, 0, 1e8, NULL,
+         "the same with --cudnn-benchmark: a real cudnnFind search plus a charge up to this "
+         "(calibrate_dp.py)"},
         {"no-python", OPT_FLAG, &c->no_python, 0, 0, NULL,
          "the 'what if there were no Python' experiment: --gil-op-us 0 --gil-host-us 0"},
         {"dp-thread-pool", OPT_FLAG, &c->thread_pool, 0, 0, NULL,

@@ -17,6 +17,7 @@ void dp_timing_init(DataParallel *dp, int steps_cap) {
     dp->cap = steps_cap;
     dp->py_ms = xcalloc((size_t)steps_cap, sizeof *dp->py_ms);
     dp->wait_ms = xcalloc((size_t)steps_cap, sizeof *dp->wait_ms);
+    dp->plan = xcalloc((size_t)steps_cap, sizeof *dp->plan);
     dp->at = xcalloc((size_t)steps_cap, sizeof *dp->at);
     for (int s = 0; s < steps_cap; s++)
         for (int p = 0; p < DP_PHASES; p++) timemark_init(&dp->at[s][p], dp->devs[0]);
@@ -25,7 +26,8 @@ void dp_timing_init(DataParallel *dp, int steps_cap) {
 void dp_timing_destroy(DataParallel *dp) {
     for (int s = 0; s < dp->cap; s++)
         for (int p = 0; p < DP_PHASES; p++) timemark_destroy(&dp->at[s][p]);
-    free(dp->at), free(dp->py_ms), free(dp->wait_ms);
+    free(dp->at), free(dp->py_ms), free(dp->wait_ms), free(dp->plan);
+    for (int j = 0; j < 3; j++) free(dp->step_plan[j]);
     for (int p = 0; p < DP_PHASES; p++) free(dp->ph_ms[p]), free(dp->ph_py_ms[p]);
     free(dp->step_ms), free(dp->step_wait_ms);
 }
@@ -58,6 +60,12 @@ void dp_describe(const DataParallel *dp, Report *r) {
                   dp->n == 1       ? "in the main thread (one device: DataParallel calls the module itself)"
                   : c->thread_pool ? "persistent threads (--dp-thread-pool)"
                                    : "a new thread per replica every step");
+    report_printf(r, "convolution plans: each forward thread has its own cache; planning one costs our real "
+                     "cuDNN calls (%s) plus a calibrated charge up to %g µs (--dp-plan%s-us)\n",
+                  dp->devs[0]->kind == DEV_CPU ? "none on the CPU backend"
+                  : dp->devs[0]->benchmark   ? "a cudnnFind search, --cudnn-benchmark"
+                                             : "cuDNN's heuristics",
+                  dp->devs[0]->benchmark ? c->plan_bench_us : c->plan_us, dp->devs[0]->benchmark ? "-bench" : "");
     if (!dp->python) {
         report_printf(r, "modelled Python: none (--gil-op-us 0, --gil-host-us 0): the GIL is never taken\n");
         return;
@@ -87,6 +95,10 @@ void dp_epoch_end(DataParallel *dp) {
         dp->step_ms = realloc(dp->step_ms, (size_t)dp->cap_samples * sizeof(double));
         dp->step_wait_ms = realloc(dp->step_wait_ms, (size_t)dp->cap_samples * sizeof(double));
         ASSERT(dp->step_ms && dp->step_wait_ms);
+        for (int j = 0; j < 3; j++) {
+            dp->step_plan[j] = realloc(dp->step_plan[j], (size_t)dp->cap_samples * sizeof(double));
+            ASSERT(dp->step_plan[j]);
+        }
     }
     for (int s = 1; s < steps; s++) { /* step 0 of an epoch has no previous step to measure input from */
         if (dp->steps_seen + s < WARMUP_STEPS) continue;
@@ -103,6 +115,7 @@ void dp_epoch_end(DataParallel *dp) {
         }
         dp->step_ms[i] = total;
         dp->step_wait_ms[i] = dp->wait_ms[s];
+        for (int j = 0; j < 3; j++) dp->step_plan[j][i] = dp->plan[s][j];
     }
     dp->steps_seen += steps;
     dp->step = 0;
@@ -123,6 +136,8 @@ void dp_report(DataParallel *dp, Run *run) {
         sum += med[p], py_sum += py[p];
     }
     double step = stats_median_copy(dp->step_ms, n), wait = stats_median_copy(dp->step_wait_ms, n);
+    double plan_misses = stats_median_copy(dp->step_plan[0], n), plan_ms = stats_median_copy(dp->step_plan[1], n);
+    double plan_own_ms = stats_median_copy(dp->step_plan[2], n);
     double run_step = run->n_times ? stats_median_copy(run->times, run->n_times) : step;
     double off = run_step > 0 ? (sum - run_step) / run_step : 0;
     int adds_up = fabs(off) <= 0.10;
@@ -138,6 +153,12 @@ void dp_report(DataParallel *dp, Run *run) {
     }
     report_printf(r, "  %-10s %9.3f %16.3f   vs step time %.3f ms (median ms/it): %s (%+.1f%%)\n", "sum", sum,
                   py_sum, run_step, adds_up ? "adds up" : "DOES NOT add up", 100 * off);
+    report_printf(r, "  forward's convolution planning, per replica thread: %.3f ms per step, %g plan-cache "
+                     "misses (our cuDNN calls %.3f ms + calibrated charge %.3f ms; %s)\n",
+                  plan_ms, plan_misses, plan_own_ms, plan_ms - plan_own_ms,
+                  dp->k == 1 || dp->n == 1 ? "the main thread's cache"
+                  : dp->cfg.thread_pool    ? "persistent threads keep their caches"
+                                           : "new threads every step start with empty caches");
     json_begin(r, "phases");
     json_int(r, "steps", n);
     for (int p = 0; p < DP_PHASES; p++) {
@@ -159,6 +180,9 @@ void dp_report(DataParallel *dp, Run *run) {
     json_num(r, "phase_step_ms", step);
     json_num(r, "python_ms", py_sum);
     json_num(r, "forward_gil_wait_ms", wait);
+    json_num(r, "plan_misses_per_thread", plan_misses);
+    json_num(r, "plan_ms_per_thread", plan_ms);
+    json_num(r, "plan_cudnn_ms_per_thread", plan_own_ms);
     json_int(r, "adds_up", adds_up);
     json_end(r);
 

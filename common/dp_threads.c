@@ -3,6 +3,9 @@
  * Forward: parallel_apply starts a new Python thread per replica every step (threading.Thread,
  * then join); starting one is a GIL round trip, because Thread.start() returns only once the new
  * thread has bootstrapped under the GIL. --dp-thread-pool keeps persistent threads instead (a Crew).
+ * Each forward thread has its own convolution plan cache (plan_cache.h), living as long as the
+ * thread: a new thread's is empty, so it plans every forward convolution again; a pool thread's
+ * stays warm after its first step.
  * Backward: PyTorch's autograd engine runs each device's backward in its own persistent device
  * thread, without the GIL; loss.backward() waits for them with the GIL released (another Crew). */
 #include "dp_internal.h"
@@ -18,16 +21,34 @@ static void forward_layer(Model *m, int l, int n, const float *x) {
 }
 
 /* One replica's forward, as its Python thread runs it: each op's Python under the GIL, then the
- * dispatcher and the launch — here, the op itself — with the GIL released. */
-static void forward_replica(DataParallel *dp, Replica *r, GilThread *t) {
+ * dispatcher and the launch — here, the op itself — with the GIL released. A convolution goes
+ * through the thread's plan cache, planning first if the cache lacks it: inside the C++ call,
+ * so without the GIL. */
+static void forward_replica(DataParallel *dp, Replica *r, GilThread *t, PlanCache *pc) {
     Model *m = r->model;
+    int64_t misses = pc->misses;
+    double own = pc->own_s, charged = pc->charged_s;
     if (r->index > 0) dp_event_wait(r->dev, dp->replicated);
     device_bind(r->dev);
+    m->acts[0].x = (float *)r->x; /* the input, as model_forward sets it */
     for (int l = 0; l < m->n_layers; l++) {
         dp_interpret(dp, t, dp->cfg.op_us, &r->fwd_py_s);
-        forward_layer(m, l, r->n, r->x);
+        Layer *L = &m->layers[l];
+        if (L->kind == LAYER_CONV) /* model_forward's conv line, through this thread's cache */
+            plan_cache_conv_forward(pc, r->dev, &L->conv, r->n, m->acts[L->in].x,
+                                    m->param_flat + m->params[L->p0].offset, m->acts[L->out].x);
+        else forward_layer(m, l, r->n, r->x);
     }
     dp_event_record(r->dev, r->fwd_done);
+    r->plan_misses = pc->misses - misses;
+    r->plan_own_s = pc->own_s - own;
+    r->plan_charged_s = pc->charged_s - charged;
+    r->plan_misses_total += r->plan_misses;
+}
+
+/* The calibrated cost of one plan, for this device's cudnn.benchmark setting. */
+static double plan_charge_us(const DataParallel *dp) {
+    return dp->devs[0]->benchmark ? dp->cfg.plan_bench_us : dp->cfg.plan_us;
 }
 
 /* parallel_apply's thread, new every step. Python's Thread.start() returns only once the new
@@ -50,7 +71,10 @@ static void *forward_thread(void *arg) {
         gil_release(&dp->gil, &r->gil);
         r->fwd_py_s += us * 1e-6;
     }
-    forward_replica(dp, r, &r->gil);
+    PlanCache cache; /* thread_local in PyTorch: born empty with the thread, gone with it */
+    plan_cache_init(&cache, plan_charge_us(dp));
+    forward_replica(dp, r, &r->gil, &cache);
+    plan_cache_destroy(&cache);
     r->fwd_wait_s = r->gil.waited_s - w0;
     return NULL;
 }
@@ -60,13 +84,16 @@ static void *pool_thread(void *arg) {
     Replica *r = arg;
     DataParallel *dp = r->dp;
     uint64_t seen = 0;
+    PlanCache cache; /* lives as long as the thread: warm after its first step */
+    plan_cache_init(&cache, plan_charge_us(dp));
     gil_thread_start(&dp->gil, &r->gil);
     while (crew_next(&dp->pool_crew, &seen, r->index)) {
         double w0 = r->gil.waited_s;
-        forward_replica(dp, r, &r->gil);
+        forward_replica(dp, r, &r->gil, &cache);
         r->fwd_wait_s = r->gil.waited_s - w0;
         crew_finish(&dp->pool_crew);
     }
+    plan_cache_destroy(&cache);
     return NULL;
 }
 
@@ -96,6 +123,7 @@ void dp_threads_start(DataParallel *dp) {
     xcond_init(&dp->start_cv);
     crew_init(&dp->bwd_crew);
     crew_init(&dp->pool_crew);
+    plan_cache_init(&dp->main_cache, plan_charge_us(dp));
     for (int i = 0; i < dp->n; i++) {
         xthread_create(&dp->rep[i].bwd_thread, backward_thread, &dp->rep[i]);
         if (dp->cfg.thread_pool) xthread_create(&dp->rep[i].pool_thread, pool_thread, &dp->rep[i]);
@@ -111,6 +139,7 @@ void dp_threads_stop(DataParallel *dp) {
     }
     crew_destroy(&dp->bwd_crew);
     crew_destroy(&dp->pool_crew);
+    plan_cache_destroy(&dp->main_cache);
     pthread_mutex_destroy(&dp->start_mu);
     pthread_cond_destroy(&dp->start_cv);
 }
@@ -118,7 +147,7 @@ void dp_threads_stop(DataParallel *dp) {
 void dp_forward_replicas(DataParallel *dp) {
     if (dp->k == 1) { /* one module: parallel_apply (or DataParallel itself) runs it in this thread */
         double w0 = dp->main.waited_s;
-        forward_replica(dp, &dp->rep[0], &dp->main);
+        forward_replica(dp, &dp->rep[0], &dp->main, &dp->main_cache);
         dp->rep[0].fwd_wait_s = dp->main.waited_s - w0;
     } else if (dp->cfg.thread_pool) {
         crew_run(&dp->pool_crew, dp->k); /* the GIL is not held while waiting */

@@ -55,6 +55,15 @@ void conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, flo
     DISPATCH(d, ref_conv_forward_f32(&c->s, n, x, w, y), cuda_conv_forward(d, c, n, x, w, y));
 }
 
+void conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const float *x, const float *w,
+                       float *y) {
+    if (d->kind == DEV_CPU && a->algo < 0) {
+        *a = (ConvFwdAlgo){0};
+        return;
+    }
+    DISPATCH(d, ref_conv_forward_f32(&c->s, n, x, w, y), cuda_conv_forward_plan(d, c, n, a, x, w, y));
+}
+
 void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
                         int accumulate) {
     DISPATCH(d, ref_conv_backward_data_f32(&c->s, n, dy, w, dx, accumulate),

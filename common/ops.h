@@ -44,6 +44,20 @@ void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float 
                         int accumulate);
 void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw);
 
+/* A forward algorithm held by the caller rather than by the Conv: a per-thread plan cache
+ * (common/plan_cache.h) keeps one per (conv, batch size). conv_forward_plan runs conv_forward with
+ * a->algo. When a->algo < 0 it instead chooses the algorithm, now, with calls made by this thread
+ * — cuDNN's heuristics, or with d->benchmark a real search on x, w and y (y is scribbled on; its
+ * workspace is accounted) — and returns without running it (call again to run): planning and
+ * running are timed apart. The CPU reference has one algorithm (0) and nothing to plan. */
+typedef struct ConvFwdAlgo {
+    int algo;        /* < 0: not chosen yet */
+    int math;        /* cudnnMathType_t the algorithm was chosen with */
+    size_t ws_bytes; /* its workspace */
+} ConvFwdAlgo;
+void conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const float *x, const float *w,
+                       float *y);
+
 /* ---- batch norm over (N, H, W) per channel, PyTorch's BatchNorm2d(eps=1e-5, momentum=0.1) -------- */
 /* Training: normalise with the batch's biased variance; update running_mean/var in place with the
  * *unbiased* variance: r = (1−momentum)·r + momentum·batch_stat. save_mean/save_invstd (c floats

@@ -330,6 +330,55 @@ void cuda_conv_forward(Device *d, Conv *c, int n, const float *x, const float *w
                                         workspace_for(d, ws), ws, &ZERO, e->y_desc, y));
 }
 
+/* conv_forward with a caller-held algorithm (ops.h: conv_forward_plan). Choosing it reuses the
+ * Conv's descriptors but not its algorithm: the heuristic query or, with d->benchmark, the
+ * cudnnFindConvolutionForwardAlgorithmEx search runs now, on this thread, on the call's own x, w
+ * and y (the forward overwrites y right after), as PyTorch benchmarks on the real tensors.
+ * The descriptor's math type is set to the algorithm's for the call and put back afterwards, so
+ * the Conv's own plan (used by backward and by conv_forward) is left as it was. */
+void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const float *x,
+                            const float *w, float *y) {
+    ConvPlanEntry *e = entry_for(d, c, n);
+    const ConvPlan *p = c->plan;
+    cudnnConvolutionDescriptor_t cd = e->conv_desc[PASS_FWD];
+    cudnnMathType_t own_math;
+    CHECK_CUDNN(cudnnGetConvolutionMathType(cd, &own_math));
+    if (a->algo < 0) {
+        ConvPlanEntry t = *e; /* the same descriptors; the choice lands in t, not in e */
+        Scratch sc = {.x = (void *)x, .y = y, .w = (void *)w}, *scp = NULL;
+        if (d->benchmark) { /* the most any forward algorithm asks for, as search_workspace_bytes */
+            CHECK_CUDNN(cudnnSetConvolutionMathType(cd, base_math(d)));
+            for (int algo = 0; algo < pass_algo_count[PASS_FWD]; algo++) {
+                size_t b = 0;
+                if (workspace_size(d, p, &t, PASS_FWD, algo, &b) != CUDNN_STATUS_SUCCESS) continue;
+                if (b <= CONV_WORKSPACE_CAP && b > sc.ws_bytes) sc.ws_bytes = b;
+            }
+            size_t free_b = 0, total_b = 0;
+            CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+            if (sc.ws_bytes > free_b / 2) sc.ws_bytes = free_b / 2;
+            if (sc.ws_bytes) sc.ws = device_alloc(d, sc.ws_bytes, "cudnn benchmark workspace");
+            scp = &sc;
+        }
+        choose_algo(d, c, p, &t, PASS_FWD, scp);
+        if (scp) {
+            CHECK_CUDA(cudaStreamSynchronize(d->stream));
+            device_free(d, sc.ws);
+        }
+        cudnnMathType_t m;
+        CHECK_CUDNN(cudnnGetConvolutionMathType(cd, &m));
+        *a = (ConvFwdAlgo){.algo = t.algo[PASS_FWD], .math = (int)m, .ws_bytes = t.ws_bytes[PASS_FWD]};
+        if (a->ws_bytes) device_workspace(d, a->ws_bytes); /* grows it if the search chose a bigger one */
+        CHECK_CUDNN(cudnnSetConvolutionMathType(cd, own_math));
+        return;
+    }
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cd, (cudnnMathType_t)a->math));
+    CHECK_CUDNN(cudnnConvolutionForward(d->cudnn, &ONE, e->x_desc, x, p->w_desc, w, cd,
+                                        (cudnnConvolutionFwdAlgo_t)a->algo,
+                                        workspace_for(d, a->ws_bytes), a->ws_bytes, &ZERO,
+                                        e->y_desc, y));
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cd, own_math));
+}
+
 void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
                              int accumulate) {
     ConvPlanEntry *e = entry_for(d, c, n);

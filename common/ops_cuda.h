@@ -13,6 +13,8 @@
 void cuda_conv_prepare(Device *d, Conv *c, int n);
 void cuda_conv_release(Device *d, Conv *c);
 void cuda_conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y);
+void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const float *x,
+                            const float *w, float *y);
 void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
                              int accumulate);
 void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,

@@ -2,8 +2,10 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "adam.h"
 #include "ops.h"
 
 void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double momentum,
@@ -19,9 +21,18 @@ void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double mome
 void optim_destroy(Optimizer *o) {
     if (o->momentum_buf) device_free(o->dev, o->momentum_buf);
     o->momentum_buf = NULL;
+    if (o->adam) device_free(o->dev, o->adam->exp_avg), device_free(o->dev, o->adam->exp_avg_sq);
+    free(o->adam);
+    o->adam = NULL;
 }
 
 void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) {
+    if (o->adam) {
+        Adam *a = o->adam;
+        adam_step(o->dev, o->count, params, grads, a->exp_avg, a->exp_avg_sq, lr_now, a->beta1,
+                  a->beta2, a->eps, o->weight_decay, ++o->steps);
+        return;
+    }
     sgd_step(o->dev, o->count, params, grads, o->momentum_buf, (float)lr_now, (float)o->momentum,
              (float)o->weight_decay, o->steps == 0);
     o->steps++;
@@ -31,4 +42,20 @@ double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_
     if (!strcmp(schedule, "cosine") && total_steps > 0)
         return lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps));
     return lr;
+}
+
+void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count, double lr,
+                      double momentum, double weight_decay) {
+    if (strcmp(name, "adam")) {
+        optim_init(o, dev, count, lr, momentum, weight_decay);
+        return;
+    }
+    optim_init(o, dev, count, lr, 0.0, weight_decay);
+    Adam *a = o->adam = xcalloc(1, sizeof *a);
+    *a = (Adam){.beta1 = ADAM_BETA1, .beta2 = ADAM_BETA2, .eps = ADAM_EPS};
+    size_t bytes = (size_t)count * sizeof(float);
+    a->exp_avg = device_alloc(dev, bytes, "optimizer exp_avg (adam)");
+    a->exp_avg_sq = device_alloc(dev, bytes, "optimizer exp_avg_sq (adam)");
+    device_memset0(dev, a->exp_avg, bytes);
+    device_memset0(dev, a->exp_avg_sq, bytes);
 }

@@ -17,6 +17,7 @@ typedef struct Optimizer {
     double lr, momentum, weight_decay;
     float *momentum_buf; /* device, count floats (NULL when momentum == 0) */
     int64_t steps;       /* optimizer steps taken */
+    struct Adam *adam;   /* --optimizer adam: its state (adam.h); NULL for SGD */
 } Optimizer;
 
 void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double momentum,
@@ -27,6 +28,11 @@ void optim_step(Optimizer *o, float *params, const float *grads, double lr_now);
 
 /* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
  * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). */
+/* --optimizer sgd|adam: optim_init for "sgd"; for "adam", torch.optim.Adam(lr, weight_decay) with
+ * its default betas and eps (adam.h; momentum is not used). optim_step and optim_destroy serve both. */
+void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count, double lr,
+                      double momentum, double weight_decay);
+
 double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps);
 
 #endif

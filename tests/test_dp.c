@@ -11,8 +11,10 @@
 #include "data.h"
 #include "dp.h"
 #include "model.h"
+#include "clock.h"
 #include "ops.h"
 #include "optim.h"
+#include "plan_cache.h"
 #include "tests.h"
 
 /* ---- the chunk rule ------------------------------------------------------------------------- */
@@ -292,6 +294,97 @@ START_TEST(dp_counts_modules_and_tensors_as_pytorch) {
 }
 END_TEST
 
+/* ---- the per-thread plan cache ------------------------------------------------------------- */
+
+/* A cache plans a (conv, batch size) once: the first call misses and takes at least the charge,
+ * the next hits; another batch size is another plan. What it computes is conv_forward's. */
+START_TEST(plan_cache_plans_each_conv_once) {
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    Conv c = {0};
+    conv_shape(&c.s, 3, 4, 3, 1, 1, 8, 8);
+    float x[2 * 3 * 64], w[4 * 3 * 9], y[2 * 4 * 64], ref[2 * 4 * 64];
+    test_fill_uniform(x, 2 * 3 * 64, 1, -1, 1);
+    test_fill_uniform(w, 4 * 3 * 9, 2, -1, 1);
+    conv_forward(&d, &c, 2, x, w, ref);
+    PlanCache pc;
+    plan_cache_init(&pc, 2000); /* 2 ms per plan */
+    double t0 = time_now();
+    plan_cache_conv_forward(&pc, &d, &c, 2, x, w, y);
+    double miss_s = time_now() - t0;
+    ck_assert(!memcmp(y, ref, sizeof y));
+    ck_assert(pc.misses == 1 && pc.hits == 0);
+    ck_assert_msg(miss_s >= 2e-3 && pc.own_s + pc.charged_s >= 2e-3 * 0.999, "a miss took %.3f ms", 1e3 * miss_s);
+    plan_cache_conv_forward(&pc, &d, &c, 2, x, w, y);
+    ck_assert(pc.misses == 1 && pc.hits == 1);
+    plan_cache_conv_forward(&pc, &d, &c, 1, x, w, y); /* batch 1: not planned yet */
+    ck_assert(pc.misses == 2 && pc.hits == 1);
+    ck_assert(!memcmp(y, ref, 4 * 64 * sizeof(float))); /* sample 0 is the same either way */
+    plan_cache_destroy(&pc);
+    device_destroy(&d);
+}
+END_TEST
+
+/* `steps` DataParallel steps of tiny on n CPU devices; misses[s][i]: replica i's plan-cache misses
+ * in step s. The model has 7 convolutions. */
+static void dp_plan_misses(int n, int batch, int thread_pool, int steps, int64_t misses[][DP_MAX_DEVICES]) {
+    Device opts = opts_for(DEV_CPU);
+    Device **devs = dp_devices_create(n, DEV_CPU, &opts);
+    int chunk = (batch + n - 1) / n;
+    Model *models[DP_MAX_DEVICES];
+    for (int i = 0; i < n; i++) models[i] = model_create(devs[i], "tiny", 1, chunk, 7);
+    DpConfig cfg = dp_config_defaults();
+    cfg.thread_pool = thread_pool;
+    cfg.plan_us = 100; /* the mechanism, not the cost: keep the test quick */
+    DataParallel dp;
+    dp_init(&dp, devs, n, models, batch, steps, &cfg);
+    dp_prepare(&dp, batch);
+    float *x = malloc((size_t)batch * IMG_PIXELS * sizeof(float));
+    int32_t *y = malloc((size_t)batch * sizeof(int32_t)), correct;
+    float loss;
+    make_batch(batch, x, y);
+    for (int s = 0; s < steps; s++) {
+        model_zero_grad(models[0]);
+        dp_scatter(&dp, x, batch);
+        dp_replicate(&dp);
+        dp_parallel_apply(&dp);
+        dp_gather(&dp);
+        xent_forward_backward(devs[0], batch, 10, dp.logits, y, 1.0f / batch, &loss, &correct, dp.dlogits);
+        dp_backward(&dp);
+        dp_reduce_add(&dp);
+        dp_step_end(&dp);
+        for (int i = 0; i < n; i++) misses[s][i] = i < dp.k ? dp.rep[i].plan_misses : -1;
+    }
+    dp_epoch_end(&dp);
+    dp_destroy(&dp);
+    for (int i = 0; i < n; i++) model_destroy(models[i]);
+    dp_devices_destroy(devs, n);
+    free(x), free(y);
+}
+
+/* PyTorch's behaviour: parallel_apply's threads are new every step, so every step each replica
+ * plans each of its forward convolutions again. With persistent threads (--dp-thread-pool), or in
+ * the main thread when there is one replica, only the first step plans. */
+START_TEST(dp_new_threads_replan_every_step_the_pool_does_not) {
+    enum { STEPS = 3, CONVS = 7 };
+    int64_t m[STEPS][DP_MAX_DEVICES];
+    dp_plan_misses(2, 8, 0, STEPS, m);
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < 2; i++) ck_assert_msg(m[s][i] == CONVS, "new threads, step %d, replica %d: %lld misses", s, i, (long long)m[s][i]);
+    dp_plan_misses(3, 7, 0, STEPS, m); /* chunks 3, 3, 1 */
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < 3; i++) ck_assert_int_eq(m[s][i], CONVS);
+    dp_plan_misses(2, 8, 1, STEPS, m);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(m[0][i], CONVS);
+        for (int s = 1; s < STEPS; s++) ck_assert_msg(m[s][i] == 0, "pool, step %d, replica %d: %lld misses", s, i, (long long)m[s][i]);
+    }
+    dp_plan_misses(1, 8, 0, STEPS, m); /* one device: the main thread's cache */
+    ck_assert_int_eq(m[0][0], CONVS);
+    for (int s = 1; s < STEPS; s++) ck_assert_int_eq(m[s][0], 0);
+}
+END_TEST
+
 /* ---- ./stage2 end to end -------------------------------------------------------------------- */
 
 #define SMALL2 "--model tiny --train-size 512 --test-size 256 --batch-size 16 --progress off"
@@ -349,6 +442,9 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
     ck_assert_msg(last < 0.8 * first, "loss did not fall: first %.4f last %.4f", first, last);
     ck_assert(json_field(rep, "summary", "world_size") == 2);
     ck_assert(strstr(rep, "\"type\":\"gil_thread\""));
+    /* new threads every step: each plans tiny's 7 forward convolutions, every step */
+    ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 7, "%s", out);
+    ck_assert(json_field(rep, "phases", "plan_ms_per_thread") >= 7 * 1.415 * 0.999);
     free(rep);
     check_report(path);
     free(out), free(dir);
@@ -364,11 +460,39 @@ START_TEST(stage2_cpu_variants_run) {
     ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
     ck_assert_msg(strstr(out, "persistent threads") && strstr(out, "--p2p off"), "%s", out);
     check_report(path);
+    char *rep = test_slurp(path, NULL);
+    ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 0, "the pool's caches stay warm:\n%s", out);
+    free(rep);
     free(out);
     snprintf(args, sizeof args, "--device cpu --gpus 2 " SMALL2 " --steps 8 --no-python --report %s", path);
     rc = run_stage2(args, &out);
     ck_assert_msg(rc == 0 && strstr(out, "GIL: never taken"), "stage2 --no-python (%d):\n%s", rc, out);
     free(out), free(dir);
+}
+END_TEST
+
+/* --optimizer adam: its two state buffers live on device 0 only. Against SGD (one momentum
+ * buffer) device 0 holds one more model-sized buffer, and device 1 holds exactly as much as before. */
+START_TEST(stage2_adam_state_is_on_device0_only) {
+    char *dir = test_tmpdir(), args[1024], path[2][512], *out;
+    const char *opt[2] = {"--optimizer sgd", "--optimizer adam --lr 1e-3"};
+    double p0[2], p1[2];
+    for (int v = 0; v < 2; v++) {
+        snprintf(path[v], sizeof path[v], "%s/r%d.jsonl", dir, v);
+        snprintf(args, sizeof args, "--device cpu --gpus 2 " SMALL2 " --steps 3 %s --report %s", opt[v], path[v]);
+        int rc = run_stage2(args, &out);
+        ck_assert_msg(rc == 0, "stage2 %s failed (%d):\n%s", opt[v], rc, out);
+        free(out);
+        char *rep = test_slurp(path[v], NULL);
+        const char *s = strstr(strstr(rep, "\"type\":\"summary\""), "\"peak_mem_bytes\":[");
+        ck_assert(s);
+        p0[v] = atof(s + strlen("\"peak_mem_bytes\":[")), p1[v] = atof(strchr(s, ',') + 1);
+        free(rep);
+    }
+    double model_bytes = 512 * ceil(73370 * 4 / 512.0); /* tiny's 73,370 parameters, in 512-byte blocks */
+    ck_assert_msg(p0[1] - p0[0] == model_bytes, "device 0: adam %.0f vs sgd %.0f bytes", p0[1], p0[0]);
+    ck_assert_msg(p1[1] == p1[0], "device 1: adam %.0f vs sgd %.0f bytes", p1[1], p1[0]);
+    free(dir);
 }
 END_TEST
 
@@ -382,6 +506,12 @@ START_TEST(stage2_bad_flags_are_refused_clearly) {
         {"--device cpu --gil-host-us -2", "--gil-host-us"},
         {"--device cpu --p2p maybe", "--p2p"},
         {"--device cpu --dp-thread-pool=1", "--dp-thread-pool"},
+        {"--device cpu --dp-plan-us -1", "--dp-plan-us"},
+        {"--device cpu --dp-plan-bench-us x", "--dp-plan-bench-us"},
+        {"--device cpu --optimizer rmsprop", "--optimizer"},
+        {"--device cpu --optimizer", "--optimizer"},
+        {"--device cpu --optimizer adam --save /tmp", "--optimizer adam"},
+        {"--device cpu --optimizer adam --resume /etc/hostname", "--optimizer adam"},
         {"--device cpu --train-size 64 --gil-host-us 5 --gil-host-call-us 0 --gil-host-module-us 0 "
          "--gil-host-param-us 0 --gil-host-thread-us 0", "--gil-host-us"},
     };
@@ -401,13 +531,19 @@ START_TEST(stage2_cuda_runs_and_phases_add_up) {
     if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
     char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
-    const char *variants[2] = {"", "--p2p off --dp-thread-pool"};
-    for (int v = 0; v < 2; v++) {
+    /* the default plans through cuDNN's heuristics in every new thread; --cudnn-benchmark runs a
+     * real cudnnFind search there (uncharged here, to keep the test short) */
+    const char *variants[3] = {"", "--p2p off --dp-thread-pool", "--cudnn-benchmark --dp-plan-bench-us 0"};
+    const double misses[3] = {7, 0, 7};
+    for (int v = 0; v < 3; v++) {
         snprintf(args, sizeof args, "--device cuda --gpus 2 --model tiny --train-size 4096 --test-size 512 "
                  "--batch-size 64 --steps 40 --progress off %s --report %s", variants[v], path);
         int rc = run_stage2(args, &out);
         ck_assert_msg(rc == 0, "stage2 %s failed (%d):\n%s", variants[v], rc, out);
         check_report(path);
+        char *rep = test_slurp(path, NULL);
+        ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == misses[v], "%s:\n%s", variants[v], out);
+        free(rep);
         free(out);
     }
     free(dir);
@@ -426,12 +562,15 @@ Suite *suite_dp(void) {
     tcase_add_test(tc, dp_variants_are_bit_identical);
     tcase_add_test(tc, dp_bn_running_stats_are_replica0s);
     tcase_add_test(tc, dp_device0_peak_memory_is_highest);
+    tcase_add_test(tc, plan_cache_plans_each_conv_once);
+    tcase_add_test(tc, dp_new_threads_replan_every_step_the_pool_does_not);
     suite_add_tcase(s, tc);
     TCase *e2e = tcase_create("stage2");
     tcase_set_timeout(e2e, 300);
     tcase_add_test(e2e, stage2_cpu_learns_and_phases_add_up);
     tcase_add_test(e2e, stage2_cpu_variants_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
+    tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
     suite_add_tcase(s, e2e);
     return s;

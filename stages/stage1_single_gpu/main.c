@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
     data_open(&cfg, &train_set, &test_set);
     Model *model = model_create(&dev, cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed);
     Optimizer opt;
-    optim_init(&opt, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
+    optim_init_named(&opt, cfg.optimizer, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
     LoaderConfig train_cfg = loader_config(&cfg, cfg.batch_size, 1);
     LoaderConfig test_cfg = loader_config(&cfg, cfg.batch_size, 0);

@@ -5,9 +5,11 @@
  * What you will learn:
  *   - what nn.DataParallel does inside one step: scatter the batch, replicate the model, run the
  *     replicas in threads, gather the outputs, and reduce the gradients onto GPU0;
- *   - why it is often slower than one GPU: every step re-copies the model, and every replica's
- *     Python serialises on one interpreter lock (the GIL);
- *   - why GPU0 needs more memory than the others (the whole batch, the logits, the master).
+ *   - why it is often slower than one GPU: every step starts new replica threads whose per-thread
+ *     convolution plan caches are empty, so each re-plans every forward convolution; every step
+ *     re-copies the model; and every replica's Python serialises on one interpreter lock (the GIL);
+ *   - why GPU0 needs more memory than the others (the whole batch, the logits, the master and its
+ *     optimizer state: one buffer for SGD's momentum, two for --optimizer adam).
  * This stage branches from stage 1 (diff the two files); stage 3 (DDP) also branches from stage 1:
  * it replaces DataParallel rather than extending it.
  *
@@ -15,7 +17,8 @@
  *     model = nn.DataParallel(model)       # and then, unchanged:
  *     optimizer.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); optimizer.step()
  * Inside model(x) and loss.backward() DataParallel scatters the batch from GPU0, replicates the model
- * onto every GPU, runs each replica's forward in a new thread (each op's Python holding the GIL),
+ * onto every GPU, runs each replica's forward in a new thread (each op's Python holding the GIL,
+ * each convolution planned again by that thread),
  * gathers the logits on GPU0, and after backward sums every replica's gradients into GPU0's. Those
  * steps are spelled out below, one call each (common/dp.h), and timed by phase. The lesson — why
  * this is slower than one GPU, and why GPU0 needs more memory — is in README.md beside this file. */
@@ -61,7 +64,7 @@ int main(int argc, char **argv) {
         models[i] = model_create(devs[i], cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed);
     Model *model = models[0];
     Optimizer opt;
-    optim_init(&opt, dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
+    optim_init_named(&opt, cfg.optimizer, dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
     LoaderConfig train_cfg = loader_config(&cfg, global, 1);
     LoaderConfig test_cfg = loader_config(&cfg, cfg.batch_size, 0);

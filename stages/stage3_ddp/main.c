@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     data_open(&cfg, &train_set, &test_set);
     Model *model = model_create(&dev, cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed);
     Optimizer opt;
-    optim_init(&opt, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
+    optim_init_named(&opt, cfg.optimizer, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
     /* Each rank reads only its DistributedSampler shard: indices rank, rank + R, rank + 2R, … */
     int64_t shard = sampler_num_samples(train_set.n, w.world_size, f.drop_last);

@@ -14,7 +14,14 @@ DataParallel runs Python (stages/stage2_data_parallel/README.md). The charges ar
   --gil-host-call-us    the fixed cost of one call of scatter / replicate / parallel_apply / gather /
                         reduce_add_coalesced (their mean);
   --gil-host-thread-us  parallel_apply(): per thread (Thread start-up and _worker's contexts);
-  --gil-switch-ms       sys.getswitchinterval().
+  --gil-switch-ms       sys.getswitchinterval();
+  --dp-plan-us          planning one forward convolution in a thread whose (thread_local) cuDNN
+                        plan cache is empty, cudnn.benchmark off: a brand-new thread's first forward
+                        minus a warm thread's forward, divided by the model's convolutions, at the
+                        per-GPU batch (--batch). ./stage2 spends its own real cuDNN planning calls
+                        first and charges only the rest up to this (common/plan_cache.c), so our
+                        calls' cost is subtracted at run time;
+  --dp-plan-bench-us    the same with cudnn.benchmark on (the new thread re-runs the search).
 Every number is the median host wall time (time.perf_counter) of calls that only enqueue GPU work,
 with all GPUs idle before each call, cudnn.benchmark off, autograd on (DataParallel trains).
 Per-module and per-tensor costs are slopes between two sizes, so fixed costs cancel. The last line
@@ -37,7 +44,8 @@ from torch.nn.parallel.scatter_gather import gather, scatter_kwargs
 from models import BasicBlock, ResNet
 
 # ./stage2's defaults (common/dp.c, calibrated on 2x H200), used for any piece not measurable here
-DEFAULTS = {"op": 24.24, "call": 40.6, "module": 14.04, "param": 11.92, "thread": 127.0}
+DEFAULTS = {"op": 24.24, "call": 40.6, "module": 14.04, "param": 11.92, "thread": 127.0,
+            "plan": 1415.0, "plan_bench": 21090.0}
 
 
 def sync_all():
@@ -116,6 +124,73 @@ def per_op(arch, devs, repeat):
     return ops, one / ops, two / ops, serialized
 
 
+def plan_cost(arch, batch, benchmark, threads):
+    """Per convolution: a brand-new thread's first forward minus a warm forward (wall clock, every
+    GPU synchronised), median over `threads` new threads. Also the same difference for a model with
+    no convolution at all (batch norm, ReLU, linear): the per-thread cost that is not planning."""
+    torch.backends.cudnn.benchmark = benchmark
+    try:
+        out = {}
+        conv_free = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+        for name, model in (("resnet", ResNet(arch)), ("conv_free", conv_free)):
+            model = model.cuda(0).train()
+            x = torch.randn(batch, 3, 32, 32, device="cuda:0")
+
+            def wall():
+                sync_all()
+                t0 = time.perf_counter()
+                model(x)
+                sync_all()
+                return time.perf_counter() - t0
+            for _ in range(3):
+                wall()
+            warm = statistics.median(wall() for _ in range(20))
+            firsts = []
+            for _ in range(threads):
+                th = threading.Thread(target=lambda: firsts.append(wall()))
+                th.start()
+                th.join()
+            out[name] = (1e6 * warm, 1e6 * statistics.median(firsts))
+        convs = sum(isinstance(m, nn.Conv2d) for m in ResNet(arch).modules())
+        (w, f), (cw, cf) = out["resnet"], out["conv_free"]
+        return convs, w, f, max(f - w, 0.0) / convs, max(cf - cw, 0.0)
+    finally:
+        torch.backends.cudnn.benchmark = False
+
+
+def gil_free_while_planning(arch, batch):
+    """Does planning hold the GIL? A Python spinner thread counts while a brand-new thread runs its
+    first forward (planning every convolution); its rate against its rate while the main thread
+    sleeps: near 0 if the planning thread held the GIL, near 1 (or what the cores allow) if not."""
+    model = ResNet(arch).cuda(0).train()
+    x = torch.randn(batch, 3, 32, 32, device="cuda:0")
+    model(x)
+    sync_all()
+    count, stop = [0], [False]
+
+    def spin():
+        while not stop[0]:
+            count[0] += 1
+    sp = threading.Thread(target=spin, daemon=True)
+    sp.start()
+    time.sleep(0.05)
+    c0, t0 = count[0], time.perf_counter()
+    time.sleep(0.2)
+    free = (count[0] - c0) / (time.perf_counter() - t0)
+
+    def first():
+        model(x)
+        sync_all()
+    th = threading.Thread(target=first)
+    c0, t0 = count[0], time.perf_counter()
+    th.start()
+    th.join()
+    during = (count[0] - c0) / (time.perf_counter() - t0)
+    stop[0] = True
+    sp.join()
+    return during / free
+
+
 class Holder(nn.Module):
     """One module holding n one-element parameters: replicate's per-tensor work, little else."""
 
@@ -129,6 +204,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="resnet18", choices=["resnet18", "tiny"])
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=128, help="per-GPU batch for the planning cost")
+    ap.add_argument("--plan-threads", type=int, default=5, help="new threads timed per plan cost")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("calibrate_dp.py needs a CUDA GPU (it times nn.DataParallel's pieces on it)")
@@ -228,10 +305,27 @@ def main():
             print(f"DataParallel.forward on 2 GPUs: {r:.0f} µs host time measured; the charges above "
                   f"add up to {modelled:.0f} µs of Python for it (the rest is C++ and launches)")
 
+    for key, bench in (("plan", False), ("plan_bench", True)):
+        r = measure(f"planning cost, cudnn.benchmark {'on' if bench else 'off'}",
+                    lambda: plan_cost(args.model, args.batch, bench, max(args.plan_threads // (2 if bench else 1), 2)))
+        if r:
+            convs, w, f, per, other = r
+            got[key] = per
+            print(f"plan cache, cudnn.benchmark {'on ' if bench else 'off'}: forward {w / 1e3:.2f} ms warm, "
+                  f"{f / 1e3:.2f} ms as a new thread's first -> {per:.1f} µs per convolution ({convs} convs, "
+                  f"batch {args.batch}); a conv-free model's first forward in a new thread costs "
+                  f"{other:.1f} µs more than warm (not charged)")
+
+    r = measure("GIL during planning", lambda: gil_free_while_planning(args.model, args.batch))
+    if r is not None:
+        print(f"GIL while a new thread plans its first forward: a Python spinner thread ran at {100 * r:.0f}% of "
+              f"its free rate ({'so planning does not hold the GIL' if r > 0.2 else 'planning HOLDS the GIL'})")
+
     switch_ms = 1e3 * sys.getswitchinterval()
     print(f"flags: --gil-switch-ms {switch_ms:g} --gil-op-us {got['op']:.2f} "
           f"--gil-host-call-us {got['call']:.1f} --gil-host-module-us {got['module']:.2f} "
-          f"--gil-host-param-us {got['param']:.2f} --gil-host-thread-us {got['thread']:.1f}")
+          f"--gil-host-param-us {got['param']:.2f} --gil-host-thread-us {got['thread']:.1f} "
+          f"--dp-plan-us {got['plan']:.1f} --dp-plan-bench-us {got['plan_bench']:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """dp_thread_cost.py — how much of nn.DataParallel's slowness is new threads meeting per-thread caches.
 
-    python3 tests/torch/dp_thread_cost.py [--model resnet18] [--batch 128] [--steps 30]
+    python3 tests/torch/dp_thread_cost.py [--model resnet18] [--batch 128] [--steps 30] [--new-threads 10]
 
 nn.DataParallel's parallel_apply starts a brand-new Python thread per replica at every forward.
 PyTorch keeps several caches per thread (cuDNN execution plans among them), so a forward in a new
@@ -103,7 +103,7 @@ def train_step_ms(model, opt, x, y, steps, warmup=5):
     return statistics.median(wall(step) for _ in range(steps))
 
 
-def measure(arch, batch, steps, benchmark):
+def measure(arch, batch, steps, benchmark, new_threads):
     torch.backends.cudnn.benchmark = benchmark
     torch.manual_seed(0)
     res = {"type": "dp_thread_cost", "model": arch, "batch_size": batch, "cudnn_benchmark": benchmark,
@@ -116,7 +116,7 @@ def measure(arch, batch, steps, benchmark):
         wall(fwd)
     res["warm_ms"] = statistics.median(wall(fwd) for _ in range(steps))
     firsts, seconds = [], []
-    for _ in range(min(steps, 10)):
+    for _ in range(new_threads):
         a, b = in_new_thread(fwd, 2)
         firsts.append(a)
         seconds.append(b)
@@ -148,10 +148,11 @@ def main():
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--new-threads", type=int, default=10, help="brand-new threads timed per setting")
     args = ap.parse_args()
     assert pa_mod.parallel_apply is dp_mod.parallel_apply  # what we patch is what DataParallel calls
     for benchmark in (False, True):
-        print(json.dumps(measure(args.model, args.batch, args.steps, benchmark)), flush=True)
+        print(json.dumps(measure(args.model, args.batch, args.steps, benchmark, args.new_threads)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+/* adam.cu — torch.optim.Adam's per-element update on the GPU (see adam.h and adam.c's reference).
+ * The __f*_rn / __d*_rn intrinsics keep nvcc from fusing what PyTorch rounds separately; the fmaf
+ * calls are the fused multiply-adds PyTorch's kernels do use: the same bits as the CPU reference. */
+#include <stdint.h>
+
+#include "adam.h"
+
+static __global__ void adam_kernel(int64_t count, float *p, const float *g, float *m, float *v, float wd,
+                                   float w1, float beta2, float w2, double inv_bias2_sqrt, float eps,
+                                   float neg_step) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float pi = p[i], gi = g[i];
+        if (wd != 0.f) gi = fmaf(pi, wd, gi);
+        float mi = fmaf(w1, __fsub_rn(gi, m[i]), m[i]);
+        float vi = fmaf(__fmul_rn(w2, gi), gi, __fmul_rn(v[i], beta2));
+        float denom = __fadd_rn(__double2float_rn(__dmul_rn((double)__fsqrt_rn(vi), inv_bias2_sqrt)), eps);
+        m[i] = mi, v[i] = vi;
+        p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(neg_step, mi), denom));
+    }
+}
+
+extern "C" void launch_adam_step(cudaStream_t s, int64_t count, float *params, const float *grads,
+                                 float *m, float *v, float wd, float one_minus_beta1, float beta2,
+                                 float one_minus_beta2, double inv_bias2_sqrt, float eps,
+                                 float neg_step_size) {
+    if (count <= 0) return;
+    int64_t blocks = (count + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    adam_kernel<<<(unsigned)blocks, 256, 0, s>>>(count, params, grads, m, v, wd, one_minus_beta1, beta2,
+                                                 one_minus_beta2, inv_bias2_sqrt, eps, neg_step_size);
+}
