@@ -164,15 +164,21 @@ void scaler_grad_counts(GradScaler *s, int64_t step, int64_t *zero, int64_t *non
     *nonfinite = v[1];
 }
 
-void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r) {
+void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
+                   void (*sum_across)(void *ctx, double *v, int n), void *sum_ctx) {
     float scale = scaler_get_scale(s);
     int64_t skipped = scaler_skipped(s);
+    /* Did every rank decide alike? Sum (1, scale, skipped) over the ranks and compare. */
+    double v[3] = {1.0, scale, (double)skipped};
+    if (sum_across) sum_across(sum_ctx, v, 3);
+    int ranks = (int)v[0], agree = v[1] == ranks * (double)scale && v[2] == ranks * (double)skipped;
     if (p == PREC_FP32)
         report_printf(r, "amp: off (fp32)\n");
     else if (s->enabled)
         report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer steps skipped "
-                      "(inf/NaN gradients)\n", precision_name(p), (double)scale, (long long)skipped,
-                      (long long)s->steps);
+                      "(inf/NaN gradients)%s\n", precision_name(p), (double)scale, (long long)skipped,
+                      (long long)s->steps,
+                      ranks > 1 ? (agree ? ", the same on every rank" : ", RANKS DISAGREE") : "");
     else
         report_printf(r, "amp: %s autocast, no GradScaler%s\n", precision_name(p),
                       p == PREC_FP16 ? " (--no-grad-scaler)" : " (bf16 has fp32's range)");
@@ -204,6 +210,8 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r) {
     json_num(r, "scale", scale);
     json_int(r, "skipped_steps", skipped);
     json_int(r, "optimizer_steps", s->steps);
+    json_int(r, "ranks", ranks);
+    json_int(r, "ranks_agree", agree);
     if (n) {
         json_int_list(r, "grad_zero_per_step", zero, (int)n);
         json_int_list(r, "grad_nonfinite_per_step", bad, (int)n);

@@ -21,6 +21,8 @@ Suite *suite_gil(void);         /* stage 2: the GIL model */
 Suite *suite_dp(void);          /* stage 2: scatter / replicate / gather / reduce, DP ≡ one device */
 Suite *suite_dist(void);        /* stage 3: launcher, rendezvous store, communicators */
 Suite *suite_ddp(void);         /* stage 3: buckets, DDP ≡ one device, faults */
+/* Stage 5. */
+Suite *suite_amp(void);         /* mixed precision: conversions, autocast ops, GradScaler, ./stage5 */
 
 /* Uniform random floats in [lo, hi) from a fixed seed (test inputs). */
 void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi);

@@ -222,7 +222,7 @@ int main(int argc, char **argv) {
         ddp_epoch_end(&ddp);
     }
     ddp_finish(&ddp);
-    scaler_report(&scaler, &amp, prec, &run.report); /* scale, skipped steps, dtype configuration */
+    scaler_report(&scaler, &amp, prec, &run.report, run.sum_across, run.sum_ctx); /* scale, skipped steps */
     run_finish(&run);
 
     scaler_destroy(&scaler);
