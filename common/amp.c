@@ -63,17 +63,22 @@ Precision amp_precision(const AmpConfig *a, const Device *d) {
     if (strcmp(a->grad_comm, "fp32"))
         die_user("--grad-comm %s: the 16-bit all-reduce is not wired into DDP in this build yet; "
                  "use --grad-comm fp32", a->grad_comm);
+    int major;
+    if (p == PREC_BF16 && !amp_bf16_supported(d, &major))
+        die_user("--amp bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "
+                 "use --amp fp16", d->name, major);
+    return p;
+}
+
+int amp_bf16_supported(const Device *d, int *major) {
+    *major = 0;
 #ifdef USE_CUDA
-    if (p == PREC_BF16 && d->kind == DEV_CUDA) {
-        int major = 0, minor = 0;
-        CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d->ordinal));
-        CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d->ordinal));
-        if (major < 8)
-            die_user("--amp bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is "
-                     "%d.%d: use --amp fp16", d->name, major, minor);
+    if (d->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, d->ordinal));
+        return *major >= 8;
     }
 #endif
-    return p;
+    return 1;
 }
 
 /* ---- the scaler ------------------------------------------------------------------------------ */

@@ -52,6 +52,9 @@ Option *amp_options(AmpConfig *a, const Option *more);
 /* Cross-flag rules (dies with a user error naming the fix) and the autocast type for a run on d:
  * bf16 needs a GPU of compute capability 8.0 or newer. */
 Precision amp_precision(const AmpConfig *a, const Device *d);
+/* 1 when d can run bf16: the CPU backend, or a GPU of compute capability 8.0+ (cuDNN's and
+ * cuBLAS's bf16 kernels need Ampere); *major gets the compute capability's major (0 on the CPU). */
+int amp_bf16_supported(const Device *d, int *major);
 /* --show-scaler: drive a GradScaler with the pattern's finite / inf steps, print the scale after
  * each update() on one line; returns the exit status. No device needed. */
 int amp_show_scaler(const AmpConfig *a);
