@@ -68,7 +68,7 @@ CHECK_A   := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcheck.a /usr/li
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(CHECK_A) $(SUBUNIT_A) -lrt
 
-.PHONY: all help test check-dep found clean bench bench2 bench3 $(STAGES)
+.PHONY: all help test check-dep found clean bench bench2 bench3 bench5 $(STAGES)
 all: found $(STAGES)
 
 found:
@@ -81,6 +81,7 @@ help:
 	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
+	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -134,6 +135,9 @@ bench2: stage1 stage2
 
 bench3: stage1 stage3
 	bash tests/bench_stage3.sh
+
+bench5: stage5
+	bash tests/bench_stage5.sh
 
 clean:
 	rm -rf build tests/run_tests $(STAGES)
