@@ -53,7 +53,7 @@ Option *amp_options(AmpConfig *a, const Option *more) {
     return t; /* zeroed last row terminates */
 }
 
-Precision amp_precision(const AmpConfig *a, const Device *d) {
+void amp_check(const AmpConfig *a) {
     Precision p = precision_parse(a->amp);
     if (a->no_grad_scaler && p != PREC_FP16)
         die_user("--no-grad-scaler only applies to --amp fp16 (bf16 and off never use a scaler)");
@@ -63,6 +63,11 @@ Precision amp_precision(const AmpConfig *a, const Device *d) {
     if (strcmp(a->grad_comm, "fp32"))
         die_user("--grad-comm %s: the 16-bit all-reduce is not wired into DDP in this build yet; "
                  "use --grad-comm fp32", a->grad_comm);
+}
+
+Precision amp_precision(const AmpConfig *a, const Device *d) {
+    amp_check(a);
+    Precision p = precision_parse(a->amp);
     int major;
     if (p == PREC_BF16 && !amp_bf16_supported(d, &major))
         die_user("--amp bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "

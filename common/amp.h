@@ -49,8 +49,11 @@ void amp_defaults(AmpConfig *a, const char *default_amp);
 /* The AMP option rows followed by `more` (may be NULL): pass the result as config_options' extra
  * rows. Returns a malloc'd, terminated table. */
 Option *amp_options(AmpConfig *a, const Option *more);
-/* Cross-flag rules (dies with a user error naming the fix) and the autocast type for a run on d:
- * bf16 needs a GPU of compute capability 8.0 or newer. */
+/* Cross-flag rules: dies with one user error naming the fix. Call it right after parsing, so a bad
+ * combination fails once, before any worker starts. */
+void amp_check(const AmpConfig *a);
+/* The autocast type for a run on d (checks again, and that bf16 has a GPU of compute capability
+ * 8.0 or newer). */
 Precision amp_precision(const AmpConfig *a, const Device *d);
 /* 1 when d can run bf16: the CPU backend, or a GPU of compute capability 8.0+ (cuDNN's and
  * cuBLAS's bf16 kernels need Ampere); *major gets the compute capability's major (0 on the CPU). */

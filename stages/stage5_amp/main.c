@@ -108,6 +108,7 @@ static void parse_flags(int argc, char **argv, TrainConfig *cfg, Stage3Flags *f,
         {NULL, 0, NULL, 0, 0, NULL, NULL},
     };
     cli_parse(argc, argv, config_options(cfg, amp_options(amp, extra)), "stage5", ABOUT);
+    amp_check(amp); /* bad AMP flag combinations fail here, once, not in every worker */
 }
 
 int main(int argc, char **argv) {
