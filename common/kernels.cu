@@ -326,13 +326,15 @@ __device__ float block_sum(float v, float *sh) {
     return total;
 }
 
-/* The k-th value of channel ch: image k / hw, position k % hw. */
-__device__ __forceinline__ int64_t bn_at(int64_t k, int c, int hw, int ch) {
-    return ((k / hw) * c + ch) * hw + k % hw;
+/* The k-th value of channel ch: image k / hw, position k % hw. 32-bit division (the launcher checks
+ * n·hw < 2^31): a 64-bit one costs several times more, once per element. */
+__device__ __forceinline__ int64_t bn_at(uint32_t k, uint32_t c, uint32_t hw, uint32_t ch) {
+    uint32_t i = k / hw;
+    return ((int64_t)i * c + ch) * hw + (k - i * hw);
 }
 #define FOR_CHANNEL_VALUES(at) /* this thread's share of the block's channel */                  \
-    for (int64_t k_ = threadIdx.x, at; k_ < (int64_t)n * hw && ((at = bn_at(k_, c, hw, ch)), 1);    \
-         k_ += blockDim.x)
+    _Pragma("unroll 4") for (uint32_t k_ = threadIdx.x, total_ = (uint32_t)n * hw; k_ < total_;      \
+                             k_ += blockDim.x) if (const int64_t at = bn_at(k_, c, hw, ch); true)
 
 template <typename T>
 __global__ void __launch_bounds__(BN_THREADS)
@@ -643,7 +645,7 @@ void launch_bn_forward_train_lp(cudaStream_t s, int p, int n, int c, int hw, con
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
                                 float *save_invstd, void *y) {
-    if (c <= 0) return;
+    if (c <= 0 || (int64_t)n * hw >= INT32_MAX) return; /* ops_cuda.c asserts the size */
     LP(p, (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(n, c, hw, CH(x), gamma, beta,
                                                                running_mean, running_var, momentum,
                                                                eps, save_mean, save_invstd, H(y)), 0),
@@ -668,7 +670,7 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int n, int c, int hw, const vo
                            const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
                            int accumulate) {
-    if (c <= 0) return;
+    if (c <= 0 || (int64_t)n * hw >= INT32_MAX) return;
     LP(p, (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(n, c, hw, CH(x), CH(dy), gamma, save_mean,
                                                           save_invstd, H(dx), dgamma, dbeta,
                                                           accumulate), 0),

@@ -397,13 +397,19 @@ typedef struct BnDesc {
     cudnnTensorDescriptor_t param; /* [1][c][1][1]; gamma, beta, means, variances and their grads */
 } BnDesc;
 
-static BnDesc bn_desc_create(int n, int c, int hw) {
+/* x of element type t; the derived parameter descriptor is FLOAT for FLOAT and HALF x (cuDNN keeps
+ * scale, bias and statistics in fp32 for half data, as PyTorch's autocast expects). */
+static BnDesc bn_desc_create_typed(int n, int c, int hw, cudnnDataType_t t) {
     BnDesc b;
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.x));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.param));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, 1, hw));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, CUDNN_TENSOR_NCHW, t, n, c, 1, hw));
     CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(b.param, b.x, CUDNN_BATCHNORM_SPATIAL));
     return b;
+}
+
+static BnDesc bn_desc_create(int n, int c, int hw) {
+    return bn_desc_create_typed(n, c, hw, CUDNN_DATA_FLOAT);
 }
 
 static void bn_desc_destroy(BnDesc b) {
@@ -545,10 +551,11 @@ void cuda_linear_backward(Device *d, int n, int in, int out, const float *x, con
 
 /* ================================================================================================
  * Mixed precision (fp16 / bf16 tensors; see ops.h). Convolution forward and backward-data are the
- * functions above: the plan's descriptors carry the element type (Conv.prec). Batch norm on 16-bit
- * activations is our kernel (fp32 statistics and parameters, like cuDNN's and PyTorch's), which
- * serves fp16 and bf16 alike. The linear layer is cublasGemmEx: 16-bit A, B and C with
- * CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation, C rounded once).
+ * functions above: the plan's descriptors carry the element type (Conv.prec). Batch norm, as
+ * PyTorch does it: fp16 through cuDNN (HALF x and y, FLOAT scale, bias and statistics — the same
+ * calls as fp32, spatial mode), bf16 through our own kernel (fp32 statistics and parameters; PyTorch
+ * too uses its native kernel rather than cuDNN for bf16). The linear layer is cublasGemmEx: 16-bit
+ * A, B and C with CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation, C rounded once).
  * ============================================================================================== */
 
 static cudaDataType_t cublas_type(Precision p) { return p == PREC_FP16 ? CUDA_R_16F : CUDA_R_16BF; }
@@ -568,7 +575,16 @@ void cuda_bn_forward_train_lp(Device *d, Precision p, int n, int c, int hw, cons
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,
                               float *save_invstd, void *y) {
-    ASSERT((int64_t)n * hw > 1);
+    ASSERT((int64_t)n * hw > 1 && (int64_t)n * hw < INT32_MAX); /* our kernel's 32-bit indexing */
+    if (p == PREC_FP16) {
+        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF);
+        CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
+            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
+            (double)momentum, running_mean, running_var, (double)eps, save_mean, save_invstd));
+        bn_desc_destroy(b);
+        return;
+    }
     launch_bn_forward_train_lp(d->stream, (int)p, n, c, hw, x, gamma, beta, running_mean,
                                running_var, momentum, eps, save_mean, save_invstd, y);
     CHECK_LAUNCH();
@@ -577,6 +593,15 @@ void cuda_bn_forward_train_lp(Device *d, Precision p, int n, int c, int hw, cons
 void cuda_bn_forward_eval_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
                              const float *gamma, const float *beta, const float *running_mean,
                              const float *running_var, float eps, void *y) {
+    if (p == PREC_FP16) {
+        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF);
+        CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
+            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
+            running_mean, running_var, (double)eps));
+        bn_desc_destroy(b);
+        return;
+    }
     launch_bn_forward_eval_lp(d->stream, (int)p, n, c, hw, x, gamma, beta, running_mean,
                               running_var, eps, y);
     CHECK_LAUNCH();
@@ -586,6 +611,16 @@ void cuda_bn_backward_lp(Device *d, Precision p, int n, int c, int hw, const voi
                          const void *dy, const float *gamma, const float *save_mean,
                          const float *save_invstd, float eps, void *dx, float *dgamma,
                          float *dbeta, int accumulate) {
+    ASSERT((int64_t)n * hw < INT32_MAX);
+    if (p == PREC_FP16) {
+        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF);
+        CHECK_CUDNN(cudnnBatchNormalizationBackward(
+            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
+            b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
+        bn_desc_destroy(b);
+        return;
+    }
     launch_bn_backward_lp(d->stream, (int)p, n, c, hw, x, dy, gamma, save_mean, save_invstd, dx,
                           dgamma, dbeta, accumulate);
     CHECK_LAUNCH();

@@ -80,11 +80,30 @@ float precision_round(Precision p, float x) {
     return x;
 }
 
+/* The CPU backend rounds every stored activation, so this is its hot loop. Without leaving fp32:
+ * rounding the mantissa to fp16's 10 bits (or bf16's 7) is "add half an ulp minus one, plus the
+ * kept lowest bit, then clear the dropped bits" — the same integer trick as f32_to_bf16, and a
+ * carry into the exponent is right. That is fp16 rounding wherever fp16 is normal, 2^-14 ≤ |x| <
+ * 65520; outside that range (subnormals, zero, overflow, NaN) the full conversion does it. The
+ * tests compare both paths on every exponent. */
+static inline float round_f16_fast(float x) {
+    uint32_t u = bits_of(x), ax = u & 0x7fffffffu;
+    if (ax < 0x38800000u || ax >= 0x477ff000u) return f16_to_f32(f32_to_f16(x));
+    u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    return float_of(u);
+}
+
+static inline float round_bf16_fast(float x) {
+    uint32_t u = bits_of(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_to_f32(0x7fc0u);
+    return float_of(((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16);
+}
+
 void precision_round_array(Precision p, int64_t n, float *x) {
     if (p == PREC_FP16)
-        for (int64_t i = 0; i < n; i++) x[i] = f16_to_f32(f32_to_f16(x[i]));
+        for (int64_t i = 0; i < n; i++) x[i] = round_f16_fast(x[i]);
     else if (p == PREC_BF16)
-        for (int64_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+        for (int64_t i = 0; i < n; i++) x[i] = round_bf16_fast(x[i]);
 }
 
 void precision_pack(Precision p, int64_t n, const float *src, uint16_t *dst) {

@@ -82,6 +82,31 @@ START_TEST(bf16_rounding_exhaustive) {
 }
 END_TEST
 
+/* precision_round_array (the CPU backend's hot loop, with an integer fast path for the normal range)
+ * must equal the reference conversion there and back, on random bit patterns of every exponent. */
+START_TEST(round_array_equals_conversion) {
+    int64_t n = 1 << 20;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    uint64_t st = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)(st >> 32);
+        if (i % 4 == 1) u = (u & 0x807fffffu) | ((uint32_t)(100 + i % 50) << 23); /* fp16's exponents */
+        memcpy(&x[i], &u, 4);
+    }
+    for (int pi = 1; pi <= 2; pi++) {
+        memcpy(y, x, n * 4);
+        precision_round_array((Precision)pi, n, y);
+        for (int64_t i = 0; i < n; i++) {
+            float want = pi == 1 ? f16_to_f32(f32_to_f16(x[i])) : bf16_to_f32(f32_to_bf16(x[i]));
+            ck_assert_msg(!memcmp(&y[i], &want, 4) || (isnan(y[i]) && isnan(want)), "%s(%a): %a, want %a",
+                          pi == 1 ? "fp16" : "bf16", x[i], y[i], want);
+        }
+    }
+    free(x), free(y);
+}
+END_TEST
+
 /* ---- each autocast op against fp32 ------------------------------------------------------------ */
 
 static float *rnd(int64_t n, uint64_t seed, float lo, float hi) {
@@ -583,6 +608,7 @@ Suite *suite_amp(void) {
     TCase *tc = tcase_create("amp");
     tcase_add_test(tc, fp16_rounding_exhaustive);
     tcase_add_test(tc, bf16_rounding_exhaustive);
+    tcase_add_test(tc, round_array_equals_conversion);
     tcase_add_test(tc, conv_and_linear_within_rounding_bound);
     tcase_add_test(tc, elementwise_and_pool_within_rounding_bound);
     tcase_add_test(tc, batch_norm_within_bound);
