@@ -33,6 +33,9 @@ Option *amp_options(AmpConfig *a, const Option *more) {
         {"no-grad-scaler", OPT_FLAG, &a->no_grad_scaler, 0, 0, NULL,
          "fp16 without the GradScaler: the experiment of what it prevents (gradients underflow to "
          "0); turns on --grad-stats"},
+        {"channels-last", OPT_FLAG, &a->channels_last, 0, 0, NULL,
+         "keep fp16/bf16 activations in NHWC on the GPU (torch.channels_last): cuDNN's native layout "
+         "for tensor-core convolutions; no effect on the CPU backend or with --amp off"},
         {"grad-stats", OPT_FLAG, &a->grad_stats, 0, 0, NULL,
          "count zero and non-finite gradient elements at every optimizer step (in the report)"},
         {"grad-comm", OPT_CHOICE, &a->grad_comm, 0, 0, "fp32|fp16|bf16",

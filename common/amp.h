@@ -38,6 +38,7 @@ typedef struct AmpConfig {
     int growth_interval;
     int no_grad_scaler;         /* fp16 without a scaler: the experiment of what it prevents */
     int grad_stats;             /* count zero / non-finite gradient elements every step */
+    int channels_last;          /* 16-bit activations in NHWC on the GPU (torch.channels_last) */
     const char *grad_comm;      /* fp32 | fp16 | bf16: the all-reduce's type (validated here) */
     const char *show_scaler;    /* "" or a pattern of F / I steps: print the scales and exit */
     int64_t test_inf_step;      /* TEST ONLY (--test-inf-step): 0 = off; k = rank 0's loss gradient

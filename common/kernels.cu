@@ -273,20 +273,66 @@ __global__ void grad_pass_lp_kernel(int64_t count, const T *src, T *dst, int acc
     GRID_STRIDE(i, count) dst[i] = accumulate ? from_f<T>(to_f(dst[i]) + to_f(src[i])) : src[i];
 }
 
-template <typename T> __global__ void avgpool_forward_lp_kernel(int64_t rows, int hw, const T *x, T *y) {
+/* Row r = (image, channel) of the [n][c] output. NCHW: its hw values are contiguous; NHWC: they
+ * are c apart, and neighbouring threads (channels) read neighbouring addresses. */
+template <typename T>
+__global__ void avgpool_forward_lp_kernel(int64_t rows, int c, int hw, int nhwc, const T *x, T *y) {
     GRID_STRIDE(r, rows) {
-        const T *p = x + r * hw;
+        const T *p = nhwc ? x + (r / c) * hw * c + r % c : x + r * hw;
+        const int64_t step = nhwc ? c : 1;
         float s = 0.f;
-        for (int j = 0; j < hw; j++) s += to_f(p[j]);
+        for (int j = 0; j < hw; j++) s += to_f(p[j * step]);
         y[r] = from_f<T>(s / (float)hw);
     }
 }
 
 template <typename T>
-__global__ void avgpool_backward_lp_kernel(int64_t count, int hw, const T *dy, T *dx, int accumulate) {
+__global__ void avgpool_backward_lp_kernel(int64_t count, int c, int hw, int nhwc, const T *dy, T *dx,
+                                           int accumulate) {
     GRID_STRIDE(i, count) {
-        float g = to_f(dy[i / hw]) / (float)hw;
+        int64_t row = nhwc ? (i / ((int64_t)hw * c)) * c + i % c : i / hw;
+        float g = to_f(dy[row]) / (float)hw;
         dx[i] = from_f<T>(accumulate ? to_f(dx[i]) + g : g);
+    }
+}
+
+/* ---- channels-last casts ---------------------------------------------------------------------- */
+
+/* fp32 [n][c][hw] → T [n][hw][c]; one thread per output element (coalesced writes). */
+template <typename T>
+__global__ void cast_to_nhwc_kernel(int64_t count, int c, int hw, const float *src, T *dst) {
+    GRID_STRIDE(o, count) {
+        int ch = (int)(o % c);
+        int64_t t = o / c;
+        int j = (int)(t % hw);
+        int64_t i = t / hw;
+        dst[o] = from_f<T>(src[(i * c + ch) * hw + j]);
+    }
+}
+
+/* fp32 [cout][cin][kk] → T [cout][kk][cin] (cuDNN's KRSC filter). */
+template <typename T>
+__global__ void cast_weight_khwc_kernel(int64_t count, int cin, int kk, const float *src, T *dst) {
+    GRID_STRIDE(o, count) {
+        int ci = (int)(o % cin);
+        int64_t t = o / cin;
+        int r = (int)(t % kk);
+        int64_t co = t / kk;
+        dst[o] = from_f<T>(src[(co * cin + ci) * kk + r]);
+    }
+}
+
+/* T [cout][kk][cin] gradient → fp32 [cout][cin][kk], written or added. */
+template <typename T>
+__global__ void cast_from_khwc_kernel(int64_t count, int cin, int kk, const T *src, float *dst,
+                                      int accumulate) {
+    GRID_STRIDE(o, count) {
+        int r = (int)(o % kk);
+        int64_t t = o / kk;
+        int ci = (int)(t % cin);
+        int64_t co = t / cin;
+        float g = to_f(src[(co * kk + r) * cin + ci]);
+        dst[o] = accumulate ? dst[o] + g : g;
     }
 }
 
@@ -328,17 +374,19 @@ __device__ float block_sum(float v, float *sh) {
 
 /* The k-th value of channel ch: image k / hw, position k % hw. 32-bit division (the launcher checks
  * n·hw < 2^31): a 64-bit one costs several times more, once per element. */
-__device__ __forceinline__ int64_t bn_at(uint32_t k, uint32_t c, uint32_t hw, uint32_t ch) {
+__device__ __forceinline__ int64_t bn_at(uint32_t k, uint32_t c, uint32_t hw, uint32_t ch,
+                                         int nhwc) {
+    if (nhwc) return (int64_t)k * c + ch; /* k = image·hw + position; the channel is innermost */
     uint32_t i = k / hw;
     return ((int64_t)i * c + ch) * hw + (k - i * hw);
 }
 #define FOR_CHANNEL_VALUES(at) /* this thread's share of the block's channel */                  \
     _Pragma("unroll 4") for (uint32_t k_ = threadIdx.x, total_ = (uint32_t)n * hw; k_ < total_;      \
-                             k_ += blockDim.x) if (const int64_t at = bn_at(k_, c, hw, ch); true)
+                             k_ += blockDim.x) if (const int64_t at = bn_at(k_, c, hw, ch, nhwc); true)
 
 template <typename T>
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_forward_train_lp_kernel(int n, int c, int hw, const T *x, const float *gamma,
+    bn_forward_train_lp_kernel(int nhwc, int n, int c, int hw, const T *x, const float *gamma,
                                const float *beta, float *running_mean, float *running_var,
                                float momentum, float eps, float *save_mean, float *save_invstd,
                                T *y) {
@@ -366,12 +414,12 @@ __global__ void __launch_bounds__(BN_THREADS)
 }
 
 template <typename T>
-__global__ void bn_forward_eval_lp_kernel(int64_t count, int c, int hw, const T *x,
+__global__ void bn_forward_eval_lp_kernel(int64_t count, int nhwc, int c, int hw, const T *x,
                                           const float *gamma, const float *beta,
                                           const float *running_mean, const float *running_var,
                                           float eps, T *y) {
     GRID_STRIDE(i, count) {
-        int ch = (int)((i / hw) % c);
+        int ch = (int)(nhwc ? i % c : (i / hw) % c);
         float scale = gamma[ch] / sqrtf(running_var[ch] + eps);
         y[i] = from_f<T>((to_f(x[i]) - running_mean[ch]) * scale + beta[ch]);
     }
@@ -379,7 +427,7 @@ __global__ void bn_forward_eval_lp_kernel(int64_t count, int c, int hw, const T 
 
 template <typename T>
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_backward_lp_kernel(int n, int c, int hw, const T *x, const T *dy, const float *gamma,
+    bn_backward_lp_kernel(int nhwc, int n, int c, int hw, const T *x, const T *dy, const float *gamma,
                           const float *save_mean, const float *save_invstd, T *dx, float *dgamma,
                           float *dbeta, int accumulate) {
     __shared__ float sh[32];
@@ -609,21 +657,48 @@ void launch_grad_pass_lp(cudaStream_t s, int p, int64_t count, const void *src, 
        (grad_pass_lp_kernel<<<g, THREADS, 0, s>>>(count, CB(src), B(dst), accumulate), 0));
 }
 
-void launch_avgpool_forward_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x, void *y) {
+void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
+                               void *y) {
     int64_t rows = (int64_t)n * c;
     if (rows <= 0 || hw <= 0) return;
     int g = blocks_for(rows);
-    LP(p, (avgpool_forward_lp_kernel<<<g, THREADS, 0, s>>>(rows, hw, CH(x), H(y)), 0),
-       (avgpool_forward_lp_kernel<<<g, THREADS, 0, s>>>(rows, hw, CB(x), B(y)), 0));
+    LP(p, (avgpool_forward_lp_kernel<<<g, THREADS, 0, s>>>(rows, c, hw, nhwc, CH(x), H(y)), 0),
+       (avgpool_forward_lp_kernel<<<g, THREADS, 0, s>>>(rows, c, hw, nhwc, CB(x), B(y)), 0));
 }
 
-void launch_avgpool_backward_lp(cudaStream_t s, int p, int n, int c, int hw, const void *dy,
-                                void *dx, int accumulate) {
+void launch_avgpool_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw,
+                                const void *dy, void *dx, int accumulate) {
     int64_t count = (int64_t)n * c * hw;
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (avgpool_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, hw, CH(dy), H(dx), accumulate), 0),
-       (avgpool_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, hw, CB(dy), B(dx), accumulate), 0));
+    LP(p, (avgpool_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, c, hw, nhwc, CH(dy), H(dx), accumulate), 0),
+       (avgpool_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, c, hw, nhwc, CB(dy), B(dx), accumulate), 0));
+}
+
+void launch_cast_to_nhwc(cudaStream_t s, int p, int n, int c, int hw, const float *src, void *dst) {
+    int64_t count = (int64_t)n * c * hw;
+    if (count <= 0) return;
+    int g = blocks_for(count);
+    LP(p, (cast_to_nhwc_kernel<<<g, THREADS, 0, s>>>(count, c, hw, src, H(dst)), 0),
+       (cast_to_nhwc_kernel<<<g, THREADS, 0, s>>>(count, c, hw, src, B(dst)), 0));
+}
+
+void launch_cast_weight_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const float *src,
+                             void *dst) {
+    int64_t count = (int64_t)cout * cin * kk;
+    if (count <= 0) return;
+    int g = blocks_for(count);
+    LP(p, (cast_weight_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, src, H(dst)), 0),
+       (cast_weight_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, src, B(dst)), 0));
+}
+
+void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const void *src,
+                           float *dst, int accumulate) {
+    int64_t count = (int64_t)cout * cin * kk;
+    if (count <= 0) return;
+    int g = blocks_for(count);
+    LP(p, (cast_from_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, CH(src), dst, accumulate), 0),
+       (cast_from_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, CB(src), dst, accumulate), 0));
 }
 
 void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y) {
@@ -641,40 +716,40 @@ void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, 
        (bias_grad_lp_kernel<<<g, THREADS, 0, s>>>(n, out, CB(dy), B(db)), 0));
 }
 
-void launch_bn_forward_train_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x,
+void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
                                 float *save_invstd, void *y) {
     if (c <= 0 || (int64_t)n * hw >= INT32_MAX) return; /* ops_cuda.c asserts the size */
-    LP(p, (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(n, c, hw, CH(x), gamma, beta,
+    LP(p, (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CH(x), gamma, beta,
                                                                running_mean, running_var, momentum,
                                                                eps, save_mean, save_invstd, H(y)), 0),
-       (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(n, c, hw, CB(x), gamma, beta,
+       (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CB(x), gamma, beta,
                                                             running_mean, running_var, momentum,
                                                             eps, save_mean, save_invstd, B(y)), 0));
 }
 
-void launch_bn_forward_eval_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x,
+void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                const float *gamma, const float *beta, const float *running_mean,
                                const float *running_var, float eps, void *y) {
     int64_t count = (int64_t)n * c * hw;
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (bn_forward_eval_lp_kernel<<<g, THREADS, 0, s>>>(count, c, hw, CH(x), gamma, beta,
+    LP(p, (bn_forward_eval_lp_kernel<<<g, THREADS, 0, s>>>(count, nhwc, c, hw, CH(x), gamma, beta,
                                                            running_mean, running_var, eps, H(y)), 0),
-       (bn_forward_eval_lp_kernel<<<g, THREADS, 0, s>>>(count, c, hw, CB(x), gamma, beta,
+       (bn_forward_eval_lp_kernel<<<g, THREADS, 0, s>>>(count, nhwc, c, hw, CB(x), gamma, beta,
                                                         running_mean, running_var, eps, B(y)), 0));
 }
 
-void launch_bn_backward_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x,
+void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                            const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
                            int accumulate) {
     if (c <= 0 || (int64_t)n * hw >= INT32_MAX) return;
-    LP(p, (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(n, c, hw, CH(x), CH(dy), gamma, save_mean,
+    LP(p, (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CH(x), CH(dy), gamma, save_mean,
                                                           save_invstd, H(dx), dgamma, dbeta,
                                                           accumulate), 0),
-       (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(n, c, hw, CB(x), CB(dy), gamma, save_mean,
+       (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CB(x), CB(dy), gamma, save_mean,
                                                        save_invstd, B(dx), dgamma, dbeta,
                                                        accumulate), 0));
 }

@@ -59,21 +59,30 @@ void launch_add_forward_lp(cudaStream_t s, int p, int64_t count, const void *a, 
                            void *y);
 void launch_grad_pass_lp(cudaStream_t s, int p, int64_t count, const void *src, void *dst,
                          int accumulate);
-void launch_avgpool_forward_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x, void *y);
-void launch_avgpool_backward_lp(cudaStream_t s, int p, int n, int c, int hw, const void *dy,
-                                void *dx, int accumulate);
+/* nhwc: the 16-bit tensors are channels-last, [n][hw][c] (ops.h). */
+void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
+                               void *y);
+void launch_avgpool_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw,
+                                const void *dy, void *dx, int accumulate);
+/* fp32 [n][c][hw] → p [n][hw][c]; conv weight fp32 [cout][cin][kk] → p [cout][kk][cin]; and the
+ * weight gradient back (written or added). */
+void launch_cast_to_nhwc(cudaStream_t s, int p, int n, int c, int hw, const float *src, void *dst);
+void launch_cast_weight_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const float *src,
+                             void *dst);
+void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const void *src,
+                           float *dst, int accumulate);
 /* y[row][o] = b[o] (before a GEMM adds into it), and db[o] = Σ_rows dy (overwritten). */
 void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y);
 void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, void *db);
 /* Batch norm, NCHW, T activations with fp32 parameters and statistics; one block per channel. */
-void launch_bn_forward_train_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x,
+void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
                                 float *save_invstd, void *y);
-void launch_bn_forward_eval_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x,
+void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                const float *gamma, const float *beta, const float *running_mean,
                                const float *running_var, float eps, void *y);
-void launch_bn_backward_lp(cudaStream_t s, int p, int n, int c, int hw, const void *x,
+void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                            const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
                            int accumulate);

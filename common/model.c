@@ -64,6 +64,7 @@ static int conv(Builder *b, int in, int cout, int k, int stride, int pad, const 
     Layer *l = add_layer(b, LAYER_CONV, name, in, out);
     l->conv.s = s;
     l->conv.prec = b->m->prec; /* cuDNN plans the convolution for the activation type */
+    l->conv.channels_last = b->m->channels_last;
     int shape[4] = {cout, s.cin, k, k};
     l->p0 = add_param(b, b->m->params, &b->m->n_params, &b->pfloats, name, "weight", 4, shape);
     return out;
@@ -203,16 +204,17 @@ static void init_params(Model *m, uint64_t seed) {
 }
 
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed) {
-    return model_create_mixed(dev, arch, norm_bn, max_batch, seed, PREC_FP32);
+    return model_create_mixed(dev, arch, norm_bn, max_batch, seed, PREC_FP32, 0);
 }
 
 Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
-                          Precision prec) {
+                          Precision prec, int channels_last) {
     if (strcmp(arch, "resnet18") && strcmp(arch, "tiny"))
         die_user("unknown model '%s' (choose resnet18 or tiny)", arch);
     Model *m = xcalloc(1, sizeof *m);
     m->dev = dev;
     m->prec = prec;
+    m->channels_last = channels_last && prec != PREC_FP32 && dev->kind == DEV_CUDA;
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     m->norm_bn = norm_bn;
     m->classes = NUM_CLASSES;
@@ -408,7 +410,18 @@ static void forward_autocast(Model *m, int n, const float *x, int train) {
     /* autocast's casts: every weight once for this forward (the cast cache; BN's fp32 parameters
      * are cast too, but never read — one pass over the flat buffer is simpler), and the input */
     cast_to(d, p, m->n_param_floats, m->param_flat, m->param_lp);
-    cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
+    if (m->channels_last) { /* NHWC input, KRSC conv weights: the same values, reordered */
+        cast_to_nhwc(d, p, n, IMG_C, IMG_H * IMG_W, x, m->input_lp);
+        for (int l = 0; l < m->n_layers; l++) {
+            Layer *L = &m->layers[l];
+            if (L->kind != LAYER_CONV) continue;
+            const ConvShape *s = &L->conv.s;
+            cast_weight_khwc(d, p, s->cout, s->cin, s->k * s->k, P(m, L->p0), PL(m, L->p0));
+        }
+    } else {
+        cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
+    }
+    const int cl = m->channels_last;
     m->acts[0].x = m->input_lp;
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
@@ -417,16 +430,16 @@ static void forward_autocast(Model *m, int n, const float *x, int train) {
         case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PL(m, L->p0), out->x); break;
         case LAYER_BN: /* half in, half out; fp32 weight, bias and statistics */
             if (train)
-                bn_forward_train_lp(d, p, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
+                bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
                                     B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS,
                                     L->save_mean, L->save_invstd, out->x);
             else
-                bn_forward_eval_lp(d, p, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
+                bn_forward_eval_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
                                    B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
             break;
         case LAYER_RELU: relu_forward_lp(d, p, numel(in, n), in->x, out->x); break;
         case LAYER_ADD: add_forward_lp(d, p, numel(in, n), in->x, m->acts[L->in2].x, out->x); break;
-        case LAYER_POOL: avgpool_forward_lp(d, p, n, in->c, in->h * in->w, in->x, out->x); break;
+        case LAYER_POOL: avgpool_forward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x); break;
         case LAYER_LINEAR:
             linear_forward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), PL(m, L->p1), out->x);
             break;
@@ -440,6 +453,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
     Device *d = m->dev;
     Precision p = m->prec;
     size_t esz = precision_bytes(d, p);
+    const int cl = m->channels_last;
     /* the backward of the logits' cast to fp32 is a cast back to the low type */
     cast_to(d, p, (int64_t)n * m->classes, m->dlogits32, m->acts[m->n_acts - 1].dx);
     for (int l = m->n_layers - 1; l >= 0; l--) {
@@ -451,13 +465,18 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
             /* the low-precision gradient of the cast weight, then the cast's backward: += into
              * the fp32 gradient */
             conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, m->wgrad_lp);
-            cast_from(d, p, m->params[L->p0].count, m->wgrad_lp, G(m, L->p0), 1);
+            if (cl)
+                cast_from_khwc(d, p, L->conv.s.cout, L->conv.s.cin, L->conv.s.k * L->conv.s.k,
+                               m->wgrad_lp, G(m, L->p0), 1);
+            else
+                cast_from(d, p, m->params[L->p0].count, m->wgrad_lp, G(m, L->p0), 1);
             ready(L, on_grad_ready, ctx);
             if (dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PL(m, L->p0), dx, L->acc_in);
             break;
         case LAYER_BN: /* dgamma, dbeta are fp32 already */
-            bn_backward_lp(d, p, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean,
-                           L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
+            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0),
+                           L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
+                           L->acc_in);
             ready(L, on_grad_ready, ctx);
             break;
         case LAYER_RELU: relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0); break;
@@ -466,7 +485,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
             grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
             break;
         case LAYER_POOL:
-            avgpool_backward_lp(d, p, n, in->c, in->h * in->w, out->dx, dx, L->acc_in);
+            avgpool_backward_lp(d, p, cl, n, in->c, in->h * in->w, out->dx, dx, L->acc_in);
             break;
         case LAYER_LINEAR: {
             int64_t wc = m->params[L->p0].count;
@@ -498,8 +517,9 @@ const char *model_describe(const Model *m, char *buf, int len) {
         if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
     }
     sep[j] = 0;
-    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s", m->arch,
+    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s%s", m->arch,
              m->norm_bn ? "bn" : "none", sep, m->n_layers, m->prec != PREC_FP32 ? ", autocast " : "",
-             m->prec != PREC_FP32 ? precision_name(m->prec) : "");
+             m->prec != PREC_FP32 ? precision_name(m->prec) : "",
+             m->channels_last ? ", channels-last" : "");
     return buf;
 }

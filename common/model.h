@@ -75,6 +75,7 @@ typedef struct Model {
     uint64_t shape_hash;     /* fingerprint of names and shapes (checkpoints refuse a mismatch) */
     /* autocast (prec fp16 / bf16; all NULL for fp32) */
     Precision prec;          /* activation and conv/linear compute type */
+    int channels_last;       /* CUDA, 16-bit: activations NHWC, conv weight copies KRSC (ops.h) */
     void *param_lp;          /* param_flat cast to prec, once per forward: the weight cast cache */
     void *wgrad_lp;          /* one layer's weight (+ bias) gradient in prec, before it is added
                               * into grad_flat */
@@ -89,9 +90,11 @@ typedef void (*GradReadyFn)(void *ctx, int param_index);
  * with PyTorch's default initialisers (kaiming-uniform(a=√5) for conv/linear weights — i.e.
  * U(±1/√fan_in) — U(±1/√fan_in) for biases, γ=1, β=0, running mean 0, running var 1). */
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed);
-/* The same under autocast to prec (PREC_FP32: exactly model_create). */
+/* The same under autocast to prec (PREC_FP32: exactly model_create). channels_last: keep the 16-bit
+ * activations in NHWC on CUDA (torch.channels_last; ignored on the CPU and for fp32, where the
+ * layout changes nothing the emulation computes). */
 Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
-                          Precision prec);
+                          Precision prec, int channels_last);
 void model_destroy(Model *m);
 /* Plan convolutions for batch size n (cuDNN algorithm choice, workspace) ahead of the step. */
 void model_prepare(Model *m, int n);

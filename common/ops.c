@@ -185,6 +185,26 @@ void cast_from(Device *d, Precision p, int64_t count, const void *src, float *ds
              cuda_cast_from(d, p, count, src, dst, accumulate));
 }
 
+/* Channels-last is a CUDA layout; the emulation is NCHW (see ops.h). */
+static void cpu_is_nchw(int channels_last) {
+    if (channels_last)
+        die_at(__FILE__, __LINE__, "channels_last", "the CPU backend keeps NCHW",
+               "pass channels_last = 0 on the CPU (the model does)");
+}
+
+void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst) {
+    DISPATCH(d, cpu_is_nchw(1), cuda_cast_to_nhwc(d, p, n, c, hw, src, dst));
+}
+
+void cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src, void *dst) {
+    DISPATCH(d, cpu_is_nchw(1), cuda_cast_weight_khwc(d, p, cout, cin, kk, src, dst));
+}
+
+void cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src, float *dst,
+                    int accumulate) {
+    DISPATCH(d, cpu_is_nchw(1), cuda_cast_from_khwc(d, p, cout, cin, kk, src, dst, accumulate));
+}
+
 void conv_forward_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *w, void *y) {
     ASSERT(c->prec == p);
     DISPATCH(d, ref_conv_forward_lp(p, &c->s, n, x, w, y), cuda_conv_forward(d, c, n, x, w, y));
@@ -204,34 +224,39 @@ void conv_backward_filter_lp(Device *d, Conv *c, Precision p, int n, const void 
              cuda_conv_backward_filter_lp(d, c, n, x, dy, dw));
 }
 
-void bn_forward_train_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
-                         const float *gamma, const float *beta, float *running_mean,
-                         float *running_var, float momentum, float eps, float *save_mean,
-                         float *save_invstd, void *y) {
+void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *x, const float *gamma, const float *beta,
+                         float *running_mean, float *running_var, float momentum, float eps,
+                         float *save_mean, float *save_invstd, void *y) {
     DISPATCH(d,
-             ref_bn_forward_train_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var,
-                                     momentum, eps, save_mean, save_invstd, y),
-             cuda_bn_forward_train_lp(d, p, n, c, hw, x, gamma, beta, running_mean, running_var,
-                                      momentum, eps, save_mean, save_invstd, y));
+             (cpu_is_nchw(channels_last),
+              ref_bn_forward_train_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var,
+                                      momentum, eps, save_mean, save_invstd, y)),
+             cuda_bn_forward_train_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
+                                      running_var, momentum, eps, save_mean, save_invstd, y));
 }
 
-void bn_forward_eval_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
-                        const float *gamma, const float *beta, const float *running_mean,
-                        const float *running_var, float eps, void *y) {
+void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, const float *gamma, const float *beta,
+                        const float *running_mean, const float *running_var, float eps, void *y) {
     DISPATCH(d,
-             ref_bn_forward_eval_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var, eps, y),
-             cuda_bn_forward_eval_lp(d, p, n, c, hw, x, gamma, beta, running_mean, running_var,
-                                     eps, y));
+             (cpu_is_nchw(channels_last),
+              ref_bn_forward_eval_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var, eps,
+                                     y)),
+             cuda_bn_forward_eval_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
+                                     running_var, eps, y));
 }
 
-void bn_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *x, const void *dy,
-                    const float *gamma, const float *save_mean, const float *save_invstd, float eps,
-                    void *dx, float *dgamma, float *dbeta, int accumulate) {
+void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
+                    const void *dy, const float *gamma, const float *save_mean,
+                    const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
+                    int accumulate) {
     DISPATCH(d,
-             ref_bn_backward_lp(p, n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma,
-                                dbeta, accumulate),
-             cuda_bn_backward_lp(d, p, n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx,
-                                 dgamma, dbeta, accumulate));
+             (cpu_is_nchw(channels_last),
+              ref_bn_backward_lp(p, n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx,
+                                 dgamma, dbeta, accumulate)),
+             cuda_bn_backward_lp(d, p, channels_last, n, c, hw, x, dy, gamma, save_mean,
+                                 save_invstd, eps, dx, dgamma, dbeta, accumulate));
 }
 
 void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y) {
@@ -254,15 +279,16 @@ void grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *
              cuda_grad_pass_lp(d, p, count, src, dst, accumulate));
 }
 
-void avgpool_forward_lp(Device *d, Precision p, int n, int c, int hw, const void *x, void *y) {
-    DISPATCH(d, ref_avgpool_forward_lp(p, n, c, hw, x, y),
-             cuda_avgpool_forward_lp(d, p, n, c, hw, x, y));
+void avgpool_forward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, void *y) {
+    DISPATCH(d, (cpu_is_nchw(channels_last), ref_avgpool_forward_lp(p, n, c, hw, x, y)),
+             cuda_avgpool_forward_lp(d, p, channels_last, n, c, hw, x, y));
 }
 
-void avgpool_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *dy, void *dx,
-                         int accumulate) {
-    DISPATCH(d, ref_avgpool_backward_lp(p, n, c, hw, dy, dx, accumulate),
-             cuda_avgpool_backward_lp(d, p, n, c, hw, dy, dx, accumulate));
+void avgpool_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *dy, void *dx, int accumulate) {
+    DISPATCH(d, (cpu_is_nchw(channels_last), ref_avgpool_backward_lp(p, n, c, hw, dy, dx, accumulate)),
+             cuda_avgpool_backward_lp(d, p, channels_last, n, c, hw, dy, dx, accumulate));
 }
 
 void linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,

@@ -36,8 +36,9 @@ void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int
  * conv op with an n that was not prepared prepares it on the spot. */
 typedef struct Conv {
     ConvShape s;
-    Precision prec; /* element type of x, w, y (fp32 unless the model runs under autocast) */
-    void *plan;     /* backend-private; NULL on CPU */
+    Precision prec;    /* element type of x, w, y (fp32 unless the model runs under autocast) */
+    int channels_last; /* CUDA, 16-bit only: x, y NHWC and w [cout][k][k][cin] (ops.h, below) */
+    void *plan;        /* backend-private; NULL on CPU */
 } Conv;
 void conv_prepare(Device *d, Conv *c, int n);
 void conv_release(Device *d, Conv *c);
@@ -109,6 +110,11 @@ void add_inplace(Device *d, int64_t count, const float *x, float *y);
  * Arithmetic is fp32 everywhere (cuDNN/cuBLAS compute type FLOAT, fp32 accumulators in our
  * kernels); batch-norm parameters, running and saved statistics stay fp32 (float *).
  * An accumulate into a p tensor stores round(old + new), one rounding.
+ *
+ * Channels-last (CUDA only, channels_last = 1): activations [n][h][w][c] and conv weights
+ * [cout][k][k][cin] (cuDNN's NHWC / KRSC), the layout its tensor-core convolutions read natively,
+ * as PyTorch's torch.channels_last. Only the layout changes, never a value, so the CPU emulation
+ * (always NCHW) stays the reference; CPU calls must pass channels_last = 0.
  * ============================================================================================== */
 
 /* Bytes per element of a p tensor on d (2 on CUDA for fp16/bf16; 4 on the CPU; 4 for fp32). */
@@ -118,6 +124,13 @@ void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst)
 /* p → fp32, dst = (accumulate 0) or += (1): the loss's cast to fp32, and the backward of a weight
  * cast — a p weight gradient added into the fp32 .grad (autograd's cast backward + AccumulateGrad). */
 void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate);
+/* Channels-last casts (CUDA): the input batch fp32 [n][c][hw] → p [n][hw][c]; a conv weight fp32
+ * [cout][cin][kk] → p [cout][kk][cin]; and its p gradient [cout][kk][cin] back, added (or written)
+ * into the fp32 [cout][cin][kk] gradient. */
+void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
+void cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src, void *dst);
+void cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src, float *dst,
+                    int accumulate);
 
 /* c->prec must be p (conv_prepare planned that type). dw is OVERWRITTEN: the p gradient of the
  * cast weight, which the caller adds into the fp32 gradient with cast_from. */
@@ -128,25 +141,27 @@ void conv_backward_filter_lp(Device *d, Conv *c, Precision p, int n, const void 
                              void *dw);
 /* Batch norm on p input and output with fp32 gamma/beta/statistics: the statistics are computed
  * in fp32 from the p values; dgamma/dbeta accumulate into the fp32 gradients. */
-void bn_forward_train_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
-                         const float *gamma, const float *beta, float *running_mean,
-                         float *running_var, float momentum, float eps, float *save_mean,
-                         float *save_invstd, void *y);
-void bn_forward_eval_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
-                        const float *gamma, const float *beta, const float *running_mean,
-                        const float *running_var, float eps, void *y);
-void bn_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *x, const void *dy,
-                    const float *gamma, const float *save_mean, const float *save_invstd, float eps,
-                    void *dx, float *dgamma, float *dbeta, int accumulate);
+void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *x, const float *gamma, const float *beta,
+                         float *running_mean, float *running_var, float momentum, float eps,
+                         float *save_mean, float *save_invstd, void *y);
+void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, const float *gamma, const float *beta,
+                        const float *running_mean, const float *running_var, float eps, void *y);
+void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
+                    const void *dy, const float *gamma, const float *save_mean,
+                    const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
+                    int accumulate);
 void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y);
 void relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
                       void *dx, int accumulate);
 void add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y);
 void grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
                   int accumulate);
-void avgpool_forward_lp(Device *d, Precision p, int n, int c, int hw, const void *x, void *y);
-void avgpool_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *dy, void *dx,
-                         int accumulate);
+void avgpool_forward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, void *y);
+void avgpool_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *dy, void *dx, int accumulate);
 /* x, W, b in p; y = round(x·Wᵀ + b), one rounding. dW and db are OVERWRITTEN (p gradients of the
  * cast weight and bias, see conv_backward_filter_lp); dx may be NULL. */
 void linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,

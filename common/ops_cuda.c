@@ -95,6 +95,12 @@ static cudnnMathType_t base_math(const Device *d, const Conv *c) {
     return d->allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
+/* Channels-last (16-bit only): NHWC activations and KRSC ([cout][k][k][cin]) filters. */
+static cudnnTensorFormat_t conv_format(const Conv *c) {
+    ASSERT(!c->channels_last || c->prec != PREC_FP32);
+    return c->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+}
+
 /* cuDNN's name for a tensor element type. */
 static cudnnDataType_t cudnn_type(Precision p) {
     return p == PREC_FP16 ? CUDNN_DATA_HALF : p == PREC_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
@@ -232,7 +238,7 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
     if (!c->plan) {
         ConvPlan *p = xcalloc(1, sizeof *p);
         CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w_desc));
-        CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w_desc, cudnn_type(c->prec), CUDNN_TENSOR_NCHW,
+        CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w_desc, cudnn_type(c->prec), conv_format(c),
                                                s->cout, s->cin, s->k, s->k));
         c->plan = p;
     }
@@ -247,9 +253,9 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
     e->n = n;
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&e->x_desc));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&e->y_desc));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->x_desc, CUDNN_TENSOR_NCHW, cudnn_type(c->prec), n,
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->x_desc, conv_format(c), cudnn_type(c->prec), n,
                                            s->cin, s->h, s->w));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->y_desc, CUDNN_TENSOR_NCHW, cudnn_type(c->prec), n,
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->y_desc, conv_format(c), cudnn_type(c->prec), n,
                                            s->cout, s->hout, s->wout));
     for (int pass = 0; pass < N_PASSES; pass++) {
         CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&e->conv_desc[pass]));
@@ -399,17 +405,18 @@ typedef struct BnDesc {
 
 /* x of element type t; the derived parameter descriptor is FLOAT for FLOAT and HALF x (cuDNN keeps
  * scale, bias and statistics in fp32 for half data, as PyTorch's autocast expects). */
-static BnDesc bn_desc_create_typed(int n, int c, int hw, cudnnDataType_t t) {
+static BnDesc bn_desc_create_typed(int n, int c, int hw, cudnnDataType_t t, int nhwc) {
     BnDesc b;
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.x));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.param));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, CUDNN_TENSOR_NCHW, t, n, c, 1, hw));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, n,
+                                           c, 1, hw));
     CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(b.param, b.x, CUDNN_BATCHNORM_SPATIAL));
     return b;
 }
 
 static BnDesc bn_desc_create(int n, int c, int hw) {
-    return bn_desc_create_typed(n, c, hw, CUDNN_DATA_FLOAT);
+    return bn_desc_create_typed(n, c, hw, CUDNN_DATA_FLOAT, 0);
 }
 
 static void bn_desc_destroy(BnDesc b) {
@@ -571,57 +578,74 @@ void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, floa
     CHECK_LAUNCH();
 }
 
-void cuda_bn_forward_train_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
+void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst) {
+    launch_cast_to_nhwc(d->stream, (int)p, n, c, hw, src, dst);
+    CHECK_LAUNCH();
+}
+
+void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
+                           void *dst) {
+    launch_cast_weight_khwc(d->stream, (int)p, cout, cin, kk, src, dst);
+    CHECK_LAUNCH();
+}
+
+void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
+                         float *dst, int accumulate) {
+    launch_cast_from_khwc(d->stream, (int)p, cout, cin, kk, src, dst, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,
                               float *save_invstd, void *y) {
     ASSERT((int64_t)n * hw > 1 && (int64_t)n * hw < INT32_MAX); /* our kernel's 32-bit indexing */
     if (p == PREC_FP16) {
         ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
         CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
             d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
             (double)momentum, running_mean, running_var, (double)eps, save_mean, save_invstd));
         bn_desc_destroy(b);
         return;
     }
-    launch_bn_forward_train_lp(d->stream, (int)p, n, c, hw, x, gamma, beta, running_mean,
+    launch_bn_forward_train_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
                                running_var, momentum, eps, save_mean, save_invstd, y);
     CHECK_LAUNCH();
 }
 
-void cuda_bn_forward_eval_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
+void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                              const float *gamma, const float *beta, const float *running_mean,
                              const float *running_var, float eps, void *y) {
     if (p == PREC_FP16) {
         ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
         CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
             d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
             running_mean, running_var, (double)eps));
         bn_desc_destroy(b);
         return;
     }
-    launch_bn_forward_eval_lp(d->stream, (int)p, n, c, hw, x, gamma, beta, running_mean,
+    launch_bn_forward_eval_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
                               running_var, eps, y);
     CHECK_LAUNCH();
 }
 
-void cuda_bn_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
+void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                          const void *dy, const float *gamma, const float *save_mean,
                          const float *save_invstd, float eps, void *dx, float *dgamma,
                          float *dbeta, int accumulate) {
     ASSERT((int64_t)n * hw < INT32_MAX);
     if (p == PREC_FP16) {
         ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
         CHECK_CUDNN(cudnnBatchNormalizationBackward(
             d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
             b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
         bn_desc_destroy(b);
         return;
     }
-    launch_bn_backward_lp(d->stream, (int)p, n, c, hw, x, dy, gamma, save_mean, save_invstd, dx,
+    launch_bn_backward_lp(d->stream, (int)p, nhwc, n, c, hw, x, dy, gamma, save_mean, save_invstd, dx,
                           dgamma, dbeta, accumulate);
     CHECK_LAUNCH();
 }
@@ -649,14 +673,15 @@ void cuda_grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, v
     CHECK_LAUNCH();
 }
 
-void cuda_avgpool_forward_lp(Device *d, Precision p, int n, int c, int hw, const void *x, void *y) {
-    launch_avgpool_forward_lp(d->stream, (int)p, n, c, hw, x, y);
+void cuda_avgpool_forward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                             void *y) {
+    launch_avgpool_forward_lp(d->stream, (int)p, nhwc, n, c, hw, x, y);
     CHECK_LAUNCH();
 }
 
-void cuda_avgpool_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *dy,
-                              void *dx, int accumulate) {
-    launch_avgpool_backward_lp(d->stream, (int)p, n, c, hw, dy, dx, accumulate);
+void cuda_avgpool_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw,
+                              const void *dy, void *dx, int accumulate) {
+    launch_avgpool_backward_lp(d->stream, (int)p, nhwc, n, c, hw, dy, dx, accumulate);
     CHECK_LAUNCH();
 }
 

@@ -60,14 +60,19 @@ void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, cons
 void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst);
 void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst,
                     int accumulate);
-void cuda_bn_forward_train_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
+void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
+void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
+                           void *dst);
+void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
+                         float *dst, int accumulate);
+void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,
                               float *save_invstd, void *y);
-void cuda_bn_forward_eval_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
+void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                              const float *gamma, const float *beta, const float *running_mean,
                              const float *running_var, float eps, void *y);
-void cuda_bn_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *x,
+void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                          const void *dy, const float *gamma, const float *save_mean,
                          const float *save_invstd, float eps, void *dx, float *dgamma,
                          float *dbeta, int accumulate);
@@ -78,9 +83,10 @@ void cuda_add_forward_lp(Device *d, Precision p, int64_t count, const void *a, c
                          void *y);
 void cuda_grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
                        int accumulate);
-void cuda_avgpool_forward_lp(Device *d, Precision p, int n, int c, int hw, const void *x, void *y);
-void cuda_avgpool_backward_lp(Device *d, Precision p, int n, int c, int hw, const void *dy,
-                              void *dx, int accumulate);
+void cuda_avgpool_forward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                             void *y);
+void cuda_avgpool_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw,
+                              const void *dy, void *dx, int accumulate);
 void cuda_linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
                             const void *W, const void *b, void *y);
 void cuda_linear_backward_lp(Device *d, Precision p, int n, int in, int out, const void *x,

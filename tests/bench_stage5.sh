@@ -5,8 +5,8 @@
 # All train ResNet-18 (CIFAR layout) at batch 128 on one GPU with SGD(momentum 0.9, wd 5e-4) and
 # cuDNN benchmark mode. PyTorch rows: fp32 eager (the stage 1 baseline), fp16 autocast + GradScaler,
 # and the best eager recipe — bf16 autocast + channels_last + fused SGD — then torch.compile of that
-# same recipe. Stage 5 rows: --amp fp16 (with the GradScaler), --amp bf16, --amp off (= stage 3 on
-# one GPU). PyTorch's batches sit on the GPU already; stage 5 runs its real input pipeline (4 loader
+# same recipe. Stage 5 rows: --amp fp16 (with the GradScaler) and --amp bf16, each NCHW and with
+# --channels-last, and --amp off (= stage 3 on one GPU). PyTorch's batches sit on the GPU already; stage 5 runs its real input pipeline (4 loader
 # threads, pinned memory), so any data cost counts against us. Images/s and peak memory side by
 # side, ratios against PyTorch's best eager. Logs and JSON under $BENCH_OUT (default
 # runs/bench_stage5); the table is printed last. STEPS (default 300) timed steps each.
@@ -45,7 +45,9 @@ pytorch pt_fp16 --amp fp16
 pytorch pt_best --amp bf16 --channels-last --fused
 pytorch pt_compile --amp bf16 --channels-last --fused --compile
 stage5 s5_fp16 --amp fp16
+stage5 s5_fp16_cl --amp fp16 --channels-last
 stage5 s5_bf16 --amp bf16
+stage5 s5_bf16_cl --amp bf16 --channels-last
 stage5 s5_off --amp off
 
 python3 - "$OUT" <<'PY'
@@ -65,7 +67,9 @@ best = pt("pt_best")
 rows = [("PyTorch fp32 eager", pt("pt_fp32")), ("PyTorch fp16 autocast + GradScaler", pt("pt_fp16")),
         ("PyTorch best eager (bf16, channels_last, fused SGD)", best),
         ("PyTorch torch.compile (same recipe)", pt("pt_compile")),
-        ("stage5 --amp fp16 (GradScaler)", s5("s5_fp16")), ("stage5 --amp bf16", s5("s5_bf16")),
+        ("stage5 --amp fp16 (GradScaler)", s5("s5_fp16")),
+        ("stage5 --amp fp16 --channels-last", s5("s5_fp16_cl")), ("stage5 --amp bf16", s5("s5_bf16")),
+        ("stage5 --amp bf16 --channels-last", s5("s5_bf16_cl")),
         ("stage5 --amp off (fp32)", s5("s5_off"))]
 print()
 print(f"{'ResNet-18, batch 128, one GPU':52s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs best eager':>14s}")

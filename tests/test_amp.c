@@ -351,7 +351,7 @@ START_TEST(model_under_autocast_tracks_fp32) {
     for (int pi = 1; pi <= 2; pi++) {
         Precision p = (Precision)pi;
         double u = unit_roundoff(p);
-        Model *m = model_create_mixed(&d, "tiny", 1, n, 5, p);
+        Model *m = model_create_mixed(&d, "tiny", 1, n, 5, p, 0);
         ck_assert(!memcmp(m->param_flat, ref->param_flat, m->n_param_floats * 4)); /* same init */
         float S = p == PREC_FP16 ? 65536.0f : 1.0f;
         model_forward(m, n, x, 1);
@@ -469,7 +469,7 @@ START_TEST(forced_overflow_skips_one_step) {
     amp_defaults(&a, "fp16");
     a.test_inf_step = 1;
     int n = 4;
-    Model *m = model_create_mixed(&d, "tiny", 1, n, 3, PREC_FP16);
+    Model *m = model_create_mixed(&d, "tiny", 1, n, 3, PREC_FP16, 0);
     GradScaler s;
     scaler_init(&s, &d, &a, PREC_FP16, 0, 8);
     Optimizer o;

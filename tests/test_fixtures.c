@@ -359,7 +359,7 @@ static void autocast_against_torch(const char *file, const char *tag, Precision 
     double err[2][4]; /* [fp32, prec][logits, loss, grads, buffers] */
     int exact = 0;
     for (int pass = 0; pass < 2; pass++) {
-        Model *m = model_create_mixed(&dev, "tiny", 1, 8, 0, pass ? prec : PREC_FP32);
+        Model *m = model_create_mixed(&dev, "tiny", 1, 8, 0, pass ? prec : PREC_FP32, 0);
         float *p0 = to_f32(F("params0", m->n_param_floats), m->n_param_floats);
         float *b0 = to_f32(F("buffers0", m->n_buffer_floats), m->n_buffer_floats);
         memcpy(m->param_flat, p0, m->n_param_floats * sizeof(float));

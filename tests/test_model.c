@@ -197,8 +197,8 @@ START_TEST(cuda_model_matches_cpu_model) {
 }
 END_TEST
 
-/* Under autocast the CUDA model (16-bit activations, cuDNN/cuBLAS/our kernels) against the CPU
- * backend's emulation: same weights, same batch. Every op of both rounds the same fp32 values at the
+/* Under autocast the CUDA model (16-bit activations, cuDNN/cuBLAS/our kernels; NCHW and
+ * channels-last) against the CPU backend's emulation: same weights, same batch. Every op of both rounds the same fp32 values at the
  * same points, so they differ only where fp32 summation order flips a rounding (≤ 1 ulp of the type
  * in an element). Forward keeps that at ~u: the logits within 4u (norm-wise). Backward amplifies
  * relative differences through batch norm (test_amp.c: ~50u from rounding itself at this batch
@@ -221,8 +221,9 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
     int32_t *corrg = device_alloc(&g, 4, "correct");
     device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
     device_copy_h2d(&g, yg, y, sizeof y);
-    for (int pi = 1; pi <= 2; pi++) {
-        Precision p = (Precision)pi;
+    for (int run = 0; run < 4; run++) {
+        Precision p = (Precision)(1 + run / 2);
+        int cl = run % 2; /* the CUDA model also in channels-last; the emulation is always NCHW */
         if (p == PREC_BF16 && !bf16) {
             printf("SKIP: bf16 model — compute capability %d.x < 8.0\n", major);
             continue;
@@ -230,7 +231,8 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
         double u = p == PREC_FP16 ? 1.0 / 2048 : 1.0 / 256;
         float S = p == PREC_FP16 ? 65536.0f : 1.0f, lossc;
         int32_t corrc;
-        Model *mc = model_create_mixed(&c, "tiny", 1, n, 3, p), *mg = model_create_mixed(&g, "tiny", 1, n, 3, p);
+        Model *mc = model_create_mixed(&c, "tiny", 1, n, 3, p, 0), *mg = model_create_mixed(&g, "tiny", 1, n, 3, p, cl);
+        ck_assert_int_eq(mg->channels_last, cl);
         model_forward(mc, n, x, 1);
         xent_forward_backward(&c, n, 10, model_logits(mc), y, 1.0f / n, &lossc, &corrc, model_dlogits(mc));
         scale_inplace(&c, n * 10, model_dlogits(mc), S);
@@ -245,8 +247,8 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
         device_copy_d2h(&g, &lg, lossg, 4);
         device_copy_d2h(&g, logits, model_logits(mg), sizeof logits);
         double el = test_rel_err(logits, model_logits(mc), n * 10), eg = test_rel_err(gg, mc->grad_flat, np);
-        printf("model %s, CUDA vs CPU emulation: logits %.2e (%.1fu), gradients %.2e (%.1fu)\n", precision_name(p),
-               el, el / u, eg, eg / u);
+        printf("model %s%s, CUDA vs CPU emulation: logits %.2e (%.1fu), gradients %.2e (%.1fu)\n", precision_name(p),
+               cl ? " channels-last" : "", el, el / u, eg, eg / u);
         ck_assert_msg(fabsf(lg - lossc) < 4 * u * fabsf(lossc), "loss gpu %g cpu %g", lg, lossc);
         ck_assert_msg(el < 4 * u, "logits differ: %g", el);
         ck_assert_msg(eg < 50 * u, "gradients differ: %g", eg);
@@ -259,7 +261,7 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
     size_t d32 = g.mem_cur - base;
     model_destroy(m32);
     base = g.mem_cur;
-    Model *m16 = model_create_mixed(&g, "resnet18", 1, 64, 0, PREC_FP16);
+    Model *m16 = model_create_mixed(&g, "resnet18", 1, 64, 0, PREC_FP16, 0);
     size_t d16 = g.mem_cur - base;
     double params = 2.0 * m16->n_param_floats * 4; /* fp32 parameters + gradients, in both */
     double extra = m16->n_param_floats * 2.0 + 64.0 * 3072 * 2 + 2 * 64 * 10 * 4; /* weight copies, input, logits */

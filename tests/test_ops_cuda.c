@@ -737,10 +737,10 @@ START_TEST(test_lp_elementwise_exact) {
         EXPECT_LP_EXACT(&d, p, y, r, n, "grad accumulate round(old + new)");
         /* pooling: fp32 sums in another order (forward), one division (backward) */
         int pn = 8, pc = 40, hw = 16;
-        avgpool_forward_lp(&d, p, pn, pc, hw, a, y);
+        avgpool_forward_lp(&d, p, 0, pn, pc, hw, a, y);
         ref_avgpool_forward_lp(p, pn, pc, hw, ha, r);
         EXPECT_LP_CLOSE(&d, p, y, r, pn * pc, TOL_LP(p), "avgpool forward %s", precision_name(p));
-        avgpool_backward_lp(&d, p, pn, pc, hw, a, y, 0);
+        avgpool_backward_lp(&d, p, 0, pn, pc, hw, a, y, 0);
         ref_avgpool_backward_lp(p, pn, pc, hw, ha, r, 0);
         EXPECT_LP_CLOSE(&d, p, y, r, (int64_t)pn * pc * hw, TOL_LP(p), "avgpool backward %s", precision_name(p));
         device_free(&d, x), device_free(&d, xl), device_free(&d, back), device_free(&d, a), device_free(&d, b);
@@ -818,13 +818,13 @@ START_TEST(test_lp_bn_and_linear_match_emulation) {
             void *y = device_alloc(&d, cnt * 2, "lp"), *dx = device_alloc(&d, cnt * 2, "lp"), *ye = device_alloc(&d, cnt * 2, "lp");
             float *ry = hzeros(cnt), *rrm = hcopy(hrm, c), *rrv = hcopy(hrv, c), *rsm = hzeros(c), *rsv = hzeros(c);
             float *rdx = hzeros(cnt), *rdxa = hcopy(hdx0, cnt), *rdg = hzeros(c), *rdb = hzeros(c), *rye = hzeros(cnt);
-            bn_forward_eval_lp(&d, p, n, c, hw, x, g, b, rm, rv, BN_EPS, ye);
+            bn_forward_eval_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_EPS, ye);
             ref_bn_forward_eval_lp(p, n, c, hw, hx, hg, hb, hrm, hrv, BN_EPS, rye);
-            bn_forward_train_lp(&d, p, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
+            bn_forward_train_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
             ref_bn_forward_train_lp(p, n, c, hw, hx, hg, hb, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
-            bn_backward_lp(&d, p, n, c, hw, x, dy, g, sm, sv, BN_EPS, dx, dg, db, 0);
+            bn_backward_lp(&d, p, 0, n, c, hw, x, dy, g, sm, sv, BN_EPS, dx, dg, db, 0);
             ref_bn_backward_lp(p, n, c, hw, hx, hdy, hg, rsm, rsv, BN_EPS, rdx, rdg, rdb, 0);
-            bn_backward_lp(&d, p, n, c, hw, x, dy, g, sm, sv, BN_EPS, dxa, dg, db, 1);
+            bn_backward_lp(&d, p, 0, n, c, hw, x, dy, g, sm, sv, BN_EPS, dxa, dg, db, 1);
             ref_bn_backward_lp(p, n, c, hw, hx, hdy, hg, rsm, rsv, BN_EPS, rdxa, rdg, rdb, 1);
             char tag[96];
             snprintf(tag, sizeof tag, "bn %s n=%d c=%d hw=%d", precision_name(p), n, c, hw);
@@ -868,6 +868,151 @@ START_TEST(test_lp_bn_and_linear_match_emulation) {
         device_free(&d, x), device_free(&d, W), device_free(&d, b), device_free(&d, dy), device_free(&d, dxa);
         device_free(&d, y), device_free(&d, dx), device_free(&d, dW), device_free(&d, db);
         free(hx), free(hW), free(hb), free(hdy), free(hdx0), free(ry), free(rdx), free(rdxa), free(rdW), free(rdb);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- channels-last: the same ops on NHWC tensors (KRSC conv weights) ------------------------- */
+/* Inputs are permuted on the host, results permuted back, and compared with the (NCHW) emulation
+ * at the same tolerances: the layout must change no value. */
+
+static float *to_nhwc(const float *x, int n, int c, int hw) {
+    float *y = malloc((size_t)n * c * hw * sizeof(float));
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int j = 0; j < hw; j++) y[((int64_t)i * hw + j) * c + ch] = x[((int64_t)i * c + ch) * hw + j];
+    return y;
+}
+
+static float *from_nhwc(const float *y, int n, int c, int hw) {
+    float *x = malloc((size_t)n * c * hw * sizeof(float));
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int j = 0; j < hw; j++) x[((int64_t)i * c + ch) * hw + j] = y[((int64_t)i * hw + j) * c + ch];
+    return x;
+}
+
+/* a channels-last device tensor, downloaded and put back in NCHW order */
+static float *down_nhwc(Device *d, Precision p, const void *dev, int n, int c, int hw) {
+    float *h = down_lp(d, p, dev, (int64_t)n * c * hw), *x = from_nhwc(h, n, c, hw);
+    free(h);
+    return x;
+}
+
+static void *up_nhwc(Device *d, Precision p, float *h, int n, int c, int hw) {
+    precision_round_array(p, (int64_t)n * c * hw, h); /* h becomes the p values, in NCHW */
+    float *t = to_nhwc(h, n, c, hw);
+    void *dev = up_lp(d, p, t, (int64_t)n * c * hw);
+    free(t);
+    return dev;
+}
+
+START_TEST(test_lp_channels_last_matches_emulation) {
+    if (!test_have_gpu("ops_cuda: channels-last fp16/bf16 ops vs emulation")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[2];
+    int np = lp_types(&d, ps);
+    for (int k = 0; k < np; k++) {
+        Precision p = ps[k];
+        const char *pn = precision_name(p);
+        /* input cast, weight cast and the weight gradient's way back */
+        int n = 3, c = 5, hw = 7 * 6, cout = 4, kk = 9;
+        float *hx = hrand((int64_t)n * c * hw, 9100, -3.f, 3.f), *rx = hzeros((int64_t)n * c * hw);
+        float *x32 = up(&d, hx, (int64_t)n * c * hw);
+        void *xl = device_alloc(&d, (size_t)n * c * hw * 2, "lp");
+        cast_to_nhwc(&d, p, n, c, hw, x32, xl);
+        ref_cast_to_lp(p, (int64_t)n * c * hw, hx, rx);
+        float *gx = down_nhwc(&d, p, xl, n, c, hw);
+        ck_assert_msg(!memcmp(gx, rx, (size_t)n * c * hw * 4), "cast_to_nhwc %s", pn);
+        float *hw_ = hrand((int64_t)cout * c * kk, 9101, -1.f, 1.f), *rw = hzeros((int64_t)cout * c * kk);
+        float *w32 = up(&d, hw_, (int64_t)cout * c * kk), *back = dzeros(&d, (int64_t)cout * c * kk);
+        void *wl = device_alloc(&d, (size_t)cout * c * kk * 2, "lp");
+        cast_weight_khwc(&d, p, cout, c, kk, w32, wl);
+        cast_from_khwc(&d, p, cout, c, kk, wl, back, 0);
+        ref_cast_to_lp(p, (int64_t)cout * c * kk, hw_, rw);
+        EXPECT_GPU_EXACT(&d, back, rw, (int64_t)cout * c * kk, "weight → KRSC → back");
+        float *wk = down_lp(&d, p, wl, (int64_t)cout * c * kk); /* KRSC: [o][r][ci] */
+        ck_assert(wk[(1 * kk + 2) * c + 3] == rw[(1 * c + 3) * kk + 2]);
+        free(wk), free(gx), free(hx), free(rx), free(hw_), free(rw);
+        device_free(&d, x32), device_free(&d, xl), device_free(&d, w32), device_free(&d, back), device_free(&d, wl);
+
+        /* convolution on NHWC / KRSC */
+        for (size_t ci = 0; ci < sizeof conv_cfgs / sizeof conv_cfgs[0]; ci++) {
+            const ConvCfg *cf = &conv_cfgs[ci];
+            Conv cv = {.prec = p, .channels_last = 1};
+            conv_shape(&cv.s, cf->cin, cf->cout, cf->k, cf->stride, cf->pad, cf->h, cf->w);
+            int bn = 2, K2 = cf->k * cf->k, ihw = cf->h * cf->w, ohw = cv.s.hout * cv.s.wout;
+            int64_t nx = (int64_t)bn * cf->cin * ihw, nw = (int64_t)cf->cout * cf->cin * K2, ny = (int64_t)bn * cf->cout * ohw;
+            float *ax = hrand(nx, 9200 + ci, -1.f, 1.f), *aw = hrand(nw, 9300 + ci, -0.5f, 0.5f), *ady = hrand(ny, 9400 + ci, -1.f, 1.f);
+            void *dx_ = up_nhwc(&d, p, ax, bn, cf->cin, ihw), *ddy = up_nhwc(&d, p, ady, bn, cf->cout, ohw);
+            precision_round_array(p, nw, aw);
+            float *w32b = up(&d, aw, nw);
+            void *dw_ = device_alloc(&d, nw * 2, "lp"), *dy_ = device_alloc(&d, ny * 2, "lp");
+            void *dgx = device_alloc(&d, nx * 2, "lp"), *dgw = device_alloc(&d, nw * 2, "lp");
+            float *gw32 = dzeros(&d, nw);
+            cast_weight_khwc(&d, p, cf->cout, cf->cin, K2, w32b, dw_);
+            conv_forward_lp(&d, &cv, p, bn, dx_, dw_, dy_);
+            conv_backward_data_lp(&d, &cv, p, bn, ddy, dw_, dgx, 0);
+            conv_backward_filter_lp(&d, &cv, p, bn, dx_, ddy, dgw);
+            cast_from_khwc(&d, p, cf->cout, cf->cin, K2, dgw, gw32, 0);
+            float *ry = hzeros(ny), *rgx = hzeros(nx), *rgw = hzeros(nw);
+            ref_conv_forward_lp(p, &cv.s, bn, ax, aw, ry);
+            ref_conv_backward_data_lp(p, &cv.s, bn, ady, aw, rgx, 0);
+            ref_conv_backward_filter_lp(p, &cv.s, bn, ax, ady, rgw);
+            float *gy = down_nhwc(&d, p, dy_, bn, cf->cout, ohw), *ggx = down_nhwc(&d, p, dgx, bn, cf->cin, ihw);
+            EXPECT_CLOSE(gy, ry, ny, TOL_LP(p), "conv NHWC %s cfg %zu forward", pn, ci);
+            EXPECT_CLOSE(ggx, rgx, nx, TOL_LP(p), "conv NHWC %s cfg %zu backward-data", pn, ci);
+            EXPECT_GPU_CLOSE(&d, gw32, rgw, nw, TOL_LP(p), "conv NHWC %s cfg %zu backward-filter", pn, ci);
+            conv_release(&d, &cv);
+            free(ax), free(aw), free(ady), free(ry), free(rgx), free(rgw), free(gy), free(ggx);
+            device_free(&d, dx_), device_free(&d, ddy), device_free(&d, w32b), device_free(&d, dw_), device_free(&d, dy_);
+            device_free(&d, dgx), device_free(&d, dgw), device_free(&d, gw32);
+        }
+
+        /* batch norm and pooling on NHWC */
+        int bn_ = 4, bc = 24, bhw = 49;
+        int64_t cnt = (int64_t)bn_ * bc * bhw;
+        float *bx = hrand(cnt, 9500, -2.f, 3.f), *bdy = hrand(cnt, 9501, -1.f, 1.f);
+        float *g = hrand(bc, 9502, 0.5f, 1.5f), *b = hrand(bc, 9503, -0.5f, 0.5f);
+        void *x = up_nhwc(&d, p, bx, bn_, bc, bhw), *dy = up_nhwc(&d, p, bdy, bn_, bc, bhw);
+        float *dg = up(&d, g, bc), *db = up(&d, b, bc), *rm = dzeros(&d, bc), *rv = dzeros(&d, bc);
+        float *sm = dzeros(&d, bc), *sv = dzeros(&d, bc), *gg = dzeros(&d, bc), *gb = dzeros(&d, bc);
+        void *y = device_alloc(&d, cnt * 2, "lp"), *dx = device_alloc(&d, cnt * 2, "lp");
+        float *rrm = hzeros(bc), *rrv = hzeros(bc), *rsm = hzeros(bc), *rsv = hzeros(bc), *rgg = hzeros(bc), *rgb = hzeros(bc);
+        float *ry = hzeros(cnt), *rdx = hzeros(cnt);
+        bn_forward_train_lp(&d, p, 1, bn_, bc, bhw, x, dg, db, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
+        ref_bn_forward_train_lp(p, bn_, bc, bhw, bx, g, b, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
+        bn_backward_lp(&d, p, 1, bn_, bc, bhw, x, dy, dg, sm, sv, BN_EPS, dx, gg, gb, 0);
+        ref_bn_backward_lp(p, bn_, bc, bhw, bx, bdy, g, rsm, rsv, BN_EPS, rdx, rgg, rgb, 0);
+        float *gy = down_nhwc(&d, p, y, bn_, bc, bhw), *gdx = down_nhwc(&d, p, dx, bn_, bc, bhw);
+        EXPECT_CLOSE(gy, ry, cnt, TOL_LP(p), "bn NHWC %s train y", pn);
+        EXPECT_GPU_CLOSE(&d, sm, rsm, bc, TOL_SUM, "bn NHWC %s save_mean", pn);
+        EXPECT_GPU_CLOSE(&d, sv, rsv, bc, TOL_SUM, "bn NHWC %s save_invstd", pn);
+        EXPECT_GPU_CLOSE(&d, rv, rrv, bc, TOL_SUM, "bn NHWC %s running_var", pn);
+        EXPECT_CLOSE(gdx, rdx, cnt, TOL_LP(p), "bn NHWC %s dx", pn);
+        EXPECT_GPU_CLOSE(&d, gg, rgg, bc, TOL_SUM, "bn NHWC %s dgamma", pn);
+        EXPECT_GPU_CLOSE(&d, gb, rgb, bc, TOL_SUM, "bn NHWC %s dbeta", pn);
+        free(gy), free(gdx);
+        bn_forward_eval_lp(&d, p, 1, bn_, bc, bhw, x, dg, db, rm, rv, BN_EPS, y);
+        ref_bn_forward_eval_lp(p, bn_, bc, bhw, bx, g, b, rrm, rrv, BN_EPS, ry);
+        gy = down_nhwc(&d, p, y, bn_, bc, bhw);
+        EXPECT_CLOSE(gy, ry, cnt, TOL_LP(p), "bn NHWC %s eval y", pn);
+        void *pool = device_alloc(&d, (size_t)bn_ * bc * 2, "lp");
+        float *rpool = hzeros(bn_ * bc);
+        avgpool_forward_lp(&d, p, 1, bn_, bc, bhw, x, pool);
+        ref_avgpool_forward_lp(p, bn_, bc, bhw, bx, rpool);
+        EXPECT_LP_CLOSE(&d, p, pool, rpool, bn_ * bc, TOL_LP(p), "avgpool NHWC %s forward", pn);
+        avgpool_backward_lp(&d, p, 1, bn_, bc, bhw, pool, dx, 0);
+        ref_avgpool_backward_lp(p, bn_, bc, bhw, rpool, rdx, 0);
+        gdx = down_nhwc(&d, p, dx, bn_, bc, bhw);
+        EXPECT_CLOSE(gdx, rdx, cnt, TOL_LP(p), "avgpool NHWC %s backward", pn);
+        free(gy), free(gdx), free(bx), free(bdy), free(g), free(b), free(rrm), free(rrv), free(rsm), free(rsv);
+        free(rgg), free(rgb), free(ry), free(rdx), free(rpool);
+        device_free(&d, x), device_free(&d, dy), device_free(&d, dg), device_free(&d, db), device_free(&d, rm);
+        device_free(&d, rv), device_free(&d, sm), device_free(&d, sv), device_free(&d, gg), device_free(&d, gb);
+        device_free(&d, y), device_free(&d, dx), device_free(&d, pool);
     }
     device_destroy(&d);
 }
@@ -984,6 +1129,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_lp_elementwise_exact);
     tcase_add_test(tc, test_lp_conv_matches_emulation);
     tcase_add_test(tc, test_lp_bn_and_linear_match_emulation);
+    tcase_add_test(tc, test_lp_channels_last_matches_emulation);
     tcase_add_test(tc, test_scaler_ops_match_reference);
     suite_add_tcase(s, tc);
     return s;

@@ -153,7 +153,8 @@ int main(int argc, char **argv) {
     /* Data, model, optimizer. */
     Dataset train_set, test_set;
     data_open(&cfg, &train_set, &test_set);
-    Model *model = model_create_mixed(&dev, cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed, prec);
+    Model *model = model_create_mixed(&dev, cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed, prec,
+                                      amp.channels_last);
     Optimizer opt;
     optim_init(&opt, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
