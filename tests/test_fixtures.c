@@ -408,8 +408,11 @@ START_TEST(bf16_cpu_autocast_matches_torch) {
 END_TEST
 /* Made on the GPU (torch.autocast("cuda")); skipped, visibly, until the file is committed. */
 START_TEST(cuda_autocast_matches_torch) {
-    autocast_against_torch("amp_cuda.bin", "fp16_cuda", PREC_FP16, 2.5 * U_FP16, 8 * U_FP16);
-    autocast_against_torch("amp_cuda.bin", "bf16_cuda", PREC_BF16, 2.5 * U_BF16, 8 * U_BF16);
+    /* Looser gradient bounds than on the CPU: cuDNN's summation orders differ more from ours than
+     * torch's CPU kernels do, and batch norm's backward amplifies each flipped rounding
+     * (test_amp.c); the "closer than fp32" check stays the sharp one. */
+    autocast_against_torch("amp_cuda.bin", "fp16_cuda", PREC_FP16, 2.5 * U_FP16, 30 * U_FP16);
+    autocast_against_torch("amp_cuda.bin", "bf16_cuda", PREC_BF16, 2.5 * U_BF16, 30 * U_BF16);
 }
 END_TEST
 
