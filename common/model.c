@@ -348,7 +348,9 @@ void model_forward(Model *m, int n, const float *x, int train) {
     }
 }
 
-float *model_logits(Model *m) { return m->prec != PREC_FP32 ? m->logits32 : m->acts[m->n_acts - 1].x; }
+float *model_logits(Model *m) {
+    return m->prec != PREC_FP32 ? m->logits32 : m->acts[m->n_acts - 1].x;
+}
 float *model_dlogits(Model *m) {
     return m->prec != PREC_FP32 ? m->dlogits32 : m->acts[m->n_acts - 1].dx;
 }
@@ -430,16 +432,18 @@ static void forward_autocast(Model *m, int n, const float *x, int train) {
         case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PL(m, L->p0), out->x); break;
         case LAYER_BN: /* half in, half out; fp32 weight, bias and statistics */
             if (train)
-                bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
-                                    B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS,
-                                    L->save_mean, L->save_invstd, out->x);
+                bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
+                                    P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
+                                    BN_EPS, L->save_mean, L->save_invstd, out->x);
             else
-                bn_forward_eval_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
-                                   B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
+                bn_forward_eval_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
+                                   P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
             break;
         case LAYER_RELU: relu_forward_lp(d, p, numel(in, n), in->x, out->x); break;
         case LAYER_ADD: add_forward_lp(d, p, numel(in, n), in->x, m->acts[L->in2].x, out->x); break;
-        case LAYER_POOL: avgpool_forward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x); break;
+        case LAYER_POOL:
+            avgpool_forward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x);
+            break;
         case LAYER_LINEAR:
             linear_forward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), PL(m, L->p1), out->x);
             break;
