@@ -1,13 +1,18 @@
 """scaler_fixture.py — torch.amp.GradScaler's scale trajectories, for ./stage5 --show-scaler.
 
     python3 tests/torch/scaler_fixture.py > tests/fixtures/scaler.txt
+    python3 tests/torch/scaler_fixture.py cuda | diff - tests/fixtures/scaler.txt   # CUDA: the same rule
 
 Drives a real GradScaler (on the CPU: the same _amp_update_scale_ rule as on CUDA) with one
 parameter whose gradient is finite (F) or inf (I) at each step, and records get_scale() after every
 update(). One line per case:  PATTERN GROWTH_INTERVAL INIT_SCALE GROWTH BACKOFF: s1 s2 ... (%.9g).
 tests/test_amp.c runs ./stage5 --show-scaler on each and compares the numbers exactly.
 """
+import sys
+
 import torch
+
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 
 CASES = [
     ("F", 2000, 65536.0, 2.0, 0.5),
@@ -26,9 +31,9 @@ CASES = [
 
 
 def trajectory(pattern, interval, init, growth, backoff):
-    p = torch.nn.Parameter(torch.zeros(1))
+    p = torch.nn.Parameter(torch.zeros(1, device=DEVICE))
     opt = torch.optim.SGD([p], lr=0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_factor=growth, backoff_factor=backoff,
+    scaler = torch.amp.GradScaler(DEVICE, init_scale=init, growth_factor=growth, backoff_factor=backoff,
                                   growth_interval=interval)
     out = []
     for c in pattern:
@@ -42,7 +47,7 @@ def trajectory(pattern, interval, init, growth, backoff):
 
 
 if __name__ == "__main__":
-    print(f"# torch {torch.__version__}: pattern growth_interval init_scale growth_factor backoff_factor: scales")
+    print(f"# torch {torch.__version__} ({DEVICE}): pattern growth_interval init_scale growth_factor backoff_factor: scales")
     for case in CASES:
         pattern, interval, init, growth, backoff = case
         scales = trajectory(*case)
