@@ -1,7 +1,7 @@
 """scaler_fixture.py — torch.amp.GradScaler's scale trajectories, for ./stage5 --show-scaler.
 
     python3 tests/torch/scaler_fixture.py > tests/fixtures/scaler.txt
-    python3 tests/torch/scaler_fixture.py cuda | diff - tests/fixtures/scaler.txt   # CUDA: the same rule
+    python3 tests/torch/scaler_fixture.py cuda | tail -n +2 | diff - <(tail -n +2 tests/fixtures/scaler.txt)  # CUDA too
 
 Drives a real GradScaler (on the CPU: the same _amp_update_scale_ rule as on CUDA) with one
 parameter whose gradient is finite (F) or inf (I) at each step, and records get_scale() after every
