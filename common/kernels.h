@@ -42,6 +42,60 @@ void launch_xent_forward_backward(cudaStream_t s, int n, int classes, const floa
 void launch_sgd_step(cudaStream_t s, int64_t count, float *params, const float *grads,
                      float *momentum_buf, float lr, float momentum, float weight_decay, int first);
 
+/* The same with a device flag: nothing is written when *skip != 0 (skip may be NULL). */
+void launch_sgd_step_unless(cudaStream_t s, int64_t count, float *params, const float *grads,
+                            float *momentum_buf, float lr, float momentum, float weight_decay,
+                            int first, const float *skip);
+
+/* ---- mixed precision (ops.h's *_lp ops): p = 1 fp16 (__half), 2 bf16 (__nv_bfloat16); the
+ * tensors are 16 bits per element, arithmetic is fp32, stores round to nearest even. ------------ */
+void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst);
+void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,
+                      int accumulate);
+void launch_relu_forward_lp(cudaStream_t s, int p, int64_t count, const void *x, void *y);
+void launch_relu_backward_lp(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
+                             void *dx, int accumulate);
+void launch_add_forward_lp(cudaStream_t s, int p, int64_t count, const void *a, const void *b,
+                           void *y);
+void launch_grad_pass_lp(cudaStream_t s, int p, int64_t count, const void *src, void *dst,
+                         int accumulate);
+/* nhwc: the 16-bit tensors are channels-last, [n][hw][c] (ops.h). */
+void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
+                               void *y);
+void launch_avgpool_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw,
+                                const void *dy, void *dx, int accumulate);
+/* fp32 [n][c][hw] → p [n][hw][c]; conv weight fp32 [cout][cin][kk] → p [cout][kk][cin]; and the
+ * weight gradient back (written or added). */
+void launch_cast_to_nhwc(cudaStream_t s, int p, int n, int c, int hw, const float *src, void *dst);
+void launch_cast_weight_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const float *src,
+                             void *dst);
+void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const void *src,
+                           float *dst, int accumulate);
+/* y[row][o] = b[o] (before a GEMM adds into it), and db[o] = Σ_rows dy (overwritten). */
+void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y);
+void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, void *db);
+/* Batch norm, NCHW, T activations with fp32 parameters and statistics; one block per channel. */
+void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
+                                const float *gamma, const float *beta, float *running_mean,
+                                float *running_var, float momentum, float eps, float *save_mean,
+                                float *save_invstd, void *y);
+void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
+                               const float *gamma, const float *beta, const float *running_mean,
+                               const float *running_var, float eps, void *y);
+void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
+                           const void *dy, const float *gamma, const float *save_mean,
+                           const float *save_invstd, void *dx, float *dgamma, float *dbeta,
+                           int accumulate);
+
+/* ---- GradScaler (ops.h): scalars in device memory ------------------------------------------- */
+void launch_scale_by_device(cudaStream_t s, int64_t count, float *x, const float *alpha);
+void launch_amp_unscale_check(cudaStream_t s, int64_t count, float *grads, const float *inv_scale,
+                              float *found_inf);
+void launch_amp_update_scale(cudaStream_t s, float *scale, float *inv_scale, int32_t *tracker,
+                             float *found_inf, int64_t *skipped, double growth, double backoff,
+                             int interval);
+void launch_count_zero_nonfinite(cudaStream_t s, int64_t count, const float *x, int64_t *counts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,5 @@
-/* model.c — building ResNets as a layer list, PyTorch-default initialisation, forward, backward. */
+/* model.c — building ResNets as a layer list, PyTorch-default initialisation, forward, backward,
+ * and the same forward and backward under autocast (mixed precision, see model.h). */
 #include "model.h"
 
 #include <math.h>
@@ -62,6 +63,8 @@ static int conv(Builder *b, int in, int cout, int k, int stride, int pad, const 
     int out = add_act(b, cout, s.hout, s.wout);
     Layer *l = add_layer(b, LAYER_CONV, name, in, out);
     l->conv.s = s;
+    l->conv.prec = b->m->prec; /* cuDNN plans the convolution for the activation type */
+    l->conv.channels_last = b->m->channels_last;
     int shape[4] = {cout, s.cin, k, k};
     l->p0 = add_param(b, b->m->params, &b->m->n_params, &b->pfloats, name, "weight", 4, shape);
     return out;
@@ -201,10 +204,17 @@ static void init_params(Model *m, uint64_t seed) {
 }
 
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed) {
+    return model_create_mixed(dev, arch, norm_bn, max_batch, seed, PREC_FP32, 0);
+}
+
+Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
+                          Precision prec, int channels_last) {
     if (strcmp(arch, "resnet18") && strcmp(arch, "tiny"))
         die_user("unknown model '%s' (choose resnet18 or tiny)", arch);
     Model *m = xcalloc(1, sizeof *m);
     m->dev = dev;
+    m->prec = prec;
+    m->channels_last = channels_last && prec != PREC_FP32 && dev->kind == DEV_CUDA;
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     m->norm_bn = norm_bn;
     m->classes = NUM_CLASSES;
@@ -230,11 +240,29 @@ Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, u
     m->param_flat = device_alloc(dev, pbytes, "parameters");
     m->grad_flat = device_alloc(dev, pbytes, "gradients");
     m->buffer_flat = device_alloc(dev, (size_t)(m->n_buffer_floats + 1) * sizeof(float), "bn buffers");
+    /* Activations in the model's type: 16 bits each on CUDA under autocast — half the memory. */
+    size_t esz = precision_bytes(dev, prec);
     for (int i = 1; i < m->n_acts; i++) { /* activation 0 is the caller's input */
         Activation *a = &m->acts[i];
-        size_t bytes = (size_t)max_batch * a->c * a->h * a->w * sizeof(float);
+        size_t bytes = (size_t)max_batch * a->c * a->h * a->w * esz;
         a->x = device_alloc(dev, bytes, "activations");
         a->dx = device_alloc(dev, bytes, "activation gradients");
+    }
+    if (prec != PREC_FP32) {
+        int64_t most = 0; /* the largest weight + bias of one layer */
+        for (int l = 0; l < m->n_layers; l++) {
+            Layer *L = &m->layers[l];
+            if (L->kind != LAYER_CONV && L->kind != LAYER_LINEAR) continue;
+            int64_t k = m->params[L->p0].count + (L->p1 >= 0 ? m->params[L->p1].count : 0);
+            if (k > most) most = k;
+        }
+        size_t logits = (size_t)max_batch * m->classes * sizeof(float);
+        m->param_lp = device_alloc(dev, (size_t)m->n_param_floats * esz, "autocast weight copies");
+        m->wgrad_lp = device_alloc(dev, (size_t)most * esz, "autocast weight gradient");
+        m->input_lp = device_alloc(dev, (size_t)max_batch * IMG_C * IMG_H * IMG_W * esz,
+                                   "activations");
+        m->logits32 = device_alloc(dev, logits, "activations");
+        m->dlogits32 = device_alloc(dev, logits, "activation gradients");
     }
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
@@ -258,6 +286,13 @@ void model_destroy(Model *m) {
         if (L->kind == LAYER_BN) device_free(d, L->save_mean), device_free(d, L->save_invstd);
     }
     for (int i = 1; i < m->n_acts; i++) device_free(d, m->acts[i].x), device_free(d, m->acts[i].dx);
+    if (m->prec != PREC_FP32) {
+        device_free(d, m->param_lp);
+        device_free(d, m->wgrad_lp);
+        device_free(d, m->input_lp);
+        device_free(d, m->logits32);
+        device_free(d, m->dlogits32);
+    }
     device_free(d, m->param_flat);
     device_free(d, m->grad_flat);
     device_free(d, m->buffer_flat);
@@ -278,8 +313,15 @@ static float *G(Model *m, int p) { return m->grad_flat + m->params[p].offset; }
 static float *B(Model *m, int b) { return m->buffer_flat + m->buffers[b].offset; }
 static int64_t numel(const Activation *a, int n) { return (int64_t)n * a->c * a->h * a->w; }
 
+static void forward_autocast(Model *m, int n, const float *x, int train);
+static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
+
 void model_forward(Model *m, int n, const float *x, int train) {
     ASSERT(n >= 1 && n <= m->max_batch);
+    if (m->prec != PREC_FP32) {
+        forward_autocast(m, n, x, train);
+        return;
+    }
     Device *d = m->dev;
     m->acts[0].x = (float *)x;
     for (int l = 0; l < m->n_layers; l++) {
@@ -306,8 +348,12 @@ void model_forward(Model *m, int n, const float *x, int train) {
     }
 }
 
-float *model_logits(Model *m) { return m->acts[m->n_acts - 1].x; }
-float *model_dlogits(Model *m) { return m->acts[m->n_acts - 1].dx; }
+float *model_logits(Model *m) {
+    return m->prec != PREC_FP32 ? m->logits32 : m->acts[m->n_acts - 1].x;
+}
+float *model_dlogits(Model *m) {
+    return m->prec != PREC_FP32 ? m->dlogits32 : m->acts[m->n_acts - 1].dx;
+}
 
 static void ready(Layer *L, GradReadyFn fn, void *ctx) {
     if (!fn) return;
@@ -316,6 +362,10 @@ static void ready(Layer *L, GradReadyFn fn, void *ctx) {
 }
 
 void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
+    if (m->prec != PREC_FP32) {
+        backward_autocast(m, n, on_grad_ready, ctx);
+        return;
+    }
     Device *d = m->dev;
     for (int l = m->n_layers - 1; l >= 0; l--) {
         Layer *L = &m->layers[l];
@@ -348,6 +398,113 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
     }
 }
 
+/* ---- forward and backward under autocast ------------------------------------------------------- */
+/* The same walk as above with every activation in m->prec. Only the types differ: which op runs in
+ * which type is PyTorch's CUDA autocast (see model.h and the stage 5 lesson). */
+
+static void *PL(Model *m, int p) { /* parameter p's low-precision copy */
+    return (char *)m->param_lp + (size_t)m->params[p].offset * precision_bytes(m->dev, m->prec);
+}
+
+static void forward_autocast(Model *m, int n, const float *x, int train) {
+    Device *d = m->dev;
+    Precision p = m->prec;
+    /* autocast's casts: every weight once for this forward (the cast cache; BN's fp32 parameters
+     * are cast too, but never read — one pass over the flat buffer is simpler), and the input */
+    cast_to(d, p, m->n_param_floats, m->param_flat, m->param_lp);
+    if (m->channels_last) { /* NHWC input, KRSC conv weights: the same values, reordered */
+        cast_to_nhwc(d, p, n, IMG_C, IMG_H * IMG_W, x, m->input_lp);
+        for (int l = 0; l < m->n_layers; l++) {
+            Layer *L = &m->layers[l];
+            if (L->kind != LAYER_CONV) continue;
+            const ConvShape *s = &L->conv.s;
+            cast_weight_khwc(d, p, s->cout, s->cin, s->k * s->k, P(m, L->p0), PL(m, L->p0));
+        }
+    } else {
+        cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
+    }
+    const int cl = m->channels_last;
+    m->acts[0].x = m->input_lp;
+    for (int l = 0; l < m->n_layers; l++) {
+        Layer *L = &m->layers[l];
+        Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
+        switch (L->kind) {
+        case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PL(m, L->p0), out->x); break;
+        case LAYER_BN: /* half in, half out; fp32 weight, bias and statistics */
+            if (train)
+                bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
+                                    P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
+                                    BN_EPS, L->save_mean, L->save_invstd, out->x);
+            else
+                bn_forward_eval_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
+                                   P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
+            break;
+        case LAYER_RELU: relu_forward_lp(d, p, numel(in, n), in->x, out->x); break;
+        case LAYER_ADD: add_forward_lp(d, p, numel(in, n), in->x, m->acts[L->in2].x, out->x); break;
+        case LAYER_POOL:
+            avgpool_forward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x);
+            break;
+        case LAYER_LINEAR:
+            linear_forward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), PL(m, L->p1), out->x);
+            break;
+        }
+    }
+    /* cross-entropy is on autocast's fp32 list: the loss reads the logits cast to fp32 */
+    cast_from(d, p, (int64_t)n * m->classes, m->acts[m->n_acts - 1].x, m->logits32, 0);
+}
+
+static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
+    Device *d = m->dev;
+    Precision p = m->prec;
+    size_t esz = precision_bytes(d, p);
+    const int cl = m->channels_last;
+    /* the backward of the logits' cast to fp32 is a cast back to the low type */
+    cast_to(d, p, (int64_t)n * m->classes, m->dlogits32, m->acts[m->n_acts - 1].dx);
+    for (int l = m->n_layers - 1; l >= 0; l--) {
+        Layer *L = &m->layers[l];
+        Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
+        void *dx = in->dx;
+        switch (L->kind) {
+        case LAYER_CONV:
+            /* the low-precision gradient of the cast weight, then the cast's backward: += into
+             * the fp32 gradient */
+            conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, m->wgrad_lp);
+            if (cl)
+                cast_from_khwc(d, p, L->conv.s.cout, L->conv.s.cin, L->conv.s.k * L->conv.s.k,
+                               m->wgrad_lp, G(m, L->p0), 1);
+            else
+                cast_from(d, p, m->params[L->p0].count, m->wgrad_lp, G(m, L->p0), 1);
+            ready(L, on_grad_ready, ctx);
+            if (dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PL(m, L->p0), dx, L->acc_in);
+            break;
+        case LAYER_BN: /* dgamma, dbeta are fp32 already */
+            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0),
+                           L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
+                           L->acc_in);
+            ready(L, on_grad_ready, ctx);
+            break;
+        case LAYER_RELU: relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0); break;
+        case LAYER_ADD:
+            grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
+            grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
+            break;
+        case LAYER_POOL:
+            avgpool_backward_lp(d, p, cl, n, in->c, in->h * in->w, out->dx, dx, L->acc_in);
+            break;
+        case LAYER_LINEAR: {
+            int64_t wc = m->params[L->p0].count;
+            void *dW = m->wgrad_lp, *db = (char *)m->wgrad_lp + (size_t)wc * esz;
+            linear_backward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), out->dx, dx, dW, db,
+                               L->acc_in);
+            cast_from(d, p, wc, dW, G(m, L->p0), 1);
+            cast_from(d, p, m->params[L->p1].count, db, G(m, L->p1), 1);
+            ready(L, on_grad_ready, ctx);
+            break;
+        }
+        }
+    }
+}
+
 void model_zero_grad(Model *m) {
     device_memset0(m->dev, m->grad_flat, (size_t)m->n_param_floats * sizeof(float));
 }
@@ -364,7 +521,9 @@ const char *model_describe(const Model *m, char *buf, int len) {
         if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
     }
     sep[j] = 0;
-    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers", m->arch, m->norm_bn ? "bn" : "none",
-             sep, m->n_layers);
+    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s%s", m->arch,
+             m->norm_bn ? "bn" : "none", sep, m->n_layers, m->prec != PREC_FP32 ? ", autocast " : "",
+             m->prec != PREC_FP32 ? precision_name(m->prec) : "",
+             m->channels_last ? ", channels-last" : "");
     return buf;
 }

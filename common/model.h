@@ -12,7 +12,16 @@
  *
  * model_backward calls on_grad_ready(ctx, p) as soon as parameter p's gradient is final — PyTorch's
  * autograd hook. Stage 1 passes NULL; DDP's gradient buckets hang off it. The model itself never
- * knows about communication. */
+ * knows about communication.
+ *
+ * Mixed precision (stage 5, model_create_mixed with fp16 or bf16) is PyTorch's CUDA autocast built
+ * in: parameters, their gradients and the BN buffers stay fp32 (master weights); each forward casts
+ * the parameters once to the low type (autocast's weight cache) and the input batch too; conv and
+ * linear run in the low type, batch norm takes and gives the low type with fp32 statistics, ReLU,
+ * add and pooling keep their input's type; every activation and activation gradient is stored in
+ * the low type (16 bits on CUDA). The logits are cast to fp32 for the loss (cross-entropy is on
+ * autocast's fp32 list), so model_logits / model_dlogits stay fp32. A weight's gradient comes out
+ * in the low type and is added into the fp32 gradient — autograd's backward of the cast. */
 #ifndef MODEL_H
 #define MODEL_H
 
@@ -20,6 +29,7 @@
 
 #include "device.h"
 #include "ops.h"
+#include "precision.h"
 
 typedef enum { LAYER_CONV, LAYER_BN, LAYER_RELU, LAYER_ADD, LAYER_POOL, LAYER_LINEAR } LayerKind;
 
@@ -32,8 +42,9 @@ typedef struct Param {
 
 typedef struct Activation {
     int c, h, w;   /* per sample */
-    float *x;      /* max_batch × c × h × w (activation 0 points at the caller's input) */
-    float *dx;     /* its gradient; NULL for the input */
+    void *x;       /* max_batch × c × h × w of the model's activation type (fp32, or the autocast
+                    * type); activation 0 is the input: the caller's batch, or its cast copy */
+    void *dx;      /* its gradient; NULL for the input */
 } Activation;
 
 typedef struct Layer {
@@ -62,6 +73,14 @@ typedef struct Model {
     int64_t n_param_floats, n_buffer_floats;
     float *param_flat, *grad_flat, *buffer_flat;
     uint64_t shape_hash;     /* fingerprint of names and shapes (checkpoints refuse a mismatch) */
+    /* autocast (prec fp16 / bf16; all NULL for fp32) */
+    Precision prec;          /* activation and conv/linear compute type */
+    int channels_last;       /* CUDA, 16-bit: activations NHWC, conv weight copies KRSC (ops.h) */
+    void *param_lp;          /* param_flat cast to prec, once per forward: the weight cast cache */
+    void *wgrad_lp;          /* one layer's weight (+ bias) gradient in prec, before it is added
+                              * into grad_flat */
+    void *input_lp;          /* the input batch cast to prec */
+    float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
 } Model;
 
 typedef void (*GradReadyFn)(void *ctx, int param_index);
@@ -71,6 +90,11 @@ typedef void (*GradReadyFn)(void *ctx, int param_index);
  * with PyTorch's default initialisers (kaiming-uniform(a=√5) for conv/linear weights — i.e.
  * U(±1/√fan_in) — U(±1/√fan_in) for biases, γ=1, β=0, running mean 0, running var 1). */
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed);
+/* The same under autocast to prec (PREC_FP32: exactly model_create). channels_last: keep the 16-bit
+ * activations in NHWC on CUDA (torch.channels_last; ignored on the CPU and for fp32, where the
+ * layout changes nothing the emulation computes). */
+Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
+                          Precision prec, int channels_last);
 void model_destroy(Model *m);
 /* Plan convolutions for batch size n (cuDNN algorithm choice, workspace) ahead of the step. */
 void model_prepare(Model *m, int n);

@@ -178,3 +178,181 @@ void scale_inplace(Device *d, int64_t count, float *x, float alpha) {
 void add_inplace(Device *d, int64_t count, const float *x, float *y) {
     DISPATCH(d, ref_add_inplace_f32(count, x, y), cuda_add_inplace(d, count, x, y));
 }
+
+/* ---- mixed precision: the CPU backend's emulation (ops_ref.c) or 16-bit CUDA ------------------ */
+
+size_t precision_bytes(const Device *d, Precision p) {
+    return (p == PREC_FP32 || d->kind == DEV_CPU) ? sizeof(float) : 2;
+}
+
+void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst) {
+    DISPATCH(d, ref_cast_to_lp(p, count, src, dst), cuda_cast_to(d, p, count, src, dst));
+}
+
+void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate) {
+    DISPATCH(d, ref_cast_from_lp(count, src, dst, accumulate),
+             cuda_cast_from(d, p, count, src, dst, accumulate));
+}
+
+/* Channels-last is a CUDA layout; the emulation is NCHW (see ops.h). */
+static void cpu_is_nchw(int channels_last) {
+    if (channels_last)
+        die_at(__FILE__, __LINE__, "channels_last", "the CPU backend keeps NCHW",
+               "pass channels_last = 0 on the CPU (the model does)");
+}
+
+void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst) {
+    DISPATCH(d, cpu_is_nchw(1), cuda_cast_to_nhwc(d, p, n, c, hw, src, dst));
+}
+
+void cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src, void *dst) {
+    DISPATCH(d, cpu_is_nchw(1), cuda_cast_weight_khwc(d, p, cout, cin, kk, src, dst));
+}
+
+void cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src, float *dst,
+                    int accumulate) {
+    DISPATCH(d, cpu_is_nchw(1), cuda_cast_from_khwc(d, p, cout, cin, kk, src, dst, accumulate));
+}
+
+void conv_forward_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *w, void *y) {
+    ASSERT(c->prec == p);
+    DISPATCH(d, ref_conv_forward_lp(p, &c->s, n, x, w, y), cuda_conv_forward(d, c, n, x, w, y));
+}
+
+void conv_backward_data_lp(Device *d, Conv *c, Precision p, int n, const void *dy, const void *w,
+                           void *dx, int accumulate) {
+    ASSERT(c->prec == p);
+    DISPATCH(d, ref_conv_backward_data_lp(p, &c->s, n, dy, w, dx, accumulate),
+             cuda_conv_backward_data(d, c, n, dy, w, dx, accumulate));
+}
+
+void conv_backward_filter_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *dy,
+                             void *dw) {
+    ASSERT(c->prec == p);
+    DISPATCH(d, ref_conv_backward_filter_lp(p, &c->s, n, x, dy, dw),
+             cuda_conv_backward_filter_lp(d, c, n, x, dy, dw));
+}
+
+void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *x, const float *gamma, const float *beta,
+                         float *running_mean, float *running_var, float momentum, float eps,
+                         float *save_mean, float *save_invstd, void *y) {
+    DISPATCH(d,
+             (cpu_is_nchw(channels_last),
+              ref_bn_forward_train_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var,
+                                      momentum, eps, save_mean, save_invstd, y)),
+             cuda_bn_forward_train_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
+                                      running_var, momentum, eps, save_mean, save_invstd, y));
+}
+
+void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, const float *gamma, const float *beta,
+                        const float *running_mean, const float *running_var, float eps, void *y) {
+    DISPATCH(d,
+             (cpu_is_nchw(channels_last),
+              ref_bn_forward_eval_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var, eps,
+                                     y)),
+             cuda_bn_forward_eval_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
+                                     running_var, eps, y));
+}
+
+void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
+                    const void *dy, const float *gamma, const float *save_mean,
+                    const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
+                    int accumulate) {
+    DISPATCH(d,
+             (cpu_is_nchw(channels_last),
+              ref_bn_backward_lp(p, n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx,
+                                 dgamma, dbeta, accumulate)),
+             cuda_bn_backward_lp(d, p, channels_last, n, c, hw, x, dy, gamma, save_mean,
+                                 save_invstd, eps, dx, dgamma, dbeta, accumulate));
+}
+
+void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y) {
+    DISPATCH(d, ref_relu_forward_f32(count, x, y), cuda_relu_forward_lp(d, p, count, x, y));
+}
+
+void relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                      void *dx, int accumulate) {
+    DISPATCH(d, ref_relu_backward_lp(p, count, y, dy, dx, accumulate),
+             cuda_relu_backward_lp(d, p, count, y, dy, dx, accumulate));
+}
+
+void add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y) {
+    DISPATCH(d, ref_add_forward_lp(p, count, a, b, y), cuda_add_forward_lp(d, p, count, a, b, y));
+}
+
+void grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
+                  int accumulate) {
+    DISPATCH(d, ref_grad_pass_lp(p, count, src, dst, accumulate),
+             cuda_grad_pass_lp(d, p, count, src, dst, accumulate));
+}
+
+void avgpool_forward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, void *y) {
+    DISPATCH(d, (cpu_is_nchw(channels_last), ref_avgpool_forward_lp(p, n, c, hw, x, y)),
+             cuda_avgpool_forward_lp(d, p, channels_last, n, c, hw, x, y));
+}
+
+void avgpool_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *dy, void *dx, int accumulate) {
+    DISPATCH(d, (cpu_is_nchw(channels_last), ref_avgpool_backward_lp(p, n, c, hw, dy, dx, accumulate)),
+             cuda_avgpool_backward_lp(d, p, channels_last, n, c, hw, dy, dx, accumulate));
+}
+
+void linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                       const void *W, const void *b, void *y) {
+    DISPATCH(d, ref_linear_forward_lp(p, n, in, out, x, W, b, y),
+             cuda_linear_forward_lp(d, p, n, in, out, x, W, b, y));
+}
+
+void linear_backward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                        const void *W, const void *dy, void *dx, void *dW, void *db,
+                        int accumulate) {
+    DISPATCH(d, ref_linear_backward_lp(p, n, in, out, x, W, dy, dx, dW, db, accumulate),
+             cuda_linear_backward_lp(d, p, n, in, out, x, W, dy, dx, dW, db, accumulate));
+}
+
+/* ---- GradScaler's device side ---------------------------------------------------------------- */
+
+void scale_by_device(Device *d, int64_t count, float *x, const float *alpha) {
+    DISPATCH(d, ref_scale_by_device(count, x, alpha), cuda_scale_by_device(d, count, x, alpha));
+}
+
+void amp_unscale_check(Device *d, int64_t count, float *grads, const float *inv_scale,
+                       float *found_inf) {
+    DISPATCH(d, ref_amp_unscale_check(count, grads, inv_scale, found_inf),
+             cuda_amp_unscale_check(d, count, grads, inv_scale, found_inf));
+}
+
+void amp_update_scale(Device *d, float *scale, float *inv_scale, int32_t *growth_tracker,
+                      float *found_inf, int64_t *skipped, double growth_factor,
+                      double backoff_factor, int growth_interval) {
+    DISPATCH(d,
+             ref_amp_update_scale(scale, inv_scale, growth_tracker, found_inf, skipped,
+                                  growth_factor, backoff_factor, growth_interval),
+             cuda_amp_update_scale(d, scale, inv_scale, growth_tracker, found_inf, skipped,
+                                   growth_factor, backoff_factor, growth_interval));
+}
+
+static void ref_sgd_step_unless(int64_t count, float *params, const float *grads,
+                                float *momentum_buf, float lr, float momentum, float weight_decay,
+                                int first, const float *skip) {
+    if (*skip == 0.0f)
+        ref_sgd_step_f32(count, params, grads, momentum_buf, lr, momentum, weight_decay, first);
+}
+
+void sgd_step_unless(Device *d, int64_t count, float *params, const float *grads,
+                     float *momentum_buf, float lr, float momentum, float weight_decay, int first,
+                     const float *skip) {
+    DISPATCH(d,
+             ref_sgd_step_unless(count, params, grads, momentum_buf, lr, momentum, weight_decay,
+                                 first, skip),
+             cuda_sgd_step_unless(d, count, params, grads, momentum_buf, lr, momentum,
+                                  weight_decay, first, skip));
+}
+
+void count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts) {
+    DISPATCH(d, ref_count_zero_nonfinite(count, x, counts),
+             cuda_count_zero_nonfinite(d, count, x, counts));
+}

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "device.h"
+#include "precision.h"
 
 /* ---- 2-D convolution, no bias (ResNet's convolutions are followed by batch norm) ---------------- */
 typedef struct ConvShape {
@@ -35,7 +36,9 @@ void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int
  * conv op with an n that was not prepared prepares it on the spot. */
 typedef struct Conv {
     ConvShape s;
-    void *plan; /* backend-private; NULL on CPU */
+    Precision prec;    /* element type of x, w, y (fp32 unless the model runs under autocast) */
+    int channels_last; /* CUDA, 16-bit only: x, y NHWC and w [cout][k][k][cin] (ops.h, below) */
+    void *plan;        /* backend-private; NULL on CPU */
 } Conv;
 void conv_prepare(Device *d, Conv *c, int n);
 void conv_release(Device *d, Conv *c);
@@ -111,5 +114,96 @@ void sgd_step(Device *d, int64_t count, float *params, const float *grads, float
 void scale_inplace(Device *d, int64_t count, float *x, float alpha); /* x *= alpha */
 /* y += x (same shapes): DataParallel's reduce-add of replica gradients into GPU0's. */
 void add_inplace(Device *d, int64_t count, const float *x, float *y);
+
+/* ================================================================================================
+ * Mixed precision (stage 5): the same ops on tensors of a low-precision type p (fp16 or bf16), as
+ * PyTorch's CUDA autocast runs them. A "p tensor" (void *) is, on CUDA, 16 bits per element
+ * (__half / __nv_bfloat16); on the CPU backend, float elements each exactly representable in p —
+ * the emulation computes every op in fp32 like the GPU and rounds where the GPU stores a p value
+ * (precision.h), so values, overflow and underflow are the GPU's. precision_bytes() says which.
+ * Arithmetic is fp32 everywhere (cuDNN/cuBLAS compute type FLOAT, fp32 accumulators in our
+ * kernels); batch-norm parameters, running and saved statistics stay fp32 (float *).
+ * An accumulate into a p tensor stores round(old + new), one rounding.
+ *
+ * Channels-last (CUDA only, channels_last = 1): activations [n][h][w][c] and conv weights
+ * [cout][k][k][cin] (cuDNN's NHWC / KRSC), the layout its tensor-core convolutions read natively,
+ * as PyTorch's torch.channels_last. Only the layout changes, never a value, so the CPU emulation
+ * (always NCHW) stays the reference; CPU calls must pass channels_last = 0.
+ * ============================================================================================== */
+
+/* Bytes per element of a p tensor on d (2 on CUDA for fp16/bf16; 4 on the CPU; 4 for fp32). */
+size_t precision_bytes(const Device *d, Precision p);
+/* fp32 → p (round to nearest even): autocast's casts of weights and of the input batch. */
+void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst);
+/* p → fp32, dst = (accumulate 0) or += (1): the loss's cast to fp32, and the backward of a weight
+ * cast — a p weight gradient added into the fp32 .grad (autograd's cast backward + AccumulateGrad). */
+void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate);
+/* Channels-last casts (CUDA): the input batch fp32 [n][c][hw] → p [n][hw][c]; a conv weight fp32
+ * [cout][cin][kk] → p [cout][kk][cin]; and its p gradient [cout][kk][cin] back, added (or written)
+ * into the fp32 [cout][cin][kk] gradient. */
+void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
+void cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src, void *dst);
+void cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src, float *dst,
+                    int accumulate);
+
+/* c->prec must be p (conv_prepare planned that type). dw is OVERWRITTEN: the p gradient of the
+ * cast weight, which the caller adds into the fp32 gradient with cast_from. */
+void conv_forward_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *w, void *y);
+void conv_backward_data_lp(Device *d, Conv *c, Precision p, int n, const void *dy, const void *w,
+                           void *dx, int accumulate);
+void conv_backward_filter_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *dy,
+                             void *dw);
+/* Batch norm on p input and output with fp32 gamma/beta/statistics: the statistics are computed
+ * in fp32 from the p values; dgamma/dbeta accumulate into the fp32 gradients. */
+void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *x, const float *gamma, const float *beta,
+                         float *running_mean, float *running_var, float momentum, float eps,
+                         float *save_mean, float *save_invstd, void *y);
+void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, const float *gamma, const float *beta,
+                        const float *running_mean, const float *running_var, float eps, void *y);
+void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
+                    const void *dy, const float *gamma, const float *save_mean,
+                    const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
+                    int accumulate);
+void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y);
+void relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                      void *dx, int accumulate);
+void add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y);
+void grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
+                  int accumulate);
+void avgpool_forward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                        const void *x, void *y);
+void avgpool_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                         const void *dy, void *dx, int accumulate);
+/* x, W, b in p; y = round(x·Wᵀ + b), one rounding. dW and db are OVERWRITTEN (p gradients of the
+ * cast weight and bias, see conv_backward_filter_lp); dx may be NULL. */
+void linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                       const void *W, const void *b, void *y);
+void linear_backward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                        const void *W, const void *dy, void *dx, void *dW, void *db,
+                        int accumulate);
+
+/* ---- GradScaler's device side (amp.h). Its scalars live in device memory, so no step waits ----- */
+/* x *= *alpha, alpha a device scalar: scaler.scale(loss).backward() scales the loss gradient. */
+void scale_by_device(Device *d, int64_t count, float *x, const float *alpha);
+/* PyTorch's _amp_foreach_non_finite_check_and_unscale_: grads *= *inv_scale, and *found_inf = 1
+ * if any grad (as it was, scaled) is inf or NaN; *found_inf is left as it was otherwise. */
+void amp_unscale_check(Device *d, int64_t count, float *grads, const float *inv_scale,
+                       float *found_inf);
+/* PyTorch's _amp_update_scale_: found_inf → scale = (float)(scale·backoff), tracker = 0 (and
+ * ++*skipped); else ++tracker, and at growth_interval scale = (float)(scale·growth) if that is
+ * finite, tracker = 0. Then inv_scale = (float)(1 / (double)scale) (unscale_'s reciprocal in
+ * double) and found_inf = 0 for the next step. */
+void amp_update_scale(Device *d, float *scale, float *inv_scale, int32_t *growth_tracker,
+                      float *found_inf, int64_t *skipped, double growth_factor,
+                      double backoff_factor, int growth_interval);
+/* sgd_step, except that nothing at all is written when *skip != 0 (a device flag): the step a
+ * GradScaler skips, decided on the device like PyTorch's fused optimizers' found_inf. */
+void sgd_step_unless(Device *d, int64_t count, float *params, const float *grads,
+                     float *momentum_buf, float lr, float momentum, float weight_decay, int first,
+                     const float *skip);
+/* counts[0] += number of x == 0, counts[1] += number of non-finite x (device int64 counters). */
+void count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts);
 
 #endif

@@ -88,8 +88,22 @@ typedef struct Scratch {
     size_t ws_bytes;
 } Scratch;
 
-static cudnnMathType_t base_math(const Device *d) {
+/* The math type a search starts from. fp16/bf16 data: tensor cores (CUDNN_TENSOR_OP_MATH), as
+ * PyTorch sets for half convolutions; the compute type stays FLOAT (fp32 accumulation). */
+static cudnnMathType_t base_math(const Device *d, const Conv *c) {
+    if (c->prec != PREC_FP32) return CUDNN_TENSOR_OP_MATH;
     return d->allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+/* Channels-last (16-bit only): NHWC activations and KRSC ([cout][k][k][cin]) filters. */
+static cudnnTensorFormat_t conv_format(const Conv *c) {
+    ASSERT(!c->channels_last || c->prec != PREC_FP32);
+    return c->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+}
+
+/* cuDNN's name for a tensor element type. */
+static cudnnDataType_t cudnn_type(Precision p) {
+    return p == PREC_FP16 ? CUDNN_DATA_HALF : p == PREC_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
 /* Workspace one algorithm needs for one pass (with the descriptor's current math type); not
@@ -158,7 +172,8 @@ static int list_candidates(Device *d, const ConvPlan *p, const ConvPlanEntry *e,
 static void choose_algo(Device *d, const Conv *c, const ConvPlan *p, ConvPlanEntry *e, int pass,
                         const Scratch *sc) {
     Candidate cand[CONV_MAX_ALGOS];
-    CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass], base_math(d)));
+    const int lp = c->prec != PREC_FP32;
+    CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass], base_math(d, c)));
     int count = list_candidates(d, p, e, pass, sc, cand);
     for (int i = 0; i < count; i++) {
         const Candidate *k = &cand[i];
@@ -167,9 +182,9 @@ static void choose_algo(Device *d, const Conv *c, const ConvPlan *p, ConvPlanEnt
         /* ALLOW_CONVERSION may down-convert fp32 to half: never for us. Tensor-op math on fp32
          * data means TF32: only when allowed. */
         if (k->math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
-        if (!d->allow_tf32 && k->math == CUDNN_TENSOR_OP_MATH) continue;
-        CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass],
-                                                d->allow_tf32 ? k->math : CUDNN_FMA_MATH));
+        if (!lp && !d->allow_tf32 && k->math == CUDNN_TENSOR_OP_MATH) continue;
+        CHECK_CUDNN(cudnnSetConvolutionMathType(
+            e->conv_desc[pass], lp || d->allow_tf32 ? k->math : CUDNN_FMA_MATH));
         /* Ask for the workspace again with the final descriptor (this also rejects an algorithm
          * the math type does not support) and keep the larger of the two answers. */
         size_t ws = 0;
@@ -193,10 +208,11 @@ static void choose_algo(Device *d, const Conv *c, const ConvPlan *p, ConvPlanEnt
 /* Workspace for the benchmark search: the most any algorithm of any pass asks for (up to the cap
  * and to half the free memory), so cudnnFind can try them all. It is allocated for the search
  * only and shows in mem_peak, as PyTorch's benchmark workspace shows in max_memory_allocated. */
-static size_t search_workspace_bytes(Device *d, const ConvPlan *p, ConvPlanEntry *e) {
+static size_t search_workspace_bytes(Device *d, const Conv *c, const ConvPlan *p,
+                                     ConvPlanEntry *e) {
     size_t most = 0;
     for (int pass = 0; pass < N_PASSES; pass++) {
-        CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass], base_math(d)));
+        CHECK_CUDNN(cudnnSetConvolutionMathType(e->conv_desc[pass], base_math(d, c)));
         for (int algo = 0; algo < pass_algo_count[pass]; algo++) {
             size_t b = 0;
             if (workspace_size(d, p, e, pass, algo, &b) != CUDNN_STATUS_SUCCESS) continue;
@@ -222,7 +238,7 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
     if (!c->plan) {
         ConvPlan *p = xcalloc(1, sizeof *p);
         CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w_desc));
-        CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+        CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w_desc, cudnn_type(c->prec), conv_format(c),
                                                s->cout, s->cin, s->k, s->k));
         c->plan = p;
     }
@@ -237,13 +253,14 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
     e->n = n;
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&e->x_desc));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&e->y_desc));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n,
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->x_desc, conv_format(c), cudnn_type(c->prec), n,
                                            s->cin, s->h, s->w));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n,
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(e->y_desc, conv_format(c), cudnn_type(c->prec), n,
                                            s->cout, s->hout, s->wout));
     for (int pass = 0; pass < N_PASSES; pass++) {
         CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&e->conv_desc[pass]));
-        /* PyTorch's conv is cross-correlation (no kernel flip); dilation 1; fp32 accumulation */
+        /* PyTorch's conv is cross-correlation (no kernel flip); dilation 1; fp32 accumulation,
+         * also for fp16/bf16 data (PyTorch's "pseudo-half": compute type FLOAT) */
         CHECK_CUDNN(cudnnSetConvolution2dDescriptor(e->conv_desc[pass], s->pad, s->pad, s->stride,
                                                     s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                     CUDNN_DATA_FLOAT));
@@ -257,9 +274,10 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
 
     Scratch sc = {0}, *scp = NULL;
     if (d->benchmark) {
-        size_t xb = (size_t)n * s->cin * s->h * s->w * sizeof(float);
-        size_t yb = (size_t)n * s->cout * s->hout * s->wout * sizeof(float);
-        size_t wb = (size_t)s->cout * s->cin * s->k * s->k * sizeof(float);
+        size_t esz = precision_bytes(d, c->prec);
+        size_t xb = (size_t)n * s->cin * s->h * s->w * esz;
+        size_t yb = (size_t)n * s->cout * s->hout * s->wout * esz;
+        size_t wb = (size_t)s->cout * s->cin * s->k * s->k * esz;
         sc.x = device_alloc(d, xb, "cudnn benchmark scratch (x)");
         sc.y = device_alloc(d, yb, "cudnn benchmark scratch (y)");
         sc.w = device_alloc(d, wb, "cudnn benchmark scratch (w)");
@@ -267,7 +285,7 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
         device_memset0(d, sc.x, xb);
         device_memset0(d, sc.y, yb);
         device_memset0(d, sc.w, wb);
-        sc.ws_bytes = search_workspace_bytes(d, p, e);
+        sc.ws_bytes = search_workspace_bytes(d, c, p, e);
         if (sc.ws_bytes) sc.ws = device_alloc(d, sc.ws_bytes, "cudnn benchmark workspace");
         scp = &sc;
     }
@@ -347,7 +365,7 @@ void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const flo
         ConvPlanEntry t = *e; /* the same descriptors; the choice lands in t, not in e */
         Scratch sc = {.x = (void *)x, .y = y, .w = (void *)w}, *scp = NULL;
         if (d->benchmark) { /* the most any forward algorithm asks for, as search_workspace_bytes */
-            CHECK_CUDNN(cudnnSetConvolutionMathType(cd, base_math(d)));
+            CHECK_CUDNN(cudnnSetConvolutionMathType(cd, base_math(d, c)));
             for (int algo = 0; algo < pass_algo_count[PASS_FWD]; algo++) {
                 size_t b = 0;
                 if (workspace_size(d, p, &t, PASS_FWD, algo, &b) != CUDNN_STATUS_SUCCESS) continue;
@@ -404,6 +422,19 @@ void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const 
         p->w_desc, dw));
 }
 
+/* fp16/bf16: the weight gradient of the cast weight is a fresh 16-bit tensor (beta = 0); the model
+ * adds it into the fp32 gradient (cast_from). */
+void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, const void *dy,
+                                  void *dw) {
+    ConvPlanEntry *e = entry_for(d, c, n);
+    const ConvPlan *p = c->plan;
+    size_t ws = e->ws_bytes[PASS_BWD_FILTER];
+    CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+        d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, ws), ws, &ZERO,
+        p->w_desc, dw));
+}
+
 /* ================================================================================================
  * Batch norm: cuDNN's spatial mode (statistics per channel over N·H·W), the mode PyTorch uses for
  * NCHW input. Not SPATIAL_PERSISTENT: that one is faster but its reductions may use atomics, so it
@@ -421,13 +452,20 @@ typedef struct BnDesc {
     cudnnTensorDescriptor_t param; /* [1][c][1][1]; gamma, beta, means, variances and their grads */
 } BnDesc;
 
-static BnDesc bn_desc_create(int n, int c, int hw) {
+/* x of element type t; the derived parameter descriptor is FLOAT for FLOAT and HALF x (cuDNN keeps
+ * scale, bias and statistics in fp32 for half data, as PyTorch's autocast expects). */
+static BnDesc bn_desc_create_typed(int n, int c, int hw, cudnnDataType_t t, int nhwc) {
     BnDesc b;
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.x));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.param));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, 1, hw));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, n,
+                                           c, 1, hw));
     CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(b.param, b.x, CUDNN_BATCHNORM_SPATIAL));
     return b;
+}
+
+static BnDesc bn_desc_create(int n, int c, int hw) {
+    return bn_desc_create_typed(n, c, hw, CUDNN_DATA_FLOAT, 0);
 }
 
 static void bn_desc_destroy(BnDesc b) {
@@ -565,6 +603,200 @@ void cuda_linear_backward(Device *d, int n, int in, int out, const float *x, con
         launch_bias_grad(d->stream, n, out, dy, db);
         CHECK_LAUNCH();
     }
+}
+
+/* ================================================================================================
+ * Mixed precision (fp16 / bf16 tensors; see ops.h). Convolution forward and backward-data are the
+ * functions above: the plan's descriptors carry the element type (Conv.prec). Batch norm, as
+ * PyTorch does it: fp16 through cuDNN (HALF x and y, FLOAT scale, bias and statistics — the same
+ * calls as fp32, spatial mode), bf16 through our own kernel (fp32 statistics and parameters; PyTorch
+ * too uses its native kernel rather than cuDNN for bf16). The linear layer is cublasGemmEx: 16-bit
+ * A, B and C with CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation, C rounded once).
+ * ============================================================================================== */
+
+static cudaDataType_t cublas_type(Precision p) { return p == PREC_FP16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst) {
+    launch_cast_to(d->stream, (int)p, count, src, dst);
+    CHECK_LAUNCH();
+}
+
+void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst,
+                    int accumulate) {
+    launch_cast_from(d->stream, (int)p, count, src, dst, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst) {
+    launch_cast_to_nhwc(d->stream, (int)p, n, c, hw, src, dst);
+    CHECK_LAUNCH();
+}
+
+void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
+                           void *dst) {
+    launch_cast_weight_khwc(d->stream, (int)p, cout, cin, kk, src, dst);
+    CHECK_LAUNCH();
+}
+
+void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
+                         float *dst, int accumulate) {
+    launch_cast_from_khwc(d->stream, (int)p, cout, cin, kk, src, dst, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                              const float *gamma, const float *beta, float *running_mean,
+                              float *running_var, float momentum, float eps, float *save_mean,
+                              float *save_invstd, void *y) {
+    ASSERT((int64_t)n * hw > 1 && (int64_t)n * hw < INT32_MAX); /* our kernel's 32-bit indexing */
+    if (p == PREC_FP16) {
+        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
+        CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
+            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
+            (double)momentum, running_mean, running_var, (double)eps, save_mean, save_invstd));
+        bn_desc_destroy(b);
+        return;
+    }
+    launch_bn_forward_train_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
+                               running_var, momentum, eps, save_mean, save_invstd, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                             const float *gamma, const float *beta, const float *running_mean,
+                             const float *running_var, float eps, void *y) {
+    if (p == PREC_FP16) {
+        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
+        CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
+            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
+            running_mean, running_var, (double)eps));
+        bn_desc_destroy(b);
+        return;
+    }
+    launch_bn_forward_eval_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
+                              running_var, eps, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                         const void *dy, const float *gamma, const float *save_mean,
+                         const float *save_invstd, float eps, void *dx, float *dgamma,
+                         float *dbeta, int accumulate) {
+    ASSERT((int64_t)n * hw < INT32_MAX);
+    if (p == PREC_FP16) {
+        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
+        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
+        CHECK_CUDNN(cudnnBatchNormalizationBackward(
+            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
+            b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
+        bn_desc_destroy(b);
+        return;
+    }
+    launch_bn_backward_lp(d->stream, (int)p, nhwc, n, c, hw, x, dy, gamma, save_mean, save_invstd, dx,
+                          dgamma, dbeta, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y) {
+    launch_relu_forward_lp(d->stream, (int)p, count, x, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                           void *dx, int accumulate) {
+    launch_relu_backward_lp(d->stream, (int)p, count, y, dy, dx, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b,
+                         void *y) {
+    launch_add_forward_lp(d->stream, (int)p, count, a, b, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
+                       int accumulate) {
+    launch_grad_pass_lp(d->stream, (int)p, count, src, dst, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_avgpool_forward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                             void *y) {
+    launch_avgpool_forward_lp(d->stream, (int)p, nhwc, n, c, hw, x, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_avgpool_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw,
+                              const void *dy, void *dx, int accumulate) {
+    launch_avgpool_backward_lp(d->stream, (int)p, nhwc, n, c, hw, dy, dx, accumulate);
+    CHECK_LAUNCH();
+}
+
+void cuda_linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                            const void *W, const void *b, void *y) {
+    if (n <= 0) return;
+    cudaDataType_t t = cublas_type(p);
+    if (b) { /* y = b, then y = x·Wᵀ + 1·y in fp32 and one rounding, as PyTorch's addmm */
+        launch_bias_fill_lp(d->stream, (int)p, n, out, b, y);
+        CHECK_LAUNCH();
+    }
+    CHECK_CUBLAS(cublasGemmEx(d->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &ONE, W, t, in, x, t,
+                              in, b ? &ONE : &ZERO, y, t, out, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+void cuda_linear_backward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                             const void *W, const void *dy, void *dx, void *dW, void *db,
+                             int accumulate) {
+    if (n <= 0) return;
+    cudaDataType_t t = cublas_type(p);
+    if (dx) /* dxᵀ[in][n] = Wᵀ[in][out] · dyᵀ[out][n] (+ dx) */
+        CHECK_CUBLAS(cublasGemmEx(d->cublas, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &ONE, W, t, in,
+                                  dy, t, out, accumulate ? &ONE : &ZERO, dx, t, in,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    /* dWᵀ[in][out] = xᵀ[in][n] · dy[n][out]: a fresh 16-bit gradient (beta 0) */
+    CHECK_CUBLAS(cublasGemmEx(d->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &ONE, x, t, in, dy, t,
+                              out, &ZERO, dW, t, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (db) {
+        launch_bias_grad_lp(d->stream, (int)p, n, out, dy, db);
+        CHECK_LAUNCH();
+    }
+}
+
+/* ---- GradScaler --------------------------------------------------------------------------------- */
+
+void cuda_scale_by_device(Device *d, int64_t count, float *x, const float *alpha) {
+    launch_scale_by_device(d->stream, count, x, alpha);
+    CHECK_LAUNCH();
+}
+
+void cuda_amp_unscale_check(Device *d, int64_t count, float *grads, const float *inv_scale,
+                            float *found_inf) {
+    launch_amp_unscale_check(d->stream, count, grads, inv_scale, found_inf);
+    CHECK_LAUNCH();
+}
+
+void cuda_amp_update_scale(Device *d, float *scale, float *inv_scale, int32_t *growth_tracker,
+                           float *found_inf, int64_t *skipped, double growth_factor,
+                           double backoff_factor, int growth_interval) {
+    launch_amp_update_scale(d->stream, scale, inv_scale, growth_tracker, found_inf, skipped,
+                            growth_factor, backoff_factor, growth_interval);
+    CHECK_LAUNCH();
+}
+
+void cuda_sgd_step_unless(Device *d, int64_t count, float *params, const float *grads,
+                          float *momentum_buf, float lr, float momentum, float weight_decay,
+                          int first, const float *skip) {
+    launch_sgd_step_unless(d->stream, count, params, grads, momentum_buf, lr, momentum,
+                           weight_decay, first, skip);
+    CHECK_LAUNCH();
+}
+
+void cuda_count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts) {
+    launch_count_zero_nonfinite(d->stream, count, x, counts);
+    CHECK_LAUNCH();
 }
 
 #endif /* USE_CUDA */

@@ -56,6 +56,55 @@ void cuda_sgd_step(Device *d, int64_t count, float *params, const float *grads,
 void cuda_scale_inplace(Device *d, int64_t count, float *x, float alpha);
 void cuda_add_inplace(Device *d, int64_t count, const float *x, float *y);
 
+/* mixed precision (ops.h): conv forward / backward-data above serve 16-bit plans too */
+void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, const void *dy,
+                                  void *dw);
+void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst);
+void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst,
+                    int accumulate);
+void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
+void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
+                           void *dst);
+void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
+                         float *dst, int accumulate);
+void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                              const float *gamma, const float *beta, float *running_mean,
+                              float *running_var, float momentum, float eps, float *save_mean,
+                              float *save_invstd, void *y);
+void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                             const float *gamma, const float *beta, const float *running_mean,
+                             const float *running_var, float eps, void *y);
+void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                         const void *dy, const float *gamma, const float *save_mean,
+                         const float *save_invstd, float eps, void *dx, float *dgamma,
+                         float *dbeta, int accumulate);
+void cuda_relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y);
+void cuda_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                           void *dx, int accumulate);
+void cuda_add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b,
+                         void *y);
+void cuda_grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
+                       int accumulate);
+void cuda_avgpool_forward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
+                             void *y);
+void cuda_avgpool_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw,
+                              const void *dy, void *dx, int accumulate);
+void cuda_linear_forward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                            const void *W, const void *b, void *y);
+void cuda_linear_backward_lp(Device *d, Precision p, int n, int in, int out, const void *x,
+                             const void *W, const void *dy, void *dx, void *dW, void *db,
+                             int accumulate);
+void cuda_scale_by_device(Device *d, int64_t count, float *x, const float *alpha);
+void cuda_amp_unscale_check(Device *d, int64_t count, float *grads, const float *inv_scale,
+                            float *found_inf);
+void cuda_amp_update_scale(Device *d, float *scale, float *inv_scale, int32_t *growth_tracker,
+                           float *found_inf, int64_t *skipped, double growth_factor,
+                           double backoff_factor, int growth_interval);
+void cuda_sgd_step_unless(Device *d, int64_t count, float *params, const float *grads,
+                          float *momentum_buf, float lr, float momentum, float weight_decay,
+                          int first, const float *skip);
+void cuda_count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts);
+
 #endif /* USE_CUDA */
 
 #endif

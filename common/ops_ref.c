@@ -1,6 +1,8 @@
 /* ops_ref.c — the plain C reference ops (see ops_ref.h), stamped out twice from ops_ref_impl.h:
  * float (_f32) is the CPU backend the trainer runs; double (_f64) is what the finite-difference
- * gradient checks in tests/test_ops_ref.c use, where float's rounding would swamp the check. */
+ * gradient checks in tests/test_ops_ref.c use, where float's rounding would swamp the check.
+ * Below them: the mixed-precision emulation (the _lp ops: _f32 + rounding where the GPU stores a
+ * 16-bit value) and the GradScaler's scalar steps. */
 #include "ops_ref.h"
 
 #define T float
@@ -14,3 +16,151 @@
 #include "ops_ref_impl.h"
 #undef T
 #undef S
+
+/* ================================================================================================
+ * Mixed-precision emulation. Each p tensor is a float array of p values. The GPU computes in fp32
+ * and rounds each stored result once; so do we: run the fp32 reference, round what it stored.
+ * ============================================================================================== */
+#include <math.h>
+#include <string.h>
+
+#define ROUND(p, n, x) precision_round_array((p), (int64_t)(n), (x))
+
+void ref_cast_to_lp(Precision p, int64_t count, const float *src, float *dst) {
+    if (dst != src) memmove(dst, src, (size_t)count * sizeof(float));
+    ROUND(p, count, dst);
+}
+
+void ref_cast_from_lp(int64_t count, const float *src, float *dst, int accumulate) {
+    ref_grad_pass_f32(count, src, dst, accumulate); /* widening is exact */
+}
+
+void ref_conv_forward_lp(Precision p, const ConvShape *s, int n, const float *x, const float *w,
+                         float *y) {
+    ref_conv_forward_f32(s, n, x, w, y);
+    ROUND(p, (int64_t)n * s->cout * s->hout * s->wout, y);
+}
+
+/* accumulate: the reference adds into dx in fp32, then one rounding: round(old + new). */
+void ref_conv_backward_data_lp(Precision p, const ConvShape *s, int n, const float *dy,
+                               const float *w, float *dx, int accumulate) {
+    ref_conv_backward_data_f32(s, n, dy, w, dx, accumulate);
+    ROUND(p, (int64_t)n * s->cin * s->h * s->w, dx);
+}
+
+void ref_conv_backward_filter_lp(Precision p, const ConvShape *s, int n, const float *x,
+                                 const float *dy, float *dw) {
+    int64_t count = (int64_t)s->cout * s->cin * s->k * s->k;
+    memset(dw, 0, (size_t)count * sizeof(float)); /* a fresh p gradient, not an accumulation */
+    ref_conv_backward_filter_f32(s, n, x, dy, dw);
+    ROUND(p, count, dw);
+}
+
+void ref_bn_forward_train_lp(Precision p, int n, int c, int hw, const float *x, const float *gamma,
+                             const float *beta, float *running_mean, float *running_var,
+                             float momentum, float eps, float *save_mean, float *save_invstd,
+                             float *y) {
+    ref_bn_forward_train_f32(n, c, hw, x, gamma, beta, running_mean, running_var, momentum, eps,
+                             save_mean, save_invstd, y);
+    ROUND(p, (int64_t)n * c * hw, y);
+}
+
+void ref_bn_forward_eval_lp(Precision p, int n, int c, int hw, const float *x, const float *gamma,
+                            const float *beta, const float *running_mean, const float *running_var,
+                            float eps, float *y) {
+    ref_bn_forward_eval_f32(n, c, hw, x, gamma, beta, running_mean, running_var, eps, y);
+    ROUND(p, (int64_t)n * c * hw, y);
+}
+
+void ref_bn_backward_lp(Precision p, int n, int c, int hw, const float *x, const float *dy,
+                        const float *gamma, const float *save_mean, const float *save_invstd,
+                        float eps, float *dx, float *dgamma, float *dbeta, int accumulate) {
+    ref_bn_backward_f32(n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta,
+                        accumulate);
+    ROUND(p, (int64_t)n * c * hw, dx);
+}
+
+void ref_add_forward_lp(Precision p, int64_t count, const float *a, const float *b, float *y) {
+    ref_add_forward_f32(count, a, b, y);
+    ROUND(p, count, y);
+}
+
+void ref_grad_pass_lp(Precision p, int64_t count, const float *src, float *dst, int accumulate) {
+    ref_grad_pass_f32(count, src, dst, accumulate);
+    if (accumulate) ROUND(p, count, dst); /* a copy of p values is already exact */
+}
+
+void ref_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *dx,
+                          int accumulate) {
+    ref_relu_backward_f32(count, y, dy, dx, accumulate);
+    if (accumulate) ROUND(p, count, dx);
+}
+
+void ref_avgpool_forward_lp(Precision p, int n, int c, int hw, const float *x, float *y) {
+    ref_avgpool_forward_f32(n, c, hw, x, y);
+    ROUND(p, (int64_t)n * c, y);
+}
+
+void ref_avgpool_backward_lp(Precision p, int n, int c, int hw, const float *dy, float *dx,
+                             int accumulate) {
+    ref_avgpool_backward_f32(n, c, hw, dy, dx, accumulate);
+    ROUND(p, (int64_t)n * c * hw, dx);
+}
+
+void ref_linear_forward_lp(Precision p, int n, int in, int out, const float *x, const float *W,
+                           const float *b, float *y) {
+    ref_linear_forward_f32(n, in, out, x, W, b, y); /* y = b + x·Wᵀ in fp32, then one rounding */
+    ROUND(p, (int64_t)n * out, y);
+}
+
+void ref_linear_backward_lp(Precision p, int n, int in, int out, const float *x, const float *W,
+                            const float *dy, float *dx, float *dW, float *db, int accumulate) {
+    memset(dW, 0, (size_t)in * out * sizeof(float)); /* fresh p gradients */
+    if (db) memset(db, 0, (size_t)out * sizeof(float));
+    ref_linear_backward_f32(n, in, out, x, W, dy, dx, dW, db, accumulate);
+    if (dx) ROUND(p, (int64_t)n * in, dx);
+    ROUND(p, (int64_t)in * out, dW);
+    if (db) ROUND(p, out, db);
+}
+
+/* ---- GradScaler ------------------------------------------------------------------------------- */
+
+void ref_scale_by_device(int64_t count, float *x, const float *alpha) {
+    ref_scale_inplace_f32(count, x, *alpha);
+}
+
+void ref_amp_unscale_check(int64_t count, float *grads, const float *inv_scale, float *found_inf) {
+    float inv = *inv_scale;
+    for (int64_t i = 0; i < count; i++) {
+        if (!isfinite(grads[i])) *found_inf = 1.0f;
+        grads[i] = inv == 1.0f ? grads[i] : grads[i] * inv;
+    }
+}
+
+void ref_amp_update_scale(float *scale, float *inv_scale, int32_t *growth_tracker, float *found_inf,
+                          int64_t *skipped, double growth_factor, double backoff_factor,
+                          int growth_interval) {
+    if (*found_inf != 0.0f) {
+        *scale = (float)((double)*scale * backoff_factor); /* float·double in double, as torch */
+        *growth_tracker = 0;
+        ++*skipped;
+    } else {
+        int32_t successful = *growth_tracker + 1;
+        if (successful == growth_interval) {
+            float grown = (float)((double)*scale * growth_factor);
+            if (isfinite(grown)) *scale = grown; /* never grow past fp32's range to inf */
+            *growth_tracker = 0;
+        } else {
+            *growth_tracker = successful;
+        }
+    }
+    *inv_scale = (float)(1.0 / (double)*scale);
+    *found_inf = 0.0f;
+}
+
+void ref_count_zero_nonfinite(int64_t count, const float *x, int64_t *counts) {
+    int64_t zero = 0, bad = 0;
+    for (int64_t i = 0; i < count; i++) zero += x[i] == 0.0f, bad += !isfinite(x[i]);
+    counts[0] += zero;
+    counts[1] += bad;
+}

@@ -44,4 +44,44 @@
 OPS_REF_DECLARE(float, _f32)
 OPS_REF_DECLARE(double, _f64)
 
+/* The mixed-precision emulation (ops.h's *_lp ops on the CPU backend): p tensors are float arrays
+ * holding p values; each op is the _f32 reference followed by rounding what it stores to p. */
+void ref_cast_to_lp(Precision p, int64_t count, const float *src, float *dst);
+void ref_cast_from_lp(int64_t count, const float *src, float *dst, int accumulate);
+void ref_conv_forward_lp(Precision p, const ConvShape *s, int n, const float *x, const float *w,
+                         float *y);
+void ref_conv_backward_data_lp(Precision p, const ConvShape *s, int n, const float *dy,
+                               const float *w, float *dx, int accumulate);
+void ref_conv_backward_filter_lp(Precision p, const ConvShape *s, int n, const float *x,
+                                 const float *dy, float *dw);
+void ref_bn_forward_train_lp(Precision p, int n, int c, int hw, const float *x, const float *gamma,
+                             const float *beta, float *running_mean, float *running_var,
+                             float momentum, float eps, float *save_mean, float *save_invstd,
+                             float *y);
+void ref_bn_forward_eval_lp(Precision p, int n, int c, int hw, const float *x, const float *gamma,
+                            const float *beta, const float *running_mean, const float *running_var,
+                            float eps, float *y);
+void ref_bn_backward_lp(Precision p, int n, int c, int hw, const float *x, const float *dy,
+                        const float *gamma, const float *save_mean, const float *save_invstd,
+                        float eps, float *dx, float *dgamma, float *dbeta, int accumulate);
+void ref_add_forward_lp(Precision p, int64_t count, const float *a, const float *b, float *y);
+void ref_grad_pass_lp(Precision p, int64_t count, const float *src, float *dst, int accumulate);
+void ref_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *dx,
+                          int accumulate);
+void ref_avgpool_forward_lp(Precision p, int n, int c, int hw, const float *x, float *y);
+void ref_avgpool_backward_lp(Precision p, int n, int c, int hw, const float *dy, float *dx,
+                             int accumulate);
+void ref_linear_forward_lp(Precision p, int n, int in, int out, const float *x, const float *W,
+                           const float *b, float *y);
+void ref_linear_backward_lp(Precision p, int n, int in, int out, const float *x, const float *W,
+                            const float *dy, float *dx, float *dW, float *db, int accumulate);
+
+/* GradScaler's device-side steps and the skipping SGD, on the host (ops.h). */
+void ref_scale_by_device(int64_t count, float *x, const float *alpha);
+void ref_amp_unscale_check(int64_t count, float *grads, const float *inv_scale, float *found_inf);
+void ref_amp_update_scale(float *scale, float *inv_scale, int32_t *growth_tracker, float *found_inf,
+                          int64_t *skipped, double growth_factor, double backoff_factor,
+                          int growth_interval);
+void ref_count_zero_nonfinite(int64_t count, const float *x, int64_t *counts);
+
 #endif

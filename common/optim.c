@@ -38,6 +38,13 @@ void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) 
     o->steps++;
 }
 
+void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,
+                       const float *skip) {
+    sgd_step_unless(o->dev, o->count, params, grads, o->momentum_buf, (float)lr_now,
+                    (float)o->momentum, (float)o->weight_decay, o->steps == 0, skip);
+    o->steps++;
+}
+
 double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps) {
     if (!strcmp(schedule, "cosine") && total_steps > 0)
         return lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps));

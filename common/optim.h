@@ -25,6 +25,12 @@ void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double mome
 void optim_destroy(Optimizer *o);
 /* One SGD step at learning rate lr_now (from lr_schedule). */
 void optim_step(Optimizer *o, float *params, const float *grads, double lr_now);
+/* The same, skipped on the device when *skip != 0 (a device flag: the GradScaler's found_inf), so
+ * the host never waits to learn whether the step happened. `steps` counts attempted steps. That
+ * PyTorch creates the momentum buffer at the first step actually taken needs no host knowledge:
+ * the buffer starts at zero, and momentum·0 + g = g is what "first" would have stored. */
+void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,
+                       const float *skip);
 
 /* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
  * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). */

@@ -12,6 +12,7 @@
 
 #include "model.h"
 #include "ops.h"
+#include "precision.h"
 #include "ops_ref.h"
 #include "optim.h"
 #include "rng.h"
@@ -291,6 +292,130 @@ START_TEST(resnet18_layout_matches_torch) {
 }
 END_TEST
 
+/* ---- mixed precision (stage 5): tests/torch/amp_fixtures.py -> amp.bin, amp_cuda.bin ------------- */
+
+/* Our C conversions against torch's .half() / .bfloat16() on specials, boundaries, ties and random
+ * bit patterns: every bit must match, except that a NaN only has to stay a NaN (torch's own NaN
+ * encodings differ between its scalar and vectorised paths, and the GPU writes yet another). */
+START_TEST(conversions_match_torch) {
+    Fx fx = fx_open("amp.bin");
+    int64_t n, n16, nb;
+    int dt;
+    const int32_t *in = fx_get(&fx, "conv.in", &n, &dt);
+    const int32_t *h = fx_get(&fx, "conv.f16", &n16, &dt), *b = fx_get(&fx, "conv.bf16", &nb, &dt);
+    ck_assert(n == n16 && n == nb && n > 6000);
+    for (int64_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, &in[i], 4);
+        if (isnan(x)) {
+            ck_assert(isnan(f16_to_f32(f32_to_f16(x))) && isnan(f16_to_f32((uint16_t)h[i])));
+            ck_assert(isnan(bf16_to_f32(f32_to_bf16(x))) && isnan(bf16_to_f32((uint16_t)b[i])));
+            continue;
+        }
+        ck_assert_msg(f32_to_f16(x) == (uint16_t)h[i], "fp16(%a = 0x%08x): ours 0x%04x, torch 0x%04x", x,
+                      (unsigned)in[i], f32_to_f16(x), (unsigned)h[i]);
+        ck_assert_msg(f32_to_bf16(x) == (uint16_t)b[i], "bf16(%a = 0x%08x): ours 0x%04x, torch 0x%04x", x,
+                      (unsigned)in[i], f32_to_bf16(x), (unsigned)b[i]);
+    }
+    free(fx.buf);
+}
+END_TEST
+
+/* Norm-wise relative error ‖a − b‖₂ / ‖b‖₂: one rounding flip in a 16-bit value moves an element by
+ * an ulp of that type, so elementwise maxima are dominated by the rare flip; the 2-norm measures
+ * the typical agreement. */
+static double rel2_f32_f64(const float *a, const double *b, int64_t n) {
+    double num = 0, den = 1e-300;
+    for (int64_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += b[i] * b[i];
+    return sqrt(num / den);
+}
+
+/* The tiny ResNet's first step under autocast, ours (prec) against torch's (the fixture `tag`), and
+ * our fp32 model against the same torch result. Asserts that ours is within tolerance (norm-wise)
+ * and — the point — that we round where torch rounds: at least a quarter of our logits are
+ * bit-identical to torch's (fp32 logits essentially never are; measured: 45 of 80 for bf16 on the
+ * CPU, the rest one ulp apart from fp32 summation-order flips upstream), and our gradients are at
+ * least twice as close to torch's autocast gradients as fp32 gradients are (measured 7×).
+ * Tolerances, norm-wise relative, for a type of unit roundoff u (bf16 2^-8, fp16 2^-11): the
+ * logits are rounded to the type, and earlier flips propagate: measured 0.6u (bf16); allowed
+ * ~2.5u. Gradients pass ~20 roundings in backward: measured 2.4u; allowed 8u. Running statistics
+ * are fp32 means and variances of rounded activations: measured 3e-6, allowed 1e-4. */
+static void autocast_against_torch(const char *file, const char *tag, Precision prec, double tol_logits,
+                                   double tol_grads) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tests/fixtures/%s", test_root(), file);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        printf("SKIP %s: %s is made on the GPU: python3 tests/torch/amp_fixtures.py --device cuda\n", tag,
+               path);
+        return;
+    }
+    fclose(probe);
+    Fx fx = fx_open(file);
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, 0, -1);
+    char k[64];
+#define F(field, count) (snprintf(k, sizeof k, "%s." field, tag), fx_f64(&fx, k, count))
+    double err[2][4]; /* [fp32, prec][logits, loss, grads, buffers] */
+    int exact = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        Model *m = model_create_mixed(&dev, "tiny", 1, 8, 0, pass ? prec : PREC_FP32, 0);
+        float *p0 = to_f32(F("params0", m->n_param_floats), m->n_param_floats);
+        float *b0 = to_f32(F("buffers0", m->n_buffer_floats), m->n_buffer_floats);
+        memcpy(m->param_flat, p0, m->n_param_floats * sizeof(float));
+        memcpy(m->buffer_flat, b0, m->n_buffer_floats * sizeof(float));
+        float *x = to_f32(F("x", 8 * 3072), 8 * 3072);
+        int64_t cnt;
+        int dt;
+        snprintf(k, sizeof k, "%s.y", tag);
+        const int32_t *y = fx_get(&fx, k, &cnt, &dt);
+        float loss;
+        int32_t correct;
+        model_zero_grad(m);
+        model_forward(m, 8, x, 1);
+        err[pass][0] = rel2_f32_f64(model_logits(m), F("logits", 80), 80);
+        if (pass) /* the logits are stored in the low type: most must be torch's very values */
+            for (int i = 0; i < 80; i++) exact += model_logits(m)[i] == (float)F("logits", 80)[i];
+        xent_forward_backward(&dev, 8, 10, model_logits(m), y, 1.0f / 8, &loss, &correct, model_dlogits(m));
+        double want_loss = F("loss", 1)[0];
+        err[pass][1] = fabs(loss - want_loss) / fabs(want_loss);
+        float scale = (float)F("scale", 1)[0]; /* the loss was scaled before backward */
+        scale_inplace(&dev, 80, model_dlogits(m), scale);
+        model_backward(m, 8, NULL, NULL);
+        err[pass][2] = rel2_f32_f64(m->grad_flat, F("grads", m->n_param_floats), m->n_param_floats);
+        err[pass][3] = rel2_f32_f64(m->buffer_flat, F("buffers1", m->n_buffer_floats), m->n_buffer_floats);
+        model_destroy(m);
+        free(p0), free(b0), free(x);
+    }
+#undef F
+    printf("%s: relative error to torch autocast (ours %s | ours fp32): logits %.2e | %.2e (%d/80 exact), loss "
+           "%.2e | %.2e, grads %.2e | %.2e, running stats %.2e | %.2e\n", tag, precision_name(prec), err[1][0],
+           err[0][0], exact, err[1][1], err[0][1], err[1][2], err[0][2], err[1][3], err[0][3]);
+    CHECK_CLOSE("autocast logits", err[1][0], tol_logits);
+    CHECK_CLOSE("autocast gradients", err[1][2], tol_grads);
+    CHECK_CLOSE("autocast running stats", err[1][3], 1e-4);
+    ck_assert_msg(exact >= 20, "%s: only %d of 80 logits equal torch's autocast logits", tag, exact);
+    ck_assert_msg(err[1][2] < 0.5 * err[0][2], "%s gradients: ours is not closer to torch's autocast than fp32", tag);
+    device_destroy(&dev);
+    free(fx.buf);
+}
+
+#define U_BF16 (1.0 / 256)
+#define U_FP16 (1.0 / 2048)
+START_TEST(bf16_cpu_autocast_matches_torch) {
+    autocast_against_torch("amp.bin", "bf16_cpu", PREC_BF16, 2.5 * U_BF16, 8 * U_BF16);
+}
+END_TEST
+/* Made on the GPU (torch.autocast("cuda")); skipped, visibly, until the file is committed. */
+START_TEST(cuda_autocast_matches_torch) {
+    /* Looser gradient bounds than on the CPU: cuDNN's summation orders differ more from ours than
+     * torch's CPU kernels do, and batch norm's backward amplifies each flipped rounding
+     * (test_amp.c); the "closer than fp32" check stays the sharp one. */
+    autocast_against_torch("amp_cuda.bin", "fp16_cuda", PREC_FP16, 2.5 * U_FP16, 30 * U_FP16);
+    autocast_against_torch("amp_cuda.bin", "bf16_cuda", PREC_BF16, 2.5 * U_BF16, 30 * U_BF16);
+}
+END_TEST
+
 /* ---- random order and the DistributedSampler -------------------------------------------------- */
 
 START_TEST(randperm_matches_torch) {
@@ -354,6 +479,9 @@ Suite *suite_fixtures(void) {
     tcase_add_test(tc, resnet18_layout_matches_torch);
     tcase_add_test(tc, randperm_matches_torch);
     tcase_add_test(tc, sampler_matches_torch);
+    tcase_add_test(tc, conversions_match_torch);
+    tcase_add_test(tc, bf16_cpu_autocast_matches_torch);
+    tcase_add_test(tc, cuda_autocast_matches_torch);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,9 +1,11 @@
 /* test_model.c — the model as a whole: layout, initialisation, the backward plan, the gradient-ready
  * hook, accumulation semantics, train/eval, and (with a GPU) the CUDA model against the CPU model. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "amp.h"
 #include "model.h"
 #include "ops.h"
 #include "tests.h"
@@ -195,6 +197,89 @@ START_TEST(cuda_model_matches_cpu_model) {
 }
 END_TEST
 
+/* Under autocast the CUDA model (16-bit activations, cuDNN/cuBLAS/our kernels; NCHW and
+ * channels-last) against the CPU backend's emulation: same weights, same batch. Every op of both rounds the same fp32 values at the
+ * same points, so they differ only where fp32 summation order flips a rounding (≤ 1 ulp of the type
+ * in an element). Forward keeps that at ~u: the logits within 4u (norm-wise). Backward amplifies
+ * relative differences through batch norm (test_amp.c: ~50u from rounding itself at this batch
+ * size), and flips are rarer than roundings: the gradients within 50u. fp16 runs with the loss
+ * scaled by 2^16, as the GradScaler does. Also: the activations really are 16 bits — the model's
+ * activation memory is half of the fp32 model's (to 1%). */
+START_TEST(cuda_mixed_model_matches_cpu_emulation) {
+    if (!test_have_gpu("model: CUDA autocast forward/backward vs CPU emulation")) return;
+    Device c = cpu(), g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    int major, bf16 = amp_bf16_supported(&g, &major);
+    int n = 16;
+    float *x = malloc((size_t)n * 3072 * sizeof(float));
+    int32_t y[16];
+    for (int i = 0; i < n; i++) y[i] = (i * 7) % 10;
+    test_fill_uniform(x, (int64_t)n * 3072, 9, -2, 2);
+    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
+    int32_t *yg = device_alloc(&g, sizeof y, "y");
+    float *lossg = device_alloc(&g, 4, "loss");
+    int32_t *corrg = device_alloc(&g, 4, "correct");
+    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, yg, y, sizeof y);
+    for (int run = 0; run < 4; run++) {
+        Precision p = (Precision)(1 + run / 2);
+        int cl = run % 2; /* the CUDA model also in channels-last; the emulation is always NCHW */
+        if (p == PREC_BF16 && !bf16) {
+            printf("SKIP: bf16 model — compute capability %d.x < 8.0\n", major);
+            continue;
+        }
+        double u = p == PREC_FP16 ? 1.0 / 2048 : 1.0 / 256;
+        float S = p == PREC_FP16 ? 65536.0f : 1.0f, lossc;
+        int32_t corrc;
+        Model *mc = model_create_mixed(&c, "tiny", 1, n, 3, p, 0), *mg = model_create_mixed(&g, "tiny", 1, n, 3, p, cl);
+        ck_assert_int_eq(mg->channels_last, cl);
+        model_forward(mc, n, x, 1);
+        xent_forward_backward(&c, n, 10, model_logits(mc), y, 1.0f / n, &lossc, &corrc, model_dlogits(mc));
+        scale_inplace(&c, n * 10, model_dlogits(mc), S);
+        model_backward(mc, n, NULL, NULL);
+        model_forward(mg, n, xg, 1);
+        xent_forward_backward(&g, n, 10, model_logits(mg), yg, 1.0f / n, lossg, corrg, model_dlogits(mg));
+        scale_inplace(&g, n * 10, model_dlogits(mg), S);
+        model_backward(mg, n, NULL, NULL);
+        int64_t np = mc->n_param_floats;
+        float *gg = malloc(np * sizeof(float)), lg, logits[160];
+        device_copy_d2h(&g, gg, mg->grad_flat, np * sizeof(float));
+        device_copy_d2h(&g, &lg, lossg, 4);
+        device_copy_d2h(&g, logits, model_logits(mg), sizeof logits);
+        double el = test_rel_err(logits, model_logits(mc), n * 10), eg = test_rel_err(gg, mc->grad_flat, np);
+        printf("model %s%s, CUDA vs CPU emulation: logits %.2e (%.1fu), gradients %.2e (%.1fu)\n", precision_name(p),
+               cl ? " channels-last" : "", el, el / u, eg, eg / u);
+        ck_assert_msg(fabsf(lg - lossc) < 4 * u * fabsf(lossc), "loss gpu %g cpu %g", lg, lossc);
+        ck_assert_msg(el < 4 * u, "logits differ: %g", el);
+        ck_assert_msg(eg < 50 * u, "gradients differ: %g", eg);
+        free(gg);
+        model_destroy(mc), model_destroy(mg);
+    }
+    /* memory: ResNet-18 at batch 64, fp32 vs fp16 activations */
+    size_t base = g.mem_cur;
+    Model *m32 = model_create(&g, "resnet18", 1, 64, 0);
+    size_t d32 = g.mem_cur - base;
+    model_destroy(m32);
+    base = g.mem_cur;
+    Model *m16 = model_create_mixed(&g, "resnet18", 1, 64, 0, PREC_FP16, 0);
+    size_t d16 = g.mem_cur - base;
+    double params = 2.0 * m16->n_param_floats * 4; /* fp32 parameters + gradients, in both */
+    double extra = m16->n_param_floats * 2.0 + 64.0 * 3072 * 2 + 2 * 64 * 10 * 4; /* weight copies, input, logits */
+    int64_t most = 0;
+    for (int i = 0; i < m16->n_params; i++)
+        if (m16->params[i].count > most) most = m16->params[i].count;
+    extra += most * 2.0 + 8192; /* one weight gradient (+ bias) */
+    double acts32 = d32 - params, acts16 = d16 - params - extra;
+    printf("resnet18 batch 64 on CUDA: fp32 model %.1f MiB, fp16 model %.1f MiB; activations %.1f -> %.1f MiB\n",
+           d32 / 1048576.0, d16 / 1048576.0, acts32 / 1048576.0, acts16 / 1048576.0);
+    ck_assert_msg(fabs(acts16 - acts32 / 2) < 0.01 * acts32, "activation memory %.0f is not half of %.0f", acts16,
+                  acts32);
+    model_destroy(m16);
+    free(x);
+    device_destroy(&c), device_destroy(&g);
+}
+END_TEST
+
 Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -205,6 +290,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, gradients_accumulate_across_backwards);
     tcase_add_test(tc, eval_mode_leaves_running_stats_alone);
     tcase_add_test(tc, cuda_model_matches_cpu_model);
+    tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -22,9 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amp.h"
 #include "device.h"
 #include "ops.h"
 #include "ops_ref.h"
+#include "precision.h"
 #include "tests.h"
 
 #define TOL_CONV 1e-4
@@ -630,6 +632,454 @@ START_TEST(test_sgd_matches_reference) {
 }
 END_TEST
 
+/* ================================================================================================
+ * Mixed precision: the 16-bit CUDA ops against the CPU backend's emulation (ops_ref.c), on inputs
+ * that are p values. Both compute in fp32 and round each stored value once; they differ only in
+ * the order of fp32 sums (and float vs double in batch norm's statistics), which can move a result
+ * across a rounding boundary: one ulp of p at most in an element, i.e. ≤ u relative to the
+ * tensor's largest value (u = 2^-11 fp16, 2^-8 bf16). Tolerance TOL_LP = 2u (+ TOL_SUM for cuDNN's
+ * Winograd/FFT transforms). Ops with one rounding of the same fp32 value on both sides (casts,
+ * relu, add, accumulate, the GradScaler's scalar rules, the skipping SGD) must match exactly.
+ * bf16 needs compute capability 8.0 for cuDNN and cuBLAS: below that only fp16 is tested.
+ * ============================================================================================== */
+
+static double u_of(Precision p) { return p == PREC_FP16 ? 1.0 / 2048 : 1.0 / 256; }
+#define TOL_LP(p) (2 * u_of(p) + TOL_SUM)
+
+/* host floats (rounded to p here) → a 16-bit device tensor */
+static void *up_lp(Device *d, Precision p, float *h, int64_t n) {
+    precision_round_array(p, n, h);
+    uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
+    precision_pack(p, n, h, b);
+    void *dev = device_alloc(d, (size_t)n * 2, "test tensor (16-bit)");
+    device_copy_h2d(d, dev, b, (size_t)n * 2);
+    device_sync(d);
+    free(b);
+    return dev;
+}
+
+static float *down_lp(Device *d, Precision p, const void *dev, int64_t n) {
+    uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    device_copy_d2h(d, b, dev, (size_t)n * 2);
+    precision_unpack(p, n, b, h);
+    free(b);
+    return h;
+}
+
+#define EXPECT_LP_CLOSE(d, p, dev, want, n, tol, ...)                                              \
+    do {                                                                                           \
+        float *g_ = down_lp((d), (p), (dev), (n));                                                 \
+        EXPECT_CLOSE(g_, (want), (n), (tol), __VA_ARGS__);                                         \
+        free(g_);                                                                                  \
+    } while (0)
+
+#define EXPECT_LP_EXACT(d, p, dev, want, n, what)                                                  \
+    do {                                                                                           \
+        float *g_ = down_lp((d), (p), (dev), (n));                                                 \
+        for (int64_t i_ = 0; i_ < (n); i_++)                                                       \
+            ck_assert_msg(g_[i_] == (want)[i_] || (isnan(g_[i_]) && isnan((want)[i_])),           \
+                          "%s %s: element %lld is %g, emulation %g", (what), precision_name(p),   \
+                          (long long)i_, (double)g_[i_], (double)(want)[i_]);                      \
+        free(g_);                                                                                  \
+    } while (0)
+
+/* The types this GPU can run: fp16 always, bf16 from compute capability 8.0. */
+static int lp_types(Device *d, Precision *out) {
+    int major, n = 0;
+    out[n++] = PREC_FP16;
+    if (amp_bf16_supported(d, &major)) out[n++] = PREC_BF16;
+    else printf("SKIP: bf16 ops — compute capability %d.x < 8.0\n", major);
+    return n;
+}
+
+START_TEST(test_lp_elementwise_exact) {
+    if (!test_have_gpu("ops_cuda: fp16/bf16 casts and elementwise vs emulation")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[2];
+    int np = lp_types(&d, ps);
+    for (int k = 0; k < np; k++) {
+        Precision p = ps[k];
+        int64_t n = 5000;
+        /* casts: specials, overflow, subnormals and ties, then random values over fp16's range */
+        float *h = hrand(n, 8000, -4.f, 4.f);
+        float spec[] = {0.f, -0.f, INFINITY, -INFINITY, NAN, 65504.f, 65520.f, 65519.f, 1e5f, 0x1p-24f,
+                        0x1p-25f, 0x1.8p-24f, 1e-8f, 1e30f, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f, 3e-39f};
+        memcpy(h, spec, sizeof spec);
+        for (int64_t i = 100; i < n; i++) h[i] = ldexpf(h[i], (int)(i % 40) - 26);
+        float *x = up(&d, h, n), *want = hcopy(h, n);
+        void *xl = device_alloc(&d, (size_t)n * 2, "lp");
+        cast_to(&d, p, n, x, xl);
+        ref_cast_to_lp(p, n, h, want);
+        EXPECT_LP_EXACT(&d, p, xl, want, n, "cast_to (fp32 → 16 bits, round to nearest even)");
+        float *back = dzeros(&d, n);
+        cast_from(&d, p, n, xl, back, 0);
+        EXPECT_GPU_EXACT(&d, back, want, n, "cast_from (exact widening)");
+        cast_from(&d, p, n, xl, back, 1); /* += : 2·want, exact */
+        for (int64_t i = 0; i < n; i++) want[i] *= 2;
+        EXPECT_GPU_EXACT(&d, back, want, n, "cast_from accumulate");
+        /* relu, add, accumulate on p values */
+        float *ha = hrand(n, 8100, -3.f, 3.f), *hb = hrand(n, 8200, -3.f, 3.f);
+        void *a = up_lp(&d, p, ha, n), *b = up_lp(&d, p, hb, n), *y = device_alloc(&d, (size_t)n * 2, "lp");
+        float *r = hzeros(n);
+        relu_forward_lp(&d, p, n, a, y);
+        ref_relu_forward_f32(n, ha, r);
+        EXPECT_LP_EXACT(&d, p, y, r, n, "relu forward");
+        relu_backward_lp(&d, p, n, y, b, y, 0); /* in place, as the model does */
+        ref_relu_backward_lp(p, n, r, hb, r, 0);
+        EXPECT_LP_EXACT(&d, p, y, r, n, "relu backward");
+        add_forward_lp(&d, p, n, a, b, y);
+        ref_add_forward_lp(p, n, ha, hb, r);
+        EXPECT_LP_EXACT(&d, p, y, r, n, "add");
+        grad_pass_lp(&d, p, n, a, y, 1);
+        ref_grad_pass_lp(p, n, ha, r, 1);
+        EXPECT_LP_EXACT(&d, p, y, r, n, "grad accumulate round(old + new)");
+        /* pooling: fp32 sums in another order (forward), one division (backward) */
+        int pn = 8, pc = 40, hw = 16;
+        avgpool_forward_lp(&d, p, 0, pn, pc, hw, a, y);
+        ref_avgpool_forward_lp(p, pn, pc, hw, ha, r);
+        EXPECT_LP_CLOSE(&d, p, y, r, pn * pc, TOL_LP(p), "avgpool forward %s", precision_name(p));
+        avgpool_backward_lp(&d, p, 0, pn, pc, hw, a, y, 0);
+        ref_avgpool_backward_lp(p, pn, pc, hw, ha, r, 0);
+        EXPECT_LP_CLOSE(&d, p, y, r, (int64_t)pn * pc * hw, TOL_LP(p), "avgpool backward %s", precision_name(p));
+        device_free(&d, x), device_free(&d, xl), device_free(&d, back), device_free(&d, a), device_free(&d, b);
+        device_free(&d, y);
+        free(h), free(want), free(ha), free(hb), free(r);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(test_lp_conv_matches_emulation) {
+    if (!test_have_gpu("ops_cuda: fp16/bf16 convolution vs emulation")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[2];
+    int np = lp_types(&d, ps);
+    for (int k = 0; k < np; k++) {
+        Precision p = ps[k];
+        for (size_t ci = 0; ci < sizeof conv_cfgs / sizeof conv_cfgs[0]; ci++) {
+            const ConvCfg *cf = &conv_cfgs[ci];
+            Conv c = {.prec = p};
+            conv_shape(&c.s, cf->cin, cf->cout, cf->k, cf->stride, cf->pad, cf->h, cf->w);
+            int n = 3;
+            int64_t nx = (int64_t)n * cf->cin * cf->h * cf->w, nw = (int64_t)cf->cout * cf->cin * cf->k * cf->k;
+            int64_t ny = (int64_t)n * cf->cout * c.s.hout * c.s.wout;
+            float *hx = hrand(nx, 8300 + ci, -1.f, 1.f), *hw_ = hrand(nw, 8400 + ci, -0.5f, 0.5f);
+            float *hdy = hrand(ny, 8500 + ci, -1.f, 1.f), *hdx0 = hrand(nx, 8600 + ci, -1.f, 1.f);
+            void *x = up_lp(&d, p, hx, nx), *w = up_lp(&d, p, hw_, nw), *dy = up_lp(&d, p, hdy, ny);
+            void *dxa = up_lp(&d, p, hdx0, nx);
+            void *y = device_alloc(&d, ny * 2, "lp"), *dx = device_alloc(&d, nx * 2, "lp"), *dw = device_alloc(&d, nw * 2, "lp");
+            float *ry = hzeros(ny), *rdx = hzeros(nx), *rdxa = hcopy(hdx0, nx), *rdw = hzeros(nw);
+            conv_forward_lp(&d, &c, p, n, x, w, y);
+            ref_conv_forward_lp(p, &c.s, n, hx, hw_, ry);
+            conv_backward_data_lp(&d, &c, p, n, dy, w, dx, 0);
+            ref_conv_backward_data_lp(p, &c.s, n, hdy, hw_, rdx, 0);
+            conv_backward_data_lp(&d, &c, p, n, dy, w, dxa, 1);
+            ref_conv_backward_data_lp(p, &c.s, n, hdy, hw_, rdxa, 1);
+            conv_backward_filter_lp(&d, &c, p, n, x, dy, dw);
+            ref_conv_backward_filter_lp(p, &c.s, n, hx, hdy, rdw);
+            char tag[96];
+            snprintf(tag, sizeof tag, "conv %s %d->%d k%d s%d", precision_name(p), cf->cin, cf->cout, cf->k, cf->stride);
+            EXPECT_LP_CLOSE(&d, p, y, ry, ny, TOL_LP(p), "%s forward", tag);
+            EXPECT_LP_CLOSE(&d, p, dx, rdx, nx, TOL_LP(p), "%s backward-data", tag);
+            EXPECT_LP_CLOSE(&d, p, dxa, rdxa, nx, TOL_LP(p), "%s backward-data accumulate", tag);
+            EXPECT_LP_CLOSE(&d, p, dw, rdw, nw, TOL_LP(p), "%s backward-filter (fresh)", tag);
+            conv_release(&d, &c);
+            device_free(&d, x), device_free(&d, w), device_free(&d, dy), device_free(&d, dxa);
+            device_free(&d, y), device_free(&d, dx), device_free(&d, dw);
+            free(hx), free(hw_), free(hdy), free(hdx0), free(ry), free(rdx), free(rdxa), free(rdw);
+        }
+    }
+    device_destroy(&d);
+}
+END_TEST
+
+START_TEST(test_lp_bn_and_linear_match_emulation) {
+    if (!test_have_gpu("ops_cuda: fp16/bf16 batch norm and linear vs emulation")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[2];
+    int np = lp_types(&d, ps);
+    for (int k = 0; k < np; k++) {
+        Precision p = ps[k];
+        int shapes[3][3] = {{8, 16, 36}, {4, 8, 1024}, {2, 3, 5}};
+        for (int si_ = 0; si_ < 3; si_++) {
+            int n = shapes[si_][0], c = shapes[si_][1], hw = shapes[si_][2];
+            int64_t cnt = (int64_t)n * c * hw;
+            float *hx = hrand(cnt, 8700, -2.f, 3.f), *hdy = hrand(cnt, 8701, -1.f, 1.f);
+            float *hg = hrand(c, 8702, 0.5f, 1.5f), *hb = hrand(c, 8703, -0.5f, 0.5f);
+            float *hrm = hrand(c, 8704, -0.2f, 0.2f), *hrv = hrand(c, 8705, 0.5f, 2.f);
+            float *hdx0 = hrand(cnt, 8706, -1.f, 1.f);
+            void *x = up_lp(&d, p, hx, cnt), *dy = up_lp(&d, p, hdy, cnt), *dxa = up_lp(&d, p, hdx0, cnt);
+            float *g = up(&d, hg, c), *b = up(&d, hb, c), *rm = up(&d, hrm, c), *rv = up(&d, hrv, c);
+            float *sm = dzeros(&d, c), *sv = dzeros(&d, c), *dg = dzeros(&d, c), *db = dzeros(&d, c);
+            void *y = device_alloc(&d, cnt * 2, "lp"), *dx = device_alloc(&d, cnt * 2, "lp"), *ye = device_alloc(&d, cnt * 2, "lp");
+            float *ry = hzeros(cnt), *rrm = hcopy(hrm, c), *rrv = hcopy(hrv, c), *rsm = hzeros(c), *rsv = hzeros(c);
+            float *rdx = hzeros(cnt), *rdxa = hcopy(hdx0, cnt), *rdg = hzeros(c), *rdb = hzeros(c), *rye = hzeros(cnt);
+            bn_forward_eval_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_EPS, ye);
+            ref_bn_forward_eval_lp(p, n, c, hw, hx, hg, hb, hrm, hrv, BN_EPS, rye);
+            bn_forward_train_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
+            ref_bn_forward_train_lp(p, n, c, hw, hx, hg, hb, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
+            bn_backward_lp(&d, p, 0, n, c, hw, x, dy, g, sm, sv, BN_EPS, dx, dg, db, 0);
+            ref_bn_backward_lp(p, n, c, hw, hx, hdy, hg, rsm, rsv, BN_EPS, rdx, rdg, rdb, 0);
+            bn_backward_lp(&d, p, 0, n, c, hw, x, dy, g, sm, sv, BN_EPS, dxa, dg, db, 1);
+            ref_bn_backward_lp(p, n, c, hw, hx, hdy, hg, rsm, rsv, BN_EPS, rdxa, rdg, rdb, 1);
+            char tag[96];
+            snprintf(tag, sizeof tag, "bn %s n=%d c=%d hw=%d", precision_name(p), n, c, hw);
+            EXPECT_LP_CLOSE(&d, p, y, ry, cnt, TOL_LP(p), "%s train y", tag);
+            EXPECT_LP_CLOSE(&d, p, ye, rye, cnt, TOL_LP(p), "%s eval y", tag);
+            EXPECT_GPU_CLOSE(&d, rm, rrm, c, TOL_SUM, "%s running_mean", tag);
+            EXPECT_GPU_CLOSE(&d, rv, rrv, c, TOL_SUM, "%s running_var", tag);
+            EXPECT_GPU_CLOSE(&d, sm, rsm, c, TOL_SUM, "%s save_mean", tag);
+            EXPECT_GPU_CLOSE(&d, sv, rsv, c, TOL_SUM, "%s save_invstd", tag);
+            EXPECT_LP_CLOSE(&d, p, dx, rdx, cnt, TOL_LP(p), "%s dx", tag);
+            EXPECT_LP_CLOSE(&d, p, dxa, rdxa, cnt, TOL_LP(p), "%s dx accumulate", tag);
+            EXPECT_GPU_CLOSE(&d, dg, rdg, c, TOL_SUM, "%s dgamma (fp32, += twice)", tag);
+            EXPECT_GPU_CLOSE(&d, db, rdb, c, TOL_SUM, "%s dbeta (fp32, += twice)", tag);
+            device_free(&d, x), device_free(&d, dy), device_free(&d, dxa), device_free(&d, g), device_free(&d, b);
+            device_free(&d, rm), device_free(&d, rv), device_free(&d, sm), device_free(&d, sv), device_free(&d, dg);
+            device_free(&d, db), device_free(&d, y), device_free(&d, dx), device_free(&d, ye);
+            free(hx), free(hdy), free(hg), free(hb), free(hrm), free(hrv), free(hdx0), free(ry), free(rrm), free(rrv);
+            free(rsm), free(rsv), free(rdx), free(rdxa), free(rdg), free(rdb), free(rye);
+        }
+        /* linear: y = round(x·Wᵀ + b); dx (overwrite, accumulate), dW and db fresh */
+        int n = 37, in = 64, out = 10;
+        float *hx = hrand(n * in, 8800, -1.f, 1.f), *hW = hrand(out * in, 8801, -0.3f, 0.3f);
+        float *hb = hrand(out, 8802, -1.f, 1.f), *hdy = hrand(n * out, 8803, -1.f, 1.f), *hdx0 = hrand(n * in, 8804, -1.f, 1.f);
+        void *x = up_lp(&d, p, hx, n * in), *W = up_lp(&d, p, hW, out * in), *b = up_lp(&d, p, hb, out);
+        void *dy = up_lp(&d, p, hdy, n * out), *dxa = up_lp(&d, p, hdx0, n * in);
+        void *y = device_alloc(&d, n * out * 2, "lp"), *dx = device_alloc(&d, n * in * 2, "lp");
+        void *dW = device_alloc(&d, out * in * 2, "lp"), *db = device_alloc(&d, out * 2, "lp");
+        float *ry = hzeros(n * out), *rdx = hzeros(n * in), *rdxa = hcopy(hdx0, n * in), *rdW = hzeros(out * in), *rdb = hzeros(out);
+        linear_forward_lp(&d, p, n, in, out, x, W, b, y);
+        ref_linear_forward_lp(p, n, in, out, hx, hW, hb, ry);
+        linear_backward_lp(&d, p, n, in, out, x, W, dy, dx, dW, db, 0);
+        ref_linear_backward_lp(p, n, in, out, hx, hW, hdy, rdx, rdW, rdb, 0);
+        EXPECT_LP_CLOSE(&d, p, y, ry, n * out, TOL_LP(p), "linear %s forward", precision_name(p));
+        EXPECT_LP_CLOSE(&d, p, dx, rdx, n * in, TOL_LP(p), "linear %s dx", precision_name(p));
+        EXPECT_LP_CLOSE(&d, p, dW, rdW, out * in, TOL_LP(p), "linear %s dW", precision_name(p));
+        EXPECT_LP_CLOSE(&d, p, db, rdb, out, TOL_LP(p), "linear %s db", precision_name(p));
+        linear_backward_lp(&d, p, n, in, out, x, W, dy, dxa, dW, db, 1);
+        ref_linear_backward_lp(p, n, in, out, hx, hW, hdy, rdxa, rdW, rdb, 1);
+        EXPECT_LP_CLOSE(&d, p, dxa, rdxa, n * in, TOL_LP(p), "linear %s dx accumulate", precision_name(p));
+        EXPECT_LP_CLOSE(&d, p, dW, rdW, out * in, TOL_LP(p), "linear %s dW again (overwritten)", precision_name(p));
+        device_free(&d, x), device_free(&d, W), device_free(&d, b), device_free(&d, dy), device_free(&d, dxa);
+        device_free(&d, y), device_free(&d, dx), device_free(&d, dW), device_free(&d, db);
+        free(hx), free(hW), free(hb), free(hdy), free(hdx0), free(ry), free(rdx), free(rdxa), free(rdW), free(rdb);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- channels-last: the same ops on NHWC tensors (KRSC conv weights) ------------------------- */
+/* Inputs are permuted on the host, results permuted back, and compared with the (NCHW) emulation
+ * at the same tolerances: the layout must change no value. */
+
+static float *to_nhwc(const float *x, int n, int c, int hw) {
+    float *y = malloc((size_t)n * c * hw * sizeof(float));
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int j = 0; j < hw; j++) y[((int64_t)i * hw + j) * c + ch] = x[((int64_t)i * c + ch) * hw + j];
+    return y;
+}
+
+static float *from_nhwc(const float *y, int n, int c, int hw) {
+    float *x = malloc((size_t)n * c * hw * sizeof(float));
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int j = 0; j < hw; j++) x[((int64_t)i * c + ch) * hw + j] = y[((int64_t)i * hw + j) * c + ch];
+    return x;
+}
+
+/* a channels-last device tensor, downloaded and put back in NCHW order */
+static float *down_nhwc(Device *d, Precision p, const void *dev, int n, int c, int hw) {
+    float *h = down_lp(d, p, dev, (int64_t)n * c * hw), *x = from_nhwc(h, n, c, hw);
+    free(h);
+    return x;
+}
+
+static void *up_nhwc(Device *d, Precision p, float *h, int n, int c, int hw) {
+    precision_round_array(p, (int64_t)n * c * hw, h); /* h becomes the p values, in NCHW */
+    float *t = to_nhwc(h, n, c, hw);
+    void *dev = up_lp(d, p, t, (int64_t)n * c * hw);
+    free(t);
+    return dev;
+}
+
+START_TEST(test_lp_channels_last_matches_emulation) {
+    if (!test_have_gpu("ops_cuda: channels-last fp16/bf16 ops vs emulation")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[2];
+    int np = lp_types(&d, ps);
+    for (int k = 0; k < np; k++) {
+        Precision p = ps[k];
+        const char *pn = precision_name(p);
+        /* input cast, weight cast and the weight gradient's way back */
+        int n = 3, c = 5, hw = 7 * 6, cout = 4, kk = 9;
+        float *hx = hrand((int64_t)n * c * hw, 9100, -3.f, 3.f), *rx = hzeros((int64_t)n * c * hw);
+        float *x32 = up(&d, hx, (int64_t)n * c * hw);
+        void *xl = device_alloc(&d, (size_t)n * c * hw * 2, "lp");
+        cast_to_nhwc(&d, p, n, c, hw, x32, xl);
+        ref_cast_to_lp(p, (int64_t)n * c * hw, hx, rx);
+        float *gx = down_nhwc(&d, p, xl, n, c, hw);
+        ck_assert_msg(!memcmp(gx, rx, (size_t)n * c * hw * 4), "cast_to_nhwc %s", pn);
+        float *hw_ = hrand((int64_t)cout * c * kk, 9101, -1.f, 1.f), *rw = hzeros((int64_t)cout * c * kk);
+        float *w32 = up(&d, hw_, (int64_t)cout * c * kk), *back = dzeros(&d, (int64_t)cout * c * kk);
+        void *wl = device_alloc(&d, (size_t)cout * c * kk * 2, "lp");
+        cast_weight_khwc(&d, p, cout, c, kk, w32, wl);
+        cast_from_khwc(&d, p, cout, c, kk, wl, back, 0);
+        ref_cast_to_lp(p, (int64_t)cout * c * kk, hw_, rw);
+        EXPECT_GPU_EXACT(&d, back, rw, (int64_t)cout * c * kk, "weight → KRSC → back");
+        float *wk = down_lp(&d, p, wl, (int64_t)cout * c * kk); /* KRSC: [o][r][ci] */
+        ck_assert(wk[(1 * kk + 2) * c + 3] == rw[(1 * c + 3) * kk + 2]);
+        free(wk), free(gx), free(hx), free(rx), free(hw_), free(rw);
+        device_free(&d, x32), device_free(&d, xl), device_free(&d, w32), device_free(&d, back), device_free(&d, wl);
+
+        /* convolution on NHWC / KRSC */
+        for (size_t ci = 0; ci < sizeof conv_cfgs / sizeof conv_cfgs[0]; ci++) {
+            const ConvCfg *cf = &conv_cfgs[ci];
+            Conv cv = {.prec = p, .channels_last = 1};
+            conv_shape(&cv.s, cf->cin, cf->cout, cf->k, cf->stride, cf->pad, cf->h, cf->w);
+            int bn = 2, K2 = cf->k * cf->k, ihw = cf->h * cf->w, ohw = cv.s.hout * cv.s.wout;
+            int64_t nx = (int64_t)bn * cf->cin * ihw, nw = (int64_t)cf->cout * cf->cin * K2, ny = (int64_t)bn * cf->cout * ohw;
+            float *ax = hrand(nx, 9200 + ci, -1.f, 1.f), *aw = hrand(nw, 9300 + ci, -0.5f, 0.5f), *ady = hrand(ny, 9400 + ci, -1.f, 1.f);
+            void *dx_ = up_nhwc(&d, p, ax, bn, cf->cin, ihw), *ddy = up_nhwc(&d, p, ady, bn, cf->cout, ohw);
+            precision_round_array(p, nw, aw);
+            float *w32b = up(&d, aw, nw);
+            void *dw_ = device_alloc(&d, nw * 2, "lp"), *dy_ = device_alloc(&d, ny * 2, "lp");
+            void *dgx = device_alloc(&d, nx * 2, "lp"), *dgw = device_alloc(&d, nw * 2, "lp");
+            float *gw32 = dzeros(&d, nw);
+            cast_weight_khwc(&d, p, cf->cout, cf->cin, K2, w32b, dw_);
+            conv_forward_lp(&d, &cv, p, bn, dx_, dw_, dy_);
+            conv_backward_data_lp(&d, &cv, p, bn, ddy, dw_, dgx, 0);
+            conv_backward_filter_lp(&d, &cv, p, bn, dx_, ddy, dgw);
+            cast_from_khwc(&d, p, cf->cout, cf->cin, K2, dgw, gw32, 0);
+            float *ry = hzeros(ny), *rgx = hzeros(nx), *rgw = hzeros(nw);
+            ref_conv_forward_lp(p, &cv.s, bn, ax, aw, ry);
+            ref_conv_backward_data_lp(p, &cv.s, bn, ady, aw, rgx, 0);
+            ref_conv_backward_filter_lp(p, &cv.s, bn, ax, ady, rgw);
+            float *gy = down_nhwc(&d, p, dy_, bn, cf->cout, ohw), *ggx = down_nhwc(&d, p, dgx, bn, cf->cin, ihw);
+            EXPECT_CLOSE(gy, ry, ny, TOL_LP(p), "conv NHWC %s cfg %zu forward", pn, ci);
+            EXPECT_CLOSE(ggx, rgx, nx, TOL_LP(p), "conv NHWC %s cfg %zu backward-data", pn, ci);
+            EXPECT_GPU_CLOSE(&d, gw32, rgw, nw, TOL_LP(p), "conv NHWC %s cfg %zu backward-filter", pn, ci);
+            conv_release(&d, &cv);
+            free(ax), free(aw), free(ady), free(ry), free(rgx), free(rgw), free(gy), free(ggx);
+            device_free(&d, dx_), device_free(&d, ddy), device_free(&d, w32b), device_free(&d, dw_), device_free(&d, dy_);
+            device_free(&d, dgx), device_free(&d, dgw), device_free(&d, gw32);
+        }
+
+        /* batch norm and pooling on NHWC */
+        int bn_ = 4, bc = 24, bhw = 49;
+        int64_t cnt = (int64_t)bn_ * bc * bhw;
+        float *bx = hrand(cnt, 9500, -2.f, 3.f), *bdy = hrand(cnt, 9501, -1.f, 1.f);
+        float *g = hrand(bc, 9502, 0.5f, 1.5f), *b = hrand(bc, 9503, -0.5f, 0.5f);
+        void *x = up_nhwc(&d, p, bx, bn_, bc, bhw), *dy = up_nhwc(&d, p, bdy, bn_, bc, bhw);
+        float *dg = up(&d, g, bc), *db = up(&d, b, bc), *rm = dzeros(&d, bc), *rv = dzeros(&d, bc);
+        float *sm = dzeros(&d, bc), *sv = dzeros(&d, bc), *gg = dzeros(&d, bc), *gb = dzeros(&d, bc);
+        void *y = device_alloc(&d, cnt * 2, "lp"), *dx = device_alloc(&d, cnt * 2, "lp");
+        float *rrm = hzeros(bc), *rrv = hzeros(bc), *rsm = hzeros(bc), *rsv = hzeros(bc), *rgg = hzeros(bc), *rgb = hzeros(bc);
+        float *ry = hzeros(cnt), *rdx = hzeros(cnt);
+        bn_forward_train_lp(&d, p, 1, bn_, bc, bhw, x, dg, db, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
+        ref_bn_forward_train_lp(p, bn_, bc, bhw, bx, g, b, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
+        bn_backward_lp(&d, p, 1, bn_, bc, bhw, x, dy, dg, sm, sv, BN_EPS, dx, gg, gb, 0);
+        ref_bn_backward_lp(p, bn_, bc, bhw, bx, bdy, g, rsm, rsv, BN_EPS, rdx, rgg, rgb, 0);
+        float *gy = down_nhwc(&d, p, y, bn_, bc, bhw), *gdx = down_nhwc(&d, p, dx, bn_, bc, bhw);
+        EXPECT_CLOSE(gy, ry, cnt, TOL_LP(p), "bn NHWC %s train y", pn);
+        EXPECT_GPU_CLOSE(&d, sm, rsm, bc, TOL_SUM, "bn NHWC %s save_mean", pn);
+        EXPECT_GPU_CLOSE(&d, sv, rsv, bc, TOL_SUM, "bn NHWC %s save_invstd", pn);
+        EXPECT_GPU_CLOSE(&d, rv, rrv, bc, TOL_SUM, "bn NHWC %s running_var", pn);
+        EXPECT_CLOSE(gdx, rdx, cnt, TOL_LP(p), "bn NHWC %s dx", pn);
+        EXPECT_GPU_CLOSE(&d, gg, rgg, bc, TOL_SUM, "bn NHWC %s dgamma", pn);
+        EXPECT_GPU_CLOSE(&d, gb, rgb, bc, TOL_SUM, "bn NHWC %s dbeta", pn);
+        free(gy), free(gdx);
+        bn_forward_eval_lp(&d, p, 1, bn_, bc, bhw, x, dg, db, rm, rv, BN_EPS, y);
+        ref_bn_forward_eval_lp(p, bn_, bc, bhw, bx, g, b, rrm, rrv, BN_EPS, ry);
+        gy = down_nhwc(&d, p, y, bn_, bc, bhw);
+        EXPECT_CLOSE(gy, ry, cnt, TOL_LP(p), "bn NHWC %s eval y", pn);
+        void *pool = device_alloc(&d, (size_t)bn_ * bc * 2, "lp");
+        float *rpool = hzeros(bn_ * bc);
+        avgpool_forward_lp(&d, p, 1, bn_, bc, bhw, x, pool);
+        ref_avgpool_forward_lp(p, bn_, bc, bhw, bx, rpool);
+        EXPECT_LP_CLOSE(&d, p, pool, rpool, bn_ * bc, TOL_LP(p), "avgpool NHWC %s forward", pn);
+        avgpool_backward_lp(&d, p, 1, bn_, bc, bhw, pool, dx, 0);
+        ref_avgpool_backward_lp(p, bn_, bc, bhw, rpool, rdx, 0);
+        gdx = down_nhwc(&d, p, dx, bn_, bc, bhw);
+        EXPECT_CLOSE(gdx, rdx, cnt, TOL_LP(p), "avgpool NHWC %s backward", pn);
+        free(gy), free(gdx), free(bx), free(bdy), free(g), free(b), free(rrm), free(rrv), free(rsm), free(rsv);
+        free(rgg), free(rgb), free(ry), free(rdx), free(rpool);
+        device_free(&d, x), device_free(&d, dy), device_free(&d, dg), device_free(&d, db), device_free(&d, rm);
+        device_free(&d, rv), device_free(&d, sm), device_free(&d, sv), device_free(&d, gg), device_free(&d, gb);
+        device_free(&d, y), device_free(&d, dx), device_free(&d, pool);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
+/* The GradScaler's device side: the same scalar rules and the same skipping SGD, bit for bit. */
+START_TEST(test_scaler_ops_match_reference) {
+    if (!test_have_gpu("ops_cuda: GradScaler ops vs reference")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    int64_t n = 10000;
+    float *hg = hrand(n, 8900, -1000.f, 1000.f), *rg = hcopy(hg, n);
+    float *g = up(&d, hg, n);
+    /* state: scale, inv_scale, found_inf; tracker; skipped */
+    float hs[3] = {65536.f, 1.f / 65536.f, 0.f}, rs[3];
+    int32_t htr = 0, rtr;
+    int64_t hsk = 0, rsk;
+    memcpy(rs, hs, sizeof hs), rtr = htr, rsk = hsk;
+    float *st = up(&d, hs, 3);
+    int32_t *tr = device_alloc(&d, 4, "tracker");
+    int64_t *sk = device_alloc(&d, 8, "skipped");
+    device_copy_h2d(&d, tr, &htr, 4), device_copy_h2d(&d, sk, &hsk, 8);
+    scale_by_device(&d, n, g, st);
+    ref_scale_by_device(n, rg, rs);
+    EXPECT_GPU_EXACT(&d, g, rg, n, "scale_by_device");
+    const char *pattern = "FFIFFFIIF";
+    float *p = up(&d, hg, n), *rp = hcopy(hg, n), *buf = dzeros(&d, n), *rbuf = hzeros(n);
+    for (int i = 0; pattern[i]; i++) {
+        if (pattern[i] == 'I') {
+            float inf = INFINITY;
+            device_copy_h2d(&d, g + 1234, &inf, 4);
+            rg[1234] = INFINITY;
+        }
+        amp_unscale_check(&d, n, g, st + 1, st + 2);
+        ref_amp_unscale_check(n, rg, rs + 1, rs + 2);
+        EXPECT_GPU_EXACT(&d, st + 2, rs + 2, 1, "found_inf");
+        sgd_step_unless(&d, n, p, g, buf, 0.1f, 0.9f, 5e-4f, i == 0, st + 2);
+        if (rs[2] == 0.f) ref_sgd_step_f32(n, rp, rg, rbuf, 0.1f, 0.9f, 5e-4f, i == 0);
+        EXPECT_GPU_EXACT(&d, p, rp, n, "sgd_step_unless params");
+        EXPECT_GPU_EXACT(&d, buf, rbuf, n, "sgd_step_unless momentum");
+        amp_update_scale(&d, st, st + 1, tr, st + 2, sk, 2.0, 0.5, 3);
+        ref_amp_update_scale(rs, rs + 1, &rtr, rs + 2, &rsk, 2.0, 0.5, 3);
+        EXPECT_GPU_EXACT(&d, st, rs, 3, "scale, inv_scale, found_inf after update");
+        device_copy_d2h(&d, &htr, tr, 4), device_copy_d2h(&d, &hsk, sk, 8);
+        ck_assert(htr == rtr && hsk == rsk);
+        /* fresh scaled gradients for the next step */
+        float *ng = hrand(n, 9000 + i, -1000.f, 1000.f);
+        device_copy_h2d(&d, g, ng, n * 4);
+        device_sync(&d);
+        memcpy(rg, ng, n * 4);
+        free(ng);
+    }
+    int64_t counts[2] = {0, 0}, rc[2] = {0, 0}, *dc = device_alloc(&d, 16, "counts");
+    rg[5] = 0.f, rg[7] = NAN, rg[9] = -INFINITY, rg[11] = 0.f;
+    device_copy_h2d(&d, g, rg, n * 4);
+    device_memset0(&d, dc, 16);
+    count_zero_nonfinite(&d, n, g, dc);
+    ref_count_zero_nonfinite(n, rg, rc);
+    device_copy_d2h(&d, counts, dc, 16);
+    ck_assert(counts[0] == rc[0] && counts[1] == rc[1] && rc[0] >= 2 && rc[1] == 2);
+    device_free(&d, g), device_free(&d, st), device_free(&d, tr), device_free(&d, sk), device_free(&d, p);
+    device_free(&d, buf), device_free(&d, dc);
+    free(hg), free(rg), free(rp), free(rbuf);
+    device_destroy(&d);
+}
+END_TEST
+
 /* ---- memory accounting ----------------------------------------------------------------------- */
 
 /* device.h: every allocation is accounted, rounded up to 512 bytes as PyTorch's allocator does. */
@@ -676,6 +1126,11 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_xent_matches_reference);
     tcase_add_test(tc, test_sgd_matches_reference);
     tcase_add_test(tc, test_memory_accounted);
+    tcase_add_test(tc, test_lp_elementwise_exact);
+    tcase_add_test(tc, test_lp_conv_matches_emulation);
+    tcase_add_test(tc, test_lp_bn_and_linear_match_emulation);
+    tcase_add_test(tc, test_lp_channels_last_matches_emulation);
+    tcase_add_test(tc, test_scaler_ops_match_reference);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,265 @@
+/* amp.c — the --amp flags and the GradScaler (see amp.h). */
+#include "amp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "ops.h"
+
+void amp_defaults(AmpConfig *a, const char *default_amp) {
+    *a = (AmpConfig){.amp = default_amp, .init_scale = 65536.0, .growth_factor = 2.0,
+                     .backoff_factor = 0.5, .growth_interval = 2000, .grad_comm = "fp32",
+                     .show_scaler = ""};
+}
+
+Option *amp_options(AmpConfig *a, const Option *more) {
+    const double above0 = nextafter(0.0, INFINITY), above1 = nextafter(1.0, INFINITY);
+    const double below1 = nextafter(1.0, 0.0);
+    const Option rows[] = {
+        {"amp", OPT_CHOICE, &a->amp, 0, 0, "fp16|bf16|off",
+         "autocast type: conv and linear in fp16 or bf16, loss in fp32, fp32 master weights "
+         "(bf16 needs a GPU of compute capability 8.0+); off = fp32"},
+        {"init-scale", OPT_FLOAT, &a->init_scale, above0, 3.4e38, NULL,
+         "GradScaler init_scale: the first loss scale (fp16)"},
+        {"growth-factor", OPT_FLOAT, &a->growth_factor, above1, 1e6, NULL,
+         "GradScaler growth_factor: scale ·= this after growth-interval finite steps in a row"},
+        {"backoff-factor", OPT_FLOAT, &a->backoff_factor, above0, below1, NULL,
+         "GradScaler backoff_factor: scale ·= this when a step had an inf/NaN gradient"},
+        {"growth-interval", OPT_INT, &a->growth_interval, 1, 2147483647, NULL,
+         "GradScaler growth_interval: finite steps in a row before the scale grows"},
+        {"no-grad-scaler", OPT_FLAG, &a->no_grad_scaler, 0, 0, NULL,
+         "fp16 without the GradScaler: the experiment of what it prevents (gradients underflow to "
+         "0); turns on --grad-stats"},
+        {"channels-last", OPT_FLAG, &a->channels_last, 0, 0, NULL,
+         "keep fp16/bf16 activations in NHWC on the GPU (torch.channels_last): cuDNN's native layout "
+         "for tensor-core convolutions; no effect on the CPU backend or with --amp off"},
+        {"grad-stats", OPT_FLAG, &a->grad_stats, 0, 0, NULL,
+         "count zero and non-finite gradient elements at every optimizer step (in the report)"},
+        {"grad-comm", OPT_CHOICE, &a->grad_comm, 0, 0, "fp32|fp16|bf16",
+         "type of the gradient all-reduce (DDP's fp16/bf16_compress_hook); only fp32 is wired so far"},
+        {"show-scaler", OPT_STR, &a->show_scaler, 0, 0, NULL,
+         "PATTERN of F (finite) and I (inf gradient) steps: print the scale after each "
+         "scaler.update() on one line and exit (with --init-scale, --growth-factor, "
+         "--backoff-factor, --growth-interval)"},
+        {"test-inf-step", OPT_INT64, &a->test_inf_step, 0, 1e12, NULL,
+         "TEST ONLY: make rank 0's loss gradient +inf at optimizer step K (from 1; 0 = off) — the "
+         "step must be skipped on every rank and the scale halved"},
+    };
+    int n_rows = (int)(sizeof rows / sizeof rows[0]), n_more = 0;
+    while (more && more[n_more].name) n_more++;
+    Option *t = xcalloc((size_t)(n_rows + n_more + 1), sizeof(Option));
+    memcpy(t, rows, sizeof rows);
+    if (n_more) memcpy(t + n_rows, more, (size_t)n_more * sizeof(Option));
+    return t; /* zeroed last row terminates */
+}
+
+void amp_check(const AmpConfig *a) {
+    Precision p = precision_parse(a->amp);
+    if (a->no_grad_scaler && p != PREC_FP16)
+        die_user("--no-grad-scaler only applies to --amp fp16 (bf16 and off never use a scaler)");
+    if (a->test_inf_step > 0 && (p != PREC_FP16 || a->no_grad_scaler))
+        die_user("--test-inf-step needs the GradScaler: use it with --amp fp16 and without "
+                 "--no-grad-scaler");
+    if (strcmp(a->grad_comm, "fp32"))
+        die_user("--grad-comm %s: the 16-bit all-reduce is not wired into DDP in this build yet; "
+                 "use --grad-comm fp32", a->grad_comm);
+}
+
+Precision amp_precision(const AmpConfig *a, const Device *d) {
+    amp_check(a);
+    Precision p = precision_parse(a->amp);
+    int major;
+    if (p == PREC_BF16 && !amp_bf16_supported(d, &major))
+        die_user("--amp bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "
+                 "use --amp fp16", d->name, major);
+    return p;
+}
+
+int amp_bf16_supported(const Device *d, int *major) {
+    *major = 0;
+#ifdef USE_CUDA
+    if (d->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, d->ordinal));
+        return *major >= 8;
+    }
+#endif
+    return 1;
+}
+
+/* ---- the scaler ------------------------------------------------------------------------------ */
+
+/* The device block: three floats, an int32 and an int64, laid out at fixed offsets. */
+enum { ST_SCALE = 0, ST_INV = 4, ST_FOUND = 8, ST_TRACKER = 12, ST_SKIPPED = 16, ST_BYTES = 24 };
+
+void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, int rank,
+                 int64_t max_steps) {
+    *s = (GradScaler){.dev = d, .enabled = p == PREC_FP16 && !a->no_grad_scaler,
+                      .growth_factor = a->growth_factor, .backoff_factor = a->backoff_factor,
+                      .growth_interval = a->growth_interval, .test_inf_step = a->test_inf_step,
+                      .rank = rank};
+    s->state = device_alloc(d, ST_BYTES, "grad scaler");
+    char *base = s->state;
+    s->scale = (float *)(base + ST_SCALE);
+    s->inv_scale = (float *)(base + ST_INV);
+    s->found_inf = (float *)(base + ST_FOUND);
+    s->growth_tracker = (int32_t *)(base + ST_TRACKER);
+    s->skipped = (int64_t *)(base + ST_SKIPPED);
+    /* torch keeps the scale in a float32 tensor: init_scale is rounded to float there too */
+    unsigned char init[ST_BYTES] = {0};
+    float scale = (float)a->init_scale, inv = (float)(1.0 / (double)scale);
+    memcpy(init + ST_SCALE, &scale, 4);
+    memcpy(init + ST_INV, &inv, 4);
+    device_copy_h2d(d, s->state, init, ST_BYTES);
+    if (a->grad_stats || a->no_grad_scaler) {
+        s->stats_cap = max_steps < 1 ? 1 : max_steps > 1000000 ? 1000000 : max_steps;
+        size_t bytes = (size_t)s->stats_cap * 2 * sizeof(int64_t);
+        s->stats = device_alloc(d, bytes, "gradient statistics");
+        device_memset0(d, s->stats, bytes);
+    }
+    device_sync(d); /* `init` is on the stack */
+}
+
+void scaler_destroy(GradScaler *s) {
+    if (s->stats) device_free(s->dev, s->stats);
+    if (s->state) device_free(s->dev, s->state);
+    s->stats = NULL, s->state = NULL;
+}
+
+void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count) {
+    if (s->test_inf_step > 0 && s->steps + 1 == s->test_inf_step && s->rank == 0) {
+        static const float inf = INFINITY; /* static: the async copy may read it later */
+        device_copy_h2d(s->dev, dloss, &inf, sizeof inf);
+    }
+    if (s->enabled) scale_by_device(s->dev, count, dloss, s->scale);
+}
+
+void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64_t count,
+                 double lr) {
+    if (s->enabled) {
+        amp_unscale_check(s->dev, count, grads, s->inv_scale, s->found_inf); /* unscale_ */
+    }
+    if (s->stats && s->steps < s->stats_cap)
+        count_zero_nonfinite(s->dev, count, grads, s->stats + 2 * s->steps);
+    if (s->enabled)
+        optim_step_unless(o, params, grads, lr, s->found_inf); /* skipped if found_inf */
+    else
+        optim_step(o, params, grads, lr);
+    s->steps++;
+}
+
+void scaler_update(GradScaler *s) {
+    if (!s->enabled) return;
+    amp_update_scale(s->dev, s->scale, s->inv_scale, s->growth_tracker, s->found_inf, s->skipped,
+                     s->growth_factor, s->backoff_factor, s->growth_interval);
+}
+
+float scaler_get_scale(GradScaler *s) {
+    if (!s->enabled) return 1.0f;
+    float v;
+    device_copy_d2h(s->dev, &v, s->scale, sizeof v);
+    return v;
+}
+
+int64_t scaler_skipped(GradScaler *s) {
+    int64_t v = 0;
+    if (s->enabled) device_copy_d2h(s->dev, &v, s->skipped, sizeof v);
+    return v;
+}
+
+void scaler_grad_counts(GradScaler *s, int64_t step, int64_t *zero, int64_t *nonfinite) {
+    int64_t v[2] = {0, 0};
+    if (s->stats && step >= 0 && step < s->stats_cap && step < s->steps)
+        device_copy_d2h(s->dev, v, s->stats + 2 * step, sizeof v);
+    *zero = v[0];
+    *nonfinite = v[1];
+}
+
+void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
+                   void (*sum_across)(void *ctx, double *v, int n), void *sum_ctx) {
+    float scale = scaler_get_scale(s);
+    int64_t skipped = scaler_skipped(s);
+    /* Did every rank decide alike? Sum (1, scale, skipped) over the ranks and compare. */
+    double v[3] = {1.0, scale, (double)skipped};
+    if (sum_across) sum_across(sum_ctx, v, 3);
+    int ranks = (int)v[0], agree = v[1] == ranks * (double)scale && v[2] == ranks * (double)skipped;
+    if (p == PREC_FP32)
+        report_printf(r, "amp: off (fp32)\n");
+    else if (s->enabled)
+        report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer steps skipped "
+                      "(inf/NaN gradients)%s\n", precision_name(p), (double)scale, (long long)skipped,
+                      (long long)s->steps,
+                      ranks > 1 ? (agree ? ", the same on every rank" : ", RANKS DISAGREE") : "");
+    else
+        report_printf(r, "amp: %s autocast, no GradScaler%s\n", precision_name(p),
+                      p == PREC_FP16 ? " (--no-grad-scaler)" : " (bf16 has fp32's range)");
+    int64_t n = s->stats ? (s->steps < s->stats_cap ? s->steps : s->stats_cap) : 0;
+    int64_t *zero = NULL, *bad = NULL;
+    if (n) {
+        int64_t *raw = xmalloc((size_t)n * 2 * sizeof(int64_t));
+        device_copy_d2h(s->dev, raw, s->stats, (size_t)n * 2 * sizeof(int64_t));
+        zero = xmalloc((size_t)n * sizeof(int64_t));
+        bad = xmalloc((size_t)n * sizeof(int64_t));
+        int64_t zmax = 0, bmax = 0;
+        for (int64_t i = 0; i < n; i++) {
+            zero[i] = raw[2 * i], bad[i] = raw[2 * i + 1];
+            if (zero[i] > zmax) zmax = zero[i];
+            if (bad[i] > bmax) bmax = bad[i];
+        }
+        free(raw);
+        report_printf(r, "gradient elements per step: zero first %lld, last %lld, most %lld; "
+                      "non-finite first %lld, last %lld, most %lld\n", (long long)zero[0],
+                      (long long)zero[n - 1], (long long)zmax, (long long)bad[0],
+                      (long long)bad[n - 1], (long long)bmax);
+    }
+    json_begin(r, "amp");
+    json_str(r, "amp", precision_name(p));
+    json_str(r, "activations", precision_name(p));
+    json_str(r, "master_weights", "fp32");
+    json_str(r, "grad_comm", a->grad_comm);
+    json_int(r, "grad_scaler", s->enabled);
+    json_num(r, "scale", scale);
+    json_int(r, "skipped_steps", skipped);
+    json_int(r, "optimizer_steps", s->steps);
+    json_int(r, "ranks", ranks);
+    json_int(r, "ranks_agree", agree);
+    if (n) {
+        json_int_list(r, "grad_zero_per_step", zero, (int)n);
+        json_int_list(r, "grad_nonfinite_per_step", bad, (int)n);
+    }
+    json_end(r);
+    free(zero);
+    free(bad);
+}
+
+/* ---- --show-scaler ----------------------------------------------------------------------------- */
+
+int amp_show_scaler(const AmpConfig *a) {
+    const char *pat = a->show_scaler;
+    if (!pat[0] || strspn(pat, "FI") != strlen(pat))
+        die_user("--show-scaler wants a pattern of F (finite step) and I (inf gradient) letters, "
+                 "e.g. FFIFF; got '%s'", pat);
+    /* A real GradScaler on the CPU backend with one parameter whose gradient is 1 or inf. */
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    AmpConfig c = *a;
+    c.no_grad_scaler = 0, c.grad_stats = 0, c.test_inf_step = 0;
+    GradScaler s;
+    scaler_init(&s, &d, &c, PREC_FP16, 0, 1);
+    Optimizer o;
+    optim_init(&o, &d, 1, 0.0, 0.0, 0.0);
+    float param = 0.0f, grad;
+    for (const char *q = pat; *q; q++) {
+        grad = *q == 'I' ? INFINITY : 1.0f;
+        scaler_step(&s, &o, &param, &grad, 1, 0.0);
+        scaler_update(&s);
+        printf(q == pat ? "%.9g" : " %.9g", (double)scaler_get_scale(&s));
+    }
+    printf("\n");
+    optim_destroy(&o);
+    scaler_destroy(&s);
+    device_destroy(&d);
+    return 0;
+}

@@ -1,0 +1,201 @@
+/* stage5 — automatic mixed precision: autocast (fp16 or bf16) with a GradScaler, on top of stage 4.
+ *
+ *   make stage5 && ./stage5            (./stage5 --help for every flag)
+ *
+ * What you will learn: which ops run in 16 bits under autocast and which stay fp32 (master weights,
+ * the loss, batch-norm statistics); why fp16 needs a GradScaler and bf16 does not; how the scaler
+ * skips a step with an inf/NaN gradient and every DDP rank takes the same decision.
+ *
+ * One optimizer step is what a PyTorch AMP user writes (torch.amp), in each of N processes:
+ *     scaler = torch.amp.GradScaler()                            # fp16; bf16 needs none
+ *     for i, (x, y) in enumerate(loader):
+ *         last = (i + 1) % K == 0 or i + 1 == len(loader)
+ *         with (nullcontext() if last else ddp_model.no_sync()):
+ *             with torch.autocast("cuda", dtype=torch.float16):
+ *                 loss = F.cross_entropy(ddp_model(x), y) / K
+ *             scaler.scale(loss).backward()
+ *         if last: scaler.step(optimizer); scaler.update(); optimizer.zero_grad()
+ * Compared with stage 4 (diff the two files): the model is created under autocast
+ * (model_create_mixed: conv/linear in the low type, fp32 master weights), each micro-batch's loss
+ * gradient is scaled before backward (scaler_scale_loss), and the optimizer step goes through the
+ * scaler once per optimizer step (scaler_step: unscale, skip on inf/NaN; scaler_update: the new
+ * scale). Everything else is stage 4. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amp.h"
+#include "cli.h"
+#include "comm.h"
+#include "ddp.h"
+#include "device.h"
+#include "launch.h"
+#include "loader.h"
+#include "model.h"
+#include "ops.h"
+#include "optim.h"
+#include "sampler.h"
+#include "store.h"
+#include "trainer.h"
+
+static const char *ABOUT =
+    "stage5: mixed-precision (autocast + GradScaler) DistributedDataParallel training of ResNet-18 (CIFAR\n"
+    "layout) with gradient accumulation: conv/linear in fp16 or bf16, fp32 master weights.\n"
+    "usage: ./stage5 [options]            spawns --nproc-per-node workers of itself (like torchrun)\n"
+    "       torchrun --no-python --nproc-per-node 2 ./stage5 [options]   (or srun / mpirun)\n"
+    "       ./stage5 --show-scaler FFIFF [--growth-interval N] [--init-scale S]   the GradScaler lesson\n"
+    "       ./stage5 --show-sampler --dataset-size N --world-size R --rank r [--epoch e] [--seed s]";
+
+int main(int argc, char **argv) {
+    /* Stage 4's flags plus autocast's and the GradScaler's (amp_options). */
+    TrainConfig cfg;
+    DdpFlags f;
+    AmpConfig amp;
+    config_defaults(&cfg);
+    amp_defaults(&amp, "fp16");
+    cfg.accum_steps = 4;
+    const Option accum[] = {
+        {"accum-steps", OPT_INT, &cfg.accum_steps, 1, 65536, NULL,
+         "micro-batches per optimizer step (gradient accumulation): effective batch = K × --batch-size × "
+         "world size"},
+        {"sync-each-micro-step", OPT_FLAG, &f.sync_each_micro_step, 0, 0, NULL,
+         "accumulate WITHOUT no_sync, all-reducing after every micro-step (the experiment): the same result, "
+         "K× the all-reduces"},
+        {NULL, 0, NULL, 0, 0, NULL, NULL},
+    };
+    cli_parse(argc, argv, config_options(&cfg, amp_options(&amp, ddp_options(&f, accum))), "stage5", ABOUT);
+    amp_check(&amp); /* bad AMP flag combinations fail here, once, not in every worker */
+    if (amp.show_scaler[0]) return amp_show_scaler(&amp);
+    if (f.show.show) return sampler_show(&f.show, (uint64_t)cfg.seed, !f.no_shuffle, f.drop_last);
+    TrainConfig check = cfg;
+    config_resolve(&check, 0); /* bad paths fail here, once, not in every worker */
+
+    /* The job: one process per GPU. Without RANK & co. in the environment this call is the
+     * launcher — it starts the workers (before any CUDA call) and never returns. */
+    LaunchConfig lc = {.nproc_per_node = f.nproc_per_node, .nnodes = f.nnodes, .node_rank = f.node_rank,
+                       .master_addr = f.master_addr, .master_port = f.master_port, .device = cfg.device,
+                       .comm = f.comm};
+    Worker w;
+    launch_or_join(argc, argv, &lc, &w);
+
+    /* This worker's device: GPU local_rank, or the CPU backend. */
+    int gpus = strcmp(cfg.device, "cpu") ? device_cuda_count() : 0, cuda;
+    CommKind comm_kind;
+    launch_resolve(&lc, w.launcher, gpus, w.local_world_size, &cuda, &comm_kind);
+    config_resolve(&cfg, cuda);
+    Device dev = {.deterministic = cfg.deterministic, .benchmark = cfg.cudnn_benchmark,
+                  .allow_tf32 = !cfg.no_tf32};
+    device_init(&dev, cuda ? DEV_CUDA : DEV_CPU, w.rank, cuda ? launch_gpu_of(&w, gpus) : 0);
+    Precision prec = amp_precision(&amp, &dev); /* autocast's low type (bf16 needs sm80+) */
+    if (w.rank == 0 && !cuda && !strcmp(lc.device, "auto"))
+        printf("note: no CUDA GPU visible — %d CPU workers on the CPU backend (small model, small dataset)\n",
+               w.world_size);
+    if (w.rank == 0 && cuda && w.local_world_size > gpus)
+        printf("note: %d workers share %d GPU(s) through --comm host: the DDP mechanics are all here, but the "
+               "timings do not show scaling\n", w.local_world_size, gpus);
+
+    /* Rendezvous (rank 0 hosts the store), then the communicator built over it. */
+    Store *store = store_open(w.master_addr, w.master_port, w.rank, w.world_size, f.rdzv_timeout);
+    store_set_timeout(store, f.comm_timeout);
+    Comm *comm = comm_create(comm_kind, store, &dev, f.comm_timeout);
+
+    /* Data, model, optimizer. */
+    Dataset train_set, test_set;
+    data_open(&cfg, &train_set, &test_set);
+    Model *model = model_create_mixed(&dev, cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed, prec,
+                                      amp.channels_last);
+    Optimizer opt;
+    optim_init_named(&opt, cfg.optimizer, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
+
+    /* Each rank reads only its DistributedSampler shard: indices rank, rank + R, rank + 2R, … */
+    int64_t shard = sampler_num_samples(train_set.n, w.world_size, f.drop_last);
+    if (shard < 1)
+        die_user("--drop-last with %lld samples and %d ranks leaves no sample per rank", (long long)train_set.n,
+                 w.world_size);
+    int64_t *indices = xmalloc((size_t)shard * sizeof(int64_t));
+    LoaderConfig train_cfg = loader_config(&cfg, cfg.batch_size, 1);
+    LoaderConfig test_cfg = loader_config(&cfg, cfg.batch_size, 0);
+    Loader *train_loader = loader_create(&train_set, &train_cfg, &dev);
+    Loader *test_loader = loader_create(&test_set, &test_cfg, &dev);
+    InputPipe train_in, test_in;
+    input_init(&train_in, &dev, train_loader, cfg.batch_size);
+    input_init(&test_in, &dev, test_loader, cfg.batch_size);
+    int64_t batches = (shard + cfg.batch_size - 1) / cfg.batch_size;
+    StepLog log, eval_log;
+    steplog_init(&log, &dev, (int)batches);
+    steplog_init(&eval_log, &dev, (int)loader_batches_per_epoch(test_loader));
+    /* Plan every convolution for the batch sizes we will see (the last batch may be short). */
+    model_prepare(model, cfg.batch_size);
+    if (shard % cfg.batch_size) model_prepare(model, (int)(shard % cfg.batch_size));
+    int64_t test_shard = sampler_num_real(test_set.n, w.world_size, w.rank); /* evaluated by this rank */
+    if (test_shard % cfg.batch_size) model_prepare(model, (int)(test_shard % cfg.batch_size));
+
+    Device *devs[1] = {&dev};
+    Run run;
+    run_begin(&run, &cfg, "stage5", devs, 1, w.world_size, w.rank, comm_sum_across, comm, model, &opt, batches,
+              train_set.source);
+    /* DDP(model): same model everywhere, rank 0's weights broadcast, gradient buckets planned. */
+    Ddp ddp;
+    ddp_init(&ddp, &run, comm, &f);
+    const int K = cfg.accum_steps; /* micro-batches per optimizer step */
+    GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16 and off */
+    scaler_init(&scaler, &dev, &amp, prec, w.rank, run.total_steps);
+
+    while (run.epoch < cfg.epochs && !run_done(&run)) {
+        sampler_indices(train_set.n, w.world_size, w.rank, (uint64_t)cfg.seed, run.epoch, !f.no_shuffle,
+                        f.drop_last, indices); /* sampler.set_epoch(epoch) */
+        loader_start_epoch(train_loader, run.epoch, run.start_batch, indices, shard);
+        float *x;
+        int32_t *y;
+        Batch *b;
+        while (!run_done(&run) && (b = input_next(&train_in, &x, &y))) {
+            /* micro-step `micro` of its group; the group's last — or the epoch's — synchronises */
+            int micro = (int)(b->index % K), last = micro == K - 1 || b->index + 1 == batches;
+            int slot = steplog_micro(&log, micro, b->n, K);
+            if (micro == 0) model_zero_grad(model);
+            ddp_set_sync(&ddp, last || f.sync_each_micro_step); /* else: with ddp_model.no_sync() */
+            ddp_forward_begin(&ddp); /* BN buffers from rank 0, after a synchronised step */
+            model_forward(model, b->n, x, 1);
+            xent_forward_backward(&dev, b->n, model->classes, model_logits(model), y,
+                                  1.0f / (float)(K * b->n), &log.loss[slot], &log.correct[slot],
+                                  model_dlogits(model)); /* loss / K */
+            scaler_scale_loss(&scaler, model_dlogits(model), (int64_t)b->n * model->classes); /* scaler.scale(loss) */
+            /* gradients add up in grad_flat; a synchronising backward all-reduces each bucket of the
+             * sum as soon as it has produced that bucket's last gradient */
+            model_backward(model, b->n, ddp_grad_ready, &ddp);
+            ddp_backward_end(&ddp); /* the optimizer waits for the averaged gradients */
+            if (!last) continue;
+            /* scaler.step(optimizer): unscale, skip if any (all-reduced) gradient is inf/NaN; scaler.update() */
+            scaler_step(&scaler, &opt, model->param_flat, model->grad_flat, model->n_param_floats, run_lr(&run));
+            scaler_update(&scaler);
+            run_step_end(&run, &log, slot, b->index);
+        }
+        input_drain(&train_in);
+        double wait = loader_take_wait_seconds(train_loader);
+        double test_acc, test_loss; /* each rank its shard of the test set, the sums all-reduced */
+        ddp_evaluate(&ddp, &test_in, test_set.n, &eval_log, &test_acc, &test_loss);
+        run_epoch_end(&run, &log, test_acc, test_loss, wait);
+        ddp_epoch_end(&ddp);
+    }
+    ddp_finish(&ddp);
+    scaler_report(&scaler, &amp, prec, &run.report, run.sum_across, run.sum_ctx); /* scale, skipped steps */
+    run_finish(&run);
+
+    ddp_destroy(&ddp);
+    scaler_destroy(&scaler);
+    input_destroy(&train_in);
+    input_destroy(&test_in);
+    loader_destroy(train_loader);
+    loader_destroy(test_loader);
+    steplog_destroy(&log);
+    steplog_destroy(&eval_log);
+    optim_destroy(&opt);
+    model_destroy(model);
+    dataset_free(&train_set);
+    dataset_free(&test_set);
+    free(indices);
+    comm_destroy(comm);
+    store_close(store);
+    device_destroy(&dev);
+    return 0;
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# bench_stage5.sh — stage 5 (fp16, bf16, off) against PyTorch's best eager and torch.compile, one GPU,
+# in one run: `make bench5` (docs/stage5.md holds the table).
+#
+# All train ResNet-18 (CIFAR layout) at batch 128 on one GPU with SGD(momentum 0.9, wd 5e-4) and
+# cuDNN benchmark mode. PyTorch rows: fp32 eager (the stage 1 baseline), fp16 autocast + GradScaler,
+# and the best eager recipe — bf16 autocast + channels_last + fused SGD — then torch.compile of that
+# same recipe. Stage 5 rows: --amp fp16 (with the GradScaler) and --amp bf16, each NCHW and with
+# --channels-last, and --amp off (= stage 3 on one GPU). PyTorch's batches sit on the GPU already; stage 5 runs its real input pipeline (4 loader
+# threads, pinned memory), so any data cost counts against us. Images/s and peak memory side by
+# side, ratios against PyTorch's best eager. Logs and JSON under $BENCH_OUT (default
+# runs/bench_stage5); the table is printed last. STEPS (default 300) timed steps each.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${BENCH_OUT:-runs/bench_stage5}
+STEPS=${STEPS:-300}
+mkdir -p "$OUT"
+rm -f "$OUT"/*.jsonl "$OUT"/*.json
+[ -x ./stage5 ] || make stage5 || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1 | sed 's/^/gpu: /'
+PORT=$((20000 + $$ % 10000))
+log() { echo "=== $* ($(date +%T))"; }
+
+pytorch() { # name, bench_pytorch.py flags...
+    local name=$1; shift
+    log "PyTorch $name"
+    (cd tests/torch && timeout -k 10 900 python3 bench_pytorch.py --model resnet18 --batch 128 --steps "$STEPS" \
+        --warmup 20 "$@") > "$OUT/$name.json" 2> "$OUT/$name.err" || echo "PyTorch $name FAILED: see $OUT/$name.err"
+    tail -n 1 "$OUT/$name.json"
+}
+stage5() { # name, stage 5 flags...
+    local name=$1; shift
+    PORT=$((PORT + 10))
+    log "stage 5 $name"
+    timeout -k 10 300 ./stage5 --nproc-per-node 1 --master-port "$PORT" --model resnet18 --batch-size 128 \
+        --workers 4 --pin-memory --cudnn-benchmark --steps $((STEPS + 5)) --epochs 100 --test-size 2000 \
+        --schedule const --progress off --log-every 1000 --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 \
+        || echo "stage 5 $name FAILED: see $OUT/$name.log"
+    grep -E "^(summary|amp)" "$OUT/$name.log"
+}
+
+pytorch pt_fp32
+pytorch pt_fp16 --amp fp16
+pytorch pt_best --amp bf16 --channels-last --fused
+pytorch pt_compile --amp bf16 --channels-last --fused --compile
+stage5 s5_fp16 --amp fp16
+stage5 s5_fp16_cl --amp fp16 --channels-last
+stage5 s5_bf16 --amp bf16
+stage5 s5_bf16_cl --amp bf16 --channels-last
+stage5 s5_off --amp off
+
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def pt(name):
+    try:
+        return json.loads(open(f"{out}/{name}.json").read().strip().splitlines()[-1])
+    except Exception:
+        return None
+def s5(name):
+    try:
+        return [json.loads(l) for l in open(f"{out}/{name}.jsonl") if '"summary"' in l][-1]
+    except Exception:
+        return None
+best = pt("pt_best")
+rows = [("PyTorch fp32 eager", pt("pt_fp32")), ("PyTorch fp16 autocast + GradScaler", pt("pt_fp16")),
+        ("PyTorch best eager (bf16, channels_last, fused SGD)", best),
+        ("PyTorch torch.compile (same recipe)", pt("pt_compile")),
+        ("stage5 --amp fp16 (GradScaler)", s5("s5_fp16")),
+        ("stage5 --amp fp16 --channels-last", s5("s5_fp16_cl")), ("stage5 --amp bf16", s5("s5_bf16")),
+        ("stage5 --amp bf16 --channels-last", s5("s5_bf16_cl")),
+        ("stage5 --amp off (fp32)", s5("s5_off"))]
+print()
+print(f"{'ResNet-18, batch 128, one GPU':52s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs best eager':>14s}")
+for name, r in rows:
+    if r is None:
+        print(f"{name:52s} {'(failed)':>8s}")
+        continue
+    ratio = best["ms_per_iter_median"] / r["ms_per_iter_median"] if best else float("nan")
+    print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} "
+          f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {ratio:13.2f}x")
+PY

@@ -1,0 +1,628 @@
+/* test_amp.c — stage 5's mixed precision on the CPU backend: the fp16/bf16 conversions (exhaustively,
+ * against the definition of round-to-nearest-even), every autocast op against the fp32 reference
+ * with an argued error bound, the model under autocast, overflow and underflow being real, the
+ * GradScaler's exact trajectories (against torch.amp.GradScaler: tests/fixtures/scaler.txt), a
+ * forced overflow skipping exactly one step, and ./stage5 training end to end.
+ *
+ * Error bounds. u is the type's unit roundoff (fp16 2^-11, bf16 2^-8): rounding to nearest moves a
+ * value by at most u relative. An op that is linear in each rounded operand (conv, linear, pool,
+ * add) computes y = f(x̂, ŵ) with x̂ = x(1+δ), |δ| ≤ u, in fp32, then rounds y once. To first order
+ * |ŷ − y| ≤ u·|y| + k·u·f(|x|, |w|), k = number of rounded operands: the inputs' errors add up
+ * through the absolute values (no cancellation helps), and fp32 arithmetic adds ~1e-7, nothing at
+ * this scale. So each test computes that bound with the fp32 reference on |x|, |w| and asserts the
+ * ∞-norm error is below it (times 1.05), and above 0 (the rounding really happened), and that every
+ * stored value is exactly representable in the type (we round exactly where the GPU stores). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amp.h"
+#include "model.h"
+#include "ops.h"
+#include "ops_ref.h"
+#include "optim.h"
+#include "precision.h"
+#include "tests.h"
+
+#define LIMIT "timeout 300 "
+
+static Device cpu(void) {
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    return d;
+}
+
+static double unit_roundoff(Precision p) { return p == PREC_FP16 ? 1.0 / 2048 : 1.0 / 256; }
+
+/* ---- conversions: every 16-bit value, every midpoint, both neighbours of every midpoint -------- */
+
+/* For the 16-bit pattern h (positive, finite) and the next one up: the value itself converts back
+ * to h; the exact midpoint converts to whichever of the two has an even mantissa (ties to even);
+ * one float ulp below the midpoint gives h, one above gives h + 1. Midpoints are exact floats (one
+ * more bit than the 16-bit type has). The last fp16 midpoint, 65520, must round to inf (0x7C00 is
+ * "even"), as on the GPU. Negative values by symmetry. */
+static void check_all(uint16_t (*to16)(float), float (*from16)(uint16_t), uint16_t inf_bits) {
+    for (uint32_t h = 0; h < inf_bits; h++) {
+        float a = from16((uint16_t)h), b = from16((uint16_t)(h + 1));
+        /* above the largest finite value the next one is inf: its "midpoint" is half an ulp up */
+        double bd = h + 1 == inf_bits ? 2.0 * a - from16((uint16_t)(h - 1)) : (double)b;
+        ck_assert_msg(to16(a) == h, "0x%04x does not round-trip", h);
+        ck_assert_msg(to16(-a) == (h | 0x8000u), "-0x%04x does not round-trip", h);
+        float mid = (float)(((double)a + bd) / 2);
+        ck_assert(mid > a && mid < bd && (double)mid == ((double)a + bd) / 2);
+        uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
+        ck_assert_msg(to16(mid) == even, "midpoint above 0x%04x: got 0x%04x", h, to16(mid));
+        ck_assert_msg(to16(-mid) == (even | 0x8000u), "-midpoint above 0x%04x", h);
+        ck_assert_msg(to16(nextafterf(mid, 0)) == h, "just below the midpoint above 0x%04x", h);
+        ck_assert_msg(to16(nextafterf(mid, INFINITY)) == h + 1, "just above the midpoint above 0x%04x", h);
+    }
+    ck_assert(isinf(from16(inf_bits)) && to16(INFINITY) == inf_bits && to16(-INFINITY) == (inf_bits | 0x8000u));
+    ck_assert(isnan(from16(to16(NAN))) && isnan(from16(to16(-NAN))));
+}
+
+START_TEST(fp16_rounding_exhaustive) {
+    check_all(f32_to_f16, f16_to_f32, 0x7c00);
+    /* the landmarks of the lesson */
+    ck_assert_float_eq(f16_to_f32(f32_to_f16(65504.0f)), 65504.0f);
+    ck_assert(isinf(f16_to_f32(f32_to_f16(65520.0f))));
+    ck_assert(f16_to_f32(f32_to_f16(65519.99f)) == 65504.0f);
+    ck_assert(f16_to_f32(f32_to_f16(0x1p-24f)) == 0x1p-24f);       /* smallest subnormal */
+    ck_assert(f16_to_f32(f32_to_f16(0x1p-25f)) == 0.0f);           /* its half: tie to even 0 */
+    ck_assert(f16_to_f32(f32_to_f16(0x1.000002p-25f)) == 0x1p-24f); /* just above: rounds up */
+    ck_assert(f16_to_f32(f32_to_f16(1e-8f)) == 0.0f);              /* a typical small gradient */
+}
+END_TEST
+
+START_TEST(bf16_rounding_exhaustive) {
+    check_all(f32_to_bf16, bf16_to_f32, 0x7f80);
+    ck_assert(bf16_to_f32(f32_to_bf16(1e-8f)) != 0.0f);  /* fp32's range: nothing underflows */
+    ck_assert(!isinf(bf16_to_f32(f32_to_bf16(1e30f)))); /* ... or overflows */
+    ck_assert(bf16_to_f32(f32_to_bf16(0x1p-133f)) == 0x1p-133f); /* fp32 subnormals are kept */
+}
+END_TEST
+
+/* precision_round_array (the CPU backend's hot loop, with an integer fast path for the normal range)
+ * must equal the reference conversion there and back, on random bit patterns of every exponent. */
+START_TEST(round_array_equals_conversion) {
+    int64_t n = 1 << 20;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    uint64_t st = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)(st >> 32);
+        if (i % 4 == 1) u = (u & 0x807fffffu) | ((uint32_t)(100 + i % 50) << 23); /* fp16's exponents */
+        memcpy(&x[i], &u, 4);
+    }
+    for (int pi = 1; pi <= 2; pi++) {
+        memcpy(y, x, n * 4);
+        precision_round_array((Precision)pi, n, y);
+        for (int64_t i = 0; i < n; i++) {
+            float want = pi == 1 ? f16_to_f32(f32_to_f16(x[i])) : bf16_to_f32(f32_to_bf16(x[i]));
+            ck_assert_msg(!memcmp(&y[i], &want, 4) || (isnan(y[i]) && isnan(want)), "%s(%a): %a, want %a",
+                          pi == 1 ? "fp16" : "bf16", x[i], y[i], want);
+        }
+    }
+    free(x), free(y);
+}
+END_TEST
+
+/* ---- each autocast op against fp32 ------------------------------------------------------------ */
+
+static float *rnd(int64_t n, uint64_t seed, float lo, float hi) {
+    float *p = malloc((size_t)n * sizeof(float));
+    test_fill_uniform(p, n, seed, lo, hi);
+    return p;
+}
+
+static float *dup_round(Precision p, const float *x, int64_t n) {
+    float *y = malloc((size_t)n * sizeof(float));
+    ref_cast_to_lp(p, n, x, y);
+    return y;
+}
+
+static float *absdup(const float *x, int64_t n) {
+    float *y = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
+    return y;
+}
+
+static double maxabs(const float *x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+static double maxdiff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static int representable(Precision p, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (precision_round(p, x[i]) != x[i]) return 0;
+    return 1;
+}
+
+/* got (the autocast op's output) against want (fp32 op on unrounded inputs) and the first-order
+ * bound u·|y| + k·u·|f|(|inputs|) (absf). */
+static void check_bound(const char *op, Precision p, const float *got, const float *want, const float *absf,
+                        int k, int64_t n) {
+    double u = unit_roundoff(p), err = maxdiff(got, want, n);
+    double bound = 1.05 * u * (maxabs(want, n) + k * maxabs(absf, n));
+    ck_assert_msg(representable(p, got, n), "%s %s: an output is not a %s value", op, precision_name(p),
+                  precision_name(p));
+    ck_assert_msg(err <= bound, "%s %s: error %.3g above the rounding bound %.3g", op, precision_name(p), err,
+                  bound);
+    ck_assert_msg(err > 0, "%s %s: no rounding error at all — was anything rounded?", op, precision_name(p));
+}
+
+START_TEST(conv_and_linear_within_rounding_bound) {
+    for (int pi = 1; pi <= 2; pi++) {
+        Precision p = (Precision)pi;
+        ConvShape s;
+        conv_shape(&s, 8, 6, 3, 2, 1, 9, 9);
+        int n = 3;
+        int64_t nx = (int64_t)n * 8 * 81, nw = 6 * 8 * 9, ny = (int64_t)n * 6 * s.hout * s.wout;
+        float *x = rnd(nx, 1, -2, 2), *w = rnd(nw, 2, -1, 1), *dy = rnd(ny, 3, -1, 1);
+        float *xl = dup_round(p, x, nx), *wl = dup_round(p, w, nw), *dyl = dup_round(p, dy, ny);
+        float *ax = absdup(x, nx), *aw = absdup(w, nw), *ady = absdup(dy, ny);
+        float *y = calloc(ny, 4), *yl = calloc(ny, 4), *ya = calloc(ny, 4);
+        ref_conv_forward_f32(&s, n, x, w, y);
+        ref_conv_forward_lp(p, &s, n, xl, wl, yl);
+        ref_conv_forward_f32(&s, n, ax, aw, ya);
+        check_bound("conv forward", p, yl, y, ya, 2, ny);
+        float *dx = calloc(nx, 4), *dxl = calloc(nx, 4), *dxa = calloc(nx, 4);
+        ref_conv_backward_data_f32(&s, n, dy, w, dx, 0);
+        ref_conv_backward_data_lp(p, &s, n, dyl, wl, dxl, 0);
+        ref_conv_backward_data_f32(&s, n, ady, aw, dxa, 0);
+        check_bound("conv backward-data", p, dxl, dx, dxa, 2, nx);
+        float *dw = calloc(nw, 4), *dwl = malloc(nw * 4), *dwa = calloc(nw, 4);
+        for (int64_t i = 0; i < nw; i++) dwl[i] = 1e9f; /* must be overwritten, not accumulated */
+        ref_conv_backward_filter_f32(&s, n, x, dy, dw);
+        ref_conv_backward_filter_lp(p, &s, n, xl, dyl, dwl);
+        ref_conv_backward_filter_f32(&s, n, ax, ady, dwa);
+        check_bound("conv backward-filter", p, dwl, dw, dwa, 2, nw);
+
+        int in = 40, out = 7, m = 5;
+        float *lx = rnd(m * in, 4, -1, 1), *W = rnd(out * in, 5, -0.5f, 0.5f), *b = rnd(out, 6, -1, 1);
+        float *ldy = rnd(m * out, 7, -1, 1);
+        float *lxl = dup_round(p, lx, m * in), *Wl = dup_round(p, W, out * in), *bl = dup_round(p, b, out);
+        float *ldyl = dup_round(p, ldy, m * out);
+        float *alx = absdup(lx, m * in), *aW = absdup(W, out * in), *ab = absdup(b, out), *aldy = absdup(ldy, m * out);
+        float ly[35], lyl[35], lya[35];
+        ref_linear_forward_f32(m, in, out, lx, W, b, ly);
+        ref_linear_forward_lp(p, m, in, out, lxl, Wl, bl, lyl);
+        ref_linear_forward_f32(m, in, out, alx, aW, ab, lya);
+        check_bound("linear forward", p, lyl, ly, lya, 2, m * out);
+        float *ldx = calloc(m * in, 4), *ldxl = calloc(m * in, 4), *ldxa = calloc(m * in, 4);
+        float *dW = calloc(out * in, 4), *dWl = calloc(out * in, 4), *dWa = calloc(out * in, 4);
+        float db[7] = {0}, dbl[7], dba[7] = {0};
+        ref_linear_backward_f32(m, in, out, lx, W, ldy, ldx, dW, db, 0);
+        ref_linear_backward_lp(p, m, in, out, lxl, Wl, ldyl, ldxl, dWl, dbl, 0);
+        ref_linear_backward_f32(m, in, out, alx, aW, aldy, ldxa, dWa, dba, 0);
+        check_bound("linear backward dx", p, ldxl, ldx, ldxa, 2, m * in);
+        check_bound("linear backward dW", p, dWl, dW, dWa, 2, out * in);
+        check_bound("linear backward db", p, dbl, db, dba, 1, out);
+        free(x), free(w), free(dy), free(xl), free(wl), free(dyl), free(ax), free(aw), free(ady);
+        free(y), free(yl), free(ya), free(dx), free(dxl), free(dxa), free(dw), free(dwl), free(dwa);
+        free(lx), free(W), free(b), free(ldy), free(lxl), free(Wl), free(bl), free(ldyl), free(alx), free(aW);
+        free(ab), free(aldy), free(ldx), free(ldxl), free(ldxa), free(dW), free(dWl), free(dWa);
+    }
+}
+END_TEST
+
+START_TEST(elementwise_and_pool_within_rounding_bound) {
+    for (int pi = 1; pi <= 2; pi++) {
+        Precision p = (Precision)pi;
+        int64_t n = 4000;
+        float *a = rnd(n, 11, -3, 3), *b = rnd(n, 12, -3, 3);
+        float *al = dup_round(p, a, n), *bl = dup_round(p, b, n), *aa = absdup(a, n), *ba = absdup(b, n);
+        float *y = malloc(n * 4), *yl = malloc(n * 4), *ya = malloc(n * 4);
+        /* cast: one rounding, k = 0 */
+        ref_cast_to_lp(p, n, a, yl);
+        check_bound("cast", p, yl, a, a, 0, n);
+        /* add: two rounded operands and the rounded sum */
+        ref_add_forward_f32(n, a, b, y);
+        ref_add_forward_lp(p, n, al, bl, yl);
+        ref_add_forward_f32(n, aa, ba, ya);
+        check_bound("add", p, yl, y, ya, 1, n);
+        /* accumulate into a p tensor: round(old + new), the same bound */
+        memcpy(yl, al, n * 4);
+        ref_grad_pass_lp(p, n, bl, yl, 1);
+        check_bound("grad accumulate", p, yl, y, ya, 1, n);
+        /* relu: exact on p values */
+        ref_relu_forward_f32(n, al, yl);
+        ck_assert(representable(p, yl, n));
+        /* pool: mean of 25 rounded values, rounded */
+        int pn = 8, pc = 20, hw = 25;
+        ref_avgpool_forward_f32(pn, pc, hw, a, y);
+        ref_avgpool_forward_lp(p, pn, pc, hw, al, yl);
+        ref_avgpool_forward_f32(pn, pc, hw, aa, ya);
+        check_bound("avgpool", p, yl, y, ya, 1, pn * pc);
+        ref_avgpool_backward_f32(pn, pc, hw, a, y, 0);
+        ref_avgpool_backward_lp(p, pn, pc, hw, al, yl, 0);
+        ref_avgpool_backward_f32(pn, pc, hw, aa, ya, 0);
+        check_bound("avgpool backward", p, yl, y, ya, 1, (int64_t)pn * pc * hw);
+        free(a), free(b), free(al), free(bl), free(aa), free(ba), free(y), free(yl), free(ya);
+    }
+}
+END_TEST
+
+/* Batch norm is not linear in x, so no |·| bound: y = γ(x − μ)/σ + β. A relative error u in each x
+ * moves y by ≤ u·|γ|·|x|/σ directly and through μ (≤ u·max|x|) by as much again, σ by a relative
+ * ≤ u·max|x|/σ; then y is rounded (u·|y|). With these inputs (x in [−2, 3], σ ≈ 1.4, |γ| ≤ 1.5,
+ * |β| ≤ 0.5), the sum is ≤ ~8u of max|y|: tolerance 8u. Backward: dx = γ/σ·(dy − mean(dy) −
+ * x̂·mean(dy·x̂)) with dy and x rounded: each of the three terms carries ≤ 2u, times |γ|/σ, plus
+ * the output rounding: tolerance 12u of max|dx|. dγ, dβ are fp32 sums of n·hw rounded products:
+ * ≤ 2u of Σ|dy·x̂| and u of Σ|dy|, relative to the sums themselves at most ~4u here. The running
+ * statistics and saved statistics are fp32 moments of rounded x: ≤ 2u relative. */
+START_TEST(batch_norm_within_bound) {
+    for (int pi = 1; pi <= 2; pi++) {
+        Precision p = (Precision)pi;
+        double u = unit_roundoff(p);
+        int n = 4, c = 3, hw = 30;
+        int64_t N = (int64_t)n * c * hw;
+        float *x = rnd(N, 21, -2, 3), *dy = rnd(N, 22, -1, 1), *g = rnd(c, 23, 0.5f, 1.5f), *be = rnd(c, 24, -0.5f, 0.5f);
+        float *xl = dup_round(p, x, N), *dyl = dup_round(p, dy, N);
+        float rm[3] = {0}, rv[3] = {1, 1, 1}, rml[3] = {0}, rvl[3] = {1, 1, 1}, sm[3], si[3], sml[3], sil[3];
+        float *y = malloc(N * 4), *yl = malloc(N * 4), *dx = malloc(N * 4), *dxl = malloc(N * 4);
+        ref_bn_forward_train_f32(n, c, hw, x, g, be, rm, rv, 0.1f, 1e-5f, sm, si, y);
+        ref_bn_forward_train_lp(p, n, c, hw, xl, g, be, rml, rvl, 0.1f, 1e-5f, sml, sil, yl);
+        ck_assert(representable(p, yl, N));
+        ck_assert_msg(maxdiff(yl, y, N) <= 8 * u * maxabs(y, N), "bn forward %s", precision_name(p));
+        for (int i = 0; i < c; i++) {
+            ck_assert(fabs(sil[i] - si[i]) <= 2 * u * si[i] && fabs(rvl[i] - rv[i]) <= 2 * u * rv[i]);
+            ck_assert(fabs(sml[i] - sm[i]) <= 2 * u * maxabs(x, N));
+        }
+        float dg[3] = {0}, db[3] = {0}, dgl[3] = {0}, dbl[3] = {0};
+        ref_bn_backward_f32(n, c, hw, x, dy, g, sm, si, 1e-5f, dx, dg, db, 0);
+        ref_bn_backward_lp(p, n, c, hw, xl, dyl, g, sml, sil, 1e-5f, dxl, dgl, dbl, 0);
+        ck_assert(representable(p, dxl, N));
+        ck_assert_msg(maxdiff(dxl, dx, N) <= 12 * u * maxabs(dx, N), "bn backward %s: %.3g vs %.3g",
+                      precision_name(p), maxdiff(dxl, dx, N), 12 * u * maxabs(dx, N));
+        ck_assert(maxdiff(dgl, dg, 3) <= 4 * u * maxabs(dg, 3) && maxdiff(dbl, db, 3) <= 4 * u * maxabs(db, 3));
+        float *ye = malloc(N * 4);
+        ref_bn_forward_eval_lp(p, n, c, hw, xl, g, be, rml, rvl, 1e-5f, ye);
+        ck_assert(representable(p, ye, N));
+        free(x), free(dy), free(g), free(be), free(xl), free(dyl), free(y), free(yl), free(dx), free(dxl), free(ye);
+    }
+}
+END_TEST
+
+/* ---- overflow and underflow are real in the emulation ---------------------------------------- */
+
+START_TEST(fp16_overflows_and_underflows_bf16_does_not) {
+    Device d = cpu();
+    float big[2] = {70000.0f, -1e5f}, small[2] = {1e-8f, -3e-9f}, out[2];
+    cast_to(&d, PREC_FP16, 2, big, out);
+    ck_assert(isinf(out[0]) && out[0] > 0 && isinf(out[1]) && out[1] < 0);
+    cast_to(&d, PREC_BF16, 2, big, out);
+    ck_assert(isfinite(out[0]) && isfinite(out[1]));
+    cast_to(&d, PREC_FP16, 2, small, out);
+    ck_assert(out[0] == 0.0f && out[1] == 0.0f); /* the gradients the scaler exists for */
+    /* scaled by 2^16 first (scaler.scale), they survive, and unscaling in fp32 restores them */
+    float scaled[2] = {small[0] * 65536.0f, small[1] * 65536.0f};
+    cast_to(&d, PREC_FP16, 2, scaled, out);
+    ck_assert(out[0] != 0.0f && fabsf(out[0] / 65536.0f - small[0]) < 1e-3f * small[0]);
+    /* a conv whose fp32 output exceeds 65504 stores inf in fp16 */
+    ConvShape s;
+    conv_shape(&s, 4, 1, 1, 1, 0, 1, 1);
+    float x[4] = {200, 200, 200, 200}, w[4] = {100, 100, 100, 100}, y;
+    ref_conv_forward_lp(PREC_FP16, &s, 1, x, w, &y);
+    ck_assert(isinf(y));
+    ref_conv_forward_lp(PREC_BF16, &s, 1, x, w, &y);
+    ck_assert(y == 79872.0f); /* 80000 to bf16's 8 significant bits: finite, just coarse */
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- the model under autocast ----------------------------------------------------------------- */
+
+/* The tiny ResNet in fp16 and bf16 against fp32 on the same weights and batch. After ~12 layers of
+ * rounding the logits stay within a few u (norm-wise, relative to the logits' norm; measured 0.8u
+ * fp16, ~1u bf16; allowed 8u). The gradients are another matter: batch norm's backward
+ * dx = γ/σ·(dy − mean(dy) − x̂·mean(dy·x̂)) cancels most of dy (after global pooling dy is nearly
+ * constant over each image's positions), so the relative error grows layer by layer from ~1u at
+ * the linear layer to ~90u (fp16) / ~30u (bf16) at the first conv, here with a batch of 6. That is
+ * the computation's conditioning, not ours: torch's own bf16 autocast gradients differ from fp32
+ * by the same order (16u on the fixture of test_fixtures.c, where ours match torch's 7× better
+ * than fp32 does). Measured overall 55u (fp16, with the loss scaled by 2^16 as the GradScaler
+ * does), 18u (bf16); allowed 150u — a wrong rounding point or a dropped accumulation is O(1).
+ * Also: the BN buffers stay fp32 (not representable in the low type). */
+static double rel2(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 1e-300;
+    for (int64_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return sqrt(num / den);
+}
+
+START_TEST(model_under_autocast_tracks_fp32) {
+    Device d = cpu();
+    int n = 6;
+    float *x = rnd((int64_t)n * 3072, 31, -2, 2);
+    int32_t y[6] = {1, 3, 5, 7, 9, 0};
+    Model *ref = model_create(&d, "tiny", 1, n, 5);
+    float loss, lref;
+    int32_t correct;
+    model_forward(ref, n, x, 1);
+    xent_forward_backward(&d, n, 10, model_logits(ref), y, 1.0f / n, &lref, &correct, model_dlogits(ref));
+    model_backward(ref, n, NULL, NULL);
+    for (int pi = 1; pi <= 2; pi++) {
+        Precision p = (Precision)pi;
+        double u = unit_roundoff(p);
+        Model *m = model_create_mixed(&d, "tiny", 1, n, 5, p, 0);
+        ck_assert(!memcmp(m->param_flat, ref->param_flat, m->n_param_floats * 4)); /* same init */
+        float S = p == PREC_FP16 ? 65536.0f : 1.0f;
+        model_forward(m, n, x, 1);
+        double el = rel2(model_logits(m), model_logits(ref), n * 10);
+        xent_forward_backward(&d, n, 10, model_logits(m), y, 1.0f / n, &loss, &correct, model_dlogits(m));
+        scale_inplace(&d, n * 10, model_dlogits(m), S);              /* scaler.scale(loss) */
+        model_backward(m, n, NULL, NULL);
+        scale_inplace(&d, m->n_param_floats, m->grad_flat, 1.0f / S); /* unscale_ */
+        double eg = rel2(m->grad_flat, ref->grad_flat, m->n_param_floats);
+        printf("autocast %s vs fp32: logits %.2e (%.1fu), loss %.2e, gradients %.2e (%.1fu)\n", precision_name(p),
+               el, el / u, fabs(loss - lref) / lref, eg, eg / u);
+        ck_assert_msg(el < 8 * u && el > 0, "logits %s: %.3g", precision_name(p), el);
+        ck_assert_msg(eg < 150 * u && eg > 0, "gradients %s: %.3g", precision_name(p), eg);
+        ck_assert(representable(p, model_logits(m), n * 10));     /* the linear layer's p output */
+        ck_assert(!representable(p, m->buffer_flat, m->n_buffer_floats)); /* fp32 running stats */
+        model_destroy(m);
+    }
+    model_destroy(ref);
+    free(x);
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- the GradScaler --------------------------------------------------------------------------- */
+
+/* Every trajectory of tests/fixtures/scaler.txt (a real torch.amp.GradScaler) through ./stage5
+ * --show-scaler: the printed scales must be torch's, digit for digit (%.9g round-trips a float). */
+START_TEST(show_scaler_matches_torch) {
+    char path[512], line[1024], cmd[1400];
+    snprintf(path, sizeof path, "%s/tests/fixtures/scaler.txt", test_root());
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f, "%s missing: python3 tests/torch/scaler_fixture.py > %s", path, path);
+    int cases = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        char *colon = strchr(line, ':');
+        ck_assert(colon);
+        *colon = 0;
+        char pattern[256];
+        int interval;
+        double init, growth, backoff;
+        ck_assert_int_eq(sscanf(line, "%255s %d %lf %lf %lf", pattern, &interval, &init, &growth, &backoff), 5);
+        char *want = colon + 1;
+        while (*want == ' ') want++;
+        want[strcspn(want, "\n")] = 0;
+        snprintf(cmd, sizeof cmd, "%s/stage5 --show-scaler %s --growth-interval %d --init-scale %.17g "
+                 "--growth-factor %.17g --backoff-factor %.17g", test_root(), pattern, interval, init, growth, backoff);
+        char *out;
+        ck_assert_int_eq(test_run(cmd, &out), 0);
+        out[strcspn(out, "\n")] = 0;
+        ck_assert_msg(!strcmp(out, want), "%s\n  ours:  %s\n  torch: %s", cmd, out, want);
+        free(out);
+        cases++;
+    }
+    fclose(f);
+    ck_assert_int_ge(cases, 10);
+}
+END_TEST
+
+/* The scaler's rules directly: growth after exactly growth_interval finite steps, backoff and a
+ * reset counter on an inf, the skipped step writing nothing (parameters AND momentum), unscaling
+ * by the float of the double reciprocal, and the step after a skip proceeding normally. */
+START_TEST(scaler_skips_and_scales) {
+    Device d = cpu();
+    AmpConfig a;
+    amp_defaults(&a, "fp16");
+    a.init_scale = 1024, a.growth_interval = 3;
+    GradScaler s;
+    scaler_init(&s, &d, &a, PREC_FP16, 0, 16);
+    ck_assert(s.enabled);
+    Optimizer o;
+    optim_init(&o, &d, 4, 0.1, 0.9, 0.0);
+    float p[4] = {1, 2, 3, 4}, g[4], before[4], mom[4];
+    float want_scale[] = {1024, 1024, 2048, 1024, 1024, 1024, 2048};
+    const char *pattern = "FFFIFFF";
+    for (int step = 0; pattern[step]; step++) {
+        for (int i = 0; i < 4; i++) g[i] = 1024.0f * (i + 1); /* = scale · (1, 2, 3, 4) at scale 1024 */
+        float scale_now = scaler_get_scale(&s);
+        for (int i = 0; i < 4; i++) g[i] = scale_now * (float)(i + 1);
+        if (pattern[step] == 'I') g[2] = INFINITY;
+        memcpy(before, p, sizeof p);
+        memcpy(mom, o.momentum_buf, sizeof mom);
+        scaler_step(&s, &o, p, g, 4, 0.1);
+        if (pattern[step] == 'I') {
+            ck_assert(!memcmp(p, before, sizeof p));                /* skipped: nothing written */
+            ck_assert(!memcmp(o.momentum_buf, mom, sizeof mom));
+        } else {
+            ck_assert(g[0] == 1.0f && g[3] == 4.0f); /* unscaled in place */
+            ck_assert(memcmp(p, before, sizeof p));
+        }
+        scaler_update(&s);
+        ck_assert_msg(scaler_get_scale(&s) == want_scale[step], "step %d: scale %g, want %g", step,
+                      scaler_get_scale(&s), want_scale[step]);
+    }
+    ck_assert_int_eq(scaler_skipped(&s), 1);
+    /* 1/3 in double, rounded to float (unscale_'s reciprocal) */
+    float three = 3.0f, inv;
+    device_copy_h2d(&d, s.scale, &three, 4);
+    ref_amp_update_scale(s.scale, s.inv_scale, s.growth_tracker, s.found_inf, s.skipped, 2, 0.5, 1000);
+    memcpy(&inv, s.inv_scale, 4);
+    ck_assert(inv == (float)(1.0 / 3.0));
+    optim_destroy(&o);
+    scaler_destroy(&s);
+    device_destroy(&d);
+}
+END_TEST
+
+/* The forced overflow of the lesson, through the whole model: --test-inf-step's injection (rank 0's
+ * loss gradient made +inf at step 1) poisons every parameter gradient; the step is skipped — the
+ * fp32 master weights and momentum are bit-identical afterwards — the scale halves, and the next
+ * step trains. */
+START_TEST(forced_overflow_skips_one_step) {
+    Device d = cpu();
+    AmpConfig a;
+    amp_defaults(&a, "fp16");
+    a.test_inf_step = 1;
+    int n = 4;
+    Model *m = model_create_mixed(&d, "tiny", 1, n, 3, PREC_FP16, 0);
+    GradScaler s;
+    scaler_init(&s, &d, &a, PREC_FP16, 0, 8);
+    Optimizer o;
+    optim_init(&o, &d, m->n_param_floats, 0.1, 0.9, 5e-4);
+    float *x = rnd((int64_t)n * 3072, 41, -2, 2), *p0 = malloc(m->n_param_floats * 4);
+    int32_t y[4] = {1, 2, 3, 4}, correct;
+    float loss;
+    for (int step = 1; step <= 2; step++) {
+        memcpy(p0, m->param_flat, m->n_param_floats * 4);
+        model_zero_grad(m);
+        model_forward(m, n, x, 1);
+        xent_forward_backward(&d, n, 10, model_logits(m), y, 1.0f / n, &loss, &correct, model_dlogits(m));
+        ck_assert(isfinite(loss));
+        scaler_scale_loss(&s, model_dlogits(m), n * 10);
+        model_backward(m, n, NULL, NULL);
+        int64_t counts[2] = {0, 0};
+        count_zero_nonfinite(&d, m->n_param_floats, m->grad_flat, counts);
+        scaler_step(&s, &o, m->param_flat, m->grad_flat, m->n_param_floats, 0.1);
+        scaler_update(&s);
+        if (step == 1) {
+            ck_assert_int_gt(counts[1], m->n_param_floats / 2); /* the inf spread through backward */
+            ck_assert(!memcmp(m->param_flat, p0, m->n_param_floats * 4));
+            for (int64_t i = 0; i < m->n_param_floats; i++) ck_assert(o.momentum_buf[i] == 0.0f);
+            ck_assert(scaler_get_scale(&s) == 32768.0f);
+        } else {
+            ck_assert_int_eq(counts[1], 0);
+            ck_assert(memcmp(m->param_flat, p0, m->n_param_floats * 4));
+            ck_assert(scaler_get_scale(&s) == 32768.0f);
+        }
+    }
+    ck_assert_int_eq(scaler_skipped(&s), 1);
+    free(x), free(p0);
+    optim_destroy(&o);
+    scaler_destroy(&s);
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+/* ---- ./stage5 end to end ---------------------------------------------------------------------- */
+
+#define SMALL "--device cpu --train-size 1024 --test-size 256 --progress off --log-every 1 "
+
+static int run_stage5(const char *flags, const char *report, char **out) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 " SMALL "--master-port %d --report %s %s", test_root(),
+             test_free_port(), report, flags);
+    return test_run(cmd, out);
+}
+
+static char *report_path(const char *dir, const char *name) {
+    char *p = malloc(600);
+    snprintf(p, 600, "%s/%s.jsonl", dir, name);
+    return p;
+}
+
+/* fp16 and bf16 on the CPU backend learn: over 24 steps the mean loss of the last 6 is well below
+ * that of the first 6 (fp32 falls by ~0.3 here). */
+START_TEST(stage5_learns_in_fp16_and_bf16) {
+    char *dir = test_tmpdir();
+    const char *modes[] = {"fp16", "bf16"};
+    for (int i = 0; i < 2; i++) {
+        char flags[256], *out;
+        snprintf(flags, sizeof flags, "--nproc-per-node 1 --accum-steps 1 --steps 24 --batch-size 64 --amp %s", modes[i]);
+        char *rep = report_path(dir, modes[i]);
+        ck_assert_msg(run_stage5(flags, rep, &out) == 0, "%s", out);
+        ck_assert_msg(strstr(out, "amp: ") != NULL, "%s", out);
+        double loss[64];
+        ck_assert_int_eq(test_read_losses(rep, loss, 64), 24);
+        double first = 0, last = 0;
+        for (int k = 0; k < 6; k++) first += loss[k] / 6, last += loss[18 + k] / 6;
+        ck_assert_msg(last < first - 0.1, "%s: loss %.3f -> %.3f", modes[i], first, last);
+        free(out), free(rep);
+    }
+    free(dir);
+}
+END_TEST
+
+/* With 2 ranks and --test-inf-step 3 (rank 0's gradient only), the all-reduce spreads the inf, and
+ * both ranks skip step 3: the report's rank-summed scale and skip count say every rank agrees. With
+ * 2 micro-batches per optimizer step the scaler still acts once per optimizer step: one skip, one
+ * backoff. */
+START_TEST(stage5_forced_overflow_every_rank_skips) {
+    char *dir = test_tmpdir(), *out, *rep = report_path(dir, "inf");
+    ck_assert_msg(run_stage5("--nproc-per-node 2 --accum-steps 2 --steps 6 --test-inf-step 3", rep, &out) == 0, "%s", out);
+    char *j = test_slurp(rep, NULL);
+    ck_assert_msg(j && strstr(j, "\"skipped_steps\":1,") && strstr(j, "\"scale\":32768,") &&
+                      strstr(j, "\"ranks\":2,\"ranks_agree\":1"), "%s\n%s", out, j ? j : "(no report)");
+    double loss[16];
+    ck_assert_int_eq(test_read_losses(rep, loss, 16), 6);
+    for (int i = 0; i < 6; i++) ck_assert(isfinite(loss[i])); /* training continued */
+    free(j), free(out), free(rep), free(dir);
+}
+END_TEST
+
+/* --amp off is stage 4 exactly (stage 5 builds on it): the AMP lines are pass-throughs when disabled. */
+START_TEST(stage5_amp_off_is_stage4) {
+    char *dir = test_tmpdir(), *out, cmd[2048];
+    char *a = report_path(dir, "s5"), *b = report_path(dir, "s4");
+    ck_assert_msg(run_stage5("--nproc-per-node 1 --steps 5 --amp off", a, &out) == 0, "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL "--nproc-per-node 1 --steps 5 --master-port %d --report %s",
+             test_root(), test_free_port(), b);
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    double la[8], lb[8];
+    ck_assert_int_eq(test_read_losses(a, la, 8), 5);
+    ck_assert_int_eq(test_read_losses(b, lb, 8), 5);
+    for (int i = 0; i < 5; i++) ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i + 1, la[i], lb[i]);
+    free(out), free(a), free(b), free(dir);
+}
+END_TEST
+
+/* Bad flag combinations: one clear line, exit 2. */
+START_TEST(stage5_rejects_bad_amp_flags) {
+    struct {
+        const char *flags, *says;
+    } bad[] = {
+        {"--amp bf16 --no-grad-scaler", "--no-grad-scaler only applies to --amp fp16"},
+        {"--amp off --test-inf-step 2", "--test-inf-step needs the GradScaler"},
+        {"--grad-comm fp16", "use --grad-comm fp32"},
+        {"--show-scaler FFX", "pattern of F"},
+        {"--amp fp8", "--amp must be one of fp16|bf16|off"},
+        {"--growth-factor 1", "--growth-factor must be a number in (1, 1000000]"},
+        {"--backoff-factor 1", "--backoff-factor must be a number in (0, 1)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[512], *out;
+        snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 --device cpu --nproc-per-node 1 %s", test_root(), bad[i].flags);
+        ck_assert_int_eq(test_run(cmd, &out), 2);
+        ck_assert_msg(strstr(out, bad[i].says), "%s: %s", bad[i].flags, out);
+        free(out);
+    }
+}
+END_TEST
+
+Suite *suite_amp(void) {
+    Suite *s = suite_create("amp");
+    TCase *tc = tcase_create("amp");
+    tcase_add_test(tc, fp16_rounding_exhaustive);
+    tcase_add_test(tc, bf16_rounding_exhaustive);
+    tcase_add_test(tc, round_array_equals_conversion);
+    tcase_add_test(tc, conv_and_linear_within_rounding_bound);
+    tcase_add_test(tc, elementwise_and_pool_within_rounding_bound);
+    tcase_add_test(tc, batch_norm_within_bound);
+    tcase_add_test(tc, fp16_overflows_and_underflows_bf16_does_not);
+    tcase_add_test(tc, model_under_autocast_tracks_fp32);
+    tcase_add_test(tc, show_scaler_matches_torch);
+    tcase_add_test(tc, scaler_skips_and_scales);
+    tcase_add_test(tc, forced_overflow_skips_one_step);
+    tcase_add_test(tc, stage5_learns_in_fp16_and_bf16);
+    tcase_add_test(tc, stage5_forced_overflow_every_rank_skips);
+    tcase_add_test(tc, stage5_amp_off_is_stage4);
+    tcase_add_test(tc, stage5_rejects_bad_amp_flags);
+    suite_add_tcase(s, tc);
+    return s;
+}
