@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "errors.h"
+#include "trace.h"
 
 void gil_init(Gil *g, double switch_ms) {
     memset(g, 0, sizeof *g);
@@ -92,13 +93,16 @@ void gil_acquire(Gil *g, GilThread *t) {
     atomic_store(&g->drop_request, 0);
     CHECK_PT(pthread_mutex_unlock(&g->mutex));
     double now = time_now();
+    trace_complete("GIL wait", "gil", t0, now, -1);
     t->waited_s += now - t0;
     t->t_taken = now;
     t->acquires++;
 }
 
 void gil_release(Gil *g, GilThread *t) {
-    t->held_s += time_now() - t->t_taken;
+    double now = time_now();
+    trace_complete("GIL held", "gil", t->t_taken, now, -1);
+    t->held_s += now - t->t_taken;
     CHECK_PT(pthread_mutex_lock(&g->mutex));
     ASSERT(g->locked && g->last_holder == t->id); /* releasing a lock we do not hold */
     g->locked = 0;
@@ -117,7 +121,9 @@ void gil_release(Gil *g, GilThread *t) {
             while (g->last_holder == t->id) CHECK_PT(pthread_cond_wait(&g->switch_cond, &g->switch_mutex));
         }
         CHECK_PT(pthread_mutex_unlock(&g->switch_mutex));
-        t->waited_s += time_now() - t0;
+        double t1 = time_now();
+        trace_complete("GIL wait (forced switch)", "gil", t0, t1, -1);
+        t->waited_s += t1 - t0;
     }
 }
 
