@@ -449,4 +449,10 @@ void config_resolve(TrainConfig *c, int cuda) {
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
+    if (c->trace && c->trace[0]) {
+        char *dir = path_dir(c->trace);
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            die_user("--trace %s: directory '%s' does not exist (create it first: mkdir -p %s)", c->trace, dir, dir);
+        free(dir);
+    }
 }

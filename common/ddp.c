@@ -336,7 +336,7 @@ void ddp_forward_begin(Ddp *d) {
 static void launch(Ddp *d, float *g, int64_t count) {
     DdpStep *s = step_of(d, d->iteration);
     /* Averaging, PyTorch's way: divide by the world size, then SUM. */
-    TraceSpan span = trace_begin("bucket launch", "comm", s->n_ops); /* args.n: bucket, in launch order */
+    TraceSpan span = trace_begin("bucket launch", "launch", s->n_ops); /* args.n: bucket, in launch order */
     if (d->world > 1) scale_inplace(d->dev, count, g, 1.0f / (float)d->world);
     int64_t id = comm_allreduce_async(d->comm, g, count);
     trace_end(span);

@@ -313,7 +313,7 @@ void dp_replicate(DataParallel *dp) {
 
 void dp_parallel_apply(DataParallel *dp) {
     Device *d0 = dp->devs[0];
-    TraceSpan host = trace_begin("parallel_apply", "dp", -1);
+    TraceSpan host = trace_begin("parallel_apply (waits for the replica threads)", "wait", -1);
     for (int i = 0; i < dp->k; i++) {
         Replica *r = &dp->rep[i];
         r->fwd_py_s = r->fwd_wait_s = r->plan_own_s = r->plan_charged_s = 0;
@@ -359,7 +359,7 @@ void dp_gather(DataParallel *dp) {
 
 void dp_backward(DataParallel *dp) {
     Device *d0 = dp->devs[0];
-    TraceSpan host = trace_begin("backward (waits for the device threads)", "dp", -1);
+    TraceSpan host = trace_begin("backward (waits for the autograd threads)", "wait", -1);
     dp_mark(dp, DP_LOSS); /* the caller's loss ends where backward begins */
     if (dp->n > 1) { /* Gather's backward scatters the logits' gradient back to the replicas */
         dp_interpret(dp, &dp->main, dp->host_scale * dp->cfg.call_us, &dp->cur_py_s[DP_BACKWARD]);

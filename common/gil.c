@@ -67,8 +67,10 @@ static struct timespec deadline_after(double s) {
 void gil_acquire(Gil *g, GilThread *t) {
     ASSERT(t->id != 0); /* gil_thread_start first */
     double t0 = time_now();
+    int blocked = 0;
     CHECK_PT(pthread_mutex_lock(&g->mutex));
     while (g->locked) {
+        blocked = 1;
         uint64_t saved_switchnum = g->switch_number;
         struct timespec dl = deadline_after(g->interval_s);
         int rc = pthread_cond_timedwait(&g->cond, &g->mutex, &dl);
@@ -93,7 +95,7 @@ void gil_acquire(Gil *g, GilThread *t) {
     atomic_store(&g->drop_request, 0);
     CHECK_PT(pthread_mutex_unlock(&g->mutex));
     double now = time_now();
-    trace_complete("GIL wait", "gil", t0, now, -1);
+    if (blocked) trace_complete("GIL wait", "gil", t0, now, -1);
     t->waited_s += now - t0;
     t->t_taken = now;
     t->acquires++;
