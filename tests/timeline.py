@@ -118,7 +118,8 @@ def main():
         y += lane_depth[key] * row + gap
     plot_bottom = y
     legend_y = y + 34
-    H = legend_y + 18 * ((len(KINDS) + 2) // 3) + 10
+    present = [k for k in KINDS if any(kind_of(e) == k for e in spans)]  # the legend lists what is drawn
+    H = legend_y + 18 * ((len(present) + 2) // 3) + 10
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            f'font-family="DejaVu Sans, Arial, sans-serif" font-size="11">',
@@ -169,7 +170,7 @@ def main():
                 out.append(f'<text x="{xa + 2:.1f}" y="{yy + row - 3}" font-size="9.5" fill="#111">'
                            f'{escape(e["name"])}</text>')
     # legend
-    for i, (kind, (label, colour)) in enumerate(KINDS.items()):
+    for i, (label, colour) in enumerate(KINDS[k] for k in present):
         lx, ly = left + (i % 3) * (plot_w // 3), legend_y + (i // 3) * 18
         out.append(f'<rect x="{lx}" y="{ly - 10}" width="14" height="11" fill="{colour}"/>')
         out.append(f'<text x="{lx + 19}" y="{ly}">{escape(label)}</text>')
