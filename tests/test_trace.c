@@ -107,6 +107,25 @@ START_TEST(bad_trace_flags_refused) {
 }
 END_TEST
 
+/* On a GPU: device spans from CUDA events (the batch copies on the copy stream, forward / backward /
+ * optimizer on the compute stream) aligned with the host's; stage 2 on two (possibly logical) GPUs. */
+START_TEST(gpu_trace) {
+    if (!test_have_gpu("trace: CUDA event spans of stages 1 and 2") || !have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const char *gpu = "--device cuda --model tiny --train-size 2048 --test-size 128 --batch-size 64 --epochs 1 "
+                      "--steps 10 --progress off";
+    snprintf(cmd, sizeof cmd, "%s/stage1 %s --trace %s/g1.json && python3 %s/tests/trace_check.py %s/g1.json "
+             "--steps 5:8 --expect step input 'H2D copy' forward backward optimizer && "
+             "%s/stage2 %s --gpus 2 --trace %s/g2.json && python3 %s/tests/trace_check.py %s/g2.json --steps 5:8 "
+             "--expect 'H2D copy' scatter replicate gather reduce 'peer copy' 'replica forward' 'GIL held' forward "
+             "backward optimizer",
+             test_root(), gpu, dir, test_root(), dir, test_root(), gpu, dir, test_root(), dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "(%d)\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_trace(void) {
     Suite *s = suite_create("trace");
     TCase *tc = tcase_create("trace");
@@ -116,6 +135,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, stage3_trace);
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
+    tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
     return s;
 }
