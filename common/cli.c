@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "trace.h"
 
 /* ----------------------------------------------------------------------------------------------
  * formatting helpers */
@@ -318,6 +319,8 @@ void config_defaults(TrainConfig *c) {
     c->report = "";
     c->progress = "auto";
     c->optimizer = "sgd";
+    c->trace = "";
+    c->trace_steps = TRACE_DEFAULT_STEPS;
 }
 
 Option *config_options(TrainConfig *c, const Option *extra) {
@@ -375,6 +378,10 @@ Option *config_options(TrainConfig *c, const Option *extra) {
          "write JSON lines (step, epoch and summary records) to FILE, for scripts"},
         {"progress", OPT_CHOICE, &c->progress, 0, 0, "auto|on|off",
          "progress bar with ETA; auto = only when stdout is a terminal"},
+        {"trace", OPT_STR, &c->trace, 0, 0, NULL,
+         "write a timeline (Chrome trace-event JSON: Perfetto, chrome://tracing, make timeline) to FILE"},
+        {"trace-steps", OPT_STR, &c->trace_steps, 0, 0, NULL,
+         "A:B — trace optimizer steps A (from 0) to B (excluded) only, so the file stays small"},
     };
     int n_common = (int)(sizeof common / sizeof common[0]), n_extra = 0;
     while (extra && extra[n_extra].name) n_extra++;
@@ -439,5 +446,13 @@ void config_resolve(TrainConfig *c, int cuda) {
         free(dir);
         if (stat(c->report, &st) == 0 && S_ISDIR(st.st_mode))
             die_user("--report '%s' is a directory (give a file name, e.g. %s/report.jsonl)", c->report, c->report);
+    }
+    int64_t ta, tb;
+    trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
+    if (c->trace && c->trace[0]) {
+        char *dir = path_dir(c->trace);
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            die_user("--trace %s: directory '%s' does not exist (create it first: mkdir -p %s)", c->trace, dir, dir);
+        free(dir);
     }
 }

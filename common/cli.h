@@ -55,6 +55,8 @@ typedef struct TrainConfig {
     const char *report;      /* "" or a JSON-lines file */
     const char *progress;    /* auto | on | off */
     const char *optimizer;   /* sgd | adam (torch.optim.SGD / torch.optim.Adam) */
+    const char *trace;       /* "" = off; else a Chrome trace-event JSON file (trace.h) */
+    const char *trace_steps; /* "A:B": the optimizer steps traced */
 } TrainConfig;
 
 void config_defaults(TrainConfig *c);

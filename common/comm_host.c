@@ -15,6 +15,7 @@
 
 #include "comm_internal.h"
 #include "errors.h"
+#include "trace.h"
 #include "net.h"
 
 static size_t chunk_len(int64_t count, int world, int i) {
@@ -151,6 +152,7 @@ static void host_run(Comm *c, Op *op) {
 static void *ring_thread(void *arg) {
     Comm *c = arg;
     device_bind(c->dev);
+    trace_thread_name("comm ring thread (all-reduce)");
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->stop && c->done == c->issued) pthread_cond_wait(&c->cv, &c->mu);
@@ -158,7 +160,10 @@ static void *ring_thread(void *arg) {
         Op *op = &c->ops[c->done % OPS];
         pthread_mutex_unlock(&c->mu);
         double t0 = time_now();
+        TraceSpan span = trace_begin(op->kind == OP_ALLREDUCE ? "all-reduce" : op->kind == OP_BROADCAST ? "broadcast" : "sum",
+                                     "comm", op->count);
         host_run(c, op);
+        trace_end(span);
         op->ms = 1e3 * (time_now() - t0);
         pthread_mutex_lock(&c->mu);
         c->done++;

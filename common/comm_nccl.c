@@ -12,6 +12,7 @@
 
 #include "comm_internal.h"
 #include "errors.h"
+#include "trace.h"
 #include "worker_status.h" /* launch_mark_collateral */
 
 static const char *nccl_why(ncclResult_t r) {
@@ -149,10 +150,13 @@ static int64_t nccl_issue(Comm *c, OpKind kind, float *buf, int64_t count, int r
     CHECK_CUDA(cudaEventRecord(op->ready, d->stream));
     CHECK_CUDA(cudaStreamWaitEvent(c->stream, op->ready, 0));
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
+    TraceDev span = trace_dev_begin(d, TRACE_COMM, c->stream, kind == OP_ALLREDUCE ? "all-reduce" : "broadcast",
+                                    "comm", count);
     if (kind == OP_ALLREDUCE)
         CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, ncclFloat, ncclSum, c->nccl, c->stream));
     else
         CHECK_NCCL(ncclBroadcast(buf, buf, (size_t)count, ncclFloat, root, c->nccl, c->stream));
+    trace_dev_end(span);
     CHECK_CUDA(cudaEventRecord(op->end, c->stream));
     return comm_op_publish(c);
 }

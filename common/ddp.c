@@ -11,6 +11,7 @@
 #include "launch.h"
 #include "ops.h"
 #include "report.h"
+#include "trace.h"
 
 /* ---- the flags ------------------------------------------------------------------------------- */
 
@@ -335,8 +336,10 @@ void ddp_forward_begin(Ddp *d) {
 static void launch(Ddp *d, float *g, int64_t count) {
     DdpStep *s = step_of(d, d->iteration);
     /* Averaging, PyTorch's way: divide by the world size, then SUM. */
+    TraceSpan span = trace_begin("bucket launch", "launch", s->n_ops); /* args.n: bucket, in launch order */
     if (d->world > 1) scale_inplace(d->dev, count, g, 1.0f / (float)d->world);
     int64_t id = comm_allreduce_async(d->comm, g, count);
+    trace_end(span);
     if (s->first_op < 0) s->first_op = id;
     ASSERT(id == s->first_op + s->n_ops); /* nothing else is issued during backward */
     s->n_ops++;

@@ -19,6 +19,7 @@
 
 #include "dp_internal.h"
 #include "ops.h"
+#include "trace.h"
 
 #define STAGING_BYTES ((size_t)4 << 20) /* --p2p off: each of the two host staging buffers */
 
@@ -114,7 +115,9 @@ static void copy_between(DataParallel *dp, void *dst, Replica *dr, const void *s
     ASSERT(dr->index == 0 || sr->index == 0);
     if (bytes == 0) return;
     if (dp->cfg.p2p || dr == sr) {
+        TraceDev span = trace_dev_begin(on, TRACE_COMPUTE, NULL, "peer copy", "copy", (int64_t)bytes);
         device_copy_peer(on, dst, dd, src, sd, bytes);
+        trace_dev_end(span);
         return;
     }
     /* --p2p off: through host memory, taking the two staging buffers in turn */
@@ -251,6 +254,8 @@ void dp_scatter(DataParallel *dp, const float *x, int batch) {
         memcpy(dst, x, (size_t)batch * dp->sample_floats * sizeof(float));
         x = dst;
     }
+    TraceSpan host = trace_begin("scatter", "dp", -1);
+    TraceDev dev = trace_dev_begin(dp->devs[0], TRACE_COMPUTE, NULL, "scatter", "dp", -1);
     dp_mark(dp, 0); /* the step starts */
     Replica *r0 = &dp->rep[0];
     dp_interpret(dp, &dp->main, dp->host_scale * dp->cfg.call_us, &dp->cur_py_s[DP_SCATTER]);
@@ -267,6 +272,8 @@ void dp_scatter(DataParallel *dp, const float *x, int batch) {
     }
     staged_fence(dp);
     dp_mark(dp, DP_SCATTER);
+    trace_dev_end(dev);
+    trace_end(host);
 }
 
 /* broadcast_coalesced from device 0: a flat buffer goes out in ~10 MiB groups, each to every
@@ -285,6 +292,8 @@ static float *params_of(Model *m) { return m->param_flat; }
 static float *buffers_of(Model *m) { return m->buffer_flat; }
 
 void dp_replicate(DataParallel *dp) {
+    TraceSpan host = trace_begin("replicate", "dp", -1);
+    TraceDev dev = trace_dev_begin(dp->devs[0], TRACE_COMPUTE, NULL, "replicate", "dp", -1);
     if (dp->n > 1) { /* with one device DataParallel calls the module itself: no replicas */
         Model *m = dp->master;
         double *py = &dp->cur_py_s[DP_REPLICATE], s = dp->host_scale;
@@ -298,10 +307,13 @@ void dp_replicate(DataParallel *dp) {
     }
     dp_event_record(dp->devs[0], dp->replicated);
     dp_mark(dp, DP_REPLICATE);
+    trace_dev_end(dev);
+    trace_end(host);
 }
 
 void dp_parallel_apply(DataParallel *dp) {
     Device *d0 = dp->devs[0];
+    TraceSpan host = trace_begin("parallel_apply (waits for the replica threads)", "wait", -1);
     for (int i = 0; i < dp->k; i++) {
         Replica *r = &dp->rep[i];
         r->fwd_py_s = r->fwd_wait_s = r->plan_own_s = r->plan_charged_s = 0;
@@ -325,9 +337,12 @@ void dp_parallel_apply(DataParallel *dp) {
     }
     for (int i = 1; i < dp->k; i++) dp_event_wait(d0, dp->rep[i].fwd_done);
     dp_mark(dp, DP_FORWARD);
+    trace_end(host);
 }
 
 void dp_gather(DataParallel *dp) {
+    TraceSpan host = trace_begin("gather", "dp", -1);
+    TraceDev dev = trace_dev_begin(dp->devs[0], TRACE_COMPUTE, NULL, "gather", "dp", -1);
     if (dp->n > 1) { /* with one device the module's own output is the result */
         dp_interpret(dp, &dp->main, dp->host_scale * dp->cfg.call_us, &dp->cur_py_s[DP_GATHER]);
         int c = dp->master->classes;
@@ -338,10 +353,13 @@ void dp_gather(DataParallel *dp) {
         }
     }
     dp_mark(dp, DP_GATHER);
+    trace_dev_end(dev);
+    trace_end(host);
 }
 
 void dp_backward(DataParallel *dp) {
     Device *d0 = dp->devs[0];
+    TraceSpan host = trace_begin("backward (waits for the autograd threads)", "wait", -1);
     dp_mark(dp, DP_LOSS); /* the caller's loss ends where backward begins */
     if (dp->n > 1) { /* Gather's backward scatters the logits' gradient back to the replicas */
         dp_interpret(dp, &dp->main, dp->host_scale * dp->cfg.call_us, &dp->cur_py_s[DP_BACKWARD]);
@@ -357,11 +375,14 @@ void dp_backward(DataParallel *dp) {
     dp_backward_replicas(dp); /* in the autograd device threads (dp_threads.c) */
     for (int i = 1; i < dp->k; i++) dp_event_wait(d0, dp->rep[i].bwd_done);
     dp_mark(dp, DP_BACKWARD);
+    trace_end(host);
 }
 
 void dp_reduce_add(DataParallel *dp) {
     Device *d0 = dp->devs[0];
     Model *m = dp->master;
+    TraceSpan host = trace_begin("reduce", "dp", -1);
+    TraceDev dev = trace_dev_begin(dp->devs[0], TRACE_COMPUTE, NULL, "reduce", "dp", -1);
     if (dp->n > 1) { /* Broadcast's backward: reduce_add_coalesced onto device 0 */
         double us = dp->cfg.call_us + dp->k * m->n_params * dp->cfg.param_us;
         dp_interpret(dp, &dp->main, dp->host_scale * us, &dp->cur_py_s[DP_REDUCE]);
@@ -377,4 +398,6 @@ void dp_reduce_add(DataParallel *dp) {
         }
     }
     dp_mark(dp, DP_REDUCE);
+    trace_dev_end(dev);
+    trace_end(host);
 }

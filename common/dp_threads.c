@@ -10,6 +10,10 @@
  * thread, without the GIL; loss.backward() waits for them with the GIL released (another Crew). */
 #include "dp_internal.h"
 
+#include <stdio.h>
+
+#include "trace.h"
+
 /* model_forward over a one-layer view of the model: layer l alone, on the model's own parameters
  * and activations. So a replica's forward is issued one op at a time — as Python calls one module
  * after another — with exactly model_forward's semantics. */
@@ -28,8 +32,10 @@ static void forward_replica(DataParallel *dp, Replica *r, GilThread *t, PlanCach
     Model *m = r->model;
     int64_t misses = pc->misses;
     double own = pc->own_s, charged = pc->charged_s;
+    TraceSpan host = trace_begin("replica forward", "forward", r->index);
     if (r->index > 0) dp_event_wait(r->dev, dp->replicated);
     device_bind(r->dev);
+    TraceDev dev = trace_dev_begin(r->dev, TRACE_COMPUTE, NULL, "forward", "forward", r->n);
     m->acts[0].x = (float *)r->x; /* the input, as model_forward sets it */
     for (int l = 0; l < m->n_layers; l++) {
         dp_interpret(dp, t, dp->cfg.op_us, &r->fwd_py_s);
@@ -39,7 +45,9 @@ static void forward_replica(DataParallel *dp, Replica *r, GilThread *t, PlanCach
                                     m->param_flat + m->params[L->p0].offset, m->acts[L->out].x);
         else forward_layer(m, l, r->n, r->x);
     }
+    trace_dev_end(dev);
     dp_event_record(r->dev, r->fwd_done);
+    trace_end(host);
     r->plan_misses = pc->misses - misses;
     r->plan_own_s = pc->own_s - own;
     r->plan_charged_s = pc->charged_s - charged;
@@ -51,11 +59,19 @@ static double plan_charge_us(const DataParallel *dp) {
     return dp->devs[0]->benchmark ? dp->cfg.plan_bench_us : dp->cfg.plan_us;
 }
 
+/* --trace: one lane per replica, whichever thread runs it (new threads every step share it). */
+static void name_lane(const char *what, const Replica *r) {
+    char name[32];
+    snprintf(name, sizeof name, "%s %d", what, r->index);
+    trace_thread_name(name);
+}
+
 /* parallel_apply's thread, new every step. Python's Thread.start() returns only once the new
  * thread has bootstrapped — under the GIL — so starting a thread is a GIL round trip. */
 static void *forward_thread(void *arg) {
     Replica *r = arg;
     DataParallel *dp = r->dp;
+    name_lane("replica thread", r);
     double w0 = r->gil.waited_s;
     if (dp->python) {
         gil_thread_start(&dp->gil, &r->gil);
@@ -84,6 +100,7 @@ static void *pool_thread(void *arg) {
     Replica *r = arg;
     DataParallel *dp = r->dp;
     uint64_t seen = 0;
+    name_lane("replica thread", r);
     PlanCache cache; /* lives as long as the thread: warm after its first step */
     plan_cache_init(&cache, plan_charge_us(dp));
     gil_thread_start(&dp->gil, &r->gil);
@@ -104,15 +121,18 @@ static void *backward_thread(void *arg) {
     Replica *r = arg;
     DataParallel *dp = r->dp;
     uint64_t seen = 0;
+    name_lane("autograd thread", r);
     while (crew_next(&dp->bwd_crew, &seen, r->index)) {
         if (r->index > 0) {
             dp_event_wait(r->dev, dp->dlogits_ready);
             device_bind(r->dev);
             model_zero_grad(r->model);
         }
+        TraceSpan span = trace_begin("replica backward", "backward", r->index);
         device_bind(r->dev);
         model_backward(r->model, r->n, NULL, NULL);
         dp_event_record(r->dev, r->bwd_done);
+        trace_end(span);
         crew_finish(&dp->bwd_crew);
     }
     return NULL;

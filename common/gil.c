@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "errors.h"
+#include "trace.h"
 
 void gil_init(Gil *g, double switch_ms) {
     memset(g, 0, sizeof *g);
@@ -66,8 +67,10 @@ static struct timespec deadline_after(double s) {
 void gil_acquire(Gil *g, GilThread *t) {
     ASSERT(t->id != 0); /* gil_thread_start first */
     double t0 = time_now();
+    int blocked = 0;
     CHECK_PT(pthread_mutex_lock(&g->mutex));
     while (g->locked) {
+        blocked = 1;
         uint64_t saved_switchnum = g->switch_number;
         struct timespec dl = deadline_after(g->interval_s);
         int rc = pthread_cond_timedwait(&g->cond, &g->mutex, &dl);
@@ -92,13 +95,16 @@ void gil_acquire(Gil *g, GilThread *t) {
     atomic_store(&g->drop_request, 0);
     CHECK_PT(pthread_mutex_unlock(&g->mutex));
     double now = time_now();
+    if (blocked) trace_complete("GIL wait", "gil", t0, now, -1);
     t->waited_s += now - t0;
     t->t_taken = now;
     t->acquires++;
 }
 
 void gil_release(Gil *g, GilThread *t) {
-    t->held_s += time_now() - t->t_taken;
+    double now = time_now();
+    trace_complete("GIL held", "gil", t->t_taken, now, -1);
+    t->held_s += now - t->t_taken;
     CHECK_PT(pthread_mutex_lock(&g->mutex));
     ASSERT(g->locked && g->last_holder == t->id); /* releasing a lock we do not hold */
     g->locked = 0;
@@ -117,7 +123,9 @@ void gil_release(Gil *g, GilThread *t) {
             while (g->last_holder == t->id) CHECK_PT(pthread_cond_wait(&g->switch_cond, &g->switch_mutex));
         }
         CHECK_PT(pthread_mutex_unlock(&g->switch_mutex));
-        t->waited_s += time_now() - t0;
+        double t1 = time_now();
+        trace_complete("GIL wait (forced switch)", "gil", t0, t1, -1);
+        t->waited_s += t1 - t0;
     }
 }
 

@@ -15,11 +15,13 @@
  * every batch are identical for 0, 1 or 16 workers, and for any rank that sees the sample. */
 #include "loader.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "errors.h"
 #include "rng.h"
+#include "trace.h"
 
 #define PAD 4 /* RandomCrop(32, padding=4): the crop's top-left corner is in 0..2·PAD */
 
@@ -118,11 +120,13 @@ static void build_batch(Loader *l, Slot *s, int64_t b) {
     if (n > l->cfg.batch_size) n = l->cfg.batch_size;
     s->batch.n = (int)n;
     s->batch.index = b;
+    TraceSpan span = trace_begin("load batch", "loader", b);
     for (int64_t i = 0; i < n; i++) {
         int64_t idx = l->order[first + i];
         loader_make_sample(l->ds, idx, l->cfg.seed, l->epoch, l->cfg.augment, s->batch.x + (size_t)i * IMG_PIXELS);
         s->batch.y[i] = l->ds->labels[idx];
     }
+    trace_end(span);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -138,6 +142,9 @@ static void *worker_main(void *p) {
     Loader *l = arg->l;
     int id = arg->id, n_workers = l->cfg.workers;
     free(arg);
+    char lane[32]; /* --trace */
+    snprintf(lane, sizeof lane, "%sloader worker %d", l->cfg.shuffle ? "" : "eval ", id);
+    trace_thread_name(lane);
     uint64_t generation = 0;
     int64_t next = 0; /* the next batch this worker builds: ≡ id (mod workers) */
     pthread_mutex_lock(&l->mu);

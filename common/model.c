@@ -10,6 +10,7 @@
 #include "checkpoint.h" /* fnv1a64 */
 #include "data.h"
 #include "rng.h"
+#include "trace.h"
 
 #define MAX_LAYERS 128
 #define MAX_PARAMS 128
@@ -324,6 +325,11 @@ void model_forward(Model *m, int n, const float *x, int train) {
     }
     Device *d = m->dev;
     m->acts[0].x = (float *)x;
+    /* --trace: the whole forward (a one-layer view is DataParallel's op-by-op forward: its replica
+     * thread traces the replica's whole forward instead) */
+    int whole = m->n_layers > 1;
+    TraceDev span;
+    if (whole) span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "forward", "forward", n);
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
         Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
@@ -346,6 +352,7 @@ void model_forward(Model *m, int n, const float *x, int train) {
             break;
         }
     }
+    if (whole) trace_dev_end(span);
 }
 
 float *model_logits(Model *m) {
@@ -367,6 +374,7 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
         return;
     }
     Device *d = m->dev;
+    TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "backward", "backward", n);
     for (int l = m->n_layers - 1; l >= 0; l--) {
         Layer *L = &m->layers[l];
         Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
@@ -396,6 +404,7 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
             break;
         }
     }
+    trace_dev_end(span);
 }
 
 /* ---- forward and backward under autocast ------------------------------------------------------- */

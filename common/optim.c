@@ -7,6 +7,7 @@
 
 #include "adam.h"
 #include "ops.h"
+#include "trace.h"
 
 void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double momentum,
                 double weight_decay) {
@@ -27,15 +28,17 @@ void optim_destroy(Optimizer *o) {
 }
 
 void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) {
+    TraceDev span = trace_dev_begin(o->dev, TRACE_COMPUTE, NULL, "optimizer", "optimizer", -1);
     if (o->adam) {
         Adam *a = o->adam;
         adam_step(o->dev, o->count, params, grads, a->exp_avg, a->exp_avg_sq, lr_now, a->beta1,
                   a->beta2, a->eps, o->weight_decay, ++o->steps);
-        return;
+    } else {
+        sgd_step(o->dev, o->count, params, grads, o->momentum_buf, (float)lr_now, (float)o->momentum,
+                 (float)o->weight_decay, o->steps == 0);
+        o->steps++;
     }
-    sgd_step(o->dev, o->count, params, grads, o->momentum_buf, (float)lr_now, (float)o->momentum,
-             (float)o->weight_decay, o->steps == 0);
-    o->steps++;
+    trace_dev_end(span);
 }
 
 void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,

@@ -6,6 +6,7 @@
 
 #include "clock.h"
 #include "errors.h"
+#include "trace.h"
 
 void plan_cache_init(PlanCache *pc, double charge_us) {
     memset(pc, 0, sizeof *pc);
@@ -37,11 +38,13 @@ void plan_cache_conv_forward(PlanCache *pc, Device *d, Conv *c, int n, const flo
         }
         s = &pc->slot[pc->count++];
         *s = (PlanSlot){.conv = c, .n = n, .algo = {.algo = -1}};
+        TraceSpan span = trace_begin("planning", "planning", n); /* a miss: this thread plans */
         double t0 = time_now();
         conv_forward_plan(d, c, n, &s->algo, x, w, y); /* choose only: the real calls */
         double own = time_now() - t0, until = t0 + 1e-6 * pc->charge_us;
         while (time_now() < until) { /* the rest of the calibrated cost: host time, busy */
         }
+        trace_end(span);
         pc->own_s += own;
         pc->charged_s += time_now() - t0 - own;
         pc->misses++;

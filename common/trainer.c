@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "trace.h"
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
@@ -61,13 +62,18 @@ Batch *input_next(InputPipe *p, float **x, int32_t **y) {
     /* Everything the previous step reads from its input slot has been issued by now. */
     if (d->kind == DEV_CUDA) CHECK_CUDA(cudaEventRecord(p->consumed[p->slot], d->stream));
 #endif
+    TraceSpan span = trace_begin("input", "input", -1); /* waiting for the loader + issuing the copy */
     Batch *b = loader_next(p->loader);
-    if (!b) return NULL;
+    if (!b) {
+        trace_end(span);
+        return NULL;
+    }
     int s = p->slot ^= 1;
     release_slot(p, s); /* the batch from two steps ago */
     p->held[s] = b;
     if (d->kind == DEV_CPU) {
         *x = b->x, *y = b->y;
+        trace_end(span);
         return b;
     }
 #ifdef USE_CUDA
@@ -75,14 +81,17 @@ Batch *input_next(InputPipe *p, float **x, int32_t **y) {
      * (not the host) wait for it: with pinned memory the copy overlaps the previous step. */
     device_bind(d);
     CHECK_CUDA(cudaStreamWaitEvent(d->copy_stream, p->consumed[s], 0));
+    TraceDev copy = trace_dev_begin(d, TRACE_COPY, NULL, "H2D copy", "copy", b->index);
     CHECK_CUDA(cudaMemcpyAsync(p->x[s], b->x, (size_t)b->n * IMG_PIXELS * sizeof(float),
                                cudaMemcpyHostToDevice, d->copy_stream));
     CHECK_CUDA(cudaMemcpyAsync(p->y[s], b->y, (size_t)b->n * sizeof(int32_t),
                                cudaMemcpyHostToDevice, d->copy_stream));
+    trace_dev_end(copy);
     CHECK_CUDA(cudaEventRecord(p->copied[s], d->copy_stream));
     CHECK_CUDA(cudaStreamWaitEvent(d->stream, p->copied[s], 0));
 #endif
     *x = p->x[s], *y = p->y[s];
+    trace_end(span);
     return b;
 }
 
@@ -197,6 +206,7 @@ static void evaluate_epoch(Model *m, InputPipe *in, StepLog *scratch) {
     float *x;
     int32_t *y;
     Batch *b;
+    int traced = trace_pause(); /* --trace: evaluation is not part of the step window */
     while ((b = input_next(in, &x, &y))) {
         int i = steplog_begin(scratch, b->n);
         model_forward(m, b->n, x, 0);
@@ -205,6 +215,7 @@ static void evaluate_epoch(Model *m, InputPipe *in, StepLog *scratch) {
                               scratch->loss + i, scratch->correct + i, model_dlogits(m));
     }
     input_drain(in);
+    trace_resume(traced);
 }
 
 void evaluate(Model *m, InputPipe *in, StepLog *scratch, double *accuracy, double *loss) {
@@ -357,6 +368,12 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
     r->t_start = r->epoch_t0 = time_now();
+    char process[64]; /* --trace: one process track per rank */
+    int procs = sum_across && world_size > 1 ? world_size : 1;
+    if (procs > 1) snprintf(process, sizeof process, "rank %d (%s)", rank, stage);
+    else snprintf(process, sizeof process, "%s (one process)", stage);
+    trace_configure(cfg->trace, cfg->trace_steps, rank, procs, process, devs, n_devs);
+    trace_step(r->step);
 }
 
 int run_done(const Run *r) { return r->cfg->steps > 0 && r->step >= r->cfg->steps; }
@@ -387,6 +404,7 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     }
     report_progress(&r->report, (int)r->epoch + 1, c->epochs, batch + 1, r->batches_per_epoch,
                     time_now() - r->epoch_t0, (float)r->last_train_loss);
+    trace_step(r->step); /* opens / closes the --trace-steps window */
 }
 
 /* Peak memory of every device of the job: this process's devices, or one per rank (stage 3).
@@ -491,6 +509,12 @@ void run_summary_num(Run *r, const char *key, double v) { add_extra(r, key, v, 0
 
 void run_finish(Run *r) {
     const TrainConfig *c = r->cfg;
+    trace_finish();
+    if (trace_wants_merge()) { /* every rank's file is written once all have passed here */
+        double barrier = 0;
+        sum_over_ranks(r, &barrier, 1);
+        trace_merge();
+    }
     double med = median_ms(r), wall = time_now() - r->t_start;
     double ips = images_per_s(r, med);
     int64_t peaks[64];

@@ -34,7 +34,7 @@ stage5() { # name, stage 5 flags...
     PORT=$((PORT + 10))
     log "stage 5 $name"
     timeout -k 10 300 ./stage5 --nproc-per-node 1 --master-port "$PORT" --model resnet18 --batch-size 128 \
-        --workers 4 --pin-memory --cudnn-benchmark --steps $((STEPS + 5)) --epochs 100 --test-size 2000 \
+        --accum-steps 1 --workers 4 --pin-memory --cudnn-benchmark --steps $((STEPS + 5)) --epochs 100 --test-size 2000 \
         --schedule const --progress off --log-every 1000 --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "stage 5 $name FAILED: see $OUT/$name.log"
     grep -E "^(summary|amp)" "$OUT/$name.log"

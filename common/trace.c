@@ -1,0 +1,407 @@
+/* trace.c — the trace recorder (see trace.h): one preallocated buffer of spans claimed with an atomic
+ * index, CUDA event pairs per device resolved when the window closes, the JSON writer and the merge
+ * of the ranks' files. */
+#include "trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "clock.h"
+#include "device.h"
+#include "errors.h"
+
+#define MAX_EVENTS (1 << 17) /* host and CPU-device spans of one window (~6 MiB) */
+#define MAX_LANES 256        /* named host threads */
+#define MAX_DEVS 16
+#define DEV_SPANS 4096       /* CUDA event pairs per device and window */
+#define DEV_TID 1000         /* device lanes: tid DEV_TID + 8 × device + lane, after the threads */
+
+atomic_int trace_active_;
+
+typedef struct Event {
+    const char *name, *cat;
+    int64_t t0, t1, arg; /* ns on the host's monotonic clock */
+    int tid;
+    atomic_int ready;    /* set last: the writer reads only finished entries */
+} Event;
+
+typedef struct DevPool {
+    Device *d;
+    int64_t ref_ns; /* host time of the reference event */
+    atomic_int next, resolved;
+#ifdef USE_CUDA
+    cudaEvent_t ref, *ev; /* ev[2k], ev[2k+1]: span k's begin and end */
+#endif
+    struct { const char *name, *cat; int64_t arg; int lane; atomic_int ready; } *meta;
+} DevPool;
+
+static struct {
+    char file[4096];
+    int configured, opened, closed, written, rank, world;
+    int64_t a, b, step_t0;
+    char process[64];
+    Event *ev;
+    atomic_int n;
+    atomic_long dropped;
+    pthread_mutex_t lane_mu;
+    char lanes[MAX_LANES][32];
+    int n_lanes;
+    DevPool devs[MAX_DEVS];
+    int n_devs;
+} g = {.lane_mu = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local int my_tid; /* 0: not yet given a lane */
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time_now()'s clock, in integer ns */
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- flags ------------------------------------------------------------------------------------ */
+
+void trace_parse_steps(const char *flag, int64_t *a, int64_t *b) {
+    char *end;
+    const char *colon = strchr(flag, ':');
+    long long x = -1, y = -1;
+    if (colon) {
+        x = strtoll(flag, &end, 10);
+        if (end != colon || colon == flag) x = -1;
+        y = strtoll(colon + 1, &end, 10);
+        if (*end || !colon[1]) y = -1;
+    }
+    if (!colon || x < 0 || y < 0)
+        die_user("--trace-steps %s: expected A:B, the optimizer steps A (first, counted from 0) to B "
+                 "(excluded), e.g. --trace-steps %s", flag, TRACE_DEFAULT_STEPS);
+    if (y <= x) die_user("--trace-steps %s: the window is empty — B must be greater than A (e.g. %lld:%lld)", flag, x, x + 3);
+    if (y - x > 1000)
+        die_user("--trace-steps %s: %lld steps is too many for one trace file — trace at most 1000 steps "
+                 "(a few are enough to see the pattern)", flag, y - x);
+    *a = x, *b = y;
+}
+
+/* ---- lanes ------------------------------------------------------------------------------------ */
+
+static int lane_of(const char *name) { /* under lane_mu */
+    for (int i = 0; i < g.n_lanes; i++)
+        if (!strcmp(g.lanes[i], name)) return i + 1;
+    if (g.n_lanes == MAX_LANES) return MAX_LANES; /* the last lane takes every extra thread */
+    snprintf(g.lanes[g.n_lanes], sizeof g.lanes[0], "%s", name);
+    return ++g.n_lanes;
+}
+
+/* Threads are often started before the run configures the trace (loader workers, DataParallel's
+ * and the communicator's threads): the name is kept with the thread, and its lane is taken (under a
+ * lock, once per thread) when it first records. */
+static _Thread_local char my_name[32];
+
+void trace_thread_name(const char *name) {
+    snprintf(my_name, sizeof my_name, "%s", name);
+    my_tid = 0;
+}
+
+static int tid_self(void) {
+    if (!my_tid) {
+        pthread_mutex_lock(&g.lane_mu);
+        if (!my_name[0]) snprintf(my_name, sizeof my_name, "thread %d", g.n_lanes + 1); /* nobody named it */
+        my_tid = lane_of(my_name);
+        pthread_mutex_unlock(&g.lane_mu);
+    }
+    return my_tid;
+}
+
+/* ---- recording -------------------------------------------------------------------------------- */
+
+static void emit(const char *name, const char *cat, int64_t t0, int64_t t1, int64_t arg, int tid) {
+    int i = atomic_fetch_add_explicit(&g.n, 1, memory_order_relaxed);
+    if (i >= MAX_EVENTS) {
+        atomic_fetch_add(&g.dropped, 1);
+        return;
+    }
+    Event *e = &g.ev[i];
+    e->name = name, e->cat = cat, e->t0 = t0, e->t1 = t1 < t0 ? t0 : t1, e->arg = arg, e->tid = tid;
+    atomic_store_explicit(&e->ready, 1, memory_order_release);
+}
+
+TraceSpan trace_begin_(const char *name, const char *cat, int64_t arg) {
+    return (TraceSpan){.name = name, .cat = cat, .t0 = now_ns(), .arg = arg};
+}
+
+void trace_end_(TraceSpan s) { emit(s.name, s.cat, s.t0, now_ns(), s.arg, tid_self()); }
+
+void trace_complete_(const char *name, const char *cat, double t0, double t1, int64_t arg) {
+    emit(name, cat, (int64_t)(t0 * 1e9 + 0.5), (int64_t)(t1 * 1e9 + 0.5), arg, tid_self());
+}
+
+static int dev_number(const Device *d) {
+    for (int i = 0; i < g.n_devs; i++)
+        if (g.devs[i].d == d) return i;
+    return -1;
+}
+
+static int dev_tid(int dev, int lane) { return DEV_TID + 8 * dev + lane; }
+
+TraceDev trace_dev_begin_(Device *d, TraceLane lane, void *stream, const char *name, const char *cat,
+                          int64_t arg) {
+    TraceDev s = {.slot = -1, .dev = dev_number(d), .name = name, .cat = cat, .arg = arg};
+    if (s.dev < 0) return s; /* a device the run did not register (a test's scratch device) */
+    if (d->kind == DEV_CPU) {
+        s.t0 = now_ns(), s.slot = lane;
+        return s;
+    }
+#ifdef USE_CUDA
+    DevPool *p = &g.devs[s.dev];
+    int k = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+    if (k >= DEV_SPANS) {
+        atomic_fetch_add(&g.dropped, 1);
+        s.dev = -1;
+        return s;
+    }
+    cudaStream_t st = stream ? (cudaStream_t)stream : lane == TRACE_COPY ? d->copy_stream : d->stream;
+    CHECK_CUDA(cudaEventRecord(p->ev[2 * k], st));
+    p->meta[k].name = name, p->meta[k].cat = cat, p->meta[k].arg = arg, p->meta[k].lane = lane;
+    s.slot = k, s.stream = (void *)st;
+#else
+    (void)stream;
+#endif
+    return s;
+}
+
+void trace_dev_end_(TraceDev s) {
+    DevPool *p = &g.devs[s.dev];
+    if (p->d->kind == DEV_CPU) {
+        emit(s.name, s.cat, s.t0, now_ns(), s.arg, dev_tid(s.dev, s.slot));
+        return;
+    }
+#ifdef USE_CUDA
+    if (atomic_load(&p->resolved)) return; /* ended after the window was written */
+    CHECK_CUDA(cudaEventRecord(p->ev[2 * s.slot + 1], (cudaStream_t)s.stream));
+    atomic_store_explicit(&p->meta[s.slot].ready, 1, memory_order_release);
+#endif
+}
+
+/* ---- the window ------------------------------------------------------------------------------- */
+
+void trace_configure(const char *file, const char *steps, int rank, int world, const char *process,
+                     Device **devs, int n_devs) {
+    if (!file || !file[0]) return;
+    trace_parse_steps(steps, &g.a, &g.b);
+    snprintf(g.file, sizeof g.file, "%s", file);
+    g.rank = rank, g.world = world;
+    snprintf(g.process, sizeof g.process, "%s", process);
+    /* fail now, not after the run, when the file cannot be written */
+    char path[4200];
+    if (world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, rank);
+    else snprintf(path, sizeof path, "%s", g.file);
+    FILE *f = fopen(path, "w");
+    if (!f) die_user("--trace %s: cannot write %s — give a path in an existing, writable directory", file, path);
+    fclose(f);
+    g.ev = xcalloc(MAX_EVENTS, sizeof *g.ev);
+    g.configured = 1;
+    trace_thread_name(world > 1 ? "main (rank's loop)" : "main (training loop)");
+    for (int i = 0; i < n_devs && g.n_devs < MAX_DEVS; i++) {
+        DevPool *p = &g.devs[g.n_devs++];
+        p->d = devs[i];
+        p->meta = xcalloc(DEV_SPANS, sizeof *p->meta);
+#ifdef USE_CUDA
+        if (devs[i]->kind == DEV_CUDA) { /* every event now, none in the window */
+            device_bind(devs[i]);
+            p->ev = xcalloc(2 * DEV_SPANS, sizeof *p->ev);
+            CHECK_CUDA(cudaEventCreate(&p->ref));
+            for (int k = 0; k < 2 * DEV_SPANS; k++) CHECK_CUDA(cudaEventCreate(&p->ev[k]));
+        }
+#endif
+    }
+#ifdef USE_CUDA
+    if (n_devs > 0 && devs[0]->kind == DEV_CUDA) device_bind(devs[0]);
+#endif
+}
+
+static void open_window(void) {
+    g.opened = 1;
+#ifdef USE_CUDA
+    /* The one synchronisation: each device's reference event, and the host clock when it is reached. */
+    for (int i = 0; i < g.n_devs; i++) {
+        DevPool *p = &g.devs[i];
+        if (p->d->kind != DEV_CUDA) continue;
+        device_bind(p->d);
+        CHECK_CUDA(cudaEventRecord(p->ref, p->d->stream));
+        CHECK_CUDA(cudaEventSynchronize(p->ref));
+        p->ref_ns = now_ns();
+    }
+    if (g.n_devs > 0 && g.devs[0].d->kind == DEV_CUDA) device_bind(g.devs[0].d);
+#endif
+    atomic_store(&trace_active_, 1);
+}
+
+static void resolve_devices(void) {
+#ifdef USE_CUDA
+    for (int i = 0; i < g.n_devs; i++) {
+        DevPool *p = &g.devs[i];
+        if (p->d->kind != DEV_CUDA || atomic_load(&p->resolved)) continue;
+        atomic_store(&p->resolved, 1);
+        int n = atomic_load(&p->next);
+        if (n > DEV_SPANS) n = DEV_SPANS;
+        for (int k = 0; k < n; k++) {
+            if (!atomic_load_explicit(&p->meta[k].ready, memory_order_acquire)) continue;
+            float ms0, ms1;
+            CHECK_CUDA(cudaEventSynchronize(p->ev[2 * k + 1]));
+            CHECK_CUDA(cudaEventElapsedTime(&ms0, p->ref, p->ev[2 * k]));
+            CHECK_CUDA(cudaEventElapsedTime(&ms1, p->ref, p->ev[2 * k + 1]));
+            emit(p->meta[k].name, p->meta[k].cat, p->ref_ns + (int64_t)(ms0 * 1e6),
+                 p->ref_ns + (int64_t)(ms1 * 1e6), p->meta[k].arg, dev_tid(i, p->meta[k].lane));
+        }
+    }
+#endif
+}
+
+static const char *lane_label(int lane) {
+    return lane == TRACE_COMPUTE ? "compute" : lane == TRACE_COPY ? "copy" : "comm";
+}
+
+/* Lanes top to bottom: the loop, the replica and autograd threads, communication, the loaders. */
+static int lane_order(const char *name) {
+    static const char *order[] = {"main", "replica", "autograd", "comm", "loader", "eval"};
+    int k = 0, n = 0;
+    while (k < 6 && strncmp(name, order[k], strlen(order[k]))) k++;
+    const char *digits = name + strcspn(name, "0123456789");
+    if (*digits) n = atoi(digits);
+    return 100 * (k + 1) + (n < 99 ? n : 99);
+}
+
+/* One event per line, lines starting with {"ph": — trace_merge relies on it. */
+static void write_file(void) {
+    char path[4200];
+    if (g.world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, g.rank);
+    else snprintf(path, sizeof path, "%s", g.file);
+    FILE *f = fopen(path, "w");
+    if (!f) die_user("--trace %s: cannot write %s", g.file, path);
+    int pid = g.rank;
+    fprintf(f, "{\"traceEvents\":[\n");
+    fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}", pid,
+            g.process);
+    fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}",
+            pid, pid);
+    pthread_mutex_lock(&g.lane_mu);
+    for (int i = 0; i < g.n_lanes; i++) {
+        fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", pid,
+                i + 1, g.lanes[i]);
+        fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                pid, i + 1, lane_order(g.lanes[i]));
+    }
+    pthread_mutex_unlock(&g.lane_mu);
+    int n = atomic_load(&g.n);
+    if (n > MAX_EVENTS) n = MAX_EVENTS;
+    int used[MAX_DEVS][TRACE_LANES] = {{0}};
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&g.ev[i].ready) && g.ev[i].tid >= DEV_TID)
+            used[(g.ev[i].tid - DEV_TID) / 8][(g.ev[i].tid - DEV_TID) % 8] = 1;
+    for (int d = 0; d < g.n_devs; d++)
+        for (int l = 0; l < TRACE_LANES; l++) {
+            if (!used[d][l]) continue;
+            const Device *dev = g.devs[d].d;
+            char label[96];
+            if (dev->kind == DEV_CUDA) snprintf(label, sizeof label, "GPU%d %s stream", dev->index, lane_label(l));
+            else snprintf(label, sizeof label, "cpu dev%d %s (wall clock)", dev->index, lane_label(l));
+            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                    pid, dev_tid(d, l), label);
+            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                    pid, dev_tid(d, l), dev_tid(d, l));
+        }
+    int spans = 0;
+    for (int i = 0; i < n; i++) {
+        const Event *e = &g.ev[i];
+        if (!atomic_load_explicit(&e->ready, memory_order_acquire)) continue;
+        /* integer ns → µs with 3 decimals: exact, so a child never ends past its parent */
+        int64_t d = e->t1 - e->t0;
+        fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%lld.%03lld,"
+                   "\"dur\":%lld.%03lld",
+                e->name, e->cat, pid, e->tid, (long long)(e->t0 / 1000), (long long)(e->t0 % 1000),
+                (long long)(d / 1000), (long long)(d % 1000));
+        if (e->arg >= 0) fprintf(f, ",\"args\":{\"n\":%lld}", (long long)e->arg);
+        fprintf(f, "}");
+        spans++;
+    }
+    fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"dropped\":%ld}}\n",
+            (long long)g.a, (long long)g.b, atomic_load(&g.dropped));
+    if (fclose(f)) die_user("--trace %s: writing %s failed (disk full?)", g.file, path);
+    long dropped = atomic_load(&g.dropped);
+    if (g.rank == 0 && g.world <= 1)
+        printf("trace: %d spans of steps %lld–%lld in %s (open it in Perfetto or chrome://tracing; "
+               "make timeline TRACE=%s draws it)\n", spans, (long long)g.a, (long long)g.b - 1, path, path);
+    if (dropped) printf("trace: rank %d: %ld spans dropped (the buffer is full): trace fewer steps\n", g.rank, dropped);
+}
+
+static void close_window(void) {
+    atomic_store(&trace_active_, 0);
+    g.closed = 1;
+    resolve_devices();
+    write_file();
+    g.written = 1;
+}
+
+void trace_step(int64_t done) {
+    if (!g.configured) return;
+    int64_t now = now_ns();
+    if (trace_on()) emit("step", "step", g.step_t0, now, done - 1, tid_self());
+    if (!g.opened && done >= g.a && done < g.b) open_window();
+    else if (trace_on() && done >= g.b) close_window();
+    g.step_t0 = now_ns();
+}
+
+void trace_finish(void) {
+    if (!g.configured || g.written) return;
+    if (!g.opened && g.rank == 0)
+        printf("trace: the run ended before step %lld, where --trace-steps %lld:%lld begins: the trace "
+               "holds no spans\n", (long long)g.a, (long long)g.a, (long long)g.b);
+    close_window();
+}
+
+int trace_pause(void) {
+    int was = trace_on();
+    atomic_store(&trace_active_, 0);
+    return was;
+}
+
+void trace_resume(int was_on) {
+    if (!was_on || g.closed) return;
+    g.step_t0 = now_ns(); /* the next step span starts after the evaluation */
+    atomic_store(&trace_active_, 1);
+}
+
+int trace_wants_merge(void) { return g.configured && g.world > 1; }
+
+void trace_merge(void) {
+    if (!trace_wants_merge() || g.rank != 0) return;
+    FILE *out = fopen(g.file, "w");
+    if (!out) die_user("--trace %s: cannot write the merged file", g.file);
+    fprintf(out, "{\"traceEvents\":[");
+    int first = 1, spans = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int r = 0; r < g.world; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s.rank%d.json", g.file, r);
+        FILE *f = fopen(path, "r");
+        if (!f) die_runtime("trace: rank %d's file %s is missing: cannot merge", r, path);
+        ssize_t len;
+        while ((len = getline(&line, &cap, f)) > 0) {
+            if (strncmp(line, "{\"ph\":", 6)) continue;
+            while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == ',')) line[--len] = 0;
+            fprintf(out, "%s\n%s", first ? "" : ",", line);
+            first = 0;
+            spans += strstr(line, "\"ph\":\"X\"") != NULL;
+        }
+        fclose(f);
+    }
+    free(line);
+    fprintf(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"ranks\":%d}}\n",
+            (long long)g.a, (long long)g.b, g.world);
+    if (fclose(out)) die_user("--trace %s: writing the merged file failed (disk full?)", g.file);
+    printf("trace: %d spans of steps %lld–%lld from %d ranks merged into %s (per rank: %s.rankN.json; open it "
+           "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)\n",
+           spans, (long long)g.a, (long long)g.b - 1, g.world, g.file, g.file, g.file);
+}

@@ -1,0 +1,141 @@
+/* test_trace.c — --trace on the CPU backend: stages 1, 2 (two devices) and 3 (two workers) write a
+ * Chrome trace-event file that parses, holds the spans each stage must show, nests per thread and
+ * covers exactly the --trace-steps window (tests/trace_check.py checks the file); the SVG renderer
+ * draws it; bad --trace-steps values and unwritable paths are refused with a clear error. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests.h"
+
+#define SMALL "--device cpu --model tiny --train-size 256 --test-size 32 --batch-size 16 --epochs 1 --progress off"
+
+static int have_python(void) {
+    static int have = -1;
+    if (have < 0) {
+        have = system("python3 -c 'import json' >/dev/null 2>&1") == 0;
+        if (!have) printf("SKIP trace: python3 is missing (tests/trace_check.py validates the trace files)\n");
+    }
+    return have;
+}
+
+/* Run a stage with --trace into dir/t.json, then the checker; fail with both outputs. */
+static void trace_and_check(const char *stage, const char *args, const char *window, int pids,
+                            const char *expect) {
+    char *dir = test_tmpdir(), cmd[4096], *out, *chk;
+    snprintf(cmd, sizeof cmd, "%s/%s " SMALL " %s --trace %s/t.json --trace-steps %s", test_root(), stage, args, dir,
+             window);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "%s failed (%d):\n%s", stage, rc, out);
+    ck_assert_msg(strstr(out, "trace: "), "%s printed no trace line:\n%s", stage, out);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/trace_check.py %s/t.json --steps %s --pids %d --expect %s",
+             test_root(), dir, window, pids, expect);
+    rc = test_run(cmd, &chk);
+    ck_assert_msg(rc == 0, "%s's trace is wrong:\n%s\n(run output:\n%s)", stage, chk, out);
+    /* the renderer draws it */
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/timeline.py %s/t.json %s/t.svg", test_root(), dir, dir);
+    free(chk);
+    rc = test_run(cmd, &chk);
+    ck_assert_msg(rc == 0, "timeline.py failed:\n%s", chk);
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.svg", dir);
+    long len;
+    char *svg = test_slurp(path, &len);
+    ck_assert(svg && strstr(svg, "<svg") && strstr(svg, "</svg>") && strstr(svg, "forward"));
+    free(svg), free(chk), free(out), free(dir);
+}
+
+START_TEST(stage1_trace) {
+    if (!have_python()) return;
+    trace_and_check("stage1", "--steps 7 --workers 2", "2:5", 1,
+                    "step input 'load batch' forward backward optimizer");
+}
+END_TEST
+
+/* DataParallel: the phases on the main thread, each replica thread's forward with its GIL turns and
+ * its planning (new threads every step: a plan-cache miss per convolution), backward on the
+ * autograd threads, peer copies on device 0. */
+START_TEST(stage2_trace) {
+    if (!have_python()) return;
+    trace_and_check("stage2", "--gpus 2 --steps 4", "1:3", 1,
+                    "scatter replicate gather reduce 'replica forward' 'replica backward' 'GIL held' planning "
+                    "'peer copy' forward backward optimizer");
+}
+END_TEST
+
+/* DDP: one process track per rank, merged; the buckets' all-reduces on the communication thread. */
+START_TEST(stage3_trace) {
+    if (!have_python()) return;
+    char args[256];
+    snprintf(args, sizeof args, "--nproc-per-node 2 --steps 4 --bucket-mb 0.03 --master-port %d", test_free_port());
+    trace_and_check("stage3", args, "1:3", 2, "forward backward optimizer all-reduce 'bucket launch'");
+}
+END_TEST
+
+/* The window lies beyond the run: a valid file with no spans, and a note saying why. */
+START_TEST(window_after_the_run) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 2 --trace %s/t.json && python3 -c \"import json,sys; "
+             "d=json.load(open('%s/t.json')); sys.exit(any(e['ph']=='X' for e in d['traceEvents']))\"",
+             test_root(), dir, dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "(%d)\n%s", rc, out);
+    ck_assert_msg(strstr(out, "ended before step 5"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
+START_TEST(bad_trace_flags_refused) {
+    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[1024], *out;
+        snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace /tmp/never.json --trace-steps '%s'",
+                 test_root(), bad[i]);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2, "--trace-steps %s: exit %d, expected 2:\n%s", bad[i], rc, out);
+        ck_assert_msg(strstr(out, "--trace-steps") && strstr(out, "error"), "%s", out);
+        ck_assert_msg(!strstr(out, "summary:"), "--trace-steps %s: the run started:\n%s", bad[i], out);
+        free(out);
+    }
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace /nonexistent-dir/t.json", test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "--trace /nonexistent-dir/t.json"), "exit %d:\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
+/* On a GPU: device spans from CUDA events (the batch copies on the copy stream, forward / backward /
+ * optimizer on the compute stream) aligned with the host's; stage 2 on two (possibly logical) GPUs. */
+START_TEST(gpu_trace) {
+    if (!test_have_gpu("trace: CUDA event spans of stages 1 and 2") || !have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const char *gpu = "--device cuda --model tiny --train-size 2048 --test-size 128 --batch-size 64 --epochs 1 "
+                      "--steps 10 --progress off";
+    snprintf(cmd, sizeof cmd, "%s/stage1 %s --trace %s/g1.json && python3 %s/tests/trace_check.py %s/g1.json "
+             "--steps 5:8 --expect step input 'H2D copy' forward backward optimizer && "
+             "%s/stage2 %s --gpus 2 --trace %s/g2.json && python3 %s/tests/trace_check.py %s/g2.json --steps 5:8 "
+             "--expect 'H2D copy' scatter replicate gather reduce 'peer copy' 'replica forward' 'GIL held' forward "
+             "backward optimizer",
+             test_root(), gpu, dir, test_root(), dir, test_root(), gpu, dir, test_root(), dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "(%d)\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
+Suite *suite_trace(void) {
+    Suite *s = suite_create("trace");
+    TCase *tc = tcase_create("trace");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, stage1_trace);
+    tcase_add_test(tc, stage2_trace);
+    tcase_add_test(tc, stage3_trace);
+    tcase_add_test(tc, window_after_the_run);
+    tcase_add_test(tc, bad_trace_flags_refused);
+    tcase_add_test(tc, gpu_trace);
+    suite_add_tcase(s, tc);
+    return s;
+}

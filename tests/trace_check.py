@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""trace_check.py — validate a --trace file (Python 3 standard library only; tests/test_trace.c runs it).
+
+    python3 tests/trace_check.py FILE --steps A:B [--pids N] [--expect NAME ...]
+
+Checks: the file is JSON of the form {"traceEvents": [...]}; every "X" event has name, cat, ph, ts,
+dur >= 0, pid, tid; every lane used has a thread_name and every pid a process_name ("M" events);
+spans on one (pid, tid) lane nest — two spans either are disjoint or one contains the other, never
+a partial overlap; the "step" spans are exactly steps A..B-1 on each process (the window); every
+NAME given with --expect occurs. Prints one line per failure and exits 1, or "ok: ..." and exits 0.
+"""
+import argparse
+import collections
+import json
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("--steps", required=True, help="A:B, as given to --trace-steps")
+    ap.add_argument("--pids", type=int, default=1, help="processes (ranks) expected")
+    ap.add_argument("--expect", nargs="*", default=[], help="span names that must occur")
+    a = ap.parse_args()
+    first, end = (int(v) for v in a.steps.split(":"))
+    bad = []
+    try:
+        with open(a.file) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"FAIL: {a.file} is not valid JSON: {e}")
+        return 1
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        print('FAIL: no "traceEvents" list')
+        return 1
+    lanes, procs, spans = set(), set(), []
+    for e in events:
+        ph = e.get("ph")
+        if ph == "M":
+            if e.get("name") == "thread_name":
+                lanes.add((e["pid"], e["tid"]))
+            elif e.get("name") == "process_name":
+                procs.add(e["pid"])
+            continue
+        if ph != "X":
+            bad.append(f"unexpected event phase {ph!r}: {e}")
+            continue
+        missing = [k for k in ("name", "cat", "ts", "dur", "pid", "tid") if k not in e]
+        if missing:
+            bad.append(f"span without {missing}: {e}")
+            continue
+        if not isinstance(e["ts"], (int, float)) or not isinstance(e["dur"], (int, float)) or e["dur"] < 0:
+            bad.append(f"bad ts/dur: {e}")
+            continue
+        spans.append(e)
+    for e in spans:
+        if (e["pid"], e["tid"]) not in lanes:
+            bad.append(f"lane pid {e['pid']} tid {e['tid']} has no thread_name")
+            break
+    if len(procs) != a.pids:
+        bad.append(f"{len(procs)} processes named, expected {a.pids}")
+
+    # nesting per lane, in integer nanoseconds (the writer prints exact 3-decimal microseconds)
+    by_lane = collections.defaultdict(list)
+    for e in spans:
+        t0 = round(e["ts"] * 1000)
+        by_lane[(e["pid"], e["tid"])].append((t0, t0 + round(e["dur"] * 1000), e["name"]))
+    for lane, ss in by_lane.items():
+        ss.sort(key=lambda s: (s[0], -s[1]))
+        stack = []
+        for t0, t1, name in ss:
+            while stack and stack[-1][1] <= t0:
+                stack.pop()
+            if stack and t1 > stack[-1][1]:
+                bad.append(f"pid {lane[0]} tid {lane[1]}: {name!r} [{t0}, {t1}] ns partly overlaps "
+                           f"{stack[-1][2]!r} [{stack[-1][0]}, {stack[-1][1]}] ns")
+                break
+            stack.append((t0, t1, name))
+
+    # the window: each process has the step spans A..B-1 and nothing outside [first step, last step]
+    for pid in sorted(procs):
+        steps = sorted(e["args"]["n"] for e in spans if e["pid"] == pid and e["name"] == "step")
+        if steps != list(range(first, end)):
+            bad.append(f"pid {pid}: step spans {steps}, expected {list(range(first, end))}")
+    # nothing recorded before the window opened (spans may end after it closes: a loader's batch)
+    for pid in sorted(procs):
+        starts = [e["ts"] for e in spans if e["pid"] == pid and e["name"] == "step"]
+        if not starts:
+            continue
+        early = [e for e in spans if e["pid"] == pid and e["ts"] < min(starts) - 1.0]
+        if early:
+            bad.append(f"pid {pid}: {len(early)} span(s) begin before the window, e.g. {early[0]}")
+    names = {e["name"] for e in spans}
+    for n in a.expect:
+        if n not in names:
+            bad.append(f"no span named {n!r} (have: {sorted(names)})")
+    for b in bad:
+        print("FAIL:", b)
+    if bad:
+        return 1
+    print(f"ok: {len(spans)} spans on {len(by_lane)} lanes of {len(procs)} process(es), steps {first}..{end - 1}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
