@@ -81,7 +81,7 @@ CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variab
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
-.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 $(STAGES)
+.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 compare $(STAGES)
 all: found $(STAGES)
 
 found:
@@ -96,6 +96,8 @@ help:
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
+	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
+	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -162,6 +164,10 @@ bench3: stage1 stage3
 
 bench4: stage1 stage3 stage4
 	bash tests/bench_stage4.sh
+
+# Every stage that exists, one setting, one table (tests/compare.sh; QUICK=1 is the CI-sized variant).
+compare: $(STAGES)
+	QUICK=$(QUICK) COMPARE_OUT=$(COMPARE_OUT) bash tests/compare.sh
 
 clean:
 	rm -rf build tests/run_tests $(STAGES)
