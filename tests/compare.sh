@@ -17,6 +17,7 @@
 # same setting: one GPU and nn.DataParallel (tests/torch/bench_dp.py), DDP and DDP with no_sync
 # accumulation (tests/torch/bench_ddp.py). TORCH=0 leaves them out.
 #
+# Stage 1 runs first and again last (not in QUICK): the faster of the two is the speed-up's reference.
 # Variables: QUICK=1 (tiny model, a few steps: the CI variant, well under 2 minutes on 2 cores),
 #   COMPARE_OUT=DIR (default runs/compare), STEPS=N (timed steps per run after the 5 warm-up steps;
 #   default 200 on GPUs, 30 on the CPU, 3 with QUICK=1), GPUS=N, TORCH=0,
@@ -92,6 +93,10 @@ for s in 1 2 3 4 5; do
        add stage5_bf16 5 "stage 5, DDP + AMP bf16" "--nproc-per-node $N ${COMM[*]} --amp bf16" ;;
     esac
 done
+# One-GPU step times vary by several percent between runs on a shared machine: stage 1 runs again
+# last, and the faster of its two runs is the reference of the speed-up column (so no row is
+# flattered by one slow stage 1). QUICK runs it once.
+[ "$QUICK" != 1 ] && have_stage 1 && add stage1_again 1 "stage 1, one device, again" ""
 
 echo "compare: $MODE | $SETTING"
 [ -n "$NOTICE" ] && echo "notice: $NOTICE"
