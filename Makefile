@@ -81,7 +81,7 @@ CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variab
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
-.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 bench5 timeline $(STAGES)
+.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 bench5 timeline compare $(STAGES)
 all: found $(STAGES)
 
 found:
@@ -98,6 +98,8 @@ help:
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
 	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
 	@echo "make timeline TRACE=t.json OUT=t.svg   draw a --trace file as an SVG timeline (docs/trace.md)"
+	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
+	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -172,6 +174,10 @@ bench5: stage5
 timeline:
 	@test -n "$(TRACE)" || { echo "usage: make timeline TRACE=trace.json [OUT=trace.svg] [TITLE='...']"; exit 2; }
 	python3 tests/timeline.py "$(TRACE)" "$(if $(OUT),$(OUT),$(basename $(TRACE)).svg)" $(if $(TITLE),--title "$(TITLE)")
+
+# Every stage that exists, one setting, one table (tests/compare.sh; QUICK=1 is the CI-sized variant).
+compare: $(STAGES)
+	QUICK=$(QUICK) COMPARE_OUT=$(COMPARE_OUT) bash tests/compare.sh
 
 clean:
 	rm -rf build tests/run_tests $(STAGES)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ops.h"
 #include "trace.h"
@@ -314,6 +315,19 @@ static void resume(Run *r) {
     free(p), free(mom), free(buf);
 }
 
+/* Stages 2–5 on the CPU backend: one line on what their timings can and cannot show, so that a CPU
+ * run does not teach the opposite of the GPU lesson (DataParallel "beating" one device, say). */
+static void cpu_timing_note(Run *r) {
+    if (r->devs[0]->kind != DEV_CPU || !strcmp(r->stage, "stage1")) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    report_printf(&r->report,
+                  "note: CPU backend — counts, bytes, memory accounting and equivalence with one device are "
+                  "real; the times are not a scaling result (the %s share %ld CPU core%s, and there are no GPU "
+                  "streams to overlap)\n",
+                  r->world_size > 1 && r->sum_across ? "worker processes" : "device threads", cores,
+                  cores == 1 ? "" : "s");
+}
+
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
                int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,
                Optimizer *opt, int64_t batches_per_epoch, const char *data_desc) {
@@ -349,6 +363,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->lr, cfg->schedule, cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    cpu_timing_note(r);
     if (cfg->accum_steps > batches_per_epoch)
         report_printf(&r->report,
                       "note: --accum-steps %d is more than the %lld micro-batches of an epoch: one optimizer step "
@@ -427,13 +442,23 @@ static int peaks_of(const Run *r, int64_t *peaks, int cap, size_t *max) {
     return n;
 }
 
-/* Images per second at a median step time: every optimizer step takes K × batch × world images. */
+/* Images per second at a median step time: every optimizer step takes K × batch × world images.
+ * NAN (JSON null, console "n/a") when no step was timed. */
 static double images_per_s(const Run *r, double med_ms) {
-    return med_ms > 0 ? 1e3 * r->world_size * r->cfg->batch_size * r->accum / med_ms : 0.0;
+    return med_ms > 0 ? 1e3 * r->world_size * r->cfg->batch_size * r->accum / med_ms : NAN;
 }
 
-/* Median over the run's timed steps (warm-up excluded). */
-static double median_ms(const Run *r) { return stats_median_copy(r->times, r->n_times); }
+/* Median over the run's timed steps (warm-up excluded). A run too short to have any (at most
+ * WARMUP_STEPS steps, plus each epoch's untimed last one) has no time: NAN, not a 0 that reads like
+ * an infinitely fast step. */
+static double median_ms(const Run *r) { return r->n_times ? stats_median_copy(r->times, r->n_times) : NAN; }
+
+/* "12.34 ms/it  10375 img/s" (sep between the two), or "n/a ms/it  n/a img/s" when nothing was timed. */
+static const char *fmt_timing(char *buf, size_t len, double med, double ips, const char *unit, const char *sep) {
+    if (isfinite(med) && isfinite(ips)) snprintf(buf, len, "%.2f ms/%s%s%.0f img/s", med, unit, sep, ips);
+    else snprintf(buf, len, "n/a ms/%s%sn/a img/s (no step timed after the %d warm-up steps)", unit, sep, WARMUP_STEPS);
+    return buf;
+}
 
 /* End of an epoch's steps: the loss and accuracy over every rank's samples, and this process's
  * step times (after warm-up) appended to the run's. */
@@ -468,14 +493,15 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     int64_t peaks[64];
     size_t max_peak;
     int n_peaks = peaks_of(r, peaks, 64, &max_peak);
-    char mem[32];
+    char mem[32], timing[128];
     fmt_bytes(mem, sizeof mem, (double)max_peak);
     report_printf(&r->report,
                   "%s %lld/%d  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
-                  "%.2f ms/%s  %.0f img/s  data wait %.2f s | peak mem %s | %.1f s\n",
+                  "%s  data wait %.2f s | peak mem %s | %.1f s\n",
                   r->start_batch >= r->batches_per_epoch ? "epoch" : "partial epoch",
-                  (long long)r->epoch + 1, c->epochs, loss, 100 * acc, test_loss, 100 * test_acc, med,
-                  c->accum_steps > 0 ? "step" : "it", images_per_s(r, med), data_wait_s, mem, secs);
+                  (long long)r->epoch + 1, c->epochs, loss, 100 * acc, test_loss, 100 * test_acc,
+                  fmt_timing(timing, sizeof timing, med, images_per_s(r, med), c->accum_steps > 0 ? "step" : "it", "  "),
+                  data_wait_s, mem, secs);
     json_begin(&r->report, "epoch");
     json_int(&r->report, "epoch", r->epoch + 1);
     json_int(&r->report, "step", r->step);
@@ -520,10 +546,12 @@ void run_finish(Run *r) {
     int64_t peaks[64];
     size_t max_peak;
     int n_peaks = peaks_of(r, peaks, 64, &max_peak);
+    char timing[128];
+    fmt_timing(timing, sizeof timing, med, ips, c->accum_steps > 0 ? "step" : "it", " (median) | ");
     report_printf(&r->report, "summary: %lld %ssteps in %.1f s | final train loss %.4f | test acc "
-                              "%.2f%% | %.2f ms/%s (median) | %.0f img/s | data wait %.2f s\n",
+                              "%.2f%% | %s | data wait %.2f s\n",
                   (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", wall, r->last_train_loss,
-                  100 * r->last_test_acc, med, c->accum_steps > 0 ? "step" : "it", ips, r->data_wait_s);
+                  100 * r->last_test_acc, timing, r->data_wait_s);
     for (int i = 0; i < n_peaks; i++) {
         char mem[32], who[100];
         if (r->sum_across && r->world_size > 1) snprintf(who, sizeof who, "rank %d", i);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
-#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4
+#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4, compare
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
@@ -11,6 +11,8 @@
 #   stage4: the accum and ddp suites with the GPU(s) visible, the PyTorch no_sync fixture
 #           (tests/torch/ddp_nosync_fixture.py, gloo: regenerated and diffed against the committed one),
 #           and tests/bench_stage4.sh (accumulation vs stages 1 and 3 vs PyTorch DDP with no_sync)
+#   compare: make compare (tests/compare.sh): every stage side by side; compare.md and compare.svg
+#           also land in $OUT/compare/
 #
 # Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
 # Expects the binaries built (make all tests/run_tests), or builds them.
@@ -46,7 +48,10 @@ log() { echo "=== $* ($(date +%T))"; }
           { diff <(grep -v '^#' tests/fixtures/ddp_nosync.txt) <(grep -v '^#' "$LOGS/ddp_nosync.txt") &&
             echo "ddp_nosync fixture: same counts as committed"; }
         log "bench stage4"; BENCH_OUT="$LOGS/bench4" bash tests/bench_stage4.sh ;;
-      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4)"; exit 2 ;;
+      compare)
+        log "make compare"; COMPARE_OUT="$LOGS/compare" bash tests/compare.sh; echo "compare exit $?"
+        mkdir -p "$OUT/compare" && cp "$LOGS"/compare/compare.md "$LOGS"/compare/compare.svg "$OUT/compare/" ;;
+      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare)"; exit 2 ;;
     esac
   done
   log "done"

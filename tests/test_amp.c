@@ -569,9 +569,9 @@ END_TEST
 START_TEST(stage5_amp_off_is_stage4) {
     char *dir = test_tmpdir(), *out, cmd[2048];
     char *a = report_path(dir, "s5"), *b = report_path(dir, "s4");
-    ck_assert_msg(run_stage5("--nproc-per-node 1 --steps 5 --amp off", a, &out) == 0, "%s", out);
+    ck_assert_msg(run_stage5("--nproc-per-node 1 --steps 5 --accum-steps 2 --amp off", a, &out) == 0, "%s", out);
     free(out);
-    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL "--nproc-per-node 1 --steps 5 --master-port %d --report %s",
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL "--nproc-per-node 1 --steps 5 --accum-steps 2 --master-port %d --report %s",
              test_root(), test_free_port(), b);
     ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
     double la[8], lb[8];

@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     AmpConfig amp;
     config_defaults(&cfg);
     amp_defaults(&amp, "fp16");
-    cfg.accum_steps = 4;
+    cfg.accum_steps = 1; /* stage 4 accumulates by default; the AMP lesson starts from one micro-batch */
     const Option accum[] = {
         {"accum-steps", OPT_INT, &cfg.accum_steps, 1, 65536, NULL,
          "micro-batches per optimizer step (gradient accumulation): effective batch = K × --batch-size × "

@@ -5,7 +5,7 @@
     torchrun --nproc-per-node 2 tests/torch/bench_ddp.py --accum-steps 4    # gradient accumulation (stage 4)
 
 Same model (models.py) and optimizer as bench_pytorch.py: synthetic data already on each GPU, batch
-128 per GPU, SGD with momentum 0.9 and weight decay 5e-4, cudnn.benchmark on, fp32 with PyTorch's
+128 per GPU, SGD with momentum 0.9 and weight decay 5e-4, cudnn.benchmark on (--cudnn-benchmark off: off), fp32 with PyTorch's
 default TF32 policy for convolutions, DDP with its defaults (bucket_cap_mb 25, broadcast_buffers,
 gradients copied into buckets). Each step is timed with CUDA events at step starts (as the C stages
 do); the median over the steps after warm-up is rank 0's. Rank 0 prints one JSON line:
@@ -59,6 +59,8 @@ def main():
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--accum-steps", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     ap.add_argument("--sync-each-micro-step", action="store_true", help="accumulate without no_sync")
+    ap.add_argument("--cudnn-benchmark", default="on", choices=["on", "off"],
+                    help="torch.backends.cudnn.benchmark (make compare: off, as the stages' default)")
     args = ap.parse_args()
     if args.accum_steps < 1:
         ap.error("--accum-steps must be at least 1")
@@ -68,7 +70,7 @@ def main():
     torch.cuda.set_device(dev)
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     torch.manual_seed(0)
     model = DDP(ResNet(args.model).to(dev), device_ids=[dev.index])
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
@@ -86,7 +88,7 @@ def main():
     if rank == 0:
         print(json.dumps({"type": "summary", "who": "pytorch_ddp", "backend": args.backend, "world_size": world,
                           "model": args.model, "batch_size": args.batch, "accum_steps": K,
-                          "sync_each_micro_step": args.sync_each_micro_step, "ms_per_iter_median": med,
+                          "sync_each_micro_step": args.sync_each_micro_step, "cudnn_benchmark": args.cudnn_benchmark, "ms_per_iter_median": med,
                           "img_per_s": 1000.0 * world * args.batch * K / med, "peak_mem_bytes": peaks,
                           "torch": torch.__version__, "loss": loss}), flush=True)
     dist.destroy_process_group()

@@ -5,7 +5,7 @@
     python3 tests/torch/bench_pytorch.py --amp bf16 --channels-last --fused --compile
 
 Same model (models.py), synthetic data already on the GPU, SGD with momentum 0.9 and weight decay
-5e-4, cudnn.benchmark on. Default: fp32 with PyTorch's default TF32 policy for convolutions.
+5e-4, cudnn.benchmark on (--cudnn-benchmark off: off). Default: fp32 with PyTorch's default TF32 policy for convolutions.
 --amp fp16|bf16: torch.autocast with that dtype (fp16 with a torch.amp.GradScaler, as the
 recipe says; bf16 without); --channels-last: model and input in torch.channels_last; --fused:
 SGD(fused=True), one kernel for the whole update; --compile: torch.compile(model) (its warm-up
@@ -56,8 +56,10 @@ def main():
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--fused", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--cudnn-benchmark", default="on", choices=["on", "off"],
+                    help="torch.backends.cudnn.benchmark (make compare: off, as the stages' default)")
     args = ap.parse_args()
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     dev = torch.device("cuda")
     torch.manual_seed(0)
     model = ResNet(args.model).to(dev)
@@ -83,7 +85,7 @@ def main():
         (" torch.compile" if args.compile else "")
     print(json.dumps({"type": "summary", "who": who, "model": args.model, "batch_size": args.batch,
                       "amp": args.amp, "channels_last": args.channels_last, "fused": args.fused,
-                      "compile": args.compile,
+                      "compile": args.compile, "cudnn_benchmark": args.cudnn_benchmark,
                       "ms_per_iter_median": med, "img_per_s": 1000.0 * args.batch / med,
                       "peak_mem_bytes": [torch.cuda.max_memory_allocated()],
                       "torch": torch.__version__, "loss": loss}))

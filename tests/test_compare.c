@@ -1,0 +1,231 @@
+/* test_compare.c — `make compare` (tests/compare.sh + tests/compare_table.py) and what CPU runs say
+ * about their own timings.
+ *
+ * What it promises, and how each test checks it:
+ * - `make compare QUICK=1` gives every stage of this checkout its row(s) — the default run and the
+ *   lesson variants — with figures that parse and agree with the runs' own reports (images/s =
+ *   1000 × devices × batch × K / ms), writes compare.md and a well-formed compare.svg, and on the
+ *   CPU backend states what CPU timings can and cannot show next to the table.
+ * - A stage missing from the checkout gets no row (a fake checkout of stages 1 and 3 only).
+ * - Stages 2–5 on the CPU backend print that statement once per job (rank 0 only), stage 1 never.
+ * - A run too short to time any step reports "n/a" on the console and null in JSON, not 0. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests.h"
+
+#define LIMIT "timeout -k 5 120 "
+#define CPU_NOTE "note: CPU backend"
+
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* The rows tests/compare.sh runs for stage s (its run names). */
+static const char *const ROWS[6][3] = {
+    {NULL}, {"stage1", NULL}, {"stage2", "stage2_pool", NULL}, {"stage3", "stage3_nooverlap", NULL},
+    {"stage4", "stage4_sync", NULL}, {"stage5_fp16", "stage5_bf16", NULL}};
+
+/* Which stages this checkout has: a directory stages/stageN_name per stage N. */
+static void stages_present(int have[6]) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/stages", test_root());
+    DIR *d = opendir(path);
+    ck_assert_msg(d, "no %s", path);
+    memset(have, 0, 6 * sizeof(int));
+    struct dirent *e;
+    int s;
+    while ((e = readdir(d)))
+        if (sscanf(e->d_name, "stage%d_", &s) == 1 && s >= 1 && s <= 5) have[s] = 1;
+    closedir(d);
+}
+
+/* A field of the {"type":"summary"} record of a report: NAN if missing, or null. */
+static double summary_field(const char *rep, const char *key) {
+    const char *s = strstr(rep, "\"type\":\"summary\"");
+    if (!s) return NAN;
+    char k[80];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(s, k);
+    if (!p) return NAN;
+    p += strlen(k);
+    if (*p == '[') p++;
+    char *end;
+    double v = strtod(p, &end);
+    return end == p ? NAN : v;
+}
+
+/* A cell of a Markdown table row as a number; the whole cell must parse (a "×" suffix allowed). */
+static double cell_num(const char *cell) {
+    char *end;
+    double v = strtod(cell, &end);
+    while (*end == ' ') end++;
+    if (end == cell || (*end && strncmp(end, "×", strlen("×")))) return NAN;
+    return v;
+}
+
+/* Split "| a | b | c |" into trimmed cells (in place); returns how many. */
+static int split_row(char *line, char **cells, int max) {
+    int n = 0;
+    char *p = strchr(line, '|');
+    while (p && n < max) {
+        char *q = strchr(p + 1, '|');
+        if (!q) break;
+        *q = 0;
+        char *c = p + 1;
+        while (*c == ' ') c++;
+        for (char *e = q - 1; e >= c && *e == ' '; e--) *e = 0;
+        cells[n++] = c;
+        p = q;
+    }
+    return n;
+}
+
+START_TEST(compare_quick_has_every_stage) {
+    char *dir = test_tmpdir(), cmd[2048], path[1024], *out;
+    int have[6];
+    stages_present(have);
+    ck_assert_msg(have[1], "no stage 1 in this checkout");
+    snprintf(cmd, sizeof cmd, LIMIT "env QUICK=1 TORCH=0 COMPARE_OUT=%s bash %s/tests/compare.sh", dir, test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "make compare QUICK=1 failed (%d):\n%s", rc, out);
+    snprintf(path, sizeof path, "%s/meta.txt", dir);
+    char *meta = test_slurp(path, NULL);
+    ck_assert_msg(meta, "no %s", path);
+    int cpu = strstr(meta, "device=cpu\n") != NULL;
+    snprintf(path, sizeof path, "%s/compare.md", dir);
+    char *md = test_slurp(path, NULL);
+    ck_assert_msg(md, "no %s:\n%s", path, out);
+    if (cpu) { /* the statement of what CPU timings show, next to the table, printed and written */
+        ck_assert_msg(strstr(out, CPU_NOTE) && strstr(md, CPU_NOTE), "CPU compare without its note:\n%s", out);
+        ck_assert_msg(strstr(out, CPU_NOTE) < strstr(out, "images/s"), "the note must precede the table:\n%s", out);
+    }
+
+    /* every row of every stage present: its report parses and agrees with the table */
+    double base_ips = NAN;
+    for (int s = 1; s <= 5; s++) {
+        for (int k = 0; ROWS[s][k]; k++) {
+            snprintf(path, sizeof path, "%s/%s.jsonl", dir, ROWS[s][k]);
+            char *rep = test_slurp(path, NULL);
+            if (!have[s]) {
+                ck_assert_msg(!rep, "stage %d is not in this checkout, yet %s exists", s, path);
+                continue;
+            }
+            ck_assert_msg(rep, "stage %d present but its row %s did not run:\n%s", s, ROWS[s][k], out);
+            double ms = summary_field(rep, "ms_per_iter_median"), ips = summary_field(rep, "img_per_s");
+            double world = summary_field(rep, "world_size"), batch = summary_field(rep, "batch_size");
+            double K = summary_field(rep, "accum_steps"), mem = summary_field(rep, "peak_mem_bytes");
+            ck_assert_msg(ms > 0 && ips > 0 && mem > 0, "%s: ms %g img/s %g mem %g", ROWS[s][k], ms, ips, mem);
+            ck_assert_msg(fabs(ips - 1e3 * world * batch * K / ms) <= 1e-6 * ips, "%s: img/s %g ≠ %g×%g×%g / %g ms",
+                          ROWS[s][k], ips, world, batch, K, ms);
+            ck_assert_msg(s == 1 || world == 2, "%s: %g devices, compare runs 2", ROWS[s][k], world);
+            if (s == 1) base_ips = ips;
+            /* its Markdown row: ms, images/s and the speed-up parse, and match the report */
+            snprintf(path, sizeof path, "%s/plan.tsv", dir);
+            char *plan = test_slurp(path, NULL), label[200] = "";
+            ck_assert(plan);
+            for (char *l = strtok(plan, "\n"); l; l = strtok(NULL, "\n")) {
+                size_t nl = strlen(ROWS[s][k]);
+                if (!strncmp(l, ROWS[s][k], nl) && l[nl] == '\t') sscanf(strchr(strchr(l, '\t') + 1, '\t') + 1, "%199[^\t]", label);
+            }
+            ck_assert_msg(label[0], "%s not in plan.tsv", ROWS[s][k]);
+            char *row = NULL, needle[256];
+            snprintf(needle, sizeof needle, "| %s", label);
+            for (char *p = md; (p = strstr(p, needle)); p++)
+                if (p[strlen(needle)] == ' ' || p[strlen(needle)] == '|') { row = p; break; }
+            ck_assert_msg(row, "no row '%s' in compare.md:\n%s", label, md);
+            char line[1024], *cells[16];
+            snprintf(line, sizeof line, "%.*s", (int)strcspn(row, "\n"), row);
+            int nc = split_row(line, cells, 16);
+            ck_assert_msg(nc >= 6, "row '%s' has %d cells", label, nc);
+            double tms = cell_num(cells[1]), tips = cell_num(cells[2]), up = cell_num(cells[3]);
+            double tmem = cell_num(cells[4]);
+            ck_assert_msg(fabs(tms - ms) <= 0.006 && fabs(tips - ips) <= 0.51, "row '%s': %s %s vs %g ms %g img/s",
+                          label, cells[1], cells[2], ms, ips);
+            ck_assert_msg(fabs(up - ips / base_ips) <= 0.006, "row '%s': speed-up %s vs %g", label, cells[3],
+                          ips / base_ips);
+            ck_assert_msg(tmem > 0, "row '%s': memory '%s'", label, cells[4]);
+            if (s >= 2) ck_assert_msg(cell_num(cells[5]) > 0, "row '%s': device 1 memory '%s'", label, cells[5]);
+            free(rep), free(plan);
+        }
+    }
+    /* the chart: exists, is XML, is SVG, has a bar per row */
+    snprintf(path, sizeof path, "%s/compare.svg", dir);
+    char *svg = test_slurp(path, NULL);
+    ck_assert_msg(svg && strstr(svg, "<svg") && strstr(svg, "</svg>"), "no SVG at %s", path);
+    ck_assert_msg(count_of(svg, "<rect") >= 2, "an SVG without bars");
+    free(out);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import sys, xml.dom.minidom as m; d = m.parse(sys.argv[1]); "
+             "assert d.documentElement.tagName == \"svg\"' %s",
+             path);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "compare.svg is not well-formed XML:\n%s", out);
+    free(out), free(svg), free(md), free(meta), free(dir);
+}
+END_TEST
+
+/* A checkout with stages 1 and 3 only: rows for those, none for 2, 4, 5, and it says so. */
+START_TEST(compare_leaves_out_missing_stages) {
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/stages/stage1_x %s/stages/stage3_x", dir, dir);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, LIMIT "env DRY=1 STAGES_DIR=%s/stages BIN_DIR=%s bash %s/tests/compare.sh", dir, dir,
+             test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "plan: stage1: ") && strstr(out, "plan: stage3: ") &&
+                      strstr(out, "plan: stage3_nooverlap: ") && strstr(out, "--no-overlap"),
+                  "%s", out);
+    ck_assert_msg(!strstr(out, "plan: stage2") && !strstr(out, "plan: stage4") && !strstr(out, "plan: stage5"), "%s",
+                  out);
+    ck_assert_msg(strstr(out, "not in this checkout") && strstr(out, "stage 2 4 5"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
+#define SHORT "--device cpu --model tiny --batch-size 16 --train-size 256 --test-size 32 --workers 0 --progress off"
+
+/* Too short to time: "n/a" on the console, null in JSON (never 0); the CPU note from stages 2–5 only,
+ * once per job. */
+START_TEST(short_runs_say_na_and_cpu_runs_say_what_they_show) {
+    char *dir = test_tmpdir(), cmd[2048], path[512], *out;
+    const char *bins[] = {"stage1", "stage2", "stage3"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s.jsonl", dir, bins[i]);
+        snprintf(cmd, sizeof cmd, LIMIT "%s/%s " SHORT " --steps 3 --report %s %s", test_root(), bins[i], path,
+                 i == 2 ? "--nproc-per-node 2" : "");
+        if (i == 2) snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --master-port %d", test_free_port());
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 0, "%s failed (%d):\n%s", bins[i], rc, out);
+        ck_assert_msg(strstr(out, "n/a ms/it") && strstr(out, "n/a img/s") && !strstr(out, " 0 img/s"),
+                      "%s: a run of 3 steps has no timing:\n%s", bins[i], out);
+        ck_assert_int_eq(count_of(out, CPU_NOTE), i == 0 ? 0 : 1);
+        char *rep = test_slurp(path, NULL);
+        ck_assert_msg(rep, "no report %s", path);
+        char *sum = strstr(rep, "\"type\":\"summary\"");
+        ck_assert_msg(sum && strstr(sum, "\"ms_per_iter_median\":null") && strstr(sum, "\"img_per_s\":null"),
+                      "%s: summary must carry null timings:\n%s", bins[i], rep);
+        free(rep), free(out);
+    }
+    free(dir);
+}
+END_TEST
+
+Suite *suite_compare(void) {
+    setenv("NCCL_NVLS_ENABLE", "0", 0); /* no NVLink multicast in any worker these tests start */
+    Suite *s = suite_create("compare");
+    TCase *tc = tcase_create("compare");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, compare_leaves_out_missing_stages);
+    tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
+    tcase_add_test(tc, compare_quick_has_every_stage);
+    suite_add_tcase(s, tc);
+    return s;
+}
