@@ -23,6 +23,7 @@ Suite *suite_dist(void);        /* stage 3: launcher, rendezvous store, communic
 Suite *suite_ddp(void);         /* stage 3: buckets, DDP ≡ one device, faults */
 Suite *suite_accum(void);       /* stage 4: accumulation ≡ a K× batch, no_sync counts, resume */
 Suite *suite_adam(void);        /* --optimizer adam against torch.optim.Adam */
+Suite *suite_tutorial(void);    /* the doc test: docs/tutorial.md's CPU commands run (tests/tutorial_test.sh) */
 
 /* Uniform random floats in [lo, hi) from a fixed seed (test inputs). */
 void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi);
