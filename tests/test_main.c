@@ -30,6 +30,7 @@ int main(int argc, char **argv) {
         suite_amp,
         suite_trace,
         suite_compare,
+        suite_tutorial,
     };
     const char *filter = argc > 1 ? argv[1] : NULL;
     /* Check's default is 4 s per test; end-to-end runs of ./stage1 on the CPU take longer. */

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# tutorial_test.sh — the doc test: run every command of the tutorial that works on the CPU backend,
+# so the tutorial cannot rot. `./tests/run_tests tutorial` calls it; it also runs on its own:
+#
+#   bash tests/tutorial_test.sh [TUTORIAL.md [TWIN.md]]     (default docs/tutorial.md docs/tutorial.zh-CN.md)
+#
+# Which blocks run is said in the Markdown itself, by the words after the fence's language:
+#   ```sh cpu-test           run it (from the repository root, under bash -e -o pipefail); it must exit 0
+#   ```sh cpu-test exit=N    run it; it must exit with status N (`diff` of two files that differ exits 1;
+#                            a demonstrated error, e.g. a rank dying, exits with its own code)
+#   ```sh cpu-test-pending   a CPU command whose stage is not merged yet: listed, not run (flip it to
+#                            cpu-test once it is)
+#   ```sh                    shown, never run (GPU commands, `make`, long runs)
+# The twin (the Chinese translation) must hold the same ```sh blocks, with the same markers and the same
+# commands in the same order; only comments (a line starting with #, or "  # ..." after a command) may
+# differ, since those are translated.
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+abs() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+md=$(abs "${1:-$here/docs/tutorial.md}")
+twin=$(abs "${2:-$here/docs/tutorial.zh-CN.md}")
+[ -f "$md" ] || { echo "tutorial_test: $md not found"; exit 2; }
+[ -f "$twin" ] || { echo "tutorial_test: $twin (the translation) not found"; exit 2; }
+tmp=$(mktemp -d /tmp/tutorial_test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+# Split a Markdown file's ```sh blocks into $2/N.sh (the commands), $2/N.tag (the marker words) and
+# $2/N.line (the fence's line number); an unterminated fence is an error.
+split_blocks() {
+    mkdir -p "$2"
+    awk -v dir="$2" '
+        !inb && /^```sh([ \t].*)?$/ { inb = 1; n++; tag = $0; sub(/^```sh[ \t]*/, "", tag)
+                                      print tag > (dir "/" n ".tag"); print NR > (dir "/" n ".line")
+                                      printf "" > (dir "/" n ".sh"); next }
+        inb && /^```[ \t]*$/       { inb = 0; next }
+        inb                        { print > (dir "/" n ".sh") }
+        END { if (inb) { print "unterminated ```sh block at the end of the file"; exit 1 } print n + 0 > (dir "/count") }
+    ' "$1"
+}
+# The commands of a block without its comments: what must match between the two languages.
+strip_comments() { sed -e '/^[[:space:]]*#/d' -e 's/[[:space:]][[:space:]]*# .*$//' -e 's/[[:space:]]*$//' "$1"; }
+
+split_blocks "$md" "$tmp/en" || { echo "tutorial_test: $md: cannot parse"; exit 2; }
+split_blocks "$twin" "$tmp/zh" || { echo "tutorial_test: $twin: cannot parse"; exit 2; }
+n=$(cat "$tmp/en/count")
+nz=$(cat "$tmp/zh/count")
+fail=0
+name=${md#$here/}
+zname=${twin#$here/}
+
+# 1. The translation has the same commands, in the same order, with the same markers.
+if [ "$n" != "$nz" ]; then
+    echo "FAIL: $name has $n \`\`\`sh blocks, $zname has $nz: the translation must hold the same commands"
+    fail=1
+else
+    for i in $(seq 1 "$n"); do
+        if ! cmp -s "$tmp/en/$i.tag" "$tmp/zh/$i.tag" ||
+           ! cmp -s <(strip_comments "$tmp/en/$i.sh") <(strip_comments "$tmp/zh/$i.sh"); then
+            echo "FAIL: block $i differs between $name (line $(cat "$tmp/en/$i.line")) and $zname (line $(cat "$tmp/zh/$i.line")):"
+            diff <(cat "$tmp/en/$i.tag"; strip_comments "$tmp/en/$i.sh") \
+                 <(cat "$tmp/zh/$i.tag"; strip_comments "$tmp/zh/$i.sh") | sed 's/^/    /'
+            fail=1
+        fi
+    done
+fi
+
+# 2. Run the CPU blocks.
+cd "$here"
+ran=0 pending=0
+for i in $(seq 1 "$n"); do
+    tag=$(cat "$tmp/en/$i.tag") line=$(cat "$tmp/en/$i.line")
+    case " $tag " in
+        *" cpu-test-pending "*) pending=$((pending + 1)); continue ;;
+        *" cpu-test "*) ;;
+        *) continue ;;
+    esac
+    expect=0
+    for w in $tag; do case "$w" in exit=*) expect=${w#exit=} ;; esac; done
+    first=$(strip_comments "$tmp/en/$i.sh" | head -n1)
+    t0=$(date +%s.%N)
+    timeout 300 bash -e -o pipefail "$tmp/en/$i.sh" > "$tmp/out" 2>&1 < /dev/null
+    rc=$?
+    # Another job on this machine holding the default rendezvous port is not the tutorial's fault.
+    if [ $rc != "$expect" ] && grep -q "the port is in use" "$tmp/out"; then
+        sleep 3
+        timeout 300 bash -e -o pipefail "$tmp/en/$i.sh" > "$tmp/out" 2>&1 < /dev/null
+        rc=$?
+    fi
+    dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    ran=$((ran + 1))
+    if [ "$rc" != "$expect" ]; then
+        what="exited with code $rc (the tutorial expects $expect)"
+        echo "FAIL: block $i ($name line $line) $what:"
+        sed 's/^/    $ /' "$tmp/en/$i.sh"
+        echo "  last lines of its output:"
+        tail -n 15 "$tmp/out" | sed 's/^/    /'
+        fail=1
+    else
+        printf 'ok   block %2d (line %3d, %5s s, exit %d): %s\n' "$i" "$line" "$dt" "$rc" "$first"
+    fi
+done
+echo "tutorial_test: $ran CPU blocks run, $pending pending (cpu-test-pending), $n \`\`\`sh blocks in $name and $zname"
+[ "$ran" -gt 0 ] || { echo "FAIL: no cpu-test block found in $name"; fail=1; }
+exit $fail
