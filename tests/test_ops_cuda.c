@@ -113,7 +113,7 @@ static int verbose(void) {
         float *g_ = down((d), (dev), (n));                                                         \
         int64_t bad_ = 0, first_ = -1;                                                             \
         for (int64_t i_ = 0; i_ < (n); i_++)                                                       \
-            if (!(g_[i_] == (want)[i_])) {                                                         \
+            if (!(g_[i_] == (want)[i_] || (isnan(g_[i_]) && isnan((want)[i_])))) { /* any NaN ≡ NaN */ \
                 if (first_ < 0) first_ = i_;                                                       \
                 bad_++;                                                                            \
             }                                                                                      \
@@ -1051,8 +1051,10 @@ START_TEST(test_scaler_ops_match_reference) {
         EXPECT_GPU_EXACT(&d, st + 2, rs + 2, 1, "found_inf");
         sgd_step_unless(&d, n, p, g, buf, 0.1f, 0.9f, 5e-4f, i == 0, st + 2);
         if (rs[2] == 0.f) ref_sgd_step_f32(n, rp, rg, rbuf, 0.1f, 0.9f, 5e-4f, i == 0);
-        EXPECT_GPU_EXACT(&d, p, rp, n, "sgd_step_unless params");
-        EXPECT_GPU_EXACT(&d, buf, rbuf, n, "sgd_step_unless momentum");
+        /* the update itself may differ by an ulp (nvcc contracts it into FMAs, as in the plain SGD
+         * test); a wrongly taken or skipped step would be off by lr·g ≈ 100 */
+        EXPECT_GPU_CLOSE(&d, p, rp, n, TOL_ELEM, "sgd_step_unless params");
+        EXPECT_GPU_CLOSE(&d, buf, rbuf, n, TOL_ELEM, "sgd_step_unless momentum");
         amp_update_scale(&d, st, st + 1, tr, st + 2, sk, 2.0, 0.5, 3);
         ref_amp_update_scale(rs, rs + 1, &rtr, rs + 2, &rsk, 2.0, 0.5, 3);
         EXPECT_GPU_EXACT(&d, st, rs, 3, "scale, inv_scale, found_inf after update");
