@@ -39,7 +39,8 @@ Option *amp_options(AmpConfig *a, const Option *more) {
         {"grad-stats", OPT_FLAG, &a->grad_stats, 0, 0, NULL,
          "count zero and non-finite gradient elements at every optimizer step (in the report)"},
         {"grad-comm", OPT_CHOICE, &a->grad_comm, 0, 0, "fp32|fp16|bf16",
-         "type of the gradient all-reduce (DDP's fp16/bf16_compress_hook); only fp32 is wired so far"},
+         "type of the gradient all-reduce: fp32 (DDP's default), or fp16/bf16 as DDP's fp16_compress_hook / "
+         "bf16_compress_hook (half the bytes)"},
         {"show-scaler", OPT_STR, &a->show_scaler, 0, 0, NULL,
          "PATTERN of F (finite) and I (inf gradient) steps: print the scale after each "
          "scaler.update() on one line and exit (with --init-scale, --growth-factor, "
@@ -63,9 +64,15 @@ void amp_check(const AmpConfig *a) {
     if (a->test_inf_step > 0 && (p != PREC_FP16 || a->no_grad_scaler))
         die_user("--test-inf-step needs the GradScaler: use it with --amp fp16 and without "
                  "--no-grad-scaler");
-    if (strcmp(a->grad_comm, "fp32"))
-        die_user("--grad-comm %s: the 16-bit all-reduce is not wired into DDP in this build yet; "
-                 "use --grad-comm fp32", a->grad_comm);
+}
+
+Precision amp_grad_comm(const AmpConfig *a, const Device *d) {
+    Precision p = precision_parse(a->grad_comm);
+    int major;
+    if (p == PREC_BF16 && !amp_bf16_supported(d, &major))
+        die_user("--grad-comm bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "
+                 "use --grad-comm fp16", d->name, major);
+    return p;
 }
 
 Precision amp_precision(const AmpConfig *a, const Device *d) {

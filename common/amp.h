@@ -44,6 +44,8 @@ typedef struct AmpConfig {
     int64_t test_inf_step;      /* TEST ONLY (--test-inf-step): 0 = off; k = rank 0's loss gradient
                                  * is made +inf at optimizer step k (counted from 1) */
 } AmpConfig;
+/* --grad-comm as a precision for ddp_register_comm_hook (PREC_FP32: no hook); bf16 needs sm80+. */
+Precision amp_grad_comm(const AmpConfig *a, const Device *d);
 
 /* PyTorch's GradScaler defaults; amp = default_amp ("fp16" in stage 5). */
 void amp_defaults(AmpConfig *a, const char *default_amp);

@@ -59,12 +59,12 @@ void comm_fail(const Comm *c, const char *fmt, ...) {
 /* ---- the operation ring ---------------------------------------------------------------------- */
 
 /* Take the slot of the next operation, waiting (rarely) for the one OPS ago to be retired. */
-Op *comm_op_begin(Comm *c, OpKind kind, void *buf, int64_t count, int root) {
+Op *comm_op_begin(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type) {
     pthread_mutex_lock(&c->mu);
     while (c->issued - c->done >= OPS) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
     Op *op = &c->ops[c->issued % OPS];
-    op->kind = kind, op->buf = buf, op->count = count, op->root = root;
+    op->kind = kind, op->buf = buf, op->count = count, op->root = root, op->type = type;
     op->t_issue = time_now();
     op->ms = 0;
 #ifdef USE_CUDA
@@ -115,12 +115,16 @@ Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s) {
 }
 
 int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count) {
-    return c->be->issue(c, OP_ALLREDUCE, buf, count, 0);
+    return c->be->issue(c, OP_ALLREDUCE, buf, count, 0, COMM_F32);
+}
+
+int64_t comm_allreduce_typed_async(Comm *c, void *buf, int64_t count, CommDtype type) {
+    return c->be->issue(c, OP_ALLREDUCE, buf, count, 0, type);
 }
 
 int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root) {
     ASSERT(root >= 0 && root < c->world);
-    return c->be->issue(c, OP_BROADCAST, buf, count, root);
+    return c->be->issue(c, OP_BROADCAST, buf, count, root, COMM_F32);
 }
 
 void comm_wait(Comm *c) {

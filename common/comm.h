@@ -43,6 +43,11 @@ CommKind comm_choose(const char *flag, int cuda, int gpus, int local_workers);
 /* In-place SUM all-reduce / broadcast from root of count floats in the device's memory. They return
  * an id for comm_op_ms. */
 int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count);
+/* The element types an all-reduce can carry: fp32, or 16-bit floats (DDP's fp16/bf16 compression
+ * hooks). 16-bit buffers hold real 16-bit values (2 bytes each) on every backend; their sums are
+ * rounded to the type at every addition, as NCCL's ncclHalf / ncclBfloat16 sums are. */
+typedef enum { COMM_F32 = 0, COMM_F16 = 1, COMM_BF16 = 2 } CommDtype;
+int64_t comm_allreduce_typed_async(Comm *c, void *buf, int64_t count, CommDtype type);
 int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root);
 /* Work issued on the compute stream from now on runs after every operation issued so far. */
 void comm_wait(Comm *c);

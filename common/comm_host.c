@@ -15,6 +15,7 @@
 
 #include "comm_internal.h"
 #include "errors.h"
+#include "precision.h"
 #include "trace.h"
 #include "net.h"
 
@@ -35,6 +36,17 @@ static void add_f64(void *dst, const void *src, size_t n) {
     double *d = dst;
     const double *s = src;
     for (size_t i = 0; i < n; i++) d[i] += s[i];
+}
+/* 16-bit sums: widen, add in fp32, round back — every addition rounded to the type, as NCCL's. */
+static void add_f16(void *dst, const void *src, size_t n) {
+    uint16_t *d = dst;
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(f16_to_f32(d[i]) + f16_to_f32(s[i]));
+}
+static void add_bf16(void *dst, const void *src, size_t n) {
+    uint16_t *d = dst;
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
 }
 
 /* Send sbytes to the right neighbour while receiving rbytes from the left one into rbuf — both at
@@ -81,10 +93,14 @@ static void ring_exchange(Comm *c, const char *sbuf, size_t sbytes, char *rbuf, 
  * passes chunk r+1−s on and stores chunk r−s. Each rank sends 2·(world−1)/world of the array —
  * the least any all-reduce can — and every rank ends with the same bits (each chunk is summed
  * once, in a fixed order, then copied). */
-static void ring_allreduce(Comm *c, void *x, int64_t count, size_t elem) {
+static void ring_allreduce(Comm *c, void *x, int64_t count, const Op *op) {
     int R = c->world, r = c->rank;
     if (R == 1 || count == 0) return;
-    void (*add)(void *, const void *, size_t) = elem == 8 ? add_f64 : add_f32;
+    size_t elem = comm_op_elem(op);
+    void (*add)(void *, const void *, size_t) = op->kind == OP_SUM_F64  ? add_f64
+                                                : op->type == COMM_F16 ? add_f16
+                                                : op->type == COMM_BF16 ? add_bf16
+                                                                        : add_f32;
     size_t need = chunk_len(count, R, 0) * elem;
     if (need > c->scratch_bytes) {
         free(c->scratch);
@@ -123,7 +139,7 @@ static void ring_broadcast(Comm *c, void *x, size_t bytes, int root) {
 
 /* One operation on the ring thread: GPU buffers go device → host → ring → device. */
 static void host_run(Comm *c, Op *op) {
-    size_t elem = op->kind == OP_SUM_F64 ? 8 : 4, bytes = (size_t)op->count * elem;
+    size_t bytes = (size_t)op->count * comm_op_elem(op);
     void *x = op->buf;
 #ifdef USE_CUDA
     int on_gpu = c->dev->kind == DEV_CUDA && op->kind != OP_SUM_F64;
@@ -140,7 +156,7 @@ static void host_run(Comm *c, Op *op) {
     }
 #endif
     if (op->kind == OP_BROADCAST) ring_broadcast(c, x, bytes, op->root);
-    else ring_allreduce(c, x, op->count, elem);
+    else ring_allreduce(c, x, op->count, op);
 #ifdef USE_CUDA
     if (on_gpu) {
         CHECK_CUDA(cudaMemcpyAsync(op->buf, c->staging, bytes, cudaMemcpyHostToDevice, c->stream));
@@ -214,8 +230,8 @@ static void host_connect(Comm *c, int seq) {
     setsockopt(c->left, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
 }
 
-static int64_t host_issue_any(Comm *c, OpKind kind, void *buf, int64_t count, int root) {
-    Op *op = comm_op_begin(c, kind, buf, count, root);
+static int64_t host_issue_any(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type) {
+    Op *op = comm_op_begin(c, kind, buf, count, root, type);
 #ifdef USE_CUDA
     if (c->dev->kind == DEV_CUDA && kind != OP_SUM_F64) CHECK_CUDA(cudaEventRecord(op->ready, c->dev->stream));
 #else
@@ -237,8 +253,8 @@ static void host_create(Comm *c, int seq) {
     c->have_thread = 1;
 }
 
-static int64_t host_issue(Comm *c, OpKind kind, float *buf, int64_t count, int root) {
-    return host_issue_any(c, kind, buf, count, root);
+static int64_t host_issue(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type) {
+    return host_issue_any(c, kind, buf, count, root, type);
 }
 
 /* The ring thread synchronised its last host → device copy before marking it done. */
@@ -250,7 +266,7 @@ static double host_op_ms(Comm *c, Op *op, int64_t id) {
 }
 
 static void host_sum_doubles(Comm *c, double *v, int n) {
-    host_issue_any(c, OP_SUM_F64, v, n, 0);
+    host_issue_any(c, OP_SUM_F64, v, n, 0, COMM_F32);
     comm_wait_done(c, c->issued);
 }
 

@@ -23,6 +23,7 @@ typedef struct Op {
     void *buf;      /* device memory (host memory on the CPU backend and for OP_SUM_F64) */
     int64_t count;
     int root;
+    CommDtype type;  /* element type of an all-reduce (OP_SUM_F64: doubles) */
     double t_issue; /* host time when issued (the watchdog's clock) */
     double ms;      /* host ring: measured by the ring thread */
 #ifdef USE_CUDA
@@ -70,8 +71,8 @@ struct CommOps {
     /* Connect (the store carries what the ranks must exchange, under keys "comm<seq>/…") and start
      * the backend's thread (c->thread, c->have_thread). */
     void (*create)(Comm *c, int seq);
-    /* Issue an in-place float all-reduce or broadcast of count elements at buf (device memory). */
-    int64_t (*issue)(Comm *c, OpKind kind, float *buf, int64_t count, int root);
+    /* Issue an in-place all-reduce or broadcast of count elements of `type` at buf (device memory). */
+    int64_t (*issue)(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type);
     /* comm_wait: work issued on the compute stream from now on runs after every operation so far. */
     void (*wait)(Comm *c);
     /* How long op (number id) ran, in ms, waiting for it to finish. */
@@ -89,7 +90,11 @@ extern const CommOps comm_nccl_ops;
 #endif
 
 /* The operation ring (comm.c). */
-Op *comm_op_begin(Comm *c, OpKind kind, void *buf, int64_t count, int root);
+Op *comm_op_begin(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type);
+/* Bytes per element of an operation. */
+static inline size_t comm_op_elem(const Op *op) {
+    return op->kind == OP_SUM_F64 ? 8 : op->type == COMM_F32 ? 4 : 2;
+}
 int64_t comm_op_publish(Comm *c);
 void comm_wait_done(Comm *c, int64_t upto);
 

@@ -143,8 +143,9 @@ static void nccl_create(Comm *c, int seq) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static int64_t nccl_issue(Comm *c, OpKind kind, float *buf, int64_t count, int root) {
-    Op *op = comm_op_begin(c, kind, buf, count, root);
+static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type) {
+    Op *op = comm_op_begin(c, kind, buf, count, root, type);
+    ncclDataType_t nt = type == COMM_F16 ? ncclHalf : type == COMM_BF16 ? ncclBfloat16 : ncclFloat;
     Device *d = c->dev;
     /* The comm stream waits for the compute stream (the bucket is final); the host does not. */
     CHECK_CUDA(cudaEventRecord(op->ready, d->stream));
@@ -153,7 +154,7 @@ static int64_t nccl_issue(Comm *c, OpKind kind, float *buf, int64_t count, int r
     TraceDev span = trace_dev_begin(d, TRACE_COMM, c->stream, kind == OP_ALLREDUCE ? "all-reduce" : "broadcast",
                                     "comm", count);
     if (kind == OP_ALLREDUCE)
-        CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, ncclFloat, ncclSum, c->nccl, c->stream));
+        CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, ncclSum, c->nccl, c->stream));
     else
         CHECK_NCCL(ncclBroadcast(buf, buf, (size_t)count, ncclFloat, root, c->nccl, c->stream));
     trace_dev_end(span);
@@ -175,7 +176,7 @@ static double nccl_op_ms(Comm *c, Op *op, int64_t id) {
 
 static void nccl_sum_doubles(Comm *c, double *v, int n) {
     ASSERT(n <= 512);
-    Op *op = comm_op_begin(c, OP_SUM_F64, v, n, 0);
+    Op *op = comm_op_begin(c, OP_SUM_F64, v, n, 0, COMM_F32);
     size_t bytes = (size_t)n * sizeof(double);
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
     CHECK_CUDA(cudaMemcpyAsync(c->dscratch, v, bytes, cudaMemcpyHostToDevice, c->stream));

@@ -300,6 +300,28 @@ void ddp_destroy(Ddp *d) {
     DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run};
     for (int i = 0; i < 6; i++) free(all[i]->v);
     free(d->buckets), free(d->bucket_of), free(d->ready_order), free(d->eval_idx);
+    if (d->compressed) device_free(d->dev, d->compressed);
+}
+
+void ddp_register_comm_hook(Ddp *d, Precision p) {
+    if (p == PREC_FP32) return;
+    ASSERT(!d->hook && d->iteration == 0);
+    d->hook = p;
+    d->compressed = device_alloc(d->dev, (size_t)d->m->n_param_floats * 2, "DDP 16-bit gradient all-reduce");
+    report_printf(&d->run->report, "ddp: %s_compress_hook: each bucket is all-reduced in %s (half the bytes), then "
+                                   "cast back to fp32\n", precision_name(p), precision_name(p));
+}
+
+/* The hook's casts: real 16-bit values on both backends (the CPU backend packs them, so the host
+ * ring carries 2 bytes per element too). */
+static void compress(Ddp *d, const float *g, int64_t n, void *dst) {
+    if (d->dev->kind == DEV_CPU) precision_pack(d->hook, n, g, dst);
+    else cast_to(d->dev, d->hook, n, g, dst);
+}
+
+static void decompress(Ddp *d, const void *src, int64_t n, float *g) {
+    if (d->dev->kind == DEV_CPU) precision_unpack(d->hook, n, src, g);
+    else cast_from(d->dev, d->hook, n, src, g, 0);
 }
 
 void ddp_set_sync(Ddp *d, int sync) { d->sync = sync != 0; }
@@ -338,14 +360,22 @@ static void launch(Ddp *d, float *g, int64_t count) {
     /* Averaging, PyTorch's way: divide by the world size, then SUM. */
     TraceSpan span = trace_begin("bucket launch", "launch", s->n_ops); /* args.n: bucket, in launch order */
     if (d->world > 1) scale_inplace(d->dev, count, g, 1.0f / (float)d->world);
-    int64_t id = comm_allreduce_async(d->comm, g, count);
+    int64_t id, bytes = count * (int64_t)sizeof(float);
+    if (d->hook == PREC_FP32) {
+        id = comm_allreduce_async(d->comm, g, count);
+    } else { /* the compression hook: the same slice of the 16-bit copy */
+        void *g16 = (char *)d->compressed + (g - d->m->grad_flat) * 2;
+        compress(d, g, count, g16);
+        id = comm_allreduce_typed_async(d->comm, g16, count, d->hook == PREC_FP16 ? COMM_F16 : COMM_BF16);
+        bytes = count * 2;
+    }
     trace_end(span);
     if (s->first_op < 0) s->first_op = id;
     ASSERT(id == s->first_op + s->n_ops); /* nothing else is issued during backward */
     s->n_ops++;
-    s->bytes += count * (int64_t)sizeof(float);
+    s->bytes += bytes;
     d->allreduce_calls++;
-    d->allreduce_bytes += count * (int64_t)sizeof(float);
+    d->allreduce_bytes += bytes;
 }
 
 void ddp_grad_ready(void *ctx, int p) {
@@ -387,6 +417,8 @@ void ddp_backward_end(Ddp *d) {
     /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */
     comm_wait(d->comm);
     mark(d, s, T_AFTER_WAIT);
+    /* the hook's buckets tile the buffer: one cast brings every reduced bucket back to fp32 */
+    if (d->hook != PREC_FP32) decompress(d, d->compressed, m->n_param_floats, m->grad_flat);
     for (int b = 0; b < d->n_buckets; b++) d->buckets[b].pending = d->buckets[b].n_params;
     d->next = 0;
     if (d->synced == 0) ASSERT(d->n_ready == m->n_params);

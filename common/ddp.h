@@ -46,6 +46,7 @@
 #include "cli.h"
 #include "comm.h"
 #include "model.h"
+#include "precision.h"
 #include "sampler.h"
 #include "timemark.h"
 #include "trainer.h"
@@ -122,12 +123,21 @@ typedef struct Ddp {
     int64_t groups_seen;
     DdpSeries ar, exposed, bcast, ar_run, exposed_run, bcast_run; /* this epoch / whole run */
     int64_t *eval_idx, eval_n; /* this rank's test-set shard */
+    Precision hook;            /* gradient compression: fp16/bf16_compress_hook, or PREC_FP32 (none) */
+    void *compressed;          /* hook: the 16-bit copy of the gradient buffer the all-reduce carries */
 } Ddp;
 
 /* Wrap run->model: check every rank built the same model and got the same flags, broadcast
  * parameters and buffers from rank 0, plan the buckets (f->bucket_mb as PyTorch's bucket_cap_mb,
  * in MiB). Collective. */
 void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f);
+/* ddp_model.register_comm_hook(None, fp16_compress_hook | bf16_compress_hook) for p = PREC_FP16 |
+ * PREC_BF16 (PREC_FP32: nothing, DDP's default fp32 all-reduce). Each bucket, already divided by the
+ * world size, is cast to 16 bits into a 16-bit copy of the gradient buffer, all-reduced in 16 bits
+ * (half the bytes), and cast back into the fp32 bucket before the optimizer reads it. PyTorch's hook
+ * casts first and divides in 16 bits; for a power-of-two world size both orders give the same bits
+ * (the division is exact unless it underflows). Call once, after ddp_init. */
+void ddp_register_comm_hook(Ddp *d, Precision p);
 void ddp_destroy(Ddp *d);
 /* sync = 0: the next forward and backward run inside `ddp_model.no_sync()`; 1 (the default): they
  * synchronise. Stays set until changed. */

@@ -582,6 +582,43 @@ START_TEST(stage5_amp_off_is_stage4) {
 }
 END_TEST
 
+/* The summary's "allreduce_bytes" of a report (−1 if absent). */
+static long long report_allreduce_bytes(const char *rep) {
+    char *j = test_slurp(rep, NULL), *at = j ? strstr(j, "\"allreduce_bytes\":") : NULL;
+    long long v = -1;
+    if (at) sscanf(at + strlen("\"allreduce_bytes\":"), "%lld", &v);
+    free(j);
+    return v;
+}
+
+/* --grad-comm fp16 / bf16 (DDP's compression hooks): the same all-reduces with exactly half the
+ * bytes, the 16-bit rounding of the averaged gradients barely moves the loss, and the hook says so. */
+START_TEST(stage5_grad_comm_halves_the_bytes) {
+    char *dir = test_tmpdir();
+    const char *types[] = {"fp32", "fp16", "bf16"};
+    long long bytes[3];
+    double loss[3][8];
+    for (int i = 0; i < 3; i++) {
+        char flags[128], *out, *rep = report_path(dir, types[i]);
+        snprintf(flags, sizeof flags, "--nproc-per-node 2 --steps 6 --amp fp16 --grad-comm %s", types[i]);
+        ck_assert_msg(run_stage5(flags, rep, &out) == 0, "%s", out);
+        if (i) ck_assert_msg(strstr(out, "_compress_hook: each bucket is all-reduced in"), "%s", out);
+        bytes[i] = report_allreduce_bytes(rep);
+        ck_assert_int_eq(test_read_losses(rep, loss[i], 8), 6);
+        free(out), free(rep);
+    }
+    ck_assert(bytes[0] > 0);
+    for (int i = 1; i < 3; i++) {
+        ck_assert_msg(2 * bytes[i] == bytes[0], "%s: %lld bytes against fp32's %lld", types[i], bytes[i], bytes[0]);
+        /* fp16 keeps 11 significant bits, bf16 8: after 6 steps the loss moves by well under 1% */
+        for (int k = 0; k < 6; k++)
+            ck_assert_msg(fabs(loss[i][k] - loss[0][k]) < 0.01 * loss[0][k], "%s step %d: %.6f vs %.6f", types[i],
+                          k + 1, loss[i][k], loss[0][k]);
+    }
+    free(dir);
+}
+END_TEST
+
 /* Bad flag combinations: one clear line, exit 2. */
 START_TEST(stage5_rejects_bad_amp_flags) {
     struct {
@@ -589,7 +626,7 @@ START_TEST(stage5_rejects_bad_amp_flags) {
     } bad[] = {
         {"--amp bf16 --no-grad-scaler", "--no-grad-scaler only applies to --amp fp16"},
         {"--amp off --test-inf-step 2", "--test-inf-step needs the GradScaler"},
-        {"--grad-comm fp16", "use --grad-comm fp32"},
+        {"--grad-comm fp8", "--grad-comm must be one of fp32|fp16|bf16"},
         {"--show-scaler FFX", "pattern of F"},
         {"--amp fp8", "--amp must be one of fp16|bf16|off"},
         {"--growth-factor 1", "--growth-factor must be a number in (1, 1000000]"},
@@ -622,6 +659,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, stage5_learns_in_fp16_and_bf16);
     tcase_add_test(tc, stage5_forced_overflow_every_rank_skips);
     tcase_add_test(tc, stage5_amp_off_is_stage4);
+    tcase_add_test(tc, stage5_grad_comm_halves_the_bytes);
     tcase_add_test(tc, stage5_rejects_bad_amp_flags);
     suite_add_tcase(s, tc);
     return s;

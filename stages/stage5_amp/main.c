@@ -137,6 +137,7 @@ int main(int argc, char **argv) {
     /* DDP(model): same model everywhere, rank 0's weights broadcast, gradient buckets planned. */
     Ddp ddp;
     ddp_init(&ddp, &run, comm, &f);
+    ddp_register_comm_hook(&ddp, amp_grad_comm(&amp, &dev)); /* --grad-comm fp16|bf16: fp16_compress_hook */
     const int K = cfg.accum_steps; /* micro-batches per optimizer step */
     GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16 and off */
     scaler_init(&scaler, &dev, &amp, prec, w.rank, run.total_steps);
