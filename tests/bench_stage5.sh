@@ -31,7 +31,7 @@ pytorch() { # name, bench_pytorch.py flags...
         --warmup 20 "$@") > "$OUT/$name.json" 2> "$OUT/$name.err" || echo "PyTorch $name FAILED: see $OUT/$name.err"
     tail -n 1 "$OUT/$name.json"
 }
-stage5() { # name, stage 5 flags...
+stage5() { # name, stage 5 flags... (one worker unless the flags say --nproc-per-node N after it)
     local name=$1; shift
     PORT=$((PORT + 10))
     log "stage 5 $name"
@@ -51,6 +51,12 @@ stage5 s5_fp16_cl --amp fp16 --channels-last
 stage5 s5_bf16 --amp bf16
 stage5 s5_bf16_cl --amp bf16 --channels-last
 stage5 s5_off --amp off
+# On 2 GPUs: DDP scaling of the default (fp16) with the fp32 all-reduce and with fp16_compress_hook.
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$NGPU" -ge 2 ]; then
+    stage5 s5_fp16_2gpu --amp fp16 --nproc-per-node 2 --grad-comm fp32
+    stage5 s5_fp16_2gpu_gc16 --amp fp16 --nproc-per-node 2 --grad-comm fp16
+fi
 
 python3 - "$OUT" <<'PY'
 import json, os, sys
@@ -73,6 +79,8 @@ rows = [("PyTorch fp32 eager", pt("pt_fp32")), ("PyTorch fp16 autocast + GradSca
         ("stage5 --amp fp16 --channels-last", s5("s5_fp16_cl")), ("stage5 --amp bf16", s5("s5_bf16")),
         ("stage5 --amp bf16 --channels-last", s5("s5_bf16_cl")),
         ("stage5 --amp off (fp32)", s5("s5_off"))]
+two = [("stage5 --amp fp16, 2 GPUs, --grad-comm fp32", s5("s5_fp16_2gpu")),
+       ("stage5 --amp fp16, 2 GPUs, --grad-comm fp16", s5("s5_fp16_2gpu_gc16"))]
 print()
 print(f"{'ResNet-18, batch 128, one GPU':52s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs best eager':>14s}")
 for name, r in rows:
@@ -82,4 +90,10 @@ for name, r in rows:
     ratio = best["ms_per_iter_median"] / r["ms_per_iter_median"] if best else float("nan")
     print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} "
           f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {ratio:13.2f}x")
+one = s5("s5_fp16")
+for name, r in two:
+    if r is None or one is None:
+        continue
+    eff = r["img_per_s"] / (2 * one["img_per_s"])
+    print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f}  scaling {100 * eff:5.1f}% of 2 x one GPU")
 PY
