@@ -3,6 +3,13 @@
  *
  *   make stage3 && ./stage3            (./stage3 --help for every flag)
  *
+ * What you will learn:
+ *   - why a process per GPU beats a thread per GPU: nothing is shared but the gradient all-reduce;
+ *   - how a job starts (launcher, rendezvous store, NCCL communicator) and how each rank reads its
+ *     own DistributedSampler shard;
+ *   - how gradient buckets all-reduce while backward is still running, and how to measure what
+ *     stays exposed.
+ *
  * One step is what a PyTorch DDP user writes, in each of N processes:
  *     sampler.set_epoch(epoch)
  *     for x, y in loader:  x, y = x.cuda(), y.cuda()          # this rank's shard

@@ -2,6 +2,11 @@
  *
  *   make stage4 && ./stage4            (./stage4 --help for every flag)
  *
+ * What you will learn:
+ *   - how to train with a K× larger batch in the memory of one micro-batch;
+ *   - what no_sync saves: one all-reduce per optimizer step instead of K;
+ *   - what counts as a step once steps have micro-steps (the schedule, checkpoints, the timings).
+ *
  * One optimizer step is what a PyTorch DDP user writes to train with a K× larger batch in the same
  * memory, in each of N processes:
  *     for i, (x, y) in enumerate(loader):
