@@ -20,14 +20,18 @@
  *
  * plan_us / plan_bench_us: what planning one forward convolution costs a thread whose plan cache
  * is empty (plan_cache.h), with cudnn.benchmark off / on: a new thread's first forward minus a warm
- * forward, divided by ResNet-18's 20 convolutions. Measured by tests/torch/dp_thread_cost.py
- * (PyTorch 2.11, 2× H200, batch 128; issue 10): off 28–35 ms against 2.4–4.0 ms warm, so
- * (31.5 − 3.2) / 20 = 1.415 ms; on 425–2922 ms, of which we take the low end, (425 − 3.2) / 20 =
- * 21.09 ms. calibrate_dp.py measures both on your machine and prints the flags. */
+ * forward, divided by ResNet-18's 20 convolutions (PyTorch 2.11, 2× H200, batch 128, run by
+ * tests/bench_stage2.sh on 2026-11-30; docs/logs/bench_stage2_2xH200_2026-11-30.txt). Off: 983 µs,
+ * calibrate_dp.py's figure ((21.91 − 2.25) ms / 20, median of 5 new threads; dp_thread_cost.py in
+ * the same run gave 1228 µs). On: 26334 µs, dp_thread_cost.py's ((529.00 − 2.33) ms / 20, median of
+ * 5 new threads, 412–579 ms), not that calibration's 74723 µs, which was the mean of only 2 new
+ * threads while a new thread's first benchmark-on forward now and then takes ~2.5 s (384–2484 ms in
+ * docs/logs/dp_thread_cost_2xH200_2026-11-30.jsonl); calibrate_dp.py now times 5 for both.
+ * calibrate_dp.py measures both on your machine and prints the flags. */
 DpConfig dp_config_defaults(void) {
     return (DpConfig){.p2p = 1, .thread_pool = 0, .switch_ms = 5.0, .op_us = 24.24, .call_us = 40.6,
                       .module_us = 14.04, .param_us = 11.92, .thread_us = 127.0, .host_us = -1.0,
-                      .plan_us = 1415.0, .plan_bench_us = 21090.0, .p2p_flag = "on"};
+                      .plan_us = 983.0, .plan_bench_us = 26334.0, .p2p_flag = "on"};
 }
 
 /* Stage 2's flags, bound to *c. The table is static: stage 2 has one DpConfig for the program. */

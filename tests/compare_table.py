@@ -167,15 +167,24 @@ def svg(rows, torch_rows, meta):
     ndev = max([len(r["mem"]) for r in allr] or [1])
     unit = mem_unit(allr)
     colors = ["#4878a8", "#e0884a", "#6aa56a", "#c45a5a", "#8c6bb1", "#8d6e63", "#d277b5", "#7f7f7f"]
-    rowh, top, left, pw, gap = 26, 64, 330, 300, 60
-    width, height = left + 2 * pw + gap + 40, top + rowh * max(len(allr), 1) + 60
+    rowh, left, pw, gap, label_w = 26, 330, 300, 60, 110  # label_w: room for a bar's "1.61 + 1.56"
+    width = left + 2 * pw + gap + label_w
+    sub, line = [], ""  # the setting, wrapped at commas to the chart's width (~6 px a character)
+    for part in meta.get("setting", "").split(", "):
+        if line and 6 * (len(line) + len(part) + 2) > width - 20:
+            sub.append(line + ","), (line := part)
+        else:
+            line = f"{line}, {part}" if line else part
+    sub.append(line)
+    top = 50 + 14 * len(sub)
+    height = top + rowh * max(len(allr), 1) + 60
     ipsmax = max([r["ips"] or 0 for r in allr] or [1]) or 1
     memmax = max([m for r in allr for m in r["mem"]] or [1]) or 1
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
          f'font-family="sans-serif" font-size="12">',
          f'<rect width="{width}" height="{height}" fill="white"/>',
          f'<text x="10" y="20" font-size="15" font-weight="bold">{escape("make compare: " + meta.get("mode", ""))}</text>',
-         f'<text x="10" y="38" font-size="11" fill="#444">{escape(meta.get("setting", ""))}</text>',
+         *(f'<text x="10" y="{38 + 14 * i}" font-size="11" fill="#444">{escape(t)}</text>' for i, t in enumerate(sub)),
          f'<text x="{left}" y="{top - 8}" font-weight="bold">images/s (all devices)</text>',
          f'<text x="{left + pw + gap}" y="{top - 8}" font-weight="bold">peak memory per device ({unit[0]})</text>']
     for j, r in enumerate(allr):

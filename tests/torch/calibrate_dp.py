@@ -43,9 +43,9 @@ from torch.nn.parallel.scatter_gather import gather, scatter_kwargs
 
 from models import BasicBlock, ResNet
 
-# ./stage2's defaults (common/dp.c, calibrated on 2x H200), used for any piece not measurable here
+# ./stage2's defaults (common/dp_python.c, calibrated on 2x H200), used for any piece not measurable here
 DEFAULTS = {"op": 24.24, "call": 40.6, "module": 14.04, "param": 11.92, "thread": 127.0,
-            "plan": 1415.0, "plan_bench": 21090.0}
+            "plan": 983.0, "plan_bench": 26334.0}
 
 
 def sync_all():
@@ -307,7 +307,7 @@ def main():
 
     for key, bench in (("plan", False), ("plan_bench", True)):
         r = measure(f"planning cost, cudnn.benchmark {'on' if bench else 'off'}",
-                    lambda: plan_cost(args.model, args.batch, bench, max(args.plan_threads // (2 if bench else 1), 2)))
+                    lambda: plan_cost(args.model, args.batch, bench, max(args.plan_threads, 3)))
         if r:
             convs, w, f, per, other = r
             got[key] = per
