@@ -66,23 +66,21 @@ void amp_check(const AmpConfig *a) {
                  "--no-grad-scaler");
 }
 
-Precision amp_grad_comm(const AmpConfig *a, const Device *d) {
-    Precision p = precision_parse(a->grad_comm);
+/* The flag's type, refused with a clear error when it is bf16 and the GPU predates Ampere. */
+static Precision supported(const char *flag, const char *value, const Device *d) {
+    Precision p = precision_parse(value);
     int major;
     if (p == PREC_BF16 && !amp_bf16_supported(d, &major))
-        die_user("--grad-comm bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "
-                 "use --grad-comm fp16", d->name, major);
+        die_user("--%s bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "
+                 "use --%s fp16", flag, d->name, major, flag);
     return p;
 }
 
+Precision amp_grad_comm(const AmpConfig *a, const Device *d) { return supported("grad-comm", a->grad_comm, d); }
+
 Precision amp_precision(const AmpConfig *a, const Device *d) {
     amp_check(a);
-    Precision p = precision_parse(a->amp);
-    int major;
-    if (p == PREC_BF16 && !amp_bf16_supported(d, &major))
-        die_user("--amp bf16 needs a GPU of compute capability 8.0 or newer (Ampere); %s is %d.x: "
-                 "use --amp fp16", d->name, major);
-    return p;
+    return supported("amp", a->amp, d);
 }
 
 int amp_bf16_supported(const Device *d, int *major) {

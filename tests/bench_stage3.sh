@@ -22,27 +22,7 @@ mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl "$OUT"/*.json "$OUT"/*.ran
 [ -x ./stage1 ] && [ -x ./stage3 ] || make stage1 stage3 || exit 1
 
-HAVE_TORCH=0
-python3 -c "import torch" 2>/dev/null && HAVE_TORCH=1
-if [ "$HAVE_TORCH" = 1 ]; then
-    NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
-elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-    NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-else
-    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-fi
-if [ "$NGPU" -ge 2 ]; then
-    COMM=nccl; BACKEND=nccl; MODE="2 GPUs"
-else
-    COMM=host; BACKEND=gloo; MODE="2 workers on 1 GPU"
-    echo "note: $NGPU GPU visible — stage 3 runs two workers sharing it with --comm host (and PyTorch DDP"
-    echo "      two processes with gloo): the DDP path is exercised, but these timings do not show scaling"
-fi
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1 | sed "s/^/gpu: /;s/$/ (x$NGPU)/"
-TORCHRUN=$(command -v torchrun || echo "python3 -m torch.distributed.run")
-PORT=$((20000 + $$ % 10000)) # below the ephemeral range; a different port for every run below
-next_port() { PORT=$((PORT + 10)); }
-log() { echo "=== $* ($(date +%T))"; }
+. tests/bench_ddp_env.sh # NGPU, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
 
 # name, stage binary, extra flags...: the timed run (median over the steps after warm-up)
 run_stage() {
