@@ -166,6 +166,12 @@ static void plan_gradient_accumulation(Model *m) {
     }
 }
 
+/* device_alloc, counted in m->alloc_bytes: what the model holds, for the plan's report and test */
+static void *model_alloc(Model *m, size_t bytes, const char *what) {
+    m->alloc_bytes += device_alloc_size(bytes);
+    return device_alloc(m->dev, bytes, what);
+}
+
 /* ---- the activation memory plan (model.h: "Activation memory") -------------------------------- */
 
 #define PLAN_ALIGN 512 /* every tensor starts on a 512-byte boundary, as a cudaMalloc'd block would */
@@ -258,12 +264,15 @@ static size_t plan_offsets(PlanBuf *b, int n) {
     return top;
 }
 
+/* Lifetimes, then offsets, for every x and dx of activations 1.. and — on CUDA, once
+ * model_prepare has sized them — each convolution's cuDNN workspace, one for its forward step and
+ * one for its backward step: a workspace lives one step, so it fits in whatever is free then. */
 static void plan_memory(Model *m, size_t esz) {
     plan_lifetimes(m);
-    int n = 2 * (m->n_acts - 1);
-    PlanBuf *b = xcalloc((size_t)n, sizeof *b);
+    const int last = m->n_acts - 1, na = 2 * (last - 1), L = m->n_layers;
+    PlanBuf *b = xcalloc((size_t)(na + 2 * L), sizeof *b);
     m->unplanned_bytes = 0;
-    for (int a = 1; a < m->n_acts; a++) {
+    for (int a = 1; a < last; a++) {
         Activation *A = &m->acts[a];
         size_t bytes = (size_t)m->max_batch * A->c * A->h * A->w * esz;
         A->bytes = (bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
@@ -271,6 +280,15 @@ static void plan_memory(Model *m, size_t esz) {
         b[2 * (a - 1) + 1] = (PlanBuf){.bytes = A->bytes, .born = A->dx_born, .dies = A->dx_dies};
         m->unplanned_bytes += 2 * A->bytes;
     }
+    int n = na, slot[MAX_LAYERS][2]; /* slot[l][k]: the buffer of layer l's workspace k, or -1 */
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++) {
+            size_t cap = m->layers[l].kind == LAYER_CONV ? m->layers[l].conv.ws_cap[k] : 0;
+            slot[l][k] = cap ? n : -1;
+            if (!cap) continue;
+            int t = k ? 2 * L - l : l; /* the conv's forward step, or its backward step */
+            b[n++] = (PlanBuf){.bytes = (cap + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN, .born = t, .dies = t};
+        }
     m->arena_bytes = plan_offsets(b, n);
     m->live_peak_bytes = 0;
     for (int t = 0; t < m->plan_steps; t++) {
@@ -278,9 +296,33 @@ static void plan_memory(Model *m, size_t esz) {
         for (int i = 0; i < n; i++) live += b[i].born <= t && t <= b[i].dies ? b[i].bytes : 0;
         if (live > m->live_peak_bytes) m->live_peak_bytes = live;
     }
-    for (int a = 1; a < m->n_acts; a++)
+    for (int a = 1; a < last; a++)
         m->acts[a].x_off = b[2 * (a - 1)].off, m->acts[a].dx_off = b[2 * (a - 1) + 1].off;
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++) m->layers[l].conv.ws_off[k] = slot[l][k] >= 0 ? b[slot[l][k]].off : 0;
     free(b);
+}
+
+/* (Re)allocate the arena for the current plan and point every tensor and workspace into it. Only
+ * at setup (model_create, model_prepare): nothing in the arena outlives a training step. */
+static void place_arena(Model *m) {
+    if (m->arena) {
+        device_sync(m->dev);
+        m->alloc_bytes -= device_alloc_size(m->arena_bytes);
+        device_free(m->dev, m->arena);
+    }
+    plan_memory(m, precision_bytes(m->dev, m->prec));
+    m->arena = model_alloc(m, m->arena_bytes, "activations and their gradients (planned arena)");
+    for (int i = 1; i < m->n_acts - 1; i++) { /* 0 is the caller's input; the logits are apart */
+        Activation *a = &m->acts[i];
+        a->x = (char *)m->arena + a->x_off;
+        a->dx = (char *)m->arena + a->dx_off;
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        Conv *c = &m->layers[l].conv;
+        if (m->layers[l].kind != LAYER_CONV) continue;
+        for (int k = 0; k < 2; k++) c->ws[k] = c->ws_cap[k] ? (char *)m->arena + c->ws_off[k] : NULL;
+    }
 }
 
 /* PyTorch's defaults: Conv2d/Linear reset_parameters use kaiming_uniform_(a=√5), whose bound works
@@ -319,12 +361,6 @@ static void init_params(Model *m, uint64_t seed) {
     device_sync(m->dev);
     free(hp);
     free(hb);
-}
-
-/* device_alloc, counted in m->alloc_bytes: what the model holds, for the plan's report and test */
-static void *model_alloc(Model *m, size_t bytes, const char *what) {
-    m->alloc_bytes += device_alloc_size(bytes);
-    return device_alloc(m->dev, bytes, what);
 }
 
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed) {
@@ -368,13 +404,16 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     size_t esz = precision_bytes(dev, prec);
     const char *env = getenv("MODEL_MEMORY_PLAN");
     m->memory_plan = !(env && !strcmp(env, "0"));
-    plan_memory(m, esz);
-    m->arena = model_alloc(m, m->arena_bytes, "activations and their gradients (planned arena)");
-    for (int i = 1; i < m->n_acts; i++) { /* activation 0 is the caller's input */
-        Activation *a = &m->acts[i];
-        a->x = (char *)m->arena + a->x_off;
-        a->dx = (char *)m->arena + a->dx_off;
-    }
+    /* on CUDA the plan also holds each convolution's cuDNN workspace (sized by model_prepare) */
+    for (int l = 0; l < m->n_layers; l++)
+        m->layers[l].conv.own_workspace = m->memory_plan && dev->kind == DEV_CUDA;
+    place_arena(m);
+    /* The logits and their gradient live all step and outside the arena, so the pointers the
+     * trainer and DataParallel take once stay valid when model_prepare re-plans the arena. */
+    Activation *lg = &m->acts[m->n_acts - 1];
+    lg->bytes = (size_t)max_batch * lg->c * esz;
+    lg->x = model_alloc(m, lg->bytes, "logits");
+    lg->dx = model_alloc(m, lg->bytes, "logits' gradient");
     if (prec != PREC_FP32) {
         int64_t most = 0; /* the largest weight + bias of one layer */
         for (int l = 0; l < m->n_layers; l++) {
@@ -413,6 +452,7 @@ void model_destroy(Model *m) {
         if (L->kind == LAYER_BN) device_free(d, L->save_mean), device_free(d, L->save_invstd);
     }
     device_free(d, m->arena);
+    device_free(d, m->acts[m->n_acts - 1].x), device_free(d, m->acts[m->n_acts - 1].dx);
     if (m->prec != PREC_FP32) {
         device_free(d, m->param_lp);
         device_free(d, m->wgrad_lp);
@@ -429,8 +469,17 @@ void model_destroy(Model *m) {
 
 void model_prepare(Model *m, int n) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    for (int l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind == LAYER_CONV) conv_prepare(m->dev, &m->layers[l].conv, n);
+    int grew = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        Conv *c = &m->layers[l].conv;
+        if (m->layers[l].kind != LAYER_CONV) continue;
+        conv_prepare(m->dev, c, n);
+        for (int k = 0; c->own_workspace && k < 2; k++) {
+            size_t need = conv_workspace_bytes(m->dev, c, n, k);
+            if (need > c->ws_cap[k]) c->ws_cap[k] = need, grew = 1;
+        }
+    }
+    if (grew) place_arena(m); /* the workspaces join the plan */
 }
 
 /* ---- forward and backward -------------------------------------------------------------------- */

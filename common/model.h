@@ -103,8 +103,10 @@ typedef struct Model {
  * input; ReLU reads its output; add and pooling read none) — so the output of a residual branch's
  * last batch norm, read only by the add, dies right there. A gradient dx lives from the first
  * backward that writes it to the backward of the layer that produced x. The logits and their
- * gradient live all step (the loss and the trainer read them between forward and backward).
- * Offsets are then assigned greedily, largest tensor first, each at the lowest offset not
+ * gradient live all step (the loss and the trainer read them between forward and backward), in
+ * allocations of their own: model_prepare re-plans the arena (on CUDA it adds each convolution's
+ * cuDNN workspace, alive only at that convolution's forward and backward steps) and the trainer
+ * holds on to model_logits. Offsets are then assigned greedily, largest tensor first, each at the lowest offset not
  * overlapping a tensor whose lifetime overlaps its own; the arena is one device_alloc.
  * MODEL_MEMORY_PLAN=0 in the environment gives every tensor the whole step instead (nothing shared:
  * the reference the plan is tested against, and the "before" figure). */

@@ -185,9 +185,9 @@ static void check_plan(const char *arch, int batch, Precision p) {
     Model *m = model_create_mixed(&d, arch, 1, batch, 0, p, 0);
     ck_assert(m->memory_plan);
     ck_assert_uint_eq(d.mem_cur - base, m->alloc_bytes);
-    int nb = 2 * (m->n_acts - 1);
+    int nb = 2 * (m->n_acts - 2); /* the logits (the last activation) live apart, all step */
     struct { size_t off; int born, dies; } *b = malloc(nb * sizeof *b);
-    for (int a = 1; a < m->n_acts; a++) {
+    for (int a = 1; a < m->n_acts - 1; a++) {
         const Activation *A = &m->acts[a];
         ck_assert(A->bytes >= (size_t)batch * A->c * A->h * A->w * precision_bytes(&d, p));
         ck_assert((char *)A->x == (char *)m->arena + A->x_off && (char *)A->dx == (char *)m->arena + A->dx_off);
@@ -233,8 +233,8 @@ END_TEST
  * conv's output and its ReLU'd output, then per block conv1's output, the ReLU'd inner activation,
  * conv2's output, the shortcut conv's output (strided blocks only) and the block's output — less
  * the last block's output (its ReLU's backward, just before, was its last reader), plus three
- * gradients of the last block's size (the add's output gradient, and the two it writes), plus the
- * logits and their gradient (one 512-byte block each). ResNet-18's arena reaches that bound
+ * gradients of the last block's size (the add's output gradient, and the two it writes); the
+ * logits and their gradient live outside the arena. ResNet-18's arena reaches that bound
  * exactly; tiny's greedy placement leaves one 64 KiB hole above it (one of its last block's
  * tensors). Unplanned, the arena is every x and dx side by side. */
 START_TEST(memory_plan_figures_are_pinned) {
@@ -246,11 +246,11 @@ START_TEST(memory_plan_figures_are_pinned) {
     ck_assert(!tu->memory_plan && !ru->memory_plan);
     /* per sample, in floats: tensors of 64·32·32 (stem, layer1), 128·16·16, 256·8·8, 512·4·4 */
     size_t r18 = 2 * 4 * ((size_t)(2 + 4 + 4) * 64 * 32 * 32 + (5 + 4) * 128 * 16 * 16 +
-                          (5 + 4) * 256 * 8 * 8 + (5 + 4 - 1 + 3) * 512 * 4 * 4) + 2 * 512;
+                          (5 + 4) * 256 * 8 * 8 + (5 + 4 - 1 + 3) * 512 * 4 * 4);
     ck_assert_uint_eq(r->live_peak_bytes, r18);
     ck_assert_uint_eq(r->arena_bytes, r18);
     /* tiny: 16·32·32 (stem), one strided block of 32·16·16, one of 64·8·8 */
-    size_t tiny = 4 * 4 * ((size_t)2 * 16 * 32 * 32 + 5 * 32 * 16 * 16 + (5 - 1 + 3) * 64 * 8 * 8) + 2 * 512;
+    size_t tiny = 4 * 4 * ((size_t)2 * 16 * 32 * 32 + 5 * 32 * 16 * 16 + (5 - 1 + 3) * 64 * 8 * 8);
     ck_assert_uint_eq(t->live_peak_bytes, tiny);
     ck_assert_uint_eq(t->arena_bytes, tiny + 4 * 4 * 64 * 8 * 8);
     ck_assert_uint_eq(tu->arena_bytes, tu->unplanned_bytes);
@@ -422,6 +422,68 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
 }
 END_TEST
 
+/* On the GPU the plan also holds every convolution's cuDNN workspace (one slot for its forward step,
+ * one for its backward step): after model_prepare a training step uses no shared device workspace
+ * at all, peaks at exactly what the model holds, and — same deterministic algorithms — gives
+ * bit-identical logits and gradients to the unplanned model (MODEL_MEMORY_PLAN=0: every tensor all
+ * step, one shared workspace). ResNet-18 at batch 32, fp32 NCHW and fp16 channels-last. */
+START_TEST(cuda_memory_plan_holds_workspaces) {
+    if (!test_have_gpu("model: the memory plan on CUDA (workspaces in the arena)")) return;
+    Device g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    const int n = 32;
+    float *x = malloc((size_t)n * 3072 * sizeof(float));
+    int32_t y[32];
+    for (int i = 0; i < n; i++) y[i] = (i * 3) % 10;
+    test_fill_uniform(x, (int64_t)n * 3072, 23, -2, 2);
+    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
+    int32_t *yg = device_alloc(&g, sizeof y, "y");
+    float *lossg = device_alloc(&g, 4, "loss");
+    int32_t *corrg = device_alloc(&g, 4, "correct");
+    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, yg, y, sizeof y);
+    for (int run = 0; run < 2; run++) {
+        Precision p = run ? PREC_FP16 : PREC_FP32;
+        int cl = run;
+        float *grads[2], *logits[2];
+        size_t arena[2], ws[2];
+        int64_t np = 0;
+        for (int v = 0; v < 2; v++) {
+            if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
+            size_t base = g.mem_cur, ws0 = g.workspace_bytes;
+            device_reset_peak(&g);
+            Model *m = model_create_mixed(&g, "resnet18", 1, n, 7, p, cl);
+            unsetenv("MODEL_MEMORY_PLAN");
+            model_prepare(m, n);
+            model_forward(m, n, xg, 1);
+            xent_forward_backward(&g, n, 10, model_logits(m), yg, 1.0f / n, lossg, corrg, model_dlogits(m));
+            model_backward(m, n, NULL, NULL);
+            device_sync(&g);
+            np = m->n_param_floats;
+            grads[v] = malloc(np * sizeof(float)), logits[v] = malloc(n * 10 * sizeof(float));
+            device_copy_d2h(&g, grads[v], m->grad_flat, np * sizeof(float));
+            device_copy_d2h(&g, logits[v], model_logits(m), n * 10 * sizeof(float));
+            arena[v] = m->arena_bytes, ws[v] = g.workspace_bytes;
+            if (v == 0) {
+                ck_assert_msg(g.workspace_bytes == ws0, "the planned step grew the shared workspace %zu -> %zu", ws0,
+                              g.workspace_bytes);
+                ck_assert_uint_eq(g.mem_peak - base, m->alloc_bytes);
+            }
+            model_destroy(m);
+        }
+        printf("resnet18 batch %d %s%s on CUDA: arena %.1f MiB planned (workspaces inside) vs %.1f MiB + %.1f MiB "
+               "shared workspace unplanned\n", n, precision_name(p), cl ? " channels-last" : "", arena[0] / 1048576.0,
+               arena[1] / 1048576.0, ws[1] / 1048576.0);
+        ck_assert_msg(!memcmp(logits[0], logits[1], n * 10 * sizeof(float)), "logits differ");
+        ck_assert_msg(!memcmp(grads[0], grads[1], np * sizeof(float)), "gradients differ");
+        ck_assert(arena[0] < arena[1]);
+        for (int v = 0; v < 2; v++) free(grads[v]), free(logits[v]);
+    }
+    free(x);
+    device_destroy(&g);
+}
+END_TEST
+
 Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -436,6 +498,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, memory_plan_changes_no_bit);
     tcase_add_test(tc, cuda_model_matches_cpu_model);
     tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
+    tcase_add_test(tc, cuda_memory_plan_holds_workspaces);
     suite_add_tcase(s, tc);
     return s;
 }
