@@ -31,7 +31,8 @@ typedef struct ConvShape {
 void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int h, int w);
 
 /* A Conv holds the backend's plan (cuDNN descriptors and chosen algorithms) for batch sizes seen so
- * far. conv_prepare plans for batch n (allocating workspace through the device); it is called at
+ * far. conv_prepare plans for batch n (growing the device's shared workspace, unless the owner
+ * provides the workspace: own_workspace, below); it is called at
  * model setup for the batch sizes the run will use, so the step itself never allocates. Calling a
  * conv op with an n that was not prepared prepares it on the spot. */
 typedef struct Conv {

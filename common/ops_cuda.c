@@ -32,10 +32,12 @@
  *  - otherwise:    take cuDNN's heuristic ranking (cudnnGet*_v7), no GPU time spent;
  *  - either way, skip failed entries, non-deterministic ones when d->deterministic, ones needing
  *    more than the workspace cap, and TF32 ones unless d->allow_tf32.
- * Workspace: ONE per device (device_workspace), shared by every convolution and pass, grown at
- * planning time to the largest chosen algorithm's need — never a per-layer copy. The cap is 1 GiB,
- * or CUDNN_CONV_WSCAP_DBG MiB from the environment, the variable PyTorch reads for the same limit
- * (it also bounds the benchmark search's workspace).
+ * Workspace, never a per-layer copy: a Conv whose owner provides it (own_workspace; the model's
+ * planned arena gives each convolution a slot alive only during its forward step and one during
+ * its backward step, sized from conv_workspace_bytes) uses that; otherwise the device's ONE shared
+ * workspace (device_workspace), grown at planning time to the largest chosen algorithm's need.
+ * One algorithm may ask for at most 1 GiB, or CUDNN_CONV_WSCAP_DBG MiB from the environment, the
+ * variable PyTorch reads for the same limit (it also bounds the benchmark search's workspace).
  * The math type: CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores for fp32 (PyTorch's default,
  * torch.backends.cudnn.allow_tf32 = True); CUDNN_FMA_MATH forces true fp32 arithmetic.
  * ============================================================================================== */
@@ -440,8 +442,8 @@ void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const f
     CHECK_CUDNN(cudnnConvolutionBackwardData(d->cudnn, &ONE, p->w_desc, w, e->y_desc, dy,
                                              e->conv_desc[PASS_BWD_DATA],
                                              (cudnnConvolutionBwdDataAlgo_t)e->algo[PASS_BWD_DATA],
-                                             workspace_for(d, c, 1, ws), ws, accumulate ? &ONE : &ZERO,
-                                             e->x_desc, dx));
+                                             workspace_for(d, c, 1, ws), ws,
+                                             accumulate ? &ONE : &ZERO, e->x_desc, dx));
 }
 
 void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,
@@ -452,8 +454,8 @@ void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const 
     /* parameter gradients always accumulate (ops.h): beta = 1 */
     CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
-        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws, &ONE,
-        p->w_desc, dw));
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws,
+        &ONE, p->w_desc, dw));
 }
 
 /* fp16/bf16: the weight gradient of the cast weight is a fresh 16-bit tensor (beta = 0); the model
@@ -465,8 +467,8 @@ void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, cons
     size_t ws = e->ws_bytes[PASS_BWD_FILTER];
     CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
-        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws, &ZERO,
-        p->w_desc, dw));
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws,
+        &ZERO, p->w_desc, dw));
 }
 
 /* ================================================================================================
