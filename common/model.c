@@ -405,8 +405,8 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     const char *env = getenv("MODEL_MEMORY_PLAN");
     m->memory_plan = !(env && !strcmp(env, "0"));
     /* on CUDA the plan also holds each convolution's cuDNN workspace (sized by model_prepare) */
-    for (int l = 0; l < m->n_layers; l++)
-        m->layers[l].conv.own_workspace = m->memory_plan && dev->kind == DEV_CUDA;
+    m->plan_workspaces = m->memory_plan && dev->kind == DEV_CUDA;
+    for (int l = 0; l < m->n_layers; l++) m->layers[l].conv.own_workspace = m->plan_workspaces;
     place_arena(m);
     /* The logits and their gradient live all step and outside the arena, so the pointers the
      * trainer and DataParallel take once stay valid when model_prepare re-plans the arena. */
@@ -469,17 +469,30 @@ void model_destroy(Model *m) {
 
 void model_prepare(Model *m, int n) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    int grew = 0;
+    for (int i = 0; i < m->n_prepared; i++)
+        if (m->prepared[i] == n) return;
+    ASSERT(m->n_prepared < (int)(sizeof m->prepared / sizeof m->prepared[0]));
+    m->prepared[m->n_prepared++] = n;
+    /* With the workspaces in the plan (CUDA), the arena is laid out again below. Free it first:
+     * nothing in it outlives a step, and planning (with --cudnn-benchmark, cudnnFind's scratch
+     * tensors and search workspace) then does not sit on top of it in the peak. */
+    const int own = m->plan_workspaces;
+    if (own && m->arena) {
+        device_sync(m->dev);
+        m->alloc_bytes -= device_alloc_size(m->arena_bytes);
+        device_free(m->dev, m->arena);
+        m->arena = NULL;
+    }
     for (int l = 0; l < m->n_layers; l++) {
         Conv *c = &m->layers[l].conv;
         if (m->layers[l].kind != LAYER_CONV) continue;
         conv_prepare(m->dev, c, n);
         for (int k = 0; c->own_workspace && k < 2; k++) {
             size_t need = conv_workspace_bytes(m->dev, c, n, k);
-            if (need > c->ws_cap[k]) c->ws_cap[k] = need, grew = 1;
+            if (need > c->ws_cap[k]) c->ws_cap[k] = need;
         }
     }
-    if (grew) place_arena(m); /* the workspaces join the plan */
+    if (own) place_arena(m); /* the workspaces join the plan */
 }
 
 /* ---- forward and backward -------------------------------------------------------------------- */

@@ -88,12 +88,14 @@ typedef struct Model {
     float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
     /* activation memory plan (model_create; see below) */
     int memory_plan;         /* 1: planned lifetimes; 0: every tensor kept all step (MODEL_MEMORY_PLAN=0) */
+    int plan_workspaces;     /* 1 (CUDA, planned): each conv's cuDNN workspace is in the arena */
     int plan_steps;          /* the timeline's length: 2·n_layers + 1 */
     void *arena;             /* every x and dx of activations 1.. (one device_alloc) */
     size_t arena_bytes;      /* its size: the planned activation memory */
     size_t live_peak_bytes;  /* most bytes live at one step: no placement can do better */
     size_t unplanned_bytes;  /* every activation and gradient kept for the whole step (the old way) */
     size_t alloc_bytes;      /* everything the model holds on its device (accounted, rounded) */
+    int prepared[16], n_prepared; /* batch sizes model_prepare has planned */
 } Model;
 
 /* Activation memory, planned as autograd frees: one training step is a timeline of 2·L + 1 steps
