@@ -481,6 +481,23 @@ START_TEST(cuda_memory_plan_holds_workspaces) {
         ck_assert(arena[0] < arena[1]);
         for (int v = 0; v < 2; v++) free(grads[v]), free(logits[v]);
     }
+    /* --cudnn-benchmark: the search's buffers come and go inside model_prepare; the step still
+     * uses only the arena's workspaces and allocates nothing */
+    g.benchmark = 1;
+    size_t base = g.mem_cur, ws0 = g.workspace_bytes;
+    Model *m = model_create(&g, "resnet18", 1, n, 7);
+    model_prepare(m, n);
+    device_sync(&g);
+    ck_assert_uint_eq(g.mem_cur - base, m->alloc_bytes);
+    device_reset_peak(&g);
+    model_forward(m, n, xg, 1);
+    xent_forward_backward(&g, n, 10, model_logits(m), yg, 1.0f / n, lossg, corrg, model_dlogits(m));
+    model_backward(m, n, NULL, NULL);
+    device_sync(&g);
+    ck_assert_uint_eq(g.mem_peak, g.mem_cur);
+    ck_assert_uint_eq(g.workspace_bytes, ws0);
+    printf("resnet18 batch %d fp32 --cudnn-benchmark on CUDA: arena %.1f MiB planned\n", n, m->arena_bytes / 1048576.0);
+    model_destroy(m);
     free(x);
     device_destroy(&g);
 }
