@@ -219,6 +219,12 @@ static void plan_lifetimes(Model *m) {
     }
 #undef BORN
 #undef USED
+    /* An add's backward hands its output gradient to its inputs unchanged. Where it overwrites
+     * d(in), d(in) can simply BE d(out), which is dead after the add: one buffer, no copy. */
+    for (int i = 0; i < L && m->memory_plan; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_ADD && !l->acc_in && l->in > 0) m->acts[l->in].dx_alias = l->out;
+    }
     for (int a = 1; a < m->n_acts; a++) {
         Activation *A = &m->acts[a];
         if (a == last || !m->memory_plan) { /* the logits: read around the loss; or no plan */
@@ -280,6 +286,14 @@ static void plan_memory(Model *m, size_t esz) {
         b[2 * (a - 1) + 1] = (PlanBuf){.bytes = A->bytes, .born = A->dx_born, .dies = A->dx_dies};
         m->unplanned_bytes += 2 * A->bytes;
     }
+    for (int a = 1; a < last; a++) { /* an aliased dx takes no bytes; its target lives on for it */
+        int t = m->acts[a].dx_alias;
+        if (!t) continue;
+        ASSERT(t < last && !m->acts[t].dx_alias && m->acts[t].bytes == m->acts[a].bytes);
+        PlanBuf *own = &b[2 * (a - 1) + 1], *to = &b[2 * (t - 1) + 1];
+        if (own->dies > to->dies) to->dies = own->dies;
+        own->bytes = 0;
+    }
     int n = na, slot[MAX_LAYERS][2]; /* slot[l][k]: the buffer of layer l's workspace k, or -1 */
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 2; k++) {
@@ -298,6 +312,8 @@ static void plan_memory(Model *m, size_t esz) {
     }
     for (int a = 1; a < last; a++)
         m->acts[a].x_off = b[2 * (a - 1)].off, m->acts[a].dx_off = b[2 * (a - 1) + 1].off;
+    for (int a = 1; a < last; a++)
+        if (m->acts[a].dx_alias) m->acts[a].dx_off = m->acts[m->acts[a].dx_alias].dx_off;
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 2; k++) m->layers[l].conv.ws_off[k] = slot[l][k] >= 0 ? b[slot[l][k]].off : 0;
     free(b);
@@ -580,8 +596,8 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
             ready(L, on_grad_ready, ctx);
             break;
         case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
-        case LAYER_ADD:
-            grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
+        case LAYER_ADD: /* d(in) may BE d(out) (the plan's alias): then there is nothing to copy */
+            if (dx != out->dx) grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
             grad_pass(d, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
             break;
         case LAYER_POOL: avgpool_backward(d, n, in->c, in->h * in->w, out->dx, dx, L->acc_in); break;
@@ -682,7 +698,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
             break;
         case LAYER_RELU: relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0); break;
         case LAYER_ADD:
-            grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
+            if (dx != out->dx) grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
             grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
             break;
         case LAYER_POOL:

@@ -50,6 +50,8 @@ typedef struct Activation {
      * timeline; outside that window its bytes belong to other tensors. */
     int x_born, x_dies, dx_born, dx_dies;
     size_t x_off, dx_off, bytes; /* offsets into the arena; bytes of each (rounded up to 512) */
+    int dx_alias;  /* > 0: dx IS that activation's dx — an add's first operand, whose gradient is
+                    * the add's output gradient passed on unchanged (no copy, as in autograd) */
 } Activation;
 
 typedef struct Layer {
