@@ -172,9 +172,10 @@ static void *model_alloc(Model *m, size_t bytes, const char *what) {
     return device_alloc(m->dev, bytes, what);
 }
 
-/* ---- the activation memory plan (model.h: "Activation memory") -------------------------------- */
+/* ---- the activation memory plan (model.h: "Activation memory") ------------------------------- */
 
-#define PLAN_ALIGN 512 /* every tensor starts on a 512-byte boundary, as a cudaMalloc'd block would */
+#define PLAN_ALIGN 512 /* every tensor starts on a 512-byte boundary, like an allocator's block */
+#define ALIGNED(b) (((b) + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN)
 
 typedef struct PlanBuf {
     size_t bytes, off;
@@ -281,7 +282,7 @@ static void plan_memory(Model *m, size_t esz) {
     for (int a = 1; a < last; a++) {
         Activation *A = &m->acts[a];
         size_t bytes = (size_t)m->max_batch * A->c * A->h * A->w * esz;
-        A->bytes = (bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+        A->bytes = ALIGNED(bytes);
         b[2 * (a - 1)] = (PlanBuf){.bytes = A->bytes, .born = A->x_born, .dies = A->x_dies};
         b[2 * (a - 1) + 1] = (PlanBuf){.bytes = A->bytes, .born = A->dx_born, .dies = A->dx_dies};
         m->unplanned_bytes += 2 * A->bytes;
@@ -301,7 +302,7 @@ static void plan_memory(Model *m, size_t esz) {
             slot[l][k] = cap ? n : -1;
             if (!cap) continue;
             int t = k ? 2 * L - l : l; /* the conv's forward step, or its backward step */
-            b[n++] = (PlanBuf){.bytes = (cap + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN, .born = t, .dies = t};
+            b[n++] = (PlanBuf){.bytes = ALIGNED(cap), .born = t, .dies = t};
         }
     m->arena_bytes = plan_offsets(b, n);
     m->live_peak_bytes = 0;
@@ -315,7 +316,8 @@ static void plan_memory(Model *m, size_t esz) {
     for (int a = 1; a < last; a++)
         if (m->acts[a].dx_alias) m->acts[a].dx_off = m->acts[m->acts[a].dx_alias].dx_off;
     for (int l = 0; l < L; l++)
-        for (int k = 0; k < 2; k++) m->layers[l].conv.ws_off[k] = slot[l][k] >= 0 ? b[slot[l][k]].off : 0;
+        for (int k = 0; k < 2; k++)
+            m->layers[l].conv.ws_off[k] = slot[l][k] >= 0 ? b[slot[l][k]].off : 0;
     free(b);
 }
 
@@ -337,7 +339,8 @@ static void place_arena(Model *m) {
     for (int l = 0; l < m->n_layers; l++) {
         Conv *c = &m->layers[l].conv;
         if (m->layers[l].kind != LAYER_CONV) continue;
-        for (int k = 0; k < 2; k++) c->ws[k] = c->ws_cap[k] ? (char *)m->arena + c->ws_off[k] : NULL;
+        for (int k = 0; k < 2; k++)
+            c->ws[k] = c->ws_cap[k] ? (char *)m->arena + c->ws_off[k] : NULL;
     }
 }
 
@@ -736,7 +739,8 @@ const char *model_describe(const Model *m, char *buf, int len) {
     sep[j] = 0;
     snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s%s, activations %.1f MiB %s",
              m->arch, m->norm_bn ? "bn" : "none", sep, m->n_layers,
-             m->prec != PREC_FP32 ? ", autocast " : "", m->prec != PREC_FP32 ? precision_name(m->prec) : "",
+             m->prec != PREC_FP32 ? ", autocast " : "",
+             m->prec != PREC_FP32 ? precision_name(m->prec) : "",
              m->channels_last ? ", channels-last" : "", m->arena_bytes / 1048576.0,
              m->memory_plan ? "planned" : "unplanned");
     return buf;

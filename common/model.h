@@ -89,13 +89,13 @@ typedef struct Model {
     void *input_lp;          /* the input batch cast to prec */
     float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
     /* activation memory plan (model_create; see below) */
-    int memory_plan;         /* 1: planned lifetimes; 0: every tensor kept all step (MODEL_MEMORY_PLAN=0) */
+    int memory_plan;         /* 1: planned lifetimes; 0: all kept all step (MODEL_MEMORY_PLAN=0) */
     int plan_workspaces;     /* 1 (CUDA, planned): each conv's cuDNN workspace is in the arena */
     int plan_steps;          /* the timeline's length: 2·n_layers + 1 */
     void *arena;             /* every x and dx of activations 1.. (one device_alloc) */
     size_t arena_bytes;      /* its size: the planned activation memory */
     size_t live_peak_bytes;  /* most bytes live at one step: no placement can do better */
-    size_t unplanned_bytes;  /* every activation and gradient kept for the whole step (the old way) */
+    size_t unplanned_bytes;  /* every activation and gradient kept all step (the old way) */
     size_t alloc_bytes;      /* everything the model holds on its device (accounted, rounded) */
     int prepared[16], n_prepared; /* batch sizes model_prepare has planned */
 } Model;
@@ -106,12 +106,13 @@ typedef struct Model {
  * readers, and the backward passes that really read it (conv, batch norm and linear read their
  * input; ReLU reads its output; add and pooling read none) — so the output of a residual branch's
  * last batch norm, read only by the add, dies right there. A gradient dx lives from the first
- * backward that writes it to the backward of the layer that produced x. The logits and their
- * gradient live all step (the loss and the trainer read them between forward and backward), in
- * allocations of their own: model_prepare re-plans the arena (on CUDA it adds each convolution's
- * cuDNN workspace, alive only at that convolution's forward and backward steps) and the trainer
- * holds on to model_logits. Offsets are then assigned greedily, largest tensor first, each at the lowest offset not
- * overlapping a tensor whose lifetime overlaps its own; the arena is one device_alloc.
+ * backward that writes it to the backward of the layer that produced x; an add's first operand's
+ * gradient is the add's output gradient itself (dx_alias). Offsets are assigned greedily, largest
+ * tensor first, each at the lowest offset not overlapping a tensor whose lifetime overlaps its
+ * own; the arena is one device_alloc. On CUDA, model_prepare adds each convolution's cuDNN
+ * workspace (alive only at that convolution's forward step, and at its backward step) and lays
+ * the arena out again. The logits and their gradient live all step (the loss reads them between
+ * forward and backward) in allocations of their own, so pointers taken to them stay valid.
  * MODEL_MEMORY_PLAN=0 in the environment gives every tensor the whole step instead (nothing shared:
  * the reference the plan is tested against, and the "before" figure). */
 

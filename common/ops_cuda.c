@@ -56,7 +56,8 @@ static size_t conv_workspace_cap(void) {
         char *end;
         long long mib = strtoll(v, &end, 10);
         if (*end || mib < 0 || mib > (1LL << 24))
-            die_user("CUDNN_CONV_WSCAP_DBG=%s: expected the cuDNN workspace cap in MiB (e.g. 256)", v);
+            die_user("CUDNN_CONV_WSCAP_DBG=%s: expected the cuDNN workspace cap in MiB, e.g. 256",
+                     v);
         c = (size_t)mib << 20;
     }
     cap = c ? c : 1; /* 0 MiB: only algorithms that need no workspace */
