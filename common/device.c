@@ -138,9 +138,13 @@ void device_destroy(Device *d) {
     pthread_mutex_destroy(&d->mem_lock);
 }
 
-void *device_alloc(Device *d, size_t bytes, const char *what) {
+size_t device_alloc_size(size_t bytes) {
     size_t rounded = (bytes + ALLOC_ROUND - 1) / ALLOC_ROUND * ALLOC_ROUND;
-    if (rounded == 0) rounded = ALLOC_ROUND;
+    return rounded ? rounded : ALLOC_ROUND;
+}
+
+void *device_alloc(Device *d, size_t bytes, const char *what) {
+    size_t rounded = device_alloc_size(bytes);
     void *p = NULL;
     if (d->kind == DEV_CPU) {
         if (posix_memalign(&p, 64, rounded) != 0) p = NULL;

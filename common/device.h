@@ -64,6 +64,8 @@ void device_bind(Device *d);
 /* Memory: all accounted. Device memory on CUDA, 64-byte aligned host memory on CPU. Dies with a
  * clear out-of-memory message naming the device, the request and the current/peak use. */
 void *device_alloc(Device *d, size_t bytes, const char *what);
+/* The bytes device_alloc accounts for a request of `bytes` (rounded up to 512, at least 512). */
+size_t device_alloc_size(size_t bytes);
 void device_free(Device *d, void *p);
 /* Make sure the device's shared conv workspace has at least `bytes` (accounted). */
 void *device_workspace(Device *d, size_t bytes);

@@ -166,6 +166,184 @@ static void plan_gradient_accumulation(Model *m) {
     }
 }
 
+/* device_alloc, counted in m->alloc_bytes: what the model holds, for the plan's report and test */
+static void *model_alloc(Model *m, size_t bytes, const char *what) {
+    m->alloc_bytes += device_alloc_size(bytes);
+    return device_alloc(m->dev, bytes, what);
+}
+
+/* ---- the activation memory plan (model.h: "Activation memory") ------------------------------- */
+
+#define PLAN_ALIGN 512 /* every tensor starts on a 512-byte boundary, like an allocator's block */
+#define ALIGNED(b) (((b) + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN)
+
+typedef struct PlanBuf {
+    size_t bytes, off;
+    int born, dies;
+} PlanBuf;
+
+static int overlaps_in_time(const PlanBuf *a, const PlanBuf *b) {
+    return a->born <= b->dies && b->born <= a->dies;
+}
+
+/* Lifetimes from the layer list: see model.h. fwd(i) = i, the loss = L, bwd(i) = 2L − i. */
+static void plan_lifetimes(Model *m) {
+    const int L = m->n_layers, last = m->n_acts - 1, T = 2 * L + 1;
+    m->plan_steps = T;
+    for (int a = 1; a < m->n_acts; a++) {
+        Activation *A = &m->acts[a];
+        A->x_born = A->dx_born = T, A->x_dies = A->dx_dies = -1;
+    }
+#define BORN(v, t) ((v) = (t) < (v) ? (t) : (v))
+#define USED(v, t) ((v) = (t) > (v) ? (t) : (v))
+    for (int i = 0; i < L; i++) {
+        const Layer *l = &m->layers[i];
+        const int fwd = i, bwd = 2 * L - i;
+        Activation *in = &m->acts[l->in], *out = &m->acts[l->out];
+        /* forward: writes out, reads in (and in2) */
+        BORN(out->x_born, fwd), USED(out->x_dies, fwd);
+        if (l->in > 0) USED(in->x_dies, fwd);
+        if (l->in2 > 0) USED(m->acts[l->in2].x_dies, fwd);
+        /* backward: what each op's backward reads of the forward (ops.h) */
+        switch (l->kind) {
+        case LAYER_CONV: case LAYER_BN: case LAYER_LINEAR:
+            if (l->in > 0) USED(in->x_dies, bwd);
+            break;
+        case LAYER_RELU: USED(out->x_dies, bwd); break; /* dx = dy·(y > 0): its output */
+        case LAYER_ADD: case LAYER_POOL: break;         /* shapes only */
+        }
+        /* backward: reads d(out) (its last reader is out's producer, the earliest layer), writes
+         * d(in) and d(in2) (its first writer is in's last forward reader, the latest layer) */
+        USED(out->dx_dies, bwd), BORN(out->dx_born, bwd);
+        if (l->in > 0) BORN(in->dx_born, bwd), USED(in->dx_dies, bwd);
+        if (l->in2 > 0) BORN(m->acts[l->in2].dx_born, bwd), USED(m->acts[l->in2].dx_dies, bwd);
+    }
+#undef BORN
+#undef USED
+    /* An add's backward hands its output gradient to its inputs unchanged. Where it overwrites
+     * d(in), d(in) can simply BE d(out), which is dead after the add: one buffer, no copy. */
+    for (int i = 0; i < L && m->memory_plan; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_ADD && !l->acc_in && l->in > 0) m->acts[l->in].dx_alias = l->out;
+    }
+    for (int a = 1; a < m->n_acts; a++) {
+        Activation *A = &m->acts[a];
+        if (a == last || !m->memory_plan) { /* the logits: read around the loss; or no plan */
+            A->x_born = A->dx_born = 0;
+            A->x_dies = A->dx_dies = T - 1;
+        }
+        ASSERT(A->x_born <= A->x_dies && A->dx_born <= A->dx_dies);
+    }
+}
+
+/* Greedy placement, largest first (ties: earlier birth, then list order): each buffer goes at the
+ * lowest offset where it overlaps no already placed buffer that is alive at the same time. */
+static size_t plan_offsets(PlanBuf *b, int n) {
+    int *order = xmalloc((size_t)n * sizeof *order), *near = xmalloc((size_t)n * sizeof *near);
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++) { /* insertion sort: n is a few hundred at most */
+        int k = order[i], j = i - 1;
+        while (j >= 0 && (b[order[j]].bytes < b[k].bytes ||
+                          (b[order[j]].bytes == b[k].bytes && b[order[j]].born > b[k].born)))
+            order[j + 1] = order[j], j--;
+        order[j + 1] = k;
+    }
+    size_t top = 0;
+    for (int i = 0; i < n; i++) {
+        PlanBuf *p = &b[order[i]];
+        int nn = 0; /* placed buffers alive with p, sorted by offset */
+        for (int j = 0; j < i; j++) {
+            int q = order[j], k = nn++;
+            if (!overlaps_in_time(p, &b[q])) { nn--; continue; }
+            while (k > 0 && b[near[k - 1]].off > b[q].off) near[k] = near[k - 1], k--;
+            near[k] = q;
+        }
+        size_t off = 0;
+        for (int k = 0; k < nn; k++) {
+            const PlanBuf *q = &b[near[k]];
+            if (off + p->bytes <= q->off) break; /* fits in the gap below q */
+            if (q->off + q->bytes > off) off = q->off + q->bytes;
+        }
+        p->off = off;
+        if (off + p->bytes > top) top = off + p->bytes;
+    }
+    free(order), free(near);
+    return top;
+}
+
+/* Lifetimes, then offsets, for every x and dx of activations 1.. and — on CUDA, once
+ * model_prepare has sized them — each convolution's cuDNN workspace, one for its forward step and
+ * one for its backward step: a workspace lives one step, so it fits in whatever is free then. */
+static void plan_memory(Model *m, size_t esz) {
+    plan_lifetimes(m);
+    const int last = m->n_acts - 1, na = 2 * (last - 1), L = m->n_layers;
+    PlanBuf *b = xcalloc((size_t)(na + 2 * L), sizeof *b);
+    m->unplanned_bytes = 0;
+    for (int a = 1; a < last; a++) {
+        Activation *A = &m->acts[a];
+        size_t bytes = (size_t)m->max_batch * A->c * A->h * A->w * esz;
+        A->bytes = ALIGNED(bytes);
+        b[2 * (a - 1)] = (PlanBuf){.bytes = A->bytes, .born = A->x_born, .dies = A->x_dies};
+        b[2 * (a - 1) + 1] = (PlanBuf){.bytes = A->bytes, .born = A->dx_born, .dies = A->dx_dies};
+        m->unplanned_bytes += 2 * A->bytes;
+    }
+    for (int a = 1; a < last; a++) { /* an aliased dx takes no bytes; its target lives on for it */
+        int t = m->acts[a].dx_alias;
+        if (!t) continue;
+        ASSERT(t < last && !m->acts[t].dx_alias && m->acts[t].bytes == m->acts[a].bytes);
+        PlanBuf *own = &b[2 * (a - 1) + 1], *to = &b[2 * (t - 1) + 1];
+        if (own->dies > to->dies) to->dies = own->dies;
+        own->bytes = 0;
+    }
+    int n = na, slot[MAX_LAYERS][2]; /* slot[l][k]: the buffer of layer l's workspace k, or -1 */
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++) {
+            size_t cap = m->layers[l].kind == LAYER_CONV ? m->layers[l].conv.ws_cap[k] : 0;
+            slot[l][k] = cap ? n : -1;
+            if (!cap) continue;
+            int t = k ? 2 * L - l : l; /* the conv's forward step, or its backward step */
+            b[n++] = (PlanBuf){.bytes = ALIGNED(cap), .born = t, .dies = t};
+        }
+    m->arena_bytes = plan_offsets(b, n);
+    m->live_peak_bytes = 0;
+    for (int t = 0; t < m->plan_steps; t++) {
+        size_t live = 0;
+        for (int i = 0; i < n; i++) live += b[i].born <= t && t <= b[i].dies ? b[i].bytes : 0;
+        if (live > m->live_peak_bytes) m->live_peak_bytes = live;
+    }
+    for (int a = 1; a < last; a++)
+        m->acts[a].x_off = b[2 * (a - 1)].off, m->acts[a].dx_off = b[2 * (a - 1) + 1].off;
+    for (int a = 1; a < last; a++)
+        if (m->acts[a].dx_alias) m->acts[a].dx_off = m->acts[m->acts[a].dx_alias].dx_off;
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++)
+            m->layers[l].conv.ws_off[k] = slot[l][k] >= 0 ? b[slot[l][k]].off : 0;
+    free(b);
+}
+
+/* (Re)allocate the arena for the current plan and point every tensor and workspace into it. Only
+ * at setup (model_create, model_prepare): nothing in the arena outlives a training step. */
+static void place_arena(Model *m) {
+    if (m->arena) {
+        device_sync(m->dev);
+        m->alloc_bytes -= device_alloc_size(m->arena_bytes);
+        device_free(m->dev, m->arena);
+    }
+    plan_memory(m, precision_bytes(m->dev, m->prec));
+    m->arena = model_alloc(m, m->arena_bytes, "activations and their gradients (planned arena)");
+    for (int i = 1; i < m->n_acts - 1; i++) { /* 0 is the caller's input; the logits are apart */
+        Activation *a = &m->acts[i];
+        a->x = (char *)m->arena + a->x_off;
+        a->dx = (char *)m->arena + a->dx_off;
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        Conv *c = &m->layers[l].conv;
+        if (m->layers[l].kind != LAYER_CONV) continue;
+        for (int k = 0; k < 2; k++)
+            c->ws[k] = c->ws_cap[k] ? (char *)m->arena + c->ws_off[k] : NULL;
+    }
+}
+
 /* PyTorch's defaults: Conv2d/Linear reset_parameters use kaiming_uniform_(a=√5), whose bound works
  * out to 1/√fan_in; Linear's bias is U(±1/√fan_in); BatchNorm: weight 1, bias 0, running mean 0,
  * running var 1. Drawn with mt19937(seed) in parameter order, so runs are reproducible. */
@@ -238,17 +416,23 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     m->shape_hash = h;
 
     size_t pbytes = (size_t)m->n_param_floats * sizeof(float);
-    m->param_flat = device_alloc(dev, pbytes, "parameters");
-    m->grad_flat = device_alloc(dev, pbytes, "gradients");
-    m->buffer_flat = device_alloc(dev, (size_t)(m->n_buffer_floats + 1) * sizeof(float), "bn buffers");
+    m->param_flat = model_alloc(m, pbytes, "parameters");
+    m->grad_flat = model_alloc(m, pbytes, "gradients");
+    m->buffer_flat = model_alloc(m, (size_t)(m->n_buffer_floats + 1) * sizeof(float), "bn buffers");
     /* Activations in the model's type: 16 bits each on CUDA under autocast — half the memory. */
     size_t esz = precision_bytes(dev, prec);
-    for (int i = 1; i < m->n_acts; i++) { /* activation 0 is the caller's input */
-        Activation *a = &m->acts[i];
-        size_t bytes = (size_t)max_batch * a->c * a->h * a->w * esz;
-        a->x = device_alloc(dev, bytes, "activations");
-        a->dx = device_alloc(dev, bytes, "activation gradients");
-    }
+    const char *env = getenv("MODEL_MEMORY_PLAN");
+    m->memory_plan = !(env && !strcmp(env, "0"));
+    /* on CUDA the plan also holds each convolution's cuDNN workspace (sized by model_prepare) */
+    m->plan_workspaces = m->memory_plan && dev->kind == DEV_CUDA;
+    for (int l = 0; l < m->n_layers; l++) m->layers[l].conv.own_workspace = m->plan_workspaces;
+    place_arena(m);
+    /* The logits and their gradient live all step and outside the arena, so the pointers the
+     * trainer and DataParallel take once stay valid when model_prepare re-plans the arena. */
+    Activation *lg = &m->acts[m->n_acts - 1];
+    lg->bytes = (size_t)max_batch * lg->c * esz;
+    lg->x = model_alloc(m, lg->bytes, "logits");
+    lg->dx = model_alloc(m, lg->bytes, "logits' gradient");
     if (prec != PREC_FP32) {
         int64_t most = 0; /* the largest weight + bias of one layer */
         for (int l = 0; l < m->n_layers; l++) {
@@ -258,19 +442,19 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
             if (k > most) most = k;
         }
         size_t logits = (size_t)max_batch * m->classes * sizeof(float);
-        m->param_lp = device_alloc(dev, (size_t)m->n_param_floats * esz, "autocast weight copies");
-        m->wgrad_lp = device_alloc(dev, (size_t)most * esz, "autocast weight gradient");
-        m->input_lp = device_alloc(dev, (size_t)max_batch * IMG_C * IMG_H * IMG_W * esz,
+        m->param_lp = model_alloc(m, (size_t)m->n_param_floats * esz, "autocast weight copies");
+        m->wgrad_lp = model_alloc(m, (size_t)most * esz, "autocast weight gradient");
+        m->input_lp = model_alloc(m, (size_t)max_batch * IMG_C * IMG_H * IMG_W * esz,
                                    "activations");
-        m->logits32 = device_alloc(dev, logits, "activations");
-        m->dlogits32 = device_alloc(dev, logits, "activation gradients");
+        m->logits32 = model_alloc(m, logits, "activations");
+        m->dlogits32 = model_alloc(m, logits, "activation gradients");
     }
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
         if (L->kind != LAYER_BN) continue;
         int c = m->acts[L->in].c;
-        L->save_mean = device_alloc(dev, (size_t)c * sizeof(float), "bn saved stats");
-        L->save_invstd = device_alloc(dev, (size_t)c * sizeof(float), "bn saved stats");
+        L->save_mean = model_alloc(m, (size_t)c * sizeof(float), "bn saved stats");
+        L->save_invstd = model_alloc(m, (size_t)c * sizeof(float), "bn saved stats");
     }
     init_params(m, seed);
     model_zero_grad(m);
@@ -286,7 +470,8 @@ void model_destroy(Model *m) {
         if (L->kind == LAYER_CONV) conv_release(d, &L->conv);
         if (L->kind == LAYER_BN) device_free(d, L->save_mean), device_free(d, L->save_invstd);
     }
-    for (int i = 1; i < m->n_acts; i++) device_free(d, m->acts[i].x), device_free(d, m->acts[i].dx);
+    device_free(d, m->arena);
+    device_free(d, m->acts[m->n_acts - 1].x), device_free(d, m->acts[m->n_acts - 1].dx);
     if (m->prec != PREC_FP32) {
         device_free(d, m->param_lp);
         device_free(d, m->wgrad_lp);
@@ -303,8 +488,30 @@ void model_destroy(Model *m) {
 
 void model_prepare(Model *m, int n) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    for (int l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind == LAYER_CONV) conv_prepare(m->dev, &m->layers[l].conv, n);
+    for (int i = 0; i < m->n_prepared; i++)
+        if (m->prepared[i] == n) return;
+    ASSERT(m->n_prepared < (int)(sizeof m->prepared / sizeof m->prepared[0]));
+    m->prepared[m->n_prepared++] = n;
+    /* With the workspaces in the plan (CUDA), the arena is laid out again below. Free it first:
+     * nothing in it outlives a step, and planning (with --cudnn-benchmark, cudnnFind's scratch
+     * tensors and search workspace) then does not sit on top of it in the peak. */
+    const int own = m->plan_workspaces;
+    if (own && m->arena) {
+        device_sync(m->dev);
+        m->alloc_bytes -= device_alloc_size(m->arena_bytes);
+        device_free(m->dev, m->arena);
+        m->arena = NULL;
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        Conv *c = &m->layers[l].conv;
+        if (m->layers[l].kind != LAYER_CONV) continue;
+        conv_prepare(m->dev, c, n);
+        for (int k = 0; c->own_workspace && k < 2; k++) {
+            size_t need = conv_workspace_bytes(m->dev, c, n, k);
+            if (need > c->ws_cap[k]) c->ws_cap[k] = need;
+        }
+    }
+    if (own) place_arena(m); /* the workspaces join the plan */
 }
 
 /* ---- forward and backward -------------------------------------------------------------------- */
@@ -392,8 +599,8 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
             ready(L, on_grad_ready, ctx);
             break;
         case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
-        case LAYER_ADD:
-            grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
+        case LAYER_ADD: /* d(in) may BE d(out) (the plan's alias): then there is nothing to copy */
+            if (dx != out->dx) grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
             grad_pass(d, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
             break;
         case LAYER_POOL: avgpool_backward(d, n, in->c, in->h * in->w, out->dx, dx, L->acc_in); break;
@@ -494,7 +701,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
             break;
         case LAYER_RELU: relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0); break;
         case LAYER_ADD:
-            grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
+            if (dx != out->dx) grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
             grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
             break;
         case LAYER_POOL:
@@ -530,9 +737,11 @@ const char *model_describe(const Model *m, char *buf, int len) {
         if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
     }
     sep[j] = 0;
-    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s%s", m->arch,
-             m->norm_bn ? "bn" : "none", sep, m->n_layers, m->prec != PREC_FP32 ? ", autocast " : "",
+    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s%s, activations %.1f MiB %s",
+             m->arch, m->norm_bn ? "bn" : "none", sep, m->n_layers,
+             m->prec != PREC_FP32 ? ", autocast " : "",
              m->prec != PREC_FP32 ? precision_name(m->prec) : "",
-             m->channels_last ? ", channels-last" : "");
+             m->channels_last ? ", channels-last" : "", m->arena_bytes / 1048576.0,
+             m->memory_plan ? "planned" : "unplanned");
     return buf;
 }

@@ -45,6 +45,13 @@ typedef struct Activation {
     void *x;       /* max_batch × c × h × w of the model's activation type (fp32, or the autocast
                     * type); activation 0 is the input: the caller's batch, or its cast copy */
     void *dx;      /* its gradient; NULL for the input */
+    /* The memory plan (see "Activation memory" below): each of x and dx is a view into the
+     * model's one arena, valid from step `born` to step `dies` (inclusive) of the training step's
+     * timeline; outside that window its bytes belong to other tensors. */
+    int x_born, x_dies, dx_born, dx_dies;
+    size_t x_off, dx_off, bytes; /* offsets into the arena; bytes of each (rounded up to 512) */
+    int dx_alias;  /* > 0: dx IS that activation's dx — an add's first operand, whose gradient is
+                    * the add's output gradient passed on unchanged (no copy, as in autograd) */
 } Activation;
 
 typedef struct Layer {
@@ -81,7 +88,33 @@ typedef struct Model {
                               * into grad_flat */
     void *input_lp;          /* the input batch cast to prec */
     float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
+    /* activation memory plan (model_create; see below) */
+    int memory_plan;         /* 1: planned lifetimes; 0: all kept all step (MODEL_MEMORY_PLAN=0) */
+    int plan_workspaces;     /* 1 (CUDA, planned): each conv's cuDNN workspace is in the arena */
+    int plan_steps;          /* the timeline's length: 2·n_layers + 1 */
+    void *arena;             /* every x and dx of activations 1.. (one device_alloc) */
+    size_t arena_bytes;      /* its size: the planned activation memory */
+    size_t live_peak_bytes;  /* most bytes live at one step: no placement can do better */
+    size_t unplanned_bytes;  /* every activation and gradient kept all step (the old way) */
+    size_t alloc_bytes;      /* everything the model holds on its device (accounted, rounded) */
+    int prepared[16], n_prepared; /* batch sizes model_prepare has planned */
 } Model;
+
+/* Activation memory, planned as autograd frees: one training step is a timeline of 2·L + 1 steps
+ * for L layers — forward of layer i at step i, the loss at step L, backward of layer i at step
+ * 2L − i. An activation x lives from the forward that writes it to its last reader: forward
+ * readers, and the backward passes that really read it (conv, batch norm and linear read their
+ * input; ReLU reads its output; add and pooling read none) — so the output of a residual branch's
+ * last batch norm, read only by the add, dies right there. A gradient dx lives from the first
+ * backward that writes it to the backward of the layer that produced x; an add's first operand's
+ * gradient is the add's output gradient itself (dx_alias). Offsets are assigned greedily, largest
+ * tensor first, each at the lowest offset not overlapping a tensor whose lifetime overlaps its
+ * own; the arena is one device_alloc. On CUDA, model_prepare adds each convolution's cuDNN
+ * workspace (alive only at that convolution's forward step, and at its backward step) and lays
+ * the arena out again. The logits and their gradient live all step (the loss reads them between
+ * forward and backward) in allocations of their own, so pointers taken to them stay valid.
+ * MODEL_MEMORY_PLAN=0 in the environment gives every tensor the whole step instead (nothing shared:
+ * the reference the plan is tested against, and the "before" figure). */
 
 typedef void (*GradReadyFn)(void *ctx, int param_index);
 
@@ -108,7 +141,8 @@ float *model_dlogits(Model *m); /* the loss writes d(loss)/d(logits) here before
 void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
 void model_zero_grad(Model *m);
 
-/* Parameter count and a one-line description ("resnet18 (bn): 11,173,962 parameters"). */
+/* A one-line description: parameters, layers, type and the planned activation memory
+ * ("resnet18 (norm bn): 11,173,962 parameters, 67 layers, activations 286.9 MiB planned"). */
 const char *model_describe(const Model *m, char *buf, int len);
 
 #endif

@@ -51,6 +51,12 @@ void conv_prepare(Device *d, Conv *c, int n) { DISPATCH(d, (void)0, cuda_conv_pr
 
 void conv_release(Device *d, Conv *c) { DISPATCH(d, (void)0, cuda_conv_release(d, c)); }
 
+size_t conv_workspace_bytes(Device *d, Conv *c, int n, int backward) {
+    size_t b = 0;
+    DISPATCH(d, (void)0, b = cuda_conv_workspace_bytes(d, c, n, backward));
+    return b;
+}
+
 void conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y) {
     DISPATCH(d, ref_conv_forward_f32(&c->s, n, x, w, y), cuda_conv_forward(d, c, n, x, w, y));
 }

@@ -31,7 +31,8 @@ typedef struct ConvShape {
 void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int h, int w);
 
 /* A Conv holds the backend's plan (cuDNN descriptors and chosen algorithms) for batch sizes seen so
- * far. conv_prepare plans for batch n (allocating workspace through the device); it is called at
+ * far. conv_prepare plans for batch n (growing the device's shared workspace, unless the owner
+ * provides the workspace: own_workspace, below); it is called at
  * model setup for the batch sizes the run will use, so the step itself never allocates. Calling a
  * conv op with an n that was not prepared prepares it on the spot. */
 typedef struct Conv {
@@ -39,9 +40,19 @@ typedef struct Conv {
     Precision prec;    /* element type of x, w, y (fp32 unless the model runs under autocast) */
     int channels_last; /* CUDA, 16-bit only: x, y NHWC and w [cout][k][k][cin] (ops.h, below) */
     void *plan;        /* backend-private; NULL on CPU */
+    /* Workspace the owner provides (the model's planned arena), [0] for the forward, [1] for both
+     * backward passes, ws_cap[] bytes each; a call needing more (or with none) uses the device's
+     * shared workspace. own_workspace = 1: conv_prepare does not grow the device's workspace
+     * for this conv — the owner sizes ws from conv_workspace_bytes and provides it. */
+    int own_workspace;
+    void *ws[2];
+    size_t ws_cap[2], ws_off[2]; /* ws_off: the owner's bookkeeping (offsets in its arena) */
 } Conv;
 void conv_prepare(Device *d, Conv *c, int n);
 void conv_release(Device *d, Conv *c);
+/* The workspace the algorithms chosen for batch n need: the forward's (backward = 0) or the larger
+ * of backward-data's and backward-filter's (backward = 1). 0 on the CPU, or n not prepared. */
+size_t conv_workspace_bytes(Device *d, Conv *c, int n, int backward);
 void conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y);
 void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
                         int accumulate);

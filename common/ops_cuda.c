@@ -31,14 +31,38 @@
  *  - d->benchmark: measure every algorithm on scratch tensors (cudnnFind*Ex) and take the fastest;
  *  - otherwise:    take cuDNN's heuristic ranking (cudnnGet*_v7), no GPU time spent;
  *  - either way, skip failed entries, non-deterministic ones when d->deterministic, ones needing
- *    more than CONV_WORKSPACE_CAP of workspace, and TF32 ones unless d->allow_tf32.
+ *    more than the workspace cap, and TF32 ones unless d->allow_tf32.
+ * Workspace, never a per-layer copy: a Conv whose owner provides it (own_workspace; the model's
+ * planned arena gives each convolution a slot alive only during its forward step and one during
+ * its backward step, sized from conv_workspace_bytes) uses that; otherwise the device's ONE shared
+ * workspace (device_workspace), grown at planning time to the largest chosen algorithm's need.
+ * One algorithm may ask for at most 1 GiB, or CUDNN_CONV_WSCAP_DBG MiB from the environment, the
+ * variable PyTorch reads for the same limit (it also bounds the benchmark search's workspace).
  * The math type: CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores for fp32 (PyTorch's default,
  * torch.backends.cudnn.allow_tf32 = True); CUDNN_FMA_MATH forces true fp32 arithmetic.
  * ============================================================================================== */
 
 #define CONV_PLAN_MAX_N 16                    /* batch sizes per Conv (train, last, eval, ...) */
-#define CONV_WORKSPACE_CAP ((size_t)1 << 30)  /* never pick an algorithm needing more than 1 GiB */
+#define CONV_WORKSPACE_CAP conv_workspace_cap()
 #define CONV_MAX_ALGOS 16                     /* > any CUDNN_CONVOLUTION_*_ALGO_COUNT */
+
+/* The most workspace one algorithm may ask for: CUDNN_CONV_WSCAP_DBG (MiB), else 1 GiB. */
+static size_t conv_workspace_cap(void) {
+    static size_t cap; /* read once; 0 = not yet */
+    if (cap) return cap;
+    const char *v = getenv("CUDNN_CONV_WSCAP_DBG");
+    size_t c = (size_t)1 << 30;
+    if (v && *v) {
+        char *end;
+        long long mib = strtoll(v, &end, 10);
+        if (*end || mib < 0 || mib > (1LL << 24))
+            die_user("CUDNN_CONV_WSCAP_DBG=%s: expected the cuDNN workspace cap in MiB, e.g. 256",
+                     v);
+        c = (size_t)mib << 20;
+    }
+    cap = c ? c : 1; /* 0 MiB: only algorithms that need no workspace */
+    return cap;
+}
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2, N_PASSES = 3 };
 static const char *const pass_name[N_PASSES] = {"forward", "backward-data", "backward-filter"};
@@ -297,12 +321,22 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
         device_free(d, sc.y);
         device_free(d, sc.x);
     }
-    /* Grow the device's shared workspace now, so the step never allocates. */
+    /* Grow the device's shared workspace now, so the step never allocates — unless the owner
+     * provides this conv's workspace (its planned arena slots, sized from conv_workspace_bytes). */
     size_t need = 0;
     for (int pass = 0; pass < N_PASSES; pass++)
         if (e->ws_bytes[pass] > need) need = e->ws_bytes[pass];
-    if (need) device_workspace(d, need);
+    if (need && !c->own_workspace) device_workspace(d, need);
     p->count++; /* the entry is complete: publish it */
+}
+
+size_t cuda_conv_workspace_bytes(Device *d, Conv *c, int n, int backward) {
+    (void)d;
+    const ConvPlanEntry *e = find_entry(c->plan, n);
+    if (!e) return 0;
+    if (!backward) return e->ws_bytes[PASS_FWD];
+    size_t a = e->ws_bytes[PASS_BWD_DATA], b = e->ws_bytes[PASS_BWD_FILTER];
+    return a > b ? a : b;
 }
 
 void cuda_conv_release(Device *d, Conv *c) {
@@ -331,9 +365,12 @@ static ConvPlanEntry *entry_for(Device *d, Conv *c, int n) {
     return e;
 }
 
-/* The shared workspace; already large enough since prepare grew it, so this never allocates. */
-static void *workspace_for(Device *d, size_t bytes) {
-    return bytes ? device_workspace(d, bytes) : NULL;
+/* The conv's own workspace for this pass when its owner provided one large enough, else the
+ * device's shared one (already large enough since prepare grew it, so this never allocates). */
+static void *workspace_for(Device *d, const Conv *c, int backward, size_t bytes) {
+    if (!bytes) return NULL;
+    if (c && c->ws[backward] && bytes <= c->ws_cap[backward]) return c->ws[backward];
+    return device_workspace(d, bytes);
 }
 
 static const float ONE = 1.f, ZERO = 0.f;
@@ -345,7 +382,7 @@ void cuda_conv_forward(Device *d, Conv *c, int n, const float *x, const float *w
     CHECK_CUDNN(cudnnConvolutionForward(d->cudnn, &ONE, e->x_desc, x, p->w_desc, w,
                                         e->conv_desc[PASS_FWD],
                                         (cudnnConvolutionFwdAlgo_t)e->algo[PASS_FWD],
-                                        workspace_for(d, ws), ws, &ZERO, e->y_desc, y));
+                                        workspace_for(d, c, 0, ws), ws, &ZERO, e->y_desc, y));
 }
 
 /* conv_forward with a caller-held algorithm (ops.h: conv_forward_plan). Choosing it reuses the
@@ -392,7 +429,7 @@ void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const flo
     CHECK_CUDNN(cudnnSetConvolutionMathType(cd, (cudnnMathType_t)a->math));
     CHECK_CUDNN(cudnnConvolutionForward(d->cudnn, &ONE, e->x_desc, x, p->w_desc, w, cd,
                                         (cudnnConvolutionFwdAlgo_t)a->algo,
-                                        workspace_for(d, a->ws_bytes), a->ws_bytes, &ZERO,
+                                        workspace_for(d, NULL, 0, a->ws_bytes), a->ws_bytes, &ZERO,
                                         e->y_desc, y));
     CHECK_CUDNN(cudnnSetConvolutionMathType(cd, own_math));
 }
@@ -406,8 +443,8 @@ void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const f
     CHECK_CUDNN(cudnnConvolutionBackwardData(d->cudnn, &ONE, p->w_desc, w, e->y_desc, dy,
                                              e->conv_desc[PASS_BWD_DATA],
                                              (cudnnConvolutionBwdDataAlgo_t)e->algo[PASS_BWD_DATA],
-                                             workspace_for(d, ws), ws, accumulate ? &ONE : &ZERO,
-                                             e->x_desc, dx));
+                                             workspace_for(d, c, 1, ws), ws,
+                                             accumulate ? &ONE : &ZERO, e->x_desc, dx));
 }
 
 void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,
@@ -418,8 +455,8 @@ void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const 
     /* parameter gradients always accumulate (ops.h): beta = 1 */
     CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
-        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, ws), ws, &ONE,
-        p->w_desc, dw));
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws,
+        &ONE, p->w_desc, dw));
 }
 
 /* fp16/bf16: the weight gradient of the cast weight is a fresh 16-bit tensor (beta = 0); the model
@@ -431,8 +468,8 @@ void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, cons
     size_t ws = e->ws_bytes[PASS_BWD_FILTER];
     CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
-        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, ws), ws, &ZERO,
-        p->w_desc, dw));
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws,
+        &ZERO, p->w_desc, dw));
 }
 
 /* ================================================================================================

@@ -12,6 +12,7 @@
 
 void cuda_conv_prepare(Device *d, Conv *c, int n);
 void cuda_conv_release(Device *d, Conv *c);
+size_t cuda_conv_workspace_bytes(Device *d, Conv *c, int n, int backward);
 void cuda_conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y);
 void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const float *x,
                             const float *w, float *y);

@@ -159,6 +159,159 @@ START_TEST(eval_mode_leaves_running_stats_alone) {
 }
 END_TEST
 
+/* ---- the activation memory plan (model.h: "Activation memory") --------------------------------- */
+
+/* One training step (forward, loss, backward) of batch n on the CPU backend. */
+static void train_step(Model *m, int n, const float *x, const int32_t *y) {
+    float loss;
+    int32_t correct;
+    model_forward(m, n, x, 1);
+    xent_forward_backward(m->dev, n, 10, model_logits(m), y, 1.0f / n, &loss, &correct, model_dlogits(m));
+    model_backward(m, n, NULL, NULL);
+}
+
+/* The plan is sound, checked apart from the planner: every x and dx lies inside the arena, and any
+ * two alive at one step of the timeline share no byte. It is also no worse than the most bytes alive
+ * at one step (the bound no placement beats) by more than 5%, and far below keeping everything.
+ * Then the device's account: one training step at the largest batch peaks at exactly what the
+ * model says it holds (arena included, nothing allocated in the step), and the model's description
+ * prints the planned arena. */
+static void check_plan(const char *arch, int batch, Precision p) {
+    Device d = cpu();
+    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    int32_t y[8] = {3, 1, 4, 1, 5, 9, 2, 6};
+    test_fill_uniform(x, (int64_t)batch * 3072, 21, -2, 2);
+    size_t base = d.mem_cur;
+    Model *m = model_create_mixed(&d, arch, 1, batch, 0, p, 0);
+    ck_assert(m->memory_plan);
+    ck_assert_uint_eq(d.mem_cur - base, m->alloc_bytes);
+    int nb = 2 * (m->n_acts - 2); /* the logits (the last activation) live apart, all step */
+    struct { size_t off; int born, dies; } *b = malloc(nb * sizeof *b);
+    for (int a = 1; a < m->n_acts - 1; a++) {
+        const Activation *A = &m->acts[a];
+        ck_assert(A->bytes >= (size_t)batch * A->c * A->h * A->w * precision_bytes(&d, p));
+        ck_assert((char *)A->x == (char *)m->arena + A->x_off && (char *)A->dx == (char *)m->arena + A->dx_off);
+        b[2 * a - 2].off = A->x_off, b[2 * a - 2].born = A->x_born, b[2 * a - 2].dies = A->x_dies;
+        b[2 * a - 1].off = A->dx_off, b[2 * a - 1].born = A->dx_born, b[2 * a - 1].dies = A->dx_dies;
+    }
+    int aliases = 0;
+    for (int i = 0; i < nb; i++) {
+        size_t bi = m->acts[i / 2 + 1].bytes;
+        ck_assert(b[i].off % 512 == 0 && b[i].off + bi <= m->arena_bytes);
+        ck_assert(0 <= b[i].born && b[i].born <= b[i].dies && b[i].dies < m->plan_steps);
+        for (int j = 0; j < i; j++) {
+            size_t bj = m->acts[j / 2 + 1].bytes;
+            int together = b[i].born <= b[j].dies && b[j].born <= b[i].dies;
+            int share = b[i].off < b[j].off + bj && b[j].off < b[i].off + bi;
+            /* the one sharing allowed: an add's d(in) IS its d(out), which dies as d(in) is born */
+            const Activation *Ai = &m->acts[i / 2 + 1], *Aj = &m->acts[j / 2 + 1];
+            if (i % 2 && j % 2 && (Ai->dx_alias == j / 2 + 1 || Aj->dx_alias == i / 2 + 1)) {
+                ck_assert(b[i].off == b[j].off && (b[i].born == b[j].dies || b[j].born == b[i].dies));
+                aliases++;
+                continue;
+            }
+            ck_assert_msg(!(together && share), "%s: buffers %d and %d overlap while both alive", arch, i, j);
+        }
+    }
+    int adds = 0;
+    for (int l = 0; l < m->n_layers; l++) adds += m->layers[l].kind == LAYER_ADD;
+    ck_assert_int_eq(aliases, adds); /* every add passes its gradient on to its first operand */
+    ck_assert(m->arena_bytes >= m->live_peak_bytes && m->arena_bytes <= m->live_peak_bytes * 1.05);
+    ck_assert(m->arena_bytes < 0.6 * m->unplanned_bytes);
+    train_step(m, batch, x, y);
+    ck_assert_uint_eq(d.mem_peak - base, m->alloc_bytes);
+    char desc[160], want[48];
+    model_describe(m, desc, sizeof desc);
+    snprintf(want, sizeof want, "activations %.1f MiB planned", m->arena_bytes / 1048576.0);
+    ck_assert_msg(strstr(desc, want), "'%s' does not say '%s'", desc, want);
+    printf("memory plan %s batch %d %s: arena %zu bytes (most alive at once %zu, unplanned %zu); model %zu bytes\n",
+           arch, batch, precision_name(p), m->arena_bytes, m->live_peak_bytes, m->unplanned_bytes, m->alloc_bytes);
+    free(b), free(x);
+    model_destroy(m);
+    ck_assert_uint_eq(d.mem_cur, base);
+    device_destroy(&d);
+}
+
+START_TEST(memory_plan_is_sound_and_accounted) {
+    check_plan("tiny", 4, PREC_FP32);
+    check_plan("tiny", 4, PREC_FP16);
+    check_plan("resnet18", 2, PREC_FP32);
+}
+END_TEST
+
+/* The figures, pinned and derived by hand. On the CPU backend (4-byte elements) the most bytes alive
+ * at once come at the backward of the last block's second batch norm: everything backward still
+ * needs — the stem conv's output and its ReLU'd output, then per block conv1's output, the ReLU'd
+ * inner activation, conv2's output, the shortcut conv's output (strided blocks only) and the
+ * block's output — less the last block's output (its ReLU's backward was its last reader), plus
+ * three gradients of the last block's size: the one batch norm reads (the add's output gradient,
+ * passed on in place), the one it writes, and the add's other operand's, waiting for its
+ * convolution. The logits and their gradient live outside the arena. Both arenas reach that bound
+ * exactly. Unplanned, the arena is every x and dx side by side. */
+START_TEST(memory_plan_figures_are_pinned) {
+    Device d = cpu();
+    Model *t = model_create(&d, "tiny", 1, 4, 0), *r = model_create(&d, "resnet18", 1, 2, 0);
+    setenv("MODEL_MEMORY_PLAN", "0", 1);
+    Model *tu = model_create(&d, "tiny", 1, 4, 0), *ru = model_create(&d, "resnet18", 1, 2, 0);
+    unsetenv("MODEL_MEMORY_PLAN");
+    ck_assert(!tu->memory_plan && !ru->memory_plan);
+    /* per sample, in floats: tensors of 64·32·32 (stem, layer1), 128·16·16, 256·8·8, 512·4·4 */
+    size_t r18 = 2 * 4 * ((size_t)(2 + 4 + 4) * 64 * 32 * 32 + (5 + 4) * 128 * 16 * 16 +
+                          (5 + 4) * 256 * 8 * 8 + (5 + 4 - 1 + 3) * 512 * 4 * 4);
+    ck_assert_uint_eq(r->live_peak_bytes, r18);
+    ck_assert_uint_eq(r->arena_bytes, r18);
+    /* tiny: 16·32·32 (stem), one strided block of 32·16·16, one of 64·8·8 */
+    size_t tiny = 4 * 4 * ((size_t)2 * 16 * 32 * 32 + 5 * 32 * 16 * 16 + (5 - 1 + 3) * 64 * 8 * 8);
+    ck_assert_uint_eq(t->live_peak_bytes, tiny);
+    ck_assert_uint_eq(t->arena_bytes, tiny);
+    ck_assert_uint_eq(tu->arena_bytes, tu->unplanned_bytes);
+    ck_assert_uint_eq(ru->arena_bytes, ru->unplanned_bytes);
+    ck_assert_uint_eq(tu->unplanned_bytes, t->unplanned_bytes);
+    printf("memory plan, planned / unplanned: tiny batch 4 %zu / %zu bytes, resnet18 batch 2 %zu / %zu bytes\n",
+           t->arena_bytes, tu->arena_bytes, r->arena_bytes, ru->arena_bytes);
+    model_destroy(t), model_destroy(r), model_destroy(tu), model_destroy(ru);
+    device_destroy(&d);
+}
+END_TEST
+
+/* The plan changes where tensors live, never a value: planned and unplanned models (same seed)
+ * give bit-identical logits, parameter gradients and BN running statistics over two training
+ * steps and an evaluation forward — fp32 and the 16-bit emulation, with and without batch norm. */
+static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precision p) {
+    Device d = cpu();
+    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    int32_t y[8] = {2, 7, 1, 8, 2, 8, 1, 8};
+    test_fill_uniform(x, (int64_t)batch * 3072, 22, -2, 2);
+    Model *m[2];
+    for (int v = 0; v < 2; v++) {
+        if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
+        m[v] = model_create_mixed(&d, arch, norm_bn, batch, 5, p, 0);
+        unsetenv("MODEL_MEMORY_PLAN");
+        ck_assert_int_eq(m[v]->memory_plan, !v);
+        for (int step = 0; step < 2; step++) train_step(m[v], batch, x, y);
+    }
+    ck_assert(m[0]->arena_bytes < m[1]->arena_bytes);
+    int64_t np = m[0]->n_param_floats, nb = m[0]->n_buffer_floats;
+    ck_assert(!memcmp(model_logits(m[0]), model_logits(m[1]), (size_t)batch * 10 * sizeof(float)));
+    ck_assert_msg(!memcmp(m[0]->grad_flat, m[1]->grad_flat, np * sizeof(float)), "%s %s: gradients differ", arch,
+                  precision_name(p));
+    ck_assert(!memcmp(m[0]->buffer_flat, m[1]->buffer_flat, nb * sizeof(float)));
+    for (int v = 0; v < 2; v++) model_forward(m[v], batch, x, 0);
+    ck_assert(!memcmp(model_logits(m[0]), model_logits(m[1]), (size_t)batch * 10 * sizeof(float)));
+    model_destroy(m[0]), model_destroy(m[1]);
+    free(x);
+    device_destroy(&d);
+}
+
+START_TEST(memory_plan_changes_no_bit) {
+    check_plan_bitwise("tiny", 1, 4, PREC_FP32);
+    check_plan_bitwise("tiny", 0, 4, PREC_FP32);
+    check_plan_bitwise("tiny", 1, 4, PREC_FP16);
+    check_plan_bitwise("tiny", 1, 4, PREC_BF16);
+    check_plan_bitwise("resnet18", 1, 2, PREC_FP32);
+}
+END_TEST
+
 /* The CUDA model against the CPU model: same weights, same batch (TF32 off, so plain fp32). */
 START_TEST(cuda_model_matches_cpu_model) {
     if (!test_have_gpu("model: CUDA forward/backward vs CPU")) return;
@@ -280,6 +433,87 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
 }
 END_TEST
 
+/* On the GPU the plan also holds every convolution's cuDNN workspace (one slot for its forward step,
+ * one for its backward step): after model_prepare a training step uses no shared device workspace
+ * at all, allocates nothing, the model holds exactly what it says, and — same deterministic algorithms — gives
+ * bit-identical logits and gradients to the unplanned model (MODEL_MEMORY_PLAN=0: every tensor all
+ * step, one shared workspace). ResNet-18 at batch 32, fp32 NCHW and fp16 channels-last. */
+START_TEST(cuda_memory_plan_holds_workspaces) {
+    if (!test_have_gpu("model: the memory plan on CUDA (workspaces in the arena)")) return;
+    Device g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    const int n = 32;
+    float *x = malloc((size_t)n * 3072 * sizeof(float));
+    int32_t y[32];
+    for (int i = 0; i < n; i++) y[i] = (i * 3) % 10;
+    test_fill_uniform(x, (int64_t)n * 3072, 23, -2, 2);
+    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
+    int32_t *yg = device_alloc(&g, sizeof y, "y");
+    float *lossg = device_alloc(&g, 4, "loss");
+    int32_t *corrg = device_alloc(&g, 4, "correct");
+    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, yg, y, sizeof y);
+    for (int run = 0; run < 2; run++) {
+        Precision p = run ? PREC_FP16 : PREC_FP32;
+        int cl = run;
+        float *grads[2], *logits[2];
+        size_t arena[2], ws[2];
+        int64_t np = 0;
+        for (int v = 0; v < 2; v++) {
+            if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
+            size_t base = g.mem_cur, ws0 = g.workspace_bytes;
+            Model *m = model_create_mixed(&g, "resnet18", 1, n, 7, p, cl);
+            unsetenv("MODEL_MEMORY_PLAN");
+            model_prepare(m, n);
+            device_sync(&g);
+            device_reset_peak(&g); /* re-planning freed and reallocated the arena: measure the step alone */
+            model_forward(m, n, xg, 1);
+            xent_forward_backward(&g, n, 10, model_logits(m), yg, 1.0f / n, lossg, corrg, model_dlogits(m));
+            model_backward(m, n, NULL, NULL);
+            device_sync(&g);
+            np = m->n_param_floats;
+            grads[v] = malloc(np * sizeof(float)), logits[v] = malloc(n * 10 * sizeof(float));
+            device_copy_d2h(&g, grads[v], m->grad_flat, np * sizeof(float));
+            device_copy_d2h(&g, logits[v], model_logits(m), n * 10 * sizeof(float));
+            arena[v] = m->arena_bytes, ws[v] = g.workspace_bytes;
+            if (v == 0) {
+                ck_assert_msg(g.workspace_bytes == ws0, "the planned step grew the shared workspace %zu -> %zu", ws0,
+                              g.workspace_bytes);
+                ck_assert_uint_eq(g.mem_peak, g.mem_cur); /* the step allocated nothing */
+                ck_assert_uint_eq(g.mem_cur - base, m->alloc_bytes);
+            }
+            model_destroy(m);
+        }
+        printf("resnet18 batch %d %s%s on CUDA: arena %.1f MiB planned (workspaces inside) vs %.1f MiB + %.1f MiB "
+               "shared workspace unplanned\n", n, precision_name(p), cl ? " channels-last" : "", arena[0] / 1048576.0,
+               arena[1] / 1048576.0, ws[1] / 1048576.0);
+        ck_assert_msg(!memcmp(logits[0], logits[1], n * 10 * sizeof(float)), "logits differ");
+        ck_assert_msg(!memcmp(grads[0], grads[1], np * sizeof(float)), "gradients differ");
+        ck_assert(arena[0] < arena[1]);
+        for (int v = 0; v < 2; v++) free(grads[v]), free(logits[v]);
+    }
+    /* --cudnn-benchmark: the search's buffers come and go inside model_prepare; the step still
+     * uses only the arena's workspaces and allocates nothing */
+    g.benchmark = 1;
+    size_t base = g.mem_cur, ws0 = g.workspace_bytes;
+    Model *m = model_create(&g, "resnet18", 1, n, 7);
+    model_prepare(m, n);
+    device_sync(&g);
+    ck_assert_uint_eq(g.mem_cur - base, m->alloc_bytes);
+    device_reset_peak(&g);
+    model_forward(m, n, xg, 1);
+    xent_forward_backward(&g, n, 10, model_logits(m), yg, 1.0f / n, lossg, corrg, model_dlogits(m));
+    model_backward(m, n, NULL, NULL);
+    device_sync(&g);
+    ck_assert_uint_eq(g.mem_peak, g.mem_cur);
+    ck_assert_uint_eq(g.workspace_bytes, ws0);
+    printf("resnet18 batch %d fp32 --cudnn-benchmark on CUDA: arena %.1f MiB planned\n", n, m->arena_bytes / 1048576.0);
+    model_destroy(m);
+    free(x);
+    device_destroy(&g);
+}
+END_TEST
+
 Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -289,8 +523,12 @@ Suite *suite_model(void) {
     tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
     tcase_add_test(tc, gradients_accumulate_across_backwards);
     tcase_add_test(tc, eval_mode_leaves_running_stats_alone);
+    tcase_add_test(tc, memory_plan_is_sound_and_accounted);
+    tcase_add_test(tc, memory_plan_figures_are_pinned);
+    tcase_add_test(tc, memory_plan_changes_no_bit);
     tcase_add_test(tc, cuda_model_matches_cpu_model);
     tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
+    tcase_add_test(tc, cuda_memory_plan_holds_workspaces);
     suite_add_tcase(s, tc);
     return s;
 }
