@@ -81,11 +81,29 @@ CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variab
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
-.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 $(STAGES)
+# OpenSSL's libcrypto (HMAC-SHA256 for the rendezvous store's handshake, common/auth.h): linked
+# statically when its archive exists, so the binaries carry it (like Check); else libcrypto.so.3.
+CRYPTO_A  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
+               /usr/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
+LDLIBS    += $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
+
+.PHONY: all help test check check-dep crypto-dep found clean bench bench2 bench3 bench4 $(STAGES)
 all: found $(STAGES)
 
-found:
+found: crypto-dep
 	@echo "build: $(FOUND)"
+
+# libcrypto's headers (libssl-dev): installed through apt-get when missing and we are root.
+crypto-dep:
+	@if [ ! -f /usr/include/openssl/hmac.h ] && [ ! -f /usr/local/include/openssl/hmac.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "OpenSSL's headers are missing: installing libssl-dev with apt-get"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev) >/dev/null || \
+	      { echo "error: apt-get install libssl-dev failed"; exit 1; }; \
+	  else \
+	    echo "error: OpenSSL's libcrypto headers are missing; install them with: sudo apt-get install libssl-dev"; exit 1; \
+	  fi; \
+	fi
 
 help:
 	@echo "make            build every stage ($(STAGES)) at the repository root"

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "device.h"
 #include "errors.h"
 
@@ -215,6 +216,18 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     if (len > 0) exe[len] = 0;
     else snprintf(exe, sizeof exe, "%s", argv[0]);
 
+    /* The rendezvous secret (auth.h): the user's if given (every node needs the same), else a fresh
+     * random one that only our own workers get, through their environment — never on the wire. */
+    char secret[65] = "";
+    uint8_t given[AUTH_MAX_SECRET];
+    if (!auth_secret(given, sizeof given)) {
+        if (cfg->nnodes > 1)
+            die_user("--nnodes %d: every node's launcher needs the same rendezvous secret — export "
+                     "STAGE_RDZV_SECRET=$(openssl rand -hex 32) on one, and the same value on the others "
+                     "(or STAGE_RDZV_SECRET_FILE=a file only you can read)", cfg->nnodes);
+        auth_new_secret(secret);
+    }
+
     /* The status page: one slot per local worker, inherited as a file descriptor across exec. */
     int status_fd;
     StatusSlot *slots = status_page_create(n, &status_fd);
@@ -250,6 +263,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             set_env_int("MASTER_PORT", cfg->master_port);
             set_env_int("STAGE3_STATUS_FD", status_fd);
             unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+            if (secret[0]) setenv("STAGE_RDZV_SECRET", secret, 1);
             execv(exe, argv);
             fprintf(stderr, "error: %s launcher: cannot exec %s: %s\n", prog, exe, strerror(errno));
             _exit(127);

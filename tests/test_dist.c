@@ -134,8 +134,9 @@ END_TEST
 static void *oversized_rank0(void *p) {
     RankArg *a = p;
     Store *s = store_open("127.0.0.1", a->port, 0, 1, 10);
-    int fd = net_connect("127.0.0.1", a->port, 5);
-    ck_assert(fd >= 0);
+    const char *why;
+    int fd = store_dial("127.0.0.1", a->port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(fd >= 0, "%s", why);
     unsigned char h[12] = {1, 0, 0, 0, 0, 0, 0, 3};
     uint32_t v = htonl(STORE_MAX_VALUE + 1);
     memcpy(h + 8, &v, 4);
@@ -453,10 +454,14 @@ START_TEST(two_nodes_and_mismatched_flags) {
 }
 END_TEST
 
+/* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
+static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
+
 Suite *suite_dist(void) {
     Suite *s = suite_create("dist");
     TCase *tc = tcase_create("dist");
     tcase_set_timeout(tc, 300);
+    tcase_add_checked_fixture(tc, secret_setup, NULL);
     tcase_add_test(tc, show_sampler_prints_the_shard);
     tcase_add_test(tc, store_set_get_add_barrier);
     tcase_add_test(tc, store_bounds_message_sizes);
