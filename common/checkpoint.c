@@ -5,14 +5,16 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (1)
- *       12    4  u32 header size in bytes (128)
+ *        8    4  u32 format version (2; version 1 ended the header at 128)
+ *       12    4  u32 header size in bytes (192; 128 in version 1)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
  *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
  *       80    8  i64 step            88  8  i64 epoch          96  8  i64 batch_in_epoch
  *      104    8  i64 seed           112  8  i64 momentum_valid 120  8  i64 world_size
- *      128       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
+ *      128    8  i64 batch_size    136  8  i64 train_size    144  8  i64 accum_steps
+ *      152   40  zero (reserved)
+ *      192       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
  * The float blobs are written straight from host memory: we only build for little-endian hosts
@@ -35,8 +37,10 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 1u
-#define CKPT_HEADER 128
+#define CKPT_VERSION 2u
+#define CKPT_HEADER 192
+#define CKPT_HEADER_V1 128
+#define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
 
 static void put_u32(unsigned char *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -66,6 +70,9 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     const int64_t f[] = {m->n_params, m->n_buffers, (int64_t)m->shape_hash, m->step, m->epoch,
                          m->batch_in_epoch, m->seed, m->momentum_valid, m->world_size};
     for (int i = 0; i < 9; i++) put_u64(h + 56 + 8 * i, (uint64_t)f[i]);
+    put_u64(h + 128, (uint64_t)m->batch_size);
+    put_u64(h + 136, (uint64_t)m->train_size);
+    put_u64(h + 144, (uint64_t)m->accum_steps);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -77,6 +84,36 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
     for (int i = 0; i < 9; i++)
         if (f[i]) *f[i] = (int64_t)get_u64(h + 56 + 8 * i);
     m->shape_hash = get_u64(h + 72);
+    m->version = get_u32(h + 8);
+    if (m->version >= 2) {
+        m->batch_size = (int64_t)get_u64(h + 128);
+        m->train_size = (int64_t)get_u64(h + 136);
+        m->accum_steps = (int64_t)get_u64(h + 144);
+    }
+}
+
+const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && s[i] && o + 5 < cap; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 0x20 && ch < 0x7f && ch != '\\') out[o++] = (char)ch;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+    }
+    out[o] = 0;
+    return out;
+}
+
+/* Counters no save writes: negative, or beyond anything a run reaches. */
+static int counters_possible(const CheckpointMeta *m) {
+    const int64_t pos[] = {m->step, m->epoch, m->batch_in_epoch, m->train_size};
+    for (int i = 0; i < 4; i++)
+        if (pos[i] < 0 || pos[i] > CKPT_HUGE) return 0;
+    if (m->momentum_valid != 0 && m->momentum_valid != 1) return 0;
+    if (m->world_size < 1 || m->world_size > (1 << 24)) return 0;
+    if (m->version >= 2 && (m->batch_size < 1 || m->batch_size > INT32_MAX || m->accum_steps < 1 ||
+                            m->accum_steps > INT32_MAX))
+        return 0;
+    return 1;
 }
 
 /* Total file size for a model of this size; −1 if the counts are nonsense (negative / overflow). */
@@ -201,24 +238,28 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     const int64_t size = (int64_t)st.st_size;
     const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers);
 
-    unsigned char hd[CKPT_HEADER];
-    size_t got = read_full(f, hd, sizeof hd);
+    unsigned char hd[CKPT_HEADER] = {0};
+    size_t got = read_full(f, hd, CKPT_HEADER_V1);
     size_t mlen = got < 8 ? got : 8;
     if (memcmp(hd, CKPT_MAGIC, mlen) != 0) /* a short prefix of the magic reads as truncated */
         die_user("'%s' is not a checkpoint of this trainer (wrong magic; expected a file written by --save)", path);
-    if (got < CKPT_HEADER)
+    if (got < CKPT_HEADER_V1)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
-    if (version != CKPT_VERSION)
-        die_user("checkpoint '%s' has format version %u; this trainer reads version %u (use the trainer "
+    if (version != CKPT_VERSION && version != 1)
+        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 and %u (use the trainer "
                  "version that wrote it)", path, version, CKPT_VERSION);
-    if (hsize != CKPT_HEADER)
-        die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize, CKPT_HEADER);
+    if (hsize != (version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER))
+        die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize,
+                 version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER);
+    if (hsize > CKPT_HEADER_V1 && read_full(f, hd + CKPT_HEADER_V1, hsize - CKPT_HEADER_V1) != hsize - CKPT_HEADER_V1)
+        die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
+                 "earlier checkpoint", path, (long long)size, (long long)want_model);
     CheckpointMeta m;
     header_decode(hd, &m);
-    int64_t want = ckpt_size(m.n_params, m.n_buffers);
-    if (want < 0) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
+    int64_t want = ckpt_size(m.n_params, m.n_buffers) - CKPT_HEADER + hsize;
+    if (want < (int64_t)hsize) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
     if (size < want)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want);
@@ -229,7 +270,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     /* Read (straight into the caller's arrays when the sizes agree) and verify the checksum before
      * judging the header's model description, so a flipped header byte reads as corruption. */
     int fits = m.n_params == expect->n_params && m.n_buffers == expect->n_buffers;
-    uint64_t h = fnv1a64(FNV1A64_INIT, hd, sizeof hd);
+    uint64_t h = fnv1a64(FNV1A64_INIT, hd, hsize);
     size_t np = (size_t)m.n_params * sizeof(float), nb = (size_t)m.n_buffers * sizeof(float);
     read_blob(f, path, fits ? params : NULL, np, &h);
     read_blob(f, path, fits ? buffers : NULL, nb, &h);
@@ -242,12 +283,20 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
                  "file was damaged after it was written; use an earlier checkpoint", path,
                  (unsigned long long)get_u64(sum), (unsigned long long)h);
 
+    if (!counters_possible(&m))
+        die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
+                 "%lld, batch size %lld, accumulation %lld) — was it edited? use another checkpoint", path,
+                 (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch, (long long)m.world_size,
+                 (long long)m.batch_size, (long long)m.accum_steps);
+    char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
+    checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
+    checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);
     if (strcmp(m.arch, expect->arch) != 0)
         die_user("checkpoint '%s' was saved for model %s, but this run trains %s (pass --model %s to "
-                 "resume it)", path, m.arch, expect->arch, m.arch);
+                 "resume it)", path, arch, expect->arch, arch);
     if (strcmp(m.norm, expect->norm) != 0)
         die_user("checkpoint '%s' was saved with --norm %s, but this run uses --norm %s (pass --norm %s "
-                 "to resume it)", path, m.norm, expect->norm, m.norm);
+                 "to resume it)", path, norm, expect->norm, norm);
     if (m.n_params != expect->n_params)
         die_user("checkpoint '%s' has %lld parameters, but this %s model has %lld (saved by a different "
                  "model definition)", path, (long long)m.n_params, expect->arch, (long long)expect->n_params);

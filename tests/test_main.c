@@ -13,7 +13,7 @@ int main(int argc, char **argv) {
                      suite_data,       suite_loader,  suite_checkpoint, suite_cli,
                      suite_model,      suite_e2e,     suite_gil,      suite_dp,
                      suite_dist,       suite_ddp,     suite_accum,    suite_adam,
-                     suite_store};
+                     suite_store,      suite_resume};
     const char *filter = argc > 1 ? argv[1] : NULL;
     /* Check's default is 4 s per test; end-to-end runs of ./stage1 on the CPU take longer. */
     setenv("CK_DEFAULT_TIMEOUT", "600", 0);
