@@ -147,12 +147,13 @@ static int write_all(int fd, const void *buf, size_t len, uint64_t *hash) {
 
 /* A failed save removes its temporary file and stops; the checkpoint under the real name (if any)
  * was never touched, so training can be resumed from it. */
-_Noreturn static void save_fail(const char *tmp, int fd, const char *what, const char *path, int err) {
+#define save_fail(tmp, fd, what, path, err) save_fail_at(__LINE__, tmp, fd, what, path, err) /* names the call's line */
+_Noreturn static void save_fail_at(int line, const char *tmp, int fd, const char *what, const char *path, int err) {
     if (fd >= 0) close(fd);
     unlink(tmp);
     char call[1100];
     snprintf(call, sizeof call, "%s('%s')", what, path);
-    die_at(__FILE__, __LINE__, call, strerror(err),
+    die_at(__FILE__, line, call, strerror(err),
            "check free space and permissions of the --save directory (df -h); any earlier checkpoint "
            "there is intact and can be given to --resume");
 }
@@ -329,6 +330,24 @@ static void mkdir_p(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
+}
+
+void checkpoint_probe(const char *dir) {
+    char *path = checkpoint_path(dir, 0, 0, 0);
+    char *probe = NULL;
+    if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    const char *call = "open";
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        call = "write";
+        if (write(fd, "probe", 5) == 5) call = fsync(fd) == 0 ? NULL : "fsync";
+        close(fd);
+        if (unlink(probe) != 0 && !call) call = "unlink";
+    }
+    if (call)
+        die_user("--save '%s': cannot write a checkpoint there (%s('%s'): %s) — give --save a writable directory",
+                 dir, call, probe, errno_string());
+    free(probe), free(path);
 }
 
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {

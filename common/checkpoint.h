@@ -54,6 +54,10 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
  * be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
 
+/* Check before training that checkpoints can be written into dir: create it if needed, then create,
+ * write, fsync and remove a probe file. A failure is a user error naming the call that failed. */
+void checkpoint_probe(const char *dir);
+
 /* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
  * checkpoint's header strings, which may be anything). Returns out. */
 const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap);

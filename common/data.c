@@ -27,11 +27,13 @@
 #include "data.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "rng.h"
@@ -192,16 +194,20 @@ static const char *const CIFAR_TEST_FILES[] = {"test_batch.bin"};
 
 /* Open one file and return its record count; every problem is the user's to fix, so die_user. */
 static FILE *cifar_open(const char *path, int64_t *records) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
+     * before the first read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
         if (errno == ENOENT)
             die_user("CIFAR-10 file '%s' not found — download it with docs/get_cifar10.sh, or drop --data "
                      "to use the synthetic set", path);
         die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
     }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) die_user("CIFAR-10 file '%s' is not a regular file", path);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
     int64_t size = (int64_t)st.st_size;
     if (size == 0 || size % CIFAR_RECORD != 0)
         die_user("CIFAR-10 file '%s' has %lld bytes, which is not a whole number of %d-byte records "

@@ -406,6 +406,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     }
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
+    if (cfg->save[0] && rank == 0) checkpoint_probe(cfg->save); /* now, not after an epoch of training */
     r->t_start = r->epoch_t0 = time_now();
 }
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -365,6 +366,36 @@ START_TEST(test_version1_still_loads) {
 }
 END_TEST
 
+/* ---- --save checked before training ---- */
+
+static void probe_child(void *dir) { checkpoint_probe(dir); }
+
+START_TEST(test_save_probe) {
+    char sub[200], file[200], *out;
+    snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
+    checkpoint_probe(sub); /* created, written, and left empty */
+    DIR *d = opendir(sub);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d))) ck_assert_msg(e->d_name[0] == '.', "probe left %s", e->d_name);
+    closedir(d);
+    snprintf(file, sizeof file, "%s/plain", g_dir);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    ck_assert_int_eq(test_run_captured(probe_child, file, &out), 2); /* a file, not a directory */
+    ck_assert_msg(strstr(out, "not a directory"), "%s", out);
+    free(out);
+    snprintf(sub, sizeof sub, "%s/plain/under", g_dir); /* under a regular file */
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, "--save") && strstr(out, "Not a directory"), "%s", out);
+    free(out);
+    if (access("/proc/self/status", F_OK) == 0) { /* a read-only place, even for root */
+        ck_assert_int_eq(test_run_captured(probe_child, "/proc/self", &out), 2);
+        ck_assert_msg(strstr(out, "cannot write a checkpoint there (open("), "%s", out);
+        free(out);
+    }
+}
+END_TEST
+
 /* ---- failing saves ---- */
 
 typedef struct {
@@ -471,6 +502,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_bad_magic_version_missing);
     tcase_add_test(tc, test_crafted_counters_refused);
     tcase_add_test(tc, test_version1_still_loads);
+    tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);
     tcase_add_test(tc, test_checkpoint_path);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests.h"
@@ -78,11 +79,42 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
 }
 END_TEST
 
+/* A FIFO as a data file or as --report used to hang forever; a failing --report write used to be a
+ * warning with exit 0; --save into an impossible place used to fail only after an epoch. */
+START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
+    char *dir = test_tmpdir(), path[700], args[2048], *out;
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --report %s", path);
+    expect_refused("stage1", args, "is a FIFO", path);
+    snprintf(path, sizeof path, "%s/data", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/data/data_batch_1.bin", dir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    snprintf(args, sizeof args, TINY " --data %s/data --steps 1", dir);
+    expect_refused("stage1", args, "is not a regular file", "data_batch_1.bin");
+    if (access("/dev/full", W_OK) == 0) {
+        ck_assert_int_eq(run("stage1", TINY " --train-size 64 --steps 2 --report /dev/full", &out), 1);
+        ck_assert_msg(strstr(out, "writing the --report file '/dev/full' failed"), "%s", out);
+        free(out);
+    }
+    snprintf(path, sizeof path, "%s/plain", dir);
+    FILE *f = fopen(path, "w");
+    fclose(f);
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --save %s/plain/ckpts", dir);
+    ck_assert_int_eq(run("stage1", args, &out), 2);
+    ck_assert_msg(strstr(out, "--save") && !strstr(out, "epoch 1"), "trained before failing:\n%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_resume(void) {
     Suite *s = suite_create("resume");
     TCase *tc = tcase_create("resume");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, resume_under_other_flags_is_refused_or_exact);
+    tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
     suite_add_tcase(s, tc);
     return s;
 }
