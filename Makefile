@@ -21,6 +21,7 @@ else
   HAVE_CUDA := $(shell test -x $(NVCC) && echo 1)
 endif
 
+, := ,
 # first directory of a list that holds a given file
 find_dir = $(firstword $(foreach d,$(2),$(if $(wildcard $(d)/$(1)),$(d))))
 
@@ -85,9 +86,10 @@ CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --l
 # statically when its archive exists, so the binaries carry it (like Check); else libcrypto.so.3.
 CRYPTO_A  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
                /usr/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
-LDLIBS    += $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
+CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
+LDLIBS    += $(CRYPTO_LIBS)
 
-.PHONY: all help test check check-dep crypto-dep found clean bench bench2 bench3 bench4 $(STAGES)
+.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan fuzz bench bench2 bench3 bench4 $(STAGES)
 all: found $(STAGES)
 
 found: crypto-dep
@@ -114,6 +116,9 @@ help:
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
+	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
+	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
+	@echo "make fuzz       libFuzzer on the checkpoint loader, CIFAR reader and store (FUZZ_SECONDS=60 each)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -143,7 +148,8 @@ $(BUILD)/tests/%.o: tests/%.c | check-dep
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c -o $@ $<
 
-tests/run_tests: $(TEST_O) $(LIBCOMMON) | check-dep
+TEST_BIN ?= tests/run_tests
+$(TEST_BIN): $(TEST_O) $(LIBCOMMON) | check-dep
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 -include $(DEPS)
@@ -180,6 +186,73 @@ bench3: stage1 stage3
 
 bench4: stage1 stage3 stage4
 	bash tests/bench_stage4.sh
+
+# ---- sanitizers and fuzzers (CPU backend; each in its own build directory) ----------------------
+# A sub-make builds the stages and the test runner there with the sanitizer in CFLAGS (which
+# ALL_CFLAGS appends to the build's own flags); the suite then runs them from build/X/root, which
+# holds those stage binaries and a link to tests/ (TEST_ROOT). Suites that start no CUDA.
+SAN_SUITES  ?= rng ops_ref fixtures data loader checkpoint cli model e2e gil dp dist ddp accum adam store resume
+TSAN_SUITES ?= loader gil dp dist ddp store
+SUITES      ?=
+ASAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
+TSAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+
+define SAN_RUN
+	@$(MAKE) --no-print-directory CPU_ONLY=1 BUILD=build/$(1) CFLAGS="$(2)" LDFLAGS="$(3)" \
+	  TEST_BIN=build/$(1)/run_tests build/$(1)/run_tests $(STAGES:%=build/$(1)/%)
+	@rm -rf build/$(1)/root && mkdir -p build/$(1)/root && cp $(STAGES:%=build/$(1)/%) build/$(1)/root/ && \
+	  ln -s ../../../tests build/$(1)/root/tests
+	@fail=0; for s in $(if $(SUITES),$(SUITES),$(4)); do \
+	  echo "== $(1): $$s"; TEST_ROOT=build/$(1)/root $(5) build/$(1)/run_tests $$s 2>&1 | tail -n 25 | grep -v '^$$' ; \
+	  [ $${PIPESTATUS[0]} = 0 ] || fail=1; \
+	done; exit $$fail
+endef
+
+sanitize: SHELL := /bin/bash
+sanitize: check-dep
+	$(call SAN_RUN,asan,$(ASAN_FLAGS),-fsanitize=address$(,)undefined,$(SAN_SUITES),\
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+
+tsan: SHELL := /bin/bash
+tsan: check-dep
+	$(call SAN_RUN,tsan,$(TSAN_FLAGS),-fsanitize=thread,$(TSAN_SUITES),TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1)
+
+# libFuzzer (clang): installed through apt-get when missing and we are root, like Check.
+FUZZ_SECONDS ?= 60
+FUZZERS     := checkpoint cifar store
+FUZZ_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
+clang-dep:
+	@if ! command -v clang >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "clang is missing: installing it with apt-get (for libFuzzer)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang) >/dev/null || \
+	      { echo "error: apt-get install clang failed"; exit 1; }; \
+	  else \
+	    echo "error: make fuzz needs clang (libFuzzer); install it with: sudo apt-get install clang"; exit 1; \
+	  fi; \
+	fi
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h fuzz-lib
+	clang $(FUZZ_FLAGS),fuzzer -std=c11 -D_GNU_SOURCE -Icommon -o $@ $< build/fuzz/libcommon.a -lm -lpthread $(CRYPTO_LIBS)
+
+fuzz-lib: clang-dep
+	@$(MAKE) --no-print-directory CPU_ONLY=1 CC=clang BUILD=build/fuzz CFLAGS="$(FUZZ_FLAGS),fuzzer-no-link" \
+	  build/fuzz/libcommon.a
+
+# Each fuzzer runs FUZZ_SECONDS on a copy of its seed corpus (tests/fuzz/NAME/); a finding is saved
+# as build/fuzz/crash-* and fails the target.
+fuzz: SHELL := /bin/bash
+fuzz: clang-dep $(FUZZERS:%=build/fuzz/fuzz_%)
+	@for f in $(FUZZERS); do \
+	  mkdir -p build/fuzz/corpus/$$f && cp tests/fuzz/$$f/* build/fuzz/corpus/$$f/ && \
+	  echo "== fuzz $$f for $(FUZZ_SECONDS) s" && \
+	  ASAN_OPTIONS=detect_leaks=0 build/fuzz/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=16384 \
+	    -artifact_prefix=build/fuzz/ -print_final_stats=1 build/fuzz/corpus/$$f 2>&1 | \
+	    grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY|artifact)" ; \
+	  [ $${PIPESTATUS[0]} = 0 ] || exit 1; \
+	done
+
+.PHONY: fuzz-lib
 
 clean:
 	rm -rf build tests/run_tests $(STAGES)
