@@ -653,7 +653,10 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("rank %d has no rendezvous secret: every rank of a job started by torchrun, srun, mpirun "
                  "or on several nodes needs the same one — export STAGE_RDZV_SECRET=$(openssl rand -hex 32) "
                  "(or STAGE_RDZV_SECRET_FILE=a file only you can read) before starting them", rank);
-    Store *s = xcalloc(1, sizeof *s);
+    /* The errors below exit with the store half-open: keep it reachable until then, so that leak
+     * checkers do not report it as lost (the compiler may drop `s` before a _Noreturn call). */
+    static _Thread_local Store *opening;
+    Store *s = opening = xcalloc(1, sizeof *s);
     s->rank = rank, s->world = world, s->timeout = timeout_s, s->port = port;
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     xmutex_init(&s->mu);
@@ -700,6 +703,7 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("%s did not join within %.0f s — check --master-addr (and --master-port, --nnodes, "
                  "--node-rank) on %s", who, timeout_s, n == 1 ? "its node" : "their nodes");
     }
+    opening = NULL;
     return s;
 }
 

@@ -21,7 +21,7 @@
 #include "tests.h"
 
 #define LIMIT "timeout -k 5 120 "
-#define TINY "--device cpu --model tiny --train-size 256 --test-size 64 --batch-size 16 --progress off"
+#define TINY "--device cpu --model tiny --test-size 64 --batch-size 16 --progress off"
 
 /* A raw request header (store.h's protocol). */
 static void put_req(uint8_t *h, int op, uint32_t klen, uint32_t vlen) {
@@ -45,7 +45,7 @@ static int closed_by_server(int fd) {
 START_TEST(stranger_is_refused_while_the_job_trains) {
     char cmd[1024];
     int port = test_free_port();
-    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET " LIMIT "%s/stage3 " TINY " --epochs 8 --nproc-per-node 2 "
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET " LIMIT "%s/stage3 " TINY " --train-size 128 --epochs 6 --nproc-per-node 2 "
              "--master-port %d 2>&1", test_root(), port);
     FILE *job = popen(cmd, "r");
     ck_assert_ptr_nonnull(job);
@@ -218,6 +218,23 @@ START_TEST(store_survives_bad_clients) {
 }
 END_TEST
 
+/* A rank stopped by SIGSTOP (hung, not dead): the others time out at --comm-timeout, and the
+ * launcher and rank 0 name the stopped rank, not the healthy rank 0. */
+START_TEST(a_stopped_rank_is_named) {
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "STAGE3_FAIL_AT=1:3:STOP " LIMIT "%s/stage3 " TINY " --train-size 256 --epochs 50 "
+             "--nproc-per-node 2 --comm-timeout 3 --master-port %d", test_root(), test_free_port());
+    double t0 = time_now();
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc != 0 && rc != 124, "exit %d:\n%s", rc, out);
+    ck_assert_msg(time_now() - t0 < 60, "took %.0f s", time_now() - t0);
+    ck_assert_msg(strstr(out, "job failed: rank 1 (local rank 1") && strstr(out, "stopped by SIGSTOP"),
+                  "the stopped rank is not named as the failure:\n%s", out);
+    ck_assert_msg(strstr(out, "rank 1 stopped answering") && !strstr(out, "ranks 1 and 1"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* The fuzzer's entry point handles its seed corpus (tests/fuzz/store/) without crashing. */
 START_TEST(store_fuzz_entry_runs) {
     uint8_t in[64] = {1, 63};
@@ -237,6 +254,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, wrong_secret_and_lax_secret_file_are_refused);
     tcase_add_test(tc, store_survives_bad_clients);
     tcase_add_test(tc, store_fuzz_entry_runs);
+    tcase_add_test(tc, a_stopped_rank_is_named);
     suite_add_tcase(s, tc);
     return s;
 }
