@@ -371,6 +371,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
          "page-locked host batches for asynchronous copies (DataLoader pin_memory=True)"},
         {"save", OPT_STR, &c->save, 0, 0, NULL,
          "write checkpoints into DIR (created if missing) at the end of every epoch"},
+        {"keep-last", OPT_INT, &c->keep_last, 0, 1000000, NULL,
+         "with --save: remove this run's older checkpoints, keeping the newest N (0 = keep all)"},
         {"resume", OPT_STR, &c->resume, 0, 0, NULL,
          "continue training from checkpoint FILE: weights, optimizer state and data position"},
         {"report", OPT_STR, &c->report, 0, 0, NULL,

@@ -1,10 +1,12 @@
 /* trainer.c — datasets, device input, step statistics, evaluation, report and checkpoints for a run. */
 #include "trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ops.h"
 
@@ -236,6 +238,30 @@ static void sum_over_ranks(const Run *r, double *v, int n) {
     if (r->sum_across && r->world_size > 1) r->sum_across(r->sum_ctx, v, n);
 }
 
+/* --keep-last N: remember the checkpoints this run wrote, oldest first, and remove all but the newest
+ * N (only ours: a checkpoint directory may hold other runs' files). */
+static void prune_checkpoints(int keep, const char *just_saved) {
+    static char **kept;
+    static int n_kept;
+    if (keep <= 0) return;
+    for (int i = 0; i < n_kept; i++) /* saved again under the same name: it is the newest now */
+        if (!strcmp(kept[i], just_saved)) {
+            free(kept[i]);
+            memmove(kept + i, kept + i + 1, (size_t)(n_kept - i - 1) * sizeof *kept);
+            n_kept--;
+            break;
+        }
+    kept = realloc(kept, (size_t)(n_kept + 1) * sizeof *kept);
+    ASSERT(kept);
+    kept[n_kept++] = strdup(just_saved);
+    while (n_kept > keep) {
+        if (unlink(kept[0]) != 0 && errno != ENOENT)
+            fprintf(stderr, "warning: --keep-last: cannot remove %s: %s\n", kept[0], errno_string());
+        free(kept[0]);
+        memmove(kept, kept + 1, (size_t)--n_kept * sizeof *kept);
+    }
+}
+
 static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
     const TrainConfig *c = r->cfg;
     if (r->rank != 0) return; /* replicas are identical: one copy is enough */
@@ -265,6 +291,7 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
     checkpoint_save(path, &meta, p, buf, mom);
     report_printf(&r->report, "saved checkpoint %s\n", path);
+    prune_checkpoints(c->keep_last, path);
     json_begin(&r->report, "checkpoint");
     json_str(&r->report, "path", path);
     json_int(&r->report, "step", r->step);

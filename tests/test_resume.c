@@ -105,6 +105,15 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     ck_assert_int_eq(run("stage1", args, &out), 2);
     ck_assert_msg(strstr(out, "--save") && !strstr(out, "epoch 1"), "trained before failing:\n%s", out);
     free(out);
+    /* --keep-last 2: of 4 epoch checkpoints, the newest 2 remain */
+    snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 4 --save %s/keep --keep-last 2", dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    free(out);
+    const char *want[] = {"epoch001.ckpt", "epoch002.ckpt", "epoch003.ckpt", "epoch004.ckpt"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/keep/%s", dir, want[i]);
+        ck_assert_msg((access(path, F_OK) == 0) == (i >= 2), "%s %s", path, i >= 2 ? "missing" : "kept");
+    }
     free(dir);
 }
 END_TEST
