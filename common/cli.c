@@ -320,7 +320,8 @@ void config_defaults(TrainConfig *c) {
     c->optimizer = "sgd";
 }
 
-static Option *last_table; /* config_options' result, kept reachable (see there) */
+static Option *volatile last_table;      /* config_options' result, kept reachable (see there) */
+static const Option *volatile last_extra; /* and the stage's own rows (dp_options, ddp_options) */
 
 Option *config_options(TrainConfig *c, const Option *extra) {
     const double above0 = nextafter(0.0, INFINITY), below1 = nextafter(1.0, 0.0);
@@ -385,9 +386,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
     Option *t = xcalloc((size_t)(n_common + n_extra + 1), sizeof(Option));
     memcpy(t, common, sizeof common);
     if (n_extra) memcpy(t + n_common, extra, (size_t)n_extra * sizeof(Option));
-    /* The stages parse once and keep the table to the end (cli_parse(…, config_options(…))): it is
-     * held here so that it stays reachable, and leak checkers do not report it as lost. */
-    last_table = t;
+    /* The stages parse once and keep the tables to the end (cli_parse(…, config_options(…))): they
+     * are held here so that they stay reachable, and leak checkers do not report them as lost. */
+    last_table = t, last_extra = extra;
     return t; /* calloc'd, so row n_common + n_extra has name == NULL */
 }
 

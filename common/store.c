@@ -655,7 +655,7 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
                  "(or STAGE_RDZV_SECRET_FILE=a file only you can read) before starting them", rank);
     /* The errors below exit with the store half-open: keep it reachable until then, so that leak
      * checkers do not report it as lost (the compiler may drop `s` before a _Noreturn call). */
-    static _Thread_local Store *opening;
+    static _Thread_local Store *volatile opening;
     Store *s = opening = xcalloc(1, sizeof *s);
     s->rank = rank, s->world = world, s->timeout = timeout_s, s->port = port;
     snprintf(s->addr, sizeof s->addr, "%s", addr);

@@ -80,10 +80,11 @@ START_TEST(stranger_is_refused_while_the_job_trains) {
     size_t n = fread(out, 1, sizeof out - 1, job);
     out[n] = 0;
     int rc = pclose(job);
-    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the job failed:\n%s", out);
-    ck_assert_msg(strstr(out, "summary:"), "%s", out);
+    const char *tail = n > 3000 ? out + n - 3000 : out; /* Check's messages are bounded */
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the job failed:\n%s", tail);
+    ck_assert_msg(strstr(out, "summary:"), "%s", tail);
     ck_assert_msg(strstr(out, "warning: rendezvous store: closed a connection from 127.0.0.1: it does not know "
-                              "the job's rendezvous secret"), "no one-line warning:\n%s", out);
+                              "the job's rendezvous secret"), "no one-line warning:\n%s", tail);
 }
 END_TEST
 
