@@ -142,6 +142,18 @@ START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
     ck_assert_msg(strstr(out, "secret of 25 bytes"), "%s", out); /* the newline is not part of it */
     free(out);
+    /* several nodes, or another launcher, without a secret: refused before anything listens */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET " LIMIT "%s/stage3 " TINY " --train-size 64 --nnodes 2 "
+             "--node-rank 0 --nproc-per-node 1 --master-port %d", test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--nnodes 2: every node's launcher needs the same rendezvous secret"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET RANK=0 WORLD_SIZE=1 " LIMIT "%s/stage3 " TINY
+             " --train-size 64 --master-port %d", test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "rank 0 has no rendezvous secret") && strstr(out, "STAGE_RDZV_SECRET"), "%s", out);
+    free(out);
     ck_assert_int_eq(test_run_captured(secret_from_file, dir, &out), 2); /* a directory */
     ck_assert_msg(strstr(out, "not a regular file"), "%s", out);
     free(out);
