@@ -213,11 +213,11 @@ endef
 sanitize: SHELL := /bin/bash
 sanitize: check-dep
 	$(call SAN_RUN,asan,$(ASAN_FLAGS),-fsanitize=address$(,)undefined,$(SAN_SUITES),\
-	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+	  TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 
 tsan: SHELL := /bin/bash
 tsan: check-dep
-	$(call SAN_RUN,tsan,$(TSAN_FLAGS),-fsanitize=thread,$(TSAN_SUITES),TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1)
+	$(call SAN_RUN,tsan,$(TSAN_FLAGS),-fsanitize=thread,$(TSAN_SUITES),TEST_TIME_SCALE=3 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1)
 
 # libFuzzer (clang): installed through apt-get when missing and we are root, like Check.
 FUZZ_SECONDS ?= 60
