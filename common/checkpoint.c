@@ -203,18 +203,19 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
  * load */
 
 /* Read exactly len bytes (or to EOF); returns the count read. */
-static size_t read_full(FILE *f, void *buf, size_t len) {
+static size_t read_full(int fd, void *buf, size_t len) {
     size_t got = 0;
     while (got < len) {
-        size_t r = fread((char *)buf + got, 1, len - got, f);
-        if (r == 0) break;
-        got += r;
+        ssize_t r = read(fd, (char *)buf + got, len - got > ((size_t)1 << 30) ? (size_t)1 << 30 : len - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
     }
     return got;
 }
 
 /* Read len bytes into dst (or, when dst is NULL, through a scratch buffer) and hash them. */
-static void read_blob(FILE *f, const char *path, void *dst, size_t len, uint64_t *h) {
+static void read_blob(int f, const char *path, void *dst, size_t len, uint64_t *h) {
     static unsigned char scratch[1 << 16];
     if (dst) {
         if (read_full(f, dst, len) != len) die_user("checkpoint '%s': read error: %s", path, errno_string());
@@ -231,10 +232,11 @@ static void read_blob(FILE *f, const char *path, void *dst, size_t len, uint64_t
 
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
+    /* O_NONBLOCK: a FIFO given to --resume must not wait for a writer; the type is checked first */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+    if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode))
         die_user("checkpoint '%s' is not a regular file (give --resume a .ckpt file)", path);
     const int64_t size = (int64_t)st.st_size;
     const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers);
@@ -278,7 +280,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     read_blob(f, path, fits ? momentum : NULL, np, &h);
     unsigned char sum[8];
     if (read_full(f, sum, 8) != 8) die_user("checkpoint '%s': read error: %s", path, errno_string());
-    fclose(f);
+    close(f);
     if (get_u64(sum) != h)
         die_user("checkpoint '%s' is corrupt: checksum mismatch (stored %016llx, computed %016llx) — the "
                  "file was damaged after it was written; use an earlier checkpoint", path,

@@ -206,8 +206,6 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     struct stat st;
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) die_user("CIFAR-10 file '%s' is not a regular file", path);
-    FILE *f = fdopen(fd, "rb");
-    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
     int64_t size = (int64_t)st.st_size;
     if (size == 0 || size % CIFAR_RECORD != 0)
         die_user("CIFAR-10 file '%s' has %lld bytes, which is not a whole number of %d-byte records "
@@ -215,6 +213,8 @@ static FILE *cifar_open(const char *path, int64_t *records) {
                  "the binary version? Re-run docs/get_cifar10.sh",
                  path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE);
     *records = size / CIFAR_RECORD;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
     return f;
 }
 
@@ -255,9 +255,11 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
             if (fread(record, 1, CIFAR_RECORD, f) != CIFAR_RECORD)
                 die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", paths[k], (long long)r,
                          ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
-            if (record[0] >= NUM_CLASSES)
+            if (record[0] >= NUM_CLASSES) {
+                fclose(f); /* for the fuzzer (tests/fuzz/), which goes on after the error */
                 die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
                          "CIFAR-100 format?", paths[k], (long long)r, record[0]);
+            }
             ds->labels[i] = record[0];
             memcpy(ds->images + (size_t)i * IMG_PIXELS, record + 1, IMG_PIXELS);
         }
