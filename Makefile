@@ -21,6 +21,7 @@ else
   HAVE_CUDA := $(shell test -x $(NVCC) && echo 1)
 endif
 
+, := ,
 # first directory of a list that holds a given file
 find_dir = $(firstword $(foreach d,$(2),$(if $(wildcard $(d)/$(1)),$(d))))
 
@@ -81,11 +82,30 @@ CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variab
 SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
-.PHONY: all help test check check-dep found clean bench bench2 bench3 bench4 bench5 timeline compare $(STAGES)
+# OpenSSL's libcrypto (HMAC-SHA256 for the rendezvous store's handshake, common/auth.h): linked
+# statically when its archive exists, so the binaries carry it (like Check); else libcrypto.so.3.
+CRYPTO_A  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
+               /usr/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
+CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
+LDLIBS    += $(CRYPTO_LIBS)
+
+.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan fuzz bench bench2 bench3 bench4 bench5 timeline compare $(STAGES)
 all: found $(STAGES)
 
-found:
+found: crypto-dep
 	@echo "build: $(FOUND)"
+
+# libcrypto's headers (libssl-dev): installed through apt-get when missing and we are root.
+crypto-dep:
+	@if [ ! -f /usr/include/openssl/hmac.h ] && [ ! -f /usr/local/include/openssl/hmac.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "OpenSSL's headers are missing: installing libssl-dev with apt-get"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev) >/dev/null || \
+	      { echo "error: apt-get install libssl-dev failed"; exit 1; }; \
+	  else \
+	    echo "error: OpenSSL's libcrypto headers are missing; install them with: sudo apt-get install libssl-dev"; exit 1; \
+	  fi; \
+	fi
 
 help:
 	@echo "make            build every stage ($(STAGES)) at the repository root"
@@ -100,6 +120,9 @@ help:
 	@echo "make timeline TRACE=t.json OUT=t.svg   draw a --trace file as an SVG timeline (docs/trace.md)"
 	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
+	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
+	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
+	@echo "make fuzz       libFuzzer on the checkpoint loader, CIFAR reader and store (FUZZ_SECONDS=60 each)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -129,7 +152,8 @@ $(BUILD)/tests/%.o: tests/%.c | check-dep
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c -o $@ $<
 
-tests/run_tests: $(TEST_O) $(LIBCOMMON) | check-dep
+TEST_BIN ?= tests/run_tests
+$(TEST_BIN): $(TEST_O) $(LIBCOMMON) | check-dep
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 -include $(DEPS)
@@ -178,6 +202,75 @@ timeline:
 # Every stage that exists, one setting, one table (tests/compare.sh; QUICK=1 is the CI-sized variant).
 compare: $(STAGES)
 	QUICK=$(QUICK) COMPARE_OUT=$(COMPARE_OUT) bash tests/compare.sh
+
+# ---- sanitizers and fuzzers (CPU backend; each in its own build directory) ----------------------
+# A sub-make builds the stages and the test runner there with the sanitizer in CFLAGS (which
+# ALL_CFLAGS appends to the build's own flags); the suite then runs them from build/X/root, which
+# holds those stage binaries and a link to tests/ (TEST_ROOT). `make sanitize` runs every suite (a
+# CPU-only build: GPU tests print SKIP); SUITES="a b" runs some.
+SAN_SUITES  ?= all
+TSAN_SUITES ?= loader gil dp dist ddp store
+SUITES      ?=
+ASAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
+TSAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+
+define SAN_RUN
+	@$(MAKE) --no-print-directory CPU_ONLY=1 BUILD=build/$(1) CFLAGS="$(2)" LDFLAGS="$(3)" \
+	  TEST_BIN=build/$(1)/run_tests build/$(1)/run_tests $(STAGES:%=build/$(1)/%)
+	@rm -rf build/$(1)/root && mkdir -p build/$(1)/root && cp $(STAGES:%=build/$(1)/%) build/$(1)/root/ && \
+	  ln -s ../../../tests build/$(1)/root/tests
+	@fail=0; for s in $(if $(SUITES),$(SUITES),$(4)); do \
+	  echo "== $(1): $$s"; TEST_ROOT=build/$(1)/root $(5) build/$(1)/run_tests $$([ $$s = all ] || echo $$s) 2>&1 | \
+	    grep -vE '^warning: rendezvous store|^$$' | tail -n 60; \
+	  [ $${PIPESTATUS[0]} = 0 ] || fail=1; \
+	done; exit $$fail
+endef
+
+sanitize: SHELL := /bin/bash
+sanitize: check-dep
+	$(call SAN_RUN,asan,$(ASAN_FLAGS),-fsanitize=address$(,)undefined,$(SAN_SUITES),\
+	  TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+
+tsan: SHELL := /bin/bash
+tsan: check-dep
+	$(call SAN_RUN,tsan,$(TSAN_FLAGS),-fsanitize=thread,$(TSAN_SUITES),TEST_TIME_SCALE=3 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1)
+
+# libFuzzer (clang): installed through apt-get when missing and we are root, like Check.
+FUZZ_SECONDS ?= 60
+FUZZERS     := checkpoint cifar store
+FUZZ_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
+clang-dep:
+	@if ! command -v clang >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "clang is missing: installing it with apt-get (for libFuzzer)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang) >/dev/null || \
+	      { echo "error: apt-get install clang failed"; exit 1; }; \
+	  else \
+	    echo "error: make fuzz needs clang (libFuzzer); install it with: sudo apt-get install clang"; exit 1; \
+	  fi; \
+	fi
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h fuzz-lib
+	clang $(FUZZ_FLAGS),fuzzer -std=c11 -D_GNU_SOURCE -Icommon -o $@ $< build/fuzz/libcommon.a -lm -lpthread $(CRYPTO_LIBS)
+
+fuzz-lib: clang-dep
+	@$(MAKE) --no-print-directory CPU_ONLY=1 CC=clang BUILD=build/fuzz CFLAGS="$(FUZZ_FLAGS),fuzzer-no-link" \
+	  build/fuzz/libcommon.a
+
+# Each fuzzer runs FUZZ_SECONDS on a copy of its seed corpus (tests/fuzz/NAME/); a finding is saved
+# as build/fuzz/crash-* and fails the target.
+fuzz: SHELL := /bin/bash
+fuzz: clang-dep $(FUZZERS:%=build/fuzz/fuzz_%)
+	@for f in $(FUZZERS); do \
+	  mkdir -p build/fuzz/corpus/$$f && cp tests/fuzz/$$f/* build/fuzz/corpus/$$f/ && \
+	  echo "== fuzz $$f for $(FUZZ_SECONDS) s" && \
+	  ASAN_OPTIONS=detect_leaks=0 build/fuzz/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=16384 \
+	    -artifact_prefix=build/fuzz/ -print_final_stats=1 build/fuzz/corpus/$$f 2>&1 | \
+	    grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY|artifact)" ; \
+	  [ $${PIPESTATUS[0]} = 0 ] || exit 1; \
+	done
+
+.PHONY: fuzz-lib
 
 clean:
 	rm -rf build tests/run_tests $(STAGES)

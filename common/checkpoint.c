@@ -5,14 +5,16 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (1)
- *       12    4  u32 header size in bytes (128)
+ *        8    4  u32 format version (2; version 1 ended the header at 128)
+ *       12    4  u32 header size in bytes (192; 128 in version 1)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
  *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
  *       80    8  i64 step            88  8  i64 epoch          96  8  i64 batch_in_epoch
  *      104    8  i64 seed           112  8  i64 momentum_valid 120  8  i64 world_size
- *      128       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
+ *      128    8  i64 batch_size    136  8  i64 train_size    144  8  i64 accum_steps
+ *      152   40  zero (reserved)
+ *      192       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
  * The float blobs are written straight from host memory: we only build for little-endian hosts
@@ -35,8 +37,10 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 1u
-#define CKPT_HEADER 128
+#define CKPT_VERSION 2u
+#define CKPT_HEADER 192
+#define CKPT_HEADER_V1 128
+#define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
 
 static void put_u32(unsigned char *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -66,6 +70,9 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     const int64_t f[] = {m->n_params, m->n_buffers, (int64_t)m->shape_hash, m->step, m->epoch,
                          m->batch_in_epoch, m->seed, m->momentum_valid, m->world_size};
     for (int i = 0; i < 9; i++) put_u64(h + 56 + 8 * i, (uint64_t)f[i]);
+    put_u64(h + 128, (uint64_t)m->batch_size);
+    put_u64(h + 136, (uint64_t)m->train_size);
+    put_u64(h + 144, (uint64_t)m->accum_steps);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -77,6 +84,36 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
     for (int i = 0; i < 9; i++)
         if (f[i]) *f[i] = (int64_t)get_u64(h + 56 + 8 * i);
     m->shape_hash = get_u64(h + 72);
+    m->version = get_u32(h + 8);
+    if (m->version >= 2) {
+        m->batch_size = (int64_t)get_u64(h + 128);
+        m->train_size = (int64_t)get_u64(h + 136);
+        m->accum_steps = (int64_t)get_u64(h + 144);
+    }
+}
+
+const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && s[i] && o + 5 < cap; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 0x20 && ch < 0x7f && ch != '\\') out[o++] = (char)ch;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+    }
+    out[o] = 0;
+    return out;
+}
+
+/* Counters no save writes: negative, or beyond anything a run reaches. */
+static int counters_possible(const CheckpointMeta *m) {
+    const int64_t pos[] = {m->step, m->epoch, m->batch_in_epoch, m->train_size};
+    for (int i = 0; i < 4; i++)
+        if (pos[i] < 0 || pos[i] > CKPT_HUGE) return 0;
+    if (m->momentum_valid != 0 && m->momentum_valid != 1) return 0;
+    if (m->world_size < 1 || m->world_size > (1 << 24)) return 0;
+    if (m->version >= 2 && (m->batch_size < 1 || m->batch_size > INT32_MAX || m->accum_steps < 1 ||
+                            m->accum_steps > INT32_MAX))
+        return 0;
+    return 1;
 }
 
 /* Total file size for a model of this size; −1 if the counts are nonsense (negative / overflow). */
@@ -110,12 +147,13 @@ static int write_all(int fd, const void *buf, size_t len, uint64_t *hash) {
 
 /* A failed save removes its temporary file and stops; the checkpoint under the real name (if any)
  * was never touched, so training can be resumed from it. */
-_Noreturn static void save_fail(const char *tmp, int fd, const char *what, const char *path, int err) {
+#define save_fail(tmp, fd, what, path, err) save_fail_at(__LINE__, tmp, fd, what, path, err) /* names the call's line */
+_Noreturn static void save_fail_at(int line, const char *tmp, int fd, const char *what, const char *path, int err) {
     if (fd >= 0) close(fd);
     unlink(tmp);
     char call[1100];
     snprintf(call, sizeof call, "%s('%s')", what, path);
-    die_at(__FILE__, __LINE__, call, strerror(err),
+    die_at(__FILE__, line, call, strerror(err),
            "check free space and permissions of the --save directory (df -h); any earlier checkpoint "
            "there is intact and can be given to --resume");
 }
@@ -165,18 +203,19 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
  * load */
 
 /* Read exactly len bytes (or to EOF); returns the count read. */
-static size_t read_full(FILE *f, void *buf, size_t len) {
+static size_t read_full(int fd, void *buf, size_t len) {
     size_t got = 0;
     while (got < len) {
-        size_t r = fread((char *)buf + got, 1, len - got, f);
-        if (r == 0) break;
-        got += r;
+        ssize_t r = read(fd, (char *)buf + got, len - got > ((size_t)1 << 30) ? (size_t)1 << 30 : len - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
     }
     return got;
 }
 
 /* Read len bytes into dst (or, when dst is NULL, through a scratch buffer) and hash them. */
-static void read_blob(FILE *f, const char *path, void *dst, size_t len, uint64_t *h) {
+static void read_blob(int f, const char *path, void *dst, size_t len, uint64_t *h) {
     static unsigned char scratch[1 << 16];
     if (dst) {
         if (read_full(f, dst, len) != len) die_user("checkpoint '%s': read error: %s", path, errno_string());
@@ -193,32 +232,37 @@ static void read_blob(FILE *f, const char *path, void *dst, size_t len, uint64_t
 
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
+    /* O_NONBLOCK: a FIFO given to --resume must not wait for a writer; the type is checked first */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+    if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode))
         die_user("checkpoint '%s' is not a regular file (give --resume a .ckpt file)", path);
     const int64_t size = (int64_t)st.st_size;
     const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers);
 
-    unsigned char hd[CKPT_HEADER];
-    size_t got = read_full(f, hd, sizeof hd);
+    unsigned char hd[CKPT_HEADER] = {0};
+    size_t got = read_full(f, hd, CKPT_HEADER_V1);
     size_t mlen = got < 8 ? got : 8;
     if (memcmp(hd, CKPT_MAGIC, mlen) != 0) /* a short prefix of the magic reads as truncated */
         die_user("'%s' is not a checkpoint of this trainer (wrong magic; expected a file written by --save)", path);
-    if (got < CKPT_HEADER)
+    if (got < CKPT_HEADER_V1)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
-    if (version != CKPT_VERSION)
-        die_user("checkpoint '%s' has format version %u; this trainer reads version %u (use the trainer "
+    if (version != CKPT_VERSION && version != 1)
+        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 and %u (use the trainer "
                  "version that wrote it)", path, version, CKPT_VERSION);
-    if (hsize != CKPT_HEADER)
-        die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize, CKPT_HEADER);
+    if (hsize != (version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER))
+        die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize,
+                 version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER);
+    if (hsize > CKPT_HEADER_V1 && read_full(f, hd + CKPT_HEADER_V1, hsize - CKPT_HEADER_V1) != hsize - CKPT_HEADER_V1)
+        die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
+                 "earlier checkpoint", path, (long long)size, (long long)want_model);
     CheckpointMeta m;
     header_decode(hd, &m);
-    int64_t want = ckpt_size(m.n_params, m.n_buffers);
-    if (want < 0) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
+    int64_t want = ckpt_size(m.n_params, m.n_buffers) - CKPT_HEADER + hsize;
+    if (want < (int64_t)hsize) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
     if (size < want)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want);
@@ -229,25 +273,33 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     /* Read (straight into the caller's arrays when the sizes agree) and verify the checksum before
      * judging the header's model description, so a flipped header byte reads as corruption. */
     int fits = m.n_params == expect->n_params && m.n_buffers == expect->n_buffers;
-    uint64_t h = fnv1a64(FNV1A64_INIT, hd, sizeof hd);
+    uint64_t h = fnv1a64(FNV1A64_INIT, hd, hsize);
     size_t np = (size_t)m.n_params * sizeof(float), nb = (size_t)m.n_buffers * sizeof(float);
     read_blob(f, path, fits ? params : NULL, np, &h);
     read_blob(f, path, fits ? buffers : NULL, nb, &h);
     read_blob(f, path, fits ? momentum : NULL, np, &h);
     unsigned char sum[8];
     if (read_full(f, sum, 8) != 8) die_user("checkpoint '%s': read error: %s", path, errno_string());
-    fclose(f);
+    close(f);
     if (get_u64(sum) != h)
         die_user("checkpoint '%s' is corrupt: checksum mismatch (stored %016llx, computed %016llx) — the "
                  "file was damaged after it was written; use an earlier checkpoint", path,
                  (unsigned long long)get_u64(sum), (unsigned long long)h);
 
+    if (!counters_possible(&m))
+        die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
+                 "%lld, batch size %lld, accumulation %lld) — was it edited? use another checkpoint", path,
+                 (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch, (long long)m.world_size,
+                 (long long)m.batch_size, (long long)m.accum_steps);
+    char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
+    checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
+    checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);
     if (strcmp(m.arch, expect->arch) != 0)
         die_user("checkpoint '%s' was saved for model %s, but this run trains %s (pass --model %s to "
-                 "resume it)", path, m.arch, expect->arch, m.arch);
+                 "resume it)", path, arch, expect->arch, arch);
     if (strcmp(m.norm, expect->norm) != 0)
         die_user("checkpoint '%s' was saved with --norm %s, but this run uses --norm %s (pass --norm %s "
-                 "to resume it)", path, m.norm, expect->norm, m.norm);
+                 "to resume it)", path, norm, expect->norm, norm);
     if (m.n_params != expect->n_params)
         die_user("checkpoint '%s' has %lld parameters, but this %s model has %lld (saved by a different "
                  "model definition)", path, (long long)m.n_params, expect->arch, (long long)expect->n_params);
@@ -280,6 +332,24 @@ static void mkdir_p(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
+}
+
+void checkpoint_probe(const char *dir) {
+    char *path = checkpoint_path(dir, 0, 0, 0);
+    char *probe = NULL;
+    if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    const char *call = "open";
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        call = "write";
+        if (write(fd, "probe", 5) == 5) call = fsync(fd) == 0 ? NULL : "fsync";
+        close(fd);
+        if (unlink(probe) != 0 && !call) call = "unlink";
+    }
+    if (call)
+        die_user("--save '%s': cannot write a checkpoint there (%s('%s'): %s) — give --save a writable directory",
+                 dir, call, probe, errno_string());
+    free(probe), free(path);
 }
 
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {

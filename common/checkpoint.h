@@ -6,8 +6,10 @@
  * A save writes "<path>.tmp", fsyncs it, renames it over <path> and fsyncs the directory, so a crash
  * never leaves a half-written checkpoint under the real name and an older checkpoint is never lost.
  * A load refuses — with an error naming the file and the problem — a missing file, a wrong magic or
- * version, a truncated file, a checksum mismatch, and a model that differs from the one being
- * trained (architecture, norm, parameter count, shape fingerprint). */
+ * version, a truncated file, a checksum mismatch, counters no save can produce (negative or huge
+ * epoch / step / position: the checksum is no defence against edits), and a model that differs from
+ * the one being trained (architecture, norm, parameter count, shape fingerprint). Version 1 files
+ * (before the position's meaning was recorded) are still read, with version = 1. */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -28,7 +30,14 @@ typedef struct CheckpointMeta {
     int64_t batch_in_epoch; /* batches of that epoch already done (0 at an epoch boundary) */
     int64_t seed;
     int64_t momentum_valid; /* 1 once the optimizer has taken a step (its buffers exist) */
-    int64_t world_size;     /* informational: how many ranks trained it */
+    int64_t world_size;     /* ranks (stage 2: GPUs) sharing each step's samples */
+    /* what the position means (format version 2): one step reads world_size × batch_size samples of
+     * a permutation of train_size samples seeded by seed + epoch, and an optimizer step is
+     * accum_steps such batches; a run continues a checkpoint only when all of them agree */
+    int64_t batch_size;     /* per rank (stage 2: per GPU) */
+    int64_t train_size;     /* samples in the training set (0: unknown) */
+    int64_t accum_steps;    /* micro-batches per optimizer step (1 without accumulation) */
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 or 2) */
 } CheckpointMeta;
 
 /* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory). */
@@ -44,6 +53,14 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 /* "DIR/epoch003.ckpt" (end of an epoch) or "DIR/step00001234.ckpt" (inside one) for a save directory (creates DIR if needed; a DIR that cannot
  * be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
+
+/* Check before training that checkpoints can be written into dir: create it if needed, then create,
+ * write, fsync and remove a probe file. A failure is a user error naming the call that failed. */
+void checkpoint_probe(const char *dir);
+
+/* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
+ * checkpoint's header strings, which may be anything). Returns out. */
+const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap);
 
 
 #endif

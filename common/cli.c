@@ -323,6 +323,9 @@ void config_defaults(TrainConfig *c) {
     c->trace_steps = TRACE_DEFAULT_STEPS;
 }
 
+static Option *volatile last_table;      /* config_options' result, kept reachable (see there) */
+static const Option *volatile last_extra; /* and the stage's own rows (dp_options, ddp_options) */
+
 Option *config_options(TrainConfig *c, const Option *extra) {
     const double above0 = nextafter(0.0, INFINITY), below1 = nextafter(1.0, 0.0);
     const Option common[] = {
@@ -372,6 +375,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
          "page-locked host batches for asynchronous copies (DataLoader pin_memory=True)"},
         {"save", OPT_STR, &c->save, 0, 0, NULL,
          "write checkpoints into DIR (created if missing) at the end of every epoch"},
+        {"keep-last", OPT_INT, &c->keep_last, 0, 1000000, NULL,
+         "with --save: remove this run's older checkpoints, keeping the newest N (0 = keep all)"},
         {"resume", OPT_STR, &c->resume, 0, 0, NULL,
          "continue training from checkpoint FILE: weights, optimizer state and data position"},
         {"report", OPT_STR, &c->report, 0, 0, NULL,
@@ -388,6 +393,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
     Option *t = xcalloc((size_t)(n_common + n_extra + 1), sizeof(Option));
     memcpy(t, common, sizeof common);
     if (n_extra) memcpy(t + n_common, extra, (size_t)n_extra * sizeof(Option));
+    /* The stages parse once and keep the tables to the end (cli_parse(…, config_options(…))): they
+     * are held here so that they stay reachable, and leak checkers do not report them as lost. */
+    last_table = t, last_extra = extra;
     return t; /* calloc'd, so row n_common + n_extra has name == NULL */
 }
 

@@ -51,6 +51,7 @@ typedef struct TrainConfig {
     int workers;
     int pin_memory;
     const char *save;        /* "" = no checkpoints; else a directory */
+    int keep_last;           /* 0 = keep every checkpoint this run writes; N = only the newest N */
     const char *resume;      /* "" or a checkpoint file */
     const char *report;      /* "" or a JSON-lines file */
     const char *progress;    /* auto | on | off */

@@ -62,9 +62,10 @@ static void ring_exchange(Comm *c, const char *sbuf, size_t sbytes, char *rbuf, 
                               {.fd = got < rbytes ? c->left : -1, .events = POLLIN}};
         int rc = poll(p, 2, (int)(c->timeout * 1000));
         if (rc < 0 && errno == EINTR) continue;
-        if (rc == 0)
-            comm_fail(c, "host ring: no progress for %.0f s exchanging with ranks %d and %d — one of them is "
-                         "hung or failed (see its error)", c->timeout, left_rank, right_rank);
+        if (rc == 0) /* name the one we wait for: the left one has not sent, or the right one not read */
+            comm_fail(c, "host ring: no progress for %.0f s: rank %d stopped answering (it has not %s) — it is "
+                         "hung, stopped or failed (see its error)", c->timeout, got < rbytes ? left_rank : right_rank,
+                      got < rbytes ? "sent its part" : "read ours");
         if (sent < sbytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t n = send(c->right, sbuf + sent, sbytes - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (n < 0 && errno != EAGAIN && errno != EINTR)

@@ -27,11 +27,13 @@
 #include "data.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "rng.h"
@@ -192,15 +194,17 @@ static const char *const CIFAR_TEST_FILES[] = {"test_batch.bin"};
 
 /* Open one file and return its record count; every problem is the user's to fix, so die_user. */
 static FILE *cifar_open(const char *path, int64_t *records) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
+     * before the first read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
         if (errno == ENOENT)
             die_user("CIFAR-10 file '%s' not found — download it with docs/get_cifar10.sh, or drop --data "
                      "to use the synthetic set", path);
         die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
     }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) die_user("CIFAR-10 file '%s' is not a regular file", path);
     int64_t size = (int64_t)st.st_size;
     if (size == 0 || size % CIFAR_RECORD != 0)
@@ -209,6 +213,8 @@ static FILE *cifar_open(const char *path, int64_t *records) {
                  "the binary version? Re-run docs/get_cifar10.sh",
                  path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE);
     *records = size / CIFAR_RECORD;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
     return f;
 }
 
@@ -249,9 +255,11 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
             if (fread(record, 1, CIFAR_RECORD, f) != CIFAR_RECORD)
                 die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", paths[k], (long long)r,
                          ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
-            if (record[0] >= NUM_CLASSES)
+            if (record[0] >= NUM_CLASSES) {
+                fclose(f); /* for the fuzzer (tests/fuzz/), which goes on after the error */
                 die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
                          "CIFAR-100 format?", paths[k], (long long)r, record[0]);
+            }
             ds->labels[i] = record[0];
             memcpy(ds->images + (size_t)i * IMG_PIXELS, record + 1, IMG_PIXELS);
         }

@@ -17,6 +17,9 @@ _Noreturn void die_at(const char *file, int line, const char *call, const char *
 
 /* Bad input from the user (flag, dataset file, checkpoint): "error: <message>" and exit(2). printf-style. */
 _Noreturn void die_user(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Test-only: when set, die_user calls it (silently) instead of exiting; it must not return (the
+ * fuzzers in tests/fuzz/ longjmp back, so rejected input is not a crash). */
+extern void (*die_user_hook)(void);
 /* A failure at run time that is nobody's bug (a peer process died, a timeout): "error: <message>"
  * and exit(1). printf-style. */
 _Noreturn void die_runtime(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

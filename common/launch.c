@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "device.h"
 #include "errors.h"
 
@@ -133,6 +134,7 @@ typedef struct Child {
     pid_t pid;
     int rank, local_rank;
     int status, reaped, stopped_by_us;
+    int sigstopped, stop_sig; /* stopped now (SIGSTOP, SIGTSTP…): it answers no one, yet has not failed */
     int64_t reap_ns;
 } Child;
 
@@ -144,7 +146,10 @@ static void set_env_int(const char *name, int v) {
 
 static void reap(Child *ch, int n, pid_t pid, int status) {
     for (int i = 0; i < n; i++)
-        if (ch[i].pid == pid) {
+        if (ch[i].pid == pid && (WIFSTOPPED(status) || WIFCONTINUED(status))) {
+            ch[i].sigstopped = WIFSTOPPED(status), ch[i].stop_sig = WIFSTOPPED(status) ? WSTOPSIG(status) : 0;
+            return;
+        } else if (ch[i].pid == pid) {
             ch[i].status = status, ch[i].reaped = 1, ch[i].reap_ns = status_clock_ns();
             return;
         }
@@ -157,7 +162,7 @@ static int failed(const Child *c) {
 /* SIGTERM every live worker, SIGKILL the ones still alive after the grace period, reap them all. */
 static void stop_all(Child *ch, int n) {
     for (int i = 0; i < n; i++)
-        if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM);
+        if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM), kill(ch[i].pid, SIGCONT);
     int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
     int sent_kill = 0;
     for (;;) {
@@ -192,6 +197,8 @@ static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, siz
     int64_t step = __atomic_load_n(&slot->step, __ATOMIC_RELAXED);
     if (step > 0) snprintf(when, sizeof when, "at step %lld", (long long)step);
     else snprintf(when, sizeof when, "during setup (before step 1)");
+    if (c->sigstopped) /* the failure is the others' timeout: this one stopped answering them */
+        snprintf(how, sizeof how, "was stopped by SIG%s and stopped answering", status_signal_name(c->stop_sig));
     snprintf(buf, len, "rank %d (local rank %d, pid %d) %s %s", c->rank, c->local_rank, (int)c->pid, how, when);
 }
 
@@ -214,6 +221,18 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) exe[len] = 0;
     else snprintf(exe, sizeof exe, "%s", argv[0]);
+
+    /* The rendezvous secret (auth.h): the user's if given (every node needs the same), else a fresh
+     * random one that only our own workers get, through their environment — never on the wire. */
+    char secret[65] = "";
+    uint8_t given[AUTH_MAX_SECRET];
+    if (!auth_secret(given, sizeof given)) {
+        if (cfg->nnodes > 1)
+            die_user("--nnodes %d: every node's launcher needs the same rendezvous secret — export "
+                     "STAGE_RDZV_SECRET=$(openssl rand -hex 32) on one, and the same value on the others "
+                     "(or STAGE_RDZV_SECRET_FILE=a file only you can read)", cfg->nnodes);
+        auth_new_secret(secret);
+    }
 
     /* The status page: one slot per local worker, inherited as a file descriptor across exec. */
     int status_fd;
@@ -250,6 +269,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             set_env_int("MASTER_PORT", cfg->master_port);
             set_env_int("STAGE3_STATUS_FD", status_fd);
             unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+            if (secret[0]) setenv("STAGE_RDZV_SECRET", secret, 1);
             execv(exe, argv);
             fprintf(stderr, "error: %s launcher: cannot exec %s: %s\n", prog, exe, strerror(errno));
             _exit(127);
@@ -262,12 +282,13 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int alive = n, failure = 0;
     while (alive > 0 && !failure && !got_signal) {
         int st;
-        pid_t pid = waitpid(-1, &st, 0);
+        pid_t pid = waitpid(-1, &st, WUNTRACED | WCONTINUED); /* stops too: a stopped rank is blamed */
         if (pid < 0) {
             if (errno == EINTR) continue;
             break;
         }
         reap(ch, n, pid, st);
+        if (WIFSTOPPED(st) || WIFCONTINUED(st)) continue;
         alive--;
         for (int i = 0; i < n; i++) failure |= ch[i].pid == pid && failed(&ch[i]);
     }
@@ -278,7 +299,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(got_signal), n);
         exit(128 + got_signal);
     }
-    /* A failure: say so at once, then stop the others. */
+    /* A failure: say so at once, then stop the others. A worker that is stopped (SIGSTOP) when the
+     * others fail is the cause: they timed out waiting for it. */
+    int stopped_root = -1;
+    for (int i = 0; i < n && stopped_root < 0; i++)
+        if (ch[i].sigstopped && !ch[i].reaped) stopped_root = i;
     char msg[256];
     for (int i = 0; i < n; i++)
         if (failed(&ch[i])) {
@@ -304,6 +329,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         if (coll < best_collateral || (coll == best_collateral && t < best))
             root = i, best = t, best_collateral = coll;
     }
+    if (stopped_root >= 0) root = stopped_root;
     if (root < 0) root = 0;
     int stopped = 0;
     for (int i = 0; i < n; i++) stopped += ch[i].stopped_by_us;

@@ -6,10 +6,13 @@
  * nine significant digits are enough for any float32 to read back bit-exactly. */
 #include "report.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,10 +36,22 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
     else if (!strcmp(progress_flag, "off")) r->progress = 0;
     else die_user("--progress must be one of auto|on|off, got '%s'", progress_flag);
     if (json_path && json_path[0]) {
-        r->json = fopen(json_path, "w");
-        if (!r->json)
+        /* The type first, without truncating or blocking: a FIFO would wait forever for a reader. */
+        int fd = open(json_path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+        struct stat st;
+        if (fd < 0 && errno == ENXIO) die_user("--report '%s' is a FIFO: give it a regular file", json_path);
+        if (fd < 0)
             die_user("cannot open --report file '%s': %s (check that its directory exists and is writable)",
                      json_path, errno_string());
+        if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)))
+            die_user("--report '%s' is not a regular file (a FIFO, socket or directory): give it a file path",
+                     json_path);
+        if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
+            die_user("cannot truncate --report file '%s': %s", json_path, errno_string());
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        r->json = fdopen(fd, "w");
+        if (!r->json) die_at(__FILE__, __LINE__, "fdopen", errno_string(), json_path);
+        r->json_path = json_path;
     }
     r->bar_last = -1e30;
 }
@@ -54,10 +69,10 @@ void report_close(Report *r) {
     fflush(stdout);
     if (r->json) {
         /* A full disk shows up here at the latest; say so rather than leave a silently short file. */
-        if (ferror(r->json) | fclose(r->json))
-            fprintf(stderr, "warning: writing the --report file failed (%s); it may be incomplete\n",
-                    errno_string());
+        int bad = ferror(r->json) | fclose(r->json);
         r->json = NULL;
+        if (bad) die_runtime("writing the --report file '%s' failed (%s): it is incomplete — check free space (df -h)",
+                             r->json_path, errno_string());
     }
     r->active = 0;
 }
@@ -189,7 +204,10 @@ void json_num_list(Report *r, const char *key, const double *v, int n) {
 void json_end(Report *r) {
     if (!json_on(r)) return;
     fputs("}\n", r->json);
-    fflush(r->json); /* a line is complete on disk once written: `tail -f` and crashes see whole lines */
+    /* a line is complete on disk once written: `tail -f` and crashes see whole lines */
+    if (fflush(r->json) != 0 || ferror(r->json))
+        die_runtime("writing the --report file '%s' failed (%s) — check free space (df -h)", r->json_path,
+                    errno_string());
 }
 
 /* ----------------------------------------------------------------------------------------------

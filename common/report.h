@@ -12,6 +12,7 @@
 
 typedef struct Report {
     FILE *json;       /* NULL when no --report */
+    const char *json_path;
     int progress;     /* draw the progress bar */
     int active;       /* 0 on non-reporting ranks: every call is a no-op */
     int bar_drawn;    /* a progress line is on screen and must be cleared before printing */
@@ -19,7 +20,8 @@ typedef struct Report {
 } Report;
 
 /* progress_flag: "auto" | "on" | "off". json_path may be "" or NULL. The file is created or
- * truncated; failure to open it is a user error naming the path. */
+ * truncated; failure to open it, or a path that is a FIFO, socket or directory, is a user error
+ * naming the path. A write that fails later (a full disk) ends the run with an error (exit 1). */
 void report_open(Report *r, const char *json_path, const char *progress_flag, int active);
 void report_close(Report *r);
 

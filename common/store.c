@@ -19,9 +19,11 @@
 
 #include "clock.h"
 #include "errors.h"
+#include "auth.h"
 #include "net.h"
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4 };
+enum { STATUS_OVERFLOW = 2 }; /* ADD would leave the int64 range */
 #define HDR 12          /* op, 3 pad bytes, key_len, val_len */
 #define MAX_CONNS 4096  /* a job of up to ~4000 ranks; more connections are refused */
 
@@ -39,6 +41,20 @@ static int64_t get_i64(const uint8_t *p) { return (int64_t)((uint64_t)get_u32(p)
 
 /* ---- the server (rank 0) --------------------------------------------------------------------- */
 
+/* Limits that keep one bad or slow client from stalling or growing the server:
+ *  - a connection is a stranger until it passes the handshake (auth.h): it may hold 64 bytes, and
+ *    is closed after AUTH_TIMEOUT_S; at most MAX_STRANGERS wait at once (the oldest goes first);
+ *  - replies never block: they wait in the connection's own buffer, and a client that leaves one
+ *    unread, or a request half-sent, for STALL_S is closed;
+ *  - a connection holds one request and one reply at a time (a client that sends another before
+ *    reading its answer is closed), and all buffers together stay under MAX_BUFFERED.
+ * A rank that idles between barriers for hours is fine: only strangers and stalls are timed out. */
+#define AUTH_TIMEOUT_S 10.0 /* at most: the rendezvous timeout, if shorter (but 2 s at least) */
+#define STALL_S 30.0        /* the same: at most, and 5 s at least */
+#define MAX_STRANGERS 64
+#define MAX_BUFFERED ((size_t)64 << 20)
+#define MAX_WARNINGS 10 /* refusals reported on stderr; later ones are only counted */
+
 typedef struct Entry {
     char *key;
     uint8_t *val;
@@ -46,23 +62,51 @@ typedef struct Entry {
 } Entry;
 
 typedef struct Conn {
-    int fd;
-    uint8_t *buf; /* bytes received and not yet handled */
-    size_t len, cap;
-    char *waiting; /* key of a GET that is answered when the key is set */
+    int fd;                     /* -1: closed; FUZZ_FD: no socket (store_fuzz_input) */
+    int authed;
+    double since;               /* accepted, or first byte of a pending request / reply */
+    uint8_t nonce[AUTH_NONCE];  /* the server's challenge */
+    uint8_t hello[AUTH_NONCE + AUTH_MAC];
+    size_t hello_len;
+    uint8_t *in;                /* bytes of the request being received */
+    size_t in_len, in_cap;
+    uint8_t *out;               /* the reply not yet sent */
+    size_t out_len, out_off;
+    char *waiting;              /* key of a GET that is answered when the key is set */
 } Conn;
+#define FUZZ_FD (-2)
 
 typedef struct Server {
     int fd;
     int wake[2]; /* a byte written here stops the thread */
     pthread_t thread;
     pthread_mutex_t mu; /* guards n_open (read by store_close) */
-    int n_open;
+    int n_open;         /* authenticated connections: the job's ranks */
+    uint8_t secret[AUTH_MAX_SECRET];
+    size_t secret_len;
+    double auth_timeout, stall; /* AUTH_TIMEOUT_S and STALL_S for this job */
+    size_t buffered;    /* bytes held in every connection's in and out buffers */
+    int warnings;
     Entry *kv;
     int n_kv, cap_kv;
     Conn *conns;
     int n_conns, cap_conns;
 } Server;
+
+static void warn(Server *sv, const Conn *c, const char *why) {
+    if (++sv->warnings > MAX_WARNINGS) return;
+    char peer[INET6_ADDRSTRLEN + 8] = "?";
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, peer, sizeof peer);
+        else if (ss.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, peer, sizeof peer);
+    }
+    fprintf(stderr, "warning: rendezvous store: closed a connection from %s: %s%s\n", peer, why,
+            sv->warnings == MAX_WARNINGS ? " (further ones are not reported)" : "");
+}
 
 static Entry *kv_find(Server *sv, const char *key) {
     for (int i = 0; i < sv->n_kv; i++)
@@ -80,6 +124,7 @@ static Entry *kv_put(Server *sv, const char *key, const uint8_t *val, uint32_t l
         }
         e = &sv->kv[sv->n_kv++];
         e->key = strdup(key);
+        ASSERT(e->key);
         e->val = NULL;
     }
     free(e->val);
@@ -90,30 +135,70 @@ static Entry *kv_put(Server *sv, const char *key, const uint8_t *val, uint32_t l
 }
 
 static void conn_close(Server *sv, Conn *c) {
-    if (c->fd < 0) return;
-    close(c->fd);
+    if (c->fd == -1) return;
+    if (c->fd >= 0) close(c->fd);
     c->fd = -1;
-    free(c->buf), free(c->waiting);
-    c->buf = NULL, c->waiting = NULL;
-    pthread_mutex_lock(&sv->mu);
-    sv->n_open--;
-    pthread_mutex_unlock(&sv->mu);
+    sv->buffered -= c->in_cap + c->out_len;
+    free(c->in), free(c->out), free(c->waiting);
+    c->in = c->out = NULL, c->waiting = NULL;
+    c->in_cap = c->in_len = c->out_len = c->out_off = 0;
+    if (c->authed) {
+        pthread_mutex_lock(&sv->mu);
+        sv->n_open--;
+        pthread_mutex_unlock(&sv->mu);
+    }
+}
+
+/* Send what the socket takes now; the rest waits for POLLOUT. */
+static void conn_flush(Server *sv, Conn *c) {
+    while (c->fd != -1 && c->out_off < c->out_len) {
+        if (c->fd == FUZZ_FD) {
+            c->out_off = c->out_len;
+            break;
+        }
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            conn_close(sv, c);
+            return;
+        }
+        c->out_off += (size_t)n;
+    }
+    if (c->fd != -1 && c->out_len) {
+        sv->buffered -= c->out_len;
+        free(c->out);
+        c->out = NULL, c->out_len = c->out_off = 0;
+    }
+}
+
+static void queue(Server *sv, Conn *c, const uint8_t *h, size_t hlen, const uint8_t *val, size_t len) {
+    ASSERT(c->out_len == 0);
+    if (sv->buffered + hlen + len > MAX_BUFFERED) {
+        warn(sv, c, "the store's reply buffers are full");
+        conn_close(sv, c);
+        return;
+    }
+    c->out = xmalloc(hlen + len);
+    memcpy(c->out, h, hlen);
+    if (len) memcpy(c->out + hlen, val, len);
+    c->out_len = hlen + len, c->out_off = 0;
+    sv->buffered += c->out_len;
+    c->since = time_now();
+    conn_flush(sv, c);
 }
 
 static void reply(Server *sv, Conn *c, uint8_t status, const uint8_t *val, uint32_t len) {
     uint8_t h[8] = {status};
     put_u32(h + 4, len);
-    /* A client that does not read its answer within 10 s is dropped, so one stuck rank cannot
-     * stall the server for everyone. */
-    if (net_send_all(c->fd, h, 8, 10.0) < 0 || (len && net_send_all(c->fd, val, len, 10.0) < 0))
-        conn_close(sv, c);
+    queue(sv, c, h, 8, val, len);
 }
 
 /* A key was set: answer the GETs that were waiting for it. */
 static void wake_waiters(Server *sv, const Entry *e) {
     for (int i = 0; i < sv->n_conns; i++) {
         Conn *c = &sv->conns[i];
-        if (c->fd >= 0 && c->waiting && !strcmp(c->waiting, e->key)) {
+        if (c->fd != -1 && c->waiting && !strcmp(c->waiting, e->key)) {
             free(c->waiting);
             c->waiting = NULL;
             reply(sv, c, 1, e->val, e->len);
@@ -131,64 +216,169 @@ static void handle(Server *sv, Conn *c, int op, const char *key, const uint8_t *
         break;
     case OP_GET:
         if ((e = kv_find(sv, key))) reply(sv, c, 1, e->val, e->len);
-        else c->waiting = strdup(key);
+        else {
+            c->waiting = strdup(key);
+            ASSERT(c->waiting);
+        }
         break;
     case OP_ADD: {
         e = kv_find(sv, key);
-        int64_t v = (e && e->len == 8 ? get_i64(e->val) : 0) + get_i64(val);
+        int64_t v, delta = get_i64(val), old = e && e->len == 8 ? get_i64(e->val) : 0;
+        if (__builtin_add_overflow(old, delta, &v)) { /* answered, the counter left as it was */
+            reply(sv, c, STATUS_OVERFLOW, NULL, 0);
+            break;
+        }
         uint8_t b[8];
         put_i64(b, v);
         e = kv_put(sv, key, b, 8);
         reply(sv, c, 1, b, 8);
-        if (get_i64(val) != 0) wake_waiters(sv, e);
+        if (delta != 0) wake_waiters(sv, e);
         break;
     }
     case OP_CHECK: reply(sv, c, kv_find(sv, key) ? 1 : 0, NULL, 0); break;
     }
 }
 
-/* Read what the connection has sent and handle every complete request in it. */
-static void conn_read(Server *sv, Conn *c) {
-    if (c->cap - c->len < 4096) {
-        c->cap = c->cap ? 2 * c->cap : 8192;
-        c->buf = realloc(c->buf, c->cap);
-        ASSERT(c->buf);
+/* The client's half of the handshake has arrived: check it, answer with ours, or close. */
+static void conn_hello(Server *sv, Conn *c) {
+    uint8_t want[AUTH_MAC];
+    auth_mac(sv->secret, sv->secret_len, "client", c->nonce, c->hello, want);
+    if (!auth_equal(want, c->hello + AUTH_NONCE)) {
+        warn(sv, c, "it does not know the job's rendezvous secret (STAGE_RDZV_SECRET)");
+        conn_close(sv, c);
+        return;
     }
-    ssize_t n = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
+    c->authed = 1;
+    pthread_mutex_lock(&sv->mu);
+    sv->n_open++;
+    pthread_mutex_unlock(&sv->mu);
+    uint8_t mac[AUTH_MAC];
+    auth_mac(sv->secret, sv->secret_len, "server", c->nonce, c->hello, mac);
+    queue(sv, c, mac, AUTH_MAC, NULL, 0);
+}
+
+/* The size of the request whose header is in c->in, or 0 (the connection closed) when it is invalid. */
+static size_t request_size(Server *sv, Conn *c) {
+    int op = c->in[0];
+    uint32_t klen = get_u32(c->in + 4), vlen = get_u32(c->in + 8);
+    if (op < OP_SET || op > OP_CHECK || klen == 0 || klen > STORE_MAX_KEY || vlen > STORE_MAX_VALUE ||
+        (op == OP_ADD && vlen != 8) || (op != OP_SET && op != OP_ADD && vlen != 0)) {
+        char why[160];
+        snprintf(why, sizeof why, "a malformed or oversized request (op %d, key %u bytes, value %u bytes; "
+                 "limits %d and %d)", op, klen, vlen, STORE_MAX_KEY, STORE_MAX_VALUE);
+        warn(sv, c, why);
+        conn_close(sv, c);
+        return 0;
+    }
+    return HDR + klen + vlen;
+}
+
+/* Bytes that arrived on a connection: the handshake first, then one request at a time. */
+static void conn_input(Server *sv, Conn *c, const uint8_t *data, size_t n) {
+    while (n > 0 && c->fd != -1) {
+        if (c->out_len || c->waiting) { /* one request at a time: this one is not answered yet */
+            warn(sv, c, "it sent a request before reading the answer to its last");
+            conn_close(sv, c);
+            return;
+        }
+        if (!c->authed) {
+            size_t take = sizeof c->hello - c->hello_len;
+            if (take > n) take = n;
+            memcpy(c->hello + c->hello_len, data, take);
+            c->hello_len += take, data += take, n -= take;
+            if (c->hello_len == sizeof c->hello) conn_hello(sv, c);
+            continue;
+        }
+        if (c->in_len == 0) c->since = time_now();
+        /* What this request needs: its header, then exactly the size the header declares. */
+        size_t need = c->in_len >= HDR ? request_size(sv, c) : HDR;
+        if (!need) return;
+        if (c->in_cap < need) {
+            if (sv->buffered + need - c->in_cap > MAX_BUFFERED) {
+                warn(sv, c, "the store's request buffers are full");
+                conn_close(sv, c);
+                return;
+            }
+            c->in = realloc(c->in, need);
+            ASSERT(c->in);
+            sv->buffered += need - c->in_cap;
+            c->in_cap = need;
+        }
+        size_t take = need - c->in_len;
+        if (take > n) take = n;
+        memcpy(c->in + c->in_len, data, take);
+        c->in_len += take, data += take, n -= take;
+        if (c->in_len == HDR && !(need = request_size(sv, c))) return; /* a bad header: refuse it at once */
+        if (c->in_len < need) continue;
+        uint32_t klen = get_u32(c->in + 4), vlen = get_u32(c->in + 8);
+        char key[STORE_MAX_KEY + 1];
+        memcpy(key, c->in + HDR, klen);
+        key[klen] = 0;
+        c->in_len = 0;
+        handle(sv, c, c->in[0], key, c->in + HDR + klen, vlen);
+        /* a big request's buffer goes back; small ones keep theirs */
+        if (c->fd != -1 && c->in_cap > 4096) {
+            sv->buffered -= c->in_cap;
+            free(c->in);
+            c->in = NULL, c->in_cap = 0;
+        }
+    }
+}
+
+static void conn_read(Server *sv, Conn *c) {
+    uint8_t b[65536];
+    ssize_t n = recv(c->fd, b, sizeof b, MSG_DONTWAIT);
     if (n <= 0) {
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
         conn_close(sv, c); /* the rank closed its end (normal at exit) or its connection broke */
         return;
     }
-    c->len += (size_t)n;
-    while (c->fd >= 0 && c->len >= HDR) {
-        int op = c->buf[0];
-        uint32_t klen = get_u32(c->buf + 4), vlen = get_u32(c->buf + 8);
-        if (op < OP_SET || op > OP_CHECK || klen == 0 || klen > STORE_MAX_KEY || vlen > STORE_MAX_VALUE ||
-            (op == OP_ADD && vlen != 8)) {
-            fprintf(stderr, "warning: rendezvous store: dropping a connection that sent a malformed or "
-                            "oversized request (key %u bytes, value %u bytes; limits %d and %d)\n",
-                    klen, vlen, STORE_MAX_KEY, STORE_MAX_VALUE);
-            conn_close(sv, c);
-            return;
-        }
-        size_t total = HDR + klen + vlen;
-        if (c->len < total) {
-            if (c->cap < total) {
-                c->cap = total;
-                c->buf = realloc(c->buf, c->cap);
-                ASSERT(c->buf);
-            }
-            return; /* the rest of this request is still on its way */
-        }
-        char key[STORE_MAX_KEY + 1];
-        memcpy(key, c->buf + HDR, klen);
-        key[klen] = 0;
-        handle(sv, c, op, key, c->buf + HDR + klen, vlen);
-        if (c->fd < 0) return;
-        memmove(c->buf, c->buf + total, c->len - total);
-        c->len -= total;
+    conn_input(sv, c, b, (size_t)n);
+}
+
+/* Close strangers that did not finish the handshake in time and clients that stalled mid-message. */
+static void conn_deadlines(Server *sv, Conn *c, double now) {
+    if (c->fd == -1) return;
+    if (!c->authed && now - c->since > sv->auth_timeout) warn(sv, c, "no handshake in time"), conn_close(sv, c);
+    else if (c->out_len && now - c->since > sv->stall) warn(sv, c, "it left an answer unread"), conn_close(sv, c);
+    else if (c->in_len && now - c->since > sv->stall) warn(sv, c, "it sent half a request and stopped"), conn_close(sv, c);
+}
+
+static void conn_accept(Server *sv) {
+    int fd = accept4(sv->fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    if (sv->n_conns >= MAX_CONNS) {
+        close(fd);
+        return;
     }
+    /* Too many strangers at once: the oldest makes room (a real rank finishes its handshake in ms). */
+    int strangers = 0, oldest = -1;
+    for (int i = 0; i < sv->n_conns; i++)
+        if (sv->conns[i].fd != -1 && !sv->conns[i].authed) {
+            strangers++;
+            if (oldest < 0 || sv->conns[i].since < sv->conns[oldest].since) oldest = i;
+        }
+    if (strangers >= MAX_STRANGERS) warn(sv, &sv->conns[oldest], "too many connections without a handshake"),
+                                    conn_close(sv, &sv->conns[oldest]);
+    net_nodelay(fd);
+    if (sv->n_conns == sv->cap_conns) {
+        sv->cap_conns = sv->cap_conns ? 2 * sv->cap_conns : 16;
+        sv->conns = realloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
+        ASSERT(sv->conns);
+    }
+    Conn *c = &sv->conns[sv->n_conns++];
+    *c = (Conn){.fd = fd, .since = time_now()};
+    auth_random(c->nonce, AUTH_NONCE);
+    uint8_t hello[AUTH_HELLO + AUTH_NONCE] = "RDZ1";
+    memcpy(hello + AUTH_HELLO, c->nonce, AUTH_NONCE);
+    queue(sv, c, hello, sizeof hello, NULL, 0);
+}
+
+static void forget_closed(Server *sv) {
+    int k = 0;
+    for (int i = 0; i < sv->n_conns; i++)
+        if (sv->conns[i].fd != -1) sv->conns[k++] = sv->conns[i];
+    sv->n_conns = k;
 }
 
 static void *server_main(void *arg) {
@@ -204,43 +394,57 @@ static void *server_main(void *arg) {
         }
         pf[0] = (struct pollfd){.fd = sv->fd, .events = POLLIN};
         pf[1] = (struct pollfd){.fd = sv->wake[0], .events = POLLIN};
-        for (int i = 0; i < n; i++) pf[2 + i] = (struct pollfd){.fd = sv->conns[i].fd, .events = POLLIN};
-        if (poll(pf, (nfds_t)n + 2, -1) < 0) {
+        for (int i = 0; i < n; i++)
+            pf[2 + i] = (struct pollfd){.fd = sv->conns[i].fd, .events = sv->conns[i].out_len ? POLLOUT : POLLIN};
+        /* wake at least once a second to enforce the deadlines */
+        if (poll(pf, (nfds_t)n + 2, 1000) < 0) {
             if (errno == EINTR) continue;
             die_at(__FILE__, __LINE__, "poll", errno_string(), NULL);
         }
         if (pf[1].revents) break;
-        for (int i = 0; i < n; i++)
-            if (sv->conns[i].fd >= 0 && pf[2 + i].revents) conn_read(sv, &sv->conns[i]);
-        /* forget closed connections (their slots only: waiting GETs died with them) */
-        int k = 0;
-        for (int i = 0; i < sv->n_conns; i++)
-            if (sv->conns[i].fd >= 0) sv->conns[k++] = sv->conns[i];
-        sv->n_conns = k;
-        if (pf[0].revents & POLLIN) {
-            int fd = accept4(sv->fd, NULL, NULL, SOCK_CLOEXEC);
-            if (fd < 0) continue;
-            if (sv->n_conns >= MAX_CONNS) {
-                close(fd);
-                continue;
+        double now = time_now();
+        for (int i = 0; i < n; i++) {
+            Conn *c = &sv->conns[i];
+            if (c->fd >= 0 && pf[2 + i].revents) {
+                if (c->out_len) {
+                    if (pf[2 + i].revents & (POLLERR | POLLHUP)) conn_close(sv, c);
+                    else conn_flush(sv, c);
+                } else {
+                    conn_read(sv, c);
+                }
             }
-            net_nodelay(fd);
-            if (sv->n_conns == sv->cap_conns) {
-                sv->cap_conns = sv->cap_conns ? 2 * sv->cap_conns : 16;
-                sv->conns = realloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
-                ASSERT(sv->conns);
-            }
-            sv->conns[sv->n_conns++] = (Conn){.fd = fd};
-            pthread_mutex_lock(&sv->mu);
-            sv->n_open++;
-            pthread_mutex_unlock(&sv->mu);
+            conn_deadlines(sv, c, now);
         }
+        forget_closed(sv); /* their slots only: waiting GETs died with them */
+        if (pf[0].revents & POLLIN) conn_accept(sv);
     }
     free(pf);
     return NULL;
 }
 
-static Server *server_start(const char *addr, int port) {
+static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+static Server *server_new(const uint8_t *secret, size_t len, double timeout_s) {
+    Server *sv = xcalloc(1, sizeof *sv);
+    sv->auth_timeout = clamp(timeout_s, 2, AUTH_TIMEOUT_S);
+    sv->stall = clamp(timeout_s, 5, STALL_S);
+    ASSERT(len <= sizeof sv->secret);
+    memcpy(sv->secret, secret, len);
+    sv->secret_len = len;
+    sv->fd = sv->wake[0] = sv->wake[1] = -1;
+    xmutex_init(&sv->mu);
+    return sv;
+}
+
+static void server_free(Server *sv) {
+    for (int i = 0; i < sv->n_conns; i++) conn_close(sv, &sv->conns[i]);
+    for (int i = 0; i < sv->n_kv; i++) free(sv->kv[i].key), free(sv->kv[i].val);
+    if (sv->fd >= 0) close(sv->fd), close(sv->wake[0]), close(sv->wake[1]);
+    pthread_mutex_destroy(&sv->mu);
+    free(sv->kv), free(sv->conns), free(sv);
+}
+
+static Server *server_start(const char *addr, int port, const uint8_t *secret, size_t len, double timeout_s) {
     int fd = net_listen(addr, port, NULL);
     if (fd < 0) {
         if (errno == EADDRINUSE)
@@ -254,10 +458,9 @@ static Server *server_start(const char *addr, int port) {
         die_user("rank 0 cannot listen on %s:%d: %s — check --master-addr and --master-port", addr, port,
                  errno_string());
     }
-    Server *sv = xcalloc(1, sizeof *sv);
+    Server *sv = server_new(secret, len, timeout_s);
     sv->fd = fd;
     CHECK_SYS(pipe2(sv->wake, O_CLOEXEC));
-    xmutex_init(&sv->mu);
     xthread_create(&sv->thread, server_main, sv);
     return sv;
 }
@@ -266,11 +469,39 @@ static void server_stop(Server *sv) {
     char b = 1;
     if (write(sv->wake[1], &b, 1) != 1) die_at(__FILE__, __LINE__, "write", errno_string(), NULL);
     pthread_join(sv->thread, NULL);
-    for (int i = 0; i < sv->n_conns; i++) conn_close(sv, &sv->conns[i]);
-    for (int i = 0; i < sv->n_kv; i++) free(sv->kv[i].key), free(sv->kv[i].val);
-    close(sv->fd), close(sv->wake[0]), close(sv->wake[1]);
-    pthread_mutex_destroy(&sv->mu);
-    free(sv->kv), free(sv->conns), free(sv);
+    server_free(sv);
+}
+
+/* The server's request handling without sockets or threads, for the fuzzer (tests/fuzz/): the
+ * first byte picks a handshake-done connection or a stranger, the rest arrives in chunks whose
+ * sizes come from the input; replies are taken as sent. */
+int store_fuzz_input(const uint8_t *data, size_t n) {
+    static const uint8_t secret[] = "fuzzing-secret-0123456789";
+    Server *sv = server_new(secret, sizeof secret - 1, 10);
+    sv->cap_conns = 2;
+    sv->conns = xcalloc(2, sizeof *sv->conns);
+    sv->n_conns = 2;
+    sv->conns[1] = (Conn){.fd = FUZZ_FD, .authed = 1}; /* a rank that waits on GETs */
+    sv->n_open = 1;
+    Conn *c = &sv->conns[0];
+    *c = (Conn){.fd = FUZZ_FD, .authed = n > 0 && (data[0] & 1)};
+    sv->n_open += c->authed;
+    if (n) data++, n--;
+    while (n > 0 && c->fd != -1) {
+        size_t chunk = 1 + data[0] % 64;
+        data++, n--;
+        if (chunk > n) chunk = n;
+        conn_input(sv, c, data, chunk);
+        data += chunk, n -= chunk;
+        if (c->fd != -1 && c->waiting) { /* someone else sets the key the GET waits for */
+            char key[STORE_MAX_KEY + 1];
+            snprintf(key, sizeof key, "%s", c->waiting);
+            wake_waiters(sv, kv_put(sv, key, (const uint8_t *)"v", 1));
+        }
+    }
+    int served = sv->n_kv;
+    server_free(sv);
+    return served;
 }
 
 /* ---- the client (every rank) ----------------------------------------------------------------- */
@@ -315,6 +546,8 @@ static int request(Store *s, int op, const char *key, const void *val, uint32_t 
         lost(s, key);
     }
     uint32_t len = get_u32(r + 4);
+    if (op == OP_ADD && r[0] == STATUS_OVERFLOW)
+        die_runtime("rank %d: adding to the store's counter '%s' would overflow a 64-bit integer", s->rank, key);
     if (len > STORE_MAX_VALUE) lost(s, key);
     uint8_t *tmp = xmalloc(len ? len : 1);
     if (len && net_recv_all(s->fd, tmp, len, timeout) < 0) lost(s, key);
@@ -383,18 +616,59 @@ static int missing_ranks(Store *s, const char *fmt, char *out, size_t cap) {
     return n;
 }
 
+/* The client's half of the handshake (auth.h). 0, or -1 with *why saying what went wrong. */
+static int client_hello(int fd, const uint8_t *secret, size_t len, double timeout, const char **why) {
+    uint8_t hello[AUTH_HELLO + AUTH_NONCE], mine[AUTH_NONCE + AUTH_MAC], theirs[AUTH_MAC], want[AUTH_MAC];
+    *why = "it did not send the store's greeting (is something else listening on that port?)";
+    if (net_recv_all(fd, hello, sizeof hello, timeout) < 0 || memcmp(hello, "RDZ1", AUTH_HELLO)) return -1;
+    auth_random(mine, AUTH_NONCE);
+    auth_mac(secret, len, "client", hello + AUTH_HELLO, mine, mine + AUTH_NONCE);
+    *why = "it refused this rank's secret: every rank needs the same STAGE_RDZV_SECRET";
+    if (net_send_all(fd, mine, sizeof mine, timeout) < 0 || net_recv_all(fd, theirs, sizeof theirs, timeout) < 0)
+        return -1;
+    auth_mac(secret, len, "server", hello + AUTH_HELLO, mine, want);
+    *why = "it does not know this job's secret (another job's store on that port?)";
+    return auth_equal(want, theirs) ? 0 : -1;
+}
+
+int store_dial(const char *addr, int port, const uint8_t *secret, size_t len, double timeout_s,
+               const char **why) {
+    int fd = net_connect(addr, port, timeout_s);
+    if (fd < 0) {
+        *why = "no connection";
+        return -1;
+    }
+    if (client_hello(fd, secret, len, timeout_s, why) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 Store *store_open(const char *addr, int port, int rank, int world, double timeout_s) {
     ASSERT(rank >= 0 && rank < world);
-    Store *s = xcalloc(1, sizeof *s);
+    uint8_t secret[AUTH_MAX_SECRET];
+    size_t secret_len = auth_secret(secret, sizeof secret);
+    if (!secret_len)
+        die_user("rank %d has no rendezvous secret: every rank of a job started by torchrun, srun, mpirun "
+                 "or on several nodes needs the same one — export STAGE_RDZV_SECRET=$(openssl rand -hex 32) "
+                 "(or STAGE_RDZV_SECRET_FILE=a file only you can read) before starting them", rank);
+    /* The errors below exit with the store half-open: keep it reachable until then, so that leak
+     * checkers do not report it as lost (the compiler may drop `s` before a _Noreturn call). */
+    static _Thread_local Store *volatile opening;
+    Store *s = opening = xcalloc(1, sizeof *s);
     s->rank = rank, s->world = world, s->timeout = timeout_s, s->port = port;
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     xmutex_init(&s->mu);
-    if (rank == 0) s->server = server_start(addr, port);
+    if (rank == 0) s->server = server_start(addr, port, secret, secret_len, timeout_s);
     s->fd = net_connect(addr, port, timeout_s);
     if (s->fd < 0)
         die_user("rank %d could not reach the rendezvous store at %s:%d within %.0f s (%s) — check "
                  "--master-addr and --master-port, and that rank 0 (node 0) has started",
                  rank, addr, port, timeout_s, errno_string());
+    const char *why;
+    if (client_hello(s->fd, secret, secret_len, timeout_s, &why) < 0)
+        die_user("rank %d: the rendezvous store at %s:%d did not accept the handshake: %s", rank, addr, port, why);
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
     getsockname(s->fd, (struct sockaddr *)&ss, &len);
@@ -429,6 +703,7 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("%s did not join within %.0f s — check --master-addr (and --master-port, --nnodes, "
                  "--node-rank) on %s", who, timeout_s, n == 1 ? "its node" : "their nodes");
     }
+    opening = NULL;
     return s;
 }
 

@@ -13,6 +13,11 @@
  *   ops: SET (store), GET (answered once the key exists), ADD (int64 counter; returns the new
  *   value), CHECK (status 1 if the key exists).
  *
+ * Before the first request, client and server prove to each other that they know the job's secret
+ * (a challenge–response with HMAC-SHA256: auth.h); the server closes connections that do not, that
+ * stall, or that send more than one request at a time, and never waits on a client (server limits
+ * in store.c).
+ *
  * Every wait has a timeout, and every failure says which rank, what, and which flag to check. */
 #ifndef STORE_H
 #define STORE_H
@@ -54,5 +59,12 @@ const char *store_local_ip(const Store *s);
 int store_sequence(Store *s);
 int store_rank(const Store *s);
 int store_world(const Store *s);
+
+/* A raw connection to the store that has passed the handshake with this secret (tests and tools);
+ * -1 with *why set when it cannot connect or the handshake fails. */
+int store_dial(const char *addr, int port, const uint8_t *secret, size_t len, double timeout_s,
+               const char **why);
+/* Test-only: feed bytes to the server's request handling without sockets (tests/fuzz/). */
+int store_fuzz_input(const uint8_t *data, size_t n);
 
 #endif

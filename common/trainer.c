@@ -1,6 +1,7 @@
 /* trainer.c — datasets, device input, step statistics, evaluation, report and checkpoints for a run. */
 #include "trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,10 @@
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
+/* The training set's size, for what a checkpoint's data position means (every stage opens its data
+ * here before run_begin). */
+static int64_t train_size_opened;
+
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
     if (cfg->data[0]) {
         dataset_cifar10(train, cfg->data, 1, cfg->train_size > 0 ? cfg->train_size : 0);
@@ -20,6 +25,7 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
         dataset_synthetic(train, cfg->train_size, (uint64_t)cfg->seed, 1);
         dataset_synthetic(test, cfg->test_size, (uint64_t)cfg->seed, 0);
     }
+    train_size_opened = train->n;
 }
 
 LoaderConfig loader_config(const TrainConfig *cfg, int batch_size, int train) {
@@ -243,6 +249,30 @@ static void sum_over_ranks(const Run *r, double *v, int n) {
     if (r->sum_across && r->world_size > 1) r->sum_across(r->sum_ctx, v, n);
 }
 
+/* --keep-last N: remember the checkpoints this run wrote, oldest first, and remove all but the newest
+ * N (only ours: a checkpoint directory may hold other runs' files). */
+static void prune_checkpoints(int keep, const char *just_saved) {
+    static char **kept;
+    static int n_kept;
+    if (keep <= 0) return;
+    for (int i = 0; i < n_kept; i++) /* saved again under the same name: it is the newest now */
+        if (!strcmp(kept[i], just_saved)) {
+            free(kept[i]);
+            memmove(kept + i, kept + i + 1, (size_t)(n_kept - i - 1) * sizeof *kept);
+            n_kept--;
+            break;
+        }
+    kept = realloc(kept, (size_t)(n_kept + 1) * sizeof *kept);
+    ASSERT(kept);
+    kept[n_kept++] = strdup(just_saved);
+    while (n_kept > keep) {
+        if (unlink(kept[0]) != 0 && errno != ENOENT)
+            fprintf(stderr, "warning: --keep-last: cannot remove %s: %s\n", kept[0], errno_string());
+        free(kept[0]);
+        memmove(kept, kept + 1, (size_t)--n_kept * sizeof *kept);
+    }
+}
+
 static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
     const TrainConfig *c = r->cfg;
     if (r->rank != 0) return; /* replicas are identical: one copy is enough */
@@ -259,6 +289,9 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.seed = c->seed;
     meta.momentum_valid = r->opt->steps > 0;
     meta.world_size = r->world_size;
+    meta.batch_size = c->batch_size;
+    meta.train_size = train_size_opened;
+    meta.accum_steps = r->accum;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = xmalloc(pb), *mom = xcalloc(1, pb);
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
@@ -269,11 +302,62 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
     checkpoint_save(path, &meta, p, buf, mom);
     report_printf(&r->report, "saved checkpoint %s\n", path);
+    prune_checkpoints(c->keep_last, path);
     json_begin(&r->report, "checkpoint");
     json_str(&r->report, "path", path);
     json_int(&r->report, "step", r->step);
     json_end(&r->report);
     free(path), free(p), free(mom), free(buf);
+}
+
+/* A checkpoint's data position means "batch_in_epoch batches of world_size × batch_size samples of
+ * epoch's permutation of train_size samples, K batches per optimizer step": continue it only under
+ * the same meaning, else say which flag differs. */
+static void resume_check(Run *r, const CheckpointMeta *g) {
+    const TrainConfig *c = r->cfg;
+    const char *path = c->resume;
+    const char *ranks = !strcmp(r->stage, "stage2") ? "--gpus" : "--nproc-per-node × --nnodes";
+    if (g->world_size != r->world_size)
+        die_user("checkpoint '%s' was trained by %lld ranks/GPUs, this run has %d: its data position (epoch %lld, "
+                 "batch %lld) means other samples with another count — resume with %s giving %lld",
+                 path, (long long)g->world_size, r->world_size, (long long)g->epoch + 1, (long long)g->batch_in_epoch,
+                 ranks, (long long)g->world_size);
+    if (g->version < 2)
+        report_printf(&r->report, "note: checkpoint '%s' has format version 1, which does not record "
+                      "its batch size, training-set size or --accum-steps: resuming assumes this run's are the "
+                      "ones it was trained with\n", path);
+    else {
+        if (g->batch_size != c->batch_size)
+            die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: its data "
+                     "position (epoch %lld, batch %lld) means other samples — pass --batch-size %lld to continue it",
+                     path, (long long)g->batch_size, c->batch_size, (long long)g->epoch + 1,
+                     (long long)g->batch_in_epoch, (long long)g->batch_size);
+        if (g->train_size && train_size_opened && g->train_size != train_size_opened)
+            die_user("checkpoint '%s' was trained on %lld training samples, this run has %lld: its shuffled order "
+                     "differs — pass --train-size %lld (and the same --data) to continue it", path,
+                     (long long)g->train_size, (long long)train_size_opened, (long long)g->train_size);
+        if (g->accum_steps != r->accum)
+            die_user("checkpoint '%s' was trained with --accum-steps %lld, this run has --accum-steps %d: its step "
+                     "count means other positions — resume with the flags it was trained with (--accum-steps %lld)",
+                     path, (long long)g->accum_steps, r->accum, (long long)g->accum_steps);
+    }
+    if (g->epoch >= c->epochs)
+        die_user("checkpoint '%s' is a finished run: %lld epochs done (step %lld), and this run has --epochs %d — "
+                 "nothing to resume; pass --epochs above %lld to train further", path, (long long)g->epoch,
+                 (long long)g->step, c->epochs, (long long)g->epoch);
+    if (c->steps > 0 && g->step >= c->steps)
+        die_user("checkpoint '%s' is already at step %lld, and this run stops at --steps %lld — nothing to resume; "
+                 "raise --steps (or drop it) to train further", path, (long long)g->step, (long long)c->steps);
+    /* The position must be one this schedule reaches: the right step count for it, on an optimizer
+     * step (a group boundary of K under accumulation). epoch < --epochs, so nothing overflows. */
+    int64_t expect_step = g->epoch * r->steps_per_epoch + (g->batch_in_epoch + r->accum - 1) / r->accum;
+    if (g->batch_in_epoch > r->batches_per_epoch ||
+        (g->batch_in_epoch % r->accum && g->batch_in_epoch != r->batches_per_epoch) || g->step != expect_step)
+        die_user("checkpoint '%s' (step %lld: epoch %lld, batch %lld) is not a position of this run's schedule "
+                 "(%lld batches per epoch%s) — resume with the --batch-size, --train-size, data, world size and "
+                 "--accum-steps it was trained with", path, (long long)g->step, (long long)g->epoch + 1,
+                 (long long)g->batch_in_epoch, (long long)r->batches_per_epoch,
+                 r->accum > 1 ? ", one optimizer step per --accum-steps of them" : "");
 }
 
 static void resume(Run *r) {
@@ -297,15 +381,7 @@ static void resume(Run *r) {
     device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) device_copy_h2d(m->dev, r->opt->momentum_buf, mom, pb);
     device_sync(m->dev);
-    if (c->accum_steps > 0) { /* a checkpoint sits on a group boundary of the K it was trained with */
-        int64_t expect_step = got.epoch * r->steps_per_epoch + (got.batch_in_epoch + r->accum - 1) / r->accum;
-        if ((got.batch_in_epoch % r->accum && got.batch_in_epoch != r->batches_per_epoch) ||
-            got.step != expect_step)
-            die_user("checkpoint '%s' (step %lld: epoch %lld, batch %lld) does not fall on an optimizer step of "
-                     "--accum-steps %d with this --batch-size, data and world size — resume with the flags it was "
-                     "trained with", c->resume, (long long)got.step, (long long)got.epoch + 1,
-                     (long long)got.batch_in_epoch, r->accum);
-    }
+    resume_check(r, &got);
     r->opt->steps = got.momentum_valid ? got.step : 0;
     r->step = got.step;
     r->epoch = got.epoch;
@@ -382,6 +458,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     }
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
+    if (cfg->save[0] && rank == 0) checkpoint_probe(cfg->save); /* now, not after an epoch of training */
     r->t_start = r->epoch_t0 = time_now();
     char process[64]; /* --trace: one process track per rank */
     int procs = sum_across && world_size > 1 ? world_size : 1;

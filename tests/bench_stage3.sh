@@ -66,6 +66,8 @@ timeout -k 10 120 ./stage3 "${CHECK[@]}" --master-port "$PORT" --report "$OUT/ch
 if [ "$HAVE_TORCH" = 1 ]; then
     next_port
     touch "$OUT/check_torchrun.ran"
+    # under torchrun every worker needs the job's rendezvous secret (stages/stage3_ddp/README.md)
+    STAGE_RDZV_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n') \
     timeout -k 10 180 $TORCHRUN --no-python --nproc-per-node 2 --master-port "$PORT" ./stage3 "${CHECK[@]}" \
         --report "$OUT/check_torchrun.jsonl" > "$OUT/check_torchrun.log" 2>&1 \
         || echo "torchrun check run FAILED: see $OUT/check_torchrun.log"

@@ -16,6 +16,16 @@ typedef struct Fx {
     long len;
 } Fx;
 
+/* Records are copied out (the file's layout does not align them) and the copies listed here, so they
+ * stay reachable until the test process ends (leak checks). */
+static void *fx_keep(void *p) {
+    static void **kept;
+    static size_t n;
+    kept = realloc(kept, (n + 1) * sizeof *kept);
+    kept[n++] = p;
+    return p;
+}
+
 /* Record `name`: its data, element count and dtype (0 f32, 1 f64). */
 static const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype) {
     const char *p = fx->buf + 8, *end = fx->buf + fx->len;
@@ -29,7 +39,8 @@ static const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *d
         for (uint32_t i = 0; i < nd; i++) memcpy(&dim, p, 4), p += 4, n *= dim;
         if (match) {
             *count = n, *dtype = (int)dt;
-            return p;
+            size_t bytes = (size_t)n * (dt == 1 || dt == 2 ? 8 : 4);
+            return memcpy(fx_keep(malloc(bytes + 1)), p, bytes);
         }
         p += n * (dt == 1 || dt == 2 ? 8 : 4);
     }

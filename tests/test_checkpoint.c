@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,7 +30,8 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define FILE_BYTES (128 + 4 * (2 * NP + NB) + 8)
+#define HEADER 192 /* format version 2 */
+#define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
 static char g_dir[64];
 static char g_path[128];
@@ -59,6 +61,9 @@ static void fixture_setup(void) {
     g_meta.seed = 4294967295LL;
     g_meta.momentum_valid = 1;
     g_meta.world_size = 4;
+    g_meta.batch_size = 16;
+    g_meta.train_size = 50000;
+    g_meta.accum_steps = 3;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -128,12 +133,13 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 1 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 1, little-endian */
-    ck_assert(b[12] == 128 && b[13] == 0);                          /* header size */
+    ck_assert(b[8] == 2 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 2, little-endian */
+    ck_assert(b[12] == HEADER && b[13] == 0);                       /* header size */
+    ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
-    ck_assert(memcmp(b + 128, g_params, 4 * NP) == 0);
+    ck_assert(memcmp(b + HEADER, g_params, 4 * NP) == 0);
     uint64_t h = fnv1a64(FNV1A64_INIT, b, n - 8), stored = 0;
     for (int i = 0; i < 8; i++) stored |= (uint64_t)b[n - 8 + i] << (8 * i);
     ck_assert_uint_eq(h, stored);
@@ -155,6 +161,10 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.seed, 4294967295LL);
     ck_assert_int_eq(got.momentum_valid, 1);
     ck_assert_int_eq(got.world_size, 4);
+    ck_assert_int_eq(got.batch_size, 16);
+    ck_assert_int_eq(got.train_size, 50000);
+    ck_assert_int_eq(got.accum_steps, 3);
+    ck_assert_int_eq(got.version, 2);
     ck_assert(memcmp(p, g_params, sizeof p) == 0);
     ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
@@ -252,10 +262,10 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 2;
+    b[8] = 3;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 2", "future version");
-    b[8] = 1;
+    expect_load_refused(bad, &g_meta, "version 3", "future version");
+    b[8] = 2;
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -284,6 +294,105 @@ START_TEST(test_wrong_model) {
     e = g_meta;
     e.shape_hash ^= 1;
     expect_load_refused(g_path, &e, "shape fingerprint", "shape_hash");
+}
+END_TEST
+
+/* ---- crafted headers (a valid checksum is no defence against edits) ---- */
+
+static void put64(unsigned char *p, int64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)((uint64_t)v >> (8 * i));
+}
+/* Write b with its checksum recomputed, as an attacker (or a careless script) would. */
+static void write_resealed(const char *path, unsigned char *b, size_t n) {
+    put64(b + n - 8, (int64_t)fnv1a64(FNV1A64_INIT, b, n - 8));
+    write_bytes(path, b, n);
+}
+
+START_TEST(test_crafted_counters_refused) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n), *orig = malloc(n);
+    memcpy(orig, b, n);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/crafted.ckpt", g_dir);
+    struct { int off; int64_t v; const char *what; } cases[] = {
+        {80, -1, "negative step"},          {88, -5, "negative epoch"},
+        {96, -1, "negative position"},      {88, INT64_MAX, "huge epoch"},
+        {80, INT64_MIN, "INT64_MIN step"},  {96, (int64_t)1 << 62, "huge position"},
+        {120, 0, "world size 0"},           {128, 0, "batch size 0"},
+        {128, -16, "negative batch size"},  {144, 0, "accumulation 0"},
+        {112, 7, "momentum flag 7"},        {136, -1, "negative training-set size"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(b, orig, n);
+        put64(b + cases[i].off, cases[i].v);
+        write_resealed(bad, b, n);
+        expect_load_refused(bad, &g_meta, "counters no save writes", cases[i].what);
+    }
+    /* header strings with control bytes are quoted escaped, never printed raw */
+    memcpy(b, orig, n);
+    memcpy(b + 16, "ti\x1b[2Jny\n", 10);
+    write_resealed(bad, b, n);
+    LoadJob j = {bad, g_meta};
+    char *out;
+    ck_assert_int_eq(test_run_captured(load_child, &j, &out), 2);
+    ck_assert_msg(strstr(out, "model ti\\x1b[2Jny\\x0a,") && !strchr(out, 0x1b), "%s", out);
+    free(out);
+    free(b), free(orig);
+}
+END_TEST
+
+/* A version 1 file (128-byte header, no batch size / data size / K) still loads. */
+START_TEST(test_version1_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    size_t n1 = n - (HEADER - 128);
+    unsigned char *v1 = malloc(n1);
+    memcpy(v1, b, 128);
+    memcpy(v1 + 128, b + HEADER, n - HEADER);
+    v1[8] = 1, v1[12] = 128;
+    char old[160];
+    snprintf(old, sizeof old, "%s/v1.ckpt", g_dir);
+    write_resealed(old, v1, n1);
+    static float p[NP], bu[NB], m[NP];
+    CheckpointMeta got;
+    checkpoint_load(old, &g_meta, &got, p, bu, m);
+    ck_assert_int_eq(got.version, 1);
+    ck_assert_int_eq(got.step, g_meta.step);
+    ck_assert_int_eq(got.batch_size, 0); /* unknown */
+    ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
+    free(b), free(v1);
+}
+END_TEST
+
+/* ---- --save checked before training ---- */
+
+static void probe_child(void *dir) { checkpoint_probe(dir); }
+
+START_TEST(test_save_probe) {
+    char sub[200], file[200], *out;
+    snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
+    checkpoint_probe(sub); /* created, written, and left empty */
+    DIR *d = opendir(sub);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d))) ck_assert_msg(e->d_name[0] == '.', "probe left %s", e->d_name);
+    closedir(d);
+    snprintf(file, sizeof file, "%s/plain", g_dir);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    ck_assert_int_eq(test_run_captured(probe_child, file, &out), 2); /* a file, not a directory */
+    ck_assert_msg(strstr(out, "not a directory"), "%s", out);
+    free(out);
+    snprintf(sub, sizeof sub, "%s/plain/under", g_dir); /* under a regular file */
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, "--save") && strstr(out, "Not a directory"), "%s", out);
+    free(out);
+    if (access("/proc/self/status", F_OK) == 0) { /* a read-only place, even for root */
+        ck_assert_int_eq(test_run_captured(probe_child, "/proc/self", &out), 2);
+        ck_assert_msg(strstr(out, "cannot write a checkpoint there (open("), "%s", out);
+        free(out);
+    }
 }
 END_TEST
 
@@ -391,6 +500,9 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_truncated);
     tcase_add_test(tc, test_flipped_byte);
     tcase_add_test(tc, test_bad_magic_version_missing);
+    tcase_add_test(tc, test_crafted_counters_refused);
+    tcase_add_test(tc, test_version1_still_loads);
+    tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);
     tcase_add_test(tc, test_checkpoint_path);

@@ -82,6 +82,7 @@ typedef struct OneRank {
 static void one_rank_open(OneRank *o, const char *arch) {
     memset(o, 0, sizeof *o);
     device_init(&o->dev, DEV_CPU, 0, 0);
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
     o->store = store_open("127.0.0.1", test_free_port(), 0, 1, 10);
     o->comm = comm_create(COMM_HOST, o->store, &o->dev, 10);
     config_defaults(&o->cfg);

@@ -25,6 +25,16 @@ typedef struct Fx {
     long len;
 } Fx;
 
+/* Fixture memory lives until the forked test process ends; it is listed here so that it stays
+ * reachable (leak checks) — records are copied out of the file, whose layout does not align them. */
+static void *fx_keep(void *p) {
+    static void **kept;
+    static size_t n;
+    kept = realloc(kept, (n + 1) * sizeof *kept);
+    kept[n++] = p;
+    return p;
+}
+
 static Fx fx_open(const char *name) {
     char path[512];
     snprintf(path, sizeof path, "%s/tests/fixtures/%s", test_root(), name);
@@ -33,7 +43,7 @@ static Fx fx_open(const char *name) {
     fseek(f, 0, SEEK_END);
     Fx fx = {.len = ftell(f)};
     fseek(f, 0, SEEK_SET);
-    fx.buf = malloc((size_t)fx.len);
+    fx.buf = fx_keep(malloc((size_t)fx.len));
     ck_assert(fread(fx.buf, 1, (size_t)fx.len, f) == (size_t)fx.len);
     fclose(f);
     ck_assert(fx.len >= 8 && !memcmp(fx.buf, "FIXT0001", 8));
@@ -59,7 +69,7 @@ static const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *d
         if (nl == strlen(name) && !memcmp(nm, name, nl)) {
             *count = n;
             *dtype = (int)dt;
-            return fx->buf + off;
+            return memcpy(fx_keep(malloc((size_t)(n * esz) + 1)), fx->buf + off, (size_t)(n * esz));
         }
         off += n * esz;
     }
@@ -76,7 +86,7 @@ static const double *fx_f64(const Fx *fx, const char *name, int64_t expect_count
     ck_assert_msg(dt == 0 || dt == 1, "%s: expected a float record", name);
     if (expect_count >= 0) ck_assert_int_eq(n, expect_count);
     if (dt == 1) return p;
-    double *d = malloc((size_t)n * sizeof(double));
+    double *d = fx_keep(malloc((size_t)n * sizeof(double)));
     for (int64_t i = 0; i < n; i++) d[i] = ((const float *)p)[i];
     return d;
 }
@@ -87,7 +97,7 @@ static const int64_t *fx_i64(const Fx *fx, const char *name, int64_t *count) {
     const void *p = fx_get(fx, name, count, &dt);
     ck_assert_msg(dt == 2 || dt == 3, "%s: expected an integer record", name);
     if (dt == 2) return p;
-    int64_t *d = malloc((size_t)*count * sizeof(int64_t));
+    int64_t *d = fx_keep(malloc((size_t)*count * sizeof(int64_t)));
     for (int64_t i = 0; i < *count; i++) d[i] = ((const int32_t *)p)[i];
     return d;
 }

@@ -20,6 +20,8 @@ Suite *suite_e2e(void);         /* runs ./stage1 end to end */
 Suite *suite_gil(void);         /* stage 2: the GIL model */
 Suite *suite_dp(void);          /* stage 2: scatter / replicate / gather / reduce, DP ≡ one device */
 Suite *suite_dist(void);        /* stage 3: launcher, rendezvous store, communicators */
+Suite *suite_resume(void);      /* resuming under other flags: refused naming the flag, or exact */
+Suite *suite_store(void);       /* the store under attack: secret, limits, timeouts */
 Suite *suite_ddp(void);         /* stage 3: buckets, DDP ≡ one device, faults */
 Suite *suite_accum(void);       /* stage 4: accumulation ≡ a K× batch, no_sync counts, resume */
 Suite *suite_adam(void);        /* --optimizer adam against torch.optim.Adam */
@@ -43,6 +45,8 @@ const char *test_root(void);
 int test_run_captured(void (*fn)(void *), void *arg, char **out);
 /* A free loopback port p (with p+1 free too) for a test's rendezvous store. */
 int test_free_port(void);
+/* The rendezvous secret (auth.h) tests that open a store put in their environment. */
+#define TEST_SECRET "test-suite-rendezvous-secret"
 /* The "loss" of every {"type":"step"} line of a JSON-lines report, in order; returns how many. */
 int test_read_losses(const char *path, double *loss, int max);
 /* A whole file as a malloc'd NUL-terminated string (NULL if missing); *len gets its size. */

@@ -1,0 +1,273 @@
+/* test_store.c — the rendezvous store against strangers and bad clients (issue 13): a process without
+ * the job's secret is refused while the job trains on, a wrong secret or a lax secret file is refused,
+ * and a client that does not read, pipelines requests or idles cannot stall, grow or hold the store. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <pthread.h>
+#include <errno.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "clock.h"
+#include "net.h"
+#include "store.h"
+
+#include "tests.h"
+
+#define LIMIT "timeout -k 5 120 "
+#define TINY "--device cpu --model tiny --test-size 64 --batch-size 16 --progress off"
+
+/* A raw request header (store.h's protocol). */
+static void put_req(uint8_t *h, int op, uint32_t klen, uint32_t vlen) {
+    memset(h, 0, 12);
+    h[0] = (uint8_t)op;
+    uint32_t k = htonl(klen), v = htonl(vlen);
+    memcpy(h + 4, &k, 4), memcpy(h + 8, &v, 4);
+}
+
+/* 1 when the server closes fd (within 5 s) instead of answering. */
+static int closed_by_server(int fd) {
+    uint8_t b[64];
+    for (;;) {
+        int r = net_recv_all(fd, b, 1, 5);
+        if (r < 0) return errno != ETIMEDOUT;
+    }
+}
+
+/* A CPU job started by our launcher (its own random secret) trains while strangers knock: one sends
+ * a forged handshake, one skips it and tries to claim rank 1, one knows a wrong secret. */
+START_TEST(stranger_is_refused_while_the_job_trains) {
+    char cmd[1024];
+    int port = test_free_port();
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET " LIMIT "%s/stage3 " TINY " --train-size 128 --epochs 6 --nproc-per-node 2 "
+             "--master-port %d 2>&1", test_root(), port);
+    FILE *job = popen(cmd, "r");
+    ck_assert_ptr_nonnull(job);
+    /* 1: the greeting, then a handshake made up without the secret */
+    int fd = net_connect("127.0.0.1", port, 20);
+    ck_assert_int_ge(fd, 0);
+    uint8_t hello[36], forged[64] = {0};
+    ck_assert_int_eq(net_recv_all(fd, hello, sizeof hello, 5), 0);
+    ck_assert(!memcmp(hello, "RDZ1", 4));
+    ck_assert_int_eq(net_send_all(fd, forged, sizeof forged, 5), 0);
+    ck_assert_msg(closed_by_server(fd), "the store answered a forged handshake");
+    close(fd);
+    /* 2: no handshake at all, straight to ADD rdzv/claim/1 — never answered */
+    fd = net_connect("127.0.0.1", port, 5);
+    ck_assert_int_ge(fd, 0);
+    uint8_t req[2][12 + 12 + 8] = {{0}}; /* twice: as many bytes as a handshake */
+    for (int i = 0; i < 2; i++) {
+        put_req(req[i], 3, 12, 8);
+        memcpy(req[i] + 12, "rdzv/claim/1", 12);
+        req[i][12 + 12 + 7] = 1;
+    }
+    ck_assert_int_eq(net_send_all(fd, req, sizeof req, 5), 0);
+    ck_assert_msg(closed_by_server(fd), "the store answered a client without a handshake");
+    close(fd);
+    /* 3: a wrong secret */
+    const char *why = "";
+    const char *wrong = "not-the-jobs-secret-at-all";
+    ck_assert_int_lt(store_dial("127.0.0.1", port, (const uint8_t *)wrong, strlen(wrong), 5, &why), 0);
+    ck_assert_msg(strstr(why, "refused"), "%s", why);
+
+    char out[1 << 16];
+    size_t n = fread(out, 1, sizeof out - 1, job);
+    out[n] = 0;
+    int rc = pclose(job);
+    const char *tail = n > 3000 ? out + n - 3000 : out; /* Check's messages are bounded */
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the job failed:\n%s", tail);
+    ck_assert_msg(strstr(out, "summary:"), "%s", tail);
+    ck_assert_msg(strstr(out, "warning: rendezvous store: closed a connection from 127.0.0.1: it does not know "
+                              "the job's rendezvous secret"), "no one-line warning:\n%s", tail);
+}
+END_TEST
+
+typedef struct Args {
+    int port, rank, world;
+    const char *secret;
+} Args;
+
+static void open_with(void *p) {
+    Args *a = p;
+    setenv("STAGE_RDZV_SECRET", a->secret, 1);
+    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 3);
+    store_close(s);
+}
+
+static void secret_from_file(void *p) {
+    setenv("STAGE_RDZV_SECRET_FILE", p, 1);
+    unsetenv("STAGE_RDZV_SECRET");
+    uint8_t b[AUTH_MAX_SECRET];
+    printf("secret of %zu bytes\n", auth_secret(b, sizeof b));
+}
+
+/* Two ranks with different secrets: the one that is wrong is told so; a secret file others can
+ * read is refused; one only we can read works. */
+START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
+    Args r0 = {.port = test_free_port(), .rank = 0, .world = 2, .secret = "the-right-secret-0123"};
+    Args r1 = r0;
+    r1.rank = 1, r1.secret = "a-wrong-secret-4567890";
+    char *out;
+    int rc0 = -1;
+    /* rank 0 in a child (it waits 3 s for rank 1, then fails), rank 1 here with the wrong secret */
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(1), close(2);
+        open_with(&r0);
+        _exit(0);
+    }
+    ck_assert_int_eq(test_run_captured(open_with, &r1, &out), 2);
+    ck_assert_msg(strstr(out, "rank 1: the rendezvous store at 127.0.0.1:") && strstr(out, "refused this rank's secret"),
+                  "%s", out);
+    free(out);
+    waitpid(pid, &rc0, 0);
+
+    char dir[] = "/tmp/secret_XXXXXX", path[64];
+    ck_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/secret", dir);
+    FILE *f = fopen(path, "w");
+    fputs("a-secret-from-a-file-0123\n", f);
+    fclose(f);
+    chmod(path, 0644);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
+    ck_assert_msg(strstr(out, "can be read by others") && strstr(out, "chmod 600"), "%s", out);
+    free(out);
+    chmod(path, 0600);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
+    ck_assert_msg(strstr(out, "secret of 25 bytes"), "%s", out); /* the newline is not part of it */
+    free(out);
+    /* several nodes, or another launcher, without a secret: refused before anything listens */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET " LIMIT "%s/stage3 " TINY " --train-size 64 --nnodes 2 "
+             "--node-rank 0 --nproc-per-node 1 --master-port %d", test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--nnodes 2: every node's launcher needs the same rendezvous secret"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET RANK=0 WORLD_SIZE=1 " LIMIT "%s/stage3 " TINY
+             " --train-size 64 --master-port %d", test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "rank 0 has no rendezvous secret") && strstr(out, "STAGE_RDZV_SECRET"), "%s", out);
+    free(out);
+    ck_assert_int_eq(test_run_captured(secret_from_file, dir, &out), 2); /* a directory */
+    ck_assert_msg(strstr(out, "not a regular file"), "%s", out);
+    free(out);
+    unlink(path), rmdir(dir);
+}
+END_TEST
+
+static void overflow_add(void *p) {
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    Store *s = store_open("127.0.0.1", test_free_port(), 0, 1, 5);
+    store_add(s, "counter", INT64_MAX);
+    store_add(s, "counter", 1);
+    printf("no error\n");
+}
+
+/* Bad clients of the store (they passed the handshake, or did not): none of them stalls the others,
+ * and store_close does not wait for a stranger. */
+START_TEST(store_survives_bad_clients) {
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    int port = test_free_port();
+    Store *s = store_open("127.0.0.1", port, 0, 1, 2); /* strangers get 2 s for the handshake */
+    const uint8_t *key = (const uint8_t *)TEST_SECRET;
+    const char *why;
+    /* a stranger that connects and says nothing */
+    int idle = net_connect("127.0.0.1", port, 5);
+    ck_assert_int_ge(idle, 0);
+    /* a client that asks for a 1 MiB value eight times at once and reads none: the store answers
+     * others meanwhile (its replies never block on a client) */
+    char *big = calloc(1, STORE_MAX_VALUE);
+    store_set(s, "big", big, STORE_MAX_VALUE);
+    free(big);
+    int greedy = store_dial("127.0.0.1", port, key, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(greedy >= 0, "%s", why);
+    uint8_t req[8][12 + 3];
+    for (int i = 0; i < 8; i++) put_req(req[i], 2, 3, 0), memcpy(req[i] + 12, "big", 3);
+    ck_assert_int_eq(net_send_all(greedy, req, sizeof req, 5), 0);
+    usleep(100000);
+    double t0 = time_now();
+    ck_assert(store_check(s, "big"));
+    ck_assert_msg(time_now() - t0 < 1, "the store stalled on a client that does not read");
+    close(greedy);
+    /* a second GET while the first still waits: closed (it used to leak the first) */
+    int waiter = store_dial("127.0.0.1", port, key, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(waiter >= 0, "%s", why);
+    uint8_t get[12 + 7];
+    put_req(get, 2, 7, 0);
+    memcpy(get + 12, "missing", 7);
+    ck_assert_int_eq(net_send_all(waiter, get, sizeof get, 5), 0);
+    ck_assert_int_eq(net_send_all(waiter, get, sizeof get, 5), 0);
+    ck_assert_msg(closed_by_server(waiter), "a second GET on a waiting connection was accepted");
+    close(waiter);
+    /* a malformed value length for CHECK is refused */
+    int bad = store_dial("127.0.0.1", port, key, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(bad >= 0, "%s", why);
+    put_req(req[0], 4, 3, 5);
+    ck_assert_int_eq(net_send_all(bad, req[0], 12, 5), 0);
+    ck_assert(closed_by_server(bad));
+    close(bad);
+    /* a stranger that is still connected: closing does not wait for it */
+    int idle2 = net_connect("127.0.0.1", port, 5);
+    ck_assert_int_ge(idle2, 0);
+    t0 = time_now();
+    store_close(s);
+    ck_assert_msg(time_now() - t0 < 2, "store_close waited %.1f s for a stranger", time_now() - t0);
+    close(idle2);
+    /* the first stranger was dropped after the handshake timeout (2 s here), long before */
+    ck_assert_msg(closed_by_server(idle), "an idle stranger was kept");
+    close(idle);
+
+    /* ADD past INT64_MAX is an error, not a wrapped counter */
+    char *out;
+    ck_assert_int_eq(test_run_captured(overflow_add, NULL, &out), 1);
+    ck_assert_msg(strstr(out, "would overflow") && !strstr(out, "no error"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* A rank stopped by SIGSTOP (hung, not dead): the others time out at --comm-timeout, and the
+ * launcher and rank 0 name the stopped rank, not the healthy rank 0. */
+START_TEST(a_stopped_rank_is_named) {
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "STAGE3_FAIL_AT=1:3:STOP " LIMIT "%s/stage3 " TINY " --train-size 256 --epochs 50 "
+             "--nproc-per-node 2 --comm-timeout 3 --master-port %d", test_root(), test_free_port());
+    double t0 = time_now();
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc != 0 && rc != 124, "exit %d:\n%s", rc, out);
+    ck_assert_msg(time_now() - t0 < 60, "took %.0f s", time_now() - t0);
+    ck_assert_msg(strstr(out, "job failed: rank 1 (local rank 1") && strstr(out, "stopped by SIGSTOP"),
+                  "the stopped rank is not named as the failure:\n%s", out);
+    ck_assert_msg(strstr(out, "rank 1 stopped answering") && !strstr(out, "ranks 1 and 1"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* The fuzzer's entry point handles its seed corpus (tests/fuzz/store/) without crashing. */
+START_TEST(store_fuzz_entry_runs) {
+    uint8_t in[64] = {1, 63};
+    put_req(in + 2, 1, 3, 2); /* SET abc = "hi" (after a chunk-size byte) */
+    memcpy(in + 14, "abchi", 5);
+    ck_assert_int_eq(store_fuzz_input(in, 19), 1);
+    in[0] = 0; /* a stranger: nothing is stored */
+    ck_assert_int_eq(store_fuzz_input(in, 19), 0);
+}
+END_TEST
+
+Suite *suite_store(void) {
+    Suite *s = suite_create("store");
+    TCase *tc = tcase_create("store");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, stranger_is_refused_while_the_job_trains);
+    tcase_add_test(tc, wrong_secret_and_lax_secret_file_are_refused);
+    tcase_add_test(tc, store_survives_bad_clients);
+    tcase_add_test(tc, store_fuzz_entry_runs);
+    tcase_add_test(tc, a_stopped_rank_is_named);
+    suite_add_tcase(s, tc);
+    return s;
+}
