@@ -233,6 +233,7 @@ static void check_plan(const char *arch, int batch, Precision p) {
 }
 
 START_TEST(memory_plan_is_sound_and_accounted) {
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
     check_plan("tiny", 4, PREC_FP32);
     check_plan("tiny", 4, PREC_FP16);
     check_plan("resnet18", 2, PREC_FP32);
@@ -249,11 +250,12 @@ END_TEST
  * convolution. The logits and their gradient live outside the arena. Both arenas reach that bound
  * exactly. Unplanned, the arena is every x and dx side by side. */
 START_TEST(memory_plan_figures_are_pinned) {
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
     Device d = cpu();
     Model *t = model_create(&d, "tiny", 1, 4, 0), *r = model_create(&d, "resnet18", 1, 2, 0);
     setenv("MODEL_MEMORY_PLAN", "0", 1);
     Model *tu = model_create(&d, "tiny", 1, 4, 0), *ru = model_create(&d, "resnet18", 1, 2, 0);
-    unsetenv("MODEL_MEMORY_PLAN");
+    setenv("MODEL_MEMORY_PLAN", "1", 1);
     ck_assert(!tu->memory_plan && !ru->memory_plan);
     /* per sample, in floats: tensors of 64·32·32 (stem, layer1), 128·16·16, 256·8·8, 512·4·4 */
     size_t r18 = 2 * 4 * ((size_t)(2 + 4 + 4) * 64 * 32 * 32 + (5 + 4) * 128 * 16 * 16 +
@@ -286,7 +288,7 @@ static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precisi
     for (int v = 0; v < 2; v++) {
         if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
         m[v] = model_create_mixed(&d, arch, norm_bn, batch, 5, p, 0);
-        unsetenv("MODEL_MEMORY_PLAN");
+        setenv("MODEL_MEMORY_PLAN", "1", 1);
         ck_assert_int_eq(m[v]->memory_plan, !v);
         for (int step = 0; step < 2; step++) train_step(m[v], batch, x, y);
     }
@@ -304,6 +306,7 @@ static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precisi
 }
 
 START_TEST(memory_plan_changes_no_bit) {
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
     check_plan_bitwise("tiny", 1, 4, PREC_FP32);
     check_plan_bitwise("tiny", 0, 4, PREC_FP32);
     check_plan_bitwise("tiny", 1, 4, PREC_FP16);
@@ -439,6 +442,7 @@ END_TEST
  * bit-identical logits and gradients to the unplanned model (MODEL_MEMORY_PLAN=0: every tensor all
  * step, one shared workspace). ResNet-18 at batch 32, fp32 NCHW and fp16 channels-last. */
 START_TEST(cuda_memory_plan_holds_workspaces) {
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
     if (!test_have_gpu("model: the memory plan on CUDA (workspaces in the arena)")) return;
     Device g = {.allow_tf32 = 0, .deterministic = 1};
     device_init(&g, DEV_CUDA, 0, 0);
@@ -463,7 +467,7 @@ START_TEST(cuda_memory_plan_holds_workspaces) {
             if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
             size_t base = g.mem_cur, ws0 = g.workspace_bytes;
             Model *m = model_create_mixed(&g, "resnet18", 1, n, 7, p, cl);
-            unsetenv("MODEL_MEMORY_PLAN");
+            setenv("MODEL_MEMORY_PLAN", "1", 1);
             model_prepare(m, n);
             device_sync(&g);
             device_reset_peak(&g); /* re-planning freed and reallocated the arena: measure the step alone */
