@@ -206,7 +206,7 @@ compare: $(STAGES)
 # ---- sanitizers and fuzzers (CPU backend; each in its own build directory) ----------------------
 # A sub-make builds the stages and the test runner there with the sanitizer in CFLAGS (which
 # ALL_CFLAGS appends to the build's own flags); the suite then runs them from build/X/root, which
-# holds those stage binaries and a link to tests/ (TEST_ROOT). `make sanitize` runs every suite (a
+# holds those stage binaries and links to tests/, stages/ and docs/ (TEST_ROOT). `make sanitize` runs every suite (a
 # CPU-only build: GPU tests print SKIP); SUITES="a b" runs some.
 SAN_SUITES  ?= all
 TSAN_SUITES ?= loader gil dp dist ddp store
@@ -218,7 +218,7 @@ define SAN_RUN
 	@$(MAKE) --no-print-directory CPU_ONLY=1 BUILD=build/$(1) CFLAGS="$(2)" LDFLAGS="$(3)" \
 	  TEST_BIN=build/$(1)/run_tests build/$(1)/run_tests $(STAGES:%=build/$(1)/%)
 	@rm -rf build/$(1)/root && mkdir -p build/$(1)/root && cp $(STAGES:%=build/$(1)/%) build/$(1)/root/ && \
-	  ln -s ../../../tests build/$(1)/root/tests
+	  for d in tests stages docs; do ln -s ../../../$$d build/$(1)/root/$$d; done
 	@fail=0; for s in $(if $(SUITES),$(SUITES),$(4)); do \
 	  echo "== $(1): $$s"; TEST_ROOT=build/$(1)/root $(5) build/$(1)/run_tests $$([ $$s = all ] || echo $$s) 2>&1 | \
 	    grep -vE '^warning: rendezvous store|^$$' | tail -n 60; \

@@ -49,12 +49,7 @@ Option *amp_options(AmpConfig *a, const Option *more) {
          "TEST ONLY: make rank 0's loss gradient +inf at optimizer step K (from 1; 0 = off) — the "
          "step must be skipped on every rank and the scale halved"},
     };
-    int n_rows = (int)(sizeof rows / sizeof rows[0]), n_more = 0;
-    while (more && more[n_more].name) n_more++;
-    Option *t = xcalloc((size_t)(n_rows + n_more + 1), sizeof(Option));
-    memcpy(t, rows, sizeof rows);
-    if (n_more) memcpy(t + n_rows, more, (size_t)n_more * sizeof(Option));
-    return t; /* zeroed last row terminates */
+    return cli_rows(rows, sizeof rows / sizeof rows[0], more);
 }
 
 void amp_check(const AmpConfig *a) {

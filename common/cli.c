@@ -324,6 +324,19 @@ void config_defaults(TrainConfig *c) {
 }
 
 static Option *volatile last_table;      /* config_options' result, kept reachable (see there) */
+
+static Option *volatile kept_rows[16]; /* cli_rows' tables (a handful per program), kept reachable */
+static int n_kept_rows;
+
+Option *cli_rows(const Option *rows, size_t n, const Option *more) {
+    size_t n_more = 0;
+    while (more && more[n_more].name) n_more++;
+    Option *t = xcalloc(n + n_more + 1, sizeof(Option)); /* calloc'd: the last row terminates */
+    memcpy(t, rows, n * sizeof(Option));
+    if (n_more) memcpy(t + n, more, n_more * sizeof(Option));
+    if (n_kept_rows < 16) kept_rows[n_kept_rows++] = t;
+    return t;
+}
 static const Option *volatile last_extra; /* and the stage's own rows (dp_options, ddp_options) */
 
 Option *config_options(TrainConfig *c, const Option *extra) {

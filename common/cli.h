@@ -7,6 +7,7 @@
 #ifndef CLI_H
 #define CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum { OPT_INT, OPT_INT64, OPT_FLOAT, OPT_STR, OPT_FLAG, OPT_CHOICE } OptKind;
@@ -59,6 +60,12 @@ typedef struct TrainConfig {
     const char *trace;       /* "" = off; else a Chrome trace-event JSON file (trace.h) */
     const char *trace_steps; /* "A:B": the optimizer steps traced */
 } TrainConfig;
+
+/* A new table: the n rows, then the rows of `more` (NULL, or terminated by a row with name == NULL),
+ * then the terminating row. How a module adds its flags in front of a stage's (ddp_options,
+ * amp_options). Option tables live until the program exits; every one made here stays reachable
+ * (so leak checkers do not report them). */
+Option *cli_rows(const Option *rows, size_t n, const Option *more);
 
 void config_defaults(TrainConfig *c);
 /* The common option rows for c; `extra` (may be NULL) rows are appended. Returns a malloc'd,

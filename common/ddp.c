@@ -53,12 +53,7 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
         {"no-shuffle", OPT_FLAG, &f->no_shuffle, 0, 0, NULL,
          "DistributedSampler(shuffle=False): indices in order"},
     };
-    size_t n = sizeof rows / sizeof rows[0], n_extra = 0;
-    while (extra && extra[n_extra].name) n_extra++;
-    Option *all = xcalloc(n + n_extra + 1, sizeof(Option)); /* + the terminating zero row */
-    memcpy(all, rows, sizeof rows);
-    if (n_extra) memcpy(all + n, extra, n_extra * sizeof(Option));
-    return all;
+    return cli_rows(rows, sizeof rows / sizeof rows[0], extra);
 }
 
 enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_AFTER_BCAST };
