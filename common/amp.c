@@ -12,7 +12,7 @@
 void amp_defaults(AmpConfig *a, const char *default_amp) {
     *a = (AmpConfig){.amp = default_amp, .init_scale = 65536.0, .growth_factor = 2.0,
                      .backoff_factor = 0.5, .growth_interval = 2000, .grad_comm = "fp32",
-                     .show_scaler = ""};
+                     .show_scaler = "", .channels_last = -1};
 }
 
 Option *amp_options(AmpConfig *a, const Option *more) {
@@ -34,8 +34,8 @@ Option *amp_options(AmpConfig *a, const Option *more) {
          "fp16 without the GradScaler: the experiment of what it prevents (gradients underflow to "
          "0); turns on --grad-stats"},
         {"channels-last", OPT_FLAG, &a->channels_last, 0, 0, NULL,
-         "keep fp16/bf16 activations in NHWC on the GPU (torch.channels_last): cuDNN's native layout "
-         "for tensor-core convolutions; no effect on the CPU backend or with --amp off"},
+         "keep activations in NHWC on the GPU (torch.channels_last): cuDNN's native layout for "
+         "tensor-core convolutions — the default already (--layout); no effect on the CPU backend"},
         {"grad-stats", OPT_FLAG, &a->grad_stats, 0, 0, NULL,
          "count zero and non-finite gradient elements at every optimizer step (in the report)"},
         {"grad-comm", OPT_CHOICE, &a->grad_comm, 0, 0, "fp32|fp16|bf16",

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "model.h" /* model_default_layout */
 #include "trace.h"
 
 /* ----------------------------------------------------------------------------------------------
@@ -297,6 +298,7 @@ void config_defaults(TrainConfig *c) {
     c->device = "auto";
     c->model = "";
     c->norm = "bn";
+    c->layout = "auto";
     c->epochs = -1;
     c->steps = 0;
     c->batch_size = 128;
@@ -376,6 +378,10 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"no-tf32", OPT_FLAG, &c->no_tf32, 0, 0, NULL,
          "full-FP32 convolutions and matmuls instead of TF32 "
          "(torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False)"},
+        {"layout", OPT_CHOICE, &c->layout, 0, 0, "auto|nhwc|nchw",
+         "activations on the GPU: nhwc (channels-last, torch.channels_last: cuDNN's tensor-core "
+         "kernels read it as is) or nchw (PyTorch's default: cuDNN transforms the layout around every "
+         "convolution); auto = nhwc, except stage 2 (nchw). The CPU backend always keeps NCHW"},
         {"data", OPT_STR, &c->data, 0, 0, NULL,
          "CIFAR-10 binary version DIR (data_batch_1..5.bin, test_batch.bin); none = synthetic data"},
         {"train-size", OPT_INT64, &c->train_size, 1, 1e9, NULL,
@@ -430,6 +436,7 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
     if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
     if (c->epochs < 0) c->epochs = cuda ? 5 : 4;
+    if (strcmp(c->layout, "auto")) model_default_layout(!strcmp(c->layout, "nhwc"));
     /* CIFAR-10 keeps −1 ("all of it"): only the loader knows how many samples the files hold. */
     if (c->train_size < 0 && synthetic) c->train_size = cuda ? 50000 : 8192;
     if (c->test_size < 0 && synthetic) c->test_size = cuda ? 10000 : 1024;

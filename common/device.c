@@ -80,6 +80,8 @@ void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     d->n_allocs = d->cap_allocs = 0;
     d->workspace = NULL;
     d->workspace_bytes = 0;
+    d->bn_scratch = NULL;
+    d->bn_scratch_bytes = 0;
     xmutex_init(&d->mem_lock);
     if (kind == DEV_CPU) {
         snprintf(d->name, sizeof d->name, "cpu%d", index);
@@ -119,6 +121,8 @@ void device_bind(Device *d) {
 void device_destroy(Device *d) {
     if (d->workspace) device_free(d, d->workspace);
     d->workspace = NULL;
+    if (d->bn_scratch) device_free(d, d->bn_scratch);
+    d->bn_scratch = NULL;
 #ifdef USE_CUDA
     if (d->kind == DEV_CUDA) {
         device_bind(d);

@@ -44,6 +44,9 @@ typedef struct Device {
     /* one conv workspace per device, grown on demand at setup time (never during a step) */
     void *workspace;
     size_t workspace_bytes;
+    /* batch norm's per-chunk partial sums (kernels.cu), grown at setup by bn_prepare */
+    void *bn_scratch;
+    size_t bn_scratch_bytes;
 #ifdef USE_CUDA
     cudaStream_t stream;      /* compute */
     cudaStream_t copy_stream; /* host-to-device batch copies, overlapping compute */

@@ -81,6 +81,13 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
     if (c->no_python) c->op_us = 0, c->host_us = 0;
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
     if (!c->gpus) c->gpus = kind == DEV_CUDA ? device_cuda_count() : 2;
+    /* The replica threads run the model one op at a time (dp_threads.c), as nn.DataParallel's
+     * replicas do, on fp32 NCHW (PyTorch's default layout) — the typed channels-last walk casts
+     * the whole model's weights first and cannot be cut into single ops. */
+    if (model_layout_chosen() == 1)
+        die_user("stage 2 runs NCHW: --layout nhwc is not available for DataParallel (drop it, or "
+                 "compare stage 1 --layout nchw against stage 2)");
+    model_default_layout(0);
 }
 
 /* The modules nn.Module.modules() lists for the PyTorch twin of this model (tests/torch/models.py):

@@ -231,9 +231,11 @@ __global__ void sgd_kernel_vec4(int64_t count4, float4 *params, const float4 *gr
  * round to nearest even (cvt.rn), every sum is a float.
  * ============================================================================================== */
 
+__device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
     return __float2bfloat16_rn(v);
@@ -271,6 +273,27 @@ template <typename T> __global__ void add_forward_lp_kernel(int64_t count, const
 template <typename T>
 __global__ void grad_pass_lp_kernel(int64_t count, const T *src, T *dst, int accumulate) {
     GRID_STRIDE(i, count) dst[i] = accumulate ? from_f<T>(to_f(dst[i]) + to_f(src[i])) : src[i];
+}
+
+/* A residual block's end, y = max(0, a + b), in one pass; and its backward: the gradient masked by
+ * y > 0 goes to both inputs (written or added), where ReLU's backward and the add's two copies
+ * were three passes. da may be dy itself (the memory plan's alias): each element is read first. */
+template <typename T> __global__ void add_relu_forward_kernel(int64_t count, const T *a, const T *b, T *y) {
+    GRID_STRIDE(i, count) {
+        float v = to_f(from_f<T>(to_f(a[i]) + to_f(b[i]))); /* the add's rounding, then ReLU's */
+        y[i] = from_f<T>(v < 0.f ? 0.f : v);
+    }
+}
+
+template <typename T>
+__global__ void add_relu_backward_kernel(int64_t count, const T *y, const T *dy, T *da, int acc_a,
+                                         T *db, int acc_b) {
+    GRID_STRIDE(i, count) {
+        const float g = to_f(y[i]) > 0.f ? to_f(dy[i]) : 0.f;
+        const float a = acc_a ? to_f(da[i]) + g : g, b = acc_b ? to_f(db[i]) + g : g;
+        da[i] = from_f<T>(a);
+        db[i] = from_f<T>(b);
+    }
 }
 
 /* Row r = (image, channel) of the [n][c] output. NCHW: its hw values are contiguous; NHWC: they
@@ -311,26 +334,22 @@ __global__ void cast_to_nhwc_kernel(int64_t count, int c, int hw, const float *s
 }
 
 /* fp32 [cout][cin][kk] → T [cout][kk][cin] (cuDNN's KRSC filter). */
+/* A layer's weight has well under 2^32 elements (the launcher checks): 32-bit index arithmetic,
+ * several times cheaper than 64-bit division. */
 template <typename T>
-__global__ void cast_weight_khwc_kernel(int64_t count, int cin, int kk, const float *src, T *dst) {
-    GRID_STRIDE(o, count) {
-        int ci = (int)(o % cin);
-        int64_t t = o / cin;
-        int r = (int)(t % kk);
-        int64_t co = t / kk;
+__global__ void cast_weight_khwc_kernel(uint32_t count, uint32_t cin, uint32_t kk, const float *src, T *dst) {
+    for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < count; o += gridDim.x * blockDim.x) {
+        uint32_t ci = o % cin, t = o / cin, r = t % kk, co = t / kk;
         dst[o] = from_f<T>(src[(co * cin + ci) * kk + r]);
     }
 }
 
 /* T [cout][kk][cin] gradient → fp32 [cout][cin][kk], written or added. */
 template <typename T>
-__global__ void cast_from_khwc_kernel(int64_t count, int cin, int kk, const T *src, float *dst,
+__global__ void cast_from_khwc_kernel(uint32_t count, uint32_t cin, uint32_t kk, const T *src, float *dst,
                                       int accumulate) {
-    GRID_STRIDE(o, count) {
-        int r = (int)(o % kk);
-        int64_t t = o / kk;
-        int ci = (int)(t % cin);
-        int64_t co = t / cin;
+    for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < count; o += gridDim.x * blockDim.x) {
+        uint32_t r = o % kk, t = o / kk, ci = t % cin, co = t / cin;
         float g = to_f(src[(co * kk + r) * cin + ci]);
         dst[o] = accumulate ? dst[o] + g : g;
     }
@@ -351,11 +370,76 @@ template <typename T> __global__ void bias_grad_lp_kernel(int n, int out, const 
 }
 
 /* ---- batch norm on T activations, fp32 statistics and parameters ----------------------------- */
-/* One block per channel walks that channel's n·hw values (image i's run starts at (i·c + ch)·hw).
- * Sums are float, combined in a fixed tree: deterministic. Two passes for the variance, as the
- * reference. */
-#define BN_THREADS 512
+/* Training batch norm is a reduction per channel over n·hw values followed by an elementwise pass.
+ * One block per channel (the obvious kernel, and cuDNN's NCHW "1C11" kernels) leaves most of an
+ * H200 idle at 64 channels, and in NHWC it reads with a stride of c. So each pass is three kernels:
+ *   1. partials: the n·hw rows of every channel are cut into G fixed chunks; one block reduces one
+ *      chunk of 32 channels (NHWC: a warp reads 32 neighbouring channels of a row) or of one
+ *      channel (NCHW: threads walk the contiguous hw run of each image);
+ *   2. finalize: one thread per channel combines its G partials, always in chunk order;
+ *   3. apply: elementwise, one thread per value.
+ * Every order is fixed, so results are bit-reproducible run to run. The forward's partials are
+ * (mean, M2) of each chunk, merged with Chan's formula — one pass over x, no E[x²]−E[x]² cancellation.
+ * relu = 1 fuses the ReLU that follows (forward: y = max(0, bn(x)); backward: the gradient is
+ * masked by y > 0 first, y being the fused output) — one pass over the activation saved each way. */
+#define BN_ROWS_NHWC 8   /* NHWC block: 32 channels × 8 rows */
+#define BN_THREADS 256
+#define BN_TARGET_BLOCKS 512
 
+/* The chunk plan, the same in every kernel of a pass. */
+struct BnPlan {
+    uint32_t rows, chunks; /* rows = n·hw values per channel; G = chunks */
+    __host__ __device__ uint32_t lo(uint32_t g) const { return (uint32_t)((uint64_t)rows * g / chunks); }
+};
+
+static BnPlan bn_plan(int nhwc, int n, int c, int hw) {
+    BnPlan p;
+    p.rows = (uint32_t)n * (uint32_t)hw;
+    int64_t cblocks = nhwc ? (c + 31) / 32 : c;
+    int64_t g = BN_TARGET_BLOCKS / cblocks, most = p.rows / (nhwc ? 64 : 256);
+    if (g > most) g = most;
+    p.chunks = (uint32_t)(g < 1 ? 1 : g);
+    return p;
+}
+
+/* The index of row k (= image·hw + position) of channel ch. */
+__device__ __forceinline__ uint64_t bn_idx(uint32_t k, uint32_t c, uint32_t hw, uint32_t ch, bool nhwc) {
+    if (nhwc) return (uint64_t)k * c + ch;
+    uint32_t i = k / hw;
+    return ((uint64_t)i * c + ch) * hw + (k - i * hw);
+}
+
+/* Chan et al.: (na, ma, M2a) ⊕ (nb, mb, M2b). */
+__device__ __forceinline__ void chan_merge(float &na, float &ma, float &m2a, float nb, float mb, float m2b) {
+    float n = na + nb;
+    if (nb == 0.f) return;
+    float delta = mb - ma, f = nb / n;
+    ma += delta * f;
+    m2a += m2b + delta * delta * na * f;
+    na = n;
+}
+
+/* This thread's slot: NHWC blocks are (32 channels) × (8 row lanes), NCHW blocks 256 row lanes of
+ * one channel. Returns the channel (or −1) and sets the lane and the lane count. */
+__device__ __forceinline__ int bn_thread(bool nhwc, int c, uint32_t &lane, uint32_t &lanes, int &slot) {
+    if (nhwc) {
+        lane = threadIdx.y, lanes = BN_ROWS_NHWC, slot = threadIdx.y * 32 + threadIdx.x;
+        int ch = blockIdx.y * 32 + threadIdx.x;
+        return ch < c ? ch : -1;
+    }
+    lane = threadIdx.x, lanes = BN_THREADS, slot = threadIdx.x;
+    return blockIdx.y;
+}
+
+/* Fixed-order tree over the lanes of one channel in shared memory (slot stride: 32 in NHWC). */
+#define BN_TREE(nhwc, lane, lanes, slot, MERGE)                                                   \
+    for (uint32_t half_ = (lanes) / 2; half_ > 0; half_ /= 2) {                                    \
+        __syncthreads();                                                                           \
+        if ((lane) < half_) { const int o_ = (slot) + half_ * ((nhwc) ? 32 : 1); MERGE; }          \
+    }                                                                                              \
+    __syncthreads();
+
+/* Σ v over the block, in a fixed tree (used by the gradient-statistics kernel below too). */
 __device__ float block_sum(float v, float *sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -372,45 +456,67 @@ __device__ float block_sum(float v, float *sh) {
     return total;
 }
 
-/* The k-th value of channel ch: image k / hw, position k % hw. 32-bit division (the launcher checks
- * n·hw < 2^31): a 64-bit one costs several times more, once per element. */
-__device__ __forceinline__ int64_t bn_at(uint32_t k, uint32_t c, uint32_t hw, uint32_t ch,
-                                         int nhwc) {
-    if (nhwc) return (int64_t)k * c + ch; /* k = image·hw + position; the channel is innermost */
-    uint32_t i = k / hw;
-    return ((int64_t)i * c + ch) * hw + (k - i * hw);
-}
-#define FOR_CHANNEL_VALUES(at) /* this thread's share of the block's channel */                  \
-    _Pragma("unroll 4") for (uint32_t k_ = threadIdx.x, total_ = (uint32_t)n * hw; k_ < total_;      \
-                             k_ += blockDim.x) if (const int64_t at = bn_at(k_, c, hw, ch, nhwc); true)
-
-template <typename T>
+template <typename T, bool NHWC>
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_forward_train_lp_kernel(int nhwc, int n, int c, int hw, const T *x, const float *gamma,
-                               const float *beta, float *running_mean, float *running_var,
-                               float momentum, float eps, float *save_mean, float *save_invstd,
-                               T *y) {
-    __shared__ float sh[32];
-    const int ch = blockIdx.x;
-    const float count = (float)n * hw;
-    float s = 0.f;
-    FOR_CHANNEL_VALUES(at) s += to_f(x[at]);
-    const float mean = block_sum(s, sh) / count;
-    float ss = 0.f;
-    FOR_CHANNEL_VALUES(at) {
-        float dv = to_f(x[at]) - mean;
-        ss += dv * dv;
+    bn_partial_stats_kernel(BnPlan pl, int c, int hw, const T *x, float *part) {
+    __shared__ float sn[BN_THREADS], sm[BN_THREADS], s2[BN_THREADS];
+    uint32_t lane, lanes;
+    int slot;
+    const int ch = bn_thread(NHWC, c, lane, lanes, slot);
+    const uint32_t g = blockIdx.x, lo = pl.lo(g), hi = pl.lo(g + 1);
+    float cnt = 0.f, mean = 0.f, m2 = 0.f; /* Welford */
+    if (ch >= 0)
+        for (uint32_t k = lo + lane; k < hi; k += lanes) {
+            float v = to_f(x[bn_idx(k, c, hw, ch, NHWC)]);
+            cnt += 1.f;
+            float d = v - mean;
+            mean += d / cnt;
+            m2 += d * (v - mean);
+        }
+    sn[slot] = cnt, sm[slot] = mean, s2[slot] = m2;
+    BN_TREE(NHWC, lane, lanes, slot, chan_merge(sn[slot], sm[slot], s2[slot], sn[o_], sm[o_], s2[o_]));
+    if (lane == 0 && ch >= 0) part[((size_t)g * c + ch) * 2] = sm[slot], part[((size_t)g * c + ch) * 2 + 1] = s2[slot];
+}
+
+/* One warp per channel: lane l merges chunks l, l + 32, … in order, then a fixed shuffle tree
+ * (a serial merge of 256 chunks by one thread per channel took 40 µs a call on an H200). */
+#define BN_FIN_CH 8 /* channels (warps) per finalize block */
+__global__ void bn_finalize_stats_kernel(BnPlan pl, int c, const float *part, float momentum,
+                                         float eps, float *running_mean, float *running_var,
+                                         float *save_mean, float *save_invstd) {
+    const int ch = blockIdx.x * BN_FIN_CH + threadIdx.y, lane = threadIdx.x;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
+    if (ch < c)
+        for (uint32_t g = lane; g < pl.chunks; g += 32)
+            chan_merge(n, mean, m2, (float)(pl.lo(g + 1) - pl.lo(g)), part[((size_t)g * c + ch) * 2],
+                       part[((size_t)g * c + ch) * 2 + 1]);
+    for (int off = 16; off > 0; off >>= 1) {
+        float nb = __shfl_down_sync(0xffffffffu, n, off), mb = __shfl_down_sync(0xffffffffu, mean, off),
+              m2b = __shfl_down_sync(0xffffffffu, m2, off);
+        if (lane < off) chan_merge(n, mean, m2, nb, mb, m2b);
     }
-    const float var = block_sum(ss, sh) / count; /* biased: what normalises */
-    const float invstd = 1.f / sqrtf(var + eps);
-    if (threadIdx.x == 0) {
-        save_mean[ch] = mean;
-        save_invstd[ch] = invstd;
-        running_mean[ch] = (1.f - momentum) * running_mean[ch] + momentum * mean;
-        running_var[ch] = (1.f - momentum) * running_var[ch] + momentum * var * count / (count - 1.f);
+    if (ch >= c || lane != 0) return;
+    const float var = m2 / n; /* biased: what normalises */
+    save_mean[ch] = mean;
+    save_invstd[ch] = 1.f / sqrtf(var + eps);
+    running_mean[ch] = (1.f - momentum) * running_mean[ch] + momentum * mean;
+    running_var[ch] = (1.f - momentum) * running_var[ch] + momentum * var * n / (n - 1.f);
+}
+
+/* The channel of flat index i (32-bit: the launcher checks the count). */
+__device__ __forceinline__ uint32_t bn_channel(uint32_t i, uint32_t c, uint32_t hw, bool nhwc) {
+    return nhwc ? i % c : (i / hw) % c;
+}
+
+template <typename T, bool NHWC>
+__global__ void bn_apply_kernel(uint32_t count, int c, int hw, const T *x, const float *gamma,
+                                const float *beta, const float *mean, const float *invstd, int relu,
+                                T *y) {
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        const uint32_t ch = bn_channel(i, c, hw, NHWC);
+        float v = (to_f(x[i]) - mean[ch]) * (invstd[ch] * gamma[ch]) + beta[ch];
+        y[i] = from_f<T>(relu && v < 0.f ? 0.f : v);
     }
-    const float scale = invstd * gamma[ch], shift = beta[ch];
-    FOR_CHANNEL_VALUES(at) y[at] = from_f<T>((to_f(x[at]) - mean) * scale + shift);
 }
 
 template <typename T>
@@ -425,31 +531,62 @@ __global__ void bn_forward_eval_lp_kernel(int64_t count, int nhwc, int c, int hw
     }
 }
 
-template <typename T>
+/* Backward partials: Σ g and Σ g·x̂ per chunk, g = dy (masked by y > 0 when the ReLU is fused). */
+template <typename T, bool NHWC>
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_backward_lp_kernel(int nhwc, int n, int c, int hw, const T *x, const T *dy, const float *gamma,
-                          const float *save_mean, const float *save_invstd, T *dx, float *dgamma,
-                          float *dbeta, int accumulate) {
-    __shared__ float sh[32];
-    const int ch = blockIdx.x;
-    const float count = (float)n * hw, mean = save_mean[ch], invstd = save_invstd[ch];
+    bn_partial_grad_kernel(BnPlan pl, int c, int hw, const T *x, const T *y, const T *dy,
+                           const float *save_mean, const float *save_invstd, int relu, float *part) {
+    __shared__ float sa[BN_THREADS], sb[BN_THREADS];
+    uint32_t lane, lanes;
+    int slot;
+    const int ch = bn_thread(NHWC, c, lane, lanes, slot);
+    const uint32_t g = blockIdx.x, lo = pl.lo(g), hi = pl.lo(g + 1);
     float sdy = 0.f, sdyx = 0.f;
-    FOR_CHANNEL_VALUES(at) {
-        float g = to_f(dy[at]);
-        sdy += g;
-        sdyx += g * ((to_f(x[at]) - mean) * invstd);
+    if (ch >= 0) {
+        const float mean = save_mean[ch], invstd = save_invstd[ch];
+        for (uint32_t k = lo + lane; k < hi; k += lanes) {
+            const uint64_t at = bn_idx(k, c, hw, ch, NHWC);
+            float d = relu && !(to_f(y[at]) > 0.f) ? 0.f : to_f(dy[at]);
+            sdy += d;
+            sdyx += d * ((to_f(x[at]) - mean) * invstd);
+        }
     }
-    sdy = block_sum(sdy, sh);
-    sdyx = block_sum(sdyx, sh);
-    if (threadIdx.x == 0) {
-        dbeta[ch] += sdy;
-        dgamma[ch] += sdyx;
+    sa[slot] = sdy, sb[slot] = sdyx;
+    BN_TREE(NHWC, lane, lanes, slot, (sa[slot] += sa[o_], sb[slot] += sb[o_]));
+    if (lane == 0 && ch >= 0) part[((size_t)g * c + ch) * 2] = sa[slot], part[((size_t)g * c + ch) * 2 + 1] = sb[slot];
+}
+
+/* Σ over chunks (one warp per channel, as above); dγ, dβ accumulate (parameter gradients always
+ * do); coef = the two means the elementwise pass needs. */
+__global__ void bn_finalize_grad_kernel(BnPlan pl, int c, const float *part, float *dgamma,
+                                        float *dbeta, float *coef) {
+    const int ch = blockIdx.x * BN_FIN_CH + threadIdx.y, lane = threadIdx.x;
+    float sdy = 0.f, sdyx = 0.f;
+    if (ch < c)
+        for (uint32_t g = lane; g < pl.chunks; g += 32)
+            sdy += part[((size_t)g * c + ch) * 2], sdyx += part[((size_t)g * c + ch) * 2 + 1];
+    for (int off = 16; off > 0; off >>= 1) {
+        sdy += __shfl_down_sync(0xffffffffu, sdy, off);
+        sdyx += __shfl_down_sync(0xffffffffu, sdyx, off);
     }
-    const float kk = gamma[ch] * invstd, mdy = sdy / count, mdyx = sdyx / count;
-    FOR_CHANNEL_VALUES(at) {
-        float xhat = (to_f(x[at]) - mean) * invstd;
-        float g = kk * (to_f(dy[at]) - mdy - xhat * mdyx);
-        dx[at] = from_f<T>(accumulate ? to_f(dx[at]) + g : g);
+    if (ch >= c || lane != 0) return;
+    dbeta[ch] += sdy;
+    dgamma[ch] += sdyx;
+    coef[2 * ch] = sdy / (float)pl.rows;
+    coef[2 * ch + 1] = sdyx / (float)pl.rows;
+}
+
+template <typename T, bool NHWC>
+__global__ void bn_apply_grad_kernel(uint32_t count, int c, int hw, const T *x, const T *y,
+                                     const T *dy, const float *gamma, const float *save_mean,
+                                     const float *save_invstd, const float *coef, int relu, T *dx,
+                                     int accumulate) {
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        const uint32_t ch = bn_channel(i, c, hw, NHWC);
+        const float invstd = save_invstd[ch], xhat = (to_f(x[i]) - save_mean[ch]) * invstd;
+        float d = relu && !(to_f(y[i]) > 0.f) ? 0.f : to_f(dy[i]);
+        float v = gamma[ch] * invstd * (d - coef[2 * ch] - xhat * coef[2 * ch + 1]);
+        dx[i] = from_f<T>(accumulate ? to_f(dx[i]) + v : v);
     }
 }
 
@@ -603,58 +740,72 @@ void launch_sgd_step_unless(cudaStream_t s, int64_t count, float *params, const 
     }
 }
 
-/* ---- mixed precision: p = 1 → __half, 2 → __nv_bfloat16 ------------------------------------- */
+/* ---- typed: p = 0 → float, 1 → __half, 2 → __nv_bfloat16 ------------------------------------- */
 
-#define LP(p, T_CALL_HALF, T_CALL_BF16) ((p) == 1 ? (void)(T_CALL_HALF) : (void)(T_CALL_BF16))
-#define H(ptr) ((__half *)(ptr))
-#define B(ptr) ((__nv_bfloat16 *)(ptr))
-#define CH(ptr) ((const __half *)(ptr))
-#define CB(ptr) ((const __nv_bfloat16 *)(ptr))
+/* Calls f with a value of the element type that p names, so one launch line serves all three. */
+extern "C++" {
+template <typename F> static void by_type(int p, F f) {
+    if (p == 0) f(float());
+    else if (p == 1) f(__half());
+    else f(__nv_bfloat16());
+}
+}
+#define TYPED(p, ...) by_type(p, [&](auto tag_) { using T = decltype(tag_); __VA_ARGS__; })
+#define PT(ptr) ((T *)(ptr))
+#define PCT(ptr) ((const T *)(ptr))
 
 void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst) {
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (cast_to_kernel<<<g, THREADS, 0, s>>>(count, src, H(dst)), 0),
-       (cast_to_kernel<<<g, THREADS, 0, s>>>(count, src, B(dst)), 0));
+    TYPED(p, cast_to_kernel<T><<<g, THREADS, 0, s>>>(count, src, PT(dst)));
 }
 
 void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,
                       int accumulate) {
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (cast_from_kernel<<<g, THREADS, 0, s>>>(count, CH(src), dst, accumulate), 0),
-       (cast_from_kernel<<<g, THREADS, 0, s>>>(count, CB(src), dst, accumulate), 0));
+    TYPED(p, cast_from_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
 }
 
 void launch_relu_forward_lp(cudaStream_t s, int p, int64_t count, const void *x, void *y) {
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (relu_forward_lp_kernel<<<g, THREADS, 0, s>>>(count, CH(x), H(y)), 0),
-       (relu_forward_lp_kernel<<<g, THREADS, 0, s>>>(count, CB(x), B(y)), 0));
+    TYPED(p, relu_forward_lp_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(x), PT(y)));
 }
 
 void launch_relu_backward_lp(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
                              void *dx, int accumulate) {
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (relu_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, CH(y), CH(dy), H(dx), accumulate), 0),
-       (relu_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, CB(y), CB(dy), B(dx), accumulate), 0));
+    TYPED(p, relu_backward_lp_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(y), PCT(dy), PT(dx), accumulate));
 }
 
 void launch_add_forward_lp(cudaStream_t s, int p, int64_t count, const void *a, const void *b,
                            void *y) {
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (add_forward_lp_kernel<<<g, THREADS, 0, s>>>(count, CH(a), CH(b), H(y)), 0),
-       (add_forward_lp_kernel<<<g, THREADS, 0, s>>>(count, CB(a), CB(b), B(y)), 0));
+    TYPED(p, add_forward_lp_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(a), PCT(b), PT(y)));
 }
 
 void launch_grad_pass_lp(cudaStream_t s, int p, int64_t count, const void *src, void *dst,
                          int accumulate) {
     if (count <= 0 || (!accumulate && src == dst)) return;
     int g = blocks_for(count);
-    LP(p, (grad_pass_lp_kernel<<<g, THREADS, 0, s>>>(count, CH(src), H(dst), accumulate), 0),
-       (grad_pass_lp_kernel<<<g, THREADS, 0, s>>>(count, CB(src), B(dst), accumulate), 0));
+    TYPED(p, grad_pass_lp_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(src), PT(dst), accumulate));
+}
+
+void launch_add_relu_forward(cudaStream_t s, int p, int64_t count, const void *a, const void *b,
+                             void *y) {
+    if (count <= 0) return;
+    int g = blocks_for(count);
+    TYPED(p, add_relu_forward_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(a), PCT(b), PT(y)));
+}
+
+void launch_add_relu_backward(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
+                              void *da, int acc_a, void *db, int acc_b) {
+    if (count <= 0) return;
+    int g = blocks_for(count);
+    TYPED(p, add_relu_backward_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(y), PCT(dy), PT(da), acc_a, PT(db), acc_b));
 }
 
 void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
@@ -662,8 +813,7 @@ void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, in
     int64_t rows = (int64_t)n * c;
     if (rows <= 0 || hw <= 0) return;
     int g = blocks_for(rows);
-    LP(p, (avgpool_forward_lp_kernel<<<g, THREADS, 0, s>>>(rows, c, hw, nhwc, CH(x), H(y)), 0),
-       (avgpool_forward_lp_kernel<<<g, THREADS, 0, s>>>(rows, c, hw, nhwc, CB(x), B(y)), 0));
+    TYPED(p, avgpool_forward_lp_kernel<T><<<g, THREADS, 0, s>>>(rows, c, hw, nhwc, PCT(x), PT(y)));
 }
 
 void launch_avgpool_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw,
@@ -671,62 +821,68 @@ void launch_avgpool_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, i
     int64_t count = (int64_t)n * c * hw;
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (avgpool_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, c, hw, nhwc, CH(dy), H(dx), accumulate), 0),
-       (avgpool_backward_lp_kernel<<<g, THREADS, 0, s>>>(count, c, hw, nhwc, CB(dy), B(dx), accumulate), 0));
+    TYPED(p, avgpool_backward_lp_kernel<T><<<g, THREADS, 0, s>>>(count, c, hw, nhwc, PCT(dy), PT(dx), accumulate));
 }
 
 void launch_cast_to_nhwc(cudaStream_t s, int p, int n, int c, int hw, const float *src, void *dst) {
     int64_t count = (int64_t)n * c * hw;
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (cast_to_nhwc_kernel<<<g, THREADS, 0, s>>>(count, c, hw, src, H(dst)), 0),
-       (cast_to_nhwc_kernel<<<g, THREADS, 0, s>>>(count, c, hw, src, B(dst)), 0));
+    TYPED(p, cast_to_nhwc_kernel<T><<<g, THREADS, 0, s>>>(count, c, hw, src, PT(dst)));
 }
 
 void launch_cast_weight_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const float *src,
                              void *dst) {
     int64_t count = (int64_t)cout * cin * kk;
-    if (count <= 0) return;
+    if (count <= 0 || count >= UINT32_MAX) return; /* ops_cuda.c asserts the size */
     int g = blocks_for(count);
-    LP(p, (cast_weight_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, src, H(dst)), 0),
-       (cast_weight_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, src, B(dst)), 0));
+    TYPED(p, cast_weight_khwc_kernel<T><<<g, THREADS, 0, s>>>((uint32_t)count, cin, kk, src, PT(dst)));
 }
 
 void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const void *src,
                            float *dst, int accumulate) {
     int64_t count = (int64_t)cout * cin * kk;
-    if (count <= 0) return;
+    if (count <= 0 || count >= UINT32_MAX) return;
     int g = blocks_for(count);
-    LP(p, (cast_from_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, CH(src), dst, accumulate), 0),
-       (cast_from_khwc_kernel<<<g, THREADS, 0, s>>>(count, cin, kk, CB(src), dst, accumulate), 0));
+    TYPED(p, cast_from_khwc_kernel<T><<<g, THREADS, 0, s>>>((uint32_t)count, cin, kk, PCT(src), dst, accumulate));
 }
 
 void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y) {
     int64_t count = (int64_t)n * out;
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (bias_fill_lp_kernel<<<g, THREADS, 0, s>>>(count, out, CH(b), H(y)), 0),
-       (bias_fill_lp_kernel<<<g, THREADS, 0, s>>>(count, out, CB(b), B(y)), 0));
+    TYPED(p, bias_fill_lp_kernel<T><<<g, THREADS, 0, s>>>(count, out, PCT(b), PT(y)));
 }
 
 void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, void *db) {
     if (out <= 0) return;
     int g = blocks_for(out);
-    LP(p, (bias_grad_lp_kernel<<<g, THREADS, 0, s>>>(n, out, CH(dy), H(db)), 0),
-       (bias_grad_lp_kernel<<<g, THREADS, 0, s>>>(n, out, CB(dy), B(db)), 0));
+    TYPED(p, bias_grad_lp_kernel<T><<<g, THREADS, 0, s>>>(n, out, PCT(dy), PT(db)));
 }
+
+size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw) {
+    return (size_t)bn_plan(nhwc, n, c, hw).chunks * c * 2 + (size_t)c * 2;
+}
+
+/* The three kernels of each pass (see the batch norm section above). */
+#define BN_PARTIAL_GRID(pl, nhwc, c) dim3((pl).chunks, (nhwc) ? ((c) + 31) / 32 : (c))
+#define BN_PARTIAL_BLOCK(nhwc) ((nhwc) ? dim3(32, BN_ROWS_NHWC) : dim3(BN_THREADS))
 
 void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
-                                float *save_invstd, void *y) {
-    if (c <= 0 || (int64_t)n * hw >= INT32_MAX) return; /* ops_cuda.c asserts the size */
-    LP(p, (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CH(x), gamma, beta,
-                                                               running_mean, running_var, momentum,
-                                                               eps, save_mean, save_invstd, H(y)), 0),
-       (bn_forward_train_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CB(x), gamma, beta,
-                                                            running_mean, running_var, momentum,
-                                                            eps, save_mean, save_invstd, B(y)), 0));
+                                float *save_invstd, void *y, int relu, float *scratch) {
+    const uint32_t count = (uint32_t)n * c * hw; /* ops_cuda.c checks it fits */
+    if (c <= 0 || count == 0) return;
+    const BnPlan pl = bn_plan(nhwc, n, c, hw);
+    const dim3 grid = BN_PARTIAL_GRID(pl, nhwc, c), block = BN_PARTIAL_BLOCK(nhwc);
+    if (nhwc) TYPED(p, bn_partial_stats_kernel<T, true><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), scratch));
+    else TYPED(p, bn_partial_stats_kernel<T, false><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), scratch));
+    bn_finalize_stats_kernel<<<(c + BN_FIN_CH - 1) / BN_FIN_CH, dim3(32, BN_FIN_CH), 0, s>>>(pl, c, scratch, momentum, eps, running_mean,
+                                                          running_var, save_mean, save_invstd);
+    const int g = blocks_for(count);
+    if (nhwc) TYPED(p, bn_apply_kernel<T, true><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), gamma, beta, save_mean, save_invstd, relu, PT(y)));
+    else TYPED(p, bn_apply_kernel<T, false><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), gamma, beta, save_mean, save_invstd, relu, PT(y)));
 }
 
 void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
@@ -735,23 +891,25 @@ void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, in
     int64_t count = (int64_t)n * c * hw;
     if (count <= 0) return;
     int g = blocks_for(count);
-    LP(p, (bn_forward_eval_lp_kernel<<<g, THREADS, 0, s>>>(count, nhwc, c, hw, CH(x), gamma, beta,
-                                                           running_mean, running_var, eps, H(y)), 0),
-       (bn_forward_eval_lp_kernel<<<g, THREADS, 0, s>>>(count, nhwc, c, hw, CB(x), gamma, beta,
-                                                        running_mean, running_var, eps, B(y)), 0));
+    TYPED(p, bn_forward_eval_lp_kernel<T><<<g, THREADS, 0, s>>>(count, nhwc, c, hw, PCT(x), gamma, beta,
+                                                              running_mean, running_var, eps, PT(y)));
 }
 
 void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
-                           const void *dy, const float *gamma, const float *save_mean,
+                           const void *y, const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
-                           int accumulate) {
-    if (c <= 0 || (int64_t)n * hw >= INT32_MAX) return;
-    LP(p, (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CH(x), CH(dy), gamma, save_mean,
-                                                          save_invstd, H(dx), dgamma, dbeta,
-                                                          accumulate), 0),
-       (bn_backward_lp_kernel<<<c, BN_THREADS, 0, s>>>(nhwc, n, c, hw, CB(x), CB(dy), gamma, save_mean,
-                                                       save_invstd, B(dx), dgamma, dbeta,
-                                                       accumulate), 0));
+                           int accumulate, int relu, float *scratch) {
+    const uint32_t count = (uint32_t)n * c * hw;
+    if (c <= 0 || count == 0) return;
+    const BnPlan pl = bn_plan(nhwc, n, c, hw);
+    const dim3 grid = BN_PARTIAL_GRID(pl, nhwc, c), block = BN_PARTIAL_BLOCK(nhwc);
+    float *coef = scratch + (size_t)pl.chunks * c * 2;
+    if (nhwc) TYPED(p, bn_partial_grad_kernel<T, true><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), PCT(y), PCT(dy), save_mean, save_invstd, relu, scratch));
+    else TYPED(p, bn_partial_grad_kernel<T, false><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), PCT(y), PCT(dy), save_mean, save_invstd, relu, scratch));
+    bn_finalize_grad_kernel<<<(c + BN_FIN_CH - 1) / BN_FIN_CH, dim3(32, BN_FIN_CH), 0, s>>>(pl, c, scratch, dgamma, dbeta, coef);
+    const int g = blocks_for(count);
+    if (nhwc) TYPED(p, bn_apply_grad_kernel<T, true><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), PCT(y), PCT(dy), gamma, save_mean, save_invstd, coef, relu, PT(dx), accumulate));
+    else TYPED(p, bn_apply_grad_kernel<T, false><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), PCT(y), PCT(dy), gamma, save_mean, save_invstd, coef, relu, PT(dx), accumulate));
 }
 
 /* ---- GradScaler ------------------------------------------------------------------------------ */

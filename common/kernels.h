@@ -47,8 +47,8 @@ void launch_sgd_step_unless(cudaStream_t s, int64_t count, float *params, const 
                             float *momentum_buf, float lr, float momentum, float weight_decay,
                             int first, const float *skip);
 
-/* ---- mixed precision (ops.h's *_lp ops): p = 1 fp16 (__half), 2 bf16 (__nv_bfloat16); the
- * tensors are 16 bits per element, arithmetic is fp32, stores round to nearest even. ------------ */
+/* ---- typed (ops.h's *_lp ops): p = 0 fp32, 1 fp16 (__half), 2 bf16 (__nv_bfloat16); arithmetic
+ * is fp32, 16-bit stores round to nearest even. fp32 runs here for channels-last (NHWC) models. */
 void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst);
 void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,
                       int accumulate);
@@ -59,6 +59,11 @@ void launch_add_forward_lp(cudaStream_t s, int p, int64_t count, const void *a, 
                            void *y);
 void launch_grad_pass_lp(cudaStream_t s, int p, int64_t count, const void *src, void *dst,
                          int accumulate);
+/* y = max(0, a + b); backward: g = dy·(y > 0) written (or added: acc) into da and db. */
+void launch_add_relu_forward(cudaStream_t s, int p, int64_t count, const void *a, const void *b,
+                             void *y);
+void launch_add_relu_backward(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
+                              void *da, int acc_a, void *db, int acc_b);
 /* nhwc: the 16-bit tensors are channels-last, [n][hw][c] (ops.h). */
 void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                void *y);
@@ -74,18 +79,22 @@ void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, con
 /* y[row][o] = b[o] (before a GEMM adds into it), and db[o] = Σ_rows dy (overwritten). */
 void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y);
 void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, void *db);
-/* Batch norm, NCHW, T activations with fp32 parameters and statistics; one block per channel. */
+/* Batch norm, NCHW or NHWC, T activations with fp32 parameters and statistics, in three kernels
+ * per pass (kernels.cu says why). relu = 1: the ReLU after it is fused (y is then the fused
+ * output, whose sign masks the gradient). scratch: launch_bn_scratch_floats() device floats that
+ * no other stream uses meanwhile. */
+size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw);
 void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
-                                float *save_invstd, void *y);
+                                float *save_invstd, void *y, int relu, float *scratch);
 void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                const float *gamma, const float *beta, const float *running_mean,
                                const float *running_var, float eps, void *y);
 void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
-                           const void *dy, const float *gamma, const float *save_mean,
+                           const void *y, const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
-                           int accumulate);
+                           int accumulate, int relu, float *scratch);
 
 /* ---- GradScaler (ops.h): scalars in device memory ------------------------------------------- */
 void launch_scale_by_device(cudaStream_t s, int64_t count, float *x, const float *alpha);

@@ -208,9 +208,11 @@ static void plan_lifetimes(Model *m) {
         switch (l->kind) {
         case LAYER_CONV: case LAYER_BN: case LAYER_LINEAR:
             if (l->in > 0) USED(in->x_dies, bwd);
+            if (l->fuse_relu) USED(out->x_dies, bwd); /* the fused ReLU's mask: its output */
             break;
+        case LAYER_ADD: if (l->fuse_relu) USED(out->x_dies, bwd); break;
         case LAYER_RELU: USED(out->x_dies, bwd); break; /* dx = dy·(y > 0): its output */
-        case LAYER_ADD: case LAYER_POOL: break;         /* shapes only */
+        case LAYER_POOL: break;                         /* shapes only */
         }
         /* backward: reads d(out) (its last reader is out's producer, the earliest layer), writes
          * d(in) and d(in2) (its first writer is in's last forward reader, the latest layer) */
@@ -382,8 +384,23 @@ static void init_params(Model *m, uint64_t seed) {
     free(hb);
 }
 
+static int default_channels_last = -1; /* −1: not chosen (--layout auto): channels-last */
+void model_default_layout(int channels_last) { default_channels_last = channels_last; }
+int model_layout_chosen(void) { return default_channels_last; }
+
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed) {
-    return model_create_mixed(dev, arch, norm_bn, max_batch, seed, PREC_FP32, 0);
+    return model_create_mixed(dev, arch, norm_bn, max_batch, seed, PREC_FP32, -1);
+}
+
+/* A BN or an add followed by an in-place ReLU on its output becomes one op (CUDA's typed walk):
+ * the ReLU's forward pass over the activation and its backward pass over the gradient disappear. */
+static void fuse_relus(Model *m) {
+    for (int l = 0; l + 1 < m->n_layers; l++) {
+        Layer *op = &m->layers[l], *r = &m->layers[l + 1];
+        if ((op->kind == LAYER_BN || op->kind == LAYER_ADD) && r->kind == LAYER_RELU &&
+            r->in == op->out && r->out == op->out)
+            op->fuse_relu = r->fused = 1;
+    }
 }
 
 Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
@@ -393,7 +410,9 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     Model *m = xcalloc(1, sizeof *m);
     m->dev = dev;
     m->prec = prec;
-    m->channels_last = channels_last && prec != PREC_FP32 && dev->kind == DEV_CUDA;
+    if (channels_last < 0) channels_last = default_channels_last != 0;
+    m->channels_last = channels_last && dev->kind == DEV_CUDA;
+    m->typed = prec != PREC_FP32 || m->channels_last;
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     m->norm_bn = norm_bn;
     m->classes = NUM_CLASSES;
@@ -404,6 +423,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     m->acts = xcalloc(MAX_ACTS, sizeof *m->acts);
     Builder b = {.m = m};
     build(&b, arch);
+    if (m->typed && dev->kind == DEV_CUDA) fuse_relus(m);
     m->n_param_floats = b.pfloats;
     m->n_buffer_floats = b.bfloats;
     plan_gradient_accumulation(m);
@@ -436,7 +456,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     lg->bytes = (size_t)max_batch * lg->c * esz;
     lg->x = model_alloc(m, lg->bytes, "logits");
     lg->dx = model_alloc(m, lg->bytes, "logits' gradient");
-    if (prec != PREC_FP32) {
+    if (m->typed) {
         int64_t most = 0; /* the largest weight + bias of one layer */
         for (int l = 0; l < m->n_layers; l++) {
             Layer *L = &m->layers[l];
@@ -456,6 +476,8 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
         Layer *L = &m->layers[l];
         if (L->kind != LAYER_BN) continue;
         int c = m->acts[L->in].c;
+        /* CUDA's scratch: its size never shrinks with the batch, so max_batch covers them all */
+        bn_prepare(dev, m->channels_last, max_batch, c, m->acts[L->in].h * m->acts[L->in].w);
         L->save_mean = model_alloc(m, (size_t)c * sizeof(float), "bn saved stats");
         L->save_invstd = model_alloc(m, (size_t)c * sizeof(float), "bn saved stats");
     }
@@ -475,7 +497,7 @@ void model_destroy(Model *m) {
     }
     device_free(d, m->arena);
     device_free(d, m->acts[m->n_acts - 1].x), device_free(d, m->acts[m->n_acts - 1].dx);
-    if (m->prec != PREC_FP32) {
+    if (m->typed) {
         device_free(d, m->param_lp);
         device_free(d, m->wgrad_lp);
         device_free(d, m->input_lp);
@@ -529,7 +551,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
 
 void model_forward(Model *m, int n, const float *x, int train) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    if (m->prec != PREC_FP32) {
+    if (m->typed) {
         forward_autocast(m, n, x, train);
         return;
     }
@@ -566,10 +588,10 @@ void model_forward(Model *m, int n, const float *x, int train) {
 }
 
 float *model_logits(Model *m) {
-    return m->prec != PREC_FP32 ? m->logits32 : m->acts[m->n_acts - 1].x;
+    return m->typed ? m->logits32 : m->acts[m->n_acts - 1].x;
 }
 float *model_dlogits(Model *m) {
-    return m->prec != PREC_FP32 ? m->dlogits32 : m->acts[m->n_acts - 1].dx;
+    return m->typed ? m->dlogits32 : m->acts[m->n_acts - 1].dx;
 }
 
 static void ready(Layer *L, GradReadyFn fn, void *ctx) {
@@ -579,7 +601,7 @@ static void ready(Layer *L, GradReadyFn fn, void *ctx) {
 }
 
 void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
-    if (m->prec != PREC_FP32) {
+    if (m->typed) {
         backward_autocast(m, n, on_grad_ready, ctx);
         return;
     }
@@ -617,9 +639,11 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
     trace_dev_end(span);
 }
 
-/* ---- forward and backward under autocast ------------------------------------------------------- */
-/* The same walk as above with every activation in m->prec. Only the types differ: which op runs in
- * which type is PyTorch's CUDA autocast (see model.h and the stage 5 lesson). */
+/* ---- the typed walk: autocast, channels-last ---------------------------------------------------- */
+/* The same walk as above with every activation in m->prec (fp32 too, for a channels-last model) and
+ * the weights cast (and, channels-last, reordered) once per forward. Only the types differ: which
+ * op runs in which type is PyTorch's CUDA autocast (see model.h and the stage 5 lesson). On CUDA a
+ * ReLU after a BN or an add is fused into it (fuse_relus). */
 
 static void *PL(Model *m, int p) { /* parameter p's low-precision copy */
     return (char *)m->param_lp + (size_t)m->params[p].offset * precision_bytes(m->dev, m->prec);
@@ -628,18 +652,23 @@ static void *PL(Model *m, int p) { /* parameter p's low-precision copy */
 static void forward_autocast(Model *m, int n, const float *x, int train) {
     Device *d = m->dev;
     Precision p = m->prec;
-    /* autocast's casts: every weight once for this forward (the cast cache; BN's fp32 parameters
-     * are cast too, but never read — one pass over the flat buffer is simpler), and the input */
-    cast_to(d, p, m->n_param_floats, m->param_flat, m->param_lp);
+    TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "forward", "forward", n);
+    /* autocast's casts: every weight once for this forward (the cast cache), and the input */
     if (m->channels_last) { /* NHWC input, KRSC conv weights: the same values, reordered */
         cast_to_nhwc(d, p, n, IMG_C, IMG_H * IMG_W, x, m->input_lp);
         for (int l = 0; l < m->n_layers; l++) {
             Layer *L = &m->layers[l];
-            if (L->kind != LAYER_CONV) continue;
-            const ConvShape *s = &L->conv.s;
-            cast_weight_khwc(d, p, s->cout, s->cin, s->k * s->k, P(m, L->p0), PL(m, L->p0));
+            if (L->kind == LAYER_CONV) {
+                const ConvShape *s = &L->conv.s;
+                cast_weight_khwc(d, p, s->cout, s->cin, s->k * s->k, P(m, L->p0), PL(m, L->p0));
+            } else if (L->kind == LAYER_LINEAR) { /* W and b are neighbours in the flat buffer */
+                int64_t k = m->params[L->p0].count + m->params[L->p1].count;
+                ASSERT(m->params[L->p1].offset == m->params[L->p0].offset + m->params[L->p0].count);
+                cast_to(d, p, k, P(m, L->p0), PL(m, L->p0));
+            }
         }
-    } else {
+    } else { /* one pass over the flat buffer (BN's fp32 parameters too: never read, but simpler) */
+        cast_to(d, p, m->n_param_floats, m->param_flat, m->param_lp);
         cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
     }
     const int cl = m->channels_last;
@@ -653,13 +682,20 @@ static void forward_autocast(Model *m, int n, const float *x, int train) {
             if (train)
                 bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
                                     P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
-                                    BN_EPS, L->save_mean, L->save_invstd, out->x);
-            else
+                                    BN_EPS, L->save_mean, L->save_invstd, out->x, L->fuse_relu);
+            else /* evaluation leaves the fused ReLU to its own layer */
                 bn_forward_eval_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
                                    P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
             break;
-        case LAYER_RELU: relu_forward_lp(d, p, numel(in, n), in->x, out->x); break;
-        case LAYER_ADD: add_forward_lp(d, p, numel(in, n), in->x, m->acts[L->in2].x, out->x); break;
+        case LAYER_RELU:
+            if (!L->fused || !train) relu_forward_lp(d, p, numel(in, n), in->x, out->x);
+            break;
+        case LAYER_ADD:
+            if (L->fuse_relu && train)
+                add_relu_forward_lp(d, p, numel(in, n), in->x, m->acts[L->in2].x, out->x);
+            else
+                add_forward_lp(d, p, numel(in, n), in->x, m->acts[L->in2].x, out->x);
+            break;
         case LAYER_POOL:
             avgpool_forward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x);
             break;
@@ -670,6 +706,7 @@ static void forward_autocast(Model *m, int n, const float *x, int train) {
     }
     /* cross-entropy is on autocast's fp32 list: the loss reads the logits cast to fp32 */
     cast_from(d, p, (int64_t)n * m->classes, m->acts[m->n_acts - 1].x, m->logits32, 0);
+    trace_dev_end(span);
 }
 
 static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
@@ -677,6 +714,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
     Precision p = m->prec;
     size_t esz = precision_bytes(d, p);
     const int cl = m->channels_last;
+    TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "backward", "backward", n);
     /* the backward of the logits' cast to fp32 is a cast back to the low type */
     cast_to(d, p, (int64_t)n * m->classes, m->dlogits32, m->acts[m->n_acts - 1].dx);
     for (int l = m->n_layers - 1; l >= 0; l--) {
@@ -696,14 +734,21 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
             ready(L, on_grad_ready, ctx);
             if (dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PL(m, L->p0), dx, L->acc_in);
             break;
-        case LAYER_BN: /* dgamma, dbeta are fp32 already */
-            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0),
+        case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
+            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
                            L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
-                           L->acc_in);
+                           L->acc_in, L->fuse_relu);
             ready(L, on_grad_ready, ctx);
             break;
-        case LAYER_RELU: relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0); break;
+        case LAYER_RELU:
+            if (!L->fused) relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0);
+            break;
         case LAYER_ADD:
+            if (L->fuse_relu) {
+                add_relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, L->acc_in,
+                                     m->acts[L->in2].dx, L->acc_in2);
+                break;
+            }
             if (dx != out->dx) grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
             grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
             break;
@@ -722,6 +767,7 @@ static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *
         }
         }
     }
+    trace_dev_end(span);
 }
 
 void model_zero_grad(Model *m) {

@@ -64,6 +64,8 @@ typedef struct Layer {
     Conv conv;               /* CONV */
     int fin, fout;           /* LINEAR */
     float *save_mean, *save_invstd; /* BN: batch statistics kept for backward */
+    int fuse_relu;           /* BN, ADD: the in-place ReLU after it runs inside its kernels (CUDA) */
+    int fused;               /* RELU: done by the BN before it; skipped */
 } Layer;
 
 typedef struct Model {
@@ -80,9 +82,10 @@ typedef struct Model {
     int64_t n_param_floats, n_buffer_floats;
     float *param_flat, *grad_flat, *buffer_flat;
     uint64_t shape_hash;     /* fingerprint of names and shapes (checkpoints refuse a mismatch) */
-    /* autocast (prec fp16 / bf16; all NULL for fp32) */
+    /* autocast (prec fp16 / bf16) or channels-last; all NULL for an fp32 NCHW model */
     Precision prec;          /* activation and conv/linear compute type */
-    int channels_last;       /* CUDA, 16-bit: activations NHWC, conv weight copies KRSC (ops.h) */
+    int channels_last;       /* CUDA: activations NHWC, conv weight copies KRSC (ops.h) */
+    int typed;               /* prec != fp32 or channels_last: the typed walk (weight copies) */
     void *param_lp;          /* param_flat cast to prec, once per forward: the weight cast cache */
     void *wgrad_lp;          /* one layer's weight (+ bias) gradient in prec, before it is added
                               * into grad_flat */
@@ -124,11 +127,17 @@ typedef void (*GradReadyFn)(void *ctx, int param_index);
  * with PyTorch's default initialisers (kaiming-uniform(a=√5) for conv/linear weights — i.e.
  * U(±1/√fan_in) — U(±1/√fan_in) for biases, γ=1, β=0, running mean 0, running var 1). */
 Model *model_create(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed);
-/* The same under autocast to prec (PREC_FP32: exactly model_create). channels_last: keep the 16-bit
- * activations in NHWC on CUDA (torch.channels_last; ignored on the CPU and for fp32, where the
- * layout changes nothing the emulation computes). */
+/* The same under autocast to prec. channels_last: 1 keeps the activations in NHWC on CUDA
+ * (torch.channels_last; the CPU backend keeps NCHW, where the layout changes nothing computed),
+ * 0 NCHW, −1 the process default (model_default_layout). model_create uses PREC_FP32 and −1. */
 Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
                           Precision prec, int channels_last);
+/* The layout models take when not told (--layout): like torch.backends flags, process-wide.
+ * Channels-last by default: cuDNN's tensor-core kernels are NHWC, and an NCHW model pays a layout
+ * transform around every convolution (docs/results.md measures it). */
+void model_default_layout(int channels_last);
+/* What --layout chose: 1 nhwc, 0 nchw, −1 auto. */
+int model_layout_chosen(void);
 void model_destroy(Model *m);
 /* Plan convolutions for batch size n (cuDNN algorithm choice, workspace) ahead of the step. */
 void model_prepare(Model *m, int n);

@@ -239,17 +239,25 @@ void conv_backward_filter_lp(Device *d, Conv *c, Precision p, int n, const void 
              cuda_conv_backward_filter_lp(d, c, n, x, dy, dw));
 }
 
+void bn_prepare(Device *d, int channels_last, int n, int c, int hw) {
+    DISPATCH(d, (void)0, cuda_bn_prepare(d, channels_last, n, c, hw));
+}
+
+/* The CPU's fused ReLU is the two ops in a row: rounding to p keeps signs, so the result is the
+ * unfused one bit for bit. */
 void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
                          const void *x, const float *gamma, const float *beta,
                          float *running_mean, float *running_var, float momentum, float eps,
-                         float *save_mean, float *save_invstd, void *y) {
+                         float *save_mean, float *save_invstd, void *y, int relu) {
     DISPATCH(d,
              (cpu_is_nchw(channels_last),
               ref_bn_forward_train_lp(p, n, c, hw, x, gamma, beta, running_mean, running_var,
-                                      momentum, eps, save_mean, save_invstd, y)),
+                                      momentum, eps, save_mean, save_invstd, y),
+              relu ? ref_relu_forward_f32((int64_t)n * c * hw, y, y) : (void)0),
              cuda_bn_forward_train_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
-                                      running_var, momentum, eps, save_mean, save_invstd, y));
+                                      running_var, momentum, eps, save_mean, save_invstd, y, relu));
 }
+
 
 void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
                         const void *x, const float *gamma, const float *beta,
@@ -263,15 +271,15 @@ void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c,
 }
 
 void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
-                    const void *dy, const float *gamma, const float *save_mean,
+                    const void *y, const void *dy, const float *gamma, const float *save_mean,
                     const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
-                    int accumulate) {
+                    int accumulate, int relu) {
     DISPATCH(d,
              (cpu_is_nchw(channels_last),
-              ref_bn_backward_lp(p, n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx,
-                                 dgamma, dbeta, accumulate)),
-             cuda_bn_backward_lp(d, p, channels_last, n, c, hw, x, dy, gamma, save_mean,
-                                 save_invstd, eps, dx, dgamma, dbeta, accumulate));
+              ref_bn_backward_relu_lp(p, n, c, hw, x, y, dy, gamma, save_mean, save_invstd, eps, dx,
+                                 dgamma, dbeta, accumulate, relu)),
+             cuda_bn_backward_lp(d, p, channels_last, n, c, hw, x, y, dy, gamma, save_mean,
+                                 save_invstd, eps, dx, dgamma, dbeta, accumulate, relu));
 }
 
 void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y) {
@@ -286,6 +294,17 @@ void relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, cons
 
 void add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y) {
     DISPATCH(d, ref_add_forward_lp(p, count, a, b, y), cuda_add_forward_lp(d, p, count, a, b, y));
+}
+
+void add_relu_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y) {
+    DISPATCH(d, (ref_add_forward_lp(p, count, a, b, y), ref_relu_forward_f32(count, y, y)),
+             cuda_add_relu_forward_lp(d, p, count, a, b, y));
+}
+
+void add_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                          void *da, int acc_a, void *db, int acc_b) {
+    DISPATCH(d, ref_add_relu_backward_lp(p, count, y, dy, da, acc_a, db, acc_b),
+             cuda_add_relu_backward_lp(d, p, count, y, dy, da, acc_a, db, acc_b));
 }
 
 void grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,

@@ -165,24 +165,32 @@ void conv_backward_data_lp(Device *d, Conv *c, Precision p, int n, const void *d
 void conv_backward_filter_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *dy,
                              void *dw);
 /* Batch norm on p input and output with fp32 gamma/beta/statistics: the statistics are computed
- * in fp32 from the p values; dgamma/dbeta accumulate into the fp32 gradients. */
+ * in fp32 from the p values; dgamma/dbeta accumulate into the fp32 gradients. relu = 1 fuses the
+ * ReLU that follows: y = max(0, bn(x)), and backward masks dy by y > 0 (y: that fused output; it
+ * may be NULL when relu = 0). Call bn_prepare for every shape first (CUDA's scratch). */
+void bn_prepare(Device *d, int channels_last, int n, int c, int hw);
 void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
                          const void *x, const float *gamma, const float *beta,
                          float *running_mean, float *running_var, float momentum, float eps,
-                         float *save_mean, float *save_invstd, void *y);
+                         float *save_mean, float *save_invstd, void *y, int relu);
 void bn_forward_eval_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
                         const void *x, const float *gamma, const float *beta,
                         const float *running_mean, const float *running_var, float eps, void *y);
 void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
-                    const void *dy, const float *gamma, const float *save_mean,
+                    const void *y, const void *dy, const float *gamma, const float *save_mean,
                     const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
-                    int accumulate);
+                    int accumulate, int relu);
 void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y);
 void relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
                       void *dx, int accumulate);
 void add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y);
 void grad_pass_lp(Device *d, Precision p, int64_t count, const void *src, void *dst,
                   int accumulate);
+/* add_forward_lp then an in-place ReLU, as one op; backward: dy masked by y > 0 (y: this op's
+ * output) into da and db, each written or added (acc_a, acc_b). da may be dy itself. */
+void add_relu_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b, void *y);
+void add_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                          void *da, int acc_a, void *db, int acc_b);
 void avgpool_forward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,
                         const void *x, void *y);
 void avgpool_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int hw,

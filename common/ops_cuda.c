@@ -119,9 +119,8 @@ static cudnnMathType_t base_math(const Device *d, const Conv *c) {
     return d->allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
-/* Channels-last (16-bit only): NHWC activations and KRSC ([cout][k][k][cin]) filters. */
+/* Channels-last: NHWC activations and KRSC ([cout][k][k][cin]) filters. */
 static cudnnTensorFormat_t conv_format(const Conv *c) {
-    ASSERT(!c->channels_last || c->prec != PREC_FP32);
     return c->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
 }
 
@@ -473,77 +472,54 @@ void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, cons
 }
 
 /* ================================================================================================
- * Batch norm: cuDNN's spatial mode (statistics per channel over N·H·W), the mode PyTorch uses for
- * NCHW input. Not SPATIAL_PERSISTENT: that one is faster but its reductions may use atomics, so it
- * is not deterministic.
- * cuDNN updates the running variance with the unbiased batch variance and returns
- * 1/sqrt(var_biased + eps) as savedInvVariance, exactly ops.h's running_var and save_invstd.
- * Descriptors are created and destroyed per call: that is host-only bookkeeping of a few hundred
- * nanoseconds, cheaper to read than a cache keyed by (n, c, hw) and safe across threads.
- * The hw spatial positions are described as a 1 × hw image; spatial BN only cares about their
- * count and layout, which are the same.
+ * Batch norm: our kernels (kernels.cu), for fp32 as for fp16/bf16, NCHW as NHWC
+ * cuDNN's legacy batch norm would do the same arithmetic, but its NCHW kernels give one block to a
+ * channel: measured on an H200 (tests/kernel_breakdown.sh stage1), 1.8 of the 7.4 ms of kernel
+ * time per ResNet-18 step went to them. Ours cut every channel's n·hw values into chunks (kernels.cu
+ * says how) and keep cuDNN's conventions: the running variance takes the unbiased batch variance,
+ * save_invstd = 1/sqrt(var_biased + eps), running = (1 − momentum)·running + momentum·batch.
  * ============================================================================================== */
 
-typedef struct BnDesc {
-    cudnnTensorDescriptor_t x;     /* [n][c][1][hw]; also used for y, dy, dx */
-    cudnnTensorDescriptor_t param; /* [1][c][1][1]; gamma, beta, means, variances and their grads */
-} BnDesc;
-
-/* x of element type t; the derived parameter descriptor is FLOAT for FLOAT and HALF x (cuDNN keeps
- * scale, bias and statistics in fp32 for half data, as PyTorch's autocast expects). */
-static BnDesc bn_desc_create_typed(int n, int c, int hw, cudnnDataType_t t, int nhwc) {
-    BnDesc b;
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.x));
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&b.param));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(b.x, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, n,
-                                           c, 1, hw));
-    CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(b.param, b.x, CUDNN_BATCHNORM_SPATIAL));
-    return b;
+void cuda_bn_prepare(Device *d, int nhwc, int n, int c, int hw) {
+    size_t need = launch_bn_scratch_floats(nhwc, n, c, hw) * sizeof(float);
+    if (need <= d->bn_scratch_bytes) return;
+    if (d->bn_scratch) {
+        CHECK_CUDA(cudaStreamSynchronize(d->stream));
+        device_free(d, d->bn_scratch);
+    }
+    d->bn_scratch = device_alloc(d, need, "batch norm scratch");
+    d->bn_scratch_bytes = need;
 }
 
-static BnDesc bn_desc_create(int n, int c, int hw) {
-    return bn_desc_create_typed(n, c, hw, CUDNN_DATA_FLOAT, 0);
-}
-
-static void bn_desc_destroy(BnDesc b) {
-    CHECK_CUDNN(cudnnDestroyTensorDescriptor(b.x));
-    CHECK_CUDNN(cudnnDestroyTensorDescriptor(b.param));
+/* The scratch for one call: bn_prepare grew it at setup (the step never allocates). */
+static float *bn_scratch(Device *d, int nhwc, int n, int c, int hw) {
+    ASSERT((int64_t)n * c * hw < UINT32_MAX); /* the kernels' 32-bit indexing */
+    if (launch_bn_scratch_floats(nhwc, n, c, hw) * sizeof(float) > d->bn_scratch_bytes)
+        die_at(__FILE__, __LINE__, "bn_scratch", "batch norm ran on a shape bn_prepare never saw",
+               "call bn_prepare (model_prepare does) for every batch size before the step");
+    return (float *)d->bn_scratch;
 }
 
 void cuda_bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
                            const float *beta, float *running_mean, float *running_var,
                            float momentum, float eps, float *save_mean, float *save_invstd,
                            float *y) {
-    ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-    BnDesc b = bn_desc_create(n, c, hw);
-    /* exponentialAverageFactor: running = (1 − f)·running + f·batch, i.e. f = PyTorch's momentum */
-    CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
-        d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
-        (double)momentum, running_mean, running_var, (double)eps, save_mean, save_invstd));
-    bn_desc_destroy(b);
+    cuda_bn_forward_train_lp(d, PREC_FP32, 0, n, c, hw, x, gamma, beta, running_mean, running_var,
+                             momentum, eps, save_mean, save_invstd, y, 0);
 }
 
 void cuda_bn_forward_eval(Device *d, int n, int c, int hw, const float *x, const float *gamma,
                           const float *beta, const float *running_mean, const float *running_var,
                           float eps, float *y) {
-    ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-    BnDesc b = bn_desc_create(n, c, hw);
-    CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-        d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
-        running_mean, running_var, (double)eps));
-    bn_desc_destroy(b);
+    cuda_bn_forward_eval_lp(d, PREC_FP32, 0, n, c, hw, x, gamma, beta, running_mean, running_var,
+                            eps, y);
 }
 
 void cuda_bn_backward(Device *d, int n, int c, int hw, const float *x, const float *dy,
                       const float *gamma, const float *save_mean, const float *save_invstd,
                       float eps, float *dx, float *dgamma, float *dbeta, int accumulate) {
-    ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-    BnDesc b = bn_desc_create(n, c, hw);
-    /* dx = 1·bn_bwd + (accumulate ? 1 : 0)·dx;  dgamma, dbeta = 1·grad + 1·old (always +=) */
-    CHECK_CUDNN(cudnnBatchNormalizationBackward(
-        d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
-        b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
-    bn_desc_destroy(b);
+    cuda_bn_backward_lp(d, PREC_FP32, 0, n, c, hw, x, NULL, dy, gamma, save_mean, save_invstd, eps,
+                        dx, dgamma, dbeta, accumulate, 0);
 }
 
 /* ================================================================================================
@@ -651,7 +627,9 @@ void cuda_linear_backward(Device *d, int n, int in, int out, const float *x, con
  * A, B and C with CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation, C rounded once).
  * ============================================================================================== */
 
-static cudaDataType_t cublas_type(Precision p) { return p == PREC_FP16 ? CUDA_R_16F : CUDA_R_16BF; }
+static cudaDataType_t cublas_type(Precision p) {
+    return p == PREC_FP16 ? CUDA_R_16F : p == PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
 
 void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst) {
     launch_cast_to(d->stream, (int)p, count, src, dst);
@@ -671,12 +649,14 @@ void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float
 
 void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
                            void *dst) {
+    ASSERT((int64_t)cout * cin * kk < UINT32_MAX); /* the kernel's 32-bit indexing */
     launch_cast_weight_khwc(d->stream, (int)p, cout, cin, kk, src, dst);
     CHECK_LAUNCH();
 }
 
 void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
                          float *dst, int accumulate) {
+    ASSERT((int64_t)cout * cin * kk < UINT32_MAX);
     launch_cast_from_khwc(d->stream, (int)p, cout, cin, kk, src, dst, accumulate);
     CHECK_LAUNCH();
 }
@@ -684,55 +664,30 @@ void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, cons
 void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,
-                              float *save_invstd, void *y) {
-    ASSERT((int64_t)n * hw > 1 && (int64_t)n * hw < INT32_MAX); /* our kernel's 32-bit indexing */
-    if (p == PREC_FP16) {
-        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
-        CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
-            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
-            (double)momentum, running_mean, running_var, (double)eps, save_mean, save_invstd));
-        bn_desc_destroy(b);
-        return;
-    }
+                              float *save_invstd, void *y, int relu) {
+    ASSERT((int64_t)n * hw > 1); /* the unbiased variance divides by n·hw − 1 */
     launch_bn_forward_train_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
-                               running_var, momentum, eps, save_mean, save_invstd, y);
+                               running_var, momentum, eps, save_mean, save_invstd, y, relu,
+                               bn_scratch(d, nhwc, n, c, hw));
     CHECK_LAUNCH();
 }
 
 void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                              const float *gamma, const float *beta, const float *running_mean,
                              const float *running_var, float eps, void *y) {
-    if (p == PREC_FP16) {
-        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
-        CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, &ZERO, b.x, x, b.x, y, b.param, gamma, beta,
-            running_mean, running_var, (double)eps));
-        bn_desc_destroy(b);
-        return;
-    }
     launch_bn_forward_eval_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
                               running_var, eps, y);
     CHECK_LAUNCH();
 }
 
 void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
-                         const void *dy, const float *gamma, const float *save_mean,
+                         const void *y, const void *dy, const float *gamma, const float *save_mean,
                          const float *save_invstd, float eps, void *dx, float *dgamma,
-                         float *dbeta, int accumulate) {
-    ASSERT((int64_t)n * hw < INT32_MAX);
-    if (p == PREC_FP16) {
-        ASSERT((double)eps >= CUDNN_BN_MIN_EPSILON);
-        BnDesc b = bn_desc_create_typed(n, c, hw, CUDNN_DATA_HALF, nhwc);
-        CHECK_CUDNN(cudnnBatchNormalizationBackward(
-            d->cudnn, CUDNN_BATCHNORM_SPATIAL, &ONE, accumulate ? &ONE : &ZERO, &ONE, &ONE, b.x, x,
-            b.x, dy, b.x, dx, b.param, gamma, dgamma, dbeta, (double)eps, save_mean, save_invstd));
-        bn_desc_destroy(b);
-        return;
-    }
-    launch_bn_backward_lp(d->stream, (int)p, nhwc, n, c, hw, x, dy, gamma, save_mean, save_invstd, dx,
-                          dgamma, dbeta, accumulate);
+                         float *dbeta, int accumulate, int relu) {
+    (void)eps; /* already inside save_invstd */
+    ASSERT(!relu || y);
+    launch_bn_backward_lp(d->stream, (int)p, nhwc, n, c, hw, x, y, dy, gamma, save_mean, save_invstd,
+                          dx, dgamma, dbeta, accumulate, relu, bn_scratch(d, nhwc, n, c, hw));
     CHECK_LAUNCH();
 }
 
@@ -750,6 +705,18 @@ void cuda_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y,
 void cuda_add_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b,
                          void *y) {
     launch_add_forward_lp(d->stream, (int)p, count, a, b, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_add_relu_forward_lp(Device *d, Precision p, int64_t count, const void *a, const void *b,
+                              void *y) {
+    launch_add_relu_forward(d->stream, (int)p, count, a, b, y);
+    CHECK_LAUNCH();
+}
+
+void cuda_add_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
+                               void *da, int acc_a, void *db, int acc_b) {
+    launch_add_relu_backward(d->stream, (int)p, count, y, dy, da, acc_a, db, acc_b);
     CHECK_LAUNCH();
 }
 

@@ -22,7 +22,10 @@
  * and rounds each stored result once; so do we: run the fp32 reference, round what it stored.
  * ============================================================================================== */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "errors.h"
 
 #define ROUND(p, n, x) precision_round_array((p), (int64_t)(n), (x))
 
@@ -78,6 +81,32 @@ void ref_bn_backward_lp(Precision p, int n, int c, int hw, const float *x, const
     ref_bn_backward_f32(n, c, hw, x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta,
                         accumulate);
     ROUND(p, (int64_t)n * c * hw, dx);
+}
+
+/* bn_backward_lp with a fused ReLU: dy masked by the fused output y first (relu = 0: plain). */
+void ref_bn_backward_relu_lp(Precision p, int n, int c, int hw, const float *x, const float *y,
+                             const float *dy, const float *gamma, const float *save_mean,
+                             const float *save_invstd, float eps, float *dx, float *dgamma,
+                             float *dbeta, int accumulate, int relu) {
+    float *masked = NULL;
+    if (relu) {
+        int64_t count = (int64_t)n * c * hw;
+        masked = xmalloc((size_t)count * sizeof(float));
+        ref_relu_backward_f32(count, y, dy, masked, 0);
+    }
+    ref_bn_backward_lp(p, n, c, hw, x, relu ? masked : dy, gamma, save_mean, save_invstd, eps, dx,
+                       dgamma, dbeta, accumulate);
+    free(masked);
+}
+
+/* The end of a residual block backward: ReLU's mask, then the add's two gradient copies. */
+void ref_add_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *da,
+                              int acc_a, float *db, int acc_b) {
+    float *g = xmalloc((size_t)(count > 0 ? count : 1) * sizeof(float));
+    ref_relu_backward_f32(count, y, dy, g, 0);
+    ref_grad_pass_lp(p, count, g, da, acc_a);
+    ref_grad_pass_lp(p, count, g, db, acc_b);
+    free(g);
 }
 
 void ref_add_forward_lp(Precision p, int64_t count, const float *a, const float *b, float *y) {

@@ -64,6 +64,12 @@ void ref_bn_forward_eval_lp(Precision p, int n, int c, int hw, const float *x, c
 void ref_bn_backward_lp(Precision p, int n, int c, int hw, const float *x, const float *dy,
                         const float *gamma, const float *save_mean, const float *save_invstd,
                         float eps, float *dx, float *dgamma, float *dbeta, int accumulate);
+void ref_bn_backward_relu_lp(Precision p, int n, int c, int hw, const float *x, const float *y,
+                             const float *dy, const float *gamma, const float *save_mean,
+                             const float *save_invstd, float eps, float *dx, float *dgamma,
+                             float *dbeta, int accumulate, int relu);
+void ref_add_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *da,
+                              int acc_a, float *db, int acc_b);
 void ref_add_forward_lp(Precision p, int64_t count, const float *a, const float *b, float *y);
 void ref_grad_pass_lp(Precision p, int64_t count, const float *src, float *dst, int accumulate);
 void ref_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *dx,

@@ -329,6 +329,7 @@ static void check_bn(Device *d, int n, int c, int hw, uint64_t seed) {
     float *sm = dzeros(d, c), *si = dzeros(d, c), *y = dzeros(d, cnt), *ye = dzeros(d, cnt);
     float *dx = up(d, hdx0, cnt), *dx_acc = up(d, hdx0, cnt), *dg = up(d, hdg0, c),
           *db = up(d, hdb0, c);
+    bn_prepare(d, 0, n, c, hw);
     bn_forward_train(d, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, si, y);
     bn_backward(d, n, c, hw, x, dy, g, sm, si, BN_EPS, dx, dg, db, 0);
     bn_backward(d, n, c, hw, x, dy, g, sm, si, BN_EPS, dx_acc, dg, db, 1);
@@ -820,11 +821,12 @@ START_TEST(test_lp_bn_and_linear_match_emulation) {
             float *rdx = hzeros(cnt), *rdxa = hcopy(hdx0, cnt), *rdg = hzeros(c), *rdb = hzeros(c), *rye = hzeros(cnt);
             bn_forward_eval_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_EPS, ye);
             ref_bn_forward_eval_lp(p, n, c, hw, hx, hg, hb, hrm, hrv, BN_EPS, rye);
-            bn_forward_train_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
+            bn_prepare(&d, 0, n, c, hw);
+            bn_forward_train_lp(&d, p, 0, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y, 0);
             ref_bn_forward_train_lp(p, n, c, hw, hx, hg, hb, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
-            bn_backward_lp(&d, p, 0, n, c, hw, x, dy, g, sm, sv, BN_EPS, dx, dg, db, 0);
+            bn_backward_lp(&d, p, 0, n, c, hw, x, NULL, dy, g, sm, sv, BN_EPS, dx, dg, db, 0, 0);
             ref_bn_backward_lp(p, n, c, hw, hx, hdy, hg, rsm, rsv, BN_EPS, rdx, rdg, rdb, 0);
-            bn_backward_lp(&d, p, 0, n, c, hw, x, dy, g, sm, sv, BN_EPS, dxa, dg, db, 1);
+            bn_backward_lp(&d, p, 0, n, c, hw, x, NULL, dy, g, sm, sv, BN_EPS, dxa, dg, db, 1, 0);
             ref_bn_backward_lp(p, n, c, hw, hx, hdy, hg, rsm, rsv, BN_EPS, rdxa, rdg, rdb, 1);
             char tag[96];
             snprintf(tag, sizeof tag, "bn %s n=%d c=%d hw=%d", precision_name(p), n, c, hw);
@@ -908,6 +910,127 @@ static void *up_nhwc(Device *d, Precision p, float *h, int n, int c, int hw) {
     return dev;
 }
 
+/* Any type (fp32 too), either layout: host NCHW floats (rounded to p in place) onto the device,
+ * and a device tensor back as NCHW floats. */
+static void *up_typed(Device *d, Precision p, float *h, int n, int c, int hw, int nhwc) {
+    const int64_t cnt = (int64_t)n * c * hw;
+    if (p != PREC_FP32) return nhwc ? up_nhwc(d, p, h, n, c, hw) : up_lp(d, p, h, cnt);
+    if (!nhwc) return up(d, h, cnt);
+    float *t = to_nhwc(h, n, c, hw);
+    void *dev = up(d, t, cnt);
+    free(t);
+    return dev;
+}
+
+static float *down_typed(Device *d, Precision p, const void *dev, int n, int c, int hw, int nhwc) {
+    const int64_t cnt = (int64_t)n * c * hw;
+    if (p != PREC_FP32) return nhwc ? down_nhwc(d, p, dev, n, c, hw) : down_lp(d, p, dev, cnt);
+    float *h = hzeros(cnt);
+    device_copy_d2h(d, h, dev, (size_t)cnt * sizeof(float));
+    if (!nhwc) return h;
+    float *x = from_nhwc(h, n, c, hw);
+    free(h);
+    return x;
+}
+
+/* Batch norm with its ReLU fused (kernels.cu: partial statistics per chunk, a fixed-order merge,
+ * an elementwise pass), fp32/fp16/bf16 × NCHW/NHWC, on shapes that cut every channel into many
+ * chunks and leave part of a 32-channel block idle (c = 40): against the emulation — BN, then
+ * ReLU; backward: the gradient masked by the output's sign (the GPU's own output, so a value within
+ * rounding of 0 cannot flip the comparison), then BN's backward. */
+START_TEST(test_bn_fused_relu_matches_emulation) {
+    if (!test_have_gpu("ops_cuda: batch norm + fused ReLU, fp32/fp16/bf16, NCHW and NHWC")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[3] = {PREC_FP32};
+    int np = 1 + lp_types(&d, ps + 1);
+    const int shapes[3][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}};
+    for (int k = 0; k < np; k++)
+        for (int si_ = 0; si_ < 3; si_++)
+            for (int nhwc = 0; nhwc < 2; nhwc++) {
+                const Precision p = ps[k];
+                const int n = shapes[si_][0], c = shapes[si_][1], hw = shapes[si_][2];
+                const int64_t cnt = (int64_t)n * c * hw;
+                const double tol = p == PREC_FP32 ? TOL_SUM : TOL_LP(p);
+                float *hx = hrand(cnt, 9700 + si_, -2.f, 3.f), *hdy = hrand(cnt, 9710 + si_, -1.f, 1.f);
+                float *hg = hrand(c, 9720, 0.5f, 1.5f), *hb = hrand(c, 9721, -0.5f, 0.5f);
+                void *x = up_typed(&d, p, hx, n, c, hw, nhwc), *dy = up_typed(&d, p, hdy, n, c, hw, nhwc);
+                float *g = up(&d, hg, c), *b = up(&d, hb, c), *rm = dzeros(&d, c), *rv = dzeros(&d, c);
+                float *sm = dzeros(&d, c), *sv = dzeros(&d, c), *dg = dzeros(&d, c), *db = dzeros(&d, c);
+                size_t bytes = (size_t)cnt * precision_bytes(&d, p);
+                void *y = device_alloc(&d, bytes, "test y"), *dx = device_alloc(&d, bytes, "test dx");
+                bn_prepare(&d, nhwc, n, c, hw);
+                bn_forward_train_lp(&d, p, nhwc, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y, 1);
+                bn_backward_lp(&d, p, nhwc, n, c, hw, x, y, dy, g, sm, sv, BN_EPS, dx, dg, db, 0, 1);
+
+                float *ry = hzeros(cnt), *rrm = hzeros(c), *rrv = hzeros(c), *rsm = hzeros(c), *rsv = hzeros(c);
+                float *rdx = hzeros(cnt), *rdg = hzeros(c), *rdb = hzeros(c), *masked = hzeros(cnt);
+                ref_bn_forward_train_lp(p, n, c, hw, hx, hg, hb, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
+                ref_relu_forward_f32(cnt, ry, ry);
+                float *gy = down_typed(&d, p, y, n, c, hw, nhwc), *gdx = down_typed(&d, p, dx, n, c, hw, nhwc);
+                ref_relu_backward_f32(cnt, gy, hdy, masked, 0);
+                ref_bn_backward_lp(p, n, c, hw, hx, masked, hg, rsm, rsv, BN_EPS, rdx, rdg, rdb, 0);
+
+                char tag[96];
+                snprintf(tag, sizeof tag, "bn+relu %s %s n=%d c=%d hw=%d", precision_name(p),
+                         nhwc ? "NHWC" : "NCHW", n, c, hw);
+                EXPECT_CLOSE(gy, ry, cnt, tol, "%s y", tag);
+                EXPECT_CLOSE(gdx, rdx, cnt, tol, "%s dx", tag);
+                EXPECT_GPU_CLOSE(&d, sm, rsm, c, TOL_SUM, "%s save_mean", tag);
+                EXPECT_GPU_CLOSE(&d, sv, rsv, c, TOL_SUM, "%s save_invstd", tag);
+                EXPECT_GPU_CLOSE(&d, rv, rrv, c, TOL_SUM, "%s running_var", tag);
+                EXPECT_GPU_CLOSE(&d, dg, rdg, c, TOL_SUM, "%s dgamma", tag);
+                EXPECT_GPU_CLOSE(&d, db, rdb, c, TOL_SUM, "%s dbeta", tag);
+                free(hx), free(hdy), free(hg), free(hb), free(ry), free(rrm), free(rrv), free(rsm);
+                free(rsv), free(rdx), free(rdg), free(rdb), free(masked), free(gy), free(gdx);
+                device_free(&d, x), device_free(&d, dy), device_free(&d, g), device_free(&d, b);
+                device_free(&d, rm), device_free(&d, rv), device_free(&d, sm), device_free(&d, sv);
+                device_free(&d, dg), device_free(&d, db), device_free(&d, y), device_free(&d, dx);
+            }
+    device_destroy(&d);
+}
+END_TEST
+
+/* add + ReLU fused, every type: forward exact against the emulation (one rounding each, as the
+ * two ops), backward exact too (the mask, then a copy or an add into each input's gradient). */
+START_TEST(test_add_relu_fused_exact) {
+    if (!test_have_gpu("ops_cuda: add + fused ReLU, fp32/fp16/bf16")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[3] = {PREC_FP32};
+    int np = 1 + lp_types(&d, ps + 1);
+    const int n = 2, c = 40, hw = 37; /* any count: elementwise */
+    const int64_t cnt = (int64_t)n * c * hw;
+    for (int k = 0; k < np; k++)
+        for (int acc = 0; acc < 2; acc++) {
+            const Precision p = ps[k];
+            float *ha = hrand(cnt, 9800, -1.f, 1.f), *hb = hrand(cnt, 9801, -1.f, 1.f);
+            float *hdy = hrand(cnt, 9802, -1.f, 1.f), *hda = hrand(cnt, 9803, -1.f, 1.f), *hdb = hrand(cnt, 9804, -1.f, 1.f);
+            void *a = up_typed(&d, p, ha, n, c, hw, 0), *b = up_typed(&d, p, hb, n, c, hw, 0);
+            void *dy = up_typed(&d, p, hdy, n, c, hw, 0), *da = up_typed(&d, p, hda, n, c, hw, 0);
+            void *db = up_typed(&d, p, hdb, n, c, hw, 0);
+            void *y = device_alloc(&d, (size_t)cnt * precision_bytes(&d, p), "test y");
+            add_relu_forward_lp(&d, p, cnt, a, b, y);
+            add_relu_backward_lp(&d, p, cnt, y, dy, da, acc, db, !acc);
+            float *ry = hzeros(cnt);
+            ref_add_forward_lp(p, cnt, ha, hb, ry);
+            ref_relu_forward_f32(cnt, ry, ry);
+            ref_add_relu_backward_lp(p, cnt, ry, hdy, hda, acc, hdb, !acc);
+            float *gy = down_typed(&d, p, y, n, c, hw, 0), *gda = down_typed(&d, p, da, n, c, hw, 0);
+            float *gdb = down_typed(&d, p, db, n, c, hw, 0);
+            for (int64_t i = 0; i < cnt; i++) {
+                ck_assert_msg(gy[i] == ry[i], "add+relu %s y[%lld] %g vs %g", precision_name(p), (long long)i, gy[i], ry[i]);
+                ck_assert_msg(gda[i] == hda[i] && gdb[i] == hdb[i], "add+relu %s backward element %lld",
+                              precision_name(p), (long long)i);
+            }
+            free(ha), free(hb), free(hdy), free(hda), free(hdb), free(ry), free(gy), free(gda), free(gdb);
+            device_free(&d, a), device_free(&d, b), device_free(&d, dy), device_free(&d, da);
+            device_free(&d, db), device_free(&d, y);
+        }
+    device_destroy(&d);
+}
+END_TEST
+
 START_TEST(test_lp_channels_last_matches_emulation) {
     if (!test_have_gpu("ops_cuda: channels-last fp16/bf16 ops vs emulation")) return;
     Device d;
@@ -982,9 +1105,10 @@ START_TEST(test_lp_channels_last_matches_emulation) {
         void *y = device_alloc(&d, cnt * 2, "lp"), *dx = device_alloc(&d, cnt * 2, "lp");
         float *rrm = hzeros(bc), *rrv = hzeros(bc), *rsm = hzeros(bc), *rsv = hzeros(bc), *rgg = hzeros(bc), *rgb = hzeros(bc);
         float *ry = hzeros(cnt), *rdx = hzeros(cnt);
-        bn_forward_train_lp(&d, p, 1, bn_, bc, bhw, x, dg, db, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y);
+        bn_prepare(&d, 1, bn_, bc, bhw);
+        bn_forward_train_lp(&d, p, 1, bn_, bc, bhw, x, dg, db, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y, 0);
         ref_bn_forward_train_lp(p, bn_, bc, bhw, bx, g, b, rrm, rrv, BN_MOMENTUM, BN_EPS, rsm, rsv, ry);
-        bn_backward_lp(&d, p, 1, bn_, bc, bhw, x, dy, dg, sm, sv, BN_EPS, dx, gg, gb, 0);
+        bn_backward_lp(&d, p, 1, bn_, bc, bhw, x, NULL, dy, dg, sm, sv, BN_EPS, dx, gg, gb, 0, 0);
         ref_bn_backward_lp(p, bn_, bc, bhw, bx, bdy, g, rsm, rsv, BN_EPS, rdx, rgg, rgb, 0);
         float *gy = down_nhwc(&d, p, y, bn_, bc, bhw), *gdx = down_nhwc(&d, p, dx, bn_, bc, bhw);
         EXPECT_CLOSE(gy, ry, cnt, TOL_LP(p), "bn NHWC %s train y", pn);
@@ -1132,6 +1256,8 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_lp_conv_matches_emulation);
     tcase_add_test(tc, test_lp_bn_and_linear_match_emulation);
     tcase_add_test(tc, test_lp_channels_last_matches_emulation);
+    tcase_add_test(tc, test_bn_fused_relu_matches_emulation);
+    tcase_add_test(tc, test_add_relu_fused_exact);
     tcase_add_test(tc, test_scaler_ops_match_reference);
     suite_add_tcase(s, tc);
     return s;
