@@ -334,7 +334,7 @@ static void mkdir_p(const char *dir) {
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
 }
 
-void checkpoint_probe(const char *dir) {
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch) {
     char *path = checkpoint_path(dir, 0, 0, 0);
     char *probe = NULL;
     if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
@@ -350,6 +350,14 @@ void checkpoint_probe(const char *dir) {
         die_user("--save '%s': cannot write a checkpoint there (%s('%s'): %s) — give --save a writable directory",
                  dir, call, probe, errno_string());
     free(probe), free(path);
+    for (int64_t e = first_epoch + 1; e <= last_epoch && e - first_epoch <= 100000; e++) {
+        char *name = checkpoint_path(dir, e, 0, 1);
+        struct stat st;
+        if (lstat(name, &st) == 0 && !S_ISREG(st.st_mode))
+            die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint of epoch %lld goes there "
+                     "— remove it, or give --save another directory", dir, name, (long long)e);
+        free(name);
+    }
 }
 
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {

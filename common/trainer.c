@@ -458,7 +458,8 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     }
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
-    if (cfg->save[0] && rank == 0) checkpoint_probe(cfg->save); /* now, not after an epoch of training */
+    if (cfg->save[0] && rank == 0) /* now, not after an epoch of training */
+        checkpoint_probe(cfg->save, r->epoch, cfg->epochs);
     r->t_start = r->epoch_t0 = time_now();
     char process[64]; /* --trace: one process track per rank */
     int procs = sum_across && world_size > 1 ? world_size : 1;

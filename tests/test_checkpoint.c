@@ -368,12 +368,12 @@ END_TEST
 
 /* ---- --save checked before training ---- */
 
-static void probe_child(void *dir) { checkpoint_probe(dir); }
+static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3); }
 
 START_TEST(test_save_probe) {
     char sub[200], file[200], *out;
     snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
-    checkpoint_probe(sub); /* created, written, and left empty */
+    checkpoint_probe(sub, 0, 3); /* created, written, and left empty */
     DIR *d = opendir(sub);
     ck_assert_ptr_nonnull(d);
     struct dirent *e;
@@ -388,6 +388,15 @@ START_TEST(test_save_probe) {
     ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
     ck_assert_msg(strstr(out, "--save") && strstr(out, "Not a directory"), "%s", out);
     free(out);
+    /* a directory where an epoch's checkpoint will go: refused now, not at the rename after training */
+    char blocker[240];
+    snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
+    snprintf(blocker, sizeof blocker, "%s/epoch002.ckpt", sub);
+    ck_assert_int_eq(mkdir(blocker, 0755), 0);
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, "epoch002.ckpt' exists and is not a regular file") && strstr(out, "epoch 2"), "%s", out);
+    free(out);
+    rmdir(blocker);
     if (access("/proc/self/status", F_OK) == 0) { /* a read-only place, even for root */
         ck_assert_int_eq(test_run_captured(probe_child, "/proc/self", &out), 2);
         ck_assert_msg(strstr(out, "cannot write a checkpoint there (open("), "%s", out);
