@@ -89,7 +89,7 @@ CRYPTO_A  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/l
 CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
-.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan fuzz bench bench2 bench3 bench4 bench5 timeline compare $(STAGES)
+.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 bench3 bench4 bench5 timeline compare $(STAGES)
 all: found $(STAGES)
 
 found: crypto-dep
@@ -122,6 +122,7 @@ help:
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
 	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
+	@echo "make gpu-sanitize  the CUDA op tests under compute-sanitizer memcheck/racecheck/synccheck (GPU)"
 	@echo "make fuzz       libFuzzer on the checkpoint loader, CIFAR reader and store (FUZZ_SECONDS=60 each)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
@@ -233,6 +234,9 @@ sanitize: SHELL := /bin/bash
 sanitize: check-dep
 	$(call SAN_RUN,asan,$(ASAN_FLAGS),-fsanitize=address$(,)undefined,$(SAN_SUITES),\
 	  TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+
+gpu-sanitize: tests/run_tests
+	bash tests/gpu_sanitize.sh
 
 tsan: SHELL := /bin/bash
 tsan: check-dep
