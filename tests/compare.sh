@@ -20,7 +20,8 @@
 # Stage 1 runs first and again last (not in QUICK): the faster of the two is the speed-up's reference.
 # Variables: QUICK=1 (tiny model, a few steps: the CI variant, well under 2 minutes on 2 cores),
 #   COMPARE_OUT=DIR (default runs/compare), STEPS=N (timed steps per run after the 5 warm-up steps;
-#   default 200 on GPUs, 30 on the CPU, 3 with QUICK=1), GPUS=N, TORCH=0,
+#   default 200 on GPUs, 30 on the CPU, 3 with QUICK=1), GPUS=N, BATCH=N (per GPU, default 128;
+#   GPUs only — e.g. BATCH=32, where the fixed costs per step weigh most), TORCH=0,
 #   DRY=1 (print the plan and stop), STAGES_DIR / BIN_DIR (where the stage directories and binaries
 #   are; the defaults are this checkout — the tests point them at a checkout with a stage missing).
 set -uo pipefail
@@ -63,9 +64,10 @@ if [ "$QUICK" = 1 ]; then
     SETTING="QUICK: tiny model (CPU-sized CNN), batch 16 per device, $STEPS timed steps after $WARMUP warm-up, synthetic data (1280 images), no loader threads, constant lr"
 elif [ "$DEV" = cuda ]; then
     STEPS=${STEPS:-200}
-    COMMON=(--model resnet18 --batch-size 128 --workers 4 --pin-memory --test-size 2000 --schedule const)
+    BATCH=${BATCH:-128}
+    COMMON=(--model resnet18 --batch-size "$BATCH" --workers 4 --pin-memory --test-size 2000 --schedule const)
     LIMIT=300
-    SETTING="ResNet-18 (CIFAR layout), batch 128 per GPU, fp32 with TF32 convolutions (stage 5: autocast), cudnn.benchmark off, $STEPS timed steps after $WARMUP warm-up, synthetic data, 4 loader threads, pinned memory"
+    SETTING="ResNet-18 (CIFAR layout), batch $BATCH per GPU, fp32 with TF32 convolutions (stage 5: autocast), cudnn.benchmark off, $STEPS timed steps after $WARMUP warm-up, synthetic data, 4 loader threads, pinned memory"
 else
     STEPS=${STEPS:-30}
     COMMON=(--model tiny --batch-size 32 --train-size 4096 --test-size 256 --workers 2 --schedule const)
@@ -174,7 +176,7 @@ done
 if [ "$QUICK" != 1 ] && [ "$DEV" = cuda ] && [ "$TORCH" != 0 ] &&
    python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then
     TORCHRUN=$(command -v torchrun || echo "python3 -m torch.distributed.run")
-    B=128; MODEL=resnet18
+    B=${BATCH:-128}; MODEL=resnet18
     echo "PyTorch rows (same setting: cudnn.benchmark off, TF32 convolutions, batches already on the GPU)"
     timeout -k 10 300 python3 tests/torch/bench_dp.py --models $MODEL --batch $B --steps "$STEPS" --warmup 20 \
         > "$OUT/pytorch_dp.json" 2> "$OUT/pytorch_dp.log" || echo "  PyTorch one GPU / DataParallel FAILED: see $OUT/pytorch_dp.log"
