@@ -5,7 +5,7 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (2; version 1 ended the header at 128)
+ *        8    4  u32 format version (3; version 1 ended the header at 128)
  *       12    4  u32 header size in bytes (192; 128 in version 1)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
@@ -13,7 +13,8 @@
  *       80    8  i64 step            88  8  i64 epoch          96  8  i64 batch_in_epoch
  *      104    8  i64 seed           112  8  i64 momentum_valid 120  8  i64 world_size
  *      128    8  i64 batch_size    136  8  i64 train_size    144  8  i64 accum_steps
- *      152   40  zero (reserved)
+ *      152    8  i64 shuffle       160  8  i64 drop_last (version 3; zero in version 2)
+ *      168   24  zero (reserved)
  *      192       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
@@ -37,7 +38,7 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 2u
+#define CKPT_VERSION 3u
 #define CKPT_HEADER 192
 #define CKPT_HEADER_V1 128
 #define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
@@ -73,6 +74,8 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 128, (uint64_t)m->batch_size);
     put_u64(h + 136, (uint64_t)m->train_size);
     put_u64(h + 144, (uint64_t)m->accum_steps);
+    put_u64(h + 152, (uint64_t)m->shuffle);
+    put_u64(h + 160, (uint64_t)m->drop_last);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -89,6 +92,10 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->batch_size = (int64_t)get_u64(h + 128);
         m->train_size = (int64_t)get_u64(h + 136);
         m->accum_steps = (int64_t)get_u64(h + 144);
+    }
+    if (m->version >= 3) {
+        m->shuffle = (int64_t)get_u64(h + 152);
+        m->drop_last = (int64_t)get_u64(h + 160);
     }
 }
 
@@ -112,6 +119,8 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->world_size < 1 || m->world_size > (1 << 24)) return 0;
     if (m->version >= 2 && (m->batch_size < 1 || m->batch_size > INT32_MAX || m->accum_steps < 1 ||
                             m->accum_steps > INT32_MAX))
+        return 0;
+    if (m->version >= 3 && ((m->shuffle != 0 && m->shuffle != 1) || (m->drop_last != 0 && m->drop_last != 1)))
         return 0;
     return 1;
 }
@@ -250,8 +259,8 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
-    if (version != CKPT_VERSION && version != 1)
-        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 and %u (use the trainer "
+    if (version < 1 || version > CKPT_VERSION)
+        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u (use the trainer "
                  "version that wrote it)", path, version, CKPT_VERSION);
     if (hsize != (version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER))
         die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize,
@@ -288,9 +297,10 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 
     if (!counters_possible(&m))
         die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
-                 "%lld, batch size %lld, accumulation %lld) — was it edited? use another checkpoint", path,
-                 (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch, (long long)m.world_size,
-                 (long long)m.batch_size, (long long)m.accum_steps);
+                 "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld) — was it edited? use "
+                 "another checkpoint", path, (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch,
+                 (long long)m.world_size, (long long)m.batch_size, (long long)m.accum_steps, (long long)m.shuffle,
+                 (long long)m.drop_last);
     char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
     checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
     checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);

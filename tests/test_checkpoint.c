@@ -30,7 +30,7 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 192 /* format version 2 */
+#define HEADER 192 /* format versions 2 and 3 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
 static char g_dir[64];
@@ -64,6 +64,8 @@ static void fixture_setup(void) {
     g_meta.batch_size = 16;
     g_meta.train_size = 50000;
     g_meta.accum_steps = 3;
+    g_meta.shuffle = 0; /* --no-shuffle --drop-last: neither is a zero-filled default */
+    g_meta.drop_last = 1;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -133,9 +135,10 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 2 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 2, little-endian */
+    ck_assert(b[8] == 3 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 3, little-endian */
     ck_assert(b[12] == HEADER && b[13] == 0);                       /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
+    ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -164,7 +167,9 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.batch_size, 16);
     ck_assert_int_eq(got.train_size, 50000);
     ck_assert_int_eq(got.accum_steps, 3);
-    ck_assert_int_eq(got.version, 2);
+    ck_assert_int_eq(got.shuffle, 0);
+    ck_assert_int_eq(got.drop_last, 1);
+    ck_assert_int_eq(got.version, 3);
     ck_assert(memcmp(p, g_params, sizeof p) == 0);
     ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
@@ -262,10 +267,13 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 3;
+    b[8] = 4;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 3", "future version");
-    b[8] = 2;
+    expect_load_refused(bad, &g_meta, "version 4", "future version");
+    b[8] = 0;
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "version 0", "version 0");
+    b[8] = 3;
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -322,6 +330,7 @@ START_TEST(test_crafted_counters_refused) {
         {120, 0, "world size 0"},           {128, 0, "batch size 0"},
         {128, -16, "negative batch size"},  {144, 0, "accumulation 0"},
         {112, 7, "momentum flag 7"},        {136, -1, "negative training-set size"},
+        {152, 2, "shuffle 2"},              {160, -1, "drop_last -1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -363,6 +372,32 @@ START_TEST(test_version1_still_loads) {
     ck_assert_int_eq(got.batch_size, 0); /* unknown */
     ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
     free(b), free(v1);
+}
+END_TEST
+
+/* A version 2 file (the same header, zeros where version 3 records the sampler) still loads, its
+ * sampler unknown — and those bytes are not read, so a version 2 file is never refused for them. */
+START_TEST(test_version2_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    b[8] = 2;
+    put64(b + 152, 0), put64(b + 160, 0);
+    char old[160];
+    snprintf(old, sizeof old, "%s/v2.ckpt", g_dir);
+    write_resealed(old, b, n);
+    static float p[NP], bu[NB], m[NP];
+    CheckpointMeta got;
+    checkpoint_load(old, &g_meta, &got, p, bu, m);
+    ck_assert_int_eq(got.version, 2);
+    ck_assert_int_eq(got.batch_size, 16);
+    ck_assert_int_eq(got.accum_steps, 3);
+    ck_assert(got.shuffle == 0 && got.drop_last == 0);
+    put64(b + 152, 7); /* reserved in version 2: not read */
+    write_resealed(old, b, n);
+    checkpoint_load(old, &g_meta, &got, p, bu, m);
+    ck_assert_int_eq(got.shuffle, 0);
+    free(b);
 }
 END_TEST
 
@@ -511,6 +546,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_bad_magic_version_missing);
     tcase_add_test(tc, test_crafted_counters_refused);
     tcase_add_test(tc, test_version1_still_loads);
+    tcase_add_test(tc, test_version2_still_loads);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);
