@@ -326,47 +326,73 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 /* ----------------------------------------------------------------------------------------------
  * paths */
 
+_Noreturn static void mkdir_failed(const char *dir, const char *at) {
+    int err = errno;
+    die_user("--save '%s': cannot create it (mkdir('%s'): %s) — %s", dir, at, strerror(err),
+             err == ENOTDIR ? "part of that path is a file, not a directory: give --save another directory"
+                            : "give --save a directory you can create (check its parent's permissions)");
+}
+
 /* mkdir -p: create every missing component of dir. */
 static void mkdir_p(const char *dir) {
     char *p = strdup(dir);
     for (char *s = p + 1; *s; s++) {
         if (*s != '/') continue;
         *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            die_user("--save '%s': cannot create '%s': %s", dir, p, errno_string());
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(dir, p);
         *s = '/';
     }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        die_user("--save '%s': cannot create it: %s", dir, errno_string());
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(dir, p);
     free(p);
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
 }
 
-void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch) {
-    char *path = checkpoint_path(dir, 0, 0, 0);
-    char *probe = NULL;
-    if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
-    const char *call = "open";
-    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        call = "write";
-        if (write(fd, "probe", 5) == 5) call = fsync(fd) == 0 ? NULL : "fsync";
-        close(fd);
-        if (unlink(probe) != 0 && !call) call = "unlink";
+/* A save opens NAME.tmp and renames it to NAME: anything but a file under either name — a directory,
+ * or a FIFO that open() would wait on — fails that save, after the training before it. */
+static void probe_name(const char *dir, char *name, const char *what) {
+    for (int tmp = 0; tmp < 2; tmp++) {
+        char *p = NULL;
+        struct stat st;
+        if (asprintf(&p, "%s%s", name, tmp ? ".tmp" : "") < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+        if (lstat(p, &st) == 0 && !S_ISREG(st.st_mode))
+            die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint %s goes there — remove "
+                     "it, or give --save another directory", dir, p, what);
+        free(p);
+    }
+    free(name);
+}
+
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step) {
+    char *path = checkpoint_path(dir, 0, 0, 0); /* creates dir, or fails naming the mkdir */
+    char *probe = NULL, *moved = NULL, what[64];
+    if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0 || asprintf(&moved, "%s.renamed", probe) < 0)
+        die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    /* a save's calls, in its order; the first to fail is named, with its own errno */
+    const char *call = NULL, *file = probe;
+    int err = 0, fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) call = "open", err = errno;
+    else {
+        ssize_t w = write(fd, "probe", 5);
+        if (w != 5) call = "write", err = w < 0 ? errno : ENOSPC;
+        else if (fsync(fd) != 0) call = "fsync", err = errno;
+        if (close(fd) != 0 && !call) call = "close", err = errno;
+        if (!call && rename(probe, moved) != 0) call = "rename", err = errno;
+        else if (!call) file = moved;
+        if (unlink(file) != 0 && !call) call = "unlink", err = errno;
     }
     if (call)
         die_user("--save '%s': cannot write a checkpoint there (%s('%s'): %s) — give --save a writable directory",
-                 dir, call, probe, errno_string());
-    free(probe), free(path);
+                 dir, call, file, strerror(err));
+    free(probe), free(moved), free(path);
     for (int64_t e = first_epoch + 1; e <= last_epoch && e - first_epoch <= 100000; e++) {
-        char *name = checkpoint_path(dir, e, 0, 1);
-        struct stat st;
-        if (lstat(name, &st) == 0 && !S_ISREG(st.st_mode))
-            die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint of epoch %lld goes there "
-                     "— remove it, or give --save another directory", dir, name, (long long)e);
-        free(name);
+        snprintf(what, sizeof what, "of epoch %lld", (long long)e);
+        probe_name(dir, checkpoint_path(dir, e, 0, 1), what);
+    }
+    if (stop_step > 0) {
+        snprintf(what, sizeof what, "of --steps %lld (inside an epoch)", (long long)stop_step);
+        probe_name(dir, checkpoint_path(dir, 0, stop_step, 0), what);
     }
 }
 

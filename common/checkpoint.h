@@ -59,12 +59,13 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
  * be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
 
-/* Check before training that checkpoints can be written into dir: create it if needed, then create,
- * write, fsync and remove a probe file; and that none of the end-of-epoch names this run will write
- * (epochs first_epoch+1 … last_epoch) is already something other than a file (a directory there
- * would fail the save's rename after an epoch of training). A failure is a user error naming the
- * call or the path. */
-void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch);
+/* Check before training that checkpoints can be written into dir: create it if needed (mkdir -p),
+ * then open, write, fsync, close, rename and remove a probe file — a save's calls; and that none of
+ * the names this run will write — the end-of-epoch ones (epochs first_epoch+1 … last_epoch), the
+ * one where --steps stop_step stops (if > 0), and their .tmp — is already something other than a
+ * file (a directory there would fail the save after an epoch of training). A failure is a user error
+ * naming the call or the path, and the fix. */
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
 
 /* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
  * checkpoint's header strings, which may be anything). Returns out. */

@@ -502,7 +502,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
     if (cfg->save[0] && rank == 0) /* now, not after an epoch of training */
-        checkpoint_probe(cfg->save, r->epoch, cfg->epochs);
+        checkpoint_probe(cfg->save, r->epoch, cfg->epochs, cfg->steps);
     r->t_start = r->epoch_t0 = time_now();
     char process[64]; /* --trace: one process track per rank */
     int procs = sum_across && world_size > 1 ? world_size : 1;

@@ -403,12 +403,12 @@ END_TEST
 
 /* ---- --save checked before training ---- */
 
-static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3); }
+static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3, 7); }
 
 START_TEST(test_save_probe) {
-    char sub[200], file[200], *out;
+    char sub[200], file[240], *out;
     snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
-    checkpoint_probe(sub, 0, 3); /* created, written, and left empty */
+    checkpoint_probe(sub, 0, 3, 7); /* created, written, and left empty */
     DIR *d = opendir(sub);
     ck_assert_ptr_nonnull(d);
     struct dirent *e;
@@ -421,7 +421,8 @@ START_TEST(test_save_probe) {
     free(out);
     snprintf(sub, sizeof sub, "%s/plain/under", g_dir); /* under a regular file */
     ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
-    ck_assert_msg(strstr(out, "--save") && strstr(out, "Not a directory"), "%s", out);
+    ck_assert_msg(strstr(out, "--save") && strstr(out, "(mkdir('") && strstr(out, "Not a directory") &&
+                  strstr(out, "part of that path is a file"), "%s", out);
     free(out);
     /* a directory where an epoch's checkpoint will go: refused now, not at the rename after training */
     char blocker[240];
@@ -434,9 +435,45 @@ START_TEST(test_save_probe) {
     rmdir(blocker);
     if (access("/proc/self/status", F_OK) == 0) { /* a read-only place, even for root */
         ck_assert_int_eq(test_run_captured(probe_child, "/proc/self", &out), 2);
-        ck_assert_msg(strstr(out, "cannot write a checkpoint there (open("), "%s", out);
+        ck_assert_msg(strstr(out, "cannot write a checkpoint there (open(") && strstr(out, "writable directory"),
+                      "%s", out);
+        free(out);
+        /* a missing parent is created (mkdir -p) where it can be; where it cannot, the mkdir is named */
+        ck_assert_int_eq(test_run_captured(probe_child, "/proc/self/no/such", &out), 2);
+        ck_assert_msg(strstr(out, "(mkdir('/proc/self/no'):") && strstr(out, "give --save a directory you can create"),
+                      "%s", out);
         free(out);
     }
+    snprintf(sub, sizeof sub, "%s/ro", g_dir); /* a read-only directory: only without root's override */
+    ck_assert_int_eq(mkdir(sub, 0500), 0);
+    if (access(sub, W_OK) != 0) {
+        ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+        ck_assert_msg(strstr(out, "(open(") && strstr(out, "Permission denied"), "%s", out);
+        free(out);
+    }
+    /* a save's .tmp name, and the name where --steps stops inside an epoch, count too: a directory
+     * there fails the open, a FIFO would hang it; a regular file there (an earlier run's) is fine, and
+     * so is anything under a name this run does not write */
+    snprintf(sub, sizeof sub, "%s/names", g_dir);
+    checkpoint_probe(sub, 0, 3, 7);
+    snprintf(file, sizeof file, "%s/epoch001.ckpt", sub);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    snprintf(file, sizeof file, "%s/epoch004.ckpt", sub); /* after --epochs 3 */
+    ck_assert_int_eq(mkdir(file, 0700), 0);
+    snprintf(file, sizeof file, "%s/step00000006.ckpt", sub); /* not where --steps 7 stops */
+    ck_assert_int_eq(mkdir(file, 0700), 0);
+    checkpoint_probe(sub, 0, 3, 7);
+    snprintf(file, sizeof file, "%s/epoch003.ckpt.tmp", sub);
+    ck_assert_int_eq(mkdir(file, 0700), 0);
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, file) && strstr(out, "not a regular file; the checkpoint of epoch 3"), "%s", out);
+    free(out);
+    ck_assert_int_eq(rmdir(file), 0);
+    snprintf(file, sizeof file, "%s/step00000007.ckpt", sub);
+    ck_assert_int_eq(mkfifo(file, 0600), 0);
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, file) && strstr(out, "the checkpoint of --steps 7"), "%s", out);
+    free(out);
 }
 END_TEST
 

@@ -165,7 +165,8 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
 END_TEST
 
 /* A FIFO as a data file or as --report used to hang forever; a failing --report write used to be a
- * warning with exit 0; --save into an impossible place used to fail only after an epoch. */
+ * warning with exit 0; --save into an impossible place (or onto a checkpoint name that is a directory)
+ * used to fail only after an epoch. */
 START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     char *dir = test_tmpdir(), path[700], args[2048], *out;
     snprintf(path, sizeof path, "%s/fifo", dir);
@@ -190,6 +191,12 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     ck_assert_int_eq(run("stage1", args, &out), 2);
     ck_assert_msg(strstr(out, "--save") && !strstr(out, "epoch 1"), "trained before failing:\n%s", out);
     free(out);
+    snprintf(path, sizeof path, "%s/names", dir); /* the first save's name is a directory */
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/names/epoch001.ckpt", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --epochs 1 --save %s/names", dir);
+    expect_refused("stage1", args, "epoch001.ckpt' exists and is not a regular file", "remove it");
     /* --keep-last 2: of 4 epoch checkpoints, the newest 2 remain */
     snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 4 --save %s/keep --keep-last 2", dir);
     ck_assert_int_eq(run("stage1", args, &out), 0);
