@@ -351,6 +351,19 @@ START_TEST(test_crafted_counters_refused) {
 }
 END_TEST
 
+/* b (n bytes, an older format) resealed as g_dir/name and loaded: its meta (its arrays must be the
+ * saved ones). */
+static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n) {
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    write_resealed(path, b, n);
+    static float p[NP], bu[NB], m[NP];
+    CheckpointMeta got;
+    checkpoint_load(path, &g_meta, &got, p, bu, m);
+    ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
+    return got;
+}
+
 /* A version 1 file (128-byte header, no batch size / data size / K) still loads. */
 START_TEST(test_version1_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
@@ -361,16 +374,10 @@ START_TEST(test_version1_still_loads) {
     memcpy(v1, b, 128);
     memcpy(v1 + 128, b + HEADER, n - HEADER);
     v1[8] = 1, v1[12] = 128;
-    char old[160];
-    snprintf(old, sizeof old, "%s/v1.ckpt", g_dir);
-    write_resealed(old, v1, n1);
-    static float p[NP], bu[NB], m[NP];
-    CheckpointMeta got;
-    checkpoint_load(old, &g_meta, &got, p, bu, m);
+    CheckpointMeta got = load_resealed("v1.ckpt", v1, n1);
     ck_assert_int_eq(got.version, 1);
     ck_assert_int_eq(got.step, g_meta.step);
     ck_assert_int_eq(got.batch_size, 0); /* unknown */
-    ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
     free(b), free(v1);
 }
 END_TEST
@@ -383,20 +390,13 @@ START_TEST(test_version2_still_loads) {
     unsigned char *b = read_bytes(g_path, &n);
     b[8] = 2;
     put64(b + 152, 0), put64(b + 160, 0);
-    char old[160];
-    snprintf(old, sizeof old, "%s/v2.ckpt", g_dir);
-    write_resealed(old, b, n);
-    static float p[NP], bu[NB], m[NP];
-    CheckpointMeta got;
-    checkpoint_load(old, &g_meta, &got, p, bu, m);
+    CheckpointMeta got = load_resealed("v2.ckpt", b, n);
     ck_assert_int_eq(got.version, 2);
     ck_assert_int_eq(got.batch_size, 16);
     ck_assert_int_eq(got.accum_steps, 3);
     ck_assert(got.shuffle == 0 && got.drop_last == 0);
     put64(b + 152, 7); /* reserved in version 2: not read */
-    write_resealed(old, b, n);
-    checkpoint_load(old, &g_meta, &got, p, bu, m);
-    ck_assert_int_eq(got.shuffle, 0);
+    ck_assert_int_eq(load_resealed("v2.ckpt", b, n).shuffle, 0);
     free(b);
 }
 END_TEST
