@@ -122,7 +122,7 @@ help:
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
 	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
-	@echo "make gpu-sanitize  the CUDA op tests under compute-sanitizer memcheck/racecheck/synccheck (GPU)"
+	@echo "make gpu-sanitize  the CUDA op tests under compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)"
 	@echo "make fuzz       libFuzzer on the checkpoint loader, CIFAR reader and store (FUZZ_SECONDS=60 each)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."

@@ -5,7 +5,7 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (2; version 1 ended the header at 128)
+ *        8    4  u32 format version (3; version 1 ended the header at 128)
  *       12    4  u32 header size in bytes (192; 128 in version 1)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
@@ -13,7 +13,8 @@
  *       80    8  i64 step            88  8  i64 epoch          96  8  i64 batch_in_epoch
  *      104    8  i64 seed           112  8  i64 momentum_valid 120  8  i64 world_size
  *      128    8  i64 batch_size    136  8  i64 train_size    144  8  i64 accum_steps
- *      152   40  zero (reserved)
+ *      152    8  i64 shuffle       160  8  i64 drop_last (version 3; zero in version 2)
+ *      168   24  zero (reserved)
  *      192       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
@@ -37,7 +38,7 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 2u
+#define CKPT_VERSION 3u
 #define CKPT_HEADER 192
 #define CKPT_HEADER_V1 128
 #define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
@@ -73,6 +74,8 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 128, (uint64_t)m->batch_size);
     put_u64(h + 136, (uint64_t)m->train_size);
     put_u64(h + 144, (uint64_t)m->accum_steps);
+    put_u64(h + 152, (uint64_t)m->shuffle);
+    put_u64(h + 160, (uint64_t)m->drop_last);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -89,6 +92,10 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->batch_size = (int64_t)get_u64(h + 128);
         m->train_size = (int64_t)get_u64(h + 136);
         m->accum_steps = (int64_t)get_u64(h + 144);
+    }
+    if (m->version >= 3) {
+        m->shuffle = (int64_t)get_u64(h + 152);
+        m->drop_last = (int64_t)get_u64(h + 160);
     }
 }
 
@@ -112,6 +119,8 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->world_size < 1 || m->world_size > (1 << 24)) return 0;
     if (m->version >= 2 && (m->batch_size < 1 || m->batch_size > INT32_MAX || m->accum_steps < 1 ||
                             m->accum_steps > INT32_MAX))
+        return 0;
+    if (m->version >= 3 && ((m->shuffle != 0 && m->shuffle != 1) || (m->drop_last != 0 && m->drop_last != 1)))
         return 0;
     return 1;
 }
@@ -250,8 +259,8 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
-    if (version != CKPT_VERSION && version != 1)
-        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 and %u (use the trainer "
+    if (version < 1 || version > CKPT_VERSION)
+        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u (use the trainer "
                  "version that wrote it)", path, version, CKPT_VERSION);
     if (hsize != (version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER))
         die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize,
@@ -288,9 +297,10 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 
     if (!counters_possible(&m))
         die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
-                 "%lld, batch size %lld, accumulation %lld) — was it edited? use another checkpoint", path,
-                 (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch, (long long)m.world_size,
-                 (long long)m.batch_size, (long long)m.accum_steps);
+                 "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld) — was it edited? use "
+                 "another checkpoint", path, (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch,
+                 (long long)m.world_size, (long long)m.batch_size, (long long)m.accum_steps, (long long)m.shuffle,
+                 (long long)m.drop_last);
     char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
     checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
     checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);
@@ -316,47 +326,73 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 /* ----------------------------------------------------------------------------------------------
  * paths */
 
+_Noreturn static void mkdir_failed(const char *dir, const char *at) {
+    int err = errno;
+    die_user("--save '%s': cannot create it (mkdir('%s'): %s) — %s", dir, at, strerror(err),
+             err == ENOTDIR ? "part of that path is a file, not a directory: give --save another directory"
+                            : "give --save a directory you can create (check its parent's permissions)");
+}
+
 /* mkdir -p: create every missing component of dir. */
 static void mkdir_p(const char *dir) {
     char *p = strdup(dir);
     for (char *s = p + 1; *s; s++) {
         if (*s != '/') continue;
         *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            die_user("--save '%s': cannot create '%s': %s", dir, p, errno_string());
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(dir, p);
         *s = '/';
     }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        die_user("--save '%s': cannot create it: %s", dir, errno_string());
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(dir, p);
     free(p);
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
 }
 
-void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch) {
-    char *path = checkpoint_path(dir, 0, 0, 0);
-    char *probe = NULL;
-    if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
-    const char *call = "open";
-    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        call = "write";
-        if (write(fd, "probe", 5) == 5) call = fsync(fd) == 0 ? NULL : "fsync";
-        close(fd);
-        if (unlink(probe) != 0 && !call) call = "unlink";
+/* A save opens NAME.tmp and renames it to NAME: anything but a file under either name — a directory,
+ * or a FIFO that open() would wait on — fails that save, after the training before it. */
+static void probe_name(const char *dir, char *name, const char *what) {
+    for (int tmp = 0; tmp < 2; tmp++) {
+        char *p = NULL;
+        struct stat st;
+        if (asprintf(&p, "%s%s", name, tmp ? ".tmp" : "") < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+        if (lstat(p, &st) == 0 && !S_ISREG(st.st_mode))
+            die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint %s goes there — remove "
+                     "it, or give --save another directory", dir, p, what);
+        free(p);
+    }
+    free(name);
+}
+
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step) {
+    char *path = checkpoint_path(dir, 0, 0, 0); /* creates dir, or fails naming the mkdir */
+    char *probe = NULL, *moved = NULL, what[64];
+    if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0 || asprintf(&moved, "%s.renamed", probe) < 0)
+        die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    /* a save's calls, in its order; the first to fail is named, with its own errno */
+    const char *call = NULL, *file = probe;
+    int err = 0, fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) call = "open", err = errno;
+    else {
+        ssize_t w = write(fd, "probe", 5);
+        if (w != 5) call = "write", err = w < 0 ? errno : ENOSPC;
+        else if (fsync(fd) != 0) call = "fsync", err = errno;
+        if (close(fd) != 0 && !call) call = "close", err = errno;
+        if (!call && rename(probe, moved) != 0) call = "rename", err = errno;
+        else if (!call) file = moved;
+        if (unlink(file) != 0 && !call) call = "unlink", err = errno;
     }
     if (call)
         die_user("--save '%s': cannot write a checkpoint there (%s('%s'): %s) — give --save a writable directory",
-                 dir, call, probe, errno_string());
-    free(probe), free(path);
+                 dir, call, file, strerror(err));
+    free(probe), free(moved), free(path);
     for (int64_t e = first_epoch + 1; e <= last_epoch && e - first_epoch <= 100000; e++) {
-        char *name = checkpoint_path(dir, e, 0, 1);
-        struct stat st;
-        if (lstat(name, &st) == 0 && !S_ISREG(st.st_mode))
-            die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint of epoch %lld goes there "
-                     "— remove it, or give --save another directory", dir, name, (long long)e);
-        free(name);
+        snprintf(what, sizeof what, "of epoch %lld", (long long)e);
+        probe_name(dir, checkpoint_path(dir, e, 0, 1), what);
+    }
+    if (stop_step > 0) {
+        snprintf(what, sizeof what, "of --steps %lld (inside an epoch)", (long long)stop_step);
+        probe_name(dir, checkpoint_path(dir, 0, stop_step, 0), what);
     }
 }
 

@@ -8,8 +8,9 @@
  * A load refuses — with an error naming the file and the problem — a missing file, a wrong magic or
  * version, a truncated file, a checksum mismatch, counters no save can produce (negative or huge
  * epoch / step / position: the checksum is no defence against edits), and a model that differs from
- * the one being trained (architecture, norm, parameter count, shape fingerprint). Version 1 files
- * (before the position's meaning was recorded) are still read, with version = 1. */
+ * the one being trained (architecture, norm, parameter count, shape fingerprint). Older files are
+ * still read, with `version` saying what they lack: version 1 records none of the position's meaning,
+ * version 2 all but the sampler's shuffle and drop_last. */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -37,7 +38,11 @@ typedef struct CheckpointMeta {
     int64_t batch_size;     /* per rank (stage 2: per GPU) */
     int64_t train_size;     /* samples in the training set (0: unknown) */
     int64_t accum_steps;    /* micro-batches per optimizer step (1 without accumulation) */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 or 2) */
+    /* the sampler (format version 3): the permutation, or 0..N−1 (--no-shuffle); every rank's shard
+     * padded to the same length, or the tail dropped (--drop-last) */
+    int64_t shuffle;        /* 1 | 0 */
+    int64_t drop_last;      /* 0 | 1 */
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 3) */
 } CheckpointMeta;
 
 /* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory). */
@@ -54,12 +59,13 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
  * be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
 
-/* Check before training that checkpoints can be written into dir: create it if needed, then create,
- * write, fsync and remove a probe file; and that none of the end-of-epoch names this run will write
- * (epochs first_epoch+1 … last_epoch) is already something other than a file (a directory there
- * would fail the save's rename after an epoch of training). A failure is a user error naming the
- * call or the path. */
-void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch);
+/* Check before training that checkpoints can be written into dir: create it if needed (mkdir -p),
+ * then open, write, fsync, close, rename and remove a probe file — a save's calls; and that none of
+ * the names this run will write — the end-of-epoch ones (epochs first_epoch+1 … last_epoch), the
+ * one where --steps stop_step stops (if > 0), and their .tmp — is already something other than a
+ * file (a directory there would fail the save after an epoch of training). A failure is a user error
+ * naming the call or the path, and the fix. */
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
 
 /* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
  * checkpoint's header strings, which may be anything). Returns out. */

@@ -260,6 +260,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
             die_user("rank %d: the ranks were started with different training flags (--batch-size, --epochs, "
                      "--steps, --log-every, --train-size, --test-size, --seed, --bucket-mb, --no-overlap, "
                      "--accum-steps or --sync-each-micro-step) — start every rank with the same flags", d->rank);
+    run_sampler(run, !f->no_shuffle, f->drop_last); /* DistributedSampler's flags: a --resume is checked now */
     /* …and makes every replica start from rank 0's parameters and buffers. */
     comm_broadcast_async(comm, m->param_flat, m->n_param_floats, 0);
     if (m->n_buffer_floats) comm_broadcast_async(comm, m->buffer_flat, m->n_buffer_floats, 0);

@@ -292,6 +292,8 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.batch_size = c->batch_size;
     meta.train_size = train_size_opened;
     meta.accum_steps = r->accum;
+    meta.shuffle = r->shuffle;
+    meta.drop_last = r->drop_last;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = xmalloc(pb), *mom = xcalloc(1, pb);
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
@@ -310,11 +312,42 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     free(path), free(p), free(mom), free(buf);
 }
 
+/* How to give a run a sampler flag's setting back: only stages 3–5 have the flags. */
+static const char *sampler_fix(const Run *r, int64_t flag_was_on, const char *flag, char *buf, size_t len) {
+    if (!flag_was_on) snprintf(buf, len, "drop %s to continue it", flag);
+    else if (r->sum_across) snprintf(buf, len, "pass %s to continue it", flag);
+    else snprintf(buf, len, "%s has no %s: continue it with ./stage3 (or 4, 5) and %s", r->stage, flag, flag);
+    return buf;
+}
+
+/* The sampler's settings: another shuffle gives another order, and --drop-last other shards —
+ * though only where the ranks do not divide the training set (otherwise it drops nothing). */
+static void sampler_check(Run *r, const CheckpointMeta *g) {
+    const char *path = r->cfg->resume;
+    char fix[160];
+    if (g->version < 3) {
+        report_printf(&r->report, "note: checkpoint '%s' has format version %u, which does not record --no-shuffle "
+                      "or --drop-last: resuming assumes this run's are the ones it was trained with\n", path, g->version);
+        return;
+    }
+    if (g->shuffle != r->shuffle)
+        die_user("checkpoint '%s' was trained %s, this run %s: its data position (epoch %lld, batch %lld) means other "
+                 "samples — %s", path, g->shuffle ? "with shuffled epochs" : "with --no-shuffle",
+                 r->shuffle ? "shuffles" : "has --no-shuffle", (long long)g->epoch + 1, (long long)g->batch_in_epoch,
+                 sampler_fix(r, !g->shuffle, "--no-shuffle", fix, sizeof fix));
+    if (g->drop_last != r->drop_last && train_size_opened % r->world_size != 0)
+        die_user("checkpoint '%s' was trained %s --drop-last, this run %s: %lld samples over %d ranks make other "
+                 "shards — %s", path, g->drop_last ? "with" : "without",
+                 r->drop_last ? "has it" : "has not", (long long)train_size_opened, r->world_size,
+                 sampler_fix(r, g->drop_last, "--drop-last", fix, sizeof fix));
+}
+
 /* A checkpoint's data position means "batch_in_epoch batches of world_size × batch_size samples of
- * epoch's permutation of train_size samples, K batches per optimizer step": continue it only under
- * the same meaning, else say which flag differs. */
-static void resume_check(Run *r, const CheckpointMeta *g) {
+ * epoch's permutation (or order: --no-shuffle) of train_size samples, K batches per optimizer step":
+ * continue it only under the same meaning, else say which flag differs. */
+static void resume_check(Run *r) {
     const TrainConfig *c = r->cfg;
+    const CheckpointMeta *g = &r->resumed;
     const char *path = c->resume;
     const char *ranks = !strcmp(r->stage, "stage2") ? "--gpus" : "--nproc-per-node × --nnodes";
     if (g->world_size != r->world_size)
@@ -324,8 +357,8 @@ static void resume_check(Run *r, const CheckpointMeta *g) {
                  ranks, (long long)g->world_size);
     if (g->version < 2)
         report_printf(&r->report, "note: checkpoint '%s' has format version 1, which does not record "
-                      "its batch size, training-set size or --accum-steps: resuming assumes this run's are the "
-                      "ones it was trained with\n", path);
+                      "its batch size, training-set size, --accum-steps, --no-shuffle or --drop-last: resuming "
+                      "assumes this run's are the ones it was trained with\n", path);
     else {
         if (g->batch_size != c->batch_size)
             die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: its data "
@@ -341,6 +374,7 @@ static void resume_check(Run *r, const CheckpointMeta *g) {
                      "count means other positions — resume with the flags it was trained with (--accum-steps %lld)",
                      path, (long long)g->accum_steps, r->accum, (long long)g->accum_steps);
     }
+    if (g->version >= 2) sampler_check(r, g); /* version 1 has had its note */
     if (g->epoch >= c->epochs)
         die_user("checkpoint '%s' is a finished run: %lld epochs done (step %lld), and this run has --epochs %d — "
                  "nothing to resume; pass --epochs above %lld to train further", path, (long long)g->epoch,
@@ -354,10 +388,18 @@ static void resume_check(Run *r, const CheckpointMeta *g) {
     if (g->batch_in_epoch > r->batches_per_epoch ||
         (g->batch_in_epoch % r->accum && g->batch_in_epoch != r->batches_per_epoch) || g->step != expect_step)
         die_user("checkpoint '%s' (step %lld: epoch %lld, batch %lld) is not a position of this run's schedule "
-                 "(%lld batches per epoch%s) — resume with the --batch-size, --train-size, data, world size and "
-                 "--accum-steps it was trained with", path, (long long)g->step, (long long)g->epoch + 1,
+                 "(%lld batches per epoch%s) — resume with the --batch-size, --train-size, data, world size, "
+                 "--accum-steps and --drop-last it was trained with", path, (long long)g->step, (long long)g->epoch + 1,
                  (long long)g->batch_in_epoch, (long long)r->batches_per_epoch,
                  r->accum > 1 ? ", one optimizer step per --accum-steps of them" : "");
+    r->resume_unchecked = 0;
+    report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", path, (long long)g->step,
+                  (long long)g->epoch + 1, (long long)g->batch_in_epoch);
+}
+
+void run_sampler(Run *r, int shuffle, int drop_last) {
+    r->shuffle = shuffle, r->drop_last = drop_last;
+    if (r->resume_unchecked) resume_check(r);
 }
 
 static void resume(Run *r) {
@@ -381,13 +423,13 @@ static void resume(Run *r) {
     device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) device_copy_h2d(m->dev, r->opt->momentum_buf, mom, pb);
     device_sync(m->dev);
-    resume_check(r, &got);
     r->opt->steps = got.momentum_valid ? got.step : 0;
     r->step = got.step;
     r->epoch = got.epoch;
     r->start_batch = got.batch_in_epoch;
-    report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", c->resume,
-                  (long long)got.step, (long long)got.epoch + 1, (long long)got.batch_in_epoch);
+    r->resumed = got;
+    r->resume_unchecked = 1;
+    if (!r->sum_across) resume_check(r); /* stages 1, 2: no sampler flags to wait for (run_sampler) */
     free(p), free(mom), free(buf);
 }
 
@@ -416,6 +458,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     /* The schedule spans the epochs asked for; --steps only stops the run early, so a run stopped
      * at step S and resumed follows exactly the schedule of an uninterrupted run. */
     r->total_steps = (int64_t)cfg->epochs * r->steps_per_epoch;
+    r->shuffle = 1, r->drop_last = 0; /* loader_config's training loader (stages 1, 2) */
     r->cap_times = 1024;
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     report_open(&r->report, cfg->report, cfg->progress, rank == 0);
@@ -459,7 +502,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
     if (cfg->save[0] && rank == 0) /* now, not after an epoch of training */
-        checkpoint_probe(cfg->save, r->epoch, cfg->epochs);
+        checkpoint_probe(cfg->save, r->epoch, cfg->epochs, cfg->steps);
     r->t_start = r->epoch_t0 = time_now();
     char process[64]; /* --trace: one process track per rank */
     int procs = sum_across && world_size > 1 ? world_size : 1;
@@ -476,6 +519,7 @@ double run_lr(const Run *r) {
 }
 
 void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
+    ASSERT(!r->resume_unchecked); /* a job of processes calls run_sampler (ddp_init) before its first step */
     r->step++;
     r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
     const TrainConfig *c = r->cfg;

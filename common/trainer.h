@@ -122,6 +122,9 @@ typedef struct Run {
     double data_wait_s, t_start, epoch_t0;
     double last_train_loss, last_train_acc, last_test_acc;
     int64_t last_epoch_done;
+    int shuffle, drop_last;        /* the training sampler (run_sampler): part of a checkpoint's position */
+    CheckpointMeta resumed;        /* --resume's checkpoint, checked against the run (resume_unchecked: */
+    int resume_unchecked;          /* not yet — a DDP stage's sampler is known only at run_sampler) */
     struct { const char *key; double v; int integer; } extras[RUN_EXTRAS]; /* run_summary_* */
     int n_extras;
 } Run;
@@ -138,6 +141,12 @@ typedef struct Run {
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
                int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,
                Optimizer *opt, int64_t batches_per_epoch, const char *data_desc);
+/* The training sampler's settings (DistributedSampler's shuffle and drop_last), which a checkpoint
+ * records with its position. Stages 1 and 2 never call it: their loaders shuffle and drop nothing,
+ * and run_begin checks a resumed checkpoint at once. A job of processes (sum_across given) has
+ * sampler flags, so its checkpoint is checked only here (ddp_init calls it, before the first step):
+ * one saved under another setting is refused — its position would mean other samples. */
+void run_sampler(Run *r, int shuffle, int drop_last);
 int run_done(const Run *r); /* --steps reached */
 double run_lr(const Run *r); /* learning rate for the next step */
 /* After each optimizer step (slot: its last entry; batch: the loader batch it ended with): logging

@@ -2,32 +2,39 @@
 # gpu_sanitize.sh — the CUDA op tests under NVIDIA's compute-sanitizer: `make gpu-sanitize`.
 #
 #   memcheck   out-of-bounds / misaligned accesses, device leaks      → must report 0 errors
-#   racecheck  shared-memory hazards                                  → 0 in our kernels
+#   racecheck  shared-memory hazards, cuDNN's sm90_xmma kernels left out → must report 0 hazards
+#   initcheck  reads of device memory nothing has written              → must report 0 errors
 #   synccheck  invalid __syncthreads / warp-sync use                  → must report 0 errors
 # run on `CK_FORK=no ./tests/run_tests ops_cuda` (every kernel of common/kernels.cu against the C
-# reference). racecheck also instruments cuDNN's kernels; its Hopper kernels (sm90_xmma_*) use
-# asynchronous shared-memory pipelines that racecheck does not model, and it reports hazards inside
-# them — those are listed, not counted against us. Logs: SANITIZE_OUT (default runs/gpu_sanitize).
+# reference). racecheck would also instrument cuDNN's kernels: its Hopper ones (sm90_xmma_*) use an
+# asynchronous shared-memory pipeline that racecheck does not model, and it reports hazards inside
+# them (4 on an H200, in the f16 and bf16 dgrad_implicit_gemm_indexed kernels), so they are excluded
+# by name (--kernel-name-exclude) and every hazard left is one to fix. Hazards still reported in an
+# sm90_xmma kernel (an older compute-sanitizer ignoring the filter) are listed, not counted.
+# SANITIZE_TOOLS picks some ("memcheck racecheck"); logs go to SANITIZE_OUT (runs/gpu_sanitize).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${SANITIZE_OUT:-runs/gpu_sanitize}
+TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "SKIP: gpu-sanitize — no GPU visible"; exit 0; fi
 [ -x "$CS" ] || { echo "gpu_sanitize.sh: compute-sanitizer not found (it ships with the CUDA toolkit)"; exit 2; }
 [ -x tests/run_tests ] || make tests/run_tests >/dev/null || exit 1
 mkdir -p "$OUT"
 fails=0
-for tool in memcheck racecheck synccheck; do
-    CK_FORK=no timeout 900 "$CS" --tool "$tool" ./tests/run_tests ops_cuda > "$OUT/$tool.log" 2>&1
+for tool in $TOOLS; do
+    args=(--tool "$tool")
+    [ "$tool" = racecheck ] && args+=(--kernel-name-exclude kns=sm90_xmma)
+    CK_FORK=no timeout 900 "$CS" "${args[@]}" ./tests/run_tests ops_cuda > "$OUT/$tool.log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)
     tests=$(grep -E "^[0-9]+%: Checks" "$OUT/$tool.log" | tail -1)
     if [ "$tool" = racecheck ]; then
         ours=$(grep -E "Race reported" "$OUT/$tool.log" | grep -vc "xmma" || true)
         theirs=$(grep -E "Race reported" "$OUT/$tool.log" | grep -c "xmma" || true)
-        echo "racecheck: $tests | $summary | in our kernels: $ours, inside cuDNN's sm90_xmma kernels: $theirs"
+        echo "racecheck (--kernel-name-exclude kns=sm90_xmma): $tests | $summary | in our kernels: $ours, inside cuDNN's sm90_xmma kernels: $theirs"
         grep -E "Race reported" "$OUT/$tool.log" | sed 's/+0x[0-9a-f]*//g; s/^=* *//' | sort | uniq -c | sed 's/^/    /'
-        [ "$ours" = 0 ] && [ $rc -ne 124 ] || fails=$((fails + 1))
+        echo "$tests" | grep -q "^100%" && [ "$ours" = 0 ] && [ $rc -ne 124 ] || fails=$((fails + 1))
     else
         echo "$tool: $tests | $summary"
         echo "$summary" | grep -q " 0 errors" && [ $rc -eq 0 ] || fails=$((fails + 1))

@@ -10,44 +10,7 @@
 #include "optim.h"
 #include "tests.h"
 
-/* ---- the fixture container (format in tests/torch/fixtures.py) ------------------------------- */
-typedef struct Fx {
-    char *buf;
-    long len;
-} Fx;
-
-/* Records are copied out (the file's layout does not align them) and the copies listed here, so they
- * stay reachable until the test process ends (leak checks). */
-static void *fx_keep(void *p) {
-    static void **kept;
-    static size_t n;
-    kept = realloc(kept, (n + 1) * sizeof *kept);
-    kept[n++] = p;
-    return p;
-}
-
-/* Record `name`: its data, element count and dtype (0 f32, 1 f64). */
-static const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype) {
-    const char *p = fx->buf + 8, *end = fx->buf + fx->len;
-    while (p < end) {
-        uint32_t nl, dt, nd, dim;
-        memcpy(&nl, p, 4), p += 4;
-        int match = nl == strlen(name) && !memcmp(p, name, nl);
-        p += nl;
-        memcpy(&dt, p, 4), memcpy(&nd, p + 4, 4), p += 8;
-        int64_t n = 1;
-        for (uint32_t i = 0; i < nd; i++) memcpy(&dim, p, 4), p += 4, n *= dim;
-        if (match) {
-            *count = n, *dtype = (int)dt;
-            size_t bytes = (size_t)n * (dt == 1 || dt == 2 ? 8 : 4);
-            return memcpy(fx_keep(malloc(bytes + 1)), p, bytes);
-        }
-        p += n * (dt == 1 || dt == 2 ? 8 : 4);
-    }
-    ck_abort_msg("adam.bin has no record %s", name);
-    return NULL;
-}
-
+/* ---- the fixture (tests.h: fx_open, fx_get) --------------------------------------------------- */
 static const void *need(const Fx *fx, const char *cas, const char *field, int dtype, int64_t count) {
     char k[64];
     snprintf(k, sizeof k, "%s.%s", cas, field);
@@ -93,15 +56,7 @@ static double max_ulps(const float *a, const float *b, int64_t n) {
     return worst;
 }
 
-static Fx open_fixture(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/tests/fixtures/adam.bin", test_root());
-    Fx fx = {0};
-    fx.buf = test_slurp(path, &fx.len);
-    ck_assert_msg(fx.buf && fx.len > 8 && !memcmp(fx.buf, "FIXT0001", 8),
-                  "%s missing — run `python3 tests/torch/make_adam_fixture.py`", path);
-    return fx;
-}
+static Fx open_fixture(void) { return fx_open("adam.bin", "tests/torch/make_adam_fixture.py"); }
 
 /* Our float32 CPU update follows torch's CPU kernels operation by operation (fused where theirs
  * fuse) and mostly agrees to the bit. What is left: torch's vectorised float sqrt is not always
@@ -126,7 +81,6 @@ START_TEST(adam_matches_torch_cpu) {
         ck_assert(max_ulps(want + (size_t)(STEPS - 1) * N, p0, N) > 1000);
     }
     free(ours);
-    free(fx.buf);
 }
 END_TEST
 
@@ -143,7 +97,6 @@ START_TEST(adam_cuda_matches_cpu) {
         ck_assert_msg(u <= 1, "%s: CUDA is %.1f ulps from the CPU reference", cas, u);
     }
     free(cpu), free(gpu);
-    free(fx.buf);
 }
 END_TEST
 

@@ -30,7 +30,7 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 192 /* format version 2 */
+#define HEADER 192 /* format versions 2 and 3 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
 static char g_dir[64];
@@ -64,6 +64,8 @@ static void fixture_setup(void) {
     g_meta.batch_size = 16;
     g_meta.train_size = 50000;
     g_meta.accum_steps = 3;
+    g_meta.shuffle = 0; /* --no-shuffle --drop-last: neither is a zero-filled default */
+    g_meta.drop_last = 1;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -133,9 +135,10 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 2 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 2, little-endian */
+    ck_assert(b[8] == 3 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 3, little-endian */
     ck_assert(b[12] == HEADER && b[13] == 0);                       /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
+    ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -164,7 +167,9 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.batch_size, 16);
     ck_assert_int_eq(got.train_size, 50000);
     ck_assert_int_eq(got.accum_steps, 3);
-    ck_assert_int_eq(got.version, 2);
+    ck_assert_int_eq(got.shuffle, 0);
+    ck_assert_int_eq(got.drop_last, 1);
+    ck_assert_int_eq(got.version, 3);
     ck_assert(memcmp(p, g_params, sizeof p) == 0);
     ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
@@ -262,10 +267,13 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 3;
+    b[8] = 4;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 3", "future version");
-    b[8] = 2;
+    expect_load_refused(bad, &g_meta, "version 4", "future version");
+    b[8] = 0;
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "version 0", "version 0");
+    b[8] = 3;
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -322,6 +330,7 @@ START_TEST(test_crafted_counters_refused) {
         {120, 0, "world size 0"},           {128, 0, "batch size 0"},
         {128, -16, "negative batch size"},  {144, 0, "accumulation 0"},
         {112, 7, "momentum flag 7"},        {136, -1, "negative training-set size"},
+        {152, 2, "shuffle 2"},              {160, -1, "drop_last -1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -342,6 +351,19 @@ START_TEST(test_crafted_counters_refused) {
 }
 END_TEST
 
+/* b (n bytes, an older format) resealed as g_dir/name and loaded: its meta (its arrays must be the
+ * saved ones). */
+static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n) {
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    write_resealed(path, b, n);
+    static float p[NP], bu[NB], m[NP];
+    CheckpointMeta got;
+    checkpoint_load(path, &g_meta, &got, p, bu, m);
+    ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
+    return got;
+}
+
 /* A version 1 file (128-byte header, no batch size / data size / K) still loads. */
 START_TEST(test_version1_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
@@ -352,28 +374,41 @@ START_TEST(test_version1_still_loads) {
     memcpy(v1, b, 128);
     memcpy(v1 + 128, b + HEADER, n - HEADER);
     v1[8] = 1, v1[12] = 128;
-    char old[160];
-    snprintf(old, sizeof old, "%s/v1.ckpt", g_dir);
-    write_resealed(old, v1, n1);
-    static float p[NP], bu[NB], m[NP];
-    CheckpointMeta got;
-    checkpoint_load(old, &g_meta, &got, p, bu, m);
+    CheckpointMeta got = load_resealed("v1.ckpt", v1, n1);
     ck_assert_int_eq(got.version, 1);
     ck_assert_int_eq(got.step, g_meta.step);
     ck_assert_int_eq(got.batch_size, 0); /* unknown */
-    ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
     free(b), free(v1);
+}
+END_TEST
+
+/* A version 2 file (the same header, zeros where version 3 records the sampler) still loads, its
+ * sampler unknown — and those bytes are not read, so a version 2 file is never refused for them. */
+START_TEST(test_version2_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    b[8] = 2;
+    put64(b + 152, 0), put64(b + 160, 0);
+    CheckpointMeta got = load_resealed("v2.ckpt", b, n);
+    ck_assert_int_eq(got.version, 2);
+    ck_assert_int_eq(got.batch_size, 16);
+    ck_assert_int_eq(got.accum_steps, 3);
+    ck_assert(got.shuffle == 0 && got.drop_last == 0);
+    put64(b + 152, 7); /* reserved in version 2: not read */
+    ck_assert_int_eq(load_resealed("v2.ckpt", b, n).shuffle, 0);
+    free(b);
 }
 END_TEST
 
 /* ---- --save checked before training ---- */
 
-static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3); }
+static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3, 7); }
 
 START_TEST(test_save_probe) {
-    char sub[200], file[200], *out;
+    char sub[200], file[240], *out;
     snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
-    checkpoint_probe(sub, 0, 3); /* created, written, and left empty */
+    checkpoint_probe(sub, 0, 3, 7); /* created, written, and left empty */
     DIR *d = opendir(sub);
     ck_assert_ptr_nonnull(d);
     struct dirent *e;
@@ -386,7 +421,8 @@ START_TEST(test_save_probe) {
     free(out);
     snprintf(sub, sizeof sub, "%s/plain/under", g_dir); /* under a regular file */
     ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
-    ck_assert_msg(strstr(out, "--save") && strstr(out, "Not a directory"), "%s", out);
+    ck_assert_msg(strstr(out, "--save") && strstr(out, "(mkdir('") && strstr(out, "Not a directory") &&
+                  strstr(out, "part of that path is a file"), "%s", out);
     free(out);
     /* a directory where an epoch's checkpoint will go: refused now, not at the rename after training */
     char blocker[240];
@@ -399,9 +435,45 @@ START_TEST(test_save_probe) {
     rmdir(blocker);
     if (access("/proc/self/status", F_OK) == 0) { /* a read-only place, even for root */
         ck_assert_int_eq(test_run_captured(probe_child, "/proc/self", &out), 2);
-        ck_assert_msg(strstr(out, "cannot write a checkpoint there (open("), "%s", out);
+        ck_assert_msg(strstr(out, "cannot write a checkpoint there (open(") && strstr(out, "writable directory"),
+                      "%s", out);
+        free(out);
+        /* a missing parent is created (mkdir -p) where it can be; where it cannot, the mkdir is named */
+        ck_assert_int_eq(test_run_captured(probe_child, "/proc/self/no/such", &out), 2);
+        ck_assert_msg(strstr(out, "(mkdir('/proc/self/no'):") && strstr(out, "give --save a directory you can create"),
+                      "%s", out);
         free(out);
     }
+    snprintf(sub, sizeof sub, "%s/ro", g_dir); /* a read-only directory: only without root's override */
+    ck_assert_int_eq(mkdir(sub, 0500), 0);
+    if (access(sub, W_OK) != 0) {
+        ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+        ck_assert_msg(strstr(out, "(open(") && strstr(out, "Permission denied"), "%s", out);
+        free(out);
+    }
+    /* a save's .tmp name, and the name where --steps stops inside an epoch, count too: a directory
+     * there fails the open, a FIFO would hang it; a regular file there (an earlier run's) is fine, and
+     * so is anything under a name this run does not write */
+    snprintf(sub, sizeof sub, "%s/names", g_dir);
+    checkpoint_probe(sub, 0, 3, 7);
+    snprintf(file, sizeof file, "%s/epoch001.ckpt", sub);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    snprintf(file, sizeof file, "%s/epoch004.ckpt", sub); /* after --epochs 3 */
+    ck_assert_int_eq(mkdir(file, 0700), 0);
+    snprintf(file, sizeof file, "%s/step00000006.ckpt", sub); /* not where --steps 7 stops */
+    ck_assert_int_eq(mkdir(file, 0700), 0);
+    checkpoint_probe(sub, 0, 3, 7);
+    snprintf(file, sizeof file, "%s/epoch003.ckpt.tmp", sub);
+    ck_assert_int_eq(mkdir(file, 0700), 0);
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, file) && strstr(out, "not a regular file; the checkpoint of epoch 3"), "%s", out);
+    free(out);
+    ck_assert_int_eq(rmdir(file), 0);
+    snprintf(file, sizeof file, "%s/step00000007.ckpt", sub);
+    ck_assert_int_eq(mkfifo(file, 0600), 0);
+    ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, file) && strstr(out, "the checkpoint of --steps 7"), "%s", out);
+    free(out);
 }
 END_TEST
 
@@ -511,6 +583,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_bad_magic_version_missing);
     tcase_add_test(tc, test_crafted_counters_refused);
     tcase_add_test(tc, test_version1_still_loads);
+    tcase_add_test(tc, test_version2_still_loads);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);

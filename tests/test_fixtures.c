@@ -19,63 +19,9 @@
 #include "sampler.h"
 #include "tests.h"
 
-/* ---- the container (format in tests/torch/fixtures.py) ----------------------------------------- */
-typedef struct Fx {
-    char *buf;
-    long len;
-} Fx;
+/* ---- the container (tests.h: fx_open, fx_get) ------------------------------------------------ */
 
-/* Fixture memory lives until the forked test process ends; it is listed here so that it stays
- * reachable (leak checks) — records are copied out of the file, whose layout does not align them. */
-static void *fx_keep(void *p) {
-    static void **kept;
-    static size_t n;
-    kept = realloc(kept, (n + 1) * sizeof *kept);
-    kept[n++] = p;
-    return p;
-}
-
-static Fx fx_open(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/tests/fixtures/%s", test_root(), name);
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f, "fixture %s missing — run `python3 tests/torch/make_fixtures.py` with PyTorch", path);
-    fseek(f, 0, SEEK_END);
-    Fx fx = {.len = ftell(f)};
-    fseek(f, 0, SEEK_SET);
-    fx.buf = fx_keep(malloc((size_t)fx.len));
-    ck_assert(fread(fx.buf, 1, (size_t)fx.len, f) == (size_t)fx.len);
-    fclose(f);
-    ck_assert(fx.len >= 8 && !memcmp(fx.buf, "FIXT0001", 8));
-    return fx;
-}
-
-/* Find a record; returns its data and sets *count and *dtype (0 f32, 1 f64, 2 i64, 3 i32). */
-static const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype) {
-    long off = 8;
-    while (off < fx->len) {
-        uint32_t nl, dt, nd, dims[8];
-        memcpy(&nl, fx->buf + off, 4);
-        const char *nm = fx->buf + off + 4;
-        off += 4 + nl;
-        memcpy(&dt, fx->buf + off, 4);
-        memcpy(&nd, fx->buf + off + 4, 4);
-        ck_assert(nd <= 8);
-        memcpy(dims, fx->buf + off + 8, 4 * nd);
-        off += 8 + 4 * nd;
-        int64_t n = 1;
-        for (uint32_t i = 0; i < nd; i++) n *= dims[i];
-        int64_t esz = (dt == 1 || dt == 2) ? 8 : 4;
-        if (nl == strlen(name) && !memcmp(nm, name, nl)) {
-            *count = n;
-            *dtype = (int)dt;
-            return memcpy(fx_keep(malloc((size_t)(n * esz) + 1)), fx->buf + off, (size_t)(n * esz));
-        }
-        off += n * esz;
-    }
-    ck_abort_msg("fixture record '%s' not found", name);
-    return NULL;
-}
+static Fx fixture(const char *name) { return fx_open(name, "tests/torch/make_fixtures.py"); }
 
 /* A float record as doubles (float32 records are widened; the copy lives until the forked test
  * process ends). */
@@ -131,7 +77,7 @@ static double rel_f32_f64(const float *a, const double *b, int64_t n) {
 /* ---- layers ----------------------------------------------------------------------------------- */
 
 START_TEST(conv_matches_torch) {
-    Fx fx = fx_open("layers.bin");
+    Fx fx = fixture("layers.bin");
     const char *names[] = {"conv_a", "conv_b", "conv_c"};
     for (int t = 0; t < 3; t++) {
         char k[64];
@@ -162,7 +108,7 @@ START_TEST(conv_matches_torch) {
 END_TEST
 
 START_TEST(bn_matches_torch) {
-    Fx fx = fx_open("layers.bin");
+    Fx fx = fixture("layers.bin");
     int n = 3, c = 4, hw = 25;
     int64_t nx = (int64_t)n * c * hw;
     const double *x = fx_f64(&fx, "bn.x", nx), *gm = fx_f64(&fx, "bn.gamma", c),
@@ -186,7 +132,7 @@ START_TEST(bn_matches_torch) {
 END_TEST
 
 START_TEST(small_ops_match_torch) {
-    Fx fx = fx_open("layers.bin");
+    Fx fx = fixture("layers.bin");
     double out[64], out2[64], out3[64];
     /* relu */
     ref_relu_forward_f64(24, fx_f64(&fx, "relu.x", 24), out);
@@ -225,7 +171,7 @@ END_TEST
 /* ---- the tiny model: forward, gradients, two SGD steps --------------------------------------- */
 
 static void tiny_against_torch(const char *tag, int norm_bn) {
-    Fx fx = fx_open("tiny.bin");
+    Fx fx = fixture("tiny.bin");
     Device dev = {0};
     device_init(&dev, DEV_CPU, 0, -1);
     Model *m = model_create(&dev, "tiny", norm_bn, 8, 0);
@@ -276,7 +222,7 @@ START_TEST(tiny_none_matches_torch) { tiny_against_torch("none", 0); }
 END_TEST
 
 START_TEST(resnet18_layout_matches_torch) {
-    Fx fx = fx_open("resnet18.bin");
+    Fx fx = fixture("resnet18.bin");
     int64_t n, cnt;
     int dt;
     const int32_t *chars = fx_get(&fx, "names", &n, &dt);
@@ -308,7 +254,7 @@ END_TEST
  * bit patterns: every bit must match, except that a NaN only has to stay a NaN (torch's own NaN
  * encodings differ between its scalar and vectorised paths, and the GPU writes yet another). */
 START_TEST(conversions_match_torch) {
-    Fx fx = fx_open("amp.bin");
+    Fx fx = fixture("amp.bin");
     int64_t n, n16, nb;
     int dt;
     const int32_t *in = fx_get(&fx, "conv.in", &n, &dt);
@@ -361,7 +307,7 @@ static void autocast_against_torch(const char *file, const char *tag, Precision 
         return;
     }
     fclose(probe);
-    Fx fx = fx_open(file);
+    Fx fx = fixture(file);
     Device dev = {0};
     device_init(&dev, DEV_CPU, 0, -1);
     char k[64];
@@ -429,7 +375,7 @@ END_TEST
 /* ---- random order and the DistributedSampler -------------------------------------------------- */
 
 START_TEST(randperm_matches_torch) {
-    Fx fx = fx_open("rng.bin");
+    Fx fx = fixture("rng.bin");
     int64_t ns[] = {1, 2, 7, 10, 100, 1000, 50000};
     uint64_t seeds[] = {0, 1, 42, 12345, 4294967295ull};
     int64_t *out = malloc(50000 * sizeof(int64_t));
@@ -449,7 +395,7 @@ START_TEST(randperm_matches_torch) {
 END_TEST
 
 START_TEST(sampler_matches_torch) {
-    Fx fx = fx_open("sampler.bin");
+    Fx fx = fixture("sampler.bin");
     int64_t Ns[] = {1, 3, 10, 17, 100, 509};
     int Rs[] = {1, 2, 3, 4, 8}, checked = 0;
     int64_t out[600];

@@ -160,3 +160,50 @@ char *test_tmpdir(void) {
     ck_assert(mkdtemp(t));
     return t;
 }
+
+/* ---- PyTorch fixtures ------------------------------------------------------------------------ */
+
+void *fx_keep(void *p) {
+    static void **kept;
+    static size_t n;
+    kept = realloc(kept, (n + 1) * sizeof *kept);
+    ck_assert_ptr_nonnull(kept);
+    kept[n++] = p;
+    return p;
+}
+
+Fx fx_open(const char *name, const char *maker) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tests/fixtures/%s", test_root(), name);
+    Fx fx = {0};
+    fx.buf = fx_keep(test_slurp(path, &fx.len));
+    ck_assert_msg(fx.buf, "fixture %s missing — run `python3 %s` with PyTorch", path, maker);
+    ck_assert_msg(fx.len >= 8 && !memcmp(fx.buf, "FIXT0001", 8), "%s is not a fixture file (no FIXT0001)", path);
+    return fx;
+}
+
+const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype) {
+    long off = 8;
+    while (off < fx->len) {
+        uint32_t nl, dt, nd, dims[8];
+        memcpy(&nl, fx->buf + off, 4);
+        const char *nm = fx->buf + off + 4;
+        off += 4 + nl;
+        memcpy(&dt, fx->buf + off, 4);
+        memcpy(&nd, fx->buf + off + 4, 4);
+        ck_assert(nd <= 8);
+        memcpy(dims, fx->buf + off + 8, 4 * nd);
+        off += 8 + 4 * nd;
+        int64_t n = 1;
+        for (uint32_t i = 0; i < nd; i++) n *= dims[i];
+        int64_t esz = (dt == 1 || dt == 2) ? 8 : 4;
+        if (nl == strlen(name) && !memcmp(nm, name, nl)) {
+            *count = n;
+            *dtype = (int)dt;
+            return memcpy(fx_keep(malloc((size_t)(n * esz) + 1)), fx->buf + off, (size_t)(n * esz));
+        }
+        off += n * esz;
+    }
+    ck_abort_msg("fixture record '%s' not found", name);
+    return NULL;
+}

@@ -55,6 +55,20 @@ char *test_slurp(const char *path, long *len);
 char *test_tmpdir(void);
 /* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
 int test_run(const char *cmd, char **output);
+/* PyTorch fixtures: tests/fixtures/NAME, a "FIXT0001" file of named records (the format in
+ * tests/torch/fixtures.py). Their memory lives until the test process ends and stays reachable
+ * (fx_keep), so that leak checks pass without a close. */
+typedef struct Fx {
+    char *buf;
+    long len;
+} Fx;
+/* Open tests/fixtures/name; a missing file fails the test naming `maker`, the script that writes it. */
+Fx fx_open(const char *name, const char *maker);
+/* Record `name` (fails the test if absent): a copy of its data — the file does not align records —
+ * and its element count and dtype (0 f32, 1 f64, 2 i64, 3 i32). */
+const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype);
+/* p, listed so that it stays reachable until the process ends (leak checks); returns p. */
+void *fx_keep(void *p);
 /* (test_ddp.c) A checkpoint's parameters (malloc'd), and a model's parameter count. */
 float *test_load_params(const char *path, const char *arch, int norm_bn);
 int64_t test_n_params(const char *arch);
