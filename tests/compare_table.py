@@ -98,7 +98,7 @@ def load_pytorch(d, rows_ours, meta):
     """PyTorch's rows; their FLOPs per image and per-GPU peak are stage 1's (the same model, batch and
     math), on 1 GPU or, for DataParallel / DDP, on the GPUs the comparison ran on."""
     ref = next((r["summary"] for r in rows_ours if r["name"] in ("stage1", "stage1_again") and r["summary"]), None)
-    gpus = int(meta.get("gpus") or 1)
+    gpus = max(1, int(meta.get("gpus") or 1))
     rows = []
     for rec in records(os.path.join(d, "pytorch_dp.json")):
         if rec.get("type") != "summary":
