@@ -89,7 +89,8 @@ CRYPTO_A  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/l
 CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
-.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 bench3 bench4 bench5 timeline compare $(STAGES)
+.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
+        bench3 bench4 bench5 bench-kernels timeline compare $(STAGES)
 all: found $(STAGES)
 
 found: crypto-dep
@@ -117,6 +118,8 @@ help:
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
 	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
+	@echo "make bench-kernels  every kernel of common/kernels.cu and adam.cu against the CPU reference, timed"
+	@echo "                against the GPU's peak bandwidth (KERNELS=\"bn_ sgd\" for some; SKIP without CUDA)"
 	@echo "make timeline TRACE=t.json OUT=t.svg   draw a --trace file as an SVG timeline (docs/trace.md)"
 	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
@@ -174,7 +177,7 @@ check-dep:
 
 # The suite runs the stage binaries end to end, so they are built first. Check's own summary line
 # ("100%: Checks: N, Failures: 0, Errors: 0") is the last thing printed.
-test: check-dep $(STAGES)
+test: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS))
 	@$(MAKE) --no-print-directory tests/run_tests
 	./tests/run_tests
 
@@ -195,6 +198,25 @@ bench4: stage1 stage3 stage4
 bench5: stage5
 	bash tests/bench_stage5.sh
 
+# Our own kernels, each against the CPU reference and timed against the GPU's peak memory bandwidth
+# (tests/bench_kernels.cu; KERNELS="bn_ sgd" runs the rows whose name contains one of the words). It
+# is host code: nvcc compiles it (C++, the CUDA runtime), the C compiler links it like a stage. Built
+# by `make test` too (not run), so a change to a launcher that breaks it is caught at once.
+BENCH_KERNELS := $(BUILD)/tests/bench_kernels
+ifeq ($(HAVE_CUDA),1)
+$(BUILD)/tests/bench_kernels.cu.o: tests/bench_kernels.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -I$(CUDNN_INC) -c -o $@ $<
+$(BENCH_KERNELS): $(BUILD)/tests/bench_kernels.cu.o $(LIBCOMMON)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+-include $(BUILD)/tests/bench_kernels.cu.d
+bench-kernels: $(BENCH_KERNELS)
+	./$(BENCH_KERNELS) $(KERNELS)
+else
+bench-kernels:
+	@echo "SKIP: make bench-kernels needs the CUDA build ($(FOUND))"
+endif
+
 # A --trace file drawn as an SVG timeline (tests/timeline.py: Python 3, standard library only).
 timeline:
 	@test -n "$(TRACE)" || { echo "usage: make timeline TRACE=trace.json [OUT=trace.svg] [TITLE='...']"; exit 2; }
@@ -212,7 +234,7 @@ compare: $(STAGES)
 # Every suite but compare and tutorial: those two run every stage end to end many times, which
 # under ASan's slowdown outlasts their own time limits (run them with SUITES="compare tutorial").
 SAN_SUITES  ?= rng ops_ref ops_cuda fixtures data loader checkpoint cli model e2e gil dp dist ddp accum adam \
-               amp trace store resume
+               amp trace store resume flops
 TSAN_SUITES ?= loader gil dp dist ddp store
 SUITES      ?=
 ASAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined

@@ -794,3 +794,28 @@ const char *model_describe(const Model *m, char *buf, int len) {
              m->memory_plan ? "planned" : "unplanned");
     return buf;
 }
+
+/* ---- arithmetic per step --------------------------------------------------------------------------- */
+
+/* FLOPs of conv and linear, the convention in model.h; everything is read off the layer list. */
+int64_t model_flops(const Model *m, int n, int64_t *forward) {
+    int64_t fwd = 0, bwd = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        int64_t f;
+        if (L->kind == LAYER_CONV) {
+            const ConvShape *s = &L->conv.s;
+            f = 2 * (int64_t)n * s->cout * s->hout * s->wout * s->cin * s->k * s->k;
+        } else if (L->kind == LAYER_LINEAR) {
+            f = 2 * (int64_t)n * L->fin * L->fout;
+        } else {
+            continue;
+        }
+        fwd += f;
+        /* backward: the weight gradient always; the input gradient unless the input is the batch
+         * (activation 0), which model_backward skips as autograd does */
+        bwd += f + (L->in != 0 ? f : 0);
+    }
+    if (forward) *forward = fwd;
+    return fwd + bwd;
+}

@@ -155,4 +155,14 @@ void model_zero_grad(Model *m);
  * ("resnet18 (norm bn): 11,173,962 parameters, 67 layers, activations 286.9 MiB planned"). */
 const char *model_describe(const Model *m, char *buf, int len);
 
+/* Floating-point operations of one training step (forward + backward) on n samples; *forward (may
+ * be NULL) gets the forward's share. Convention (PyTorch's torch.utils.flop_counter): 2 FLOPs per
+ * multiply-add, counted for convolutions and the linear layer only — the tensor-core work. A conv's
+ * forward is 2·n·cout·hout·wout·cin·k·k; its backward is that twice (data gradient + filter
+ * gradient), except the first conv, whose input (the batch) needs no gradient; linear likewise with
+ * 2·n·in·out. Batch norm, ReLU, add, pooling, the bias, the loss and the optimizer are elementwise
+ * (well under 1% of ResNet-18's total) and not counted. ResNet-18 (CIFAR): 1.11 GFLOP forward
+ * (0.56 G multiply-adds) and 3.33 GFLOP per training image (tests/test_flops.c). */
+int64_t model_flops(const Model *m, int n, int64_t *forward);
+
 #endif

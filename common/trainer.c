@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "ops.h"
+#include "peak.h"
 #include "trace.h"
 
 /* ---- data ------------------------------------------------------------------------------------ */
@@ -483,6 +485,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
     cpu_timing_note(r);
+    peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS is refused now, not after the run */
     if (cfg->accum_steps > batches_per_epoch)
         report_printf(&r->report,
                       "note: --accum-steps %d is more than the %lld micro-batches of an epoch: one optimizer step "
@@ -655,6 +658,82 @@ static void add_extra(Run *r, const char *key, double v, int integer) {
 void run_summary_int(Run *r, const char *key, int64_t v) { add_extra(r, key, (double)v, 1); }
 void run_summary_num(Run *r, const char *key, double v) { add_extra(r, key, v, 0); }
 
+/* ---- arithmetic throughput: the model's FLOPs per step against the hardware's peak ------------ */
+
+/* The math the convolutions run in, as peaks are quoted: autocast's type, else TF32 when cuDNN may
+ * use it (--no-tf32: true fp32). The CPU backend computes in fp32 (16-bit types are emulated). */
+static PeakMath run_math(const Run *r) {
+    if (r->devs[0]->kind == DEV_CPU) return MATH_FP32;
+    if (r->model->prec == PREC_FP16) return MATH_FP16;
+    if (r->model->prec == PREC_BF16) return MATH_BF16;
+    return r->devs[0]->allow_tf32 ? MATH_TF32 : MATH_FP32;
+}
+
+/* How many physical devices the job computes on — the peak's multiplier: every rank's GPUs, one
+ * GPU that several logical devices or ranks share counted once (a host and ordinal pair), the CPU
+ * backend as one device. Ranks beyond 64 are taken to have a GPU each. */
+static int physical_devices(const Run *r) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    double base = (double)(fnv1a64(FNV1A64_INIT, host, strlen(host)) >> 24) * 256; /* exact in a double */
+    double key[64] = {0};
+    int n = 0, extra = 0;
+    if (r->sum_across && r->world_size > 1) { /* one device per rank: gather every rank's key */
+        n = r->world_size < 64 ? r->world_size : 64;
+        extra = r->world_size - n;
+        if (r->rank < n) key[r->rank] = base + r->devs[0]->ordinal + 2;
+        sum_over_ranks(r, key, n);
+    } else {
+        n = r->n_devs < 64 ? r->n_devs : 64;
+        for (int i = 0; i < n; i++) key[i] = base + r->devs[i]->ordinal + 2;
+    }
+    int distinct = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = key[j] == key[i];
+        distinct += !seen;
+    }
+    return distinct + extra;
+}
+
+/* The model's FLOPs per optimizer step — every image of it (K micro-batches × batch × world), in
+ * model_flops' convention (conv and linear, forward + backward) — over the median step time, against
+ * the peak of the math the convolutions run in on every device of the job. */
+typedef struct Flops {
+    double per_image, per_step; /* FLOPs */
+    double achieved, peak;      /* TFLOP/s; NAN when not timed / not known */
+    int devices;
+    PeakMath math;
+    char source[160];           /* where the peak came from */
+} Flops;
+
+static Flops run_flops(const Run *r, double med_ms) {
+    Flops f = {.math = run_math(r), .devices = physical_devices(r)};
+    f.per_image = (double)model_flops(r->model, 1, NULL);
+    f.per_step = f.per_image * r->world_size * r->cfg->batch_size * r->accum;
+    f.achieved = med_ms > 0 ? f.per_step / (med_ms * 1e-3) / 1e12 : NAN;
+    int ordinal = r->devs[0]->kind == DEV_CUDA ? r->devs[0]->ordinal : -1;
+    f.peak = peak_tflops(ordinal, f.math, f.source, sizeof f.source) * f.devices;
+    return f;
+}
+
+/* "  compute: 426.1 GFLOP/step (...) | 56.3 TFLOP/s | 11.4% of the tf32 dense peak 494.7 TFLOP/s (...)" */
+static void print_flops(Run *r, const Flops *f) {
+    char rate[32], of[320];
+    if (isfinite(f->achieved)) snprintf(rate, sizeof rate, "%.3g TFLOP/s", f->achieved);
+    else snprintf(rate, sizeof rate, "n/a TFLOP/s");
+    if (!isfinite(f->peak))
+        snprintf(of, sizeof of, "peak n/a (%s)", f->source);
+    else if (!isfinite(f->achieved))
+        snprintf(of, sizeof of, "n/a of the %s dense peak %.1f TFLOP/s (%s)", peak_math_name(f->math), f->peak, f->source);
+    else
+        snprintf(of, sizeof of, "%.1f%% of the %s dense peak %.1f TFLOP/s (%d device%s; %s)",
+                 100 * f->achieved / f->peak, peak_math_name(f->math), f->peak, f->devices,
+                 f->devices == 1 ? "" : "s", f->source);
+    report_printf(&r->report, "  compute: %.1f GFLOP/step (conv + linear, forward + backward) | %s | %s\n",
+                  f->per_step / 1e9, rate, of);
+}
+
 void run_finish(Run *r) {
     const TrainConfig *c = r->cfg;
     trace_finish();
@@ -674,12 +753,14 @@ void run_finish(Run *r) {
                               "%.2f%% | %s | data wait %.2f s\n",
                   (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", wall, r->last_train_loss,
                   100 * r->last_test_acc, timing, r->data_wait_s);
+    Flops flops = run_flops(r, med);
     for (int i = 0; i < n_peaks; i++) {
         char mem[32], who[100];
         if (r->sum_across && r->world_size > 1) snprintf(who, sizeof who, "rank %d", i);
         else snprintf(who, sizeof who, "%s", r->devs[i]->name);
         report_printf(&r->report, "  peak memory %-28s %s\n", who, fmt_bytes(mem, sizeof mem, (double)peaks[i]));
     }
+    print_flops(r, &flops);
     json_begin(&r->report, "summary");
     json_str(&r->report, "stage", r->stage);
     json_str(&r->report, "device", r->devs[0]->kind == DEV_CUDA ? "cuda" : "cpu");
@@ -697,6 +778,14 @@ void run_finish(Run *r) {
     json_num(&r->report, "data_wait_s", r->data_wait_s);
     json_num(&r->report, "wall_s", wall);
     json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks);
+    json_num(&r->report, "model_gflop_per_image", flops.per_image / 1e9);
+    json_num(&r->report, "model_gflop_per_step", flops.per_step / 1e9);
+    json_num(&r->report, "achieved_tflops", flops.achieved);
+    json_num(&r->report, "peak_tflops", flops.peak); /* all devices of the job */
+    json_num(&r->report, "peak_fraction", flops.achieved / flops.peak);
+    json_int(&r->report, "peak_devices", flops.devices);
+    json_str(&r->report, "peak_math", peak_math_name(flops.math));
+    json_str(&r->report, "peak_source", flops.source);
     for (int i = 0; i < r->n_extras; i++) {
         if (r->extras[i].integer) json_int(&r->report, r->extras[i].key, (int64_t)r->extras[i].v);
         else json_num(&r->report, r->extras[i].key, r->extras[i].v);

@@ -4,7 +4,8 @@
 # Both train ResNet-18 (CIFAR layout) at batch 128 with SGD(momentum 0.9, wd 5e-4) and cuDNN
 # benchmark mode, fp32 (TF32 allowed in convolutions, PyTorch's default). PyTorch's data sits on
 # the GPU already; stage 1 runs its real input pipeline (loader threads, pinned memory, async
-# copies), so any data cost counts against us. Prints a table with ratios; logs go to $BENCH_OUT.
+# copies), so any data cost counts against us. Prints a table with ratios, achieved TFLOP/s and
+# its fraction of the GPU's peak (tests/bench_flops.py); logs go to $BENCH_OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${BENCH_OUT:-runs/bench}
@@ -21,7 +22,7 @@ run_stage1() { # name, extra flags...
     local name=$1; shift
     ./stage1 --model resnet18 --batch-size 128 --workers 4 --steps $((STEPS + 5)) --epochs 100 \
         --schedule const --progress off --log-every 1000 --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log"
-    tail -n 2 "$OUT/$name.log"
+    tail -n 3 "$OUT/$name.log"
 }
 run_stage1 stage1 --cudnn-benchmark --pin-memory
 run_stage1 stage1_heuristic --pin-memory
@@ -29,17 +30,24 @@ run_stage1 stage1_pageable --cudnn-benchmark
 
 python3 - "$OUT" <<'PY'
 import json, sys
+sys.path.insert(0, "tests")
+import bench_flops as fl
 out = sys.argv[1]
 pt = json.loads(open(f"{out}/pytorch.json").read().strip().splitlines()[-1])
 def summary(name):
     return [json.loads(l) for l in open(f"{out}/{name}.jsonl") if '"summary"' in l][-1]
-rows = [("PyTorch " + pt["torch"] + " eager", pt),
-        ("stage1 --cudnn-benchmark --pin-memory", summary("stage1")),
-        ("stage1 (heuristic algorithms)", summary("stage1_heuristic")),
-        ("stage1 (pageable host memory)", summary("stage1_pageable"))]
+s1 = summary("stage1")
+rows = [("PyTorch " + pt["torch"] + " eager", pt, fl.like(s1, pt["ms_per_iter_median"], pt["batch_size"])),
+        ("stage1 --cudnn-benchmark --pin-memory", s1, fl.stage(s1))]
+for label, name in (("stage1 (heuristic algorithms)", "stage1_heuristic"), ("stage1 (pageable host memory)", "stage1_pageable")):
+    s = summary(name)
+    rows.append((label, s, fl.stage(s)))
 print()
-print(f"{'ResNet-18, batch 128, fp32':40s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs PyTorch':>11s}")
-for name, r in rows:
+print(f"{'ResNet-18, batch 128, fp32':40s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs PyTorch':>11s} {fl.HEAD}")
+for name, r, flops in rows:
     print(f"{name:40s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} "
-          f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {pt['ms_per_iter_median'] / r['ms_per_iter_median']:10.2f}x")
+          f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {pt['ms_per_iter_median'] / r['ms_per_iter_median']:10.2f}x "
+          f"{fl.cols(flops)}")
+print(f"TFLOP/s: {s1['model_gflop_per_step']:.1f} GFLOP per step (conv + linear, forward + backward; model_flops) over the "
+      f"median step; of peak: the {s1['peak_math']} dense peak, {s1['peak_tflops']} TFLOP/s ({s1['peak_source']}).")
 PY

@@ -13,7 +13,8 @@
 #     2-thread pool, cudnn.benchmark off and on, and a new thread's first forward against a warm one)
 #     and tests/torch/bench_dp.py (per-GPU peak memory at the same three settings);
 #  5. the table, last: ms/iter, images/s, speed relative to the same family's one GPU, planning per
-#     replica thread, GPU0/GPU1 peaks; then the split of stage 2's loss and the issue's checks.
+#     replica thread, GPU0/GPU1 peaks, achieved TFLOP/s and its fraction of the GPUs' peak; then the
+#     split of stage 2's loss and the issue's checks.
 # With one GPU, stage 2 runs its two logical devices on it (the mechanics and the memory split are
 # real, the speed is not a scaling result) and the PyTorch DataParallel rows are skipped.
 # Logs and JSON lines: $BENCH_OUT (default runs/bench_stage2).
@@ -97,6 +98,8 @@ for name in stage2 stage2_pool stage2_bench; do
 done
 python3 - "$OUT" "$NGPU" "$DP_SRC" "$STEPS" <<'PY'
 import json, os, sys
+sys.path.insert(0, "tests")
+import bench_flops as fl
 out, ngpu, src, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
 def records(name):
@@ -126,7 +129,8 @@ print()
 print(f"DataParallel vs one GPU — ResNet-18, batch 128 per GPU, fp32, median ms/iter (warm-up excluded); "
       f"stage 2's Python and planning cost: {src}{shared}")
 hdr = (f"{'':2s}{'run':50s} {'ms/iter':>8s} {'img/s':>8s} {'x 1 GPU':>8s} {'plan/thr':>9s} "
-       f"{'GPU0 peak':>10s} {'GPU1 peak':>10s} {'GPU0/GPU1':>9s}  phases")
+       f"{'GPU0 peak':>10s} {'GPU1 peak':>10s} {'GPU0/GPU1':>9s} {fl.HEAD}  phases")
+blank = " " * (1 + 9 + 1 + 31)  # under plan/thr and the three memory columns
 print(hdr)
 print("-" * len(hdr))
 for bench in (False, True):
@@ -149,20 +153,21 @@ for bench in (False, True):
         plan = f"{p['plan_ms_per_thread']:7.2f}ms" if p and "plan_ms_per_thread" in p else f"{'-':>9s}"
         ph = f"{'add up' if p['adds_up'] else 'DO NOT add up'} ({p['sum_ms']:.2f} vs {p['step_ms']:.2f} ms)" if p else "-"
         print(f"  {label:50s} {s['ms_per_iter_median']:8.2f} {s['img_per_s']:8.0f} {r:7.2f}x {plan} "
-              f"{peaks(s['peak_mem_bytes'])}  {ph}")
+              f"{peaks(s['peak_mem_bytes'])} {fl.cols(fl.stage(s))}  {ph}")
     t = threads.get(bench)
     if not t:
         print(f"  {'PyTorch':50s} not measured (see {out}/pytorch_threads.log)")
         continue
     b = int(t["batch_size"])
     print(f"  {'PyTorch 1 GPU (torch ' + t['torch'] + ')':50s} {t['single_ms']:8.2f} {1e3 * b / t['single_ms']:8.0f} "
-          f"{1.0:7.2f}x")
+          f"{1.0:7.2f}x{blank}{fl.cols(fl.like(base, t['single_ms'], b))}")
     for key, label in (("dp_stock", "PyTorch nn.DataParallel, stock"), ("dp_pool", "PyTorch nn.DataParallel, persistent 2-thread pool")):
         if key + "_ms" not in t:
             print(f"  {label:50s} skipped: needs 2 GPUs")
             continue
         rel[f"torch_{key}{tag}"] = t[key + "_vs_single"]
-        print(f"  {label:50s} {t[key + '_ms']:8.2f} {2e3 * b / t[key + '_ms']:8.0f} {t[key + '_vs_single']:7.2f}x")
+        print(f"  {label:50s} {t[key + '_ms']:8.2f} {2e3 * b / t[key + '_ms']:8.0f} {t[key + '_vs_single']:7.2f}x"
+              f"{blank}{fl.cols(fl.like(base, t[key + '_ms'], 2 * b, gpus=2))}")
     print(f"  {'PyTorch forward: warm / new thread first / second':50s} {t['warm_ms']:.2f} / {t['new_first_ms']:.2f} / "
           f"{t['new_second_ms']:.2f} ms (first: {t['new_first_range_ms'][0]:.1f}–{t['new_first_range_ms'][1]:.1f})")
 
@@ -210,5 +215,7 @@ else:
     check(f"--dp-thread-pool --cudnn-benchmark does not: {g('stage2_pool_bench', float('nan')):.2f}x (PyTorch pooled {g('torch_dp_pool_bench', float('nan')):.2f}x)",
           g("stage2_pool_bench") is not None and g("stage2_pool_bench") > 0.1)
 print("x 1 GPU: images/s relative to the same family's one-GPU run at the same cudnn.benchmark setting. "
-      "plan/thr: forward convolution planning per replica thread per step (ours: real cuDNN calls + charge).")
+      "plan/thr: forward convolution planning per replica thread per step (ours: real cuDNN calls + charge). "
+      "TFLOP/s: model FLOPs per step (conv + linear, forward + backward) over the median step; of peak: of the "
+      "GPUs' dense peak for the convolutions' math (tests/bench_flops.py).")
 PY

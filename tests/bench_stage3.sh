@@ -6,7 +6,8 @@
 # TF32 allowed in convolutions; the stages run their real input pipeline (4 loader threads, pinned
 # memory), PyTorch's batches sit on the GPU already. Scaling efficiency = img/s with N GPUs / (N ×
 # img/s on one GPU), each framework against itself. Exposed communication = time the compute stream
-# waited for communication (stage 3's "comm_summary" record), as % of the median step.
+# waited for communication (stage 3's "comm_summary" record), as % of the median step. TFLOP/s and
+# its fraction of the GPUs' peak: tests/bench_flops.py.
 # Then a `torchrun --no-python` launch of two ./stage3 workers must train exactly like ./stage3's
 # own launcher. With one GPU, the stage 3 rows (and PyTorch's, with gloo) run two workers sharing
 # it through --comm host: the mechanics are all there, the timings then say nothing about scaling.
@@ -34,7 +35,7 @@ run_stage() {
         --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
     [ $rc = 0 ] || echo "$name FAILED (exit $rc): see $OUT/$name.log"
-    grep -E "^(summary|comm over)" "$OUT/$name.log"
+    grep -E "^(summary|comm over|  compute)" "$OUT/$name.log"
 }
 
 log "stage 1, one GPU";            run_stage stage1 stage1
@@ -75,6 +76,8 @@ fi
 
 python3 - "$OUT" "$MODE" "$NGPU" <<'PY'
 import json, os, sys
+sys.path.insert(0, "tests")
+import bench_flops as fl
 out, mode, ngpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
 shared = ngpu < 2
 
@@ -108,6 +111,13 @@ def eff(r, base):
         return "n/a (1 GPU)" if shared and r and base else "-"
     return f"{100 * r['img_per_s'] / (r['world_size'] * base['img_per_s']):.1f}%"
 
+def flops(r):  # a stage's own record; PyTorch's rows with stage 1's FLOPs per image and peak
+    if "achieved_tflops" in r:
+        return fl.stage(r)
+    world = r.get("world_size", 1)
+    return fl.like(s1, r["ms_per_iter_median"], world * r["batch_size"] * r.get("accum_steps", 1),
+                   gpus=1 if shared else world)
+
 def exposed(c):
     return f"{c['exposed_ms_median']:.3f} ms ({c['exposed_pct']:.1f}%)" if c else "-"
 
@@ -133,12 +143,17 @@ else:
     check = f"torchrun --no-python ./stage3: FAIL ({len(a)} vs {len(b)} logged steps; see {out}/check_*.log)"
 
 print()
-print(f"{'ResNet-18, batch 128 per GPU, fp32':48s} {'ms/iter':>8s} {'img/s':>8s} {'scaling':>16s} {'exposed comm':>18s}  peak mem per GPU (max/min)")
+print(f"{'ResNet-18, batch 128 per GPU, fp32':48s} {'ms/iter':>8s} {'img/s':>8s} {'scaling':>16s} {'exposed comm':>18s} "
+      f"{fl.HEAD}  peak mem per GPU (max/min)")
 for name, r, base, c in rows:
     if not r:
         print(f"{name:48s} {'failed':>8s}")
         continue
-    print(f"{name:48s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} {eff(r, base):>16s} {exposed(c):>18s}  {mem(r)}")
+    print(f"{name:48s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} {eff(r, base):>16s} {exposed(c):>18s} "
+          f"{fl.cols(flops(r))}  {mem(r)}")
+print("TFLOP/s: model FLOPs per step (conv + linear, forward + backward) over the median step; of peak: of the GPUs' "
+      "dense peak for the convolutions' math (tests/bench_flops.py)" + (f", {s1['peak_tflops']} TFLOP/s per GPU "
+      f"({s1['peak_math']}, {s1['peak_source']})" if s1 and s1.get("peak_tflops") else ""))
 print(check)
 if s3 and s1 and c3 and not shared:
     e = s3["img_per_s"] / (s3["world_size"] * s1["img_per_s"])

@@ -12,7 +12,8 @@
 # Columns: ms per optimizer step; img/s (every micro-batch counted: K × 128 × 2 per step); scaling per
 # image = img/s / (2 × stage 1's img/s), each framework against itself; all-reduce bytes per image
 # (gradient bytes all-reduced per rank / images the job processed) and its ratio to stage 3's — 1/K
-# with no_sync; exposed communication per optimizer step; peak memory per GPU (max/min).
+# with no_sync; exposed communication per optimizer step; achieved TFLOP/s and its fraction of the
+# GPUs' peak (tests/bench_flops.py); peak memory per GPU (max/min).
 # With one GPU, the two-worker rows share it through --comm host (PyTorch's with gloo): the mechanics
 # and the counts are all there, the timings then say nothing about scaling.
 # Logs and JSON under $BENCH_OUT (default runs/bench_stage4); the table is printed last.
@@ -44,7 +45,7 @@ run_stage() {
         --report "$OUT/$name.jsonl" "$@" ${BENCH_FLAGS:-} > "$OUT/$name.log" 2>&1
     local rc=$?
     [ $rc = 0 ] || echo "$name FAILED (exit $rc): see $OUT/$name.log"
-    grep -E "^(summary|comm over|  counts)" "$OUT/$name.log"
+    grep -E "^(summary|comm over|  counts|  compute)" "$OUT/$name.log"
 }
 
 log "stage 1, one GPU";                         run_stage stage1 "$STEPS" stage1
@@ -74,6 +75,8 @@ fi
 
 python3 - "$OUT" "$MODE" "$NGPU" "$K" <<'PY'
 import json, sys
+sys.path.insert(0, "tests")
+import bench_flops as fl
 out, mode, ngpu, K = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 shared = ngpu < 2
 GiB, MiB = 2**30, 2**20
@@ -109,6 +112,12 @@ def mem(r):
     p = r["peak_mem_bytes"]
     return f"{p[0] / GiB:.2f} GiB" if len(p) == 1 else f"{max(p) / GiB:.2f}/{min(p) / GiB:.2f} GiB"
 
+def flops(r):  # a stage's own record; PyTorch's rows with stage 1's FLOPs per image and peak
+    if "achieved_tflops" in r:
+        return fl.stage(r)
+    world = r.get("world_size", len(r["peak_mem_bytes"]))
+    return fl.like(s1, r["ms_per_iter_median"], images_per_step(r), gpus=1 if shared else world)
+
 def eff(r, base):
     if not (r and base) or r.get("world_size", 1) < 2:
         return "-"
@@ -130,7 +139,7 @@ for v, label in (("no_sync", "no_sync"), ("sync_each", "sync each micro")):
 
 print()
 print(f"{'ResNet-18, fp32, ' + mode:52s} {'ms/step':>8s} {'img/s':>8s} {'scaling':>12s} "
-      f"{'AR bytes/img':>13s} {'vs stage 3':>10s} {'exposed/step':>13s}  peak mem per GPU")
+      f"{'AR bytes/img':>13s} {'vs stage 3':>10s} {'exposed/step':>13s} {fl.HEAD}  peak mem per GPU")
 for name, r, base, c in rows:
     if not r:
         print(f"{name:52s} {'failed':>8s}")
@@ -140,7 +149,10 @@ for name, r, base, c in rows:
     ratio = f"{bpi / b3:.3f}" if bpi is not None and b3 else "-"
     exp = f"{c['exposed_ms_median']:.3f} ms" if c else "-"
     print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} {eff(r, base):>12s} "
-          f"{bpi_s:>13s} {ratio:>10s} {exp:>13s}  {mem(r)}")
+          f"{bpi_s:>13s} {ratio:>10s} {exp:>13s} {fl.cols(flops(r))}  {mem(r)}")
+print("TFLOP/s: model FLOPs per optimizer step (conv + linear, forward + backward, every micro-batch) over the median "
+      "step; of peak: of the GPUs' dense peak for the convolutions' math (tests/bench_flops.py)" +
+      (f", {s1['peak_tflops']} TFLOP/s per GPU ({s1['peak_math']}, {s1['peak_source']})" if s1 and s1.get("peak_tflops") else ""))
 
 r3, r4, r4s = run["stage3"], run["stage4"], run["stage4_sync_each"]
 if r4 and r4s:

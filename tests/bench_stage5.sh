@@ -10,7 +10,7 @@
 # same recipe. Stage 5 rows: --amp fp16 (with the GradScaler) and --amp bf16, each NCHW and with
 # --channels-last, and --amp off (= stage 4 on one GPU, one micro-batch). PyTorch's batches sit on the GPU already;
 # stage 5 runs its real input pipeline (4 loader threads, pinned memory), so any data cost counts against us. Images/s and peak memory side by
-# side, ratios against PyTorch's best eager. Logs and JSON under $BENCH_OUT (default
+# side, ratios against PyTorch's best eager, achieved TFLOP/s and its fraction of the GPU's peak. Logs and JSON under $BENCH_OUT (default
 # runs/bench_stage5); the table is printed last. STEPS (default 300) timed steps each.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -39,7 +39,7 @@ stage5() { # name, stage 5 flags... (one worker unless the flags say --nproc-per
         --accum-steps 1 --workers 4 --pin-memory --steps $((STEPS + 5)) --epochs 100 --test-size 2000 \
         --schedule const --progress off --log-every 1000 --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "stage 5 $name FAILED: see $OUT/$name.log"
-    grep -E "^(summary|amp)" "$OUT/$name.log"
+    grep -E "^(summary|amp|  compute)" "$OUT/$name.log"
 }
 
 pytorch pt_fp32
@@ -60,6 +60,8 @@ fi
 
 python3 - "$OUT" <<'PY'
 import json, os, sys
+sys.path.insert(0, "tests")
+import bench_flops as fl
 out = sys.argv[1]
 def pt(name):
     try:
@@ -72,28 +74,43 @@ def s5(name):
     except Exception:
         return None
 best = pt("pt_best")
-rows = [("PyTorch fp32 eager", pt("pt_fp32")), ("PyTorch fp16 autocast + GradScaler", pt("pt_fp16")),
-        ("PyTorch best eager (bf16, channels_last, fused SGD)", best),
-        ("PyTorch torch.compile (same recipe)", pt("pt_compile")),
-        ("stage5 --amp fp16 (GradScaler)", s5("s5_fp16")),
-        ("stage5 --amp fp16 --channels-last", s5("s5_fp16_cl")), ("stage5 --amp bf16", s5("s5_bf16")),
-        ("stage5 --amp bf16 --channels-last", s5("s5_bf16_cl")),
-        ("stage5 --amp off (fp32)", s5("s5_off"))]
+# a PyTorch row's FLOPs and peak: those of the stage 5 row with the same math (fp32 → TF32, fp16, bf16)
+same_math = {"pt_fp32": "s5_off", "pt_fp16": "s5_fp16", "pt_best": "s5_bf16", "pt_compile": "s5_bf16"}
+def flops(name, r):
+    if r is None:
+        return None, None
+    if name in same_math:
+        return fl.like(s5(same_math[name]), r["ms_per_iter_median"], r["batch_size"])
+    return fl.stage(r)
+rows = [("PyTorch fp32 eager", "pt_fp32"), ("PyTorch fp16 autocast + GradScaler", "pt_fp16"),
+        ("PyTorch best eager (bf16, channels_last, fused SGD)", "pt_best"),
+        ("PyTorch torch.compile (same recipe)", "pt_compile"),
+        ("stage5 --amp fp16 (GradScaler)", "s5_fp16"),
+        ("stage5 --amp fp16 --channels-last", "s5_fp16_cl"), ("stage5 --amp bf16", "s5_bf16"),
+        ("stage5 --amp bf16 --channels-last", "s5_bf16_cl"),
+        ("stage5 --amp off (fp32)", "s5_off")]
+rows = [(label, name, pt(name) if name.startswith("pt_") else s5(name)) for label, name in rows]
 two = [("stage5 --amp fp16, 2 GPUs, --grad-comm fp32", s5("s5_fp16_2gpu")),
        ("stage5 --amp fp16, 2 GPUs, --grad-comm fp16", s5("s5_fp16_2gpu_gc16"))]
 print()
-print(f"{'ResNet-18, batch 128, one GPU':52s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs best eager':>14s}")
-for name, r in rows:
+print(f"{'ResNet-18, batch 128, one GPU':52s} {'ms/iter':>8s} {'img/s':>8s} {'peak mem':>10s} {'vs best eager':>14s} {fl.HEAD}")
+for label, name, r in rows:
     if r is None:
-        print(f"{name:52s} {'(failed)':>8s}")
+        print(f"{label:52s} {'(failed)':>8s}")
         continue
     ratio = best["ms_per_iter_median"] / r["ms_per_iter_median"] if best else float("nan")
-    print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} "
-          f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {ratio:13.2f}x")
+    print(f"{label:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f} "
+          f"{r['peak_mem_bytes'][0] / 2**30:6.2f} GiB {ratio:13.2f}x {fl.cols(flops(name, r))}")
 one = s5("s5_fp16")
 for name, r in two:
     if r is None or one is None:
         continue
     eff = r["img_per_s"] / (2 * one["img_per_s"])
-    print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f}  scaling {100 * eff:5.1f}% of 2 x one GPU")
+    print(f"{name:52s} {r['ms_per_iter_median']:8.2f} {r['img_per_s']:8.0f}  scaling {100 * eff:5.1f}% of 2 x one GPU"
+          f"  {fl.cols(fl.stage(r))}")
+peaks = {r["peak_math"]: f"{r['peak_tflops']:.1f}" for _, _, r in rows if r and r.get("peak_math") and r.get("peak_tflops")}
+src = next((r["peak_source"] for _, _, r in rows if r and r.get("peak_source")), "")
+print("TFLOP/s: model FLOPs per step (conv + linear, forward + backward; model_flops) over the median step; of peak: "
+      "the dense peak of the convolutions' math, " + (", ".join(f"{k} {v}" for k, v in peaks.items()) + " TFLOP/s"
+                                                      if peaks else "n/a") + f" ({src}).")
 PY

@@ -10,8 +10,9 @@
 #            (the mechanics are all there; the timings then show no scaling)
 #   no GPU   the CPU backend, two devices (threads / processes) on the CPU cores
 # Each run writes its JSON-lines --report; tests/compare_table.py reads them and prints the table —
-# ms per iteration, images/s, speed-up over stage 1, peak memory per device, exposed communication —
-# and writes it as Markdown and an SVG chart into the results folder.
+# ms per iteration, images/s, speed-up over stage 1, peak memory per device, exposed communication,
+# achieved TFLOP/s and its fraction of the GPUs' peak — and writes it as Markdown and an SVG chart
+# into the results folder.
 #
 # With PyTorch and CUDA importable (and not QUICK), PyTorch's own rows come from the same run at the
 # same setting: one GPU and nn.DataParallel (tests/torch/bench_dp.py), DDP and DDP with no_sync
@@ -114,6 +115,7 @@ rm -f "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/plan.tsv "$OUT"/meta.txt "$OUT"/pytorch
     echo "mode=$MODE"
     echo "device=$DEV"
     echo "devices=$N"
+    echo "gpus=$([ "$DEV" = cuda ] && { [ "$NGPU" -ge 2 ] && echo "$N" || echo 1; } || echo 0)" # physical GPUs of a multi-device row
     echo "steps=$STEPS"
     echo "setting=$SETTING"
     echo "notice=$NOTICE"

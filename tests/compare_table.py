@@ -13,14 +13,19 @@ device's images together), speed-up = images/s over stage 1's (the same per-devi
 this is the throughput ratio, not a ratio of step times; stage 1's faster run when it ran twice), peak memory per device (every byte the
 trainer allocates; PyTorch: torch.cuda.max_memory_allocated), exposed communication per iteration
 (stages 3–5: the time the compute stream waited for the all-reduce and buffer broadcast; stage 2:
-its scatter + replicate + gather + reduce copies, all on the critical path). A timing the run
-could not take (too few steps) is "n/a".
+its scatter + replicate + gather + reduce copies, all on the critical path), achieved TFLOP/s (the
+model's FLOPs per step over the median step: tests/bench_flops.py) and its fraction of the dense
+peak of the GPUs the row ran on (n/a on the CPU backend). A timing the run could not take (too few
+steps) is "n/a".
 """
 import json
 import math
 import os
 import sys
 from xml.sax.saxutils import escape
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_flops as fl  # noqa: E402
 
 # The original article's table (PyTorch, ResNet on 2 GPUs), for orientation only.
 ARTICLE = [("one GPU", 420, [10.2]), ("DataParallel, 2 GPUs", 580, [14.5, 8.2]), ("DDP, 2 GPUs", 230, [10.5, 10.5])]
@@ -73,11 +78,12 @@ def load_rows(d):
         recs = records(os.path.join(d, name + ".jsonl"))
         s = last(recs, "summary")
         row = {"name": name, "stage": int(stage), "label": label, "cmd": cmd, "ok": rc == "0" and s is not None,
-               "ms": None, "ips": None, "mem": [], "exposed": None, "exposed_kind": "", "device": "", "k": 1}
+               "ms": None, "ips": None, "mem": [], "exposed": None, "exposed_kind": "", "device": "", "k": 1,
+               "flops": (None, None), "summary": s}
         if s:
             row.update(ms=num(s.get("ms_per_iter_median")), ips=num(s.get("img_per_s")),
                        mem=[m for m in s.get("peak_mem_bytes", []) if num(m) is not None],
-                       device=s.get("device", ""), k=s.get("accum_steps", 1))
+                       device=s.get("device", ""), k=s.get("accum_steps", 1), flops=fl.stage(s))
             if num(s.get("exposed_comm_ms_per_step")) is not None:
                 row["exposed"], row["exposed_kind"] = s["exposed_comm_ms_per_step"], "waited"
             ph = last(recs, "phases")
@@ -88,7 +94,11 @@ def load_rows(d):
     return rows
 
 
-def load_pytorch(d):
+def load_pytorch(d, rows_ours, meta):
+    """PyTorch's rows; their FLOPs per image and per-GPU peak are stage 1's (the same model, batch and
+    math), on 1 GPU or, for DataParallel / DDP, on the GPUs the comparison ran on."""
+    ref = next((r["summary"] for r in rows_ours if r["name"] in ("stage1", "stage1_again") and r["summary"]), None)
+    gpus = max(1, int(meta.get("gpus") or 1))
     rows = []
     for rec in records(os.path.join(d, "pytorch_dp.json")):
         if rec.get("type") != "summary":
@@ -104,6 +114,8 @@ def load_pytorch(d):
         rec = r["rec"]
         r.update(ms=num(rec.get("ms_per_iter_median")), ips=num(rec.get("img_per_s")),
                  mem=[m for m in rec.get("peak_mem_bytes", []) if num(m) is not None], exposed=None, k=rec.get("accum_steps", 1))
+        images = r["ips"] * r["ms"] / 1e3 if r["ips"] and r["ms"] else None
+        r["flops"] = fl.like(ref, r["ms"], images, gpus=1 if r["base"] else gpus) if images else (None, None)
     return rows
 
 
@@ -122,7 +134,7 @@ def table(rows, torch_rows, meta):
     unit = mem_unit(rows + torch_rows)
     devname = "GPU" if meta.get("device") == "cuda" else "dev"
     head = ["run", "ms/iter", "images/s", "vs stage 1"] + [f"{devname}{i} peak ({unit[0]})" for i in range(ndev)] + \
-        ["exposed comm (ms/iter)"]
+        ["exposed comm (ms/iter)", "TFLOP/s", "of peak"]
     # stage 1's faster run (it runs first and, outside QUICK, again last) is the reference
     base = max([r["ips"] for r in rows if r["name"] in ("stage1", "stage1_again") and r["ips"]] or [0]) or None
     tbase = next((r["ips"] for r in torch_rows if r["base"] and r["ips"]), None)
@@ -138,7 +150,7 @@ def table(rows, torch_rows, meta):
         mem = [fmt_mem(r["mem"][i] if i < len(r["mem"]) else None, unit) if r["mem"] else "n/a" for i in range(ndev)]
         mem = [m if i < len(r["mem"]) else "-" for i, m in enumerate(mem)]
         ex = "-" if r["exposed"] is None else f"{r['exposed']:.3f}" + (" (copies)" if r.get("exposed_kind") == "copies" else "")
-        return [label, ms, ips, up] + mem + [ex]
+        return [label, ms, ips, up] + mem + [ex] + list(fl.cells(r.get("flops", (None, None))))
 
     for r in rows:
         out.append(line(r, base, ""))
@@ -218,6 +230,19 @@ def svg(rows, torch_rows, meta):
     return "\n".join(o) + "\n"
 
 
+def peak_note(rows):
+    """' (tf32 494.7, fp16 989.4 TFLOP/s per GPU: NVIDIA H200 SXM datasheet, dense)', from the runs."""
+    seen, src = {}, ""
+    for r in rows:
+        s = r.get("summary") or {}
+        if num(s.get("peak_tflops")) and num(s.get("peak_devices")):
+            seen.setdefault(s.get("peak_math"), s["peak_tflops"] / s["peak_devices"])
+            src = src or s.get("peak_source", "")
+    if not seen:
+        return " (n/a here)"
+    return " (" + ", ".join(f"{k} {v:.1f}" for k, v in seen.items()) + f" TFLOP/s per GPU: {src})"
+
+
 def cpu_note(d, rows):
     """The stages' own one-line statement of what CPU timings show (printed by stages 2–5)."""
     for r in rows:
@@ -233,7 +258,8 @@ def cpu_note(d, rows):
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "runs/compare"
     meta = read_meta(d)
-    rows, torch_rows = load_rows(d), load_pytorch(d)
+    rows = load_rows(d)
+    torch_rows = load_pytorch(d, rows, meta)
     if not rows:
         print(f"compare: no runs in {d} (run tests/compare.sh first)")
         return 1
@@ -259,7 +285,9 @@ def main():
            "ms/iter: median step time after warm-up (stages 4–5 with accumulation: per optimizer step of K "
            "micro-batches). vs stage 1: images/s over stage 1's (its faster run) at the same per-device batch. Exposed comm: "
            "stages 3–5, the time the compute stream waited for the all-reduce and buffer broadcast; stage 2 "
-           "(copies), its scatter + replicate + gather + reduce, all on the critical path.", ""]
+           "(copies), its scatter + replicate + gather + reduce, all on the critical path. TFLOP/s: the model's FLOPs per "
+           "step (conv + linear, forward + backward, 2 per multiply-add) over the median step; of peak: of the dense "
+           "peak of the convolutions' math on the GPUs the row ran on" + peak_note(rows) + ".", ""]
     if meta.get("missing"):
         md += [f"Not in this checkout: stage {meta['missing']}.", ""]
     md += ["The article's table (PyTorch, 2 GPUs), for orientation:", "",

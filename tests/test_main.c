@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
         suite_tutorial,
         suite_store,
         suite_resume,
+        suite_flops,
     };
     const char *filter = argc > 1 ? argv[1] : NULL;
     /* Check's default is 4 s per test; end-to-end runs of ./stage1 on the CPU take longer. */

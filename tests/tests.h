@@ -30,6 +30,7 @@ Suite *suite_amp(void);         /* mixed precision: conversions, autocast ops, G
 Suite *suite_trace(void);       /* --trace: the timeline files of stages 1–3 (CPU) */
 Suite *suite_compare(void);     /* make compare: every stage's row; CPU runs' note; "n/a" timings */
 Suite *suite_tutorial(void);    /* the doc test: docs/tutorial.md's CPU commands run (tests/tutorial_test.sh) */
+Suite *suite_flops(void);       /* FLOPs per step (model_flops) against PyTorch; the summary's TFLOP/s */
 
 /* Uniform random floats in [lo, hi) from a fixed seed (test inputs). */
 void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi);
