@@ -288,17 +288,21 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     }
     int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
     for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
-    ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
+    /* Under find_unused_parameters PyTorch never rebuilds, so it plans as a rebuild would from the
+     * start: the first bucket closed at 1 MiB when the cap is its default (25 MiB). */
+    size_t first = d->find_unused && f->bucket_mb == 25 ? DDP_FIRST_BUCKET_BYTES : d->cap_bytes;
+    ASSERT(plan(d, reverse, first)); /* reverse order is always contiguous */
     free(reverse);
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < 4; i++) timemark_init(&d->steps[s].at[i], d->dev);
     char desc[512], cap[32];
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
-    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, cap %s)\n",
+    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, %scap %s)\n",
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
-                  overlap ? "in buckets" : "bucket plan (unused)", desc, cap);
+                  overlap ? "in buckets" : "bucket plan (unused)", desc,
+                  first != d->cap_bytes ? "first ≤ 1 MiB, " : "", cap);
     if (d->find_unused)
         report_printf(&run->report, "ddp: find_unused_parameters: every synchronised backward first searches the "
                                     "layers from the output for parameters the forward did not use and marks them "
@@ -627,14 +631,15 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                       (long long)d->bcasts, (long long)d->eval_bcasts);
     }
     if (summary && d->find_unused) { /* what find_unused_parameters cost */
-        char zeros[32], map[32];
+        char zeros[32], map[32], search[48] = "n/a (no step after warm-up)";
         fmt_bytes(zeros, sizeof zeros, (double)d->unused_bytes);
         fmt_bytes(map, sizeof map, (double)d->m->n_params * sizeof(float));
+        if (d->search_ms.n) snprintf(search, sizeof search, "%.1f µs/step", 1e3 * v[4]);
         report_printf(&r->report,
-                      "  find_unused_parameters: search %.4f ms/step | %d unused parameter%s (%s of zeros in every "
-                      "step's all-reduce) | %lld used-parameter map all-reduces (%s each), %lld read back | buckets "
-                      "never rebuilt\n",
-                      v[4], d->n_unused, d->n_unused == 1 ? "" : "s", zeros, (long long)d->used_map_calls, map,
+                      "  find_unused_parameters: search %s | %d unused parameter%s (%s of zeros in every step's "
+                      "all-reduce) | %lld used-parameter map all-reduces (%s each), %lld read back | buckets never "
+                      "rebuilt\n",
+                      search, d->n_unused, d->n_unused == 1 ? "" : "s", zeros, (long long)d->used_map_calls, map,
                       (long long)d->used_map_readbacks);
     }
     json_begin(&r->report, type);

@@ -38,14 +38,16 @@
  * one never is, backward simply returns and the optimizer steps on gradients that were not averaged.
  * The next training forward finds the reduction unfinished (PyTorch: "Expected to have finished
  * reduction in the prior iteration before starting a new one") and every rank stops there with one
- * line naming the parameters and the fix. (A run whose last step is that step ends without it; the
- * summary says so.) --find-unused-parameters is find_unused_parameters=True, at PyTorch's price:
+ * line naming the parameters and the fix. (A run whose last step is that step ends without it; a
+ * warning says so.) --find-unused-parameters is find_unused_parameters=True, at PyTorch's price:
  * each synchronised backward first searches the graph from the output for the parameters it does not
  * reach (ours: the layer list, walked from the logits), and marks those ready, so their buckets
  * complete and their gradients — zeros — are all-reduced with the rest; after the last bucket, a map
  * of the parameters this rank used is all-reduced too (one more collective per step), and read back
  * when some parameter went unused here, to learn whether another rank used it; and the buckets are
- * never rebuilt in gradient-ready order. The summary counts each of these.
+ * never rebuilt (so, like PyTorch, we plan them once with the first closed at 1 MiB). The summary
+ * counts each of these. A parameter no rank used keeps a zero gradient here; PyTorch leaves its .grad
+ * None and the optimizer skips it — the same update unless weight decay is on, which shrinks ours.
  *
  * Measured per optimizer step, without synchronising the step (each micro-step's events are read
  * back three micro-steps later): all-reduce time (the communicator's time for every bucket),
