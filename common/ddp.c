@@ -367,7 +367,8 @@ static int64_t forward_buffers(Ddp *d, DdpStep *s, int grad_sync) {
 
 /* PyTorch's ensure_prior_reduction_finished, at the start of the next training forward: the first
  * moment the reducer can tell that a backward ended with a bucket never ready. Every rank got the
- * same gradients-or-none (the same model), so every rank stops here, before any collective. */
+ * same gradients-or-none (the same model), so each rank stops here, before any collective: none is
+ * left waiting in one. */
 static void check_prior_reduction(Ddp *d) {
     if (!d->unfinished) return;
     const Model *m = d->m;
