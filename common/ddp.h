@@ -38,8 +38,9 @@
  * one never is, backward simply returns and the optimizer steps on gradients that were not averaged.
  * The next training forward finds the reduction unfinished (PyTorch: "Expected to have finished
  * reduction in the prior iteration before starting a new one"): each rank stops there with one line
- * naming the parameters and the fix (the launcher stops any rank not there yet). (A run whose last step is that step ends without it; a
- * warning says so.) --find-unused-parameters is find_unused_parameters=True, at PyTorch's price:
+ * naming the parameters and the fix (the launcher stops any rank not there yet). A run whose last
+ * step is that step ends without it; a warning says so. --find-unused-parameters is
+ * find_unused_parameters=True, at PyTorch's price:
  * each synchronised backward first searches the graph from the output for the parameters it does not
  * reach (ours: the layer list, walked from the logits), and marks those ready, so their buckets
  * complete and their gradients — zeros — are all-reduced with the rest; after the last bucket, a map
