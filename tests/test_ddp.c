@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #include "comm.h"
 #include "ddp.h"
 #include "device.h"
+#include "errors.h"
 #include "loader.h"
 #include "model.h"
 #include "ops.h"
@@ -384,7 +386,8 @@ START_TEST(unused_param_without_ddp) {
 }
 END_TEST
 
-static void forward_begin(void *ddp) { ddp_forward_begin(ddp); }
+static jmp_buf died;
+static void back_from_die_user(void) { longjmp(died, 1); }
 
 /* The reducer on one rank: the hooks of every used parameter leave fc_unused's bucket (bucket 0 in
  * reverse order) pending, so nothing is launched; backward ends quietly; the next forward stops
@@ -412,12 +415,14 @@ START_TEST(unused_param_reducer) {
     ck_assert_int_eq(d.allreduce_calls, 0);
     ddp_backward_end(&d); /* no error here */
     ck_assert(d.unfinished);
-    char *out;
-    ck_assert_int_eq(test_run_captured(forward_begin, &d, &out), 2);
-    ck_assert_msg(strstr(out, "fc_unused.weight, fc_unused.bias (parameters 23, 24) got no gradient") &&
-                      strstr(out, "--find-unused-parameters") && strstr(out, "drop --unused-param"),
-                  "%s", out);
-    free(out);
+    /* the next forward is a user error (die_user; its line is checked end to end below) — caught
+     * here in process: a forked child would leave the store's and the ring's threads behind */
+    volatile int stopped = 0;
+    die_user_hook = back_from_die_user;
+    if (setjmp(died) == 0) ddp_forward_begin(&d);
+    else stopped = 1;
+    die_user_hook = NULL;
+    ck_assert_msg(stopped, "the forward after an unfinished reduction went ahead");
     ddp_destroy(&d);
 
     f.find_unused = 1;
