@@ -283,8 +283,9 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         d->reached = xcalloc((size_t)m->n_acts, 1);
         d->reached_p = xcalloc((size_t)m->n_params, 1);
         d->unused = xcalloc((size_t)m->n_params, sizeof(int));
-        d->used_host = xcalloc((size_t)m->n_params, sizeof(float));
+        d->used_pinned = host_alloc(d->dev, (DDP_STATS_LAG + 1) * (size_t)m->n_params * sizeof(float), 1);
         d->used_dev = device_alloc(d->dev, (size_t)m->n_params * sizeof(float), "DDP used-parameter map");
+        d->used_back = xcalloc((size_t)m->n_params, sizeof(float));
     }
     int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
     for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
@@ -323,7 +324,8 @@ void ddp_destroy(Ddp *d) {
     DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run, &d->search_ms};
     for (int i = 0; i < 7; i++) free(all[i]->v);
     free(d->buckets), free(d->bucket_of), free(d->ready_order), free(d->eval_idx);
-    free(d->got), free(d->reached), free(d->reached_p), free(d->unused), free(d->used_host);
+    free(d->got), free(d->reached), free(d->reached_p), free(d->unused), free(d->used_back);
+    if (d->used_pinned) host_free(d->dev, d->used_pinned, 1);
     if (d->used_dev) device_free(d->dev, d->used_dev);
     if (d->compressed) device_free(d->dev, d->compressed);
 }
@@ -469,6 +471,13 @@ static void param_ready(Ddp *d, int p) {
     }
 }
 
+/* This micro-step's local used map. Its copy to the device runs on the compute stream after the host
+ * has moved on; DDP_STATS_LAG + 1 micro-steps later, when the slot comes round again, reading that
+ * step's timings back has waited for it. */
+static float *used_host(Ddp *d) {
+    return d->used_pinned + (d->iteration % (DDP_STATS_LAG + 1)) * (int64_t)d->m->n_params;
+}
+
 /* find_unused_parameters: the search (timed: it is on the step's critical path), then the parameters
  * it did not reach are marked ready — their gradients stay the zeros model_zero_grad left, and are
  * all-reduced with their bucket. PyTorch searches when the forward returns and marks them at the
@@ -505,8 +514,11 @@ void ddp_grad_ready(void *ctx, int p) {
     /* no_sync: the gradient just stays in (is added to) the flat buffer */
     if (!d->sync) return;
     if (d->find_unused) {
-        if (d->n_got == 0) mark_unused(d); /* the first hook of this backward */
-        d->used_host[p] = 1;               /* PyTorch's local_used_map: this rank used p */
+        if (d->n_got == 0) { /* the first hook of this backward */
+            memset(used_host(d), 0, (size_t)d->m->n_params * sizeof(float));
+            mark_unused(d);
+        }
+        used_host(d)[p] = 1; /* PyTorch's local_used_map: this rank used p */
     }
     param_ready(d, p);
 }
@@ -518,7 +530,7 @@ void ddp_grad_ready(void *ctx, int p) {
  * for the cost, and checked. */
 static void used_map_allreduce(Ddp *d, DdpStep *s) {
     const Model *m = d->m;
-    device_copy_h2d(d->dev, d->used_dev, d->used_host, (size_t)m->n_params * sizeof(float));
+    device_copy_h2d(d->dev, d->used_dev, used_host(d), (size_t)m->n_params * sizeof(float));
     int64_t id = comm_allreduce_async(d->comm, d->used_dev, m->n_params);
     if (s->first_op < 0) s->first_op = id;
     ASSERT(id == s->first_op + s->n_ops);
@@ -529,9 +541,9 @@ static void used_map_allreduce(Ddp *d, DdpStep *s) {
 static void used_map_check(Ddp *d) {
     const Model *m = d->m;
     if (d->n_unused == 0) return;
-    device_copy_d2h(d->dev, d->used_host, d->used_dev, (size_t)m->n_params * sizeof(float));
+    device_copy_d2h(d->dev, d->used_back, d->used_dev, (size_t)m->n_params * sizeof(float));
     d->used_map_readbacks++;
-    for (int i = 0; i < d->n_unused; i++) ASSERT(d->used_host[d->unused[i]] == 0.0f); /* unused on every rank */
+    for (int i = 0; i < d->n_unused; i++) ASSERT(d->used_back[d->unused[i]] == 0.0f); /* unused on every rank */
 }
 
 void ddp_backward_end(Ddp *d) {
@@ -567,7 +579,6 @@ void ddp_backward_end(Ddp *d) {
     if (!d->unfinished) { /* got[] is kept when unfinished: the next forward names the missing ones */
         memset(d->got, 0, (size_t)m->n_params);
         d->n_got = 0;
-        if (d->find_unused) memset(d->used_host, 0, (size_t)m->n_params * sizeof(float));
         if (d->synced == 0) ASSERT(d->n_ready == m->n_params);
         d->synced++;
     }

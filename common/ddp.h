@@ -150,7 +150,9 @@ typedef struct Ddp {
     int find_unused;
     char *reached, *reached_p; /* the search's scratch: activations, parameters reached from the output */
     int *unused, n_unused;     /* the parameters the last search did not reach */
-    float *used_host, *used_dev; /* PyTorch's local_used_map, on the host and all-reduced on the device */
+    float *used_pinned;        /* PyTorch's local_used_map on the host: pinned, one per micro-step in
+                                * flight, since each is copied to the device asynchronously */
+    float *used_dev, *used_back; /* …all-reduced on the device; read back */
     int64_t searches, used_map_calls, used_map_readbacks, unused_bytes;
     DdpSeries search_ms;       /* the search's host time, per synchronised backward after warm-up */
     Precision hook;            /* gradient compression: fp16/bf16_compress_hook, or PREC_FP32 (none) */
