@@ -384,7 +384,7 @@ static void init_params(Model *m, uint64_t seed) {
     /* fc_unused (--unused-param): nn.Linear's defaults too, drawn after everything else */
     for (int p = m->n_params - m->unused_params; p < m->n_params; p++) {
         const Param *q = &m->params[p];
-        double bound = 1.0 / sqrt((double)m->params[m->n_params - m->unused_params].shape[1]);
+        double bound = 1.0 / sqrt((double)m->params[m->n_params - m->unused_params].shape[1]); /* fan_in */
         for (int64_t i = 0; i < q->count; i++) hp[q->offset + i] = (float)((2.0 * mt_uniform(&g) - 1.0) * bound);
     }
     device_copy_h2d(m->dev, m->param_flat, hp, (size_t)m->n_param_floats * sizeof(float));
