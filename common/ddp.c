@@ -1,5 +1,6 @@
-/* ddp.c — DDP's flags, its reducer (bucket plans, the gradient-ready hook, no_sync), buffer
- * broadcasts, sharded evaluation, and the communication statistics (see ddp.h). */
+/* ddp.c — DDP's flags, its reducer (bucket plans, the gradient-ready hook, no_sync, unused parameters and
+ * find_unused_parameters), buffer broadcasts, sharded evaluation, and the communication statistics
+ * (see ddp.h). */
 #include "ddp.h"
 
 #include <math.h>
@@ -7,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "hash.h"
 #include "launch.h"
 #include "ops.h"
@@ -37,6 +39,13 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "gradient bucket size in MiB (DistributedDataParallel bucket_cap_mb)"},
         {"no-overlap", OPT_FLAG, &f->no_overlap, 0, 0, NULL,
          "all-reduce all gradients once after backward instead of bucket by bucket during it (the experiment)"},
+        {"find-unused-parameters", OPT_FLAG, &f->find_unused, 0, 0, NULL,
+         "DistributedDataParallel(find_unused_parameters=True): every step, find the parameters the forward did "
+         "not use and mark them ready (the price: that search, their zero gradients all-reduced, one more "
+         "all-reduce of a used-parameter map, no bucket rebuild)"},
+        {"unused-param", OPT_FLAG, &model_unused_param, 0, 0, NULL,
+         "the pitfall: give the model a second classifier head, fc_unused, that the forward never uses (DDP "
+         "stops at the next step unless --find-unused-parameters)"},
         {"drop-last", OPT_FLAG, &f->drop_last, 0, 0, NULL,
          "DistributedSampler(drop_last=True): drop the tail instead of padding every rank to the same length"},
         {"rdzv-timeout", OPT_FLOAT, &f->rdzv_timeout, 1, 3600, NULL, "seconds to wait for every rank to join"},
@@ -243,9 +252,9 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
      * decide which collectives run when: ranks that disagree would wait for each other forever. */
     const TrainConfig *c = run->cfg;
     char flags[256];
-    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu %d %d", c->batch_size, c->epochs,
+    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu %d %d %d", c->batch_size, c->epochs,
              (long long)c->steps, c->log_every, (long long)c->train_size, (long long)c->test_size, (long long)c->seed,
-             overlap, d->cap_bytes, c->accum_steps, f->sync_each_micro_step);
+             overlap, d->cap_bytes, c->accum_steps, f->sync_each_micro_step, f->find_unused);
     uint64_t h = m->shape_hash, hf = fnv1a64(FNV1A64_INIT, flags, strlen(flags));
     double mine[5] = {(double)(h & 0xffffffu), (double)(h >> 40), (double)m->n_param_floats,
                       (double)(hf & 0xffffffu), (double)(hf >> 40)}, all[5];
@@ -259,7 +268,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         if (all[i] != mine[i] * d->world)
             die_user("rank %d: the ranks were started with different training flags (--batch-size, --epochs, "
                      "--steps, --log-every, --train-size, --test-size, --seed, --bucket-mb, --no-overlap, "
-                     "--accum-steps or --sync-each-micro-step) — start every rank with the same flags", d->rank);
+                     "--accum-steps, --sync-each-micro-step or --find-unused-parameters) — start every rank with "
+                     "the same flags", d->rank);
     run_sampler(run, !f->no_shuffle, f->drop_last); /* DistributedSampler's flags: a --resume is checked now */
     /* …and makes every replica start from rank 0's parameters and buffers. */
     comm_broadcast_async(comm, m->param_flat, m->n_param_floats, 0);
@@ -268,19 +278,38 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
 
     d->bucket_of = xcalloc((size_t)m->n_params, sizeof(int));
     d->ready_order = xcalloc((size_t)m->n_params, sizeof(int));
+    d->got = xcalloc((size_t)m->n_params, 1);
+    d->find_unused = f->find_unused;
+    if (d->find_unused) {
+        d->reached = xcalloc((size_t)m->n_acts, 1);
+        d->reached_p = xcalloc((size_t)m->n_params, 1);
+        d->unused = xcalloc((size_t)m->n_params, sizeof(int));
+        d->used_pinned = host_alloc(d->dev, (DDP_STATS_LAG + 1) * (size_t)m->n_params * sizeof(float), 1);
+        d->used_dev = device_alloc(d->dev, (size_t)m->n_params * sizeof(float), "DDP used-parameter map");
+        d->used_back = xcalloc((size_t)m->n_params, sizeof(float));
+    }
     int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
     for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
-    ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
+    /* Under find_unused_parameters PyTorch never rebuilds, so it plans as a rebuild would from the
+     * start: the first bucket closed at 1 MiB when the cap is its default (25 MiB). */
+    size_t first = d->find_unused && f->bucket_mb == 25 ? DDP_FIRST_BUCKET_BYTES : d->cap_bytes;
+    ASSERT(plan(d, reverse, first)); /* reverse order is always contiguous */
     free(reverse);
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < 4; i++) timemark_init(&d->steps[s].at[i], d->dev);
     char desc[512], cap[32];
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
-    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, cap %s)\n",
+    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, %scap %s)\n",
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
-                  overlap ? "in buckets" : "bucket plan (unused)", desc, cap);
+                  overlap ? "in buckets" : "bucket plan (unused)", desc,
+                  first != d->cap_bytes ? "first ≤ 1 MiB, " : "", cap);
+    if (d->find_unused)
+        report_printf(&run->report, "ddp: find_unused_parameters: every synchronised backward first searches the "
+                                    "layers from the output for parameters the forward did not use and marks them "
+                                    "ready; a used-parameter map is all-reduced after the last bucket; the buckets "
+                                    "stay in reverse parameter order (never rebuilt)\n");
     if (c->accum_steps > 0)
         report_printf(&run->report, "ddp: %s\n",
                       f->sync_each_micro_step
@@ -293,9 +322,12 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
 void ddp_destroy(Ddp *d) {
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < 4; i++) timemark_destroy(&d->steps[s].at[i]);
-    DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run};
-    for (int i = 0; i < 6; i++) free(all[i]->v);
+    DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run, &d->search_ms};
+    for (int i = 0; i < 7; i++) free(all[i]->v);
     free(d->buckets), free(d->bucket_of), free(d->ready_order), free(d->eval_idx);
+    free(d->got), free(d->reached), free(d->reached_p), free(d->unused), free(d->used_back);
+    if (d->used_pinned) host_free(d->dev, d->used_pinned, 1);
+    if (d->used_dev) device_free(d->dev, d->used_dev);
     if (d->compressed) device_free(d->dev, d->compressed);
 }
 
@@ -336,10 +368,37 @@ static int64_t forward_buffers(Ddp *d, DdpStep *s, int grad_sync) {
     return op;
 }
 
+/* PyTorch's ensure_prior_reduction_finished, at the start of the next training forward: the first
+ * moment the reducer can tell that a backward ended with a bucket never ready. Every rank got the
+ * same gradients-or-none (the same model), so each rank stops here, before any collective: none is
+ * left waiting in one. */
+static void check_prior_reduction(Ddp *d) {
+    if (!d->unfinished) return;
+    const Model *m = d->m;
+    char names[512] = "", idx[128] = "";
+    size_t un = 0, ui = 0;
+    int missing = 0;
+    for (int p = 0; p < m->n_params; p++) {
+        if (d->got[p]) continue;
+        if (un < sizeof names)
+            un += (size_t)snprintf(names + un, sizeof names - un, "%s%s", missing ? ", " : "", m->params[p].name);
+        if (ui < sizeof idx) ui += (size_t)snprintf(idx + ui, sizeof idx - ui, "%s%d", missing ? ", " : "", p);
+        missing++;
+    }
+    die_user("rank %d: the previous step's gradient reduction never finished: %s (parameter%s %s) got no gradient "
+             "in its backward, so %s bucket was never all-reduced — the forward does not use %s: remove %s from "
+             "the model%s or pass --find-unused-parameters (PyTorch: find_unused_parameters=True)",
+             d->rank, names, missing == 1 ? "" : "s", idx, missing == 1 ? "its" : "their",
+             missing == 1 ? "it" : "them", missing == 1 ? "it" : "them",
+             m->unused_params ? " (here: drop --unused-param)" : "");
+}
+
 void ddp_forward_begin(Ddp *d) {
     launch_step(d->run->step + 1); /* where this rank is, for the launcher's failure report */
-    /* After the first synchronised backward, the buckets follow the order it produced gradients. */
-    if (d->synced == 1 && !d->rebuilt) rebuild(d);
+    check_prior_reduction(d);
+    /* After the first synchronised backward, the buckets follow the order it produced gradients —
+     * except under find_unused_parameters, where PyTorch never rebuilds them. */
+    if (d->synced == 1 && !d->rebuilt && !d->find_unused) rebuild(d);
     if (d->iteration >= DDP_STATS_LAG) harvest(d, step_of(d, d->iteration - DDP_STATS_LAG));
     if (d->run->step + 1 != d->group_step) d->group_step = d->run->step + 1, d->opt_steps++;
     DdpStep *s = step_of(d, d->iteration);
@@ -374,10 +433,32 @@ static void launch(Ddp *d, float *g, int64_t count) {
     d->allreduce_bytes += bytes;
 }
 
-void ddp_grad_ready(void *ctx, int p) {
-    Ddp *d = ctx;
-    /* no_sync: the gradient just stays in (is added to) the flat buffer */
-    if (!d->sync) return;
+/* PyTorch's search_unused_parameters: from the outputs, walk the autograd graph; a parameter whose
+ * gradient node is not reached gets no gradient. Our graph is the layer list: walking it backwards
+ * from the logits, a layer is reached when its output is, and then so are its inputs and parameters.
+ * PyTorch walks every step, because the graph may differ from one forward to the next; so do we. */
+static int search_unused(Ddp *d) {
+    const Model *m = d->m;
+    memset(d->reached, 0, (size_t)m->n_acts);
+    memset(d->reached_p, 0, (size_t)m->n_params);
+    d->reached[m->n_acts - 1] = 1;
+    for (int l = m->n_layers - 1; l >= 0; l--) {
+        const Layer *L = &m->layers[l];
+        if (!d->reached[L->out]) continue;
+        d->reached[L->in] = 1;
+        if (L->in2 >= 0) d->reached[L->in2] = 1;
+        if (L->p0 >= 0) d->reached_p[L->p0] = 1;
+        if (L->p1 >= 0) d->reached_p[L->p1] = 1;
+    }
+    int n = 0;
+    for (int p = 0; p < m->n_params; p++)
+        if (!d->reached_p[p]) d->unused[n++] = p;
+    return n;
+}
+
+static void param_ready(Ddp *d, int p) {
+    ASSERT(!d->got[p]); /* one gradient per parameter per backward */
+    d->got[p] = 1, d->n_got++;
     if (d->synced == 0) d->ready_order[d->n_ready++] = p;
     if (!d->overlap) return;
     DdpBucket *b = &d->buckets[d->bucket_of[p]];
@@ -391,6 +472,81 @@ void ddp_grad_ready(void *ctx, int p) {
     }
 }
 
+/* This micro-step's local used map. Its copy to the device runs on the compute stream after the host
+ * has moved on; DDP_STATS_LAG + 1 micro-steps later, when the slot comes round again, reading that
+ * step's timings back has waited for it. */
+static float *used_host(Ddp *d) {
+    return d->used_pinned + (d->iteration % (DDP_STATS_LAG + 1)) * (int64_t)d->m->n_params;
+}
+
+/* find_unused_parameters: the search (timed: it is on the step's critical path), then the parameters
+ * it did not reach are marked ready — their gradients stay the zeros model_zero_grad left, and are
+ * all-reduced with their bucket. PyTorch searches when the forward returns and marks them at the
+ * first gradient hook; our stages make no call between the two, so both happen here. */
+static void mark_unused(Ddp *d) {
+    TraceSpan span = trace_begin("find unused parameters", "ddp", d->iteration);
+    double t0 = time_now();
+    d->n_unused = search_unused(d);
+    double ms = 1e3 * (time_now() - t0);
+    trace_end(span);
+    if (d->searches++ >= WARMUP_STEPS) series_push(&d->search_ms, ms);
+    int64_t floats = 0;
+    for (int i = 0; i < d->n_unused; i++) floats += d->m->params[d->unused[i]].count;
+    d->unused_bytes = floats * (d->hook == PREC_FP32 ? 4 : 2);
+    if (d->searches == 1) {
+        char names[256] = "";
+        size_t used = 0;
+        for (int i = 0; i < d->n_unused && used < sizeof names; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     d->m->params[d->unused[i]].name);
+        if (d->n_unused)
+            report_printf(&d->run->report, "ddp: the forward does not use %d parameter%s (%s): marked ready every "
+                                           "step, their zero gradients all-reduced\n",
+                          d->n_unused, d->n_unused == 1 ? "" : "s", names);
+        else
+            report_printf(&d->run->report, "ddp: warning: --find-unused-parameters found no unused parameter; the "
+                                           "search runs every step for nothing — drop the flag\n");
+    }
+    for (int i = 0; i < d->n_unused; i++) param_ready(d, d->unused[i]);
+}
+
+void ddp_grad_ready(void *ctx, int p) {
+    Ddp *d = ctx;
+    /* no_sync: the gradient just stays in (is added to) the flat buffer */
+    if (!d->sync) return;
+    if (d->find_unused) {
+        if (d->n_got == 0) { /* the first hook of this backward */
+            memset(used_host(d), 0, (size_t)d->m->n_params * sizeof(float));
+            mark_unused(d);
+        }
+        used_host(d)[p] = 1; /* PyTorch's local_used_map: this rank used p */
+    }
+    param_ready(d, p);
+}
+
+/* PyTorch's all_reduce_local_used_map: which parameters any rank used, issued after the last bucket.
+ * Read back (a wait and a copy on the step's path) only when this rank left one unused — PyTorch
+ * then needs to know whether another rank used it, and leaves the gradient of one no rank used
+ * untouched. Here every rank runs the same layers, so the answer is always "no rank": it is counted
+ * for the cost, and checked. */
+static void used_map_allreduce(Ddp *d, DdpStep *s) {
+    const Model *m = d->m;
+    device_copy_h2d(d->dev, d->used_dev, used_host(d), (size_t)m->n_params * sizeof(float));
+    int64_t id = comm_allreduce_async(d->comm, d->used_dev, m->n_params);
+    if (s->first_op < 0) s->first_op = id;
+    ASSERT(id == s->first_op + s->n_ops);
+    s->n_ops++; /* its time is communication of this step */
+    d->used_map_calls++;
+}
+
+static void used_map_check(Ddp *d) {
+    const Model *m = d->m;
+    if (d->n_unused == 0) return;
+    device_copy_d2h(d->dev, d->used_back, d->used_dev, (size_t)m->n_params * sizeof(float));
+    d->used_map_readbacks++;
+    for (int i = 0; i < d->n_unused; i++) ASSERT(d->used_back[d->unused[i]] == 0.0f); /* unused on every rank */
+}
+
 void ddp_backward_end(Ddp *d) {
     DdpStep *s = step_of(d, d->iteration);
     Model *m = d->m;
@@ -400,25 +556,33 @@ void ddp_backward_end(Ddp *d) {
         return;
     }
     mark(d, s, T_BWD_END);
-    if (!d->overlap) {
-        launch(d, m->grad_flat, m->n_param_floats);
-    } else if (d->next != d->n_buckets) {
-        DdpBucket *b = &d->buckets[d->next];
-        char msg[160];
-        snprintf(msg, sizeof msg, "bucket %d still waits for %d gradient(s) after backward", d->next,
-                 b->pending);
-        die_at(__FILE__, __LINE__, "ddp_backward_end", msg,
-               "every parameter must receive a gradient in every backward (PyTorch: find_unused_parameters)");
-    }
+    /* A parameter without a gradient (ddp.h): its bucket, and every later one, was never launched —
+     * with --no-overlap, the one piece. Nothing fails here, as nothing does in PyTorch: the launched
+     * buckets are waited for, the optimizer steps on the rest unaveraged, the next forward stops. */
+    d->unfinished = d->n_got < m->n_params;
+    if (!d->overlap && !d->unfinished) launch(d, m->grad_flat, m->n_param_floats);
+    if (d->find_unused && !d->unfinished) used_map_allreduce(d, s);
     /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */
     comm_wait(d->comm);
     mark(d, s, T_AFTER_WAIT);
-    /* the hook's buckets tile the buffer: one cast brings every reduced bucket back to fp32 */
-    if (d->hook != PREC_FP32) decompress(d, d->compressed, m->n_param_floats, m->grad_flat);
+    if (d->find_unused && !d->unfinished) used_map_check(d);
+    /* the hook's buckets tile the buffer: one cast brings every reduced bucket back to fp32 (only
+     * the launched ones, when some never were) */
+    if (d->hook != PREC_FP32) {
+        if (!d->unfinished) decompress(d, d->compressed, m->n_param_floats, m->grad_flat);
+        else
+            for (int b = 0; d->overlap && b < d->next; b++)
+                decompress(d, (char *)d->compressed + d->buckets[b].offset * 2, d->buckets[b].count,
+                           m->grad_flat + d->buckets[b].offset);
+    }
     for (int b = 0; b < d->n_buckets; b++) d->buckets[b].pending = d->buckets[b].n_params;
     d->next = 0;
-    if (d->synced == 0) ASSERT(d->n_ready == m->n_params);
-    d->synced++;
+    if (!d->unfinished) { /* got[] is kept when unfinished: the next forward names the missing ones */
+        memset(d->got, 0, (size_t)m->n_params);
+        d->n_got = 0;
+        if (d->synced == 0) ASSERT(d->n_ready == m->n_params);
+        d->synced++;
+    }
     d->iteration++;
 }
 
@@ -446,9 +610,10 @@ void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, doubl
 static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSeries *bc) {
     Run *r = d->run;
     int accum = r->cfg->accum_steps > 0, summary = !strcmp(type, "comm_summary");
-    double v[4] = {series_median(ar), series_median(ex), series_median(bc), ar->n > 0};
-    comm_sum_doubles(d->comm, v, 4);
+    double v[5] = {series_median(ar), series_median(ex), series_median(bc), ar->n > 0, series_median(&d->search_ms)};
+    comm_sum_doubles(d->comm, v, 5);
     for (int i = 0; i < 3; i++) v[i] /= d->world;
+    v[4] /= d->world;
     double step_ms = stats_median_copy(r->times, r->n_times);
     /* bytes all-reduced per optimizer step: the gradients once — K times without no_sync */
     int64_t grad_bytes = d->m->n_param_floats * (int64_t)sizeof(float);
@@ -478,6 +643,18 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                       (long long)d->opt_steps, (long long)d->iteration, (long long)d->allreduce_calls, total,
                       (long long)d->bcasts, (long long)d->eval_bcasts);
     }
+    if (summary && d->find_unused) { /* what find_unused_parameters cost */
+        char zeros[32], map[32], search[48] = "n/a (no step after warm-up)";
+        fmt_bytes(zeros, sizeof zeros, (double)d->unused_bytes);
+        fmt_bytes(map, sizeof map, (double)d->m->n_params * sizeof(float));
+        if (d->search_ms.n) snprintf(search, sizeof search, "%.1f µs/step", 1e3 * v[4]);
+        report_printf(&r->report,
+                      "  find_unused_parameters: search %s | %d unused parameter%s (%s of zeros in every step's "
+                      "all-reduce) | %lld used-parameter map all-reduces (%s each), %lld read back | buckets never "
+                      "rebuilt\n",
+                      search, d->n_unused, d->n_unused == 1 ? "" : "s", zeros, (long long)d->used_map_calls, map,
+                      (long long)d->used_map_readbacks);
+    }
     json_begin(&r->report, type);
     json_int(&r->report, "epoch", r->epoch);
     json_int(&r->report, "step", r->step);
@@ -499,6 +676,14 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     json_int(&r->report, "allreduce_bytes", d->allreduce_bytes);
     json_int(&r->report, "buffer_broadcasts", d->bcasts);
     json_int(&r->report, "eval_buffer_broadcasts", d->eval_bcasts);
+    json_int(&r->report, "find_unused_parameters", d->find_unused);
+    if (d->find_unused) {
+        json_num(&r->report, "unused_search_ms_median", v[4]);
+        json_int(&r->report, "unused_params", d->n_unused);
+        json_int(&r->report, "unused_bytes_per_step", d->unused_bytes);
+        json_int(&r->report, "used_map_allreduces", d->used_map_calls);
+        json_int(&r->report, "used_map_readbacks", d->used_map_readbacks);
+    }
     if (summary) {
         int64_t sizes[64];
         int n = d->n_buckets < 64 ? d->n_buckets : 64;
@@ -512,6 +697,11 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
         run_summary_int(r, "buffer_broadcasts", d->bcasts);
         run_summary_int(r, "eval_buffer_broadcasts", d->eval_bcasts);
         run_summary_num(r, "exposed_comm_ms_per_step", exposed);
+        if (d->find_unused) {
+            run_summary_num(r, "unused_search_ms_per_step", v[4]);
+            run_summary_int(r, "unused_bytes_per_step", d->unused_bytes);
+            run_summary_int(r, "used_map_allreduces", d->used_map_calls);
+        }
     }
     json_end(&r->report);
 }
@@ -523,6 +713,9 @@ void ddp_epoch_end(Ddp *d) {
 }
 
 void ddp_finish(Ddp *d) {
+    if (d->unfinished) /* no next forward to stop at: PyTorch would say nothing */
+        fprintf(stderr, "rank %d: warning: the last step's gradients were never all-reduced (a parameter got no "
+                        "gradient); the next forward would have stopped — see --find-unused-parameters\n", d->rank);
     harvest_all(d);
     report(d, "comm_summary", &d->ar_run, &d->exposed_run, &d->bcast_run);
 }

@@ -31,6 +31,25 @@
  * and an evaluation (forwards without gradients) broadcasts once, if a synchronised step came
  * before it, and leaves the flag off. Parameters and buffers are broadcast once at the start.
  *
+ * A parameter that gets no gradient (the forward does not use it; --unused-param gives the model one)
+ * leaves its bucket pending forever, so that bucket and every later one are never launched. As in
+ * PyTorch, the reducer does not notice at the end of backward: it hears of gradients only through
+ * their hooks, and PyTorch queues its end-of-backward work only once the last bucket is ready — when
+ * one never is, backward simply returns and the optimizer steps on gradients that were not averaged.
+ * The next training forward finds the reduction unfinished (PyTorch: "Expected to have finished
+ * reduction in the prior iteration before starting a new one"): each rank stops there with one line
+ * naming the parameters and the fix (the launcher stops any rank not there yet). A run whose last
+ * step is that step ends without it; a warning says so. --find-unused-parameters is
+ * find_unused_parameters=True, at PyTorch's price:
+ * each synchronised backward first searches the graph from the output for the parameters it does not
+ * reach (ours: the layer list, walked from the logits), and marks those ready, so their buckets
+ * complete and their gradients — zeros — are all-reduced with the rest; after the last bucket, a map
+ * of the parameters this rank used is all-reduced too (one more collective per step), and read back
+ * when some parameter went unused here, to learn whether another rank used it; and the buckets are
+ * never rebuilt (so, like PyTorch, we plan them once with the first closed at 1 MiB). The summary
+ * counts each of these. A parameter no rank used keeps a zero gradient here; PyTorch leaves its .grad
+ * None and the optimizer skips it — the same update unless weight decay is on, which shrinks ours.
+ *
  * Measured per optimizer step, without synchronising the step (each micro-step's events are read
  * back three micro-steps later): all-reduce time (the communicator's time for every bucket),
  * EXPOSED communication time (how long the compute stream sat waiting for communication: from the
@@ -64,6 +83,7 @@ typedef struct DdpFlags {
     double comm_timeout;
     double bucket_mb;                                   /* DistributedDataParallel */
     int no_overlap;
+    int find_unused;                                    /* find_unused_parameters=True */
     int sync_each_micro_step; /* stage 4: the experiment of forgetting no_sync (no row here) */
     int drop_last, no_shuffle;                          /* DistributedSampler */
     SamplerShow show;                                   /* --show-sampler */
@@ -123,6 +143,18 @@ typedef struct Ddp {
     int64_t groups_seen;
     DdpSeries ar, exposed, bcast, ar_run, exposed_run, bcast_run; /* this epoch / whole run */
     int64_t *eval_idx, eval_n; /* this rank's test-set shard */
+    /* which gradients this synchronised backward has produced; find_unused_parameters */
+    char *got;                 /* parameter → its gradient is marked ready */
+    int n_got;
+    int unfinished;            /* the last synchronised backward left parameters without a gradient */
+    int find_unused;
+    char *reached, *reached_p; /* the search's scratch: activations, parameters reached from the output */
+    int *unused, n_unused;     /* the parameters the last search did not reach */
+    float *used_pinned;        /* PyTorch's local_used_map on the host: pinned, one per micro-step in
+                                * flight, since each is copied to the device asynchronously */
+    float *used_dev, *used_back; /* …all-reduced on the device; read back */
+    int64_t searches, used_map_calls, used_map_readbacks, unused_bytes;
+    DdpSeries search_ms;       /* the search's host time, per synchronised backward after warm-up */
     Precision hook;            /* gradient compression: fp16/bf16_compress_hook, or PREC_FP32 (none) */
     void *compressed;          /* hook: the 16-bit copy of the gradient buffer the all-reduce carries */
 } Ddp;
@@ -142,13 +174,17 @@ void ddp_destroy(Ddp *d);
 /* sync = 0: the next forward and backward run inside `ddp_model.no_sync()`; 1 (the default): they
  * synchronise. Stays set until changed. */
 void ddp_set_sync(Ddp *d, int sync);
-/* Before each training forward: the buffer broadcast (per require_forward_param_sync), the bucket
- * rebuild after the first synchronised step, and where this rank is (for the launcher's report). */
+/* Before each training forward: the check that the previous reduction finished (a user error naming
+ * the parameters that got no gradient), the buffer broadcast (per require_forward_param_sync), the
+ * bucket rebuild after the first synchronised step, and where this rank is (for the launcher's
+ * report). */
 void ddp_forward_begin(Ddp *d);
-/* model_backward's gradient-ready hook (ctx = the Ddp). */
+/* model_backward's gradient-ready hook (ctx = the Ddp). With find_unused_parameters, its first call
+ * in a synchronised backward runs the search and marks the unused parameters ready first. */
 void ddp_grad_ready(void *ctx, int param);
-/* After model_backward: --no-overlap's single all-reduce; the compute stream waits for all buckets
- * (nothing to wait for under no_sync). */
+/* After model_backward: --no-overlap's single all-reduce, find_unused_parameters' used-parameter map;
+ * the compute stream waits for all of them (nothing to wait for under no_sync). A parameter without a
+ * gradient is noted here and reported by the next ddp_forward_begin. */
 void ddp_backward_end(Ddp *d);
 /* Evaluation the DDP way: every rank evaluates its DistributedSampler shard of the n_test samples
  * (shuffle off, the padding not counted), through DDP's forward without gradients (one buffer

@@ -18,6 +18,8 @@
 
 static const float BN_MOMENTUM = 0.1f, BN_EPS = 1e-5f; /* nn.BatchNorm2d defaults */
 
+int model_unused_param = 0;
+
 /* ---- building -------------------------------------------------------------------------------- */
 
 typedef struct Builder {
@@ -147,6 +149,11 @@ static void build(Builder *b, const char *arch) {
     int wshape[2] = {m->classes, a->c}, bshape[1] = {m->classes};
     l->p0 = add_param(b, m->params, &m->n_params, &b->pfloats, "linear", "weight", 2, wshape);
     l->p1 = add_param(b, m->params, &m->n_params, &b->pfloats, "linear", "bias", 1, bshape);
+    if (model_unused_param) { /* a second head, registered last, that no layer reads (model.h) */
+        add_param(b, m->params, &m->n_params, &b->pfloats, "fc_unused", "weight", 2, wshape);
+        add_param(b, m->params, &m->n_params, &b->pfloats, "fc_unused", "bias", 1, bshape);
+        m->unused_params = 2;
+    }
 }
 
 /* Which backward writes overwrite and which accumulate: walking the layers in reverse (the order
@@ -375,6 +382,12 @@ static void init_params(Model *m, uint64_t seed) {
                 hb[rm->offset + i] = 0.0f, hb[rv->offset + i] = 1.0f;
             }
         }
+    }
+    /* fc_unused (--unused-param): nn.Linear's defaults too, drawn after everything else */
+    for (int p = m->n_params - m->unused_params; p < m->n_params; p++) {
+        const Param *q = &m->params[p];
+        double bound = 1.0 / sqrt((double)m->params[m->n_params - m->unused_params].shape[1]); /* fan_in */
+        for (int64_t i = 0; i < q->count; i++) hp[q->offset + i] = (float)((2.0 * mt_uniform(&g) - 1.0) * bound);
     }
     device_copy_h2d(m->dev, m->param_flat, hp, (size_t)m->n_param_floats * sizeof(float));
     if (m->n_buffer_floats)
@@ -786,8 +799,9 @@ const char *model_describe(const Model *m, char *buf, int len) {
         if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
     }
     sep[j] = 0;
-    snprintf(buf, len, "%s (norm %s): %s parameters, %d layers%s%s%s, activations %.1f MiB %s",
-             m->arch, m->norm_bn ? "bn" : "none", sep, m->n_layers,
+    snprintf(buf, len, "%s (norm %s): %s parameters%s, %d layers%s%s%s, activations %.1f MiB %s",
+             m->arch, m->norm_bn ? "bn" : "none", sep, m->unused_params ? " (with fc_unused, never used)" : "",
+             m->n_layers,
              m->prec != PREC_FP32 ? ", autocast " : "",
              m->prec != PREC_FP32 ? precision_name(m->prec) : "",
              m->channels_last ? ", channels-last" : "", m->arena_bytes / 1048576.0,

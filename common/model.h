@@ -101,6 +101,7 @@ typedef struct Model {
     size_t unplanned_bytes;  /* every activation and gradient kept all step (the old way) */
     size_t alloc_bytes;      /* everything the model holds on its device (accounted, rounded) */
     int prepared[16], n_prepared; /* batch sizes model_prepare has planned */
+    int unused_params;       /* --unused-param: the last this many parameters (fc_unused) belong to no layer */
 } Model;
 
 /* Activation memory, planned as autograd frees: one training step is a timeline of 2·L + 1 steps
@@ -121,6 +122,13 @@ typedef struct Model {
  * the whole step (nothing shared: the reference the plan is tested against). */
 
 typedef void (*GradReadyFn)(void *ctx, int param_index);
+
+/* --unused-param (stages 3–5, ddp_options), the DDP pitfall: when set, model_create also registers a
+ * second classifier head, fc_unused (weight [classes][features], bias [classes]), after every other
+ * parameter — in the parameter table and the flat buffers, so DDP's buckets hold it — but in no layer:
+ * the forward never computes it and backward never produces its gradient, like an nn.Linear that
+ * __init__ creates and forward never calls. The other parameters keep their initial values. */
+extern int model_unused_param;
 
 /* Build the layer list and allocate every buffer for batches up to max_batch on dev (accounted).
  * arch: "resnet18" | "tiny"; norm_bn: 1 = bn, 0 = none. Parameters are initialised from `seed`

@@ -8,10 +8,15 @@
  * positions kRB + r + jR (j < B) — not a slice of stage 1's batch, but together the R ranks' batch k
  * hold exactly stage 1's batch k (when R divides N, so nothing is padded). The mean loss over them
  * is the mean of the ranks' means, and the averaged gradient is the gradient of that mean.
- * sharded_batches_union_is_global_batch checks that claim; the runs check the rest. */
+ * sharded_batches_union_is_global_batch checks that claim; the runs check the rest.
+ *
+ * And the pitfall of a parameter the forward never uses (--unused-param): harmless without DDP, the
+ * job stopped at the next step without --find-unused-parameters, training as one device with it —
+ * each against what torch does (tests/fixtures/ddp_unused.txt). */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +28,10 @@
 #include "comm.h"
 #include "ddp.h"
 #include "device.h"
+#include "errors.h"
 #include "loader.h"
 #include "model.h"
+#include "ops.h"
 #include "sampler.h"
 #include "store.h"
 
@@ -281,6 +288,277 @@ START_TEST(ddp_cpu_matches_one_device) {
 }
 END_TEST
 
+/* ---- an unused parameter (--unused-param) and find_unused_parameters --------------------------------
+ * PyTorch's behaviour, observed in torch (tests/fixtures/ddp_unused.txt, made by
+ * tests/torch/ddp_unused_fixture.py), against ours. */
+
+/* One `key=value` of the fixture's line that starts with `line_prefix` (copied into v). */
+static void fixture_value(const char *line_prefix, const char *key, char *v, size_t len) {
+    char path[600], line[1024], k[64];
+    snprintf(path, sizeof path, "%s/tests/fixtures/ddp_unused.txt", test_root());
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f, "%s missing: regenerate it with python3 tests/torch/ddp_unused_fixture.py", path);
+    snprintf(k, sizeof k, " %s=", key);
+    while (fgets(line, sizeof line, f)) {
+        char *at;
+        if (strncmp(line, line_prefix, strlen(line_prefix)) || !(at = strstr(line, k))) continue;
+        at += strlen(k);
+        /* the value ends before the next " key=", or at the end of the line ("9 10") */
+        size_t n = strcspn(at, "\n");
+        char *eq = memchr(at, '=', n);
+        if (eq)
+            while (eq > at && eq[-1] != ' ') eq--;
+        if (eq) n = (size_t)(eq - 1 - at);
+        snprintf(v, len, "%.*s", (int)n, at);
+        fclose(f);
+        return;
+    }
+    fclose(f);
+    ck_abort_msg("fixture ddp_unused.txt has no %s on a line starting %s", key, line_prefix);
+}
+
+static int64_t fixture_int(const char *line_prefix, const char *key) {
+    char v[64];
+    fixture_value(line_prefix, key, v, sizeof v);
+    return atoll(v);
+}
+
+/* An integer field of the first JSON-lines record of `type` in the report at path. */
+static int64_t report_int(const char *path, const char *type, const char *key) {
+    long len;
+    char *text = test_slurp(path, &len), pat[96];
+    ck_assert_msg(text, "%s missing", path);
+    snprintf(pat, sizeof pat, "\"type\":\"%s\"", type);
+    char *rec = strstr(text, pat);
+    ck_assert_msg(rec, "no %s record in %s", type, path);
+    char *end = strchr(rec, '\n');
+    if (end) *end = 0;
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *at = strstr(rec, pat);
+    ck_assert_msg(at, "%s record has no %s", type, key);
+    at += strlen(pat);
+    int64_t v = atoll(at + (*at == '[')); /* a list: its first element */
+    free(text);
+    return v;
+}
+
+static Model *model_with_unused(Device *d, const char *arch, int norm_bn, int batch, uint64_t seed) {
+    model_unused_param = 1;
+    Model *m = model_create(d, arch, norm_bn, batch, seed);
+    model_unused_param = 0;
+    return m;
+}
+
+/* Without DDP the head is harmless: the same forward, the same gradients, none for fc_unused. */
+START_TEST(unused_param_without_ddp) {
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, 0);
+    Model *a = model_create(&d, "tiny", 1, 4, 3), *b = model_with_unused(&d, "tiny", 1, 4, 3);
+    ck_assert_int_eq(b->n_params, a->n_params + 2);
+    ck_assert_int_eq(b->unused_params, 2);
+    ck_assert_str_eq(b->params[a->n_params].name, "fc_unused.weight");
+    ck_assert_str_eq(b->params[a->n_params + 1].name, "fc_unused.bias");
+    ck_assert(b->shape_hash != a->shape_hash); /* a checkpoint of one does not load into the other */
+    int64_t n = a->n_param_floats, extra = b->n_param_floats - n;
+    ck_assert_int_eq(extra, 10 * 64 + 10);
+    /* every other parameter keeps its initial value; the head is nn.Linear's U(±1/√64), not zero */
+    ck_assert(!memcmp(a->param_flat, b->param_flat, (size_t)n * sizeof(float)));
+    double mx = 0;
+    for (int64_t i = n; i < n + extra; i++) mx = fmax(mx, fabs(b->param_flat[i]));
+    ck_assert_msg(mx > 0.1 && mx <= 0.125, "fc_unused max |w| %g, bound 0.125", mx);
+    float x[4 * 3 * 32 * 32], la, lb;
+    int32_t y[4] = {1, 3, 5, 7}, ca, cb;
+    test_fill_uniform(x, 4 * 3 * 32 * 32, 9, -1, 1);
+    Model *ms[2] = {a, b};
+    float *loss[2] = {&la, &lb};
+    int32_t *corr[2] = {&ca, &cb};
+    for (int k = 0; k < 2; k++) {
+        model_zero_grad(ms[k]);
+        model_forward(ms[k], 4, x, 1);
+        xent_forward_backward(&d, 4, 10, model_logits(ms[k]), y, 0.25f, loss[k], corr[k], model_dlogits(ms[k]));
+        model_backward(ms[k], 4, NULL, NULL);
+    }
+    ck_assert(la == lb);
+    ck_assert(!memcmp(a->grad_flat, b->grad_flat, (size_t)n * sizeof(float)));
+    for (int64_t i = n; i < n + extra; i++) ck_assert(b->grad_flat[i] == 0.0f);
+    model_destroy(a), model_destroy(b);
+    device_destroy(&d);
+}
+END_TEST
+
+static jmp_buf died;
+static void back_from_die_user(void) { longjmp(died, 1); }
+
+/* The reducer on one rank: the hooks of every used parameter leave fc_unused's bucket (bucket 0 in
+ * reverse order) pending, so nothing is launched; backward ends quietly; the next forward stops
+ * naming the parameters. With find_unused_parameters every bucket goes, fc_unused's gradient stays
+ * zero, the used-parameter map is all-reduced and read back, and the buckets are never rebuilt. */
+START_TEST(unused_param_reducer) {
+    OneRank o;
+    model_unused_param = 1;
+    one_rank_open(&o, "tiny");
+    model_unused_param = 0;
+    Model *m = o.m;
+    int order[512];
+    int n = ready_order(m, order);
+    ck_assert_int_eq(n, m->n_params - 2); /* backward announces every parameter but fc_unused */
+    Ddp d;
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = 1e-6; /* a bucket per parameter */
+    ddp_init(&d, &o.run, o.comm, &f);
+    ck_assert_int_eq(d.bucket_of[m->n_params - 1], 0);
+    model_zero_grad(m);
+    ddp_forward_begin(&d);
+    for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+    ck_assert_int_eq(d.next, 0);
+    ck_assert_int_eq(d.allreduce_calls, 0);
+    ddp_backward_end(&d); /* no error here */
+    ck_assert(d.unfinished);
+    /* the next forward is a user error (die_user; its line is checked end to end below) — caught
+     * here in process: a forked child would leave the store's and the ring's threads behind */
+    volatile int stopped = 0;
+    die_user_hook = back_from_die_user;
+    if (setjmp(died) == 0) ddp_forward_begin(&d);
+    else stopped = 1;
+    die_user_hook = NULL;
+    ck_assert_msg(stopped, "the forward after an unfinished reduction went ahead");
+    ddp_destroy(&d);
+
+    f.find_unused = 1;
+    ddp_init(&d, &o.run, o.comm, &f);
+    for (int step = 0; step < 2; step++) {
+        model_zero_grad(m);
+        ddp_forward_begin(&d);
+        for (int i = 0; i < n; i++) {
+            ddp_grad_ready(&d, order[i]);
+            ck_assert_int_eq(d.n_unused, 2); /* found at the first hook, before anything else */
+        }
+        ck_assert_int_eq(d.next, d.n_buckets);
+        ck_assert_int_eq(d.allreduce_calls, (step + 1) * m->n_params);
+        ddp_backward_end(&d);
+        ck_assert(!d.unfinished);
+        ck_assert_int_eq(d.used_map_calls, step + 1);
+        ck_assert_int_eq(d.used_map_readbacks, step + 1);
+        for (int p = m->n_params - 2; p < m->n_params; p++)
+            for (int64_t i = 0; i < m->params[p].count; i++) ck_assert(m->grad_flat[m->params[p].offset + i] == 0.0f);
+    }
+    ck_assert(!d.rebuilt); /* step 2 began without a rebuild */
+    ck_assert_int_eq(d.unused_bytes, (10 * 64 + 10) * 4);
+    ddp_destroy(&d);
+    one_rank_close(&o);
+}
+END_TEST
+
+#define CPU_UNUSED "--device cpu --model tiny --norm none --train-size 256 --test-size 64 --epochs 1 --lr 0.05 " \
+                   "--deterministic --progress off --nproc-per-node 2 --batch-size 16 --log-every 1"
+
+/* Two ranks: the job stops at the forward of the step after the first, as torch does, quickly (the
+ * timeout turns a hang into a failure); a one-step run ends cleanly, nothing all-reduced. */
+START_TEST(unused_param_stops_every_rank) {
+    char cmd[1024], *out, want[128], names[128];
+    snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage3 " CPU_UNUSED " --unused-param --steps 3 --master-port %d",
+             test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    /* the parameters torch names, in its parameter numbering (the same as ours) */
+    fixture_value("find_unused=0 unused_indices", "unused_indices", want, sizeof want);
+    fixture_value("find_unused=0 unused_names", "unused_names", names, sizeof names);
+    ck_assert_str_eq(want, "9 10");
+    ck_assert_str_eq(names, "fc_unused.bias,fc_unused.weight");
+    /* Each rank stops at its own check; the launcher stops whichever has not got there yet, so one
+     * line is certain, and it is the first failure the launcher names. (Not "error: rank …": two
+     * ranks' stderr may interleave between die_user's writes.) */
+    char *failed = strstr(out, "job failed: rank "), line[256];
+    ck_assert_msg(failed, "%s", out);
+    snprintf(line, sizeof line, "rank %d: the previous step's gradient reduction never finished: "
+                                "fc_unused.weight, fc_unused.bias (parameters 9, 10) got no gradient", atoi(failed + 17));
+    ck_assert_msg(strstr(out, line), "the first rank to fail did not stop with the error:\n%s", out);
+    snprintf(want, sizeof want, "exited with code 2 at step %lld",
+             (long long)fixture_int("find_unused=0 steps=3", "raised_at_forward"));
+    ck_assert_msg(strstr(out, "(first failure)"), "%s", out);
+    ck_assert_msg(strstr(out, want), "expected '%s':\n%s", want, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage3 " CPU_UNUSED " --unused-param --steps 1 --master-port %d",
+             test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_int_eq(fixture_int("find_unused=0 steps=1", "raised"), 0);
+    snprintf(want, sizeof want, "| %lld gradient all-reduces (0 B)",
+             (long long)fixture_int("find_unused=0 steps=1", "allreduces_per_step"));
+    ck_assert_msg(strstr(out, want) && strstr(out, "warning: the last step's gradients were never all-reduced"),
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
+/* find_unused_parameters: 2 ranks × 16 with the unused head train exactly like one device × 32
+ * without it — so both ranks' parameters agree (the logged loss is both ranks' mean) — fc_unused
+ * never moves (no weight decay: its gradient stays zero), and the costs are torch's: two
+ * all-reduces per step (the bucket, the used-parameter map), the bucket carrying fc_unused, no
+ * rebuild; without any unused parameter the flag warns. */
+START_TEST(find_unused_parameters_trains) {
+    char dir[] = "/tmp/ddp_XXXXXX", cmd[2048], *out, path[600];
+    ck_assert(mkdtemp(dir));
+    const char *common = "--device cpu --model tiny --norm none --train-size 256 --test-size 64 --epochs 1 "
+                         "--lr 0.05 --weight-decay 0 --deterministic --progress off --log-every 1 --steps 6";
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --batch-size 32 --save %s/one --report %s/one.jsonl", test_root(),
+             common, dir, dir);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stage1 failed:\n%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd,
+             LIMIT "%s/stage3 %s --nproc-per-node 2 --batch-size 16 --unused-param --find-unused-parameters "
+                   "--master-port %d --save %s/ddp --report %s/ddp.jsonl",
+             test_root(), common, test_free_port(), dir, dir);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stage3 failed:\n%s", out);
+    ck_assert_msg(strstr(out, "does not use 2 parameters (fc_unused.weight, fc_unused.bias)") &&
+                      !strstr(out, "buckets rebuilt") && strstr(out, "buckets never rebuilt"),
+                  "%s", out);
+    ck_assert_int_eq(fixture_int("find_unused=1", "rebuilt"), 0);
+    free(out);
+    double a[16], b[16];
+    snprintf(path, sizeof path, "%s/one.jsonl", dir);
+    ck_assert_int_eq(test_read_losses(path, a, 16), 6);
+    snprintf(path, sizeof path, "%s/ddp.jsonl", dir);
+    ck_assert_int_eq(test_read_losses(path, b, 16), 6);
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(fabs(a[i] - b[i]) <= 1e-5 * fabs(a[i]), "step %d loss %.9g (stage 1) vs %.9g", i + 1, a[i], b[i]);
+    /* torch: two all-reduces per step, the bucket holding every parameter, fc_unused included */
+    int64_t steps = report_int(path, "comm_summary", "optimizer_steps");
+    ck_assert_int_eq(steps, 6);
+    ck_assert_int_eq(report_int(path, "comm_summary", "allreduce_calls") + report_int(path, "comm_summary", "used_map_allreduces"),
+                     steps * fixture_int("find_unused=1", "allreduces_per_step"));
+    ck_assert_int_eq(report_int(path, "comm_summary", "bucket_bytes"), 4 * fixture_int("find_unused=1", "bucket_floats"));
+    ck_assert_int_eq(report_int(path, "comm_summary", "unused_params"), 2);
+    /* the final parameters: stage 1's, then fc_unused as initialised */
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, 6);
+    snprintf(pb, sizeof pb, "%s/ddp/step%08d.ckpt", dir, 6);
+    int64_t n = test_n_params("tiny");
+    float *one = test_load_params(pa, "tiny", 0);
+    model_unused_param = 1;
+    float *ddp = test_load_params(pb, "tiny", 0);
+    model_unused_param = 0;
+    double err = test_rel_err(ddp, one, n);
+    ck_assert_msg(err <= 1e-5, "final parameters differ by %.3g (relative)", err);
+    Device cpu = {0};
+    device_init(&cpu, DEV_CPU, 0, 0);
+    Model *init = model_with_unused(&cpu, "tiny", 0, 1, 0);
+    ck_assert(!memcmp(ddp + n, init->param_flat + n, (size_t)(init->n_param_floats - n) * sizeof(float)));
+    ck_assert_int_eq(fixture_int("find_unused=1", "unused_changed"), 0);
+    model_destroy(init);
+    device_destroy(&cpu);
+    free(one), free(ddp);
+    /* no unused parameter: the flag still costs the search and the map, and says so */
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 %s --nproc-per-node 2 --batch-size 16 --find-unused-parameters "
+             "--master-port %d --report %s/plain.jsonl", test_root(), common, test_free_port(), dir);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stage3 failed:\n%s", out);
+    ck_assert_msg(strstr(out, "warning: --find-unused-parameters found no unused parameter"), "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/plain.jsonl", dir);
+    ck_assert_int_eq(report_int(path, "comm_summary", "allreduce_calls") + report_int(path, "comm_summary", "used_map_allreduces"),
+                     6 * fixture_int("no_unused find_unused=1", "allreduces_per_step"));
+}
+END_TEST
+
 /* ---- on GPUs --------------------------------------------------------------------------------- */
 
 #define GPU_EQ "--device cuda --model tiny --norm none --train-size 512 --test-size 64 --epochs 1 --lr 0.05 " \
@@ -357,6 +635,10 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, buckets_reverse_then_rebuilt_in_ready_order);
     tcase_add_test(tc, bucket_extremes);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
+    tcase_add_test(tc, unused_param_without_ddp);
+    tcase_add_test(tc, unused_param_reducer);
+    tcase_add_test(tc, unused_param_stops_every_rank);
+    tcase_add_test(tc, find_unused_parameters_trains);
     tcase_add_test(tc, ddp_nccl_matches_one_gpu);
     tcase_add_test(tc, ddp_host_comm_two_workers_one_gpu);
     tcase_add_test(tc, nccl_refuses_more_workers_than_gpus);
