@@ -29,13 +29,13 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import ResNet  # noqa: E402
+import two_ranks  # noqa: E402
 
 MICRO, EPOCHS, EVAL_BATCHES, BATCH = 7, 2, 2, 4
 KS = (1, 2, 3, 4)
@@ -123,25 +123,13 @@ def run(rank, world, port, queue):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
                                                              "ddp_nosync.txt")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = 29000 + os.getpid() % 1000
-    procs = [ctx.Process(target=run, args=(r, 2, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    lines = queue.get(timeout=600)
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            sys.exit(f"rank process failed with exit code {p.exitcode}")
-    with open(out, "w") as f:
-        f.write(f"# DDP's communication per optimizer step under gradient accumulation, counted in torch "
-                f"{torch.__version__.split('+')[0]} (gloo, 2 ranks, tiny ResNet with BN).\n")
-        f.write("# Made by tests/torch/ddp_nosync_fixture.py; read by tests/test_accum.c. One line per mode and K:\n")
-        f.write("# broadcasts / allreduces: per optimizer step (both epochs, in order); eval_broadcasts: per evaluation.\n")
-        for line in lines:
-            f.write(line + "\n")
-    print(open(out).read(), end="")
+    lines = two_ranks.collect(run)
+    two_ranks.write(out, [
+        f"# DDP's communication per optimizer step under gradient accumulation, counted in torch "
+        f"{torch.__version__.split('+')[0]} (gloo, 2 ranks, tiny ResNet with BN).",
+        "# Made by tests/torch/ddp_nosync_fixture.py; read by tests/test_accum.c. One line per mode and K:",
+        "# broadcasts / allreduces: per optimizer step (both epochs, in order); eval_broadcasts: per evaluation.",
+    ], lines)
 
 
 if __name__ == "__main__":

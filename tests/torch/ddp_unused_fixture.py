@@ -31,7 +31,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -39,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import ResNet  # noqa: E402
+import two_ranks  # noqa: E402
 
 STEPS, BATCH = 3, 8
 
@@ -131,32 +131,12 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
                                                              "ddp_unused.txt")
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # read when torch loads: the error then names parameters
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = 29000 + os.getpid() % 1000
-    procs = [ctx.Process(target=run, args=(r, 2, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    lines = None
-    while lines is None:  # a rank that fails ends the wait at once, not after a timeout
-        try:
-            lines = queue.get(timeout=1)
-        except Exception:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                sys.exit("a rank process failed")
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            sys.exit(f"rank process failed with exit code {p.exitcode}")
-    with open(out, "w") as f:
-        f.write(f"# DDP and a parameter the forward never uses, observed in torch {torch.__version__.split('+')[0]} "
-                f"(gloo, 2 ranks, tiny ResNet without BN + fc_unused).\n")
-        f.write("# Made by tests/torch/ddp_unused_fixture.py; read by tests/test_ddp.c.\n")
-        for line in lines:
-            f.write(line + "\n")
-    print(open(out).read(), end="")
+    lines = two_ranks.collect(run)
+    two_ranks.write(out, [
+        f"# DDP and a parameter the forward never uses, observed in torch {torch.__version__.split('+')[0]} "
+        f"(gloo, 2 ranks, tiny ResNet without BN + fc_unused).",
+        "# Made by tests/torch/ddp_unused_fixture.py; read by tests/test_ddp.c.",
+    ], lines)
 
 
 if __name__ == "__main__":
