@@ -697,6 +697,10 @@ static int run(const Row &r, int p, double peak_gbps, void *flush, size_t flush_
     for (auto &t : k.t) bytes += (double)t.count * esize(k, t.kind) * (t.role == INOUT ? 2 : 1);
     if (k.bytes >= 0) bytes = k.bytes;
     for (auto &t : k.t) upload(k, t);
+    /* cudaMemcpy from pageable memory may return before its DMA has landed, and S (a non-blocking
+     * stream) does not wait for the legacy stream that carries it: without this, a launch could run
+     * before its inputs arrive and an upload overwrite its output (seen once, in one row of 87). */
+    CHECK(cudaDeviceSynchronize());
 
     /* 1. correctness, from fresh inputs */
     r.launch(k);
