@@ -439,23 +439,6 @@ __device__ __forceinline__ int bn_thread(bool nhwc, int c, uint32_t &lane, uint3
     }                                                                                              \
     __syncthreads();
 
-/* Σ v over the block, in a fixed tree (used by the gradient-statistics kernel below too). */
-__device__ float block_sum(float v, float *sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < warps ? sh[lane] : 0.f;
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) sh[0] = v;
-    }
-    __syncthreads();
-    float total = sh[0];
-    __syncthreads(); /* sh is reused by the next call */
-    return total;
-}
-
 template <typename T, bool NHWC>
 __global__ void __launch_bounds__(BN_THREADS)
     bn_partial_stats_kernel(BnPlan pl, int c, int hw, const T *x, float *part) {
@@ -628,6 +611,23 @@ __global__ void amp_update_scale_kernel(float *scale, float *inv_scale, int32_t 
     }
     *inv_scale = (float)(1.0 / (double)*scale);
     *found_inf = 0.f;
+}
+
+/* Σ v over the block, in a fixed tree. */
+__device__ float block_sum(float v, float *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? sh[lane] : 0.f;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    float total = sh[0];
+    __syncthreads(); /* sh is reused by the next call */
+    return total;
 }
 
 /* Integer counts: per-block sums, then one 64-bit integer atomic per block (exact, any order). */

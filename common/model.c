@@ -397,6 +397,10 @@ static void init_params(Model *m, uint64_t seed) {
     free(hb);
 }
 
+/* The typed walk (weight copies, activations in m->prec, NHWC when channels-last) serves autocast
+ * and channels-last models; only an fp32 NCHW model takes the plain one. */
+static int typed(const Model *m) { return m->prec != PREC_FP32 || m->channels_last; }
+
 static int default_channels_last = -1; /* −1: not chosen (--layout auto): channels-last */
 void model_default_layout(int channels_last) { default_channels_last = channels_last; }
 int model_layout_chosen(void) { return default_channels_last; }
@@ -425,7 +429,6 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     m->prec = prec;
     if (channels_last < 0) channels_last = default_channels_last != 0;
     m->channels_last = channels_last && dev->kind == DEV_CUDA;
-    m->typed = prec != PREC_FP32 || m->channels_last;
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     m->norm_bn = norm_bn;
     m->classes = NUM_CLASSES;
@@ -436,7 +439,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     m->acts = xcalloc(MAX_ACTS, sizeof *m->acts);
     Builder b = {.m = m};
     build(&b, arch);
-    if (m->typed && dev->kind == DEV_CUDA) fuse_relus(m);
+    if (typed(m) && dev->kind == DEV_CUDA) fuse_relus(m);
     m->n_param_floats = b.pfloats;
     m->n_buffer_floats = b.bfloats;
     plan_gradient_accumulation(m);
@@ -469,7 +472,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     lg->bytes = (size_t)max_batch * lg->c * esz;
     lg->x = model_alloc(m, lg->bytes, "logits");
     lg->dx = model_alloc(m, lg->bytes, "logits' gradient");
-    if (m->typed) {
+    if (typed(m)) {
         int64_t most = 0; /* the largest weight + bias of one layer */
         for (int l = 0; l < m->n_layers; l++) {
             Layer *L = &m->layers[l];
@@ -510,7 +513,7 @@ void model_destroy(Model *m) {
     }
     device_free(d, m->arena);
     device_free(d, m->acts[m->n_acts - 1].x), device_free(d, m->acts[m->n_acts - 1].dx);
-    if (m->typed) {
+    if (typed(m)) {
         device_free(d, m->param_lp);
         device_free(d, m->wgrad_lp);
         device_free(d, m->input_lp);
@@ -559,13 +562,13 @@ static float *G(Model *m, int p) { return m->grad_flat + m->params[p].offset; }
 static float *B(Model *m, int b) { return m->buffer_flat + m->buffers[b].offset; }
 static int64_t numel(const Activation *a, int n) { return (int64_t)n * a->c * a->h * a->w; }
 
-static void forward_autocast(Model *m, int n, const float *x, int train);
-static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
+static void forward_typed(Model *m, int n, const float *x, int train);
+static void backward_typed(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
 
 void model_forward(Model *m, int n, const float *x, int train) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    if (m->typed) {
-        forward_autocast(m, n, x, train);
+    if (typed(m)) {
+        forward_typed(m, n, x, train);
         return;
     }
     Device *d = m->dev;
@@ -601,10 +604,10 @@ void model_forward(Model *m, int n, const float *x, int train) {
 }
 
 float *model_logits(Model *m) {
-    return m->typed ? m->logits32 : m->acts[m->n_acts - 1].x;
+    return typed(m) ? m->logits32 : m->acts[m->n_acts - 1].x;
 }
 float *model_dlogits(Model *m) {
-    return m->typed ? m->dlogits32 : m->acts[m->n_acts - 1].dx;
+    return typed(m) ? m->dlogits32 : m->acts[m->n_acts - 1].dx;
 }
 
 static void ready(Layer *L, GradReadyFn fn, void *ctx) {
@@ -614,8 +617,8 @@ static void ready(Layer *L, GradReadyFn fn, void *ctx) {
 }
 
 void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
-    if (m->typed) {
-        backward_autocast(m, n, on_grad_ready, ctx);
+    if (typed(m)) {
+        backward_typed(m, n, on_grad_ready, ctx);
         return;
     }
     Device *d = m->dev;
@@ -662,7 +665,7 @@ static void *PL(Model *m, int p) { /* parameter p's low-precision copy */
     return (char *)m->param_lp + (size_t)m->params[p].offset * precision_bytes(m->dev, m->prec);
 }
 
-static void forward_autocast(Model *m, int n, const float *x, int train) {
+static void forward_typed(Model *m, int n, const float *x, int train) {
     Device *d = m->dev;
     Precision p = m->prec;
     TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "forward", "forward", n);
@@ -722,7 +725,7 @@ static void forward_autocast(Model *m, int n, const float *x, int train) {
     trace_dev_end(span);
 }
 
-static void backward_autocast(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
+static void backward_typed(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
     Device *d = m->dev;
     Precision p = m->prec;
     size_t esz = precision_bytes(d, p);

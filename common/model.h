@@ -85,7 +85,6 @@ typedef struct Model {
     /* autocast (prec fp16 / bf16) or channels-last; all NULL for an fp32 NCHW model */
     Precision prec;          /* activation and conv/linear compute type */
     int channels_last;       /* CUDA: activations NHWC, conv weight copies KRSC (ops.h) */
-    int typed;               /* prec != fp32 or channels_last: the typed walk (weight copies) */
     void *param_lp;          /* param_flat cast to prec, once per forward: the weight cast cache */
     void *wgrad_lp;          /* one layer's weight (+ bias) gradient in prec, before it is added
                               * into grad_flat */
