@@ -457,11 +457,11 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     m->buffer_flat = model_alloc(m, (size_t)(m->n_buffer_floats + 1) * sizeof(float), "bn buffers");
     /* Activations in the model's type: 16 bits each on CUDA under autocast — half the memory. */
     size_t esz = precision_bytes(dev, prec);
-    /* Opt-in for now: on an H200 the planned model measured 740 MiB instead of 1.60 GiB (stage 1)
-     * but ran slower (8.96 against 7.66 ms/iter; stage 5 fp16 9.78 against 5.32), a cost not yet
-     * explained (docs/results.md). MODEL_MEMORY_PLAN=1 turns it on. */
+    /* Planned lifetimes by default (MODEL_MEMORY_PLAN=0: every tensor kept all step, the reference
+     * the plan is tested against). On an H200 the plan costs no time (5.01–5.05 ms/iter either way
+     * for stage 1, channels-last) and halves the activation memory (docs/results.md). */
     const char *env = getenv("MODEL_MEMORY_PLAN");
-    m->memory_plan = env && strcmp(env, "0") != 0;
+    m->memory_plan = !env || strcmp(env, "0") != 0;
     /* on CUDA the plan also holds each convolution's cuDNN workspace (sized by model_prepare) */
     m->plan_workspaces = m->memory_plan && dev->kind == DEV_CUDA;
     for (int l = 0; l < m->n_layers; l++) m->layers[l].conv.own_workspace = m->plan_workspaces;

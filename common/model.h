@@ -116,9 +116,8 @@ typedef struct Model {
  * workspace (alive only at that convolution's forward step, and at its backward step) and lays
  * the arena out again. The logits and their gradient live all step (the loss reads them between
  * forward and backward) in allocations of their own, so pointers taken to them stay valid.
- * The plan is opt-in (MODEL_MEMORY_PLAN=1 in the environment) until its measured slowdown on the
- * GPU is understood (docs/results.md); by default, and with MODEL_MEMORY_PLAN=0, every tensor lives
- * the whole step (nothing shared: the reference the plan is tested against). */
+ * The plan is on by default; with MODEL_MEMORY_PLAN=0 in the environment every tensor lives the
+ * whole step (nothing shared: the reference the plan is tested against). */
 
 typedef void (*GradReadyFn)(void *ctx, int param_index);
 

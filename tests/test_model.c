@@ -233,7 +233,7 @@ static void check_plan(const char *arch, int batch, Precision p) {
 }
 
 START_TEST(memory_plan_is_sound_and_accounted) {
-    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     check_plan("tiny", 4, PREC_FP32);
     check_plan("tiny", 4, PREC_FP16);
     check_plan("resnet18", 2, PREC_FP32);
@@ -250,7 +250,7 @@ END_TEST
  * convolution. The logits and their gradient live outside the arena. Both arenas reach that bound
  * exactly. Unplanned, the arena is every x and dx side by side. */
 START_TEST(memory_plan_figures_are_pinned) {
-    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     Device d = cpu();
     Model *t = model_create(&d, "tiny", 1, 4, 0), *r = model_create(&d, "resnet18", 1, 2, 0);
     setenv("MODEL_MEMORY_PLAN", "0", 1);
@@ -306,7 +306,7 @@ static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precisi
 }
 
 START_TEST(memory_plan_changes_no_bit) {
-    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     check_plan_bitwise("tiny", 1, 4, PREC_FP32);
     check_plan_bitwise("tiny", 0, 4, PREC_FP32);
     check_plan_bitwise("tiny", 1, 4, PREC_FP16);
@@ -445,7 +445,7 @@ END_TEST
 #define BN_SCRATCH(g) ((g).bn_scratch ? device_alloc_size((g).bn_scratch_bytes) : 0)
 
 START_TEST(cuda_memory_plan_holds_workspaces) {
-    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the plan is opt-in (model.h) */
+    setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     if (!test_have_gpu("model: the memory plan on CUDA (workspaces in the arena)")) return;
     Device g = {.allow_tf32 = 0, .deterministic = 1};
     device_init(&g, DEV_CUDA, 0, 0);
