@@ -311,6 +311,7 @@ void config_defaults(TrainConfig *c) {
     c->deterministic = 0;
     c->cudnn_benchmark = 0;
     c->no_tf32 = 0;
+    c->no_cuda_graph = 0;
     c->data = "";
     c->train_size = -1;
     c->test_size = -1;
@@ -378,6 +379,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"no-tf32", OPT_FLAG, &c->no_tf32, 0, 0, NULL,
          "full-FP32 convolutions and matmuls instead of TF32 "
          "(torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False)"},
+        {"no-cuda-graph", OPT_FLAG, &c->no_cuda_graph, 0, 0, NULL,
+         "launch the training step's kernels one by one instead of replaying them as CUDA graphs "
+         "(PyTorch eager does; torch.cuda.graphs does not). Stage 2 never uses graphs"},
         {"layout", OPT_CHOICE, &c->layout, 0, 0, "auto|nhwc|nchw",
          "activations on the GPU: nhwc (channels-last, torch.channels_last: cuDNN's tensor-core "
          "kernels read it as is) or nchw (PyTorch's default: cuDNN transforms the layout around every "
@@ -437,6 +441,7 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
     if (c->epochs < 0) c->epochs = cuda ? 5 : 4;
     if (strcmp(c->layout, "auto")) model_default_layout(!strcmp(c->layout, "nhwc"));
+    if (c->no_cuda_graph) model_default_graphs(0);
     /* CIFAR-10 keeps −1 ("all of it"): only the loader knows how many samples the files hold. */
     if (c->train_size < 0 && synthetic) c->train_size = cuda ? 50000 : 8192;
     if (c->test_size < 0 && synthetic) c->test_size = cuda ? 10000 : 1024;

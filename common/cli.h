@@ -46,6 +46,7 @@ typedef struct TrainConfig {
     int deterministic;
     int cudnn_benchmark;
     int no_tf32;
+    int no_cuda_graph;       /* run the training step's launches one by one (model_default_graphs) */
     const char *layout;      /* auto | nhwc | nchw: activations on the GPU (model_default_layout) */
     const char *data;        /* "" = synthetic; else CIFAR-10 binary directory */
     int64_t train_size;      /* −1 = auto (all of CIFAR-10; synthetic: 50000 GPU / 8192 CPU) */

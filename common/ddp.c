@@ -111,6 +111,19 @@ static void index_buckets(Ddp *d) {
     }
     for (int b = 0; b < d->n_buckets; b++) d->buckets[b].pending = d->buckets[b].n_params;
     d->next = 0;
+    /* A launch happens only when a bucket's last gradient is ready: backward needs to stop for the
+     * hook only there (model_set_hook_stops: each stop is one more CUDA graph launch). */
+    unsigned char *stop = xcalloc((size_t)m->n_params, 1);
+    for (int b = 0; b < d->n_buckets && d->overlap; b++) {
+        int last = -1, at = -1;
+        for (int p = 0; p < m->n_params; p++) {
+            int pt = model_hook_point(m, p);
+            if (d->bucket_of[p] == b && pt > at) at = pt, last = p;
+        }
+        if (last >= 0) stop[last] = 1;
+    }
+    model_set_hook_stops(m, stop);
+    free(stop);
 }
 
 /* Group parameters, in the given order, into buckets: a bucket closes once it holds at least its

@@ -88,6 +88,8 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
         die_user("stage 2 runs NCHW: --layout nhwc is not available for DataParallel (drop it, or "
                  "compare stage 1 --layout nchw against stage 2)");
     model_default_layout(0);
+    /* ...and launch by launch, as PyTorch's eager replicas do: no CUDA graphs */
+    model_default_graphs(0);
 }
 
 /* The modules nn.Module.modules() lists for the PyTorch twin of this model (tests/torch/models.py):

@@ -5,19 +5,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* One message, one write(2): when several ranks of a job fail at once into the same stderr, their
+ * lines then come out whole, never interleaved mid-word (a pipe write up to PIPE_BUF is atomic). */
+static void say(const char *msg) {
+    size_t len = strlen(msg), off = 0;
+    while (off < len) {
+        ssize_t w = write(STDERR_FILENO, msg + off, len - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+}
 
 void die_at(const char *file, int line, const char *call, const char *why, const char *hint) {
     fflush(stdout);
-    fprintf(stderr, "%s:%d: %s failed: %s\n", file, line, call, why ? why : "(no reason given)");
-    if (hint && hint[0]) fprintf(stderr, "  hint: %s\n", hint);
+    char msg[4096];
+    int k = snprintf(msg, sizeof msg, "%s:%d: %s failed: %s\n", file, line, call, why ? why : "(no reason given)");
+    if (hint && hint[0] && k >= 0 && (size_t)k < sizeof msg) snprintf(msg + k, sizeof msg - k, "  hint: %s\n", hint);
+    say(msg);
     exit(1);
 }
 
 static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
     fflush(stdout);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char msg[4096] = "error: ";
+    size_t k = strlen(msg);
+    vsnprintf(msg + k, sizeof msg - k - 1, fmt, ap);
+    strcat(msg, "\n"); /* room kept above: a message cut at the limit still ends its line */
+    say(msg);
     exit(code);
 }
 

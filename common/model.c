@@ -402,6 +402,8 @@ static void init_params(Model *m, uint64_t seed) {
 static int typed(const Model *m) { return m->prec != PREC_FP32 || m->channels_last; }
 
 static int default_channels_last = -1; /* −1: not chosen (--layout auto): channels-last */
+static int default_graphs = 1;          /* --no-cuda-graph, stage 2: 0 */
+void model_default_graphs(int on) { default_graphs = on; }
 void model_default_layout(int channels_last) { default_channels_last = channels_last; }
 int model_layout_chosen(void) { return default_channels_last; }
 
@@ -429,6 +431,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     m->prec = prec;
     if (channels_last < 0) channels_last = default_channels_last != 0;
     m->channels_last = channels_last && dev->kind == DEV_CUDA;
+    graph_init(&m->graphs, dev, default_graphs);
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     m->norm_bn = norm_bn;
     m->classes = NUM_CLASSES;
@@ -506,6 +509,8 @@ void model_destroy(Model *m) {
     if (!m) return;
     Device *d = m->dev;
     device_sync(d);
+    graph_destroy(&m->graphs);
+    free(m->hook_stop);
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
         if (L->kind == LAYER_CONV) conv_release(d, &L->conv);
@@ -553,6 +558,8 @@ void model_prepare(Model *m, int n) {
         }
     }
     if (own) place_arena(m); /* the workspaces join the plan */
+    /* New addresses (the arena, a grown shared workspace): every captured graph is stale. */
+    graph_clear(&m->graphs);
 }
 
 /* ---- forward and backward -------------------------------------------------------------------- */
@@ -563,14 +570,38 @@ static float *B(Model *m, int b) { return m->buffer_flat + m->buffers[b].offset;
 static int64_t numel(const Activation *a, int n) { return (int64_t)n * a->c * a->h * a->w; }
 
 static void forward_typed(Model *m, int n, const float *x, int train);
-static void backward_typed(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
+static void forward_plain(Model *m, int n, const float *x, int train);
+
+typedef struct ForwardRun {
+    Model *m;
+    int n;
+    const float *x;
+} ForwardRun;
+
+static void forward_train(void *arg) {
+    const ForwardRun *a = arg;
+    if (typed(a->m))
+        forward_typed(a->m, a->n, a->x, 1);
+    else
+        forward_plain(a->m, a->n, a->x, 1);
+}
 
 void model_forward(Model *m, int n, const float *x, int train) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    if (typed(m)) {
-        forward_typed(m, n, x, train);
+    /* what backward reads as the input: set here, since a replayed graph runs no host code */
+    m->acts[0].x = typed(m) ? m->input_lp : (float *)x;
+    if (!train) { /* evaluation stays eager: it is not what a step's time is made of */
+        if (typed(m))
+            forward_typed(m, n, x, 0);
+        else
+            forward_plain(m, n, x, 0);
         return;
     }
+    ForwardRun a = {m, n, x};
+    graph_run(&m->graphs, (GraphKey){x, n, GRAPH_FORWARD}, forward_train, &a);
+}
+
+static void forward_plain(Model *m, int n, const float *x, int train) {
     Device *d = m->dev;
     m->acts[0].x = (float *)x;
     /* --trace: the whole forward (a one-layer view is DataParallel's op-by-op forward: its replica
@@ -616,43 +647,110 @@ static void ready(Layer *L, GradReadyFn fn, void *ctx) {
     if (L->p1 >= 0) fn(ctx, L->p1);
 }
 
-void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
-    if (typed(m)) {
-        backward_typed(m, n, on_grad_ready, ctx);
+/* Backward is a sequence of positions: each layer, from the last, in two halves around its ready
+ * point. Half 0 makes the layer's parameter gradients final (a conv's weight gradient; all of batch
+ * norm's and linear's backward; all of the parameter-free layers'); half 1 is the rest (a conv's
+ * input gradient). DDP's hook runs between the two, so the all-reduce of a bucket starts while the
+ * input gradients are still being computed. */
+static void backward_half(Model *m, int n, int l, int half) {
+    Device *d = m->dev;
+    Layer *L = &m->layers[l];
+    Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
+    float *dx = in->dx; /* NULL for the input batch: no gradient needed there */
+    if (half == 1) { /* only a conv has a second half: its input gradient */
+        if (L->kind == LAYER_CONV && dx) conv_backward_data(d, &L->conv, n, out->dx, P(m, L->p0), dx, L->acc_in);
         return;
     }
-    Device *d = m->dev;
-    TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "backward", "backward", n);
-    for (int l = m->n_layers - 1; l >= 0; l--) {
-        Layer *L = &m->layers[l];
-        Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
-        float *dx = in->dx; /* NULL for the input batch: no gradient needed there */
-        switch (L->kind) {
-        case LAYER_CONV:
-            /* weight gradient first: it is final now, so DDP can start reducing it while we go on */
-            conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0));
-            ready(L, on_grad_ready, ctx);
-            if (dx) conv_backward_data(d, &L->conv, n, out->dx, P(m, L->p0), dx, L->acc_in);
-            break;
-        case LAYER_BN:
-            bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean,
-                        L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
-            ready(L, on_grad_ready, ctx);
-            break;
-        case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
-        case LAYER_ADD: /* d(in) may BE d(out) (the plan's alias): then there is nothing to copy */
-            if (dx != out->dx) grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
-            grad_pass(d, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
-            break;
-        case LAYER_POOL: avgpool_backward(d, n, in->c, in->h * in->w, out->dx, dx, L->acc_in); break;
-        case LAYER_LINEAR:
-            linear_backward(d, n, L->fin, L->fout, in->x, P(m, L->p0), out->dx, dx, G(m, L->p0),
-                            G(m, L->p1), L->acc_in);
-            ready(L, on_grad_ready, ctx);
-            break;
-        }
+    switch (L->kind) {
+    case LAYER_CONV: /* weight gradient first: it is final now, so DDP can start reducing it */
+        conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0));
+        break;
+    case LAYER_BN:
+        bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean, L->save_invstd,
+                    BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
+        break;
+    case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
+    case LAYER_ADD: /* d(in) may BE d(out) (the plan's alias): then there is nothing to copy */
+        if (dx != out->dx) grad_pass(d, numel(out, n), out->dx, dx, L->acc_in);
+        grad_pass(d, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
+        break;
+    case LAYER_POOL: avgpool_backward(d, n, in->c, in->h * in->w, out->dx, dx, L->acc_in); break;
+    case LAYER_LINEAR:
+        linear_backward(d, n, L->fin, L->fout, in->x, P(m, L->p0), out->dx, dx, G(m, L->p0), G(m, L->p1),
+                        L->acc_in);
+        break;
+    }
+}
+
+static void backward_prologue_typed(Model *m, int n);
+static void backward_half_typed(Model *m, int n, int l, int half);
+
+/* Positions [from, to) of the backward: one stretch between two ready points (a CUDA graph). */
+typedef struct BackwardStretch {
+    Model *m;
+    int n, from, to;
+} BackwardStretch;
+
+static void backward_stretch(void *arg) {
+    const BackwardStretch *a = arg;
+    Model *m = a->m;
+    const int L = m->n_layers;
+    if (a->from == 0 && typed(m)) backward_prologue_typed(m, a->n);
+    for (int pos = a->from; pos < a->to; pos++) {
+        if (typed(m))
+            backward_half_typed(m, a->n, L - 1 - pos / 2, pos % 2);
+        else
+            backward_half(m, a->n, L - 1 - pos / 2, pos % 2);
+    }
+}
+
+static int stops_at(const Model *m, const Layer *ly) {
+    return !m->hook_stop || m->hook_stop[ly->p0] || (ly->p1 >= 0 && m->hook_stop[ly->p1]);
+}
+
+void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
+    TraceDev span = trace_dev_begin(m->dev, TRACE_COMPUTE, NULL, "backward", "backward", n);
+    /* Without a hook the whole backward is one stretch; with one, a stretch ends at each stop and
+     * the hook runs between stretches — host work the graphs leave out (graph.h). The plain walk's
+     * first conv reads the input batch itself: its address is part of the key. */
+    const int L = m->n_layers, end = 2 * L;
+    const void *x = typed(m) ? NULL : m->acts[0].x;
+    int from = 0, seg = 0, waiting[MAX_LAYERS], n_waiting = 0; /* ready since the last stop */
+    for (int pos = 0; pos < end; pos++) {
+        Layer *ly = &m->layers[L - 1 - pos / 2];
+        int point = on_grad_ready && pos % 2 == 0 && ly->p0 >= 0, stop = point && stops_at(m, ly);
+        if (point && !stop) waiting[n_waiting++] = L - 1 - pos / 2;
+        if (!stop && pos + 1 < end) continue;
+        BackwardStretch a = {m, n, from, pos + 1};
+        graph_run(&m->graphs, (GraphKey){x, n, on_grad_ready ? seg++ : GRAPH_BACKWARD}, backward_stretch, &a);
+        for (int i = 0; i < n_waiting; i++) ready(&m->layers[waiting[i]], on_grad_ready, ctx);
+        n_waiting = 0;
+        if (stop) ready(ly, on_grad_ready, ctx);
+        from = pos + 1;
     }
     trace_dev_end(span);
+}
+
+void model_set_hook_stops(Model *m, const unsigned char *stop) {
+    if (stop && m->hook_stop && !memcmp(stop, m->hook_stop, (size_t)m->n_params)) return;
+    free(m->hook_stop);
+    m->hook_stop = NULL;
+    if (stop) {
+        m->hook_stop = xmalloc((size_t)m->n_params);
+        memcpy(m->hook_stop, stop, (size_t)m->n_params);
+    }
+    graph_clear(&m->graphs); /* the stretches changed */
+}
+
+int model_hook_point(const Model *m, int p) {
+    int point = 0;
+    for (int l = m->n_layers - 1; l >= 0; l--) {
+        const Layer *ly = &m->layers[l];
+        if (ly->p0 < 0) continue;
+        if (ly->p0 == p || ly->p1 == p) return point;
+        point++;
+    }
+    return -1;
 }
 
 /* ---- the typed walk: autocast, channels-last ---------------------------------------------------- */
@@ -725,65 +823,64 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
     trace_dev_end(span);
 }
 
-static void backward_typed(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
+/* the backward of the logits' cast to fp32 is a cast back to the low type */
+static void backward_prologue_typed(Model *m, int n) {
+    cast_to(m->dev, m->prec, (int64_t)n * m->classes, m->dlogits32, m->acts[m->n_acts - 1].dx);
+}
+
+static void backward_half_typed(Model *m, int n, int l, int half) {
     Device *d = m->dev;
     Precision p = m->prec;
     size_t esz = precision_bytes(d, p);
     const int cl = m->channels_last;
-    TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "backward", "backward", n);
-    /* the backward of the logits' cast to fp32 is a cast back to the low type */
-    cast_to(d, p, (int64_t)n * m->classes, m->dlogits32, m->acts[m->n_acts - 1].dx);
-    for (int l = m->n_layers - 1; l >= 0; l--) {
-        Layer *L = &m->layers[l];
-        Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
-        void *dx = in->dx;
-        switch (L->kind) {
-        case LAYER_CONV:
-            /* the low-precision gradient of the cast weight, then the cast's backward: += into
-             * the fp32 gradient */
-            conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, m->wgrad_lp);
-            if (cl)
-                cast_from_khwc(d, p, L->conv.s.cout, L->conv.s.cin, L->conv.s.k * L->conv.s.k,
-                               m->wgrad_lp, G(m, L->p0), 1);
-            else
-                cast_from(d, p, m->params[L->p0].count, m->wgrad_lp, G(m, L->p0), 1);
-            ready(L, on_grad_ready, ctx);
-            if (dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PL(m, L->p0), dx, L->acc_in);
-            break;
-        case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
-            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
-                           L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
-                           L->acc_in, L->fuse_relu);
-            ready(L, on_grad_ready, ctx);
-            break;
-        case LAYER_RELU:
-            if (!L->fused) relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0);
-            break;
-        case LAYER_ADD:
-            if (L->fuse_relu) {
-                add_relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, L->acc_in,
-                                     m->acts[L->in2].dx, L->acc_in2);
-                break;
-            }
-            if (dx != out->dx) grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
-            grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
-            break;
-        case LAYER_POOL:
-            avgpool_backward_lp(d, p, cl, n, in->c, in->h * in->w, out->dx, dx, L->acc_in);
-            break;
-        case LAYER_LINEAR: {
-            int64_t wc = m->params[L->p0].count;
-            void *dW = m->wgrad_lp, *db = (char *)m->wgrad_lp + (size_t)wc * esz;
-            linear_backward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), out->dx, dx, dW, db,
-                               L->acc_in);
-            cast_from(d, p, wc, dW, G(m, L->p0), 1);
-            cast_from(d, p, m->params[L->p1].count, db, G(m, L->p1), 1);
-            ready(L, on_grad_ready, ctx);
-            break;
-        }
-        }
+    Layer *L = &m->layers[l];
+    Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
+    void *dx = in->dx;
+    if (half == 1) { /* only a conv has a second half: its input gradient */
+        if (L->kind == LAYER_CONV && dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PL(m, L->p0), dx, L->acc_in);
+        return;
     }
-    trace_dev_end(span);
+    switch (L->kind) {
+    case LAYER_CONV:
+        /* the low-precision gradient of the cast weight, then the cast's backward: += into
+         * the fp32 gradient */
+        conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, m->wgrad_lp);
+        if (cl)
+            cast_from_khwc(d, p, L->conv.s.cout, L->conv.s.cin, L->conv.s.k * L->conv.s.k,
+                           m->wgrad_lp, G(m, L->p0), 1);
+        else
+            cast_from(d, p, m->params[L->p0].count, m->wgrad_lp, G(m, L->p0), 1);
+        break;
+    case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
+        bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
+                       L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
+                       L->acc_in, L->fuse_relu);
+        break;
+    case LAYER_RELU:
+        if (!L->fused) relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0);
+        break;
+    case LAYER_ADD:
+        if (L->fuse_relu) {
+            add_relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, L->acc_in,
+                                 m->acts[L->in2].dx, L->acc_in2);
+            break;
+        }
+        if (dx != out->dx) grad_pass_lp(d, p, numel(out, n), out->dx, dx, L->acc_in);
+        grad_pass_lp(d, p, numel(out, n), out->dx, m->acts[L->in2].dx, L->acc_in2);
+        break;
+    case LAYER_POOL:
+        avgpool_backward_lp(d, p, cl, n, in->c, in->h * in->w, out->dx, dx, L->acc_in);
+        break;
+    case LAYER_LINEAR: {
+        int64_t wc = m->params[L->p0].count;
+        void *dW = m->wgrad_lp, *db = (char *)m->wgrad_lp + (size_t)wc * esz;
+        linear_backward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), out->dx, dx, dW, db,
+                           L->acc_in);
+        cast_from(d, p, wc, dW, G(m, L->p0), 1);
+        cast_from(d, p, m->params[L->p1].count, db, G(m, L->p1), 1);
+        break;
+    }
+    }
 }
 
 void model_zero_grad(Model *m) {
@@ -802,13 +899,13 @@ const char *model_describe(const Model *m, char *buf, int len) {
         if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
     }
     sep[j] = 0;
-    snprintf(buf, len, "%s (norm %s): %s parameters%s, %d layers%s%s%s, activations %.1f MiB %s",
+    snprintf(buf, len, "%s (norm %s): %s parameters%s, %d layers%s%s%s, activations %.1f MiB %s%s",
              m->arch, m->norm_bn ? "bn" : "none", sep, m->unused_params ? " (with fc_unused, never used)" : "",
              m->n_layers,
              m->prec != PREC_FP32 ? ", autocast " : "",
              m->prec != PREC_FP32 ? precision_name(m->prec) : "",
              m->channels_last ? ", channels-last" : "", m->arena_bytes / 1048576.0,
-             m->memory_plan ? "planned" : "unplanned");
+             m->memory_plan ? "planned" : "unplanned", m->graphs.enabled ? ", CUDA graphs" : "");
     return buf;
 }
 

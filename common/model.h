@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "device.h"
+#include "graph.h"
 #include "ops.h"
 #include "precision.h"
 
@@ -101,7 +102,14 @@ typedef struct Model {
     size_t alloc_bytes;      /* everything the model holds on its device (accounted, rounded) */
     int prepared[16], n_prepared; /* batch sizes model_prepare has planned */
     int unused_params;       /* --unused-param: the last this many parameters (fc_unused) belong to no layer */
+    GraphCache graphs;       /* CUDA graphs of the training forward and backward stretches (graph.h) */
+    unsigned char *hook_stop; /* model_set_hook_stops; NULL: stop at every parameter */
 } Model;
+
+/* GraphKey.part of the forward, and of a backward run without a hook (one stretch); with a hook,
+ * backward stretch k is part k. */
+#define GRAPH_FORWARD (-1)
+#define GRAPH_BACKWARD (-2)
 
 /* Activation memory, planned as autograd frees: one training step is a timeline of 2·L + 1 steps
  * for L layers — forward of layer i at step i, the loss at step L, backward of layer i at step
@@ -144,6 +152,10 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
 void model_default_layout(int channels_last);
 /* What --layout chose: 1 nhwc, 0 nchw, −1 auto. */
 int model_layout_chosen(void);
+/* Whether models created from now on replay their training steps as CUDA graphs (graph.h):
+ * on by default; --no-cuda-graph, and stage 2 (whose replicas run op by op under the GIL), turn it
+ * off. Evaluation, --trace windows and the CPU backend always run eagerly. */
+void model_default_graphs(int on);
 void model_destroy(Model *m);
 /* Plan convolutions for batch size n (cuDNN algorithm choice, workspace) ahead of the step. */
 void model_prepare(Model *m, int n);
@@ -155,6 +167,16 @@ float *model_logits(Model *m);  /* [n][classes] */
 float *model_dlogits(Model *m); /* the loss writes d(loss)/d(logits) here before backward */
 /* Backward from model_dlogits; parameter gradients ACCUMULATE into grad_flat. */
 void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
+/* Where a backward with a hook stops for it. With CUDA graphs every stop ends one graph and begins
+ * the next (graph.h), so fewer stops mean fewer launches. stop == NULL (the default): after every
+ * layer with parameters, as autograd fires hooks. Otherwise backward stops only after a layer
+ * that produces a marked parameter (stop[p] != 0, n_params entries, copied) and there runs the hook
+ * of every parameter made ready since the last stop, in order — DDP marks the last parameter of
+ * each bucket, the only ones at which it launches anything. */
+void model_set_hook_stops(Model *m, const unsigned char *stop);
+/* The ready point at which backward reports parameter p: 0 for the first layer backward reaches
+ * that has parameters, 1 for the next, …; −1 if no layer produces p (fc_unused). */
+int model_hook_point(const Model *m, int p);
 void model_zero_grad(Model *m);
 
 /* A one-line description: parameters, layers, type and the planned activation memory

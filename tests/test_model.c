@@ -8,6 +8,7 @@
 #include "amp.h"
 #include "model.h"
 #include "ops.h"
+#include "optim.h"
 #include "tests.h"
 
 static Device cpu(void) {
@@ -109,6 +110,54 @@ START_TEST(grad_ready_hook_fires_once_per_parameter_in_reverse) {
     ck_assert_int_eq(r.order[0], m->n_params - 2); /* linear.weight is ready first */
     ck_assert_int_eq(r.order[r.n - 1], 0);         /* conv1.weight last */
     model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+/* model_set_hook_stops: backward stops only after the marked parameters' layers, and there runs
+ * the hooks of everything made ready since the last stop, in the same order. Seen from a hook: with
+ * a stop at every parameter (the default) conv1's gradient is still zero when the first hook runs;
+ * with the only stop at conv1 — the last point — every hook runs after the whole backward, in the
+ * same order, and the gradients are the same. */
+typedef struct StopSeen { Model *m; int order[64], n, conv1_done_at_first; } StopSeen;
+static void on_ready_stop(void *ctx, int p) {
+    StopSeen *s = ctx;
+    if (s->n == 0) s->conv1_done_at_first = s->m->grad_flat[s->m->params[0].offset] != 0.0f;
+    s->order[s->n++] = p;
+}
+
+START_TEST(hook_stops_defer_hooks_in_order) {
+    Device d = cpu();
+    float x[4 * 3072];
+    int32_t y[4] = {1, 2, 3, 4};
+    test_fill_uniform(x, 4 * 3072, 5, -1, 1);
+    float loss, *g[2];
+    int32_t correct;
+    StopSeen seen[2] = {0};
+    for (int v = 0; v < 2; v++) {
+        Model *m = model_create(&d, "tiny", 1, 4, 0);
+        ck_assert_int_eq(model_hook_point(m, m->n_params - 2), 0); /* linear first */
+        int last = model_hook_point(m, 0);                        /* conv1 last */
+        for (int p = 1; p < m->n_params; p++) ck_assert_int_lt(model_hook_point(m, p), last);
+        if (v) {
+            unsigned char stop[64] = {0};
+            stop[0] = 1;
+            model_set_hook_stops(m, stop);
+        }
+        seen[v].m = m;
+        model_forward(m, 4, x, 1);
+        xent_forward_backward(&d, 4, 10, model_logits(m), y, 0.25f, &loss, &correct, model_dlogits(m));
+        model_backward(m, 4, on_ready_stop, &seen[v]);
+        ck_assert_int_eq(seen[v].n, m->n_params);
+        g[v] = malloc(m->n_param_floats * sizeof(float));
+        memcpy(g[v], m->grad_flat, m->n_param_floats * sizeof(float));
+        if (v) ck_assert(!memcmp(g[0], g[1], m->n_param_floats * sizeof(float)));
+        model_destroy(m);
+    }
+    ck_assert_int_eq(seen[0].conv1_done_at_first, 0);
+    ck_assert_int_eq(seen[1].conv1_done_at_first, 1);
+    ck_assert(!memcmp(seen[0].order, seen[1].order, sizeof seen[0].order));
+    free(g[0]), free(g[1]);
     device_destroy(&d);
 }
 END_TEST
@@ -522,6 +571,84 @@ START_TEST(cuda_memory_plan_holds_workspaces) {
 }
 END_TEST
 
+/* CUDA graphs (graph.h) replay exactly what the eager step launches: a ResNet-18 model with graphs
+ * and one without, same seed, same deterministic algorithms, trained 5 steps on two alternating
+ * input buffers (the input pipe's double buffer) with SGD in between, give bit-identical logits
+ * and gradients at every step and fire the gradient hooks in the same order — fp32 NCHW (the plain
+ * walk, whose first conv reads the input buffer in backward), fp32 channels-last and fp16
+ * channels-last, the last two with backward stopping for the hook only at every 7th parameter
+ * (model_set_hook_stops). The graphed model must really have captured and replayed graphs; the eager one
+ * none. */
+typedef struct HookLog { int order[256], count; } HookLog;
+static void log_hook(void *ctx, int p) {
+    HookLog *h = ctx;
+    if (h->count < 256) h->order[h->count] = p;
+    h->count++;
+}
+
+START_TEST(cuda_graphs_replay_the_eager_step) {
+    if (!test_have_gpu("model: CUDA graphs replay the eager step bit for bit")) return;
+    Device g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    const int n = 16;
+    float *x = malloc((size_t)2 * n * 3072 * sizeof(float));
+    int32_t y[16];
+    for (int i = 0; i < n; i++) y[i] = (i * 7) % 10;
+    test_fill_uniform(x, (int64_t)2 * n * 3072, 29, -2, 2);
+    float *xg[2] = {device_alloc(&g, (size_t)n * 3072 * 4, "x0"), device_alloc(&g, (size_t)n * 3072 * 4, "x1")};
+    int32_t *yg = device_alloc(&g, sizeof y, "y");
+    float *lossg = device_alloc(&g, 4, "loss");
+    int32_t *corrg = device_alloc(&g, 4, "correct");
+    device_copy_h2d(&g, xg[0], x, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, xg[1], x + (size_t)n * 3072, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, yg, y, sizeof y);
+    const struct { Precision p; int cl; } cfg[3] = {{PREC_FP32, 0}, {PREC_FP32, 1}, {PREC_FP16, 1}};
+    for (int c = 0; c < 3; c++) {
+        Model *m[2];
+        Optimizer opt[2];
+        for (int v = 0; v < 2; v++) { /* v = 0: graphs (the default); v = 1: eager */
+            model_default_graphs(v == 0);
+            m[v] = model_create_mixed(&g, "resnet18", 1, n, 11, cfg[c].p, cfg[c].cl);
+            model_prepare(m[v], n);
+            if (v == 0 && c > 0) { /* and with stops every 7th parameter, as DDP's buckets make them */
+                unsigned char stop[256] = {0};
+                for (int p = 0; p < m[v]->n_params; p += 7) stop[p] = 1;
+                model_set_hook_stops(m[v], stop);
+            }
+            optim_init(&opt[v], &g, m[v]->n_param_floats, 0.05, 0.9, 5e-4);
+        }
+        model_default_graphs(1);
+        const int64_t np = m[0]->n_param_floats;
+        float *gr[2] = {malloc(np * 4), malloc(np * 4)}, *lg[2] = {malloc(n * 40), malloc(n * 40)};
+        for (int step = 0; step < 5; step++) {
+            HookLog h[2] = {0};
+            for (int v = 0; v < 2; v++) {
+                model_zero_grad(m[v]);
+                model_forward(m[v], n, xg[step % 2], 1);
+                xent_forward_backward(&g, n, 10, model_logits(m[v]), yg, 1.0f / n, lossg, corrg, model_dlogits(m[v]));
+                model_backward(m[v], n, log_hook, &h[v]);
+                device_copy_d2h(&g, gr[v], m[v]->grad_flat, np * 4);
+                device_copy_d2h(&g, lg[v], model_logits(m[v]), n * 40);
+                optim_step(&opt[v], m[v]->param_flat, m[v]->grad_flat, 0.05);
+            }
+            ck_assert_msg(!memcmp(lg[0], lg[1], n * 40), "config %d step %d: logits differ", c, step);
+            ck_assert_msg(!memcmp(gr[0], gr[1], np * 4), "config %d step %d: gradients differ", c, step);
+            ck_assert_int_eq(h[0].count, m[0]->n_params);
+            ck_assert_int_eq(h[0].count, h[1].count);
+            ck_assert(!memcmp(h[0].order, h[1].order, sizeof h[0].order));
+        }
+        printf("resnet18 %s%s: %lld graphs captured, %lld replays; the eager model %lld\n",
+               precision_name(cfg[c].p), cfg[c].cl ? " channels-last" : "", (long long)m[0]->graphs.captures,
+               (long long)m[0]->graphs.replays, (long long)m[1]->graphs.captures);
+        ck_assert(m[0]->graphs.captures > 0 && m[0]->graphs.replays > 0);
+        ck_assert(m[1]->graphs.captures == 0 && m[1]->graphs.replays == 0);
+        for (int v = 0; v < 2; v++) free(gr[v]), free(lg[v]), optim_destroy(&opt[v]), model_destroy(m[v]);
+    }
+    free(x);
+    device_destroy(&g);
+}
+END_TEST
+
 Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -529,6 +656,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, init_follows_pytorch_defaults);
     tcase_add_test(tc, backward_plan_accumulates_at_fan_out);
     tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
+    tcase_add_test(tc, hook_stops_defer_hooks_in_order);
     tcase_add_test(tc, gradients_accumulate_across_backwards);
     tcase_add_test(tc, eval_mode_leaves_running_stats_alone);
     tcase_add_test(tc, memory_plan_is_sound_and_accounted);
@@ -537,6 +665,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, cuda_model_matches_cpu_model);
     tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
     tcase_add_test(tc, cuda_memory_plan_holds_workspaces);
+    tcase_add_test(tc, cuda_graphs_replay_the_eager_step);
     suite_add_tcase(s, tc);
     return s;
 }
