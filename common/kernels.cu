@@ -333,28 +333,6 @@ __global__ void cast_to_nhwc_kernel(int64_t count, int c, int hw, const float *s
     }
 }
 
-/* fp32 [cout][cin][kk] → T [cout][kk][cin] (cuDNN's KRSC filter). */
-/* A layer's weight has well under 2^32 elements (the launcher checks): 32-bit index arithmetic,
- * several times cheaper than 64-bit division. */
-template <typename T>
-__global__ void cast_weight_khwc_kernel(uint32_t count, uint32_t cin, uint32_t kk, const float *src, T *dst) {
-    for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < count; o += gridDim.x * blockDim.x) {
-        uint32_t ci = o % cin, t = o / cin, r = t % kk, co = t / kk;
-        dst[o] = from_f<T>(src[(co * cin + ci) * kk + r]);
-    }
-}
-
-/* T [cout][kk][cin] gradient → fp32 [cout][cin][kk], written or added. */
-template <typename T>
-__global__ void cast_from_khwc_kernel(uint32_t count, uint32_t cin, uint32_t kk, const T *src, float *dst,
-                                      int accumulate) {
-    for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < count; o += gridDim.x * blockDim.x) {
-        uint32_t r = o % kk, t = o / kk, ci = t % cin, co = t / cin;
-        float g = to_f(src[(co * kk + r) * cin + ci]);
-        dst[o] = accumulate ? dst[o] + g : g;
-    }
-}
-
 /* y[row][o] = b[o]: the C operand of the GEMM that adds x·Wᵀ to it with one rounding. */
 template <typename T> __global__ void bias_fill_lp_kernel(int64_t count, int out, const T *b, T *y) {
     GRID_STRIDE(i, count) y[i] = b[i % out];
@@ -829,22 +807,6 @@ void launch_cast_to_nhwc(cudaStream_t s, int p, int n, int c, int hw, const floa
     if (count <= 0) return;
     int g = blocks_for(count);
     TYPED(p, cast_to_nhwc_kernel<T><<<g, THREADS, 0, s>>>(count, c, hw, src, PT(dst)));
-}
-
-void launch_cast_weight_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const float *src,
-                             void *dst) {
-    int64_t count = (int64_t)cout * cin * kk;
-    if (count <= 0 || count >= UINT32_MAX) return; /* ops_cuda.c asserts the size */
-    int g = blocks_for(count);
-    TYPED(p, cast_weight_khwc_kernel<T><<<g, THREADS, 0, s>>>((uint32_t)count, cin, kk, src, PT(dst)));
-}
-
-void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const void *src,
-                           float *dst, int accumulate) {
-    int64_t count = (int64_t)cout * cin * kk;
-    if (count <= 0 || count >= UINT32_MAX) return;
-    int g = blocks_for(count);
-    TYPED(p, cast_from_khwc_kernel<T><<<g, THREADS, 0, s>>>((uint32_t)count, cin, kk, PCT(src), dst, accumulate));
 }
 
 void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y) {

@@ -69,13 +69,8 @@ void launch_avgpool_forward_lp(cudaStream_t s, int p, int nhwc, int n, int c, in
                                void *y);
 void launch_avgpool_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw,
                                 const void *dy, void *dx, int accumulate);
-/* fp32 [n][c][hw] → p [n][hw][c]; conv weight fp32 [cout][cin][kk] → p [cout][kk][cin]; and the
- * weight gradient back (written or added). */
+/* fp32 [n][c][hw] → p [n][hw][c]: the input batch of a channels-last model. */
 void launch_cast_to_nhwc(cudaStream_t s, int p, int n, int c, int hw, const float *src, void *dst);
-void launch_cast_weight_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const float *src,
-                             void *dst);
-void launch_cast_from_khwc(cudaStream_t s, int p, int cout, int cin, int kk, const void *src,
-                           float *dst, int accumulate);
 /* y[row][o] = b[o] (before a GEMM adds into it), and db[o] = Σ_rows dy (overwritten). */
 void launch_bias_fill_lp(cudaStream_t s, int p, int n, int out, const void *b, void *y);
 void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, void *db);

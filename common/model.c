@@ -389,6 +389,8 @@ static void init_params(Model *m, uint64_t seed) {
         double bound = 1.0 / sqrt((double)m->params[m->n_params - m->unused_params].shape[1]); /* fan_in */
         for (int64_t i = 0; i < q->count; i++) hp[q->offset + i] = (float)((2.0 * mt_uniform(&g) - 1.0) * bound);
     }
+    /* drawn in PyTorch's order, so a channels-last model starts from the very same weights */
+    model_params_from_oihw(m, hp, hp);
     device_copy_h2d(m->dev, m->param_flat, hp, (size_t)m->n_param_floats * sizeof(float));
     if (m->n_buffer_floats)
         device_copy_h2d(m->dev, m->buffer_flat, hb, (size_t)m->n_buffer_floats * sizeof(float));
@@ -397,8 +399,8 @@ static void init_params(Model *m, uint64_t seed) {
     free(hb);
 }
 
-/* The typed walk (weight copies, activations in m->prec, NHWC when channels-last) serves autocast
- * and channels-last models; only an fp32 NCHW model takes the plain one. */
+/* The typed walk (activations in m->prec, NHWC when channels-last; weight copies under autocast)
+ * serves autocast and channels-last models; only an fp32 NCHW model takes the plain one. */
 static int typed(const Model *m) { return m->prec != PREC_FP32 || m->channels_last; }
 
 static int default_channels_last = -1; /* −1: not chosen (--layout auto): channels-last */
@@ -476,16 +478,18 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     lg->x = model_alloc(m, lg->bytes, "logits");
     lg->dx = model_alloc(m, lg->bytes, "logits' gradient");
     if (typed(m)) {
-        int64_t most = 0; /* the largest weight + bias of one layer */
-        for (int l = 0; l < m->n_layers; l++) {
-            Layer *L = &m->layers[l];
-            if (L->kind != LAYER_CONV && L->kind != LAYER_LINEAR) continue;
-            int64_t k = m->params[L->p0].count + (L->p1 >= 0 ? m->params[L->p1].count : 0);
-            if (k > most) most = k;
+        if (prec != PREC_FP32) { /* fp32 channels-last computes on param_flat and grad_flat */
+            int64_t most = 0; /* the largest weight + bias of one layer */
+            for (int l = 0; l < m->n_layers; l++) {
+                Layer *L = &m->layers[l];
+                if (L->kind != LAYER_CONV && L->kind != LAYER_LINEAR) continue;
+                int64_t k = m->params[L->p0].count + (L->p1 >= 0 ? m->params[L->p1].count : 0);
+                if (k > most) most = k;
+            }
+            m->param_lp = model_alloc(m, (size_t)m->n_param_floats * esz, "autocast weight copies");
+            m->wgrad_lp = model_alloc(m, (size_t)most * esz, "autocast weight gradient");
         }
         size_t logits = (size_t)max_batch * m->classes * sizeof(float);
-        m->param_lp = model_alloc(m, (size_t)m->n_param_floats * esz, "autocast weight copies");
-        m->wgrad_lp = model_alloc(m, (size_t)most * esz, "autocast weight gradient");
         m->input_lp = model_alloc(m, (size_t)max_batch * IMG_C * IMG_H * IMG_W * esz,
                                    "activations");
         m->logits32 = model_alloc(m, logits, "activations");
@@ -519,7 +523,7 @@ void model_destroy(Model *m) {
     device_free(d, m->arena);
     device_free(d, m->acts[m->n_acts - 1].x), device_free(d, m->acts[m->n_acts - 1].dx);
     if (typed(m)) {
-        device_free(d, m->param_lp);
+        device_free(d, m->param_lp); /* NULL (nothing to free) for fp32 channels-last */
         device_free(d, m->wgrad_lp);
         device_free(d, m->input_lp);
         device_free(d, m->logits32);
@@ -754,44 +758,37 @@ int model_hook_point(const Model *m, int p) {
 }
 
 /* ---- the typed walk: autocast, channels-last ---------------------------------------------------- */
-/* The same walk as above with every activation in m->prec (fp32 too, for a channels-last model) and
- * the weights cast (and, channels-last, reordered) once per forward. Only the types differ: which
- * op runs in which type is PyTorch's CUDA autocast (see model.h and the stage 5 lesson). On CUDA a
- * ReLU after a BN or an add is fused into it (fuse_relus). */
+/* The same walk as above with every activation in m->prec (fp32 too, for a channels-last model),
+ * NHWC when channels-last. Under autocast the weights are cast once per forward, and each weight
+ * gradient comes back in the low type and is added into the fp32 one; which op runs in which type
+ * is PyTorch's CUDA autocast (see model.h and the stage 5 lesson). A channels-last model's conv
+ * weights are KRSC in param_flat itself (model.h), so the cast is elementwise, and in fp32 there is
+ * no copy at all: cuDNN reads param_flat and adds into grad_flat, as the plain walk does. On CUDA
+ * a ReLU after a BN or an add is fused into it (fuse_relus). */
 
 static void *PL(Model *m, int p) { /* parameter p's low-precision copy */
     return (char *)m->param_lp + (size_t)m->params[p].offset * precision_bytes(m->dev, m->prec);
 }
+/* The weight (or bias) conv and linear compute with: the cast copy under autocast, else itself. */
+static void *PW(Model *m, int p) { return m->param_lp ? PL(m, p) : P(m, p); }
 
 static void forward_typed(Model *m, int n, const float *x, int train) {
     Device *d = m->dev;
     Precision p = m->prec;
     TraceDev span = trace_dev_begin(d, TRACE_COMPUTE, NULL, "forward", "forward", n);
-    /* autocast's casts: every weight once for this forward (the cast cache), and the input */
-    if (m->channels_last) { /* NHWC input, KRSC conv weights: the same values, reordered */
-        cast_to_nhwc(d, p, n, IMG_C, IMG_H * IMG_W, x, m->input_lp);
-        for (int l = 0; l < m->n_layers; l++) {
-            Layer *L = &m->layers[l];
-            if (L->kind == LAYER_CONV) {
-                const ConvShape *s = &L->conv.s;
-                cast_weight_khwc(d, p, s->cout, s->cin, s->k * s->k, P(m, L->p0), PL(m, L->p0));
-            } else if (L->kind == LAYER_LINEAR) { /* W and b are neighbours in the flat buffer */
-                int64_t k = m->params[L->p0].count + m->params[L->p1].count;
-                ASSERT(m->params[L->p1].offset == m->params[L->p0].offset + m->params[L->p0].count);
-                cast_to(d, p, k, P(m, L->p0), PL(m, L->p0));
-            }
-        }
-    } else { /* one pass over the flat buffer (BN's fp32 parameters too: never read, but simpler) */
-        cast_to(d, p, m->n_param_floats, m->param_flat, m->param_lp);
-        cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
-    }
+    /* autocast's casts: every weight once for this forward (the cast cache; one pass over the flat
+     * buffer, BN's fp32 parameters too: never read, but simpler), and the input (NHWC when
+     * channels-last: the batch arrives NCHW, as a DataLoader gives it) */
+    if (m->param_lp) cast_to(d, p, m->n_param_floats, m->param_flat, m->param_lp);
+    if (m->channels_last) cast_to_nhwc(d, p, n, IMG_C, IMG_H * IMG_W, x, m->input_lp);
+    else cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
     const int cl = m->channels_last;
     m->acts[0].x = m->input_lp;
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
         Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
         switch (L->kind) {
-        case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PL(m, L->p0), out->x); break;
+        case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PW(m, L->p0), out->x); break;
         case LAYER_BN: /* half in, half out; fp32 weight, bias and statistics */
             if (train)
                 bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
@@ -814,7 +811,10 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
             avgpool_forward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x);
             break;
         case LAYER_LINEAR:
-            linear_forward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), PL(m, L->p1), out->x);
+            if (m->param_lp)
+                linear_forward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), PL(m, L->p1), out->x);
+            else /* fp32: the plain walk's linear (PyTorch's fp32 matmul) */
+                linear_forward(d, n, L->fin, L->fout, in->x, P(m, L->p0), P(m, L->p1), out->x);
             break;
         }
     }
@@ -837,19 +837,19 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
     Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
     void *dx = in->dx;
     if (half == 1) { /* only a conv has a second half: its input gradient */
-        if (L->kind == LAYER_CONV && dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PL(m, L->p0), dx, L->acc_in);
+        if (L->kind == LAYER_CONV && dx) conv_backward_data_lp(d, &L->conv, p, n, out->dx, PW(m, L->p0), dx, L->acc_in);
         return;
     }
     switch (L->kind) {
     case LAYER_CONV:
-        /* the low-precision gradient of the cast weight, then the cast's backward: += into
-         * the fp32 gradient */
-        conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, m->wgrad_lp);
-        if (cl)
-            cast_from_khwc(d, p, L->conv.s.cout, L->conv.s.cin, L->conv.s.k * L->conv.s.k,
-                           m->wgrad_lp, G(m, L->p0), 1);
-        else
+        if (m->wgrad_lp) {
+            /* the low-precision gradient of the cast weight, then the cast's backward: += into the
+             * fp32 gradient (both in the model's order: an elementwise add) */
+            conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, m->wgrad_lp);
             cast_from(d, p, m->params[L->p0].count, m->wgrad_lp, G(m, L->p0), 1);
+        } else { /* fp32: cuDNN adds straight into .grad (beta = 1), as the plain walk */
+            conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0));
+        }
         break;
     case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
         bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
@@ -872,6 +872,11 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
         avgpool_backward_lp(d, p, cl, n, in->c, in->h * in->w, out->dx, dx, L->acc_in);
         break;
     case LAYER_LINEAR: {
+        if (!m->wgrad_lp) { /* fp32: the plain walk's linear, adding into .grad */
+            linear_backward(d, n, L->fin, L->fout, in->x, P(m, L->p0), out->dx, dx, G(m, L->p0),
+                            G(m, L->p1), L->acc_in);
+            break;
+        }
         int64_t wc = m->params[L->p0].count;
         void *dW = m->wgrad_lp, *db = (char *)m->wgrad_lp + (size_t)wc * esz;
         linear_backward_lp(d, p, n, L->fin, L->fout, in->x, PL(m, L->p0), out->dx, dx, dW, db,
@@ -885,6 +890,66 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
 
 void model_zero_grad(Model *m) {
     device_memset0(m->dev, m->grad_flat, (size_t)m->n_param_floats * sizeof(float));
+}
+
+/* ---- the public order (model.h): conv weights OIHW outside the model ------------------------------ */
+
+void conv_weight_oihw_to_krsc(int cout, int cin, int kk, const float *src, float *dst) {
+    for (int o = 0; o < cout; o++)
+        for (int i = 0; i < cin; i++)
+            for (int r = 0; r < kk; r++)
+                dst[((int64_t)o * kk + r) * cin + i] = src[((int64_t)o * cin + i) * kk + r];
+}
+
+void conv_weight_krsc_to_oihw(int cout, int cin, int kk, const float *src, float *dst) {
+    for (int o = 0; o < cout; o++)
+        for (int i = 0; i < cin; i++)
+            for (int r = 0; r < kk; r++)
+                dst[((int64_t)o * cin + i) * kk + r] = src[((int64_t)o * kk + r) * cin + i];
+}
+
+/* Parameter by parameter (they tile the flat buffer): a conv weight of a channels-last model is
+ * reordered through a scratch copy (so src may be dst), everything else copied. */
+static void convert_params(const Model *m, const float *src, float *dst, int to_oihw) {
+    if (!m->channels_last) {
+        if (src != dst) memcpy(dst, src, (size_t)m->n_param_floats * sizeof(float));
+        return;
+    }
+    int64_t most = 1;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].count > most) most = m->params[i].count;
+    float *tmp = xmalloc((size_t)most * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *q = &m->params[i];
+        const float *s = src + q->offset;
+        float *t = dst + q->offset;
+        if (q->ndim != 4) { /* only conv weights have a layout */
+            if (s != t) memcpy(t, s, (size_t)q->count * sizeof(float));
+            continue;
+        }
+        memcpy(tmp, s, (size_t)q->count * sizeof(float));
+        int kk = q->shape[2] * q->shape[3];
+        if (to_oihw) conv_weight_krsc_to_oihw(q->shape[0], q->shape[1], kk, tmp, t);
+        else conv_weight_oihw_to_krsc(q->shape[0], q->shape[1], kk, tmp, t);
+    }
+    free(tmp);
+}
+
+void model_params_to_oihw(const Model *m, const float *src, float *dst) { convert_params(m, src, dst, 1); }
+void model_params_from_oihw(const Model *m, const float *src, float *dst) { convert_params(m, src, dst, 0); }
+
+void model_read_oihw(Model *m, const float *flat, float *host) {
+    device_copy_d2h(m->dev, host, flat, (size_t)m->n_param_floats * sizeof(float)); /* waits */
+    model_params_to_oihw(m, host, host);
+}
+
+void model_write_oihw(Model *m, const float *host, float *flat) {
+    size_t bytes = (size_t)m->n_param_floats * sizeof(float);
+    float *t = xmalloc(bytes);
+    model_params_from_oihw(m, host, t);
+    device_copy_h2d(m->dev, flat, t, bytes);
+    device_sync(m->dev); /* the copy may still read t */
+    free(t);
 }
 
 const char *model_describe(const Model *m, char *buf, int len) {

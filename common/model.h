@@ -9,6 +9,13 @@
  * ("buffers") in a third, each parameter a view at an offset, in PyTorch's state_dict order. That
  * is what makes the later stages simple: one copy replicates a model (stage 2), one call
  * all-reduces all gradients and buckets are slices (stage 3), one kernel updates every parameter.
+ * A channels-last model (CUDA) stores each conv weight, and so its gradient, as [cout][kh][kw][cin]
+ * (cuDNN's KRSC) instead of PyTorch's [cout][cin][kh][kw] (OIHW), as model.to(memory_format=
+ * torch.channels_last) does: cuDNN reads and writes them as they are, nothing is reordered per
+ * step. Only the order inside a conv weight changes, so everything elementwise over the flat
+ * buffers (optimizers, weight decay, DDP, GradScaler, zero_grad) never sees it; whatever reads or
+ * writes a parameter by index from outside the model (initialisation, checkpoints, tests) goes
+ * through the one seam below, "The public order".
  *
  * model_backward calls on_grad_ready(ctx, p) as soon as parameter p's gradient is final — PyTorch's
  * autograd hook. Stage 1 passes NULL; DDP's gradient buckets hang off it. The model itself never
@@ -38,7 +45,7 @@ typedef struct Param {
     char name[48];  /* PyTorch state_dict name, e.g. "layer2.0.shortcut.1.weight" */
     int64_t offset; /* into the flat buffer (floats) */
     int64_t count;
-    int ndim, shape[4];
+    int ndim, shape[4]; /* PyTorch's shape (OIHW for a conv weight, whatever the storage order) */
 } Param;
 
 typedef struct Activation {
@@ -85,11 +92,13 @@ typedef struct Model {
     uint64_t shape_hash;     /* fingerprint of names and shapes (checkpoints refuse a mismatch) */
     /* autocast (prec fp16 / bf16) or channels-last; all NULL for an fp32 NCHW model */
     Precision prec;          /* activation and conv/linear compute type */
-    int channels_last;       /* CUDA: activations NHWC, conv weight copies KRSC (ops.h) */
-    void *param_lp;          /* param_flat cast to prec, once per forward: the weight cast cache */
-    void *wgrad_lp;          /* one layer's weight (+ bias) gradient in prec, before it is added
-                              * into grad_flat */
-    void *input_lp;          /* the input batch cast to prec */
+    int channels_last;       /* CUDA: activations NHWC; conv weights and their gradients stored
+                              * KRSC in param_flat / grad_flat (ops.h, and "The public order") */
+    void *param_lp;          /* autocast only: param_flat cast to prec, once per forward (the
+                              * weight cast cache); NULL in fp32, where cuDNN reads param_flat */
+    void *wgrad_lp;          /* autocast only: one layer's weight (+ bias) gradient in prec,
+                              * before it is added into grad_flat */
+    void *input_lp;          /* the input batch cast to prec (and NHWC when channels-last) */
     float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
     /* activation memory plan (model_create; see below) */
     int memory_plan;         /* 1: planned lifetimes; 0: all kept all step (MODEL_MEMORY_PLAN=0) */
@@ -178,6 +187,27 @@ void model_set_hook_stops(Model *m, const unsigned char *stop);
  * that has parameters, 1 for the next, …; −1 if no layer produces p (fc_unused). */
 int model_hook_point(const Model *m, int p);
 void model_zero_grad(Model *m);
+
+/* ---- The public order: the one seam between the model's storage and everyone else ------------
+ * Outside the model, parameters are in PyTorch's order (a conv weight OIHW): checkpoints, the CPU
+ * reference, the torch fixtures, tests. A channels-last model stores conv weights KRSC (see the
+ * top of this file). These convert any array laid out like param_flat — parameters, gradients, the
+ * optimizer's momentum: n_param_floats floats — between the two; for a model that is not
+ * channels-last (every CPU model) they are plain copies. */
+
+/* Host arrays: the model's storage order → PyTorch's, and back. src == dst is allowed. */
+void model_params_to_oihw(const Model *m, const float *src, float *dst);
+void model_params_from_oihw(const Model *m, const float *src, float *dst);
+/* Device buffers laid out like param_flat (m->param_flat, m->grad_flat, a momentum buffer on m's
+ * device): read one into host memory in PyTorch's order, or write one from it. Both wait for the
+ * copy to finish. */
+void model_read_oihw(Model *m, const float *flat, float *host);
+void model_write_oihw(Model *m, const float *host, float *flat);
+/* One conv weight on the host, kk = kh·kw: OIHW [cout][cin][kk] ↔ KRSC [cout][kk][cin]; the
+ * element (o, i, r) sits at (o·cin + i)·kk + r in OIHW and at (o·kk + r)·cin + i in KRSC. src and
+ * dst must not overlap. */
+void conv_weight_oihw_to_krsc(int cout, int cin, int kk, const float *src, float *dst);
+void conv_weight_krsc_to_oihw(int cout, int cin, int kk, const float *src, float *dst);
 
 /* A one-line description: parameters, layers, type and the planned activation memory
  * ("resnet18 (norm bn): 11,173,962 parameters, 67 layers, activations 286.9 MiB planned"). */

@@ -211,15 +211,6 @@ void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src
     DISPATCH(d, cpu_is_nchw(1), cuda_cast_to_nhwc(d, p, n, c, hw, src, dst));
 }
 
-void cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src, void *dst) {
-    DISPATCH(d, cpu_is_nchw(1), cuda_cast_weight_khwc(d, p, cout, cin, kk, src, dst));
-}
-
-void cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src, float *dst,
-                    int accumulate) {
-    DISPATCH(d, cpu_is_nchw(1), cuda_cast_from_khwc(d, p, cout, cin, kk, src, dst, accumulate));
-}
-
 void conv_forward_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *w, void *y) {
     ASSERT(c->prec == p);
     DISPATCH(d, ref_conv_forward_lp(p, &c->s, n, x, w, y), cuda_conv_forward(d, c, n, x, w, y));

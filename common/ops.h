@@ -38,7 +38,7 @@ void conv_shape(ConvShape *s, int cin, int cout, int k, int stride, int pad, int
 typedef struct Conv {
     ConvShape s;
     Precision prec;    /* element type of x, w, y (fp32 unless the model runs under autocast) */
-    int channels_last; /* CUDA, 16-bit only: x, y NHWC and w [cout][k][k][cin] (ops.h, below) */
+    int channels_last; /* CUDA: x, y NHWC and w, dw [cout][k][k][cin] (KRSC; see below) */
     void *plan;        /* backend-private; NULL on CPU */
     /* Workspace the owner provides (the model's planned arena), [0] for the forward, [1] for both
      * backward passes, ws_cap[] bytes each; a call needing more (or with none) uses the device's
@@ -138,8 +138,10 @@ void add_inplace(Device *d, int64_t count, const float *x, float *y);
  *
  * Channels-last (CUDA only, channels_last = 1): activations [n][h][w][c] and conv weights
  * [cout][k][k][cin] (cuDNN's NHWC / KRSC), the layout its tensor-core convolutions read natively,
- * as PyTorch's torch.channels_last. Only the layout changes, never a value, so the CPU emulation
- * (always NCHW) stays the reference; CPU calls must pass channels_last = 0.
+ * as PyTorch's torch.channels_last. A channels-last model keeps its conv weights and their
+ * gradients KRSC for good (model.h), so no op here reorders a weight. Only the layout changes,
+ * never a value, so the CPU emulation (always NCHW) stays the reference; CPU calls must pass
+ * channels_last = 0.
  * ============================================================================================== */
 
 /* Bytes per element of a p tensor on d (2 on CUDA for fp16/bf16; 4 on the CPU; 4 for fp32). */
@@ -149,13 +151,9 @@ void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst)
 /* p → fp32, dst = (accumulate 0) or += (1): the loss's cast to fp32, and the backward of a weight
  * cast — a p weight gradient added into the fp32 .grad (autograd's cast backward + AccumulateGrad). */
 void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate);
-/* Channels-last casts (CUDA): the input batch fp32 [n][c][hw] → p [n][hw][c]; a conv weight fp32
- * [cout][cin][kk] → p [cout][kk][cin]; and its p gradient [cout][kk][cin] back, added (or written)
- * into the fp32 [cout][cin][kk] gradient. */
+/* Channels-last cast (CUDA): the input batch fp32 [n][c][hw] → p [n][hw][c]. Conv weights need
+ * none: a channels-last model stores them KRSC already (model.h), so cast_to serves them. */
 void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
-void cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src, void *dst);
-void cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src, float *dst,
-                    int accumulate);
 
 /* c->prec must be p (conv_prepare planned that type). dw is OVERWRITTEN: the p gradient of the
  * cast weight, which the caller adds into the fp32 gradient with cast_from. */

@@ -647,20 +647,6 @@ void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float
     CHECK_LAUNCH();
 }
 
-void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
-                           void *dst) {
-    ASSERT((int64_t)cout * cin * kk < UINT32_MAX); /* the kernel's 32-bit indexing */
-    launch_cast_weight_khwc(d->stream, (int)p, cout, cin, kk, src, dst);
-    CHECK_LAUNCH();
-}
-
-void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
-                         float *dst, int accumulate) {
-    ASSERT((int64_t)cout * cin * kk < UINT32_MAX);
-    launch_cast_from_khwc(d->stream, (int)p, cout, cin, kk, src, dst, accumulate);
-    CHECK_LAUNCH();
-}
-
 void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,

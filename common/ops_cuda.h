@@ -64,10 +64,6 @@ void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void 
 void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst,
                     int accumulate);
 void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
-void cuda_cast_weight_khwc(Device *d, Precision p, int cout, int cin, int kk, const float *src,
-                           void *dst);
-void cuda_cast_from_khwc(Device *d, Precision p, int cout, int cin, int kk, const void *src,
-                         float *dst, int accumulate);
 void cuda_bn_prepare(Device *d, int nhwc, int n, int c, int hw);
 void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,

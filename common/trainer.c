@@ -299,9 +299,10 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = xmalloc(pb), *mom = xcalloc(1, pb);
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
-    device_copy_d2h(m->dev, p, m->param_flat, pb);
+    /* in PyTorch's order whatever the model's layout (model.h: "The public order") */
+    model_read_oihw(m, m->param_flat, p);
     device_copy_d2h(m->dev, buf, m->buffer_flat, (size_t)m->n_buffer_floats * sizeof(float));
-    if (r->opt->momentum_buf) device_copy_d2h(m->dev, mom, r->opt->momentum_buf, pb);
+    if (r->opt->momentum_buf) model_read_oihw(m, r->opt->momentum_buf, mom);
     /* epochNNN = NNN epochs completed; stepNNN = stopped inside an epoch after NNN steps */
     char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
     checkpoint_save(path, &meta, p, buf, mom);
@@ -421,9 +422,9 @@ static void resume(Run *r) {
         die_user("checkpoint '%s' was trained with --seed %lld, this run has --seed %lld — pass "
                  "--seed %lld to continue it", c->resume, (long long)got.seed, (long long)c->seed,
                  (long long)got.seed);
-    device_copy_h2d(m->dev, m->param_flat, p, pb);
+    model_write_oihw(m, p, m->param_flat); /* the file is in PyTorch's order (model.h) */
     device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
-    if (r->opt->momentum_buf) device_copy_h2d(m->dev, r->opt->momentum_buf, mom, pb);
+    if (r->opt->momentum_buf) model_write_oihw(m, mom, r->opt->momentum_buf);
     device_sync(m->dev);
     r->opt->steps = got.momentum_valid ? got.step : 0;
     r->step = got.step;

@@ -99,7 +99,7 @@ struct Tensor {
     Kind kind;
     Role role;
     int64_t count;
-    int64_t swap[3] = {0, 0, 0}; /* host [A][B][C], device [A][C][B]: NCHW ↔ NHWC, weights ↔ KRSC */
+    int64_t swap[3] = {0, 0, 0}; /* host [A][B][C], device [A][C][B]: NCHW ↔ NHWC */
     std::vector<float> h;        /* initial values, host layout (NCHW) */
     std::vector<float> want;     /* the reference's values after the kernel (outputs only) */
     double tol = 0;              /* ‖got − want‖∞ ≤ tol · ‖want‖∞ */
@@ -384,18 +384,6 @@ static void cast_nhwc_setup(Case &k) {
     channels_last(add(k, "dst", LP, OUT, k.count, 0, 0), k.n, k.c, k.hw);
     ref_cast_to_lp(P(k), k.count, k.H(0), k.W(1));
 }
-/* conv weight fp32 [cout][cin][kk] → 16-bit [cout][kk][cin] (n = cout, c = cin, hw = kk) */
-static void cast_khwc_setup(Case &k) {
-    add(k, "w", F32, IN, k.count, -0.1f, 0.1f);
-    channels_last(add(k, "w_lp", LP, OUT, k.count, 0, 0), k.n, k.c, k.hw);
-    ref_cast_to_lp(P(k), k.count, k.H(0), k.W(1));
-}
-/* its gradient back: 16-bit [cout][kk][cin] → fp32 [cout][cin][kk], written or added */
-static void cast_from_khwc_setup(Case &k) {
-    channels_last(add(k, "dw_lp", LP, IN, k.count, -0.1f, 0.1f), k.n, k.c, k.hw);
-    add(k, "dw", F32, k.acc ? INOUT : OUT, k.count, -0.1f, 0.1f);
-    ref_cast_from_lp(k.count, k.H(0), k.W(1), k.acc);
-}
 /* b [out] → y [n][out] = b (the GEMM's C operand) */
 static void bias_fill_lp_setup(Case &k) {
     add(k, "b", LP, IN, k.c, -1, 1);
@@ -585,10 +573,6 @@ static const Row ROWS[] = {
      L(launch_avgpool_backward_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.v(1), k.acc)), POOL, BOTH, 1},
     {"cast_to_nhwc", "input batch", cast_nhwc_setup, L(launch_cast_to_nhwc(S, k.p, k.n, k.c, k.hw, k.f(0), k.v(1))),
      BATCH, BOTH},
-    {"cast_weight_khwc", "", cast_khwc_setup, L(launch_cast_weight_khwc(S, k.p, k.n, k.c, k.hw, k.f(0), k.v(1))),
-     WEIGHT, BOTH},
-    {"cast_from_khwc", "+=", cast_from_khwc_setup,
-     L(launch_cast_from_khwc(S, k.p, k.n, k.c, k.hw, k.v(0), k.f(1), k.acc)), WEIGHT, BOTH, 0, 1},
     {"bias_fill_lp", "", bias_fill_lp_setup, L(launch_bias_fill_lp(S, k.p, k.n, k.c, k.v(0), k.v(1))), HEAD, BOTH},
     {"bias_grad_lp", "", bias_grad_lp_setup, L(launch_bias_grad_lp(S, k.p, k.n, k.c, k.v(0), k.v(1))), HEAD, BOTH},
 

@@ -24,6 +24,7 @@
 
 #include "amp.h"
 #include "device.h"
+#include "model.h" /* conv_weight_oihw_to_krsc: the public order of a conv weight */
 #include "ops.h"
 #include "ops_ref.h"
 #include "precision.h"
@@ -933,6 +934,55 @@ static float *down_typed(Device *d, Precision p, const void *dev, int n, int c, 
     return x;
 }
 
+/* fp32 channels-last convolution, as a channels-last fp32 model runs it: NHWC activations and the
+ * KRSC weight read and written in place — backward-filter adding straight into a non-zero KRSC dw
+ * (beta = 1, the model's grad_flat), backward-data overwriting and adding. The host keeps NCHW /
+ * OIHW and converts at the boundary; same tolerances as the NCHW conv test. */
+START_TEST(test_conv_fp32_channels_last_matches_reference) {
+    if (!test_have_gpu("ops_cuda: fp32 conv on NHWC activations and KRSC weights")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    for (size_t ci = 0; ci < sizeof conv_cfgs / sizeof conv_cfgs[0]; ci++) {
+        const ConvCfg *cf = &conv_cfgs[ci];
+        Conv cv = {.prec = PREC_FP32, .channels_last = 1};
+        conv_shape(&cv.s, cf->cin, cf->cout, cf->k, cf->stride, cf->pad, cf->h, cf->w);
+        const int n = 4, kk = cf->k * cf->k, ihw = cf->h * cf->w, ohw = cv.s.hout * cv.s.wout;
+        const int64_t nx = (int64_t)n * cf->cin * ihw, nw = (int64_t)cf->cout * cf->cin * kk, ny = (int64_t)n * cf->cout * ohw;
+        float *hx = hrand(nx, 9600 + ci, -1.f, 1.f), *hw_ = hrand(nw, 9610 + ci, -0.5f, 0.5f);
+        float *hdy = hrand(ny, 9620 + ci, -1.f, 1.f), *hdx0 = hrand(nx, 9630 + ci, -1.f, 1.f);
+        float *hdw0 = hrand(nw, 9640 + ci, -1.f, 1.f);
+        float *ry = hzeros(ny), *rdx = hzeros(nx), *rdx_acc = hcopy(hdx0, nx), *rdw = hcopy(hdw0, nw);
+        ref_conv_forward_f32(&cv.s, n, hx, hw_, ry);
+        ref_conv_backward_data_f32(&cv.s, n, hdy, hw_, rdx, 0);
+        ref_conv_backward_data_f32(&cv.s, n, hdy, hw_, rdx_acc, 1);
+        ref_conv_backward_filter_f32(&cv.s, n, hx, hdy, rdw);
+        float *wk = hzeros(nw), *dwk = hzeros(nw);
+        conv_weight_oihw_to_krsc(cf->cout, cf->cin, kk, hw_, wk);
+        conv_weight_oihw_to_krsc(cf->cout, cf->cin, kk, hdw0, dwk);
+        void *x = up_typed(&d, PREC_FP32, hx, n, cf->cin, ihw, 1), *dy = up_typed(&d, PREC_FP32, hdy, n, cf->cout, ohw, 1);
+        void *dx = up_typed(&d, PREC_FP32, hdx0, n, cf->cin, ihw, 1), *dx_acc = up_typed(&d, PREC_FP32, hdx0, n, cf->cin, ihw, 1);
+        float *w = up(&d, wk, nw), *dw = up(&d, dwk, nw), *y = dzeros(&d, ny);
+        conv_forward(&d, &cv, n, x, w, y);
+        conv_backward_data(&d, &cv, n, dy, w, dx, 0);
+        conv_backward_data(&d, &cv, n, dy, w, dx_acc, 1);
+        conv_backward_filter(&d, &cv, n, x, dy, dw);
+        float *gy = down_typed(&d, PREC_FP32, y, n, cf->cout, ohw, 1), *gdx = down_typed(&d, PREC_FP32, dx, n, cf->cin, ihw, 1);
+        float *gdxa = down_typed(&d, PREC_FP32, dx_acc, n, cf->cin, ihw, 1), *gdwk = down(&d, dw, nw), *gdw = hzeros(nw);
+        conv_weight_krsc_to_oihw(cf->cout, cf->cin, kk, gdwk, gdw);
+        EXPECT_CLOSE(gy, ry, ny, TOL_CONV, "conv fp32 NHWC cfg %zu forward", ci);
+        EXPECT_CLOSE(gdx, rdx, nx, TOL_CONV, "conv fp32 NHWC cfg %zu backward-data", ci);
+        EXPECT_CLOSE(gdxa, rdx_acc, nx, TOL_CONV, "conv fp32 NHWC cfg %zu backward-data accumulate", ci);
+        EXPECT_CLOSE(gdw, rdw, nw, TOL_CONV, "conv fp32 NHWC cfg %zu backward-filter (+= into KRSC)", ci);
+        conv_release(&d, &cv);
+        free(hx), free(hw_), free(hdy), free(hdx0), free(hdw0), free(ry), free(rdx), free(rdx_acc), free(rdw);
+        free(wk), free(dwk), free(gy), free(gdx), free(gdxa), free(gdwk), free(gdw);
+        device_free(&d, x), device_free(&d, dy), device_free(&d, dx), device_free(&d, dx_acc);
+        device_free(&d, w), device_free(&d, dw), device_free(&d, y);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
 /* Batch norm with its ReLU fused (kernels.cu: partial statistics per chunk, a fixed-order merge,
  * an elementwise pass), fp32/fp16/bf16 × NCHW/NHWC, on shapes that cut every channel into many
  * chunks and leave part of a 32-channel block idle (c = 40): against the emulation — BN, then
@@ -1040,8 +1090,8 @@ START_TEST(test_lp_channels_last_matches_emulation) {
     for (int k = 0; k < np; k++) {
         Precision p = ps[k];
         const char *pn = precision_name(p);
-        /* input cast, weight cast and the weight gradient's way back */
-        int n = 3, c = 5, hw = 7 * 6, cout = 4, kk = 9;
+        /* the input cast (conv weights need none: the model stores them KRSC, model.h) */
+        int n = 3, c = 5, hw = 7 * 6;
         float *hx = hrand((int64_t)n * c * hw, 9100, -3.f, 3.f), *rx = hzeros((int64_t)n * c * hw);
         float *x32 = up(&d, hx, (int64_t)n * c * hw);
         void *xl = device_alloc(&d, (size_t)n * c * hw * 2, "lp");
@@ -1049,19 +1099,10 @@ START_TEST(test_lp_channels_last_matches_emulation) {
         ref_cast_to_lp(p, (int64_t)n * c * hw, hx, rx);
         float *gx = down_nhwc(&d, p, xl, n, c, hw);
         ck_assert_msg(!memcmp(gx, rx, (size_t)n * c * hw * 4), "cast_to_nhwc %s", pn);
-        float *hw_ = hrand((int64_t)cout * c * kk, 9101, -1.f, 1.f), *rw = hzeros((int64_t)cout * c * kk);
-        float *w32 = up(&d, hw_, (int64_t)cout * c * kk), *back = dzeros(&d, (int64_t)cout * c * kk);
-        void *wl = device_alloc(&d, (size_t)cout * c * kk * 2, "lp");
-        cast_weight_khwc(&d, p, cout, c, kk, w32, wl);
-        cast_from_khwc(&d, p, cout, c, kk, wl, back, 0);
-        ref_cast_to_lp(p, (int64_t)cout * c * kk, hw_, rw);
-        EXPECT_GPU_EXACT(&d, back, rw, (int64_t)cout * c * kk, "weight → KRSC → back");
-        float *wk = down_lp(&d, p, wl, (int64_t)cout * c * kk); /* KRSC: [o][r][ci] */
-        ck_assert(wk[(1 * kk + 2) * c + 3] == rw[(1 * c + 3) * kk + 2]);
-        free(wk), free(gx), free(hx), free(rx), free(hw_), free(rw);
-        device_free(&d, x32), device_free(&d, xl), device_free(&d, w32), device_free(&d, back), device_free(&d, wl);
+        free(gx), free(hx), free(rx);
+        device_free(&d, x32), device_free(&d, xl);
 
-        /* convolution on NHWC / KRSC */
+        /* convolution on NHWC / KRSC: the weight reordered on the host, as the model stores it */
         for (size_t ci = 0; ci < sizeof conv_cfgs / sizeof conv_cfgs[0]; ci++) {
             const ConvCfg *cf = &conv_cfgs[ci];
             Conv cv = {.prec = p, .channels_last = 1};
@@ -1071,15 +1112,15 @@ START_TEST(test_lp_channels_last_matches_emulation) {
             float *ax = hrand(nx, 9200 + ci, -1.f, 1.f), *aw = hrand(nw, 9300 + ci, -0.5f, 0.5f), *ady = hrand(ny, 9400 + ci, -1.f, 1.f);
             void *dx_ = up_nhwc(&d, p, ax, bn, cf->cin, ihw), *ddy = up_nhwc(&d, p, ady, bn, cf->cout, ohw);
             precision_round_array(p, nw, aw);
-            float *w32b = up(&d, aw, nw);
-            void *dw_ = device_alloc(&d, nw * 2, "lp"), *dy_ = device_alloc(&d, ny * 2, "lp");
+            float *awk = hzeros(nw);
+            conv_weight_oihw_to_krsc(cf->cout, cf->cin, K2, aw, awk);
+            void *dw_ = up_lp(&d, p, awk, nw), *dy_ = device_alloc(&d, ny * 2, "lp");
             void *dgx = device_alloc(&d, nx * 2, "lp"), *dgw = device_alloc(&d, nw * 2, "lp");
-            float *gw32 = dzeros(&d, nw);
-            cast_weight_khwc(&d, p, cf->cout, cf->cin, K2, w32b, dw_);
             conv_forward_lp(&d, &cv, p, bn, dx_, dw_, dy_);
             conv_backward_data_lp(&d, &cv, p, bn, ddy, dw_, dgx, 0);
             conv_backward_filter_lp(&d, &cv, p, bn, dx_, ddy, dgw);
-            cast_from_khwc(&d, p, cf->cout, cf->cin, K2, dgw, gw32, 0);
+            float *gwk = down_lp(&d, p, dgw, nw), *gw = hzeros(nw);
+            conv_weight_krsc_to_oihw(cf->cout, cf->cin, K2, gwk, gw);
             float *ry = hzeros(ny), *rgx = hzeros(nx), *rgw = hzeros(nw);
             ref_conv_forward_lp(p, &cv.s, bn, ax, aw, ry);
             ref_conv_backward_data_lp(p, &cv.s, bn, ady, aw, rgx, 0);
@@ -1087,11 +1128,12 @@ START_TEST(test_lp_channels_last_matches_emulation) {
             float *gy = down_nhwc(&d, p, dy_, bn, cf->cout, ohw), *ggx = down_nhwc(&d, p, dgx, bn, cf->cin, ihw);
             EXPECT_CLOSE(gy, ry, ny, TOL_LP(p), "conv NHWC %s cfg %zu forward", pn, ci);
             EXPECT_CLOSE(ggx, rgx, nx, TOL_LP(p), "conv NHWC %s cfg %zu backward-data", pn, ci);
-            EXPECT_GPU_CLOSE(&d, gw32, rgw, nw, TOL_LP(p), "conv NHWC %s cfg %zu backward-filter", pn, ci);
+            EXPECT_CLOSE(gw, rgw, nw, TOL_LP(p), "conv NHWC %s cfg %zu backward-filter", pn, ci);
             conv_release(&d, &cv);
-            free(ax), free(aw), free(ady), free(ry), free(rgx), free(rgw), free(gy), free(ggx);
-            device_free(&d, dx_), device_free(&d, ddy), device_free(&d, w32b), device_free(&d, dw_), device_free(&d, dy_);
-            device_free(&d, dgx), device_free(&d, dgw), device_free(&d, gw32);
+            free(ax), free(aw), free(awk), free(ady), free(ry), free(rgx), free(rgw), free(gy), free(ggx);
+            free(gwk), free(gw);
+            device_free(&d, dx_), device_free(&d, ddy), device_free(&d, dw_), device_free(&d, dy_);
+            device_free(&d, dgx), device_free(&d, dgw);
         }
 
         /* batch norm and pooling on NHWC */
@@ -1256,6 +1298,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_lp_conv_matches_emulation);
     tcase_add_test(tc, test_lp_bn_and_linear_match_emulation);
     tcase_add_test(tc, test_lp_channels_last_matches_emulation);
+    tcase_add_test(tc, test_conv_fp32_channels_last_matches_reference);
     tcase_add_test(tc, test_bn_fused_relu_matches_emulation);
     tcase_add_test(tc, test_add_relu_fused_exact);
     tcase_add_test(tc, test_scaler_ops_match_reference);
