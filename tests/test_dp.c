@@ -78,7 +78,8 @@ static void dp_one_step(DeviceKind kind, int n, int batch, const char *arch, int
     Device *d0 = devs[0];
     int chunk = (batch + n - 1) / n;
     Model *models[DP_MAX_DEVICES];
-    for (int i = 0; i < n; i++) models[i] = model_create(devs[i], arch, bn, chunk, 7);
+    /* NCHW, as stage 2 runs (dp_config_resolve): the replicas run the model op by op */
+    for (int i = 0; i < n; i++) models[i] = model_create_mixed(devs[i], arch, bn, chunk, 7, PREC_FP32, 0);
     Model *m = models[0];
     Optimizer opt;
     optim_init(&opt, d0, m->n_param_floats, 0.1, 0.9, 5e-4);

@@ -150,6 +150,41 @@ START_TEST(stage1_bad_input_is_refused_clearly) {
 }
 END_TEST
 
+/* On CUDA, checkpoints are in PyTorch's order whatever --layout (model.h, "The public order"): a
+ * channels-last run and an NCHW run save the same parameters after 5 steps, and a channels-last
+ * checkpoint resumed with --layout nchw ends where the channels-last run does. Not bit for bit
+ * (cuDNN's NHWC and NCHW kernels sum in other orders; TF32 off, deterministic algorithms: plain
+ * fp32), so within 1e-5 of the largest parameter; a checkpoint saved or loaded in the storage
+ * order (conv weights KRSC) would be off by O(1). */
+START_TEST(stage1_cuda_checkpoints_cross_layouts) {
+    if (!test_have_gpu("e2e: ./stage1 checkpoints across --layout nhwc / nchw")) return;
+    char *dir = test_tmpdir(), args[2048], *out, pa[512], pb[512];
+    const char *common = "--device cuda --model tiny --train-size 512 --test-size 256 --batch-size 32 --epochs 1 "
+                         "--deterministic --no-tf32 --progress off";
+    const char *runs[4][3] = {{"nhwc", "10", "a"}, {"nhwc", "5", "b"}, {"nchw", "5", "c"}, {"nchw", "10", "d"}};
+    for (int i = 0; i < 4; i++) {
+        int resume = i == 3; /* d continues b's channels-last checkpoint in NCHW */
+        snprintf(args, sizeof args, "%s --layout %s --steps %s --save %s/%s%s%s%s", common, runs[i][0], runs[i][1], dir,
+                 runs[i][2], resume ? " --resume " : "", resume ? dir : "", resume ? "/b/step00000005.ckpt" : "");
+        ck_assert_msg(run_stage("stage1", args, &out) == 0, "stage1 %s:\n%s", args, out);
+        ck_assert_msg(!resume || strstr(out, "resumed from"), "%s", out);
+        free(out);
+    }
+    const char *pairs[2][2] = {{"b", "c"}, {"a", "d"}}, *step[2] = {"00000005", "00000010"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(pa, sizeof pa, "%s/%s/step%s.ckpt", dir, pairs[k][0], step[k]);
+        snprintf(pb, sizeof pb, "%s/%s/step%s.ckpt", dir, pairs[k][1], step[k]);
+        float *x = test_load_params(pa, "tiny", 1), *y = test_load_params(pb, "tiny", 1);
+        double err = test_rel_err(y, x, test_n_params("tiny"));
+        printf("stage1 CUDA checkpoints, %s (nhwc) vs %s (nchw%s): parameters differ by %.2e\n", pairs[k][0],
+               pairs[k][1], k ? ", resumed from b" : "", err);
+        ck_assert_msg(err <= 1e-5, "%s vs %s: parameters differ by %.3g", pa, pb, err);
+        free(x), free(y);
+    }
+    free(dir);
+}
+END_TEST
+
 Suite *suite_e2e(void) {
     Suite *s = suite_create("e2e");
     TCase *tc = tcase_create("stage1");
@@ -158,6 +193,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_resume_is_bit_identical);
     tcase_add_test(tc, stage1_deterministic_across_workers);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
+    tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "amp.h"
+#include "checkpoint.h"
 #include "model.h"
 #include "ops.h"
 #include "optim.h"
@@ -391,7 +392,7 @@ START_TEST(cuda_model_matches_cpu_model) {
     model_backward(mg, n, NULL, NULL);
     int64_t np = mc->n_param_floats;
     float *gg = malloc(np * sizeof(float)), lg;
-    device_copy_d2h(&g, gg, mg->grad_flat, np * sizeof(float));
+    model_read_oihw(mg, mg->grad_flat, gg); /* channels-last by default: conv gradients KRSC inside */
     device_copy_d2h(&g, &lg, lossg, 4);
     ck_assert_msg(fabsf(lg - lossc) < 1e-5f * fabsf(lossc), "loss gpu %g cpu %g", lg, lossc);
     double err = test_rel_err(gg, mc->grad_flat, np);
@@ -448,7 +449,7 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
         model_backward(mg, n, NULL, NULL);
         int64_t np = mc->n_param_floats;
         float *gg = malloc(np * sizeof(float)), lg, logits[160];
-        device_copy_d2h(&g, gg, mg->grad_flat, np * sizeof(float));
+        model_read_oihw(mg, mg->grad_flat, gg); /* the CPU model's (PyTorch's) order */
         device_copy_d2h(&g, &lg, lossg, 4);
         device_copy_d2h(&g, logits, model_logits(mg), sizeof logits);
         double el = test_rel_err(logits, model_logits(mc), n * 10), eg = test_rel_err(gg, mc->grad_flat, np);
@@ -649,6 +650,224 @@ START_TEST(cuda_graphs_replay_the_eager_step) {
 }
 END_TEST
 
+/* ---- the public order (model.h): conv weights OIHW outside, KRSC inside a channels-last model --- */
+
+/* The per-tensor reorder against a hand-written example, and both ways as each other's inverse. */
+START_TEST(conv_weight_reorder_matches_hand_example) {
+    /* cout 2, cin 3, 2×2 kernel (kk 4); OIHW element (o, i, r) holds its own index (o·3 + i)·4 + r */
+    float oihw[24], krsc[24], back[24];
+    for (int i = 0; i < 24; i++) oihw[i] = (float)i;
+    conv_weight_oihw_to_krsc(2, 3, 4, oihw, krsc);
+    /* KRSC walks (o, r, i): for o = 0, r = 0 the three input channels 0, 4, 8; then r = 1: 1, 5, 9 … */
+    const float want[24] = {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15, 19, 23};
+    for (int i = 0; i < 24; i++) ck_assert_msg(krsc[i] == want[i], "KRSC[%d] = %g, want %g", i, krsc[i], want[i]);
+    conv_weight_krsc_to_oihw(2, 3, 4, krsc, back);
+    ck_assert(!memcmp(back, oihw, sizeof oihw));
+    /* round trips on random weights of ResNet's shapes (1×1 and 3×3, cin 3 and wider) */
+    const int shapes[4][3] = {{16, 3, 9}, {32, 16, 9}, {32, 16, 1}, {7, 5, 9}};
+    for (int s = 0; s < 4; s++) {
+        int64_t n = (int64_t)shapes[s][0] * shapes[s][1] * shapes[s][2];
+        float *a = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        test_fill_uniform(a, n, 40 + s, -1, 1);
+        conv_weight_oihw_to_krsc(shapes[s][0], shapes[s][1], shapes[s][2], a, k);
+        conv_weight_krsc_to_oihw(shapes[s][0], shapes[s][1], shapes[s][2], k, b);
+        ck_assert(!memcmp(a, b, n * sizeof(float)));
+        ck_assert(shapes[s][2] == 1 || memcmp(a, k, n * sizeof(float))); /* a 1×1 kernel is the one no-op */
+        free(a), free(k), free(b);
+    }
+}
+END_TEST
+
+/* The whole-buffer seam. On the CPU no model is channels-last (the backend keeps NCHW), so there it
+ * is a copy; the host-side conversion only reads m->channels_last and the parameter table, so
+ * setting the flag on a CPU model exercises exactly what a channels-last CUDA model does at its
+ * boundaries: every 4-D parameter (conv weight) reordered as conv_weight_oihw_to_krsc, every other
+ * one copied, in place or not, and model_write_oihw / model_read_oihw round-trip bit for bit. */
+START_TEST(model_params_seam_reorders_conv_weights_only) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 1, 2, 11);
+    ck_assert(!m->channels_last);
+    int64_t np = m->n_param_floats;
+    size_t bytes = (size_t)np * sizeof(float);
+    float *pub = malloc(bytes), *a = malloc(bytes), *b = malloc(bytes);
+    test_fill_uniform(pub, np, 12, -1, 1);
+    model_params_from_oihw(m, pub, a); /* NCHW: the identity */
+    ck_assert(!memcmp(a, pub, bytes));
+    m->channels_last = 1;              /* the storage order of a channels-last model (see above) */
+    model_params_from_oihw(m, pub, a);
+    int convs = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const Param *q = &m->params[i];
+        if (q->ndim != 4) {
+            ck_assert(!memcmp(a + q->offset, pub + q->offset, q->count * sizeof(float)));
+            continue;
+        }
+        convs++;
+        float *k = malloc(q->count * sizeof(float));
+        conv_weight_oihw_to_krsc(q->shape[0], q->shape[1], q->shape[2] * q->shape[3], pub + q->offset, k);
+        ck_assert_msg(!memcmp(a + q->offset, k, q->count * sizeof(float)), "%s not in KRSC", q->name);
+        free(k);
+    }
+    ck_assert_int_eq(convs, 7); /* tiny: stem, 2 × (conv1, conv2, shortcut) */
+    ck_assert(memcmp(a, pub, bytes));
+    memcpy(b, pub, bytes);
+    model_params_from_oihw(m, b, b); /* in place */
+    ck_assert(!memcmp(b, a, bytes));
+    model_params_to_oihw(m, b, b);
+    ck_assert(!memcmp(b, pub, bytes));
+    model_params_to_oihw(m, a, b);
+    ck_assert(!memcmp(b, pub, bytes));
+    /* through the model's own buffers (device memory; here the CPU's) */
+    model_write_oihw(m, pub, m->grad_flat);
+    ck_assert(!memcmp(m->grad_flat, a, bytes)); /* stored KRSC */
+    model_read_oihw(m, m->grad_flat, b);
+    ck_assert(!memcmp(b, pub, bytes));
+    m->channels_last = 0;
+    free(pub), free(a), free(b);
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
+/* One checkpoint of model m (and its optimizer's momentum) through the seam, as trainer.c saves. */
+static void save_public(Model *m, const Optimizer *o, const char *path) {
+    CheckpointMeta meta = {0};
+    snprintf(meta.arch, sizeof meta.arch, "%s", m->arch);
+    snprintf(meta.norm, sizeof meta.norm, "%s", m->norm_bn ? "bn" : "none");
+    meta.n_params = m->n_param_floats, meta.n_buffers = m->n_buffer_floats, meta.shape_hash = m->shape_hash;
+    meta.step = 1, meta.momentum_valid = 1, meta.world_size = 1, meta.accum_steps = 1;
+    size_t pb = (size_t)m->n_param_floats * sizeof(float), bb = (size_t)m->n_buffer_floats * sizeof(float);
+    float *p = malloc(pb), *mom = malloc(pb), *buf = malloc(bb + 4);
+    model_read_oihw(m, m->param_flat, p);
+    model_read_oihw(m, o->momentum_buf, mom);
+    device_copy_d2h(m->dev, buf, m->buffer_flat, bb);
+    checkpoint_save(path, &meta, p, buf, mom);
+    free(p), free(mom), free(buf);
+}
+
+/* ... and loads, as trainer.c resumes. */
+static void load_public(Model *m, Optimizer *o, const char *path) {
+    CheckpointMeta expect = {0}, got;
+    snprintf(expect.arch, sizeof expect.arch, "%s", m->arch);
+    snprintf(expect.norm, sizeof expect.norm, "%s", m->norm_bn ? "bn" : "none");
+    expect.n_params = m->n_param_floats, expect.n_buffers = m->n_buffer_floats, expect.shape_hash = m->shape_hash;
+    size_t pb = (size_t)m->n_param_floats * sizeof(float), bb = (size_t)m->n_buffer_floats * sizeof(float);
+    float *p = malloc(pb), *mom = malloc(pb), *buf = malloc(bb + 4);
+    checkpoint_load(path, &expect, &got, p, buf, mom);
+    model_write_oihw(m, p, m->param_flat);
+    model_write_oihw(m, mom, o->momentum_buf);
+    device_copy_h2d(m->dev, m->buffer_flat, buf, bb);
+    device_sync(m->dev);
+    free(p), free(mom), free(buf);
+}
+
+static float *raw(Device *g, const float *dev, int64_t n) {
+    float *h = malloc((size_t)n * sizeof(float));
+    device_copy_d2h(g, h, dev, (size_t)n * sizeof(float));
+    return h;
+}
+
+/* A channels-last fp32 model against an NCHW fp32 model, same seed, on CUDA. Same initial weights
+ * bit for bit in the public order (while the stored bytes differ: the conv weights really are KRSC),
+ * no weight copies at all (param_lp, wgrad_lp NULL; the model holds exactly what it accounts), then
+ * one training step and one SGD step: the same logits, loss, OIHW gradients and parameters. Not bit
+ * for bit: TF32 is off and the algorithms deterministic, so all of it is plain fp32, but cuDNN's
+ * NHWC and NCHW convolutions are different kernels summing in different orders. The CUDA-vs-CPU
+ * test above holds each layout within 1e-4 of max |g| of the same exact values, so the two within
+ * 2e-4 (logits 1e-4); reading KRSC as OIHW, or the reverse, is an O(1) error.
+ * Then checkpoints across layouts: the channels-last model's, loaded into the NCHW model and saved
+ * again, is the same file byte for byte, and loading it into a fresh channels-last model restores
+ * its parameters and momentum bit for bit. */
+START_TEST(cuda_channels_last_fp32_matches_nchw) {
+    if (!test_have_gpu("model: channels-last fp32 (KRSC weights) vs NCHW, checkpoints across layouts")) return;
+    Device g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    const int n = 16;
+    float *x = malloc((size_t)n * 3072 * sizeof(float));
+    int32_t y[16];
+    for (int i = 0; i < n; i++) y[i] = (i * 3 + 1) % 10;
+    test_fill_uniform(x, (int64_t)n * 3072, 31, -2, 2);
+    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
+    int32_t *yg = device_alloc(&g, sizeof y, "y");
+    float *lossg = device_alloc(&g, 4, "loss");
+    int32_t *corrg = device_alloc(&g, 4, "correct");
+    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
+    device_copy_h2d(&g, yg, y, sizeof y);
+    Model *m[2];
+    Optimizer o[2];
+    float *logits[2], *grads[2], *params[2], loss[2];
+    for (int cl = 0; cl < 2; cl++) {
+        size_t base = g.mem_cur - BN_SCRATCH(g);
+        m[cl] = model_create_mixed(&g, "tiny", 1, n, 3, PREC_FP32, cl);
+        ck_assert_int_eq(m[cl]->channels_last, cl);
+        ck_assert(!m[cl]->param_lp && !m[cl]->wgrad_lp); /* fp32: cuDNN reads param_flat itself */
+        ck_assert_uint_eq(g.mem_cur - BN_SCRATCH(g) - base, m[cl]->alloc_bytes);
+        optim_init(&o[cl], &g, m[cl]->n_param_floats, 0.1, 0.9, 5e-4);
+    }
+    int64_t np = m[0]->n_param_floats;
+    size_t pb = (size_t)np * sizeof(float);
+    float *p0 = malloc(pb), *p1 = malloc(pb);
+    model_read_oihw(m[0], m[0]->param_flat, p0);
+    model_read_oihw(m[1], m[1]->param_flat, p1);
+    ck_assert_msg(!memcmp(p0, p1, pb), "channels-last init differs from NCHW in PyTorch's order");
+    float *r0 = raw(&g, m[0]->param_flat, np), *r1 = raw(&g, m[1]->param_flat, np);
+    ck_assert_msg(memcmp(r0, r1, pb), "the channels-last model stores its conv weights OIHW");
+    free(p0), free(p1), free(r0), free(r1);
+    for (int cl = 0; cl < 2; cl++) {
+        model_zero_grad(m[cl]);
+        model_forward(m[cl], n, xg, 1);
+        xent_forward_backward(&g, n, 10, model_logits(m[cl]), yg, 1.0f / n, lossg, corrg, model_dlogits(m[cl]));
+        model_backward(m[cl], n, NULL, NULL);
+        logits[cl] = raw(&g, model_logits(m[cl]), n * 10);
+        device_copy_d2h(&g, &loss[cl], lossg, 4);
+        grads[cl] = malloc(pb), params[cl] = malloc(pb);
+        model_read_oihw(m[cl], m[cl]->grad_flat, grads[cl]);
+        optim_step(&o[cl], m[cl]->param_flat, m[cl]->grad_flat, 0.1);
+        model_read_oihw(m[cl], m[cl]->param_flat, params[cl]);
+    }
+    double el = test_rel_err(logits[1], logits[0], n * 10), eg = test_rel_err(grads[1], grads[0], np);
+    double gmax = 0, pdiff = 0;
+    for (int64_t i = 0; i < np; i++)
+        gmax = fmax(gmax, fabs(grads[0][i])), pdiff = fmax(pdiff, fabs((double)params[1][i] - params[0][i]));
+    printf("tiny fp32 channels-last vs NCHW on CUDA: logits %.2e, loss %.2e, OIHW gradients %.2e, parameters "
+           "after SGD %.2e (of max|g| %.2e)\n", el, fabs(loss[1] - loss[0]) / loss[0], eg, pdiff, gmax);
+    ck_assert_msg(fabsf(loss[1] - loss[0]) < 1e-5f * loss[0], "loss %g vs %g", loss[1], loss[0]);
+    ck_assert_msg(el < 1e-4, "logits differ: %g", el);
+    ck_assert_msg(eg < 2e-4, "OIHW gradients differ: %g", eg);
+    ck_assert_msg(pdiff <= 0.1 * 2e-4 * gmax + 1e-7, "parameters differ by %g", pdiff); /* lr 0.1 */
+    /* checkpoints across layouts */
+    char *dir = test_tmpdir(), pa[512], pn[512];
+    snprintf(pa, sizeof pa, "%s/cl.ckpt", dir);
+    snprintf(pn, sizeof pn, "%s/nchw.ckpt", dir);
+    save_public(m[1], &o[1], pa);
+    load_public(m[0], &o[0], pa); /* into the NCHW model */
+    save_public(m[0], &o[0], pn);
+    long la, ln;
+    char *fa = test_slurp(pa, &la), *fn = test_slurp(pn, &ln);
+    ck_assert_msg(fa && fn && la == ln && !memcmp(fa, fn, (size_t)la), "the checkpoint changed through an NCHW model");
+    Model *back = model_create_mixed(&g, "tiny", 1, n, 99, PREC_FP32, 1); /* other seed: load must set all */
+    Optimizer ob;
+    optim_init(&ob, &g, back->n_param_floats, 0.1, 0.9, 5e-4);
+    load_public(back, &ob, pn);
+    float *want = raw(&g, m[1]->param_flat, np), *got = raw(&g, back->param_flat, np);
+    ck_assert_msg(!memcmp(want, got, pb), "parameters changed through NCHW and back");
+    free(want), free(got);
+    want = raw(&g, o[1].momentum_buf, np), got = raw(&g, ob.momentum_buf, np);
+    ck_assert_msg(!memcmp(want, got, pb), "momentum changed through NCHW and back");
+    free(want), free(got), free(fa), free(fn), free(dir);
+    optim_destroy(&ob);
+    model_destroy(back);
+    for (int cl = 0; cl < 2; cl++) {
+        free(logits[cl]), free(grads[cl]), free(params[cl]);
+        optim_destroy(&o[cl]);
+        model_destroy(m[cl]);
+    }
+    device_free(&g, xg), device_free(&g, yg), device_free(&g, lossg), device_free(&g, corrg);
+    free(x);
+    device_destroy(&g);
+}
+END_TEST
+
 Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -666,6 +885,9 @@ Suite *suite_model(void) {
     tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
     tcase_add_test(tc, cuda_memory_plan_holds_workspaces);
     tcase_add_test(tc, cuda_graphs_replay_the_eager_step);
+    tcase_add_test(tc, conv_weight_reorder_matches_hand_example);
+    tcase_add_test(tc, model_params_seam_reorders_conv_weights_only);
+    tcase_add_test(tc, cuda_channels_last_fp32_matches_nchw);
     suite_add_tcase(s, tc);
     return s;
 }
