@@ -735,7 +735,7 @@ static void save_public(Model *m, const Optimizer *o, const char *path) {
     snprintf(meta.arch, sizeof meta.arch, "%s", m->arch);
     snprintf(meta.norm, sizeof meta.norm, "%s", m->norm_bn ? "bn" : "none");
     meta.n_params = m->n_param_floats, meta.n_buffers = m->n_buffer_floats, meta.shape_hash = m->shape_hash;
-    meta.step = 1, meta.momentum_valid = 1, meta.world_size = 1, meta.accum_steps = 1;
+    meta.step = 1, meta.momentum_valid = 1, meta.world_size = 1, meta.accum_steps = 1, meta.batch_size = 4;
     size_t pb = (size_t)m->n_param_floats * sizeof(float), bb = (size_t)m->n_buffer_floats * sizeof(float);
     float *p = malloc(pb), *mom = malloc(pb), *buf = malloc(bb + 4);
     model_read_oihw(m, m->param_flat, p);
