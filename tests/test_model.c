@@ -366,22 +366,36 @@ START_TEST(memory_plan_changes_no_bit) {
 END_TEST
 
 /* The CUDA model against the CPU model: same weights, same batch (TF32 off, so plain fp32). */
+/* A GPU test's batch: n images uniform in [−2, 2) from seed (host copy x, device copy xg), labels
+ * (i·a + b) mod 10 (y, yg), and device slots for the loss and the correct count. */
+typedef struct GpuBatch {
+    float *x, *xg, *loss;
+    int32_t y[64], *yg, *correct;
+} GpuBatch;
+static GpuBatch gpu_batch(Device *g, int n, uint64_t seed, int a, int b) {
+    GpuBatch B;
+    ck_assert(n <= 64);
+    B.x = malloc((size_t)n * 3072 * sizeof(float));
+    for (int i = 0; i < n; i++) B.y[i] = (i * a + b) % 10;
+    test_fill_uniform(B.x, (int64_t)n * 3072, seed, -2, 2);
+    B.xg = device_alloc(g, (size_t)n * 3072 * 4, "x");
+    B.yg = device_alloc(g, (size_t)n * sizeof(int32_t), "y");
+    B.loss = device_alloc(g, 4, "loss");
+    B.correct = device_alloc(g, 4, "correct");
+    device_copy_h2d(g, B.xg, B.x, (size_t)n * 3072 * 4);
+    device_copy_h2d(g, B.yg, B.y, (size_t)n * sizeof(int32_t));
+    return B;
+}
+
 START_TEST(cuda_model_matches_cpu_model) {
     if (!test_have_gpu("model: CUDA forward/backward vs CPU")) return;
     Device c = cpu(), g = {.allow_tf32 = 0, .deterministic = 1};
     device_init(&g, DEV_CUDA, 0, 0);
     int n = 16;
     Model *mc = model_create(&c, "tiny", 1, n, 3), *mg = model_create(&g, "tiny", 1, n, 3);
-    float *x = malloc((size_t)n * 3072 * sizeof(float));
-    int32_t y[16];
-    for (int i = 0; i < n; i++) y[i] = (i * 7) % 10;
-    test_fill_uniform(x, (int64_t)n * 3072, 9, -2, 2);
-    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
-    int32_t *yg = device_alloc(&g, sizeof y, "y");
-    float *lossg = device_alloc(&g, 4, "loss");
-    int32_t *corrg = device_alloc(&g, 4, "correct");
-    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
-    device_copy_h2d(&g, yg, y, sizeof y);
+    GpuBatch B = gpu_batch(&g, n, 9, 7, 0);
+    float *x = B.x, *xg = B.xg, *lossg = B.loss;
+    int32_t *y = B.y, *yg = B.yg, *corrg = B.correct;
     float lossc;
     int32_t corrc;
     model_forward(mc, n, x, 1);
@@ -417,16 +431,9 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
     device_init(&g, DEV_CUDA, 0, 0);
     int major, bf16 = amp_bf16_supported(&g, &major);
     int n = 16;
-    float *x = malloc((size_t)n * 3072 * sizeof(float));
-    int32_t y[16];
-    for (int i = 0; i < n; i++) y[i] = (i * 7) % 10;
-    test_fill_uniform(x, (int64_t)n * 3072, 9, -2, 2);
-    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
-    int32_t *yg = device_alloc(&g, sizeof y, "y");
-    float *lossg = device_alloc(&g, 4, "loss");
-    int32_t *corrg = device_alloc(&g, 4, "correct");
-    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
-    device_copy_h2d(&g, yg, y, sizeof y);
+    GpuBatch B = gpu_batch(&g, n, 9, 7, 0);
+    float *x = B.x, *xg = B.xg, *lossg = B.loss;
+    int32_t *y = B.y, *yg = B.yg, *corrg = B.correct;
     for (int run = 0; run < 4; run++) {
         Precision p = (Precision)(1 + run / 2);
         int cl = run % 2; /* the CUDA model also in channels-last; the emulation is always NCHW */
@@ -500,16 +507,9 @@ START_TEST(cuda_memory_plan_holds_workspaces) {
     Device g = {.allow_tf32 = 0, .deterministic = 1};
     device_init(&g, DEV_CUDA, 0, 0);
     const int n = 32;
-    float *x = malloc((size_t)n * 3072 * sizeof(float));
-    int32_t y[32];
-    for (int i = 0; i < n; i++) y[i] = (i * 3) % 10;
-    test_fill_uniform(x, (int64_t)n * 3072, 23, -2, 2);
-    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
-    int32_t *yg = device_alloc(&g, sizeof y, "y");
-    float *lossg = device_alloc(&g, 4, "loss");
-    int32_t *corrg = device_alloc(&g, 4, "correct");
-    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
-    device_copy_h2d(&g, yg, y, sizeof y);
+    GpuBatch B = gpu_batch(&g, n, 23, 3, 0);
+    float *x = B.x, *xg = B.xg, *lossg = B.loss;
+    int32_t *yg = B.yg, *corrg = B.correct;
     for (int run = 0; run < 2; run++) {
         Precision p = run ? PREC_FP16 : PREC_FP32;
         int cl = run;
@@ -783,16 +783,9 @@ START_TEST(cuda_channels_last_fp32_matches_nchw) {
     Device g = {.allow_tf32 = 0, .deterministic = 1};
     device_init(&g, DEV_CUDA, 0, 0);
     const int n = 16;
-    float *x = malloc((size_t)n * 3072 * sizeof(float));
-    int32_t y[16];
-    for (int i = 0; i < n; i++) y[i] = (i * 3 + 1) % 10;
-    test_fill_uniform(x, (int64_t)n * 3072, 31, -2, 2);
-    float *xg = device_alloc(&g, (size_t)n * 3072 * 4, "x");
-    int32_t *yg = device_alloc(&g, sizeof y, "y");
-    float *lossg = device_alloc(&g, 4, "loss");
-    int32_t *corrg = device_alloc(&g, 4, "correct");
-    device_copy_h2d(&g, xg, x, (size_t)n * 3072 * 4);
-    device_copy_h2d(&g, yg, y, sizeof y);
+    GpuBatch B = gpu_batch(&g, n, 31, 3, 1);
+    float *x = B.x, *xg = B.xg, *lossg = B.loss;
+    int32_t *yg = B.yg, *corrg = B.correct;
     Model *m[2];
     Optimizer o[2];
     float *logits[2], *grads[2], *params[2], loss[2];
