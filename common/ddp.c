@@ -114,16 +114,16 @@ static void index_buckets(Ddp *d) {
     /* A launch happens only when a bucket's last gradient is ready: backward needs to stop for the
      * hook only there (model_set_hook_stops: each stop is one more CUDA graph launch). */
     unsigned char *stop = xcalloc((size_t)m->n_params, 1);
-    for (int b = 0; b < d->n_buckets && d->overlap; b++) {
-        int last = -1, at = -1;
-        for (int p = 0; p < m->n_params; p++) {
-            int pt = model_hook_point(m, p);
-            if (d->bucket_of[p] == b && pt > at) at = pt, last = p;
-        }
-        if (last >= 0) stop[last] = 1;
+    int *last = xmalloc((size_t)d->n_buckets * sizeof *last), *at = xmalloc((size_t)d->n_buckets * sizeof *at);
+    for (int b = 0; b < d->n_buckets; b++) last[b] = at[b] = -1;
+    for (int p = 0; p < m->n_params; p++) { /* each bucket's member that backward reports last */
+        int b = d->bucket_of[p], pt = model_hook_point(m, p);
+        if (pt > at[b]) at[b] = pt, last[b] = p;
     }
+    for (int b = 0; b < d->n_buckets && d->overlap; b++)
+        if (last[b] >= 0) stop[last[b]] = 1;
     model_set_hook_stops(m, stop);
-    free(stop);
+    free(stop), free(last), free(at);
 }
 
 /* Group parameters, in the given order, into buckets: a bucket closes once it holds at least its

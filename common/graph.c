@@ -8,7 +8,7 @@
 
 typedef struct GraphEntry {
     GraphKey key;
-    int runs; /* times this key has run: 0 → eager, 1 → capture, more → replay */
+    int seen; /* 0: its first run, eager; then captured once (exec) and replayed */
 #ifdef USE_CUDA
     cudaGraphExec_t exec;
 #endif
@@ -65,7 +65,8 @@ void graph_run(GraphCache *c, GraphKey key, void (*body)(void *), void *arg) {
         c->workspace = c->dev->workspace, c->bn_scratch = c->dev->bn_scratch;
     }
     GraphEntry *e = entry(c, key);
-    if (e->runs++ == 0) { /* first time: eager (module loading and cuDNN's setup happen here) */
+    if (!e->seen) { /* first time: eager (module loading and cuDNN's setup happen here) */
+        e->seen = 1;
         body(arg);
         return;
     }

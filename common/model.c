@@ -574,7 +574,7 @@ static float *B(Model *m, int b) { return m->buffer_flat + m->buffers[b].offset;
 static int64_t numel(const Activation *a, int n) { return (int64_t)n * a->c * a->h * a->w; }
 
 static void forward_typed(Model *m, int n, const float *x, int train);
-static void forward_plain(Model *m, int n, const float *x, int train);
+static void forward_plain(Model *m, int n, int train);
 
 typedef struct ForwardRun {
     Model *m;
@@ -582,32 +582,33 @@ typedef struct ForwardRun {
     const float *x;
 } ForwardRun;
 
+static void forward_walk(Model *m, int n, const float *x, int train) {
+    if (typed(m))
+        forward_typed(m, n, x, train);
+    else
+        forward_plain(m, n, train);
+}
+
 static void forward_train(void *arg) {
     const ForwardRun *a = arg;
-    if (typed(a->m))
-        forward_typed(a->m, a->n, a->x, 1);
-    else
-        forward_plain(a->m, a->n, a->x, 1);
+    forward_walk(a->m, a->n, a->x, 1);
 }
 
 void model_forward(Model *m, int n, const float *x, int train) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    /* what backward reads as the input: set here, since a replayed graph runs no host code */
+    /* what the walks and backward read as the input: set here, since a replayed graph runs no host code */
     m->acts[0].x = typed(m) ? m->input_lp : (float *)x;
     if (!train) { /* evaluation stays eager: it is not what a step's time is made of */
-        if (typed(m))
-            forward_typed(m, n, x, 0);
-        else
-            forward_plain(m, n, x, 0);
+        forward_walk(m, n, x, 0);
         return;
     }
     ForwardRun a = {m, n, x};
     graph_run(&m->graphs, (GraphKey){x, n, GRAPH_FORWARD}, forward_train, &a);
 }
 
-static void forward_plain(Model *m, int n, const float *x, int train) {
+/* The plain walk reads its input as m->acts[0].x (set by model_forward). */
+static void forward_plain(Model *m, int n, int train) {
     Device *d = m->dev;
-    m->acts[0].x = (float *)x;
     /* --trace: the whole forward (a one-layer view is DataParallel's op-by-op forward: its replica
      * thread traces the replica's whole forward instead) */
     int whole = m->n_layers > 1;
@@ -783,7 +784,6 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
     if (m->channels_last) cast_to_nhwc(d, p, n, IMG_C, IMG_H * IMG_W, x, m->input_lp);
     else cast_to(d, p, (int64_t)n * IMG_C * IMG_H * IMG_W, x, m->input_lp);
     const int cl = m->channels_last;
-    m->acts[0].x = m->input_lp;
     for (int l = 0; l < m->n_layers; l++) {
         Layer *L = &m->layers[l];
         Activation *in = &m->acts[L->in], *out = &m->acts[L->out];
@@ -901,11 +901,9 @@ void conv_weight_oihw_to_krsc(int cout, int cin, int kk, const float *src, float
                 dst[((int64_t)o * kk + r) * cin + i] = src[((int64_t)o * cin + i) * kk + r];
 }
 
+/* Both are a transpose of each [cin][kk] (or [kk][cin]) block: the inverse swaps the two sizes. */
 void conv_weight_krsc_to_oihw(int cout, int cin, int kk, const float *src, float *dst) {
-    for (int o = 0; o < cout; o++)
-        for (int i = 0; i < cin; i++)
-            for (int r = 0; r < kk; r++)
-                dst[((int64_t)o * cin + i) * kk + r] = src[((int64_t)o * kk + r) * cin + i];
+    conv_weight_oihw_to_krsc(cout, kk, cin, src, dst);
 }
 
 /* Parameter by parameter (they tile the flat buffer): a conv weight of a channels-last model is
