@@ -90,7 +90,7 @@ CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
 .PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
-        bench3 bench4 bench5 bench-kernels timeline compare $(STAGES)
+        bench3 bench4 bench5 bench-kernels bench-conv-algos timeline compare $(STAGES)
 all: found $(STAGES)
 
 found: crypto-dep
@@ -120,6 +120,7 @@ help:
 	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
 	@echo "make bench-kernels  every kernel of common/kernels.cu and adam.cu against the CPU reference, timed"
 	@echo "                against the GPU's peak bandwidth (KERNELS=\"bn_ sgd\" for some; SKIP without CUDA)"
+	@echo "make bench-conv-algos  cuDNN's heuristic vs cudnn.benchmark's picks for ResNet-18's convolutions, timed"
 	@echo "make timeline TRACE=t.json OUT=t.svg   draw a --trace file as an SVG timeline (docs/trace.md)"
 	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
@@ -177,7 +178,7 @@ check-dep:
 
 # The suite runs the stage binaries end to end, so they are built first. Check's own summary line
 # ("100%: Checks: N, Failures: 0, Errors: 0") is the last thing printed.
-test: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS))
+test: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
 	@$(MAKE) --no-print-directory tests/run_tests
 	./tests/run_tests
 
@@ -215,6 +216,24 @@ bench-kernels: $(BENCH_KERNELS)
 else
 bench-kernels:
 	@echo "SKIP: make bench-kernels needs the CUDA build ($(FOUND))"
+endif
+
+# cuDNN's heuristic against its measured choice (cudnn.benchmark) for every convolution of ResNet-18,
+# each pick timed as a training step runs it (tests/bench_conv_algos.cu; CONV_ARGS="fp16" for stage
+# 5's types, "fp32 nchw" for the old layout). cuDNN and the CUDA runtime only: not our library.
+BENCH_CONV_ALGOS := $(BUILD)/tests/bench_conv_algos
+ifeq ($(HAVE_CUDA),1)
+$(BUILD)/tests/bench_conv_algos.cu.o: tests/bench_conv_algos.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -I$(CUDNN_INC) -c -o $@ $<
+$(BENCH_CONV_ALGOS): $(BUILD)/tests/bench_conv_algos.cu.o
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+-include $(BUILD)/tests/bench_conv_algos.cu.d
+bench-conv-algos: $(BENCH_CONV_ALGOS)
+	./$(BENCH_CONV_ALGOS) $(CONV_ARGS)
+else
+bench-conv-algos:
+	@echo "SKIP: make bench-conv-algos needs the CUDA build ($(FOUND))"
 endif
 
 # A --trace file drawn as an SVG timeline (tests/timeline.py: Python 3, standard library only).

@@ -13,12 +13,15 @@
 
 #include "ops_cuda.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "device.h"
 #include "kernels.h"
+#include "precision.h"
+#include "rng.h"
 
 /* ================================================================================================
  * Convolution
@@ -228,6 +231,24 @@ static void choose_algo(Device *d, const Conv *c, const ConvPlan *p, ConvPlanEnt
            "try without --deterministic, or report the shape and cuDNN version");
 }
 
+/* The benchmark search's scratch tensor: n values uniform in [-scale, scale], in the Conv's type.
+ * Made on the host (the search runs once per shape, at setup); the copy is done when this returns
+ * (a pageable source), so the host buffer can go. */
+static void fill_scratch(Device *d, Precision p, void *dst, int64_t n, float scale, uint64_t seed) {
+    float *h = xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        h[i] = scale * (float)((double)(hash3(seed, (uint64_t)i, 0) >> 40) * (2.0 / 16777216.0) - 1.0);
+    if (p == PREC_FP32) {
+        device_copy_h2d(d, dst, h, (size_t)n * sizeof(float));
+    } else {
+        uint16_t *b = xmalloc((size_t)n * sizeof(uint16_t));
+        precision_pack(p, n, h, b);
+        device_copy_h2d(d, dst, b, (size_t)n * sizeof(uint16_t));
+        free(b);
+    }
+    free(h);
+}
+
 /* Workspace for the benchmark search: the most any algorithm of any pass asks for (up to the cap
  * and to half the free memory), so cudnnFind can try them all. It is allocated for the search
  * only and shows in mem_peak, as PyTorch's benchmark workspace shows in max_memory_allocated. */
@@ -304,10 +325,12 @@ void cuda_conv_prepare(Device *d, Conv *c, int n) {
         sc.x = device_alloc(d, xb, "cudnn benchmark scratch (x)");
         sc.y = device_alloc(d, yb, "cudnn benchmark scratch (y)");
         sc.w = device_alloc(d, wb, "cudnn benchmark scratch (w)");
-        /* zeros, so no garbage NaN/denormal pattern can influence the timings */
-        device_memset0(d, sc.x, xb);
-        device_memset0(d, sc.y, yb);
-        device_memset0(d, sc.w, wb);
+        /* values like a layer's real tensors, which PyTorch benchmarks on: never zeros, which
+         * flatter some algorithms (tests/bench_conv_algos.cu), nor garbage NaNs and denormals */
+        const int64_t wn = (int64_t)s->cout * s->cin * s->k * s->k;
+        fill_scratch(d, c->prec, sc.x, (int64_t)(xb / esz), 1.0f, 1);
+        fill_scratch(d, c->prec, sc.y, (int64_t)(yb / esz), 1.0f, 2);
+        fill_scratch(d, c->prec, sc.w, wn, 1.0f / sqrtf((float)(wn / s->cout)), 3);
         sc.ws_bytes = search_workspace_bytes(d, c, p, e);
         if (sc.ws_bytes) sc.ws = device_alloc(d, sc.ws_bytes, "cudnn benchmark workspace");
         scp = &sc;
