@@ -122,6 +122,10 @@ int64_t comm_allreduce_typed_async(Comm *c, void *buf, int64_t count, CommDtype 
     return c->be->issue(c, OP_ALLREDUCE, buf, count, 0, type);
 }
 
+int64_t comm_allreduce_mean_async(Comm *c, void *buf, int64_t count, CommDtype type) {
+    return c->be->issue(c, OP_ALLREDUCE_MEAN, buf, count, 0, type);
+}
+
 int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root) {
     ASSERT(root >= 0 && root < c->world);
     return c->be->issue(c, OP_BROADCAST, buf, count, root, COMM_F32);

@@ -138,6 +138,18 @@ static void ring_broadcast(Comm *c, void *x, size_t bytes, int root) {
     }
 }
 
+/* x *= 1/world, in the all-reduce's element type: a mean all-reduce's contribution (what ncclAvg
+ * does on the device). */
+static void premultiply(void *x, int64_t count, CommDtype type, int world) {
+    const float s = 1.0f / (float)world;
+    if (type == COMM_F32)
+        for (int64_t i = 0; i < count; i++) ((float *)x)[i] *= s;
+    else if (type == COMM_F16)
+        for (int64_t i = 0; i < count; i++) ((uint16_t *)x)[i] = f32_to_f16(f16_to_f32(((uint16_t *)x)[i]) * s);
+    else
+        for (int64_t i = 0; i < count; i++) ((uint16_t *)x)[i] = f32_to_bf16(bf16_to_f32(((uint16_t *)x)[i]) * s);
+}
+
 /* One operation on the ring thread: GPU buffers go device → host → ring → device. */
 static void host_run(Comm *c, Op *op) {
     size_t bytes = (size_t)op->count * comm_op_elem(op);
@@ -156,6 +168,7 @@ static void host_run(Comm *c, Op *op) {
         x = c->staging;
     }
 #endif
+    if (op->kind == OP_ALLREDUCE_MEAN && c->world > 1) premultiply(x, op->count, op->type, c->world);
     if (op->kind == OP_BROADCAST) ring_broadcast(c, x, bytes, op->root);
     else ring_allreduce(c, x, op->count, op);
 #ifdef USE_CUDA
@@ -177,7 +190,7 @@ static void *ring_thread(void *arg) {
         Op *op = &c->ops[c->done % OPS];
         pthread_mutex_unlock(&c->mu);
         double t0 = time_now();
-        TraceSpan span = trace_begin(op->kind == OP_ALLREDUCE ? "all-reduce" : op->kind == OP_BROADCAST ? "broadcast" : "sum",
+        TraceSpan span = trace_begin(op->kind == OP_BROADCAST ? "broadcast" : op->kind == OP_SUM_F64 ? "sum" : "all-reduce",
                                      "comm", op->count);
         host_run(c, op);
         trace_end(span);

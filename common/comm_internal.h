@@ -16,7 +16,8 @@
 
 #define OPS 1024 /* operations remembered; DDP issues at most a few hundred per 3 steps */
 
-typedef enum { OP_ALLREDUCE, OP_BROADCAST, OP_SUM_F64 } OpKind;
+/* OP_ALLREDUCE_MEAN: each rank's values times 1/world, then summed (comm_allreduce_mean_async) */
+typedef enum { OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_BROADCAST, OP_SUM_F64 } OpKind;
 
 typedef struct Op {
     OpKind kind;

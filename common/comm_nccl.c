@@ -39,7 +39,7 @@ static const char *nccl_hint(ncclResult_t r) {
     } while (0)
 
 static const char *op_name(OpKind k) {
-    return k == OP_ALLREDUCE ? "all-reduce" : k == OP_BROADCAST ? "broadcast" : "sum of doubles";
+    return k == OP_ALLREDUCE ? "all-reduce" : k == OP_ALLREDUCE_MEAN ? "mean all-reduce" : k == OP_BROADCAST ? "broadcast" : "sum of doubles";
 }
 
 _Noreturn static void watchdog_fail(Comm *c, const char *what) {
@@ -151,10 +151,11 @@ static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
     CHECK_CUDA(cudaEventRecord(op->ready, d->stream));
     CHECK_CUDA(cudaStreamWaitEvent(c->stream, op->ready, 0));
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
-    TraceDev span = trace_dev_begin(d, TRACE_COMM, c->stream, kind == OP_ALLREDUCE ? "all-reduce" : "broadcast",
+    TraceDev span = trace_dev_begin(d, TRACE_COMM, c->stream, kind == OP_BROADCAST ? "broadcast" : "all-reduce",
                                     "comm", count);
-    if (kind == OP_ALLREDUCE)
-        CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, ncclSum, c->nccl, c->stream));
+    if (kind != OP_BROADCAST) /* ncclAvg on floats: each contribution times 1/world, then the sum */
+        CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, kind == OP_ALLREDUCE_MEAN ? ncclAvg : ncclSum, c->nccl,
+                                 c->stream));
     else
         CHECK_NCCL(ncclBroadcast(buf, buf, (size_t)count, ncclFloat, root, c->nccl, c->stream));
     trace_dev_end(span);

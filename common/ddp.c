@@ -65,7 +65,7 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
     return cli_rows(rows, sizeof rows / sizeof rows[0], extra);
 }
 
-enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_AFTER_BCAST };
+enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_AFTER_BCAST, T_FWD_BEGIN, N_MARKS };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -201,6 +201,7 @@ static void flush_group(Ddp *d) {
         series_push(&d->ar, g->ar), series_push(&d->ar_run, g->ar);
         series_push(&d->exposed, g->exposed), series_push(&d->exposed_run, g->exposed);
         series_push(&d->bcast, g->bc), series_push(&d->bcast_run, g->bc);
+        series_push(&d->fb_run, g->fb);
     }
     Report *r = &d->run->report;
     if (g->step % d->run->cfg->log_every == 0) {
@@ -229,14 +230,15 @@ static void harvest(Ddp *d, DdpStep *s) {
     s->pending = 0;
     double ar = 0, exposed = 0;
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
-    if (s->synced) exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT);
+    double fb = 0;
+    if (s->synced) exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
     double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_AFTER_BCAST) : 0;
     if (exposed < 0) exposed = 0;
     if (d->group.micro && d->group.step != s->step) flush_group(d);
     DdpGroup *g = &d->group;
     g->step = s->step;
     g->micro++;
-    g->ar += ar, g->exposed += exposed, g->bc += bc;
+    g->ar += ar, g->exposed += exposed, g->bc += bc, g->fb += fb;
     g->bytes += s->bytes, g->n_ops += s->n_ops, g->bcasts += s->bcast_op >= 0;
 }
 
@@ -309,7 +311,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     ASSERT(plan(d, reverse, first)); /* reverse order is always contiguous */
     free(reverse);
     for (int s = 0; s <= DDP_STATS_LAG; s++)
-        for (int i = 0; i < 4; i++) timemark_init(&d->steps[s].at[i], d->dev);
+        for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);
     char desc[512], cap[32];
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
@@ -334,9 +336,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
 
 void ddp_destroy(Ddp *d) {
     for (int s = 0; s <= DDP_STATS_LAG; s++)
-        for (int i = 0; i < 4; i++) timemark_destroy(&d->steps[s].at[i]);
-    DdpSeries *all[] = {&d->ar, &d->exposed, &d->bcast, &d->ar_run, &d->exposed_run, &d->bcast_run, &d->search_ms};
-    for (int i = 0; i < 7; i++) free(all[i]->v);
+        for (int i = 0; i < N_MARKS; i++) timemark_destroy(&d->steps[s].at[i]);
+    DdpSeries *all[] = {&d->ar,          &d->exposed,     &d->bcast,     &d->ar_run,
+                        &d->exposed_run, &d->bcast_run,   &d->search_ms, &d->fb_run};
+    for (int i = 0; i < 8; i++) free(all[i]->v);
     free(d->buckets), free(d->bucket_of), free(d->ready_order), free(d->eval_idx);
     free(d->got), free(d->reached), free(d->reached_p), free(d->unused), free(d->used_back);
     if (d->used_pinned) host_free(d->dev, d->used_pinned, 1);
@@ -421,20 +424,22 @@ void ddp_forward_begin(Ddp *d) {
     s->synced = d->sync;
     s->bcast_op = forward_buffers(d, s, d->sync);
     if (s->bcast_op >= 0) d->bcasts++;
+    mark(d, s, T_FWD_BEGIN);
 }
 
 static void launch(Ddp *d, float *g, int64_t count) {
     DdpStep *s = step_of(d, d->iteration);
-    /* Averaging, PyTorch's way: divide by the world size, then SUM. */
     TraceSpan span = trace_begin("bucket launch", "launch", s->n_ops); /* args.n: bucket, in launch order */
-    if (d->world > 1) scale_inplace(d->dev, count, g, 1.0f / (float)d->world);
+    /* Averaging, PyTorch's way: each rank's gradients times 1/world, then SUM — inside the
+     * all-reduce (ncclAvg), not as a pass of its own on the compute stream. */
     int64_t id, bytes = count * (int64_t)sizeof(float);
     if (d->hook == PREC_FP32) {
-        id = comm_allreduce_async(d->comm, g, count);
-    } else { /* the compression hook: the same slice of the 16-bit copy */
+        id = comm_allreduce_mean_async(d->comm, g, count, COMM_F32);
+    } else { /* the compression hook: the same slice of the 16-bit copy, divided after the cast, as
+              * fp16_compress_hook does */
         void *g16 = (char *)d->compressed + (g - d->m->grad_flat) * 2;
         compress(d, g, count, g16);
-        id = comm_allreduce_typed_async(d->comm, g16, count, d->hook == PREC_FP16 ? COMM_F16 : COMM_BF16);
+        id = comm_allreduce_mean_async(d->comm, g16, count, d->hook == PREC_FP16 ? COMM_F16 : COMM_BF16);
         bytes = count * 2;
     }
     trace_end(span);
@@ -619,6 +624,37 @@ void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, doubl
     *accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
 }
 
+/* Each rank's own medians, side by side: how long its forward + backward took on its compute stream,
+ * and how long it then waited for the gradients and for the buffer broadcast. Ranks wait for each
+ * other there, so the averages hide which one was late: a rank whose forward + backward is longer
+ * waits less, and the step goes at its pace. Collective. */
+static void per_rank(Ddp *d) {
+    enum { FB, EX, BC, N };
+    double v[N * DDP_PER_RANK_MAX] = {0};
+    v[N * d->rank + FB] = series_median(&d->fb_run);
+    v[N * d->rank + EX] = series_median(&d->exposed_run);
+    v[N * d->rank + BC] = series_median(&d->bcast_run);
+    comm_sum_doubles(d->comm, v, N * d->world);
+    static const char *const what[N] = {"forward+backward", "waited after backward", "waited for buffers"};
+    static const char *const key[N] = {"fwd_bwd_ms_per_rank", "exposed_backward_ms_per_rank", "bcast_ms_per_rank"};
+    char line[1024];
+    size_t used = (size_t)snprintf(line, sizeof line, "  per rank, ms (rank 0 … %d):", d->world - 1);
+    Report *r = &d->run->report;
+    for (int k = 0; k < N; k++) {
+        used += (size_t)snprintf(line + used, sizeof line - used, "%s %s", k ? " |" : "", what[k]);
+        for (int i = 0; i < d->world && used < sizeof line; i++)
+            used += (size_t)snprintf(line + used, sizeof line - used, " %.3f", v[N * i + k]);
+    }
+    report_printf(r, "%s\n", line);
+    json_begin(r, "comm_per_rank");
+    for (int k = 0; k < N; k++) {
+        double x[DDP_PER_RANK_MAX];
+        for (int i = 0; i < d->world; i++) x[i] = v[N * i + k];
+        json_num_list(r, key[k], x, d->world);
+    }
+    json_end(r);
+}
+
 /* Medians of this rank's series, averaged over ranks; the line and the JSON record. Collective. */
 static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSeries *bc) {
     Run *r = d->run;
@@ -647,6 +683,7 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                       summary ? "comm over the run:" : "  comm:", v[0], accum ? "optimizer step" : "step", mb,
                       pieces, algbw, algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
     }
+    if (summary && d->world > 1 && d->world <= DDP_PER_RANK_MAX) per_rank(d);
     if (summary && (accum || d->world > 1)) {
         char total[32];
         fmt_bytes(total, sizeof total, (double)d->allreduce_bytes);

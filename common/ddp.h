@@ -71,6 +71,7 @@
 #include "trainer.h"
 
 #define DDP_FIRST_BUCKET_BYTES (1 << 20) /* torch.distributed._DEFAULT_FIRST_BUCKET_BYTES */
+#define DDP_PER_RANK_MAX 64               /* ranks listed one by one in the summary's "per rank" line */
 #define DDP_STATS_LAG 3                   /* micro-steps between a micro-step and the reading of its timings */
 
 /* The flags of a DDP job — torchrun's, init_process_group's, DistributedDataParallel's,
@@ -103,14 +104,14 @@ typedef struct DdpStep { /* one micro-step's measurements, until read back */
     int64_t step;        /* the optimizer step it belongs to */
     int64_t first_op, n_ops, bytes, bcast_op;
     int synced;          /* its backward all-reduced */
-    TimeMark at[4];      /* backward end, after the wait, before/after the broadcast */
+    TimeMark at[5];      /* backward end, after the wait, before/after the broadcast, forward start */
     int pending;
 } DdpStep;
 
 typedef struct DdpGroup { /* one optimizer step's sums over its micro-steps */
     int64_t step, bytes, n_ops, bcasts;
     int micro;
-    double ar, exposed, bc;
+    double ar, exposed, bc, fb; /* fb: the synchronised micro-step's forward + backward */
 } DdpGroup;
 
 typedef struct DdpSeries { /* per-optimizer-step values, for medians */
@@ -142,6 +143,7 @@ typedef struct Ddp {
     DdpGroup group;            /* the optimizer step being read back */
     int64_t groups_seen;
     DdpSeries ar, exposed, bcast, ar_run, exposed_run, bcast_run; /* this epoch / whole run */
+    DdpSeries fb_run;          /* forward + backward on this rank's compute stream, whole run */
     int64_t *eval_idx, eval_n; /* this rank's test-set shard */
     /* which gradients this synchronised backward has produced; find_unused_parameters */
     char *got;                 /* parameter → its gradient is marked ready */

@@ -288,6 +288,45 @@ START_TEST(ddp_cpu_matches_one_device) {
 }
 END_TEST
 
+/* The summary's per-rank line: each rank's forward + backward and its waits, side by side (the
+ * averages hide which rank was late). Two CPU workers: one value per rank, each a real duration
+ * inside the step; one worker: no such line. */
+START_TEST(per_rank_times_are_reported) {
+    char dir[] = "/tmp/ddp_XXXXXX", cmd[1024], path[600], *out;
+    ck_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(cmd, sizeof cmd,
+             LIMIT "%s/stage3 --device cpu --model tiny --train-size 640 --test-size 64 --batch-size 16 --steps 20 "
+                   "--epochs 1 --progress off --nproc-per-node 2 --master-port %d --report %s",
+             test_root(), test_free_port(), path);
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "per rank, ms (rank 0 … 1): forward+backward "), "%s", out);
+    free(out);
+    double fb[4], ex[4], bc[4], step[1];
+    ck_assert_int_eq(test_report_list(path, "comm_per_rank", "fwd_bwd_ms_per_rank", fb, 4), 2);
+    ck_assert_int_eq(test_report_list(path, "comm_per_rank", "exposed_backward_ms_per_rank", ex, 4), 2);
+    ck_assert_int_eq(test_report_list(path, "comm_per_rank", "bcast_ms_per_rank", bc, 4), 2);
+    long len;
+    char *text = test_slurp(path, &len), *sum = strstr(text, "\"type\":\"summary\"");
+    ck_assert(sum && strstr(sum, "\"ms_per_iter_median\":"));
+    step[0] = atof(strstr(sum, "\"ms_per_iter_median\":") + 21);
+    free(text);
+    for (int r = 0; r < 2; r++) {
+        /* forward + backward is most of a CPU step, never more than it (10% for the medians' spread) */
+        ck_assert_msg(fb[r] > 0.3 * step[0] && fb[r] < 1.1 * step[0], "rank %d: forward+backward %.3f ms, step %.3f ms",
+                      r, fb[r], step[0]);
+        ck_assert_msg(ex[r] >= 0 && ex[r] < step[0] && bc[r] >= 0 && bc[r] < step[0], "rank %d: waits %.3f, %.3f ms", r,
+                      ex[r], bc[r]);
+    }
+    snprintf(cmd, sizeof cmd,
+             LIMIT "%s/stage3 --device cpu --model tiny --train-size 640 --test-size 64 --batch-size 16 --steps 5 "
+                   "--epochs 1 --progress off --nproc-per-node 1 --master-port %d",
+             test_root(), test_free_port());
+    ck_assert_msg(test_run(cmd, &out) == 0 && !strstr(out, "per rank, ms"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* ---- an unused parameter (--unused-param) and find_unused_parameters --------------------------------
  * PyTorch's behaviour, observed in torch (tests/fixtures/ddp_unused.txt, made by
  * tests/torch/ddp_unused_fixture.py), against ours. */
@@ -607,6 +646,9 @@ START_TEST(ddp_nccl_resnet18_reports) {
     ck_assert_msg(strstr(out, "comm: all-reduce") && strstr(out, "NCCL"), "%s", out);
     free(out);
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    double fb[4];
+    ck_assert_int_eq(test_report_list(path, "comm_per_rank", "fwd_bwd_ms_per_rank", fb, 4), 2);
+    ck_assert_msg(fb[0] > 0 && fb[1] > 0, "forward+backward per rank: %g %g ms", fb[0], fb[1]);
     FILE *f = fopen(path, "r");
     ck_assert(f);
     char line[8192];
@@ -635,6 +677,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, buckets_reverse_then_rebuilt_in_ready_order);
     tcase_add_test(tc, bucket_extremes);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
+    tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
     tcase_add_test(tc, unused_param_reducer);
     tcase_add_test(tc, unused_param_stops_every_rank);

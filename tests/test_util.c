@@ -141,6 +141,28 @@ int test_read_losses(const char *path, double *loss, int max) {
     return n;
 }
 
+int test_report_list(const char *path, const char *type, const char *key, double *out, int max) {
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f, "report %s not written", path);
+    char line[8192], tag[80], k[96];
+    snprintf(tag, sizeof tag, "\"type\":\"%s\"", type);
+    snprintf(k, sizeof k, "\"%s\":[", key);
+    int n = -1;
+    while (fgets(line, sizeof line, f)) {
+        char *p = strstr(line, tag) ? strstr(line, k) : NULL;
+        if (!p) continue;
+        p += strlen(k);
+        for (n = 0; n < max && *p && *p != ']'; n++) {
+            char *end;
+            out[n] = strtod(p, &end);
+            ck_assert_msg(end != p, "%s: %s: not a number at '%.20s'", path, key, p);
+            p = end + (*end == ',');
+        }
+    }
+    fclose(f);
+    return n;
+}
+
 char *test_slurp(const char *path, long *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;

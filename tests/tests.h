@@ -50,6 +50,9 @@ int test_free_port(void);
 #define TEST_SECRET "test-suite-rendezvous-secret"
 /* The "loss" of every {"type":"step"} line of a JSON-lines report, in order; returns how many. */
 int test_read_losses(const char *path, double *loss, int max);
+/* The numbers of list `key` ("key":[a,b,…]) of the last {"type":"<type>"} record of a report, into
+ * out (at most max); returns how many, or -1 without such a record or key. */
+int test_report_list(const char *path, const char *type, const char *key, double *out, int max);
 /* A whole file as a malloc'd NUL-terminated string (NULL if missing); *len gets its size. */
 char *test_slurp(const char *path, long *len);
 /* A fresh directory under /tmp (malloc'd path). */
