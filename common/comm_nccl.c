@@ -153,9 +153,10 @@ static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
     TraceDev span = trace_dev_begin(d, TRACE_COMM, c->stream, kind == OP_BROADCAST ? "broadcast" : "all-reduce",
                                     "comm", count);
-    if (kind != OP_BROADCAST) /* ncclAvg on floats: each contribution times 1/world, then the sum */
-        CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, kind == OP_ALLREDUCE_MEAN ? ncclAvg : ncclSum, c->nccl,
-                                 c->stream));
+    /* ncclAvg on floats: each contribution times 1/world, then the sum. One rank: the mean is the
+     * buffer itself, and NCCL's one-rank ncclAvg would still run a multiply-by-1 kernel over it. */
+    ncclRedOp_t red = kind == OP_ALLREDUCE_MEAN && c->world > 1 ? ncclAvg : ncclSum;
+    if (kind != OP_BROADCAST) CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, red, c->nccl, c->stream));
     else
         CHECK_NCCL(ncclBroadcast(buf, buf, (size_t)count, ncclFloat, root, c->nccl, c->stream));
     trace_dev_end(span);
