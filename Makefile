@@ -199,41 +199,32 @@ bench4: stage1 stage3 stage4
 bench5: stage5
 	bash tests/bench_stage5.sh
 
-# Our own kernels, each against the CPU reference and timed against the GPU's peak memory bandwidth
-# (tests/bench_kernels.cu; KERNELS="bn_ sgd" runs the rows whose name contains one of the words). It
-# is host code: nvcc compiles it (C++, the CUDA runtime), the C compiler links it like a stage. Built
-# by `make test` too (not run), so a change to a launcher that breaks it is caught at once.
+# The kernel harnesses, tests/bench_*.cu: host code that nvcc compiles (C++, the CUDA runtime) and the
+# C compiler links like a stage. Built by `make test` too (not run), so a change that breaks one is
+# caught at once.
+#  - make bench-kernels: our own kernels, each against the CPU reference and timed against the GPU's
+#    peak memory bandwidth (tests/bench_kernels.cu; KERNELS="bn_ sgd" runs the rows whose name
+#    contains one of the words);
+#  - make bench-conv-algos: cuDNN's heuristic against its measured choice (cudnn.benchmark) for every
+#    convolution of ResNet-18, each pick timed as a training step runs it (tests/bench_conv_algos.cu;
+#    CONV_ARGS="fp16" for stage 5's types, "fp32 nchw" for the old layout).
 BENCH_KERNELS := $(BUILD)/tests/bench_kernels
-ifeq ($(HAVE_CUDA),1)
-$(BUILD)/tests/bench_kernels.cu.o: tests/bench_kernels.cu
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -I$(CUDNN_INC) -c -o $@ $<
-$(BENCH_KERNELS): $(BUILD)/tests/bench_kernels.cu.o $(LIBCOMMON)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
--include $(BUILD)/tests/bench_kernels.cu.d
-bench-kernels: $(BENCH_KERNELS)
-	./$(BENCH_KERNELS) $(KERNELS)
-else
-bench-kernels:
-	@echo "SKIP: make bench-kernels needs the CUDA build ($(FOUND))"
-endif
-
-# cuDNN's heuristic against its measured choice (cudnn.benchmark) for every convolution of ResNet-18,
-# each pick timed as a training step runs it (tests/bench_conv_algos.cu; CONV_ARGS="fp16" for stage
-# 5's types, "fp32 nchw" for the old layout). cuDNN and the CUDA runtime only: not our library.
 BENCH_CONV_ALGOS := $(BUILD)/tests/bench_conv_algos
 ifeq ($(HAVE_CUDA),1)
-$(BUILD)/tests/bench_conv_algos.cu.o: tests/bench_conv_algos.cu
+.PRECIOUS: $(BUILD)/tests/%.cu.o
+$(BUILD)/tests/%.cu.o: tests/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -I$(CUDNN_INC) -c -o $@ $<
-$(BENCH_CONV_ALGOS): $(BUILD)/tests/bench_conv_algos.cu.o
+$(BUILD)/tests/bench_%: $(BUILD)/tests/bench_%.cu.o $(LIBCOMMON)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
--include $(BUILD)/tests/bench_conv_algos.cu.d
+-include $(BUILD)/tests/bench_kernels.cu.d $(BUILD)/tests/bench_conv_algos.cu.d
+bench-kernels: $(BENCH_KERNELS)
+	./$(BENCH_KERNELS) $(KERNELS)
 bench-conv-algos: $(BENCH_CONV_ALGOS)
 	./$(BENCH_CONV_ALGOS) $(CONV_ARGS)
 else
-bench-conv-algos:
-	@echo "SKIP: make bench-conv-algos needs the CUDA build ($(FOUND))"
+bench-kernels bench-conv-algos:
+	@echo "SKIP: make $@ needs the CUDA build ($(FOUND))"
 endif
 
 # A --trace file drawn as an SVG timeline (tests/timeline.py: Python 3, standard library only).

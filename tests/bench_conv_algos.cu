@@ -39,27 +39,22 @@
 #include <algorithm>
 #include <vector>
 
+#include <cublas_v2.h> /* device.h's, included here first: outside extern "C" */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CHECK_DNN(call)                                                                            \
-    do {                                                                                           \
-        cudnnStatus_t s_ = (call);                                                                 \
-        if (s_ != CUDNN_STATUS_SUCCESS) {                                                          \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudnnGetErrorString(s_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+/* The project's headers are C; C11's _Noreturn is C++'s [[noreturn]]. device.h's CHECK_CUDA /
+ * CHECK_CUDNN stop with file:line, the failed call, cuDNN's or CUDA's reason and a hint. */
+#define _Noreturn [[noreturn]]
+extern "C" {
+#include "device.h"
+}
+#undef _Noreturn
+
+#define CHECK CHECK_CUDA
+#define CHECK_DNN CHECK_CUDNN
 
 enum { FWD, BWD_DATA, BWD_FILTER, PASSES };
 static const char *PASS[PASSES] = {"fwd", "dgrad", "wgrad"};
