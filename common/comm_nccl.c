@@ -39,7 +39,10 @@ static const char *nccl_hint(ncclResult_t r) {
     } while (0)
 
 static const char *op_name(OpKind k) {
-    return k == OP_ALLREDUCE ? "all-reduce" : k == OP_ALLREDUCE_MEAN ? "mean all-reduce" : k == OP_BROADCAST ? "broadcast" : "sum of doubles";
+    return k == OP_ALLREDUCE        ? "all-reduce"
+           : k == OP_ALLREDUCE_MEAN ? "mean all-reduce"
+           : k == OP_BROADCAST      ? "broadcast"
+                                    : "sum of doubles";
 }
 
 _Noreturn static void watchdog_fail(Comm *c, const char *what) {
@@ -156,7 +159,8 @@ static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
     /* ncclAvg on floats: each contribution times 1/world, then the sum. One rank: the mean is the
      * buffer itself, and NCCL's one-rank ncclAvg would still run a multiply-by-1 kernel over it. */
     ncclRedOp_t red = kind == OP_ALLREDUCE_MEAN && c->world > 1 ? ncclAvg : ncclSum;
-    if (kind != OP_BROADCAST) CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, red, c->nccl, c->stream));
+    if (kind != OP_BROADCAST)
+        CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, red, c->nccl, c->stream));
     else
         CHECK_NCCL(ncclBroadcast(buf, buf, (size_t)count, ncclFloat, root, c->nccl, c->stream));
     trace_dev_end(span);

@@ -637,11 +637,11 @@ static void per_rank(Ddp *d) {
     comm_sum_doubles(d->comm, v, N * d->world);
     static const char *const what[N] = {"forward+backward", "waited after backward", "waited for buffers"};
     static const char *const key[N] = {"fwd_bwd_ms_per_rank", "exposed_backward_ms_per_rank", "bcast_ms_per_rank"};
-    char line[1024];
+    char line[4096]; /* 64 ranks × 3 values fit; appended piece by piece, never past the end */
     size_t used = (size_t)snprintf(line, sizeof line, "  per rank, ms (rank 0 … %d):", d->world - 1);
     Report *r = &d->run->report;
     for (int k = 0; k < N; k++) {
-        used += (size_t)snprintf(line + used, sizeof line - used, "%s %s", k ? " |" : "", what[k]);
+        if (used < sizeof line) used += (size_t)snprintf(line + used, sizeof line - used, "%s %s", k ? " |" : "", what[k]);
         for (int i = 0; i < d->world && used < sizeof line; i++)
             used += (size_t)snprintf(line + used, sizeof line - used, " %.3f", v[N * i + k]);
     }
