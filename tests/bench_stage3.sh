@@ -8,6 +8,8 @@
 # img/s on one GPU), each framework against itself. Exposed communication = time the compute stream
 # waited for communication (stage 3's "comm_summary" record), as % of the median step. TFLOP/s and
 # its fraction of the GPUs' peak: tests/bench_flops.py.
+# With 2 GPUs, stage 1 also runs on the second one (DDP goes at the slower GPU's pace), and the table
+# is followed by stage 3's per-rank line: each rank's forward + backward and how long it then waited.
 # Then a `torchrun --no-python` launch of two ./stage3 workers must train exactly like ./stage3's
 # own launcher. With one GPU, the stage 3 rows (and PyTorch's, with gloo) run two workers sharing
 # it through --comm host: the mechanics are all there, the timings then say nothing about scaling.
@@ -35,7 +37,7 @@ run_stage() {
         --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
     [ $rc = 0 ] || echo "$name FAILED (exit $rc): see $OUT/$name.log"
-    grep -E "^(summary|comm over|  compute)" "$OUT/$name.log"
+    grep -E "^(summary|comm over|  compute|  per rank)" "$OUT/$name.log"
 }
 
 log "stage 1, one GPU";            run_stage stage1 stage1
@@ -45,6 +47,11 @@ log "stage 3, $MODE, --comm $COMM, --no-overlap"; run_stage stage3_nooverlap sta
 # measured twice, before and after stage 3, and the FASTER run is the reference: scaling is then
 # never flattered by one slow single-GPU measurement.
 log "stage 1, one GPU, again";      run_stage stage1_again stage1
+# DDP goes at its slowest GPU's pace: stage 1 once more, on the second GPU, says whether they differ.
+if [ "$NGPU" -ge 2 ]; then
+    second=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f2)
+    log "stage 1 on the second GPU ($second)"; CUDA_VISIBLE_DEVICES=$second run_stage stage1_gpu1 stage1
+fi
 
 if [ "$HAVE_TORCH" = 1 ]; then
     log "PyTorch, one GPU"
@@ -155,6 +162,14 @@ print("TFLOP/s: model FLOPs per step (conv + linear, forward + backward) over th
       "dense peak for the convolutions' math (tests/bench_flops.py)" + (f", {s1['peak_tflops']} TFLOP/s per GPU "
       f"({s1['peak_math']}, {s1['peak_source']})" if s1 and s1.get("peak_tflops") else ""))
 print(check)
+s1g1, pr = last(f"{out}/stage1_gpu1.jsonl"), last(f"{out}/stage3.jsonl", "comm_per_rank")
+if s1g1 and s1:
+    print(f"stage 1 on the second GPU: {s1g1['ms_per_iter_median']:.2f} ms/iter (on the first: "
+          f"{s1['ms_per_iter_median']:.2f}); DDP goes at the slower one's pace")
+if pr:
+    print("stage 3 per rank, ms: forward+backward " + " / ".join(f"{v:.3f}" for v in pr["fwd_bwd_ms_per_rank"]) +
+          " | waited after backward " + " / ".join(f"{v:.3f}" for v in pr["exposed_backward_ms_per_rank"]) +
+          " | waited for buffers " + " / ".join(f"{v:.3f}" for v in pr["bcast_ms_per_rank"]))
 if s3 and s1 and c3 and not shared:
     e = s3["img_per_s"] / (s3["world_size"] * s1["img_per_s"])
     p = s3["peak_mem_bytes"]
