@@ -8,8 +8,9 @@
 # img/s on one GPU), each framework against itself. Exposed communication = time the compute stream
 # waited for communication (stage 3's "comm_summary" record), as % of the median step. TFLOP/s and
 # its fraction of the GPUs' peak: tests/bench_flops.py.
-# With 2 GPUs, stage 1 also runs on the second one (DDP goes at the slower GPU's pace), and the table
-# is followed by stage 3's per-rank line: each rank's forward + backward and how long it then waited.
+# With 2 GPUs, stage 1 also runs on the second one (DDP goes at the slower GPU's pace) and on both at
+# once as two independent runs (what two busy GPUs cost without communication), and the table is
+# followed by stage 3's per-rank line: each rank's forward + backward and how long it then waited.
 # Then a `torchrun --no-python` launch of two ./stage3 workers must train exactly like ./stage3's
 # own launcher. With one GPU, the stage 3 rows (and PyTorch's, with gloo) run two workers sharing
 # it through --comm host: the mechanics are all there, the timings then say nothing about scaling.
@@ -51,6 +52,12 @@ log "stage 1, one GPU, again";      run_stage stage1_again stage1
 if [ "$NGPU" -ge 2 ]; then
     second=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f2)
     log "stage 1 on the second GPU ($second)"; CUDA_VISIBLE_DEVICES=$second run_stage stage1_gpu1 stage1
+    # The control: two independent stage 1 runs at once, one per GPU — what a second busy GPU (and
+    # its process) costs with no communication at all.
+    first=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f1)
+    log "stage 1 on both GPUs at once, independent runs"
+    CUDA_VISIBLE_DEVICES=$first run_stage stage1_both0 stage1 & CUDA_VISIBLE_DEVICES=$second run_stage stage1_both1 stage1
+    wait
 fi
 
 if [ "$HAVE_TORCH" = 1 ]; then
@@ -166,6 +173,10 @@ s1g1, pr = last(f"{out}/stage1_gpu1.jsonl"), last(f"{out}/stage3.jsonl", "comm_p
 if s1g1 and s1:
     print(f"stage 1 on the second GPU: {s1g1['ms_per_iter_median']:.2f} ms/iter (on the first: "
           f"{s1['ms_per_iter_median']:.2f}); DDP goes at the slower one's pace")
+b0, b1 = last(f"{out}/stage1_both0.jsonl"), last(f"{out}/stage1_both1.jsonl")
+if b0 and b1:
+    print(f"stage 1 on both GPUs at once, independent runs: {b0['ms_per_iter_median']:.2f} / "
+          f"{b1['ms_per_iter_median']:.2f} ms/iter (no communication: what two busy GPUs cost by themselves)")
 if pr:
     print("stage 3 per rank, ms: forward+backward " + " / ".join(f"{v:.3f}" for v in pr["fwd_bwd_ms_per_rank"]) +
           " | waited after backward " + " / ".join(f"{v:.3f}" for v in pr["exposed_backward_ms_per_rank"]) +
