@@ -41,7 +41,7 @@ stage5() { # name, stage 5 flags... (one worker unless the flags say --nproc-per
         --accum-steps 1 --workers 4 --pin-memory --steps $((STEPS + 5)) --epochs 100 --test-size 2000 \
         --schedule const --progress off --log-every 1000 --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "stage 5 $name FAILED: see $OUT/$name.log"
-    grep -E "^(summary|amp|  compute)" "$OUT/$name.log"
+    grep -E "^(summary|amp|  compute|  per rank|comm over)" "$OUT/$name.log"
 }
 
 pytorch pt_fp32
