@@ -118,10 +118,6 @@ int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count) {
     return c->be->issue(c, OP_ALLREDUCE, buf, count, 0, COMM_F32);
 }
 
-int64_t comm_allreduce_typed_async(Comm *c, void *buf, int64_t count, CommDtype type) {
-    return c->be->issue(c, OP_ALLREDUCE, buf, count, 0, type);
-}
-
 int64_t comm_allreduce_mean_async(Comm *c, void *buf, int64_t count, CommDtype type) {
     return c->be->issue(c, OP_ALLREDUCE_MEAN, buf, count, 0, type);
 }

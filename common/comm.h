@@ -47,7 +47,6 @@ int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count);
  * hooks). 16-bit buffers hold real 16-bit values (2 bytes each) on every backend; their sums are
  * rounded to the type at every addition, as NCCL's ncclHalf / ncclBfloat16 sums are. */
 typedef enum { COMM_F32 = 0, COMM_F16 = 1, COMM_BF16 = 2 } CommDtype;
-int64_t comm_allreduce_typed_async(Comm *c, void *buf, int64_t count, CommDtype type);
 /* The mean over ranks, the way DDP averages gradients: each rank's values multiplied by 1/world,
  * then summed (PyTorch's "divide, then SUM"). NCCL: ncclAvg, whose all-reduce kernel does the
  * multiply as it reads (no pass of its own over the buffer); host ring: the multiply on the host

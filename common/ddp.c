@@ -65,7 +65,8 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
     return cli_rows(rows, sizeof rows / sizeof rows[0], extra);
 }
 
-enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_AFTER_BCAST, T_FWD_BEGIN, N_MARKS };
+/* T_FWD_BEGIN: after the buffer broadcast (if any) has been waited for, so it also ends T_PRE_BCAST's span */
+enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_FWD_BEGIN, N_MARKS };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -232,7 +233,7 @@ static void harvest(Ddp *d, DdpStep *s) {
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
     double fb = 0;
     if (s->synced) exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
-    double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_AFTER_BCAST) : 0;
+    double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
     if (exposed < 0) exposed = 0;
     if (d->group.micro && d->group.step != s->step) flush_group(d);
     DdpGroup *g = &d->group;
@@ -377,8 +378,7 @@ static int64_t forward_buffers(Ddp *d, DdpStep *s, int grad_sync) {
     if (d->forward_param_sync && d->m->n_buffer_floats && d->world > 1) {
         if (s) mark(d, s, T_PRE_BCAST);
         op = comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
-        comm_wait(d->comm);
-        if (s) mark(d, s, T_AFTER_BCAST);
+        comm_wait(d->comm); /* the caller's next mark (T_FWD_BEGIN) ends the wait's span */
     }
     d->forward_param_sync = grad_sync;
     return op;

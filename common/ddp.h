@@ -104,7 +104,7 @@ typedef struct DdpStep { /* one micro-step's measurements, until read back */
     int64_t step;        /* the optimizer step it belongs to */
     int64_t first_op, n_ops, bytes, bcast_op;
     int synced;          /* its backward all-reduced */
-    TimeMark at[5];      /* backward end, after the wait, before/after the broadcast, forward start */
+    TimeMark at[4];      /* backward end, after the wait, before the broadcast, forward start */
     int pending;
 } DdpStep;
 

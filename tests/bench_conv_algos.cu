@@ -55,9 +55,6 @@ extern "C" {
 }
 #undef _Noreturn
 
-#define CHECK CHECK_CUDA
-#define CHECK_DNN CHECK_CUDNN
-
 enum { FWD, BWD_DATA, BWD_FILTER, PASSES };
 static const char *PASS[PASSES] = {"fwd", "dgrad", "wgrad"};
 static const size_t WS_CAP = (size_t)1 << 30;
@@ -117,7 +114,7 @@ template <typename Perf> static Pick first_acceptable(Conv &v, int pass, const P
     for (int i = 0; i < got; i++) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
             continue;
-        CHECK_DNN(cudnnSetConvolutionMathType(v.c, perf[i].mathType));
+        CHECK_CUDNN(cudnnSetConvolutionMathType(v.c, perf[i].mathType));
         size_t ws = std::max(workspace(v, pass, (int)perf[i].algo), perf[i].memory);
         if (ws > WS_CAP) continue;
         Pick p;
@@ -133,26 +130,26 @@ template <typename Perf> static Pick first_acceptable(Conv &v, int pass, const P
 static Pick choose(Conv &v, int pass, int how) {
     const int MAX = 16;
     int got = 0;
-    CHECK_DNN(cudnnSetConvolutionMathType(v.c, v.base));
+    CHECK_CUDNN(cudnnSetConvolutionMathType(v.c, v.base));
     void *x = how == 0 ? v.zx : v.dx, *w = how == 0 ? v.zw : v.dw, *y = how == 0 ? v.zy : v.dy;
     /* Find writes the pass's output into the zero set (never an input of the same pass) */
     if (pass == FWD) {
         cudnnConvolutionFwdAlgoPerf_t perf[MAX];
-        if (how < 0) CHECK_DNN(cudnnGetConvolutionForwardAlgorithm_v7(v.h, v.x, v.w, v.c, v.y, MAX, &got, perf));
-        else CHECK_DNN(cudnnFindConvolutionForwardAlgorithmEx(v.h, v.x, x, v.w, w, v.c, v.y, v.zy, MAX, &got, perf,
+        if (how < 0) CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(v.h, v.x, v.w, v.c, v.y, MAX, &got, perf));
+        else CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(v.h, v.x, x, v.w, w, v.c, v.y, v.zy, MAX, &got, perf,
                                                               v.ws, v.ws_bytes));
         return first_acceptable(v, pass, perf, got, how >= 0);
     }
     if (pass == BWD_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[MAX];
-        if (how < 0) CHECK_DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(v.h, v.w, v.y, v.c, v.x, MAX, &got, perf));
-        else CHECK_DNN(cudnnFindConvolutionBackwardDataAlgorithmEx(v.h, v.w, w, v.y, y, v.c, v.x, v.zx, MAX, &got,
+        if (how < 0) CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(v.h, v.w, v.y, v.c, v.x, MAX, &got, perf));
+        else CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(v.h, v.w, w, v.y, y, v.c, v.x, v.zx, MAX, &got,
                                                                    perf, v.ws, v.ws_bytes));
         return first_acceptable(v, pass, perf, got, how >= 0);
     }
     cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX];
-    if (how < 0) CHECK_DNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(v.h, v.x, v.y, v.c, v.w, MAX, &got, perf));
-    else CHECK_DNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(v.h, v.x, x, v.y, y, v.c, v.w, v.zw, MAX, &got,
+    if (how < 0) CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(v.h, v.x, v.y, v.c, v.w, MAX, &got, perf));
+    else CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(v.h, v.x, x, v.y, y, v.c, v.w, v.zw, MAX, &got,
                                                                  perf, v.ws, v.ws_bytes));
     return first_acceptable(v, pass, perf, got, how >= 0);
 }
@@ -163,32 +160,32 @@ static void run(Conv &v, int pass, const Pick &p, int data) {
     const float one = 1.0f, zero = 0.0f;
     void *x = data ? v.dx : v.zx, *w = data ? v.dw : v.zw, *y = data ? v.dy : v.zy;
     void *ox = data ? v.zx : v.dx, *ow = data ? v.zw : v.dw, *oy = data ? v.zy : v.dy;
-    CHECK_DNN(cudnnSetConvolutionMathType(v.c, p.math));
+    CHECK_CUDNN(cudnnSetConvolutionMathType(v.c, p.math));
     if (pass == FWD)
-        CHECK_DNN(cudnnConvolutionForward(v.h, &one, v.x, x, v.w, w, v.c, (cudnnConvolutionFwdAlgo_t)p.algo, v.ws,
+        CHECK_CUDNN(cudnnConvolutionForward(v.h, &one, v.x, x, v.w, w, v.c, (cudnnConvolutionFwdAlgo_t)p.algo, v.ws,
                                           p.ws, &zero, v.y, oy));
     else if (pass == BWD_DATA)
-        CHECK_DNN(cudnnConvolutionBackwardData(v.h, &one, v.w, w, v.y, y, v.c, (cudnnConvolutionBwdDataAlgo_t)p.algo,
+        CHECK_CUDNN(cudnnConvolutionBackwardData(v.h, &one, v.w, w, v.y, y, v.c, (cudnnConvolutionBwdDataAlgo_t)p.algo,
                                                v.ws, p.ws, &zero, v.x, ox));
     else
-        CHECK_DNN(cudnnConvolutionBackwardFilter(v.h, &one, v.x, x, v.y, y, v.c,
+        CHECK_CUDNN(cudnnConvolutionBackwardFilter(v.h, &one, v.x, x, v.y, y, v.c,
                                                  (cudnnConvolutionBwdFilterAlgo_t)p.algo, v.ws, p.ws, &zero, v.w, ow));
 }
 
 /* Microseconds per launch: warm-up, then `repeat` launches back to back between two events. */
 static double time_us(Conv &v, int pass, const Pick &p, int data, int repeat, cudaStream_t s) {
     cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
     for (int i = 0; i < 5; i++) run(v, pass, p, data);
-    CHECK(cudaEventRecord(a, s));
+    CHECK_CUDA(cudaEventRecord(a, s));
     for (int i = 0; i < repeat; i++) run(v, pass, p, data);
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    CHECK(cudaEventDestroy(a));
-    CHECK(cudaEventDestroy(b));
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    CHECK_CUDA(cudaEventDestroy(a));
+    CHECK_CUDA(cudaEventDestroy(b));
     return 1e3 * ms / repeat;
 }
 
@@ -200,14 +197,14 @@ __global__ void spin_kernel(long long cycles) {
 }
 static void warm_up(cudaStream_t s, int sms) {
     for (int i = 0; i < 200; i++) spin_kernel<<<sms, 32, 0, s>>>(1000000); /* ~0.5 ms each at ~2 GHz */
-    CHECK(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
 }
 
 /* The zero set: what our benchmark search measures on (common/ops_cuda.c). */
 static void zero(Conv &v, size_t nx, size_t ny, size_t nw, size_t esz) {
-    CHECK(cudaMemset(v.zx, 0, nx * esz));
-    CHECK(cudaMemset(v.zy, 0, ny * esz));
-    CHECK(cudaMemset(v.zw, 0, nw * esz));
+    CHECK_CUDA(cudaMemset(v.zx, 0, nx * esz));
+    CHECK_CUDA(cudaMemset(v.zy, 0, ny * esz));
+    CHECK_CUDA(cudaMemset(v.zw, 0, nw * esz));
 }
 
 /* Fill a device buffer of `count` elements of `type` with uniform values in [-scale, scale]. */
@@ -221,7 +218,7 @@ static void fill_random(void *d, size_t count, cudnnDataType_t type, float scale
         else if (type == CUDNN_DATA_HALF) { __half v = __float2half(f); memcpy(&h[2 * i], &v, 2); }
         else { __nv_bfloat16 v = __float2bfloat16(f); memcpy(&h[2 * i], &v, 2); }
     }
-    CHECK(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
 }
 
 int main(int argc, char **argv) {
@@ -249,12 +246,12 @@ int main(int argc, char **argv) {
     const char *rep = getenv("BENCH_REPEAT");
     int repeat = rep && atoi(rep) > 0 ? atoi(rep) : 50, batch = 128;
     cudaDeviceProp prop;
-    CHECK(cudaGetDeviceProperties(&prop, 0));
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t stream;
-    CHECK(cudaStreamCreate(&stream));
+    CHECK_CUDA(cudaStreamCreate(&stream));
     Conv v = {};
-    CHECK_DNN(cudnnCreate(&v.h));
-    CHECK_DNN(cudnnSetStream(v.h, stream));
+    CHECK_CUDNN(cudnnCreate(&v.h));
+    CHECK_CUDNN(cudnnSetStream(v.h, stream));
     size_t esz = type == CUDNN_DATA_FLOAT ? 4 : 2;
     /* fp32: CUDNN_DEFAULT_MATH lets cuDNN use TF32 (PyTorch's allow_tf32 default); 16-bit: tensor cores */
     v.base = type == CUDNN_DATA_FLOAT ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
@@ -274,28 +271,28 @@ int main(int argc, char **argv) {
     unsigned seed = 12345;
     for (const Shape &s : SHAPES) {
         int ho = (s.hw + 2 * s.pad - s.k) / s.stride + 1;
-        CHECK_DNN(cudnnCreateTensorDescriptor(&v.x));
-        CHECK_DNN(cudnnCreateTensorDescriptor(&v.y));
-        CHECK_DNN(cudnnCreateFilterDescriptor(&v.w));
-        CHECK_DNN(cudnnCreateConvolutionDescriptor(&v.c));
-        CHECK_DNN(cudnnSetTensor4dDescriptor(v.x, fmt, type, batch, s.cin, s.hw, s.hw));
-        CHECK_DNN(cudnnSetTensor4dDescriptor(v.y, fmt, type, batch, s.cout, ho, ho));
-        CHECK_DNN(cudnnSetFilter4dDescriptor(v.w, type, fmt, s.cout, s.cin, s.k, s.k));
-        CHECK_DNN(cudnnSetConvolution2dDescriptor(v.c, s.pad, s.pad, s.stride, s.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+        CHECK_CUDNN(cudnnCreateTensorDescriptor(&v.x));
+        CHECK_CUDNN(cudnnCreateTensorDescriptor(&v.y));
+        CHECK_CUDNN(cudnnCreateFilterDescriptor(&v.w));
+        CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&v.c));
+        CHECK_CUDNN(cudnnSetTensor4dDescriptor(v.x, fmt, type, batch, s.cin, s.hw, s.hw));
+        CHECK_CUDNN(cudnnSetTensor4dDescriptor(v.y, fmt, type, batch, s.cout, ho, ho));
+        CHECK_CUDNN(cudnnSetFilter4dDescriptor(v.w, type, fmt, s.cout, s.cin, s.k, s.k));
+        CHECK_CUDNN(cudnnSetConvolution2dDescriptor(v.c, s.pad, s.pad, s.stride, s.stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                   CUDNN_DATA_FLOAT));
         size_t nx = (size_t)batch * s.cin * s.hw * s.hw, ny = (size_t)batch * s.cout * ho * ho,
                nw = (size_t)s.cout * s.cin * s.k * s.k;
-        CHECK(cudaMalloc(&v.dx, nx * esz));
-        CHECK(cudaMalloc(&v.zx, nx * esz));
-        CHECK(cudaMalloc(&v.dy, ny * esz));
-        CHECK(cudaMalloc(&v.zy, ny * esz));
-        CHECK(cudaMalloc(&v.dw, nw * esz));
-        CHECK(cudaMalloc(&v.zw, nw * esz));
+        CHECK_CUDA(cudaMalloc(&v.dx, nx * esz));
+        CHECK_CUDA(cudaMalloc(&v.zx, nx * esz));
+        CHECK_CUDA(cudaMalloc(&v.dy, ny * esz));
+        CHECK_CUDA(cudaMalloc(&v.zy, ny * esz));
+        CHECK_CUDA(cudaMalloc(&v.dw, nw * esz));
+        CHECK_CUDA(cudaMalloc(&v.zw, nw * esz));
         /* the search's workspace: the most any algorithm asks for, up to the cap (as ops_cuda.c) */
         v.ws_bytes = 0;
         for (int pass = 0; pass < PASSES; pass++)
             for (int math : {(int)v.base, (int)CUDNN_TENSOR_OP_MATH}) {
-                CHECK_DNN(cudnnSetConvolutionMathType(v.c, (cudnnMathType_t)math));
+                CHECK_CUDNN(cudnnSetConvolutionMathType(v.c, (cudnnMathType_t)math));
                 int count = pass == FWD ? (int)CUDNN_CONVOLUTION_FWD_ALGO_COUNT
                             : pass == BWD_DATA ? (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT
                                                : (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
@@ -304,7 +301,7 @@ int main(int argc, char **argv) {
                     if (b != SIZE_MAX && b <= WS_CAP) v.ws_bytes = std::max(v.ws_bytes, b);
                 }
             }
-        CHECK(cudaMalloc(&v.ws, v.ws_bytes ? v.ws_bytes : 1));
+        CHECK_CUDA(cudaMalloc(&v.ws, v.ws_bytes ? v.ws_bytes : 1));
         for (int pass = 0; pass < PASSES; pass++) {
             if (pass == BWD_DATA && !s.dgrad) continue;
             /* Fresh values before each pass: a timed launch writes the other set's buffers. */
