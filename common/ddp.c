@@ -645,7 +645,7 @@ static void per_rank(Ddp *d) {
         for (int i = 0; i < d->world && used < sizeof line; i++)
             used += (size_t)snprintf(line + used, sizeof line - used, " %.3f", v[N * i + k]);
     }
-    report_printf(r, "%s\n", line);
+    if (d->world > 1) report_printf(r, "%s\n", line); /* one rank: the JSON only, a baseline for the others */
     json_begin(r, "comm_per_rank");
     for (int k = 0; k < N; k++) {
         double x[DDP_PER_RANK_MAX];
@@ -683,7 +683,7 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                       summary ? "comm over the run:" : "  comm:", v[0], accum ? "optimizer step" : "step", mb,
                       pieces, algbw, algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
     }
-    if (summary && d->world > 1 && d->world <= DDP_PER_RANK_MAX) per_rank(d);
+    if (summary && d->world <= DDP_PER_RANK_MAX) per_rank(d);
     if (summary && (accum || d->world > 1)) {
         char total[32];
         fmt_bytes(total, sizeof total, (double)d->allreduce_bytes);

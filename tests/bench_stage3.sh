@@ -10,7 +10,8 @@
 # its fraction of the GPUs' peak: tests/bench_flops.py.
 # With 2 GPUs, stage 1 also runs on the second one (DDP goes at the slower GPU's pace) and on both at
 # once as two independent runs (what two busy GPUs cost without communication), and the table is
-# followed by stage 3's per-rank line: each rank's forward + backward and how long it then waited.
+# followed by stage 3's per-rank line: each rank's forward + backward and how long it then waited,
+# and by that cost split per rank against a one-process stage 3 (DDP's machinery with no peer).
 # Then a `torchrun --no-python` launch of two ./stage3 workers must train exactly like ./stage3's
 # own launcher. With one GPU, the stage 3 rows (and PyTorch's, with gloo) run two workers sharing
 # it through --comm host: the mechanics are all there, the timings then say nothing about scaling.
@@ -48,6 +49,11 @@ log "stage 3, $MODE, --comm $COMM, --no-overlap"; run_stage stage3_nooverlap sta
 # measured twice, before and after stage 3, and the FASTER run is the reference: scaling is then
 # never flattered by one slow single-GPU measurement.
 log "stage 1, one GPU, again";      run_stage stage1_again stage1
+# DDP's machinery with no peer: one process, NCCL on one rank (nothing to wait for, every mark, hook,
+# stream hop and graph split still there). What it adds to stage 1 is the part of the two-GPU cost
+# that one GPU can measure; its forward + backward is the baseline each rank's is compared with.
+log "stage 3, one process (no peer)"; CUDA_VISIBLE_DEVICES=$(echo "${CUDA_VISIBLE_DEVICES:-0}" | cut -d, -f1) \
+    run_stage stage3_one stage3 --nproc-per-node 1 --comm nccl
 # DDP goes at its slowest GPU's pace: stage 1 once more, on the second GPU, says whether they differ.
 if [ "$NGPU" -ge 2 ]; then
     second=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f2)
@@ -177,10 +183,27 @@ b0, b1 = last(f"{out}/stage1_both0.jsonl"), last(f"{out}/stage1_both1.jsonl")
 if b0 and b1:
     print(f"stage 1 on both GPUs at once, independent runs: {b0['ms_per_iter_median']:.2f} / "
           f"{b1['ms_per_iter_median']:.2f} ms/iter (no communication: what two busy GPUs cost by themselves)")
+one, pr1 = last(f"{out}/stage3_one.jsonl"), last(f"{out}/stage3_one.jsonl", "comm_per_rank")
+if one and s1:
+    print(f"stage 3 with one process (no peer): {one['ms_per_iter_median']:.2f} ms/iter, "
+          f"{1e3 * (one['ms_per_iter_median'] - s1['ms_per_iter_median']):+.0f} us over stage 1 (DDP's marks, hooks, "
+          "stream hops and graph splits alone)")
 if pr:
     print("stage 3 per rank, ms: forward+backward " + " / ".join(f"{v:.3f}" for v in pr["fwd_bwd_ms_per_rank"]) +
           " | waited after backward " + " / ".join(f"{v:.3f}" for v in pr["exposed_backward_ms_per_rank"]) +
           " | waited for buffers " + " / ".join(f"{v:.3f}" for v in pr["bcast_ms_per_rank"]))
+# Where the two-GPU step's extra time goes, per rank: the machinery (one process against stage 1), the
+# forward + backward stretched by the other rank's all-reduces running beside it (against the one-process
+# run's), and the waits after backward and for the buffers; the rest is unattributed.
+if s3 and s1 and one and pr and pr1 and not shared:
+    extra, mach = s3["ms_per_iter_median"] - s1["ms_per_iter_median"], one["ms_per_iter_median"] - s1["ms_per_iter_median"]
+    parts = []
+    for r, (fb, ex, bc) in enumerate(zip(pr["fwd_bwd_ms_per_rank"], pr["exposed_backward_ms_per_rank"], pr["bcast_ms_per_rank"])):
+        grow, wait = fb - pr1["fwd_bwd_ms_per_rank"][0], ex + bc - pr1["exposed_backward_ms_per_rank"][0]
+        parts.append(f"rank {r}: forward+backward {1e3 * grow:+.0f}, waits {1e3 * wait:+.0f}, "
+                     f"rest {1e3 * (extra - mach - grow - wait):+.0f}")
+    print(f"two-GPU cost over stage 1, us/step: {1e3 * extra:.0f} = machinery {1e3 * mach:.0f} + per rank (" +
+          "; ".join(parts) + ")")
 if s3 and s1 and c3 and not shared:
     e = s3["img_per_s"] / (s3["world_size"] * s1["img_per_s"])
     p = s3["peak_mem_bytes"]
