@@ -12,11 +12,11 @@
  *    GPU, fastest first — what cudnn.benchmark = True does once per shape).
  *  - "Measured" is not "best in training". Find times each algorithm alone, about once, on the
  *    buffers it is given. On zeros some algorithms look far faster than on data (fp16 conv1's
- *    backward-filter algorithm 0: 0.11 ms on zeros, 0.68 ms on data, on an H200): our search used
- *    zero-filled scratch and chose it, so `--cudnn-benchmark` made stage 5 twice as slow, until the
- *    scratch got random values (PyTorch searches on the layer's real tensors). And the first search
- *    of a shape is cold: the times it reports are 1.5–4× the steady-state ones, so algorithms within
- *    a few percent of each other are ranked by noise.
+ *    backward-filter algorithm 0: timed at 0.13 ms on zeros, 0.68 ms on data, on an H200): our
+ *    search used zero-filled scratch and chose it, so `--cudnn-benchmark` made stage 5 twice as
+ *    slow, until the scratch got random values (PyTorch searches on the layer's real tensors). And
+ *    the first search of a shape is cold: the times it reports are 1.5–4× the steady-state ones,
+ *    so algorithms within a few percent of each other are ranked by noise.
  *  - This harness times each pick the way a training step runs it — on random data, many launches
  *    back to back — and sums the picks over ResNet-18's layers, so the difference per step is a
  *    number, not a guess (docs/results.md, "Why --cudnn-benchmark lost"). It is still a kernel
