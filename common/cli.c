@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "hash.h"
 #include "model.h" /* model_default_layout */
 #include "trace.h"
 
@@ -255,7 +256,60 @@ static int wants_help(int argc, char **argv, const Option *opts) {
     return 0;
 }
 
+static const Option *parsed; /* the table of the last cli_parse: what cli_job_flags reads */
+
+/* Flags that may differ between the ranks of one job: where this process reads and writes (paths),
+ * how it feeds itself, how it reaches the others, how it shows progress — and the choices that only
+ * change how a result is computed, not which one. Everything else must agree on every rank. */
+static const char *const local_flags[] = {
+    "data", "workers", "pin-memory", "save", "keep-last", "resume", "report", "progress", "node-rank",
+    "master-addr", "rdzv-timeout", "comm-timeout", "no-cuda-graph", "cudnn-benchmark", "deterministic",
+    "test-inf-step", NULL};
+/* …and those whose path may differ, but not whether they are given: a traced rank waits for the
+ * others before merging the rank files, so either every rank traces or none does. */
+static const char *const presence_flags[] = {"trace", NULL};
+
+static int listed(const char *const *list, const char *name) {
+    for (; *list; list++)
+        if (!strcmp(*list, name)) return 1;
+    return 0;
+}
+
+static uint32_t flag_value_hash(const Option *o) {
+    char buf[64];
+    const char *text = buf;
+    if (listed(presence_flags, o->name)) {
+        const char *v = *(const char *const *)o->dst;
+        text = v && *v ? "given" : "not given";
+    } else switch (o->kind) {
+    case OPT_INT: case OPT_FLAG: snprintf(buf, sizeof buf, "%d", *(const int *)o->dst); break;
+    case OPT_INT64: snprintf(buf, sizeof buf, "%lld", (long long)*(const int64_t *)o->dst); break;
+    case OPT_FLOAT: snprintf(buf, sizeof buf, "%.17g", *(const double *)o->dst); break;
+    case OPT_STR: case OPT_CHOICE: text = *(const char *const *)o->dst ? *(const char *const *)o->dst : ""; break;
+    }
+    return (uint32_t)fnv1a64(FNV1A64_INIT, text, strlen(text));
+}
+
+int cli_job_flags(double *v, int cap, const char **names) {
+    ASSERT(cap >= 2);
+    int n = 2;
+    uint64_t table = FNV1A64_INIT;
+    for (const Option *o = parsed; o && o->name; o++) { /* no table parsed (a unit test): no flags */
+        table = fnv1a64(table, o->name, strlen(o->name) + 1);
+        if (listed(local_flags, o->name)) continue;
+        ASSERT(n < cap);
+        names[n] = o->name;
+        v[n++] = flag_value_hash(o);
+    }
+    /* a first pair that says which table (a rank of another stage, or another build, has another) */
+    names[0] = names[1] = NULL;
+    v[0] = (double)(table & 0xffffffffu), v[1] = (double)n;
+    for (int i = n; i < cap; i++) v[i] = 0, names[i] = NULL;
+    return n;
+}
+
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
+    parsed = opts;
     if (wants_help(argc, argv, opts)) {
         cli_print_help(opts, prog, about);
         fflush(stdout);

@@ -28,6 +28,14 @@ typedef struct Option {
  * and help, and exits 0. A flag given twice: the last one wins. */
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about);
 
+/* The flags every rank of a job must agree on, as the last cli_parse left them: v[0] and v[1] name the
+ * table (its flag names, their count), then one 32-bit hash per flag value — integers, so a sum over
+ * ranks is exact in a double. The rest of v[0..cap) is zero, names[i] the flag of v[i] (NULL for the
+ * first two). Flags that may differ between ranks (paths, --workers, --node-rank, --master-addr, …)
+ * are left out (and all of them when nothing was parsed). Returns how many entries are used. DDP
+ * compares them across ranks at start-up. */
+int cli_job_flags(double *v, int cap, const char **names);
+
 /* The configuration every stage shares. Defaults are applied by config_defaults; values that depend
  * on the device (model, dataset sizes, epochs) are left "auto" (empty string / −1) until
  * config_resolve, once the device kind is known. */

@@ -172,7 +172,16 @@ static void rebuild(Ddp *d) {
     if (d->rank == 0)
         for (int i = 0; i < m->n_params; i++) v[i] = d->ready_order[i];
     comm_sum_doubles(d->comm, v, m->n_params);
-    for (int i = 0; i < m->n_params; i++) d->ready_order[i] = (int)v[i];
+    /* Rank 0's order must be a permutation of the parameters; anything else means the ranks' messages
+     * got out of step (they issued different collectives) — stop before planning with it. */
+    unsigned char seen[512] = {0};
+    for (int i = 0; i < m->n_params; i++) {
+        int p = (int)v[i];
+        if (v[i] != p || p < 0 || p >= m->n_params || seen[p]++)
+            die_runtime("rank %d: rank 0's gradient-ready order arrived garbled (entry %d is %g): the ranks issued "
+                        "different collectives — start every rank with the same binary and flags", d->rank, i, v[i]);
+        d->ready_order[i] = p;
+    }
     d->rebuilt = 1;
     char desc[512];
     if (!plan(d, d->ready_order, DDP_FIRST_BUCKET_BYTES)) {
@@ -252,6 +261,25 @@ static void harvest_all(Ddp *d) {
     flush_group(d);
 }
 
+/* Every flag a rank must share (cli_job_flags), compared across ranks; the first that differs is
+ * named. The vector has the same length on every rank whatever the stage, so the sum itself is safe. */
+static void check_job_flags(Ddp *d) {
+    enum { CAP = 160 };
+    double mine[CAP], all[CAP];
+    const char *names[CAP];
+    int n = cli_job_flags(mine, CAP, names);
+    memcpy(all, mine, sizeof all);
+    comm_sum_doubles(d->comm, all, CAP);
+    if (all[0] != mine[0] * d->world || all[1] != mine[1] * d->world)
+        die_user("rank %d: the ranks run different programs (another stage, or another build of it) — start "
+                 "every rank from the same binary", d->rank);
+    for (int i = 2; i < n; i++)
+        if (all[i] != mine[i] * d->world)
+            die_user("rank %d: the ranks were started with different --%s — start every rank with the same flags "
+                     "(only paths, --workers, --pin-memory, --progress, --node-rank, --master-addr, the timeouts "
+                     "and --no-cuda-graph, --cudnn-benchmark, --deterministic may differ)", d->rank, names[i]);
+}
+
 /* ---- the interface --------------------------------------------------------------------------- */
 
 void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
@@ -264,8 +292,11 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
 
-    /* DDP's constructor checks that every rank built the same model. We also check the flags that
-     * decide which collectives run when: ranks that disagree would wait for each other forever. */
+    /* DDP's constructor checks that every rank built the same model. We also check the flags: ranks
+     * that disagree would train different things, or issue different collectives and wait for each
+     * other forever (or read each other's messages as their own). First every flag as given… */
+    check_job_flags(d);
+    /* …then what they resolved to ("auto" sizes and epochs depend on the device kind). */
     const TrainConfig *c = run->cfg;
     char flags[256];
     snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu %d %d %d", c->batch_size, c->epochs,

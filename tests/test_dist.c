@@ -436,21 +436,37 @@ START_TEST(workers_under_torchrun_and_srun_variables) {
 }
 END_TEST
 
-/* --nnodes 2: two launchers (as on two machines), one worker each; they must agree on the flags. */
+/* --nnodes 2: two launchers (as on two machines), one worker each; they must agree on the flags —
+ * every flag that changes what is trained or which collectives run, each named when it differs (a
+ * different --grad-comm once garbled the bucket plan and crashed stage 5). Paths and the like may
+ * differ (--workers and the like here). */
 START_TEST(two_nodes_and_mismatched_flags) {
-    char cmd[4096], *out;
-    for (int mismatch = 0; mismatch < 2; mismatch++) {
+    static const struct { const char *stage, *flag, *named; } cases[] = {
+        {"stage3", "", NULL},
+        {"stage3", "--workers 2 --pin-memory --comm-timeout 100", NULL},
+        {"stage3", "--log-every 1", "--log-every"},
+        {"stage3", "--lr 0.05", "--lr"},
+        {"stage3", "--no-shuffle", "--no-shuffle"},
+        {"stage5", "--grad-comm fp16", "--grad-comm"},
+        {"stage5", "--amp bf16", "--amp"},
+    };
+    char cmd[4096], *out, want[64];
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         int port = test_free_port();
         snprintf(cmd, sizeof cmd,
-                 "(" LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
-                 LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d %s; "
+                 "(" LIMIT "%s/%s " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
+                 LIMIT "%s/%s " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d %s; "
                  "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
-                 test_root(), port, test_root(), port, mismatch ? "--log-every 1" : "");
+                 test_root(), cases[k].stage, port, test_root(), cases[k].stage, port, cases[k].flag);
         ck_assert_int_eq(test_run(cmd, &out), 0);
-        if (mismatch)
-            ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "different training flags"), "%s", out);
-        else
-            ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "summary:"), "%s", out);
+        if (cases[k].named) {
+            snprintf(want, sizeof want, "started with different %s ", cases[k].named);
+            ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, want), "%s %s:\n%s", cases[k].stage,
+                          cases[k].flag, out);
+        } else {
+            ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "summary:"), "%s %s:\n%s", cases[k].stage,
+                          cases[k].flag, out);
+        }
         free(out);
     }
 }
