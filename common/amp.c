@@ -59,6 +59,17 @@ void amp_check(const AmpConfig *a) {
     if (a->test_inf_step > 0 && (p != PREC_FP16 || a->no_grad_scaler))
         die_user("--test-inf-step needs the GradScaler: use it with --amp fp16 and without "
                  "--no-grad-scaler");
+    if (a->show_scaler[0]) {
+        if (p != PREC_FP16 || a->no_grad_scaler)
+            die_user("--show-scaler shows fp16's GradScaler: drop --amp %s%s (bf16 and off never use one)", a->amp,
+                     a->no_grad_scaler ? " and --no-grad-scaler" : "");
+        return; /* the lesson may start anywhere, subnormal scales included (torch's fixture does) */
+    }
+    /* Unscaling checks each gradient for inf BEFORE multiplying it by 1/scale (as torch's kernel does),
+     * so an infinite 1/scale would turn a finite step into a NaN one that is never skipped. */
+    if (p == PREC_FP16 && !a->no_grad_scaler && !isfinite((float)(1.0 / (double)(float)a->init_scale)))
+        die_user("--init-scale %g: 1/scale overflows fp32, so unscaled gradients would be inf or NaN without "
+                 "the step being skipped — train with --init-scale 3e-39 or more", a->init_scale);
 }
 
 /* The flag's type, refused with a clear error when it is bf16 and the GPU predates Ampere. */

@@ -631,6 +631,8 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--amp fp8", "--amp must be one of fp16|bf16|off"},
         {"--growth-factor 1", "--growth-factor must be a number in (1, 1000000]"},
         {"--backoff-factor 1", "--backoff-factor must be a number in (0, 1)"},
+        {"--init-scale 1e-40", "1/scale overflows fp32"}, /* a NaN step the scaler would not skip */
+        {"--amp bf16 --show-scaler FIF", "--show-scaler shows fp16's GradScaler: drop --amp bf16"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[512], *out;
