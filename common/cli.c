@@ -233,7 +233,10 @@ static void opt_set(const Option *o, const char *v) {
         *(double *)o->dst = x;
         break;
     }
-    case OPT_STR: *(const char **)o->dst = v; break;
+    case OPT_STR: /* an empty value would read as "not given" (--resume "" trains from scratch) */
+        if (v[0] == 0) die_user("--%s got an empty value: give it %s, or leave the flag out", o->name, opt_metavar(o));
+        *(const char **)o->dst = v;
+        break;
     case OPT_CHOICE:
         if (!choice_ok(o->choices, v)) die_user("--%s must be one of %s, got '%s'", o->name, o->choices, v);
         *(const char **)o->dst = v;

@@ -106,7 +106,7 @@ START_TEST(test_last_wins_flags_choices) {
     const char *args[] = {"--lr",        "0.1",       "--lr=1e-3",       "--lr",       "100",    "--device",
                           "cpu",         "--device=cuda", "--schedule", "const",     "--progress", "off",
                           "--deterministic", "--no-tf32", "--pin-memory", "--deterministic", "--momentum", "0.999",
-                          "--report",    "r.jsonl",   "--resume=",       NULL};
+                          "--report",    "r.jsonl",   "--resume", "a.ckpt", "--resume=b.ckpt", NULL};
     parse_into(&g_cfg, args);
     ck_assert(g_cfg.lr == 100.0);
     ck_assert_str_eq(g_cfg.device, "cuda");
@@ -118,7 +118,7 @@ START_TEST(test_last_wins_flags_choices) {
     ck_assert_int_eq(g_cfg.cudnn_benchmark, 0);
     ck_assert(g_cfg.momentum == 0.999);
     ck_assert_str_eq(g_cfg.report, "r.jsonl");
-    ck_assert_str_eq(g_cfg.resume, "");
+    ck_assert_str_eq(g_cfg.resume, "b.ckpt");
     const char *args2[] = {"--cudnn-benchmark", "--model", "resnet18", "--progress=on", "--device", "auto", NULL};
     parse_into(&g_cfg, args2);
     ck_assert_int_eq(g_cfg.cudnn_benchmark, 1);
@@ -177,6 +177,8 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--lr"), "--lr needs a value");
     REFUSED(A("--lr", "--momentum", "0.5"), "--lr needs a value");
     REFUSED(A("--data"), "--data needs a value");
+    REFUSED(A("--resume", ""), "--resume got an empty value", "leave the flag out"); /* not "no checkpoint" */
+    REFUSED(A("--data="), "--data got an empty value");
     REFUSED(A("--deterministic=1"), "--deterministic is a flag", "'1'");
     REFUSED(A("--pin-memory=true"), "--pin-memory");
     REFUSED(A("train"), "unexpected argument 'train'");
