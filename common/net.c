@@ -30,7 +30,7 @@ void net_nodelay(int fd) {
 int net_listen(const char *addr, int port, int *bound) {
     struct addrinfo *res;
     if (resolve(addr, port, 1, &res) != 0) {
-        errno = EADDRNOTAVAIL;
+        errno = ENOENT; /* no such name: not the same advice as an address of another machine */
         return -1;
     }
     int fd = -1, err = EADDRNOTAVAIL;

@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 /* Listen on addr:port (port 0: any free port; the port chosen is returned in *bound). Returns the
- * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, …). */
+ * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, ENOENT when addr does not resolve, …). */
 int net_listen(const char *addr, int port, int *bound);
 /* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
  * socket, or −1 with errno set (ETIMEDOUT when the time ran out). */

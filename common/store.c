@@ -451,6 +451,9 @@ static Server *server_start(const char *addr, int port, const uint8_t *secret, s
             die_user("rank 0 cannot host the rendezvous store on %s:%d: the port is in use (another "
                      "job, or one still shutting down) — pick a free one with --master-port",
                      addr, port);
+        if (errno == ENOENT)
+            die_user("rank 0 cannot listen on %s:%d: no such host name (it does not resolve) — check "
+                     "--master-addr: a host name or address of the node that runs rank 0 (node 0)", addr, port);
         if (errno == EADDRNOTAVAIL)
             die_user("rank 0 cannot listen on %s:%d: that is not an address of this machine — "
                      "--master-addr must be an address of the node that runs rank 0 (node 0)",

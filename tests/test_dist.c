@@ -165,10 +165,11 @@ END_TEST
 typedef struct OpenArg {
     int port, rank, world;
     double timeout;
+    const char *addr; /* NULL: 127.0.0.1 */
 } OpenArg;
 static void open_store(void *p) {
     OpenArg *o = p;
-    store_open("127.0.0.1", o->port, o->rank, o->world, o->timeout);
+    store_open(o->addr ? o->addr : "127.0.0.1", o->port, o->rank, o->world, o->timeout);
 }
 
 START_TEST(store_rendezvous_timeouts_are_clear) {
@@ -185,6 +186,21 @@ START_TEST(store_rendezvous_timeouts_are_clear) {
     ck_assert_int_eq(test_run_captured(open_store, &b, &out), 2);
     ck_assert_msg(strstr(out, "rank 1 could not reach the rendezvous store at 127.0.0.1:") && strstr(out, "--master-addr"),
                   "%s", out);
+    free(out);
+}
+END_TEST
+
+/* rank 0 given a --master-addr it cannot host on: a name that does not resolve, and an address of
+ * another machine (TEST-NET-1), each with its own advice */
+START_TEST(store_bad_master_addr_is_clear) {
+    char *out;
+    OpenArg a = {.port = test_free_port(), .rank = 0, .world = 1, .timeout = 2, .addr = "nosuchhost.invalid"};
+    ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
+    ck_assert_msg(strstr(out, "no such host name") && strstr(out, "--master-addr"), "%s", out);
+    free(out);
+    OpenArg b = {.port = test_free_port(), .rank = 0, .world = 1, .timeout = 2, .addr = "192.0.2.1"};
+    ck_assert_int_eq(test_run_captured(open_store, &b, &out), 2);
+    ck_assert_msg(strstr(out, "not an address of this machine") && strstr(out, "--master-addr"), "%s", out);
     free(out);
 }
 END_TEST
@@ -485,6 +501,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_bounds_message_sizes);
     tcase_add_test(tc, store_rendezvous_timeouts_are_clear);
     tcase_add_test(tc, store_port_in_use_is_clear);
+    tcase_add_test(tc, store_bad_master_addr_is_clear);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
