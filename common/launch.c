@@ -87,6 +87,16 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
                  w->local_world_size, w->launcher);
     if (w->master_port < 1 || w->master_port > 65535)
         die_user("the rendezvous port %d is out of range (MASTER_PORT / --master-port)", w->master_port);
+    /* Started by another launcher, our own launch flags would be silently ignored: say so when they
+     * contradict it (our launcher passes the same argv on, with the same counts). */
+    if (cfg->nproc_per_node > 0 && cfg->nproc_per_node != w->local_world_size)
+        die_user("this node runs %d worker%s (from %s's variables), but --nproc-per-node says %d — the launcher "
+                 "decides: drop --nproc-per-node", w->local_world_size, w->local_world_size == 1 ? "" : "s",
+                 w->launcher, cfg->nproc_per_node);
+    if (cfg->nnodes > 1 && cfg->nproc_per_node > 0 && cfg->nnodes * cfg->nproc_per_node != w->world_size)
+        die_user("the job has %d workers (from %s's variables), but --nnodes %d × --nproc-per-node %d says %d — the "
+                 "launcher decides: drop them", w->world_size, w->launcher, cfg->nnodes, cfg->nproc_per_node,
+                 cfg->nnodes * cfg->nproc_per_node);
     return 1;
 }
 

@@ -343,6 +343,10 @@ START_TEST(launcher_refuses_bad_flags) {
     ck_assert_int_eq(stage3("RANK=0", TINY, &out), 2);
     ck_assert_msg(strstr(out, "WORLD_SIZE"), "%s", out);
     free(out);
+    /* started by another launcher, a contradicting --nproc-per-node is named, not ignored */
+    ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1", TINY " --nproc-per-node 4", &out), 2);
+    ck_assert_msg(strstr(out, "this node runs 1 worker") && strstr(out, "drop --nproc-per-node"), "%s", out);
+    free(out);
     if (device_cuda_count() == 0) {
         ck_assert_int_eq(stage3(NULL, "--device cuda", &out), 2);
         ck_assert_msg(strstr(out, "--device cpu"), "%s", out);
