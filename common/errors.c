@@ -61,14 +61,23 @@ void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn
 
 const char *errno_string(void) { return strerror(errno); }
 
+/* Any size on the command line can reach an allocation: name the request, not one guessed flag. */
+static _Noreturn void out_of_host_memory(const char *file, int line, const char *call, double bytes) {
+    char what[96];
+    snprintf(what, sizeof what, "out of host memory (%.0f bytes asked for)", bytes);
+    die_at(file, line, call, what,
+           "the sizes given (--batch-size, --train-size, --test-size, --dataset-size, --nproc-per-node …) need "
+           "more memory than this machine has: give smaller ones");
+}
+
 void *xmalloc_at(const char *file, int line, size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
-    if (!p) die_at(file, line, "malloc", "out of host memory", "reduce --batch-size or --train-size");
+    if (!p) out_of_host_memory(file, line, "malloc", (double)bytes);
     return p;
 }
 
 void *xcalloc_at(const char *file, int line, size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) die_at(file, line, "calloc", "out of host memory", "reduce --batch-size or --train-size");
+    if (!p) out_of_host_memory(file, line, "calloc", (double)n * (double)size);
     return p;
 }
