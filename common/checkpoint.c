@@ -5,7 +5,7 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (3; version 1 ended the header at 128)
+ *        8    4  u32 format version (4; version 1 ended the header at 128)
  *       12    4  u32 header size in bytes (192; 128 in version 1)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
@@ -14,7 +14,8 @@
  *      104    8  i64 seed           112  8  i64 momentum_valid 120  8  i64 world_size
  *      128    8  i64 batch_size    136  8  i64 train_size    144  8  i64 accum_steps
  *      152    8  i64 shuffle       160  8  i64 drop_last (version 3; zero in version 2)
- *      168   24  zero (reserved)
+ *      168    8  i64 data_source (version 4: 1 synthetic, 2 CIFAR-10; zero before)
+ *      176   16  zero (reserved)
  *      192       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
@@ -26,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -38,7 +40,7 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 3u
+#define CKPT_VERSION 4u
 #define CKPT_HEADER 192
 #define CKPT_HEADER_V1 128
 #define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
@@ -76,6 +78,7 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 144, (uint64_t)m->accum_steps);
     put_u64(h + 152, (uint64_t)m->shuffle);
     put_u64(h + 160, (uint64_t)m->drop_last);
+    put_u64(h + 168, (uint64_t)m->data_source);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -97,6 +100,7 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->shuffle = (int64_t)get_u64(h + 152);
         m->drop_last = (int64_t)get_u64(h + 160);
     }
+    if (m->version >= 4) m->data_source = (int64_t)get_u64(h + 168);
 }
 
 const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) {
@@ -122,6 +126,7 @@ static int counters_possible(const CheckpointMeta *m) {
         return 0;
     if (m->version >= 3 && ((m->shuffle != 0 && m->shuffle != 1) || (m->drop_last != 0 && m->drop_last != 1)))
         return 0;
+    if (m->version >= 4 && (m->data_source < CKPT_DATA_UNKNOWN || m->data_source > CKPT_DATA_CIFAR10)) return 0;
     return 1;
 }
 
@@ -297,10 +302,10 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 
     if (!counters_possible(&m))
         die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
-                 "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld) — was it edited? use "
-                 "another checkpoint", path, (long long)m.epoch, (long long)m.step, (long long)m.batch_in_epoch,
-                 (long long)m.world_size, (long long)m.batch_size, (long long)m.accum_steps, (long long)m.shuffle,
-                 (long long)m.drop_last);
+                 "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld, data source %lld) — was "
+                 "it edited? use another checkpoint", path, (long long)m.epoch, (long long)m.step,
+                 (long long)m.batch_in_epoch, (long long)m.world_size, (long long)m.batch_size,
+                 (long long)m.accum_steps, (long long)m.shuffle, (long long)m.drop_last, (long long)m.data_source);
     char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
     checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
     checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);
@@ -323,8 +328,60 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     *meta = m;
 }
 
+int checkpoint_is_one(const char *path) {
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) return 0;
+    struct stat st;
+    char magic[8];
+    int yes = fstat(f, &st) == 0 && S_ISREG(st.st_mode) && read_full(f, magic, 8) == 8 && !memcmp(magic, CKPT_MAGIC, 8);
+    close(f);
+    return yes;
+}
+
 /* ----------------------------------------------------------------------------------------------
  * paths */
+
+/* name is prefix, at least `digits` decimal digits, ".ckpt" — a name checkpoint_path writes. */
+static int ckpt_name(const char *name, const char *prefix, int digits) {
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n)) return 0;
+    const char *p = name + n;
+    int d = 0;
+    while (*p >= '0' && *p <= '9') p++, d++;
+    return d >= digits && !strcmp(p, ".ckpt");
+}
+
+int checkpoint_list(const char *dir, char **newest) {
+    if (newest) *newest = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, len = (int)strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--; /* "ckpts/" → "ckpts/epoch003.ckpt", as checkpoint_path */
+    struct timespec best = {0, 0};
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!ckpt_name(e->d_name, "epoch", 3) && !ckpt_name(e->d_name, "step", 8)) continue;
+        char *p = NULL;
+        struct stat st;
+        if (asprintf(&p, "%.*s/%s", len, dir, e->d_name) < 0)
+            die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+        if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) { /* not a checkpoint (checkpoint_probe's concern) */
+            free(p);
+            continue;
+        }
+        n++;
+        struct timespec t = st.st_mtim;
+        if (newest && (!*newest || t.tv_sec > best.tv_sec || (t.tv_sec == best.tv_sec && t.tv_nsec > best.tv_nsec) ||
+                       (t.tv_sec == best.tv_sec && t.tv_nsec == best.tv_nsec && strcmp(p, *newest) > 0))) {
+            free(*newest);
+            *newest = p, best = t;
+        } else {
+            free(p);
+        }
+    }
+    closedir(d);
+    return n;
+}
 
 _Noreturn static void mkdir_failed(const char *dir, const char *at) {
     int err = errno;
@@ -355,7 +412,8 @@ static void probe_name(const char *dir, char *name, const char *what) {
     for (int tmp = 0; tmp < 2; tmp++) {
         char *p = NULL;
         struct stat st;
-        if (asprintf(&p, "%s%s", name, tmp ? ".tmp" : "") < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+        if (asprintf(&p, "%s%s", name, tmp ? ".tmp" : "") < 0)
+            die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
         if (lstat(p, &st) == 0 && !S_ISREG(st.st_mode))
             die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint %s goes there — remove "
                      "it, or give --save another directory", dir, p, what);

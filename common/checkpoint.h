@@ -10,7 +10,7 @@
  * epoch / step / position: the checksum is no defence against edits), and a model that differs from
  * the one being trained (architecture, norm, parameter count, shape fingerprint). Older files are
  * still read, with `version` saying what they lack: version 1 records none of the position's meaning,
- * version 2 all but the sampler's shuffle and drop_last. */
+ * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source. */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -42,8 +42,13 @@ typedef struct CheckpointMeta {
      * padded to the same length, or the tail dropped (--drop-last) */
     int64_t shuffle;        /* 1 | 0 */
     int64_t drop_last;      /* 0 | 1 */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 3) */
+    /* the data (format version 4): which dataset the permutation indexes — not its path, which may
+     * move; the seed (synthetic) and train_size say the rest */
+    int64_t data_source;    /* CKPT_DATA_* (0: unknown — older versions, or a writer that did not say) */
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 4) */
 } CheckpointMeta;
+
+enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };
 
 /* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory). */
 void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
@@ -55,8 +60,8 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum);
 
-/* "DIR/epoch003.ckpt" (end of an epoch) or "DIR/step00001234.ckpt" (inside one) for a save directory (creates DIR if needed; a DIR that cannot
- * be created is a user error). Returns a malloc'd string. */
+/* "DIR/epoch003.ckpt" (end of an epoch) or "DIR/step00001234.ckpt" (inside one) for a save directory
+ * (creates DIR if needed; a DIR that cannot be created is a user error). Returns a malloc'd string. */
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch);
 
 /* Check before training that checkpoints can be written into dir: create it if needed (mkdir -p),
@@ -66,6 +71,15 @@ char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_e
  * file (a directory there would fail the save after an epoch of training). A failure is a user error
  * naming the call or the path, and the fix. */
 void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
+
+/* 1 if path is a regular file that starts with a checkpoint's magic (whatever its version or state):
+ * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */
+int checkpoint_is_one(const char *path);
+
+/* The checkpoints in dir — regular files named as checkpoint_path names them (epochNNN.ckpt,
+ * stepNNNNNNNN.ckpt) — counted; *newest (when not NULL) gets the most recently modified one's path
+ * (malloc'd; NULL when there is none). A missing or unreadable dir holds none. */
+int checkpoint_list(const char *dir, char **newest);
 
 /* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
  * checkpoint's header strings, which may be anything). Returns out. */

@@ -10,6 +10,7 @@
 #include "cli.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint.h" /* checkpoint_is_one, checkpoint_list */
 #include "errors.h"
 #include "hash.h"
 #include "model.h" /* model_default_layout */
@@ -454,7 +456,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"pin-memory", OPT_FLAG, &c->pin_memory, 0, 0, NULL,
          "page-locked host batches for asynchronous copies (DataLoader pin_memory=True)"},
         {"save", OPT_STR, &c->save, 0, 0, NULL,
-         "write checkpoints into DIR (created if missing) at the end of every epoch"},
+         "write checkpoints into DIR (created if missing) at the end of every epoch; a DIR holding another "
+         "run's is refused, unless --resume continues one of them"},
         {"keep-last", OPT_INT, &c->keep_last, 0, 1000000, NULL,
          "with --save: remove this run's older checkpoints, keeping the newest N (0 = keep all)"},
         {"resume", OPT_STR, &c->resume, 0, 0, NULL,
@@ -492,6 +495,79 @@ static char *path_dir(const char *path) {
     return d;
 }
 
+/* Where a path leads: its directory's real path, then its name — what two spellings of one file that
+ * does not exist yet ("r.json", "./a/../r.json") share. malloc'd; NULL if the directory cannot be resolved. */
+static char *path_normal(const char *path) {
+    char *dir = path_dir(path), *real = realpath(dir, NULL), *out = NULL;
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (real && asprintf(&out, "%s%s%s", real, strcmp(real, "/") ? "/" : "", name) < 0) out = NULL;
+    free(dir), free(real);
+    return out;
+}
+
+/* Two path flags name one file: the same inode when either exists (a device such as /dev/null takes
+ * any number of writers), else the same normalised path — both would create it. */
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea || eb) return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && !S_ISCHR(sa.st_mode);
+    char *na = path_normal(a), *nb = path_normal(b);
+    int same = na && nb && !strcmp(na, nb);
+    free(na), free(nb);
+    return same;
+}
+
+/* --report and --trace files are emptied when the run starts: refuse now what would fail or hang then
+ * — a directory, a FIFO (opening it waits for a reader forever), a socket — and a checkpoint, which a
+ * typo would destroy. `what` names the file in messages ("--report", "--trace t.json: the rank file");
+ * `example`, a file name to suggest under a directory given by mistake (NULL: a name the run derived). */
+static void check_output(const char *flag, const char *what, const char *path, const char *example) {
+    struct stat st;
+    if (stat(path, &st) != 0) return; /* created when the run starts */
+    if (S_ISDIR(st.st_mode) && example)
+        die_user("%s '%s' is a directory (give a file name, e.g. %s/%s)", what, path, path, example);
+    if (S_ISDIR(st.st_mode))
+        die_user("%s '%s' is a directory: remove it, or give %s another file name", what, path, flag);
+    if (S_ISFIFO(st.st_mode)) die_user("%s '%s' is a FIFO: give it a regular file", what, path);
+    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+        die_user("%s '%s' is not a regular file (a socket or block device): give it a file path", what, path);
+    if (S_ISREG(st.st_mode) && checkpoint_is_one(path))
+        die_user("%s '%s' is a checkpoint (written by --save): writing there would destroy it — give %s another "
+                 "file name", what, path, flag);
+}
+
+/* Stages 3–5 write --trace FILE per rank into FILE.rankN.json first: any of those names already there
+ * must take a file too (how many ranks there will be is not known here, so every N is checked). */
+static void check_rank_files(const char *trace) {
+    char *dir = path_dir(trace), what[200];
+    const char *slash = strrchr(trace, '/'), *base = slash ? slash + 1 : trace;
+    size_t n = strlen(base);
+    DIR *d = n ? opendir(dir) : NULL;
+    struct dirent *e;
+    snprintf(what, sizeof what, "--trace %.120s: the rank file", trace);
+    while (d && (e = readdir(d))) {
+        const char *p = e->d_name, *digits;
+        if (strncmp(p, base, n) || strncmp(p + n, ".rank", 5)) continue;
+        for (p = digits = p + n + 5; *p >= '0' && *p <= '9'; p++) {}
+        if (p == digits || strcmp(p, ".json")) continue;
+        char *path = NULL;
+        if (asprintf(&path, "%s/%s", dir, e->d_name) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+        check_output("--trace", what, path, NULL);
+        free(path);
+    }
+    if (d) closedir(d);
+    free(dir);
+}
+
+/* The file path leads to (through any symlink) lies in dir itself (the same inode). */
+static int in_dir(const char *path, const char *dir) {
+    char *real = realpath(path, NULL), *pd = path_dir(real ? real : path);
+    struct stat a, b;
+    int yes = stat(pd, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    free(real), free(pd);
+    return yes;
+}
+
 void config_resolve(TrainConfig *c, int cuda) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
@@ -526,16 +602,28 @@ void config_resolve(TrainConfig *c, int cuda) {
         if (!S_ISREG(st.st_mode)) die_user("--resume '%s' is not a regular file (give a checkpoint file, not its directory)", c->resume);
         if (access(c->resume, R_OK) != 0) die_user("--resume '%s' is not readable: %s", c->resume, errno_string());
     }
+    if (c->keep_last > 0 && !(c->save && c->save[0]))
+        die_user("--keep-last %d keeps the newest checkpoints that --save writes: give --save DIR too, or drop it",
+                 c->keep_last);
     if (c->save && c->save[0] && stat(c->save, &st) == 0 && !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", c->save);
+    /* Two of --report, --trace and --resume naming one file: the report or the trace would empty the
+     * checkpoint before it is read, or both would write into one file, each corrupting the other. */
+    const char *const named[3][2] = {{"--report", c->report}, {"--trace", c->trace}, {"--resume", c->resume}};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            if (named[i][1] && named[i][1][0] && named[j][1] && named[j][1][0] && same_file(named[i][1], named[j][1]))
+                die_user("%s '%s' and %s '%s' are the same file: %s — give %s another file name", named[i][0],
+                         named[i][1], named[j][0], named[j][1],
+                         j == 2 ? "writing it would destroy the checkpoint before it is read"
+                                : "both would write into it, each corrupting the other", named[i][0]);
     if (c->report && c->report[0]) {
         char *dir = path_dir(c->report);
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
             die_user("--report '%s': directory '%s' does not exist (create it first: mkdir -p %s)", c->report,
                      dir, dir);
         free(dir);
-        if (stat(c->report, &st) == 0 && S_ISDIR(st.st_mode))
-            die_user("--report '%s' is a directory (give a file name, e.g. %s/report.jsonl)", c->report, c->report);
+        check_output("--report", "--report", c->report, "report.jsonl");
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
@@ -544,5 +632,23 @@ void config_resolve(TrainConfig *c, int cuda) {
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
             die_user("--trace %s: directory '%s' does not exist (create it first: mkdir -p %s)", c->trace, dir, dir);
         free(dir);
+        check_output("--trace", "--trace", c->trace, "trace.json"); /* the file, or where stages 3–5 merge */
+        check_rank_files(c->trace);
+    }
+    /* A fresh run into a --save directory that holds another run's checkpoints would overwrite them (every
+     * run writes the same epochNNN.ckpt names); continuing one of them there is the resume flow. Decided
+     * here, before stages 3–5 start their workers, so every rank agrees. */
+    if (c->save && c->save[0]) {
+        char *newest = NULL;
+        int n = checkpoint_list(c->save, &newest);
+        if (n > 0 && !(c->resume && c->resume[0]))
+            die_user("--save '%s' already holds %d checkpoint%s of an earlier run (newest: %s), which this run would "
+                     "overwrite — continue that run with --resume %s, give --save another directory, or delete them",
+                     c->save, n, n == 1 ? "" : "s", newest, newest);
+        if (n > 0 && !in_dir(c->resume, c->save))
+            die_user("--save '%s' already holds %d checkpoint%s of another run (newest: %s), and --resume '%s' is not "
+                     "one of them: this run would overwrite them — give --save another directory, resume from "
+                     "there (--resume %s), or delete them", c->save, n, n == 1 ? "" : "s", newest, c->resume, newest);
+        free(newest);
     }
 }

@@ -3,11 +3,15 @@
  * of the ranks' files. */
 #include "trace.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "device.h"
@@ -183,6 +187,34 @@ void trace_dev_end_(TraceDev s) {
 #endif
 }
 
+/* ---- the files -------------------------------------------------------------------------------- */
+
+/* path opened for writing (emptied when `truncate`), or NULL with *why saying what is wrong. Never
+ * blocks: a FIFO without a reader would wait forever (so O_NONBLOCK), and one with a reader is refused
+ * like any other non-file (a character device, /dev/null say, is fine). */
+static FILE *open_out(const char *path, int truncate, const char **why) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+    struct stat st;
+    if (fd < 0) {
+        *why = errno == ENXIO ? "it is a FIFO" : errno_string();
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode))) {
+        *why = S_ISFIFO(st.st_mode) ? "it is a FIFO" : "it is not a regular file";
+        close(fd);
+        return NULL;
+    }
+    FILE *f = NULL;
+    if ((!truncate || !S_ISREG(st.st_mode) || ftruncate(fd, 0) == 0) &&
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0)
+        f = fdopen(fd, "w");
+    if (!f) {
+        *why = errno_string();
+        close(fd);
+    }
+    return f;
+}
+
 /* ---- the window ------------------------------------------------------------------------------- */
 
 void trace_configure(const char *file, const char *steps, int rank, int world, const char *process,
@@ -192,13 +224,20 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
     snprintf(g.file, sizeof g.file, "%s", file);
     g.rank = rank, g.world = world;
     snprintf(g.process, sizeof g.process, "%s", process);
-    /* fail now, not after the run, when the file cannot be written */
+    /* fail now, not after the run, when a file cannot be written: this rank's, and the one rank 0
+     * merges them into (created now if missing, emptied only when the merge writes it) */
     char path[4200];
+    const char *why;
     if (world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, rank);
     else snprintf(path, sizeof path, "%s", g.file);
-    FILE *f = fopen(path, "w");
-    if (!f) die_user("--trace %s: cannot write %s — give a path in an existing, writable directory", file, path);
-    fclose(f);
+    for (int merged = 0; merged < 1 + (world > 1 && rank == 0); merged++) {
+        const char *at = merged ? g.file : path;
+        FILE *f = open_out(at, !merged, &why);
+        if (!f)
+            die_user("--trace %s: cannot write %s%s (%s) — give --trace a regular file in an existing, writable "
+                     "directory", file, at, merged ? ", where the ranks' files are merged" : "", why);
+        fclose(f);
+    }
     g.ev = xcalloc(MAX_EVENTS, sizeof *g.ev);
     g.configured = 1;
     trace_thread_name(world > 1 ? "main (rank's loop)" : "main (training loop)");
@@ -277,8 +316,10 @@ static void write_file(void) {
     char path[4200];
     if (g.world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, g.rank);
     else snprintf(path, sizeof path, "%s", g.file);
-    FILE *f = fopen(path, "w");
-    if (!f) die_user("--trace %s: cannot write %s", g.file, path);
+    const char *why;
+    FILE *f = open_out(path, 1, &why);
+    if (!f) die_user("--trace %s: cannot write %s (%s) — give --trace a regular file in an existing, writable "
+                     "directory", g.file, path, why);
     int pid = g.rank;
     fprintf(f, "{\"traceEvents\":[\n");
     fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}", pid,
@@ -376,8 +417,12 @@ int trace_wants_merge(void) { return g.configured && g.world > 1; }
 
 void trace_merge(void) {
     if (!trace_wants_merge() || g.rank != 0) return;
-    FILE *out = fopen(g.file, "w");
-    if (!out) die_user("--trace %s: cannot write the merged file", g.file);
+    const char *why;
+    FILE *out = open_out(g.file, 1, &why);
+    if (!out)
+        die_user("--trace %s: cannot write the merged file (%s) — the ranks' timelines are kept in %s.rank0.json … "
+                 "%s.rank%d.json (open them one by one); next time give --trace a regular file in a writable "
+                 "directory", g.file, why, g.file, g.file, g.world - 1);
     fprintf(out, "{\"traceEvents\":[");
     int first = 1, spans = 0;
     char *line = NULL;

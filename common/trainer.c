@@ -15,9 +15,10 @@
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
-/* The training set's size, for what a checkpoint's data position means (every stage opens its data
- * here before run_begin). */
+/* The training set's size and source, for what a checkpoint's data position means (every stage opens
+ * its data here before run_begin). */
 static int64_t train_size_opened;
+static int data_source_opened; /* CKPT_DATA_* */
 
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
     if (cfg->data[0]) {
@@ -28,6 +29,7 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
         dataset_synthetic(test, cfg->test_size, (uint64_t)cfg->seed, 0);
     }
     train_size_opened = train->n;
+    data_source_opened = cfg->data[0] ? CKPT_DATA_CIFAR10 : CKPT_DATA_SYNTHETIC;
 }
 
 LoaderConfig loader_config(const TrainConfig *cfg, int batch_size, int train) {
@@ -296,6 +298,7 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.accum_steps = r->accum;
     meta.shuffle = r->shuffle;
     meta.drop_last = r->drop_last;
+    meta.data_source = data_source_opened;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = xmalloc(pb), *mom = xcalloc(1, pb);
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
@@ -358,6 +361,18 @@ static void resume_check(Run *r) {
                  "batch %lld) means other samples with another count — resume with %s giving %lld",
                  path, (long long)g->world_size, r->world_size, (long long)g->epoch + 1, (long long)g->batch_in_epoch,
                  ranks, (long long)g->world_size);
+    /* The data source before the sizes: synthetic and CIFAR-10 sets of one size are other samples. */
+    if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
+        die_user("checkpoint '%s' was trained on %s, this run reads %s: its data position (epoch %lld, batch %lld) "
+                 "means other samples — %s to continue it", path,
+                 g->data_source == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data (no --data)",
+                 data_source_opened == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data",
+                 (long long)g->epoch + 1, (long long)g->batch_in_epoch,
+                 g->data_source == CKPT_DATA_CIFAR10 ? "pass --data with the CIFAR-10 directory it was trained on"
+                                                     : "drop --data");
+    if (g->version == 3)
+        report_printf(&r->report, "note: checkpoint '%s' has format version 3, which does not record whether it was "
+                      "trained on synthetic data or --data: resuming assumes this run's is the one\n", path);
     if (g->version < 2)
         report_printf(&r->report, "note: checkpoint '%s' has format version 1, which does not record "
                       "its batch size, training-set size, --accum-steps, --no-shuffle or --drop-last: resuming "
@@ -548,23 +563,27 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     trace_step(r->step); /* opens / closes the --trace-steps window */
 }
 
-/* Peak memory of every device of the job: this process's devices, or one per rank (stage 3).
- * Returns how many, and the largest in *max. */
+#define PEAKS_LISTED 64 /* ranks whose peak memory the report lists one by one (the largest counts them all) */
+
+/* Peak memory of every device of the job: this process's devices, or one per rank (stage 3), the
+ * first cap of them into peaks[]. Returns how many there are (more than cap with many ranks), and the
+ * largest of all of them in *max. Every rank has a slot of its own (one sum over world_size values:
+ * a byte count is exact in a double), so no rank's peak is added into another's. */
 static int peaks_of(const Run *r, int64_t *peaks, int cap, size_t *max) {
-    int n;
-    if (r->sum_across && r->world_size > 1) {
-        n = r->world_size < cap ? r->world_size : cap;
-        double v[64] = {0};
-        v[r->rank < n ? r->rank : 0] = (double)r->devs[0]->mem_peak;
+    int job = r->sum_across && r->world_size > 1, n = job ? r->world_size : r->n_devs;
+    double *v = xcalloc((size_t)n, sizeof *v);
+    if (job) {
+        v[r->rank] = (double)r->devs[0]->mem_peak;
         sum_over_ranks(r, v, n);
-        for (int i = 0; i < n; i++) peaks[i] = (int64_t)v[i];
     } else {
-        n = r->n_devs < cap ? r->n_devs : cap;
-        for (int i = 0; i < n; i++) peaks[i] = (int64_t)r->devs[i]->mem_peak;
+        for (int i = 0; i < n; i++) v[i] = (double)r->devs[i]->mem_peak;
     }
     *max = 0;
-    for (int i = 0; i < n; i++)
-        if ((size_t)peaks[i] > *max) *max = (size_t)peaks[i];
+    for (int i = 0; i < n; i++) {
+        if (i < cap) peaks[i] = (int64_t)v[i];
+        if ((size_t)v[i] > *max) *max = (size_t)v[i];
+    }
+    free(v);
     return n;
 }
 
@@ -616,9 +635,9 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     r->data_wait_s += data_wait_s;
     r->last_train_loss = loss, r->last_train_acc = acc, r->last_test_acc = test_acc;
     double med = median_ms(r), secs = time_now() - r->epoch_t0;
-    int64_t peaks[64];
+    int64_t peaks[PEAKS_LISTED];
     size_t max_peak;
-    int n_peaks = peaks_of(r, peaks, 64, &max_peak);
+    int n_peaks = peaks_of(r, peaks, PEAKS_LISTED, &max_peak);
     char mem[32], timing[128];
     fmt_bytes(mem, sizeof mem, (double)max_peak);
     report_printf(&r->report,
@@ -638,7 +657,8 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     json_num(&r->report, "ms_per_iter_median", med);
     json_num(&r->report, "data_wait_s", data_wait_s);
     json_num(&r->report, "epoch_s", secs);
-    json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks);
+    json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks < PEAKS_LISTED ? n_peaks : PEAKS_LISTED);
+    json_int(&r->report, "peak_mem_max_bytes", (int64_t)max_peak);
     json_end(&r->report);
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
         r->epoch++;
@@ -745,9 +765,9 @@ void run_finish(Run *r) {
     }
     double med = median_ms(r), wall = time_now() - r->t_start;
     double ips = images_per_s(r, med);
-    int64_t peaks[64];
+    int64_t peaks[PEAKS_LISTED];
     size_t max_peak;
-    int n_peaks = peaks_of(r, peaks, 64, &max_peak);
+    int n_peaks = peaks_of(r, peaks, PEAKS_LISTED, &max_peak);
     char timing[128];
     fmt_timing(timing, sizeof timing, med, ips, c->accum_steps > 0 ? "step" : "it", " (median) | ");
     report_printf(&r->report, "summary: %lld %ssteps in %.1f s | final train loss %.4f | test acc "
@@ -755,12 +775,17 @@ void run_finish(Run *r) {
                   (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", wall, r->last_train_loss,
                   100 * r->last_test_acc, timing, r->data_wait_s);
     Flops flops = run_flops(r, med);
-    for (int i = 0; i < n_peaks; i++) {
-        char mem[32], who[100];
+    char mem[32];
+    for (int i = 0; i < n_peaks && i < PEAKS_LISTED; i++) {
+        char who[100];
         if (r->sum_across && r->world_size > 1) snprintf(who, sizeof who, "rank %d", i);
         else snprintf(who, sizeof who, "%s", r->devs[i]->name);
         report_printf(&r->report, "  peak memory %-28s %s\n", who, fmt_bytes(mem, sizeof mem, (double)peaks[i]));
     }
+    if (n_peaks > PEAKS_LISTED)
+        report_printf(&r->report, "  peak memory of %d more ranks (%d–%d) not listed; the largest of all %d: %s\n",
+                      n_peaks - PEAKS_LISTED, PEAKS_LISTED, n_peaks - 1, n_peaks,
+                      fmt_bytes(mem, sizeof mem, (double)max_peak));
     print_flops(r, &flops);
     json_begin(&r->report, "summary");
     json_str(&r->report, "stage", r->stage);
@@ -778,7 +803,8 @@ void run_finish(Run *r) {
     json_num(&r->report, "img_per_s", ips);
     json_num(&r->report, "data_wait_s", r->data_wait_s);
     json_num(&r->report, "wall_s", wall);
-    json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks);
+    json_int_list(&r->report, "peak_mem_bytes", peaks, n_peaks < PEAKS_LISTED ? n_peaks : PEAKS_LISTED);
+    json_int(&r->report, "peak_mem_max_bytes", (int64_t)max_peak);
     json_num(&r->report, "model_gflop_per_image", flops.per_image / 1e9);
     json_num(&r->report, "model_gflop_per_step", flops.per_step / 1e9);
     json_num(&r->report, "achieved_tflops", flops.achieved);

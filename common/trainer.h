@@ -136,7 +136,8 @@ typedef struct Run {
  * Several processes (stage 3): every rank calls this with its rank and a sum_across function;
  * only rank 0 prints, writes the report and saves checkpoints; training losses, accuracies and
  * step counts are summed over ranks (so the report shows the average), and the summary lists every
- * rank's peak memory (each process owns one device, n_devs == 1). The test accuracy and loss given
+ * rank's peak memory (each process owns one device, n_devs == 1; the first 64 ranks one by one, the
+ * largest over all of them in the epoch lines and the summary). The test accuracy and loss given
  * to run_epoch_end are already the whole job's (ddp_evaluate all-reduces them). */
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
                int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,

@@ -30,7 +30,7 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 192 /* format versions 2 and 3 */
+#define HEADER 192 /* format versions 2 to 4 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
 static char g_dir[64];
@@ -66,6 +66,7 @@ static void fixture_setup(void) {
     g_meta.accum_steps = 3;
     g_meta.shuffle = 0; /* --no-shuffle --drop-last: neither is a zero-filled default */
     g_meta.drop_last = 1;
+    g_meta.data_source = CKPT_DATA_CIFAR10;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -135,10 +136,11 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 3 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 3, little-endian */
+    ck_assert(b[8] == 4 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 4, little-endian */
     ck_assert(b[12] == HEADER && b[13] == 0);                       /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
+    ck_assert(b[168] == CKPT_DATA_CIFAR10);                         /* the data source */
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -169,7 +171,8 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.accum_steps, 3);
     ck_assert_int_eq(got.shuffle, 0);
     ck_assert_int_eq(got.drop_last, 1);
-    ck_assert_int_eq(got.version, 3);
+    ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
+    ck_assert_int_eq(got.version, 4);
     ck_assert(memcmp(p, g_params, sizeof p) == 0);
     ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
@@ -267,13 +270,13 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 4;
+    b[8] = 5;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 4", "future version");
+    expect_load_refused(bad, &g_meta, "version 5", "future version");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
-    b[8] = 3;
+    b[8] = 4;
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -331,6 +334,7 @@ START_TEST(test_crafted_counters_refused) {
         {128, -16, "negative batch size"},  {144, 0, "accumulation 0"},
         {112, 7, "momentum flag 7"},        {136, -1, "negative training-set size"},
         {152, 2, "shuffle 2"},              {160, -1, "drop_last -1"},
+        {168, 3, "data source 3"},          {168, -1, "data source -1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -398,6 +402,72 @@ START_TEST(test_version2_still_loads) {
     put64(b + 152, 7); /* reserved in version 2: not read */
     ck_assert_int_eq(load_resealed("v2.ckpt", b, n).shuffle, 0);
     free(b);
+}
+END_TEST
+
+/* A version 3 file (zeros where version 4 records the data source) still loads, its data source
+ * unknown (so a resume does not check it) — and those bytes are not read. */
+START_TEST(test_version3_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    b[8] = 3;
+    put64(b + 168, 0);
+    CheckpointMeta got = load_resealed("v3.ckpt", b, n);
+    ck_assert_int_eq(got.version, 3);
+    ck_assert(got.shuffle == 0 && got.drop_last == 1);
+    ck_assert_int_eq(got.data_source, CKPT_DATA_UNKNOWN);
+    put64(b + 168, 7); /* reserved in version 3: not read */
+    ck_assert_int_eq(load_resealed("v3.ckpt", b, n).data_source, CKPT_DATA_UNKNOWN);
+    free(b);
+}
+END_TEST
+
+/* ---- what --report / --trace must not overwrite, and what a --save directory already holds ---- */
+
+static void touch(const char *dir, const char *name, const char *text, time_t mtime) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    write_bytes(path, (const unsigned char *)text, strlen(text));
+    struct timespec t[2] = {{mtime, 0}, {mtime, 0}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+START_TEST(test_is_one_and_list) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    ck_assert(checkpoint_is_one(g_path));
+    char other[200], *newest = (char *)"x";
+    snprintf(other, sizeof other, "%s/DPDDPCK", g_dir); /* a prefix of the magic is not one */
+    write_bytes(other, (const unsigned char *)"DPDDPCK", 7);
+    ck_assert(!checkpoint_is_one(other) && !checkpoint_is_one(g_dir));
+    snprintf(other, sizeof other, "%s/missing", g_dir);
+    ck_assert(!checkpoint_is_one(other));
+    snprintf(other, sizeof other, "%s/fifo", g_dir);
+    ck_assert_int_eq(mkfifo(other, 0600), 0);
+    ck_assert(!checkpoint_is_one(other)); /* and it did not wait for a writer */
+    /* only the names checkpoint_path writes, as regular files, count: a.ckpt, the FIFO and these do not */
+    ck_assert_int_eq(checkpoint_list(g_dir, &newest), 0);
+    ck_assert_ptr_null(newest);
+    touch(g_dir, "epoch01.ckpt", "x", 100);
+    touch(g_dir, "step0000001.ckpt", "x", 100);
+    touch(g_dir, "epoch001.ckpt.tmp", "x", 100);
+    touch(g_dir, "epoch001.ckptx", "x", 100);
+    snprintf(other, sizeof other, "%s/epoch009.ckpt", g_dir);
+    ck_assert_int_eq(mkdir(other, 0700), 0);
+    ck_assert_int_eq(checkpoint_list(g_dir, NULL), 0);
+    /* the newest is the last one written, whatever its name */
+    touch(g_dir, "epoch002.ckpt", "x", 300);
+    touch(g_dir, "step00000040.ckpt", "x", 200);
+    touch(g_dir, "epoch1000.ckpt", "x", 100);
+    char slash[100], want[200];
+    snprintf(slash, sizeof slash, "%s//", g_dir);
+    ck_assert_int_eq(checkpoint_list(slash, &newest), 3);
+    snprintf(want, sizeof want, "%s/epoch002.ckpt", g_dir);
+    ck_assert_str_eq(newest, want);
+    free(newest);
+    snprintf(other, sizeof other, "%s/no/such", g_dir);
+    ck_assert_int_eq(checkpoint_list(other, &newest), 0);
+    ck_assert_ptr_null(newest);
 }
 END_TEST
 
@@ -584,6 +654,8 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_crafted_counters_refused);
     tcase_add_test(tc, test_version1_still_loads);
     tcase_add_test(tc, test_version2_still_loads);
+    tcase_add_test(tc, test_version3_still_loads);
+    tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);

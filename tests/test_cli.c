@@ -5,6 +5,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -291,6 +292,7 @@ START_TEST(test_resolve_paths) {
 
     REFUSED(A("--resume", missing), "--resume", missing);
     REFUSED(A("--resume", dir), "--resume", "not a regular file");
+    REFUSED(A("--keep-last", "2"), "--keep-last 2", "give --save DIR too"); /* else silently nothing */
     REFUSED(A("--data", missing), "--data", missing);
     REFUSED(A("--data", file), "--data", "not a directory");
     REFUSED(A("--report", report_missing), "--report", "does not exist");
@@ -312,6 +314,104 @@ START_TEST(test_resolve_paths) {
 
     unlink(file);
     rmdir(dir);
+}
+END_TEST
+
+static void accepted(const char *const *args) {
+    ParseJob j = {args, 1, 0};
+    char *out = NULL;
+    int st = test_run_captured(parse_child, &j, &out);
+    ck_assert_msg(st == 0, "'%s %s …' refused (%d): %s", args[0], args[1], st, out);
+    free(out);
+}
+#define ACCEPTED(...) accepted((const char *const[]){__VA_ARGS__, NULL})
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* --report and --trace files are emptied at the start: a FIFO (which used to hang --trace forever), a
+ * directory (stages 3–5 used to find out after training, at the merge), the --resume checkpoint or
+ * each other (both used to be truncated or interleaved), or any checkpoint are refused before. */
+START_TEST(test_resolve_output_files) {
+    char *dir = test_tmpdir(), fifo[300], ck[300], alias[300], same[300], out[300], sub[300], rank[300];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    REFUSED(A("--trace", fifo), "--trace", fifo, "is a FIFO: give it a regular file");
+    REFUSED(A("--report", fifo), "--report", "is a FIFO");
+    REFUSED(A("--trace", dir), "--trace", "is a directory", "trace.json");
+    snprintf(out, sizeof out, "%s/t.json", dir);
+    snprintf(rank, sizeof rank, "%s/t.json.rank12.json", dir); /* stages 3–5: rank 12's file */
+    ck_assert_int_eq(mkdir(rank, 0700), 0);
+    REFUSED(A("--trace", out), "--trace", rank, "is a directory: remove it");
+    ck_assert_int_eq(rmdir(rank), 0);
+    snprintf(rank, sizeof rank, "%s/t.json.rank1.json", dir);
+    ck_assert_int_eq(mkfifo(rank, 0600), 0);
+    REFUSED(A("--trace", out), "--trace", rank, "is a FIFO");
+    unlink(rank);
+    snprintf(rank, sizeof rank, "%s/t.json.rankX.json", dir); /* not a rank file's name */
+    ck_assert_int_eq(mkdir(rank, 0700), 0);
+    ACCEPTED("--trace", out);
+    /* a checkpoint (its magic, whatever follows) is never a --report or --trace */
+    snprintf(ck, sizeof ck, "%s/epoch001.ckpt", dir);
+    write_text(ck, "DPDDPCKP and the rest of a checkpoint");
+    REFUSED(A("--report", ck), "--report", ck, "is a checkpoint", "give --report another file name");
+    REFUSED(A("--trace", ck), "--trace", "is a checkpoint");
+    /* the same file under two flags: the same inode (a hard link), or the same new path spelled twice */
+    snprintf(alias, sizeof alias, "%s/alias", dir);
+    ck_assert_int_eq(link(ck, alias), 0);
+    REFUSED(A("--report", alias, "--resume", ck), "--report", "--resume", "same file",
+            "destroy the checkpoint before it is read");
+    REFUSED(A("--resume", alias, "--trace", ck), "--trace", "--resume", "same file");
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    snprintf(same, sizeof same, "%s/sub/../r.out", dir);
+    snprintf(out, sizeof out, "%s/r.out", dir);
+    REFUSED(A("--report", out, "--trace", same), "--report", "--trace", "same file", "corrupting the other");
+    write_text(out, "an earlier report\n");
+    REFUSED(A("--report", same, "--trace", out), "same file");
+    snprintf(same, sizeof same, "%s/sub/t.json", dir);
+    ACCEPTED("--report", out, "--trace", same, "--resume", ck);
+    ACCEPTED("--report", "/dev/null", "--trace", "/dev/null"); /* a device takes any number of writers */
+    free(dir);
+}
+END_TEST
+
+/* A fresh run into a --save directory that holds another run's checkpoints used to overwrite them:
+ * refused, naming the newest to --resume; resuming one of them there is fine, one from elsewhere not. */
+START_TEST(test_resolve_save_holding_checkpoints) {
+    char *dir = test_tmpdir(), path[400], save[200], newest[400];
+    snprintf(save, sizeof save, "%s/ckpts", dir);
+    ck_assert_int_eq(mkdir(save, 0700), 0);
+    /* names checkpoint.c does not write, and a directory under one it does, are no checkpoints */
+    const char *not_ckpt[] = {"epoch01.ckpt", "epoch001.ckpt.tmp", "notes.txt", "step1.ckpt"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", save, not_ckpt[i]);
+        write_text(path, "x");
+    }
+    snprintf(path, sizeof path, "%s/epoch004.ckpt", save);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    ACCEPTED("--save", save);
+    snprintf(path, sizeof path, "%s/epoch001.ckpt", save);
+    write_text(path, "x");
+    snprintf(newest, sizeof newest, "%s/step00000020.ckpt", save);
+    write_text(newest, "x");
+    struct timespec old[2] = {{1000, 0}, {1000, 0}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, old, 0), 0); /* written before step00000020.ckpt */
+    char fix[500];
+    snprintf(fix, sizeof fix, "--resume %s", newest);
+    REFUSED(A("--save", save), "--save", "already holds 2 checkpoints", fix, "another directory", "delete them");
+    /* the resume flow: continue one of them, writing into the same directory */
+    ACCEPTED("--save", save, "--resume", path);
+    snprintf(fix, sizeof fix, "%s/../ckpts//", save); /* another spelling of it */
+    ACCEPTED("--save", fix, "--resume", newest);
+    snprintf(path, sizeof path, "%s/elsewhere.ckpt", dir);
+    write_text(path, "x");
+    REFUSED(A("--save", save, "--resume", path), "--save", "--resume", "is not one of them", newest);
+    free(dir);
 }
 END_TEST
 
@@ -482,6 +582,45 @@ START_TEST(test_report_open_fails) {
 }
 END_TEST
 
+/* More ranks than the report lists one by one (64): ranks 64 and up used to be added into rank 0's
+ * peak memory, so the epoch lines' "peak mem" read 4× any rank's. Every rank holds the same model and
+ * batch here, so every peak is about the same; the ranks not listed are counted in a line of their own,
+ * and in the largest of all. */
+START_TEST(test_peak_memory_of_67_ranks) {
+    char *dir = test_tmpdir(), cmd[2048], path[600], *out;
+    snprintf(cmd, sizeof cmd, "timeout -k 5 280 %s/stage3 --device cpu --model tiny --train-size 134 --test-size 67 "
+             "--batch-size 2 --epochs 1 --progress off --workers 0 --nproc-per-node 67 --master-port %d "
+             "--report %s/r.jsonl",
+             test_root(), test_free_port(), dir);
+    int rc = test_run(cmd, &out);
+    size_t len = strlen(out);
+    const char *tail = out + (len > 3000 ? len - 3000 : 0); /* 67 ranks' lines are too long for a message */
+    ck_assert_msg(rc == 0, "exit %d:\n…%s", rc, tail);
+    ck_assert_msg(strstr(out, "peak memory rank 63 ") && !strstr(out, "peak memory rank 64 ") &&
+                  strstr(out, "peak memory of 3 more ranks (64–66) not listed; the largest of all 67:"), "…%s", tail);
+    free(out);
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    const char *types[] = {"epoch", "summary"};
+    for (int t = 0; t < 2; t++) {
+        double peaks[70];
+        ck_assert_int_eq(test_report_list(path, types[t], "peak_mem_bytes", peaks, 70), 64);
+        double lo = peaks[0], hi = peaks[0];
+        for (int i = 1; i < 64; i++) lo = peaks[i] < lo ? peaks[i] : lo, hi = peaks[i] > hi ? peaks[i] : hi;
+        ck_assert_msg(lo > 0 && hi < 1.5 * lo, "%s: rank peaks from %.0f to %.0f bytes (rank 0: %.0f)", types[t], lo,
+                      hi, peaks[0]);
+        /* the largest of all 67 (one epoch: the record's first "peak_mem_max_bytes" after its type) */
+        char *text = test_slurp(path, NULL), key[] = "\"peak_mem_max_bytes\":";
+        char *tag = strstr(text, t ? "\"type\":\"summary\"" : "\"type\":\"epoch\"");
+        char *at = tag ? strstr(tag, key) : NULL;
+        ck_assert_msg(at, "%s: no %s in the %s record", path, key, types[t]);
+        double max = strtod(at + strlen(key), NULL);
+        ck_assert_msg(max >= hi && max < 1.5 * lo, "%s: largest %.0f, listed %.0f … %.0f", types[t], max, lo, hi);
+        free(text);
+    }
+    free(dir);
+}
+END_TEST
+
 Suite *suite_cli(void) {
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("parse");
@@ -493,6 +632,8 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_help);
     tcase_add_test(tc, test_defaults_and_resolve);
     tcase_add_test(tc, test_resolve_paths);
+    tcase_add_test(tc, test_resolve_output_files);
+    tcase_add_test(tc, test_resolve_save_holding_checkpoints);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);
@@ -502,5 +643,9 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_progress_bar);
     tcase_add_test(tr, test_report_open_fails);
     suite_add_tcase(s, tr);
+    TCase *tm = tcase_create("report_ranks"); /* 67 worker processes on the CPU */
+    tcase_set_timeout(tm, 300);
+    tcase_add_test(tm, test_peak_memory_of_67_ranks);
+    suite_add_tcase(s, tm);
     return s;
 }

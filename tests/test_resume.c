@@ -147,9 +147,9 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     long n;
     unsigned char *b = (unsigned char *)test_slurp(ck, &n);
     ck_assert_ptr_nonnull(b);
-    ck_assert_int_eq(b[8], 3);
+    ck_assert_int_eq(b[8], 4);
     b[8] = 2;
-    memset(b + 152, 0, 16); /* version 2 wrote zeros where version 3 records the sampler */
+    memset(b + 152, 0, 24); /* version 2 wrote zeros where versions 3 and 4 record the sampler and the data */
     uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
     for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
     FILE *f = fopen(ck, "wb");
@@ -211,6 +211,112 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
 }
 END_TEST
 
+/* A little CIFAR-10 in a fresh directory: 5 training files of 32 images, a test file of 32 (TINY's). */
+static char *make_cifar(void) {
+    char *dir = test_tmpdir(), path[700];
+    const char *files[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
+                           "data_batch_5.bin", "test_batch.bin"};
+    static unsigned char rec[3073];
+    for (int k = 0; k < 6; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        FILE *f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        for (int r = 0; r < 32; r++) {
+            rec[0] = (unsigned char)((r + k) % 10);
+            for (int p = 1; p < 3073; p++) rec[p] = (unsigned char)(r * 31 + p * 7 + k);
+            ck_assert_int_eq(fwrite(rec, 1, sizeof rec, f), sizeof rec);
+        }
+        fclose(f);
+    }
+    return dir;
+}
+
+/* The data source (format version 4): a synthetic checkpoint continued on CIFAR-10 of the same size,
+ * or the reverse, used to run on silently over other samples. */
+START_TEST(resume_on_other_data_is_refused) {
+    char *dir = test_tmpdir(), *cifar = make_cifar(), args[2048], *out;
+    const char *t = TINY " --train-size 80 --batch-size 8 --epochs 1";
+    snprintf(args, sizeof args, "%s --steps 2 --save %s/syn", t, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --steps 2 --data %s --save %s/cifar", t, cifar, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --steps 4 --data %s --resume %s/syn/step00000002.ckpt", t, cifar, dir);
+    expect_refused("stage1", args, "was trained on synthetic data (no --data), this run reads CIFAR-10", "drop --data");
+    snprintf(args, sizeof args, "%s --steps 4 --resume %s/cifar/step00000002.ckpt", t, dir);
+    expect_refused("stage1", args, "was trained on CIFAR-10 (--data), this run reads synthetic data",
+                   "pass --data with the CIFAR-10 directory");
+    /* the same source continues, wherever its directory now is */
+    snprintf(args, sizeof args, "%s --steps 4 --data %s/ --resume %s/cifar/step00000002.ckpt", t, cifar, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "does not record"), "%s", out);
+    free(out);
+    free(cifar), free(dir);
+}
+END_TEST
+
+/* One file under two flags used to be destroyed: --report or --trace on the --resume checkpoint
+ * emptied it before it was read (and then blamed the checkpoint); --report F --trace F interleaved
+ * both into one corrupt file with exit 0. Refused up front, the checkpoint untouched. */
+START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
+    char *dir = test_tmpdir(), args[2048], ck[700];
+    long n0, n1;
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 2 --save %s/a", dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/a/step00000002.ckpt", dir);
+    char *before = test_slurp(ck, &n0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --resume %s --report %s", ck, ck);
+    expect_refused("stage1", args, "--report", "--resume");
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --resume %s --trace %s/a/../a/%s", ck,
+             dir, "step00000002.ckpt");
+    expect_refused("stage1", args, "are the same file", "give --trace another file name");
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --report %s", ck); /* a typo */
+    expect_refused("stage1", args, "is a checkpoint", "give --report another file name");
+    char *after = test_slurp(ck, &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "the checkpoint was changed");
+    free(before), free(after);
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --report %s/out --trace %s/out", dir, dir);
+    expect_refused("stage1", args, "are the same file", "each corrupting the other");
+    free(dir);
+}
+END_TEST
+
+/* A fresh run into another run's --save directory used to replace its epochNNN.ckpt one by one:
+ * refused at start (stage 3: in the launcher, before any worker), naming the checkpoint to --resume;
+ * resuming one of them there continues writing into it. */
+START_TEST(save_into_another_runs_checkpoints_is_refused) {
+    char *dir = test_tmpdir(), args[2048], ck[700], *out;
+    const char *t = TINY " --train-size 32 --batch-size 16";
+    snprintf(args, sizeof args, "%s --epochs 2 --save %s/d", t, dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/d/epoch002.ckpt", dir);
+    long n0, n1;
+    char *before = test_slurp(ck, &n0);
+    snprintf(args, sizeof args, "%s --epochs 2 --seed 7 --save %s/d", t, dir);
+    char want[800];
+    snprintf(want, sizeof want, "continue that run with --resume %s", ck);
+    expect_refused("stage1", args, "already holds 2 checkpoints of an earlier run", want);
+    snprintf(args, sizeof args, "%s --epochs 2 --seed 7 --nproc-per-node 2 --master-port %d --save %s/d", t,
+             test_free_port(), dir);
+    ck_assert_int_eq(run("stage3", args, &out), 2);
+    ck_assert_msg(strstr(out, "already holds 2 checkpoints") && !strstr(out, "launching"), "%s", out);
+    free(out);
+    char *after = test_slurp(ck, &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", ck);
+    free(before), free(after);
+    /* continuing it there: the normal resume flow */
+    snprintf(args, sizeof args, "%s --epochs 3 --resume %s --save %s/d", t, ck, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from") && strstr(out, "epoch003.ckpt"), "%s", out);
+    free(out);
+    /* from a checkpoint elsewhere into it: refused too */
+    snprintf(args, sizeof args, "%s --epochs 2 --steps 1 --save %s/e", t, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --epochs 2 --resume %s/e/step00000001.ckpt --save %s/d", t, dir, dir);
+    expect_refused("stage1", args, "is not one of them", "give --save another directory");
+    free(dir);
+}
+END_TEST
+
 Suite *suite_resume(void) {
     Suite *s = suite_create("resume");
     TCase *tc = tcase_create("resume");
@@ -219,6 +325,9 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
     tcase_add_test(tc, version2_checkpoint_resumes_with_a_note);
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
+    tcase_add_test(tc, resume_on_other_data_is_refused);
+    tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
+    tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     suite_add_tcase(s, tc);
     return s;
 }

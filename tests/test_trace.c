@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests.h"
@@ -107,6 +108,39 @@ START_TEST(bad_trace_flags_refused) {
 }
 END_TEST
 
+/* A FIFO used to hang --trace forever (opening it waits for a reader); a directory was found by stages
+ * 3–5 only after training, at the merge. Both are refused before anything starts, in stage 3 before the
+ * workers are launched; a merge that fails all the same (the name became a directory during the run)
+ * says why, and where the ranks' timelines are. */
+START_TEST(unwritable_trace_files_fail_at_once) {
+    char *dir = test_tmpdir(), cmd[4096], path[600], *out;
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage1 " SMALL " --steps 8 --trace %s", test_root(), path);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "is a FIFO: give it a regular file"), "exit %d:\n%s", rc, out);
+    free(out);
+    const char *stages[] = {"stage3", "stage4", "stage5"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/%s " SMALL " --steps 2 --nproc-per-node 2 --master-port %d "
+                 "--trace %s", test_root(), stages[i], test_free_port(), dir);
+        rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, "is a directory (give a file name") && !strstr(out, "launching") &&
+                      !strstr(out, "epoch 1"), "%s: exit %d:\n%s", stages[i], rc, out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "D=%s; (timeout -k 5 100 %s/stage3 " SMALL " --train-size 2048 --batch-size 8 "
+             "--nproc-per-node 2 --master-port %d --trace $D/t.json --trace-steps 1:3 > $D/run.out 2>&1; "
+             "echo \"exit $?\" >> $D/run.out) & run=$!; "
+             "while [ ! -e $D/t.json.rank1.json ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "rm $D/t.json && mkdir $D/t.json; wait; cat $D/run.out", dir, test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "cannot write the merged file (Is a directory)") && strstr(out, "t.json.rank1.json") &&
+                  strstr(out, "exit 2"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* On a GPU: device spans from CUDA events (the batch copies on the copy stream, forward / backward /
  * optimizer on the compute stream) aligned with the host's; stage 2 on two (possibly logical) GPUs. */
 START_TEST(gpu_trace) {
@@ -135,6 +169,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, stage3_trace);
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
+    tcase_add_test(tc, unwritable_trace_files_fail_at_once);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
     return s;
