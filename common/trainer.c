@@ -355,7 +355,11 @@ static void resume_check(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
     const char *path = c->resume;
-    const char *ranks = !strcmp(r->stage, "stage2") ? "--gpus" : "--nproc-per-node × --nnodes";
+    /* stage 1 has no count to give: name the stage that has one */
+    const char *ranks = !strcmp(r->stage, "stage1")   ? "the stage that wrote it (stage 2's --gpus, or stages "
+                                                        "3–5's --nproc-per-node × --nnodes)"
+                        : !strcmp(r->stage, "stage2") ? "--gpus"
+                                                      : "--nproc-per-node × --nnodes";
     if (g->world_size != r->world_size)
         die_user("checkpoint '%s' was trained by %lld ranks/GPUs, this run has %d: its data position (epoch %lld, "
                  "batch %lld) means other samples with another count — resume with %s giving %lld",
