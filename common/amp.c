@@ -65,11 +65,11 @@ void amp_check(const AmpConfig *a) {
                      a->no_grad_scaler ? " and --no-grad-scaler" : "");
         return; /* the lesson may start anywhere, subnormal scales included (torch's fixture does) */
     }
-    /* Unscaling checks each gradient for inf BEFORE multiplying it by 1/scale (as torch's kernel does),
-     * so an infinite 1/scale would turn a finite step into a NaN one that is never skipped. */
+    /* A scale whose reciprocal overflows fp32 makes every step a skipped one (unscaling flags an inf
+     * 1/scale): a run that could never take a step is refused up front. */
     if (p == PREC_FP16 && !a->no_grad_scaler && !isfinite((float)(1.0 / (double)(float)a->init_scale)))
-        die_user("--init-scale %g: 1/scale overflows fp32, so unscaled gradients would be inf or NaN without "
-                 "the step being skipped — train with --init-scale 3e-39 or more", a->init_scale);
+        die_user("--init-scale %g: 1/scale overflows fp32, so every step would be skipped — train with "
+                 "--init-scale 3e-39 or more (the default is 65536)", a->init_scale);
 }
 
 /* The flag's type, refused with a clear error when it is bf16 and the GPU predates Ampere. */

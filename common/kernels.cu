@@ -564,7 +564,7 @@ __global__ void amp_unscale_check_kernel(int64_t count, float *g, const float *i
     const float inv = *inv_scale;
     GRID_STRIDE(i, count) {
         float v = g[i];
-        if (!isfinite(v)) *found_inf = 1.f;
+        if (!isfinite(v) || !isfinite(inv)) *found_inf = 1.f; /* an inf 1/scale: see ref_amp_unscale_check */
         g[i] = inv == 1.f ? v : v * inv;
     }
 }

@@ -205,7 +205,9 @@ void linear_backward_lp(Device *d, Precision p, int n, int in, int out, const vo
 /* x *= *alpha, alpha a device scalar: scaler.scale(loss).backward() scales the loss gradient. */
 void scale_by_device(Device *d, int64_t count, float *x, const float *alpha);
 /* PyTorch's _amp_foreach_non_finite_check_and_unscale_: grads *= *inv_scale, and *found_inf = 1
- * if any grad (as it was, scaled) is inf or NaN; *found_inf is left as it was otherwise. */
+ * if any grad (as it was, scaled) is inf or NaN — or, unlike torch, if *inv_scale itself is inf
+ * (a scale backed off below 1/FLT_MAX), which torch lets through as a NaN step; *found_inf is
+ * left as it was otherwise. */
 void amp_unscale_check(Device *d, int64_t count, float *grads, const float *inv_scale,
                        float *found_inf);
 /* PyTorch's _amp_update_scale_: found_inf → scale = (float)(scale·backoff), tracker = 0 (and

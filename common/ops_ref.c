@@ -160,6 +160,9 @@ void ref_scale_by_device(int64_t count, float *x, const float *alpha) {
 
 void ref_amp_unscale_check(int64_t count, float *grads, const float *inv_scale, float *found_inf) {
     float inv = *inv_scale;
+    /* torch checks only the scaled gradient; a scale backed off past 1/FLT_MAX makes 1/scale inf, and
+     * unscaling then writes inf/NaN that nothing flags. We flag it: the step is skipped, not NaN. */
+    if (count > 0 && !isfinite(inv)) *found_inf = 1.0f;
     for (int64_t i = 0; i < count; i++) {
         if (!isfinite(grads[i])) *found_inf = 1.0f;
         grads[i] = inv == 1.0f ? grads[i] : grads[i] * inv;

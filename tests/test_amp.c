@@ -453,9 +453,32 @@ START_TEST(scaler_skips_and_scales) {
     ref_amp_update_scale(s.scale, s.inv_scale, s.growth_tracker, s.found_inf, s.skipped, 2, 0.5, 1000);
     memcpy(&inv, s.inv_scale, 4);
     ck_assert(inv == (float)(1.0 / 3.0));
+    /* A scale backed off below 1/FLT_MAX: 1/scale is inf, and finite gradients unscaled by it would
+     * be inf/NaN with no flag raised (torch's kernel checks only the scaled values). Ours flags it. */
+    float tiny = 1e-39f, found = 0, gg[2] = {0.0f, 1.0f};
+    device_copy_h2d(&d, s.scale, &tiny, 4);
+    ref_amp_update_scale(s.scale, s.inv_scale, s.growth_tracker, s.found_inf, s.skipped, 2, 0.5, 1000);
+    memcpy(&inv, s.inv_scale, 4);
+    ck_assert(isinf(inv));
+    ref_amp_unscale_check(2, gg, s.inv_scale, &found);
+    ck_assert_msg(found == 1.0f, "an inf 1/scale must skip the step");
     optim_destroy(&o);
     scaler_destroy(&s);
     device_destroy(&d);
+}
+END_TEST
+
+/* Backoffs from the smallest allowed --init-scale cross 1/FLT_MAX: the run goes on skipping steps,
+ * never training into NaN (it did: the loss read -nan with exit 0). */
+START_TEST(stage5_scale_underflow_skips_not_nan) {
+    char cmd[512], *out;
+    snprintf(cmd, sizeof cmd,
+             LIMIT "%s/stage5 --device cpu --nproc-per-node 1 --model tiny --train-size 128 --test-size 32 "
+                   "--batch-size 8 --steps 8 --epochs 1 --progress off --log-every 1 --init-scale 3e-39 --test-inf-step 2",
+             test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(!strstr(out, "nan") && strstr(out, "skipped"), "%s", out);
+    free(out);
 }
 END_TEST
 
@@ -663,6 +686,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, stage5_amp_off_is_stage4);
     tcase_add_test(tc, stage5_grad_comm_halves_the_bytes);
     tcase_add_test(tc, stage5_rejects_bad_amp_flags);
+    tcase_add_test(tc, stage5_scale_underflow_skips_not_nan);
     suite_add_tcase(s, tc);
     return s;
 }

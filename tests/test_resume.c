@@ -254,6 +254,23 @@ START_TEST(resume_on_other_data_is_refused) {
 }
 END_TEST
 
+/* A checkpoint of another world or of accumulation, given to a stage that has no such flag: the
+ * message names the stage that can resume it, not a flag this one lacks. */
+START_TEST(resume_in_the_wrong_stage_names_the_right_one) {
+    char *dir = test_tmpdir(), args[2048];
+    const char *t = TINY " --train-size 80 --batch-size 8 --epochs 1";
+    snprintf(args, sizeof args, "%s --steps 2 --nproc-per-node 1 --accum-steps 2 --save %s/acc", t, dir);
+    run_ok("stage4", args);
+    snprintf(args, sizeof args, "%s --steps 4 --nproc-per-node 1 --resume %s/acc/step00000002.ckpt", t, dir);
+    expect_refused("stage3", args, "stage3 takes one", "resume it with stage 4 or 5 and --accum-steps 2");
+    snprintf(args, sizeof args, "%s --steps 2 --nproc-per-node 2 --save %s/two", t, dir);
+    run_ok("stage3", args);
+    snprintf(args, sizeof args, "%s --steps 4 --resume %s/two/step00000002.ckpt", t, dir);
+    expect_refused("stage1", args, "trained by 2 ranks/GPUs", "resume with the stage that wrote it");
+    free(dir);
+}
+END_TEST
+
 /* One file under two flags used to be destroyed: --report or --trace on the --resume checkpoint
  * emptied it before it was read (and then blamed the checkpoint); --report F --trace F interleaved
  * both into one corrupt file with exit 0. Refused up front, the checkpoint untouched. */
@@ -328,6 +345,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, resume_on_other_data_is_refused);
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
+    tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
     suite_add_tcase(s, tc);
     return s;
 }
