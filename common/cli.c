@@ -517,9 +517,9 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
-/* --report and --trace files are emptied when the run starts: refuse now what would fail or hang then
- * — a directory, a FIFO (opening it waits for a reader forever), a socket — and a checkpoint, which a
- * typo would destroy. `what` names the file in messages ("--report", "--trace t.json: the rank file");
+/* A --report file is emptied when the run starts, a --trace file replaced when it ends: refuse now what
+ * would fail or hang then — a directory, a FIFO (opening it waits for a reader forever), a socket — and
+ * a checkpoint, which a typo would destroy. `what` names the file in messages ("--report", "--trace t.json: the rank file");
  * `example`, a file name to suggest under a directory given by mistake (NULL: a name the run derived). */
 static void check_output(const char *flag, const char *what, const char *path, const char *example) {
     struct stat st;

@@ -1,6 +1,6 @@
 /* trace.c — the trace recorder (see trace.h): one preallocated buffer of spans claimed with an atomic
  * index, CUDA event pairs per device resolved when the window closes, the JSON writer and the merge
- * of the ranks' files. */
+ * of the ranks' files (each written as NAME.tmp and renamed into place once complete). */
 #include "trace.h"
 
 #include <errno.h>
@@ -42,9 +42,21 @@ typedef struct DevPool {
     struct { const char *name, *cat; int64_t arg; int lane; atomic_int ready; } *meta;
 } DevPool;
 
+/* A trace file in the making: written under NAME.tmp, next to NAME, and renamed to NAME only once
+ * complete, so a run that crashes or is interrupted (Ctrl-C) leaves the previous NAME as it was. The
+ * .tmp file is opened when the trace is configured — an unwritable place fails at start-up, not after
+ * training — and kept open until the end. A character device (/dev/null) is written in place. */
+typedef struct Out {
+    FILE *f;
+    char path[4200]; /* NAME, a symlink resolved (the file it points to is replaced, the link kept) */
+    char tmp[4208];  /* path + ".tmp"; "" when written in place */
+    const char *at;  /* the name being written: tmp, or path */
+} Out;
+
 static struct {
     char file[4096];
     int configured, opened, closed, written, rank, world;
+    Out mine, merged; /* this process's file; rank 0 of several: the merged one */
     int64_t a, b, step_t0;
     char process[64];
     Event *ev;
@@ -215,6 +227,41 @@ static FILE *open_out(const char *path, int truncate, const char **why) {
     return f;
 }
 
+/* 1, or 0 with *why (o->at: the name that failed). */
+static int out_open(Out *o, const char *name, const char **why) {
+    struct stat st;
+    char *real = realpath(name, NULL);
+    snprintf(o->path, sizeof o->path, "%s", real ? real : name);
+    free(real);
+    int exists = stat(o->path, &st) == 0;
+    o->tmp[0] = 0, o->at = o->path;
+    if (exists && S_ISREG(st.st_mode) && access(o->path, W_OK) != 0) { /* replacing it would bypass that */
+        *why = errno_string();
+        return 0;
+    }
+    if (!exists || S_ISREG(st.st_mode)) { /* else a device, or what open_out refuses (a FIFO, a directory) */
+        snprintf(o->tmp, sizeof o->tmp, "%s.tmp", o->path);
+        o->at = o->tmp;
+    }
+    return (o->f = open_out(o->at, 1, why)) != NULL;
+}
+
+/* Flush, sync and rename into place: 0, or 1 when writing failed (the partial .tmp file removed), 2
+ * when only the rename failed (the complete .tmp file kept), with *why. */
+static int out_commit(Out *o, const char **why) {
+    int bad = fflush(o->f) != 0 || (o->tmp[0] && fsync(fileno(o->f)) != 0);
+    if (bad) *why = errno_string();
+    if (fclose(o->f) != 0 && !bad) bad = 1, *why = errno_string();
+    o->f = NULL;
+    if (bad && o->tmp[0]) unlink(o->tmp);
+    if (bad) return 1;
+    if (o->tmp[0] && rename(o->tmp, o->path) != 0) {
+        *why = errno_string();
+        return 2;
+    }
+    return 0;
+}
+
 /* ---- the window ------------------------------------------------------------------------------- */
 
 void trace_configure(const char *file, const char *steps, int rank, int world, const char *process,
@@ -225,18 +272,16 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
     g.rank = rank, g.world = world;
     snprintf(g.process, sizeof g.process, "%s", process);
     /* fail now, not after the run, when a file cannot be written: this rank's, and the one rank 0
-     * merges them into (created now if missing, emptied only when the merge writes it) */
+     * merges them into (each as NAME.tmp, open until the end: see Out) */
     char path[4200];
     const char *why;
     if (world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, rank);
     else snprintf(path, sizeof path, "%s", g.file);
     for (int merged = 0; merged < 1 + (world > 1 && rank == 0); merged++) {
-        const char *at = merged ? g.file : path;
-        FILE *f = open_out(at, !merged, &why);
-        if (!f)
+        Out *o = merged ? &g.merged : &g.mine;
+        if (!out_open(o, merged ? g.file : path, &why))
             die_user("--trace %s: cannot write %s%s (%s) — give --trace a regular file in an existing, writable "
-                     "directory", file, at, merged ? ", where the ranks' files are merged" : "", why);
-        fclose(f);
+                     "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
     }
     g.ev = xcalloc(MAX_EVENTS, sizeof *g.ev);
     g.configured = 1;
@@ -317,9 +362,7 @@ static void write_file(void) {
     if (g.world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, g.rank);
     else snprintf(path, sizeof path, "%s", g.file);
     const char *why;
-    FILE *f = open_out(path, 1, &why);
-    if (!f) die_user("--trace %s: cannot write %s (%s) — give --trace a regular file in an existing, writable "
-                     "directory", g.file, path, why);
+    FILE *f = g.mine.f;
     int pid = g.rank;
     fprintf(f, "{\"traceEvents\":[\n");
     fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}", pid,
@@ -368,7 +411,11 @@ static void write_file(void) {
     }
     fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"dropped\":%ld}}\n",
             (long long)g.a, (long long)g.b, atomic_load(&g.dropped));
-    if (fclose(f)) die_user("--trace %s: writing %s failed (disk full?)", g.file, path);
+    int failed = out_commit(&g.mine, &why);
+    if (failed == 1) die_user("--trace %s: writing %s failed (%s): is the disk full?", g.file, g.mine.tmp, why);
+    if (failed)
+        die_user("--trace %s: cannot replace %s with the finished trace (%s) — it is kept in %s: move it "
+                 "where you want it; next time give --trace a regular file", g.file, g.mine.path, why, g.mine.tmp);
     long dropped = atomic_load(&g.dropped);
     if (g.rank == 0 && g.world <= 1)
         printf("trace: %d spans of steps %lld–%lld in %s (open it in Perfetto or chrome://tracing; "
@@ -418,11 +465,7 @@ int trace_wants_merge(void) { return g.configured && g.world > 1; }
 void trace_merge(void) {
     if (!trace_wants_merge() || g.rank != 0) return;
     const char *why;
-    FILE *out = open_out(g.file, 1, &why);
-    if (!out)
-        die_user("--trace %s: cannot write the merged file (%s) — the ranks' timelines are kept in %s.rank0.json … "
-                 "%s.rank%d.json (open them one by one); next time give --trace a regular file in a writable "
-                 "directory", g.file, why, g.file, g.file, g.world - 1);
+    FILE *out = g.merged.f;
     fprintf(out, "{\"traceEvents\":[");
     int first = 1, spans = 0;
     char *line = NULL;
@@ -431,7 +474,10 @@ void trace_merge(void) {
         char path[4200];
         snprintf(path, sizeof path, "%s.rank%d.json", g.file, r);
         FILE *f = fopen(path, "r");
-        if (!f) die_runtime("trace: rank %d's file %s is missing: cannot merge", r, path);
+        if (!f) {
+            if (g.merged.tmp[0]) unlink(g.merged.tmp);
+            die_runtime("trace: rank %d's file %s is missing: cannot merge", r, path);
+        }
         ssize_t len;
         while ((len = getline(&line, &cap, f)) > 0) {
             if (strncmp(line, "{\"ph\":", 6)) continue;
@@ -445,7 +491,14 @@ void trace_merge(void) {
     free(line);
     fprintf(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"ranks\":%d}}\n",
             (long long)g.a, (long long)g.b, g.world);
-    if (fclose(out)) die_user("--trace %s: writing the merged file failed (disk full?)", g.file);
+    int failed = out_commit(&g.merged, &why);
+    char kept[4400] = ""; /* the rank files are complete: each rank renamed its own before the barrier */
+    if (failed == 2) snprintf(kept, sizeof kept, "; it is complete in %s", g.merged.tmp);
+    if (failed)
+        die_user("--trace %s: %s the merged file (%s%s)%s — the ranks' timelines are kept in %s.rank0.json … "
+                 "%s.rank%d.json (open them one by one); next time give --trace a regular file in a writable "
+                 "directory", g.file, failed == 1 ? "writing" : "cannot write", why,
+                 failed == 1 ? ": is the disk full?" : "", kept, g.file, g.file, g.world - 1);
     printf("trace: %d spans of steps %lld–%lld from %d ranks merged into %s (per rank: %s.rankN.json; open it "
            "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)\n",
            spans, (long long)g.a, (long long)g.b - 1, g.world, g.file, g.file, g.file);

@@ -23,7 +23,10 @@
  *    clock around the same phase, drawn on the device's lane.
  * One process track per rank (pid = rank). A run with several processes (stages 3–5) writes
  * FILE.rankN.json per rank; rank 0 merges them into FILE at the end (run_finish, after a barrier).
- * All ranks of one node share CLOCK_MONOTONIC, so the merged tracks line up.
+ * All ranks of one node share CLOCK_MONOTONIC, so the merged tracks line up. Every file is written
+ * as NAME.tmp (opened at start-up, so an unwritable place fails at once) and renamed to NAME only
+ * when complete: a run that crashes or is interrupted leaves the previous NAME as it was (and an
+ * empty NAME.tmp, emptied again by the next run).
  *
  * Cost: with --trace off (or outside the window) every hook is one predictable branch on a global
  * flag. Inside the window a span is two clock reads (or two cudaEventRecord) and one atomic
@@ -62,9 +65,10 @@ static inline int trace_on(void) {
 void trace_parse_steps(const char *flag, int64_t *a, int64_t *b);
 
 /* The run's side (called by trainer.c): configure from the flags (file "" = off) for this process's
- * rank / world and its devices; step(n) after each optimizer step with n = steps done (and once at
- * the start), which opens and closes the window; finish writes what is left. world > 1: every rank
- * writes FILE.rankN.json; merge (rank 0, after a barrier) joins them into FILE. */
+ * rank / world and its devices, opening the .tmp files; step(n) after each optimizer step with n =
+ * steps done (and once at the start), which opens and closes the window; finish writes what is left
+ * and renames it into place. world > 1: every rank writes FILE.rankN.json; merge (rank 0, after a
+ * barrier, so every rank file is complete) joins them into FILE. */
 void trace_configure(const char *file, const char *steps, int rank, int world, const char *process,
                      struct Device **devs, int n_devs);
 void trace_step(int64_t steps_done);

@@ -333,7 +333,7 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
-/* --report and --trace files are emptied at the start: a FIFO (which used to hang --trace forever), a
+/* --report files are emptied at the start, --trace files replaced at the end: a FIFO (which used to hang --trace forever), a
  * directory (stages 3–5 used to find out after training, at the merge), the --resume checkpoint or
  * each other (both used to be truncated or interleaved), or any checkpoint are refused before. */
 START_TEST(test_resolve_output_files) {

@@ -1,7 +1,8 @@
 /* test_trace.c — --trace on the CPU backend: stages 1, 2 (two devices) and 3 (two workers) write a
  * Chrome trace-event file that parses, holds the spans each stage must show, nests per thread and
  * covers exactly the --trace-steps window (tests/trace_check.py checks the file); the SVG renderer
- * draws it; bad --trace-steps values and unwritable paths are refused with a clear error. */
+ * draws it; bad --trace-steps values and unwritable paths are refused with a clear error; an interrupted
+ * run leaves the trace already at its path intact. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,11 +133,72 @@ START_TEST(unwritable_trace_files_fail_at_once) {
     snprintf(cmd, sizeof cmd, "D=%s; (timeout -k 5 100 %s/stage3 " SMALL " --train-size 2048 --batch-size 8 "
              "--nproc-per-node 2 --master-port %d --trace $D/t.json --trace-steps 1:3 > $D/run.out 2>&1; "
              "echo \"exit $?\" >> $D/run.out) & run=$!; "
-             "while [ ! -e $D/t.json.rank1.json ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
-             "rm $D/t.json && mkdir $D/t.json; wait; cat $D/run.out", dir, test_root(), test_free_port());
+             "while ! [ -e $D/t.json.tmp -a -e $D/t.json.rank1.json.tmp ] && kill -0 $run 2>/dev/null; do sleep 0.01; "
+             "done; mkdir $D/t.json; wait; cat $D/run.out", dir, test_root(), test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 0);
     ck_assert_msg(strstr(out, "cannot write the merged file (Is a directory)") && strstr(out, "t.json.rank1.json") &&
-                  strstr(out, "exit 2"), "%s", out);
+                  strstr(out, "complete in ") && strstr(out, "exit 2"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
+/* The file is written under FILE.tmp and renamed into place when complete: a run interrupted while
+ * tracing (Ctrl-C) leaves the trace an earlier run wrote there as it was (it used to be emptied when
+ * the run started). */
+START_TEST(interrupted_run_keeps_the_old_trace) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "D=%s; S='%s/stage1 " SMALL "'; $S --steps 7 --trace $D/t.json --trace-steps 2:5 "
+             ">/dev/null && cp $D/t.json $D/good.json || exit 9; "
+             "timeout -k 5 60 $S --epochs 50 --trace $D/t.json --trace-steps 0:1000 > $D/run.out 2>&1 & run=$!; "
+             "while ! grep -q 'epoch 1/' $D/run.out && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kill -INT $run; wait $run; echo \"exit $?\"; cat $D/run.out; cmp $D/good.json $D/t.json && echo intact",
+             dir, test_root());
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "exit 130") && !strstr(out, "summary:"), "the run was not interrupted:\n%s", out);
+    ck_assert_msg(strstr(out, "intact"), "the earlier trace was changed:\n%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
+/* tests/timeline.py on bad input: one line "error: ..." and exit 2, never a Python traceback; a file
+ * with some malformed spans, a single 0-duration span or a title with quotes is still drawn. */
+START_TEST(timeline_bad_input) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "cd %s && : > empty.json && printf '{\"traceEvents\":[{\"ph\"' > cut.json && "
+             "echo '{}' > obj.json && echo '[]' > list.json && mkdir d.json && "
+             "echo '{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"forward\",\"pid\":0,\"tid\":1,\"ts\":5}]}' "
+             "> nodur.json && echo '{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"forward\",\"pid\":0,"
+             "\"tid\":1,\"ts\":5,\"dur\":0},{\"ph\":\"X\",\"name\":\"bad\",\"ts\":1}]}' > zero.json && "
+             "cp zero.json zero && touch o.svg", dir);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+    const char *bad[][2] = {
+        {"missing.json o.svg", "no such file"},
+        {"d.json o.svg", "is a directory"},
+        {"empty.json o.svg", "is empty"},
+        {"cut.json o.svg", "not complete JSON"},
+        {"obj.json o.svg", "traceEvents"},
+        {"list.json o.svg", "no spans"},
+        {"nodur.json o.svg", "\"dur\""},
+        {"zero.json zero.json", "ends in .json"},
+        {"zero ./zero", "the trace itself"},
+        {"o.svg p.svg", "SVG picture"},
+        {"zero.json no/o.svg", "mkdir -p no"},
+        {"zero.json o.svg --width 0", "--width 0"},
+    };
+    char *root = realpath(test_root(), NULL); /* the commands run in dir */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "cd %s && python3 %s/tests/timeline.py %s", dir, root, bad[i][0]);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, "error: ") && strstr(out, bad[i][1]) && !strstr(out, "Traceback"),
+                      "timeline.py %s: exit %d, expected 2 and '%s':\n%s", bad[i][0], rc, bad[i][1], out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "cd %s && python3 %s/tests/timeline.py zero.json z.svg --title 'a \"b\" & c' 2>&1 && "
+             "grep -c 'a &quot;b&quot; &amp; c' z.svg", dir, root);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "1 malformed") && !strstr(out, "Traceback"), "exit %d:\n%s", rc, out);
+    free(root);
     free(out), free(dir);
 }
 END_TEST
@@ -170,6 +232,8 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
+    tcase_add_test(tc, interrupted_run_keeps_the_old_trace);
+    tcase_add_test(tc, timeline_bad_input);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
     return s;

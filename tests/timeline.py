@@ -9,12 +9,40 @@ their lane; colours by what the span is (legend at the bottom); the optimizer st
 are shaded bands across every lane, and the time axis is in milliseconds from the window's start.
 Perfetto (ui.perfetto.dev) or chrome://tracing show the same file interactively; this picture is for
 documents.
+
+Bad input (a missing, empty, truncated or non-trace file, OUT naming the trace itself, a bad --width)
+is one line "error: ..." saying what to do, exit status 2; spans that lack a field are skipped with a
+warning and the rest is drawn.
 """
 import argparse
 import collections
 import json
+import math
+import os
+import re
+import stat
 import sys
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape as sax_escape
+
+USAGE = "python3 tests/timeline.py TRACE.json OUT.svg [--title TEXT] [--width PX]"
+WIDTH_MIN, WIDTH_MAX = 400, 20000  # below: no room for the plot next to the lane names
+
+
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        die(f"{message} (usage: {USAGE})")
+
+
+def escape(text):
+    """Text for the SVG: &, <, > and " escaped; what XML 1.0 (or UTF-8) cannot hold dropped."""
+    text = re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]", "", str(text))
+    return sax_escape(text, {'"': "&quot;"})
+
 
 # (legend label, colour) per kind of span; kind_of() maps a span to one of them
 KINDS = collections.OrderedDict([
@@ -49,43 +77,159 @@ def kind_of(e):
 
 def nice_step(span_ms, target=10):
     raw = span_ms / target
-    mag = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 10 ** -len(str(int(1 / raw)))
+    if not raw > 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(raw))
     for m in (1, 2, 5, 10):
         if raw <= m * mag:
             return m * mag
     return 10 * mag
 
 
+def is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def order_key(v):
+    """pids and tids sort as numbers, else as text (a hand-made trace may use names)."""
+    return (0, v, "") if is_num(v) else (1, 0, str(v))
+
+
+def check_paths(a):
+    """TRACE a readable regular file, OUT writable and not the trace: the fix named, before any work."""
+    if a.trace.lower().endswith(".svg"):
+        die(f"{a.trace} is an SVG picture, not a trace — give the JSON file a stage's --trace wrote "
+            f"(usage: {USAGE})")
+    if os.path.splitext(a.out)[1].lower() == ".json":
+        die(f"OUT {a.out} ends in .json: the picture would overwrite what may be a trace — give an .svg name "
+            f"(usage: {USAGE})")
+    try:
+        st = os.stat(a.trace)
+    except FileNotFoundError:
+        die(f"{a.trace}: no such file — give the file a stage's --trace FILE wrote (e.g. ./stage1 --trace t.json)")
+    except OSError as e:
+        die(f"{a.trace}: {e.strerror} — give the file a stage's --trace FILE wrote")
+    if stat.S_ISDIR(st.st_mode):
+        die(f"{a.trace} is a directory — give the trace file in it (what --trace FILE named)")
+    if not stat.S_ISREG(st.st_mode):
+        die(f"{a.trace} is not a regular file — give the file a stage's --trace FILE wrote")
+    if os.path.exists(a.out) and os.path.samefile(a.out, a.trace) or \
+            os.path.realpath(a.out) == os.path.realpath(a.trace):
+        die(f"OUT {a.out} is the trace itself: the picture would overwrite it — give another name, e.g. "
+            f"{os.path.splitext(a.trace)[0]}.svg")
+    out_dir = os.path.dirname(a.out) or "."
+    if not os.path.isdir(out_dir):
+        die(f"OUT {a.out}: directory '{out_dir}' does not exist (create it first: mkdir -p {out_dir})")
+    if os.path.isdir(a.out):
+        die(f"OUT {a.out} is a directory — give a file name, e.g. {os.path.join(a.out, 'timeline.svg')}")
+    if os.path.exists(a.out) and not (os.path.isfile(a.out) or stat.S_ISCHR(os.stat(a.out).st_mode)):
+        die(f"OUT {a.out} is not a regular file (a FIFO or socket) — give an .svg file name")
+    if not os.access(out_dir, os.W_OK):
+        die(f"OUT {a.out}: directory '{out_dir}' is not writable — give an .svg name in a writable directory")
+
+
+def load(path):
+    """The trace's events (a list of dicts), or die naming what is wrong with the file."""
+    rerun = "the run that wrote it did not finish (interrupted or crashed); rerun it"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        die(f"{path}: {e.strerror} — give the file a stage's --trace FILE wrote")
+    if not data.strip():
+        die(f"{path} is empty — {rerun}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        die(f"{path} is not a trace (binary data, not JSON text) — give the file a stage's --trace FILE wrote")
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        die(f"{path} is not a trace (JSON nested too deeply) — give the file a stage's --trace FILE wrote")
+    except ValueError as e:
+        where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
+        if text.lstrip().startswith(("{", "[")):
+            die(f"{path} is not complete JSON ({where}) — truncated: {rerun}")
+        die(f"{path} is not JSON ({where}) — give the file a stage's --trace FILE wrote")
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc  # the object form, or the bare array
+    if not isinstance(events, list):
+        die(f"{path} is JSON but not a Chrome trace (no \"traceEvents\" list) — give the file a stage's "
+            f"--trace FILE wrote")
+    return events
+
+
+def sane_span(e):
+    """None if e is drawable, else why not."""
+    for key in ("name", "ts", "dur"):
+        if key not in e:
+            return f'no "{key}"'
+    if not is_num(e["ts"]) or not is_num(e["dur"]):
+        return '"ts" or "dur" is not a finite number'
+    if e["dur"] < 0:
+        return 'negative "dur"'
+    for key in ("pid", "tid"):
+        if not isinstance(e.get(key, 0), (int, str)) or isinstance(e.get(key, 0), bool):
+            return f'"{key}" is not a number or name'
+    return None
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = Parser(usage=USAGE)
     ap.add_argument("trace")
     ap.add_argument("out")
     ap.add_argument("--title", default="")
     ap.add_argument("--width", type=int, default=1400)
     a = ap.parse_args()
-    with open(a.trace) as f:
-        events = json.load(f)["traceEvents"]
+    if not WIDTH_MIN <= a.width <= WIDTH_MAX:
+        die(f"--width {a.width}: give the picture's width in pixels, {WIDTH_MIN} to {WIDTH_MAX} (default 1400)")
+    check_paths(a)
+    events = load(a.trace)
 
     pname, tname, torder, porder = {}, {}, {}, {}
+    spans, skipped, why_skipped = [], 0, None
     for e in events:
-        if e.get("ph") != "M":
+        if not isinstance(e, dict):
+            skipped += 1
+            why_skipped = why_skipped or "an event that is not an object"
             continue
-        key = (e["pid"], e.get("tid", 0))
-        if e["name"] == "process_name":
-            pname[e["pid"]] = e["args"]["name"]
-        elif e["name"] == "process_sort_index":
-            porder[e["pid"]] = e["args"]["sort_index"]
-        elif e["name"] == "thread_name":
-            tname[key] = e["args"]["name"]
-        elif e["name"] == "thread_sort_index":
-            torder[key] = e["args"]["sort_index"]
-    spans = [e for e in events if e.get("ph") == "X"]
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        if e.get("ph") == "M":  # metadata: names and order of processes and lanes; a bad one is ignored
+            key = (e.get("pid", 0), e.get("tid", 0))
+            if not all(isinstance(k, (int, str)) and not isinstance(k, bool) for k in key):
+                continue
+            value = args.get("name"), args.get("sort_index")
+            if e.get("name") == "process_name" and value[0] is not None:
+                pname[key[0]] = str(value[0])
+            elif e.get("name") == "process_sort_index" and is_num(value[1]):
+                porder[key[0]] = value[1]
+            elif e.get("name") == "thread_name" and value[0] is not None:
+                tname[key] = str(value[0])
+            elif e.get("name") == "thread_sort_index" and is_num(value[1]):
+                torder[key] = value[1]
+        elif e.get("ph") == "X":
+            why = sane_span(e)
+            if why:
+                skipped += 1
+                why_skipped = why_skipped or why
+                continue
+            spans.append({"name": str(e["name"]), "cat": e.get("cat") if isinstance(e.get("cat"), str) else "",
+                          "ts": e["ts"], "dur": e["dur"], "pid": e.get("pid", 0), "tid": e.get("tid", 0),
+                          "args": args})
+    if skipped:
+        print(f"warning: {a.trace}: {skipped} malformed event(s) skipped (the first: {why_skipped}); drawing the "
+              f"rest", file=sys.stderr)
+    if not spans and skipped:
+        die(f"{a.trace}: none of its spans can be drawn (the first bad one: {why_skipped}) — it is not a file a "
+            f"stage's --trace wrote; rerun the stage with --trace FILE")
     if not spans:
-        sys.exit(f"{a.trace}: no spans to draw (did the run reach the --trace-steps window?)")
+        die(f"{a.trace}: no spans to draw — did the run reach the --trace-steps window? (rerun with more --steps, "
+            f"or an earlier --trace-steps A:B)")
     steps = [e for e in spans if e["name"] == "step"]
-    spans = [e for e in spans if e["name"] != "step"]  # steps are drawn as bands
+    spans = [e for e in spans if e["name"] != "step"] or steps  # steps are drawn as bands (and as spans if alone)
     t0 = min(e["ts"] for e in spans + steps)
     t1 = max(e["ts"] + e["dur"] for e in spans + steps)
+    if t1 - t0 < 1:  # one instant (0-duration spans): a 1 µs axis, not a division by zero
+        t1 = t0 + 1
 
     # lanes, and each span's depth in its lane (spans on a lane nest)
     lanes = collections.defaultdict(list)
@@ -101,7 +245,8 @@ def main():
             depth_of[id(e)] = len(stack)
             stack.append(e)
         lane_depth[key] = 1 + max(depth_of[id(e)] for e in ss)
-    order = sorted(lanes, key=lambda k: (porder.get(k[0], k[0]), torder.get(k, k[1]), k[1]))
+    order = sorted(lanes, key=lambda k: (order_key(porder.get(k[0], k[0])), order_key(torder.get(k, k[1])),
+                                         order_key(k[1]), order_key(k[0])))
 
     W, left, right = a.width, 250, 20
     row, gap, top = 13, 6, 58 if a.title else 40
@@ -127,7 +272,7 @@ def main():
     if a.title:
         out.append(f'<text x="{left}" y="22" font-size="15" font-weight="bold">{escape(a.title)}</text>')
     # step bands
-    for i, s in enumerate(sorted(steps, key=lambda e: (e["pid"], e["ts"]))):
+    for i, s in enumerate(sorted(steps, key=lambda e: (order_key(e["pid"]), e["ts"]))):
         if s["pid"] != order[0][0]:
             continue  # one process's steps give the bands
         xa, xb = x_of(s["ts"]), x_of(s["ts"] + s["dur"])
@@ -135,7 +280,7 @@ def main():
                    f'fill="{"#f3f3f3" if i % 2 == 0 else "#fafafa"}"/>')
         out.append(f'<line x1="{xa:.1f}" y1="{top - 14}" x2="{xa:.1f}" y2="{plot_bottom}" stroke="#999" '
                    f'stroke-dasharray="3,3"/>')
-        out.append(f'<text x="{xa + 3:.1f}" y="{top - 6}" fill="#555">step {s.get("args", {}).get("n", "")}</text>')
+        out.append(f'<text x="{xa + 3:.1f}" y="{top - 6}" fill="#555">step {escape(s["args"].get("n", ""))}</text>')
     # time axis
     span_ms = (t1 - t0) / 1000
     step_ms = nice_step(span_ms)
@@ -162,7 +307,7 @@ def main():
             w = max(xb - xa, 0.6)
             yy = ly + depth_of[id(e)] * row
             colour = KINDS[kind_of(e)][1]
-            args = e.get("args", {})
+            args = e["args"]
             tip = f'{e["name"]}{" " + str(args["n"]) if "n" in args else ""}: {e["dur"] / 1000:.3f} ms'
             out.append(f'<rect x="{xa:.2f}" y="{yy}" width="{w:.2f}" height="{row - 1}" fill="{colour}" '
                        f'stroke="white" stroke-width="0.3"><title>{escape(tip)}</title></rect>')
@@ -177,10 +322,28 @@ def main():
     out.append(f'<text x="6" y="{legend_y}" fill="#555">time axis: ms from the</text>')
     out.append(f'<text x="6" y="{legend_y + 14}" fill="#555">window\'s first span</text>')
     out.append("</svg>")
-    with open(a.out, "w") as f:
-        f.write("\n".join(out) + "\n")
+    write(a.out, "\n".join(out) + "\n")
     print(f"timeline: {len(spans)} spans on {len(order)} lanes, {span_ms:.1f} ms -> {a.out}")
 
 
+def write(path, text):
+    """Into path.tmp, then renamed: a failed write leaves an earlier picture as it was (a device: in place)."""
+    direct = os.path.exists(path) and not os.path.isfile(path)
+    tmp = path if direct else path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        if not direct:
+            os.replace(tmp, path)
+    except OSError as e:
+        if not direct and os.path.isfile(tmp):
+            os.unlink(tmp)
+        die(f"OUT {path}: cannot write {tmp} ({e.strerror}) — give an .svg name in a writable directory "
+            f"with free space")
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
