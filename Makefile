@@ -228,13 +228,18 @@ bench-kernels bench-conv-algos:
 endif
 
 # A --trace file drawn as an SVG timeline (tests/timeline.py: Python 3, standard library only).
+# TRACE, OUT and TITLE reach the shell through the environment (make exports command-line variables),
+# never pasted into the command line: a path with spaces, quotes or $ stays one argument.
 timeline:
-	@test -n "$(TRACE)" || { echo "usage: make timeline TRACE=trace.json [OUT=trace.svg] [TITLE='...']"; exit 2; }
-	python3 tests/timeline.py "$(TRACE)" "$(if $(OUT),$(OUT),$(basename $(TRACE)).svg)" $(if $(TITLE),--title "$(TITLE)")
+	@test -n "$$TRACE" || { echo "usage: make timeline TRACE=trace.json [OUT=trace.svg] [TITLE='...']"; exit 2; }
+	case "$${TRACE##*/}" in *.*) svg="$${TRACE%.*}.svg" ;; *) svg="$$TRACE.svg" ;; esac; \
+	python3 tests/timeline.py "$$TRACE" "$${OUT:-$$svg}" $${TITLE:+--title "$$TITLE"}
 
 # Every stage that exists, one setting, one table (tests/compare.sh; QUICK=1 is the CI-sized variant).
+# QUICK, COMPARE_OUT, STEPS, GPUS, … reach the script through the environment (make exports
+# command-line variables), never pasted into the command line: COMPARE_OUT="my out" stays one path.
 compare: $(STAGES)
-	QUICK=$(QUICK) COMPARE_OUT=$(COMPARE_OUT) bash tests/compare.sh
+	bash tests/compare.sh
 
 # ---- sanitizers and fuzzers (CPU backend; each in its own build directory) ----------------------
 # A sub-make builds the stages and the test runner there with the sanitizer in CFLAGS (which

@@ -51,17 +51,34 @@ md5_of() {
     fi
 }
 
-# Download next to the destination (same filesystem) and clean up whatever happens.
+# Download next to the destination (same filesystem) and clean up whatever happens: the temporary
+# folder always, and on failure the folders this run created for DIR, if they are still empty.
+CREATED="" # the topmost folder of DIR's path that did not exist before
+d="$DIR"
+while [ ! -e "$d" ]; do CREATED="$d"; d="$(dirname "$d")"; done
+cleanup() {
+    local rc=$? d="$DIR"
+    rm -rf "$TMP"
+    if [ "$rc" -ne 0 ] && [ -n "$CREATED" ]; then
+        while rmdir "$d" 2>/dev/null && [ "$d" != "$CREATED" ]; do d="$(dirname "$d")"; done
+    fi
+}
+TMP=""
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP # so that the cleanup runs on Ctrl-C too
 mkdir -p "$DIR"
 TMP="$(mktemp -d "$DIR/.download.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
 ARCHIVE="$TMP/cifar-10-binary.tar.gz"
 
+# A stalled network must not hang the script: give up on a connection after 20 s, and on a
+# transfer slower than 1 kB/s for 60 s (wget: nothing received for 60 s), retrying 3 times.
 echo "downloading $URL"
 if command -v curl >/dev/null 2>&1; then
-    curl -fL --retry 3 -o "$ARCHIVE" "$URL" || die "download failed (curl): no network, or the URL moved?"
+    curl -fL --retry 3 --connect-timeout 20 --speed-limit 1024 --speed-time 60 -o "$ARCHIVE" "$URL" ||
+        die "download failed (curl): no network, a stalled connection, or the URL moved?"
 elif command -v wget >/dev/null 2>&1; then
-    wget -O "$ARCHIVE" "$URL" || die "download failed (wget): no network, or the URL moved?"
+    wget --tries=3 --dns-timeout=20 --connect-timeout=20 --read-timeout=60 -O "$ARCHIVE" "$URL" ||
+        die "download failed (wget): no network, a stalled connection, or the URL moved?"
 else
     die "neither curl nor wget found: install one, or download $URL by hand and unpack it into $DIR"
 fi

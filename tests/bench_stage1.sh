@@ -9,14 +9,18 @@
 # choices buy: CUDA graphs (--no-cuda-graph) and pinned memory (pageable). Prints a table with
 # peak memory, ratios against PyTorch's faster mode, achieved TFLOP/s and its fraction of the GPU's
 # peak (tests/bench_flops.py), and the goals: stage 1 ≥ 1.5× PyTorch eager's images/s, peak
-# memory ≤ PyTorch's in each benchmark mode. Logs go to $BENCH_OUT; STEPS (default 300) timed steps.
+# memory ≤ PyTorch's in each benchmark mode. Logs go to $BENCH_OUT (default runs/bench: a new or
+# empty folder, or one this script wrote before); STEPS (default 300) timed steps. Needs a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tests/bench_common.sh
+bench_ints "[STEPS=N] [BENCH_OUT=DIR] bash tests/bench_stage1.sh (or make bench)" STEPS
 OUT=${BENCH_OUT:-runs/bench}
 STEPS=${STEPS:-300}
-mkdir -p "$OUT"
+bench_need_gpu tests/bench_stage1.sh '`make compare QUICK=1`'
+bench_out_dir BENCH_OUT "$OUT" runs/bench bench_stage1 '*.jsonl' '*.log' 'pytorch_*.json'
 [ -x ./stage1 ] || make stage1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1 | sed 's/^/gpu: /'
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1 | sed 's/^/gpu: /' || true
 
 for mode in on off; do
     python3 tests/torch/bench_pytorch.py --model resnet18 --batch 128 --steps "$STEPS" --warmup 20 \

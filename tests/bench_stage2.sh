@@ -17,21 +17,22 @@
 #     split of stage 2's loss and the issue's checks.
 # With one GPU, stage 2 runs its two logical devices on it (the mechanics and the memory split are
 # real, the speed is not a scaling result) and the PyTorch DataParallel rows are skipped.
-# Logs and JSON lines: $BENCH_OUT (default runs/bench_stage2).
+# Logs and JSON lines: $BENCH_OUT (default runs/bench_stage2: a new or empty folder, or one this
+# script wrote before). STEPS, SLOW_STEPS, MEM_STEPS override the step counts below.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh
+bench_ints "[STEPS=N] [SLOW_STEPS=N] [MEM_STEPS=N] [BENCH_OUT=DIR] bash tests/bench_stage2.sh" STEPS SLOW_STEPS MEM_STEPS
 export NCCL_NVLS_ENABLE=0
 OUT=${BENCH_OUT:-runs/bench_stage2}
 STEPS=${STEPS:-60}         # timed runs (the first 5 steps are warm-up)
 SLOW_STEPS=${SLOW_STEPS:-15} # stage 2 with --cudnn-benchmark and new threads: every step re-searches
 MEM_STEPS=${MEM_STEPS:-20} # memory rows
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/*.log
+bench_need_gpu tests/bench_stage2.sh '`make compare QUICK=1`'
+bench_out_dir BENCH_OUT "$OUT" runs/bench_stage2 bench_stage2 '*.jsonl' '*.log'
 if [ ! -x ./stage1 ] || [ ! -x ./stage2 ]; then make stage1 stage2 >/dev/null || exit 1; fi
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-echo "GPUs visible: $NGPU"
+echo "GPUs visible: $NGPU ($GPU_HOW)"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/  /'
-[ "$NGPU" -ge 1 ] || { echo "error: no GPU visible (nvidia-smi -L lists none)"; exit 1; }
 [ "$NGPU" -ge 2 ] || echo "note: one GPU — stage 2 runs its 2 logical devices on it; PyTorch DataParallel is skipped"
 
 # 1. calibration -----------------------------------------------------------------------------------

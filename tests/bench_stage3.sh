@@ -15,19 +15,22 @@
 # Then a `torchrun --no-python` launch of two ./stage3 workers must train exactly like ./stage3's
 # own launcher. With one GPU, the stage 3 rows (and PyTorch's, with gloo) run two workers sharing
 # it through --comm host: the mechanics are all there, the timings then say nothing about scaling.
-# Logs and JSON under $BENCH_OUT (default runs/bench_stage3); the table is printed last.
+# Logs and JSON under $BENCH_OUT (default runs/bench_stage3: a new or empty folder, or one this script
+# wrote before); the table is printed last. STEPS (default 300) timed steps per run. Needs a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh
+bench_ints "[STEPS=N] [BENCH_OUT=DIR] bash tests/bench_stage3.sh (or make bench3)" STEPS
 # NVLink multicast stays off in every process below (torchrun's workers included): it is not needed
 # here, and on shared hosts it can take the GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${BENCH_OUT:-runs/bench_stage3}
 STEPS=${STEPS:-300}
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/*.json "$OUT"/*.ran
+bench_need_gpu tests/bench_stage3.sh '`make compare QUICK=1`'
+bench_out_dir BENCH_OUT "$OUT" runs/bench_stage3 bench_stage3 '*.jsonl' '*.json' '*.ran' '*.log'
 [ -x ./stage1 ] && [ -x ./stage3 ] || make stage1 stage3 || exit 1
 
-. tests/bench_ddp_env.sh # NGPU, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
+. tests/bench_ddp_env.sh # HAVE_TORCH, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
 
 # name, stage binary, extra flags...: the timed run (median over the steps after warm-up)
 run_stage() {

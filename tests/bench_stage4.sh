@@ -16,12 +16,17 @@
 # GPUs' peak (tests/bench_flops.py); peak memory per GPU (max/min).
 # With one GPU, the two-worker rows share it through --comm host (PyTorch's with gloo): the mechanics
 # and the counts are all there, the timings then say nothing about scaling.
-# Logs and JSON under $BENCH_OUT (default runs/bench_stage4); the table is printed last.
+# Logs and JSON under $BENCH_OUT (default runs/bench_stage4: a new or empty folder, or one this script
+# wrote before); the table is printed last.
 # STEPS, STEPS4 (stage 4's optimizer steps), K override the defaults; BENCH_FLAGS is appended to every
 # stage's flags (a smoke test of this script without a GPU: BENCH_FLAGS="--device cpu --model tiny
-# --train-size 4096 --test-size 64" STEPS=12 bash tests/bench_stage4.sh).
+# --train-size 4096 --test-size 64" STEPS=12 bash tests/bench_stage4.sh). Without --device cpu in
+# BENCH_FLAGS it needs a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh
+bench_ints "[STEPS=N] [STEPS4=N] [K=N] [BENCH_FLAGS=\"...\"] [BENCH_OUT=DIR] bash tests/bench_stage4.sh (or make bench4)" \
+    STEPS STEPS4 K
 # NVLink multicast stays off in every process below (torchrun's workers included): it is not needed
 # here, and on shared hosts it can take the GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,11 +34,15 @@ OUT=${BENCH_OUT:-runs/bench_stage4}
 STEPS=${STEPS:-300}    # timed optimizer steps of the stage 1 / stage 3 rows
 K=${K:-4}
 STEPS4=${STEPS4:-$(( (STEPS + K - 1) / K * 2 ))} # stage 4 steps are K× longer: fewer, still hundreds of micro-steps
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/*.json
+if [[ " ${BENCH_FLAGS:-} " =~ [[:space:]]--device(=|[[:space:]]+)cpu[[:space:]] ]]; then
+    bench_gpus # the CPU smoke test: no GPU needed
+else
+    bench_need_gpu tests/bench_stage4.sh '`make compare QUICK=1`, or its CPU smoke test `BENCH_FLAGS="--device cpu --model tiny --train-size 4096 --test-size 64" STEPS=12 bash tests/bench_stage4.sh`,'
+fi
+bench_out_dir BENCH_OUT "$OUT" runs/bench_stage4 bench_stage4 '*.jsonl' '*.json' '*.log'
 [ -x ./stage1 ] && [ -x ./stage3 ] && [ -x ./stage4 ] || make stage1 stage3 stage4 || exit 1
 
-. tests/bench_ddp_env.sh # NGPU, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
+. tests/bench_ddp_env.sh # HAVE_TORCH, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
 
 # name, steps, stage binary, extra flags...: the timed run (median over the optimizer steps after warm-up)
 run_stage() {

@@ -13,14 +13,17 @@
 # the fp16 default with --grad-comm fp32 and fp16, and the goals line. PyTorch's batches sit on the GPU already;
 # stage 5 runs its real input pipeline (4 loader threads, pinned memory), so any data cost counts against us. Images/s and peak memory side by
 # side, ratios against PyTorch's best eager, achieved TFLOP/s and its fraction of the GPU's peak. Logs and JSON under $BENCH_OUT (default
-# runs/bench_stage5); the table is printed last. STEPS (default 300) timed steps each.
+# runs/bench_stage5: a new or empty folder, or one this script wrote before); the table is printed last.
+# STEPS (default 300) timed steps each. Needs a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh
+bench_ints "[STEPS=N] [BENCH_OUT=DIR] bash tests/bench_stage5.sh (or make bench5)" STEPS
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${BENCH_OUT:-runs/bench_stage5}
 STEPS=${STEPS:-300}
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/*.json
+bench_need_gpu tests/bench_stage5.sh '`make compare QUICK=1`'
+bench_out_dir BENCH_OUT "$OUT" runs/bench_stage5 bench_stage5 '*.jsonl' '*.json' '*.log' '*.err'
 [ -x ./stage5 ] || make stage5 || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1 | sed 's/^/gpu: /'
 PORT=$((20000 + $$ % 10000))
@@ -53,8 +56,8 @@ stage5 s5_fp16_eager --amp fp16 --no-cuda-graph
 stage5 s5_fp16_nchw --amp fp16 --layout nchw
 stage5 s5_bf16 --amp bf16
 stage5 s5_off --amp off
-# On 2 GPUs: DDP scaling of the default (fp16) with the fp32 all-reduce and with fp16_compress_hook.
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+# On 2 GPUs (NGPU: bench_gpus): DDP scaling of the default (fp16) with the fp32 all-reduce and with
+# fp16_compress_hook.
 if [ "$NGPU" -ge 2 ]; then
     stage5 s5_fp16_2gpu --amp fp16 --nproc-per-node 2 --grad-comm fp32
     stage5 s5_fp16_2gpu_gc16 --amp fp16 --nproc-per-node 2 --grad-comm fp16

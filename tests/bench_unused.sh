@@ -7,19 +7,26 @@
 # forward never calls); then the same three in PyTorch DDP (tests/torch/bench_ddp_unused.py). Last, the
 # pitfall itself on the GPUs: --unused-param without the flag must stop at step 2 with exit 2 (and
 # PyTorch raise). With one GPU the two workers share it (--comm host / gloo): the counts hold, the
-# timings say nothing about scaling. Logs and JSON under $BENCH_OUT (default runs/bench_unused).
+# timings say nothing about scaling. Logs and JSON under $BENCH_OUT (default runs/bench_unused: a new
+# or empty folder, or one this script wrote before); STEPS (default 300) timed steps per run.
 # EXTRA="flags" is appended to every stage 3 run (a smoke test without GPUs: EXTRA="--device cpu
-# --model tiny --batch-size 16 --train-size 1024" STEPS=10).
+# --model tiny --batch-size 16 --train-size 1024" STEPS=10). Without --device cpu in EXTRA it needs a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh
+bench_ints "[STEPS=N] [EXTRA=\"...\"] [BENCH_OUT=DIR] bash tests/bench_unused.sh" STEPS
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${BENCH_OUT:-runs/bench_unused}
 STEPS=${STEPS:-300}
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/*.json
+if [[ " ${EXTRA:-} " =~ [[:space:]]--device(=|[[:space:]]+)cpu[[:space:]] ]]; then
+    bench_gpus # the CPU smoke test: no GPU needed
+else
+    bench_need_gpu tests/bench_unused.sh '`make compare QUICK=1`, or its CPU smoke test `EXTRA="--device cpu --model tiny --batch-size 16 --train-size 1024" STEPS=10 bash tests/bench_unused.sh`,'
+fi
+bench_out_dir BENCH_OUT "$OUT" runs/bench_unused bench_unused '*.jsonl' '*.json' '*.log'
 [ -x ./stage3 ] || make stage3 || exit 1
 
-. tests/bench_ddp_env.sh # NGPU, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
+. tests/bench_ddp_env.sh # HAVE_TORCH, COMM, BACKEND, MODE, TORCHRUN, PORT, next_port, log
 
 run_stage() {
     local name=$1; shift
@@ -42,7 +49,7 @@ run_torch() {
 log "stage 3, $MODE: plain";                                run_stage plain
 log "stage 3, $MODE: --find-unused-parameters";             run_stage find --find-unused-parameters
 log "stage 3, $MODE: --unused-param --find-unused-parameters"; run_stage unused_find --unused-param --find-unused-parameters
-log "PyTorch DDP, $MODE ($BACKEND): the same three"
+[ "$HAVE_TORCH" = 1 ] && log "PyTorch DDP, $MODE ($BACKEND): the same three"
 run_torch pt_plain; run_torch pt_find --find-unused-parameters; run_torch pt_unused_find --unused-param --find-unused-parameters
 
 log "the pitfall: --unused-param without --find-unused-parameters"
@@ -50,7 +57,11 @@ next_port
 timeout -k 10 120 ./stage3 --nproc-per-node 2 --comm "$COMM" --master-port "$PORT" --model resnet18 --batch-size 128 \
     --steps 5 --progress off --unused-param ${EXTRA:-} > "$OUT/error.log" 2>&1
 echo "stage 3: exit $? (expected 2): $(grep -m1 -o 'rank [0-9]*: the previous step.*' "$OUT/error.log" | cut -c1-150)…"
-run_torch pt_error --unused-param; echo "PyTorch: exit $? (expected non-zero): $(grep -o '"error": "[^"]*' "$OUT/pt_error.json" 2>/dev/null | cut -c11-130)…"
+if [ "$HAVE_TORCH" = 1 ]; then
+    run_torch pt_error --unused-param; echo "PyTorch: exit $? (expected non-zero): $(grep -o '"error": "[^"]*' "$OUT/pt_error.json" 2>/dev/null | cut -c11-130)…"
+else
+    echo "PyTorch: not run (its rows need PyTorch and a GPU)"
+fi
 
 python3 - "$OUT" "$MODE" <<'PY'
 import json, sys

@@ -25,35 +25,57 @@
 #   GPUs only — e.g. BATCH=32, where the fixed costs per step weigh most), TORCH=0,
 #   DRY=1 (print the plan and stop), STAGES_DIR / BIN_DIR (where the stage directories and binaries
 #   are; the defaults are this checkout — the tests point them at a checkout with a stage missing).
+# COMPARE_OUT must be a new or empty folder, or one this script wrote before (it holds the marker
+# .written-by-compare): each run deletes its *.jsonl, *.log, … there, so any other folder is refused
+# (tests/bench_common.sh). A knob that is not a whole number, or that this machine cannot honour
+# (GPUS=4 with 2 GPUs, GPUS or BATCH without a GPU), is refused too, before anything runs.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # NVLink multicast stays off in every process below: not needed here, and on shared hosts it can
 # take the GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. tests/bench_common.sh
+USAGE="[QUICK=1] [STEPS=N] [GPUS=N] [BATCH=N] [TORCH=0] [DRY=1] [COMPARE_OUT=DIR] bash tests/compare.sh (or make compare …)"
+bench_ints "$USAGE" STEPS GPUS BATCH
+bench_choice "$USAGE" QUICK 0 1
+bench_choice "$USAGE" DRY 0 1
+bench_choice "$USAGE" TORCH 0 1 auto
+bench_choice "$USAGE" FORCE_CPU 0 1
 QUICK=${QUICK:-0}
 OUT=${COMPARE_OUT:-runs/compare}
 STAGES_DIR=${STAGES_DIR:-stages}
 BIN_DIR=${BIN_DIR:-.}
 TORCH=${TORCH:-auto}
 DRY=${DRY:-0}
+GPUS=${GPUS:-}
 WARMUP=5 # trainer.h WARMUP_STEPS: the first steps of a run are not timed
 
 # ---- what the machine has -------------------------------------------------------------------------
-if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-    NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c '[0-9a-zA-Z]')
-else
-    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-fi
-[ "${FORCE_CPU:-0}" = 1 ] && NGPU=0
+bench_gpus # NGPU, GPU_HOW
+[ "${FORCE_CPU:-0}" = 1 ] && NGPU=0 GPU_HOW="FORCE_CPU=1"
 NOTICE=""
+# A GPUS the machine cannot honour is refused, never quietly replaced by what it has.
 if [ "$NGPU" -ge 2 ]; then
     DEV=cuda; N=${GPUS:-$NGPU}; COMM=(); MODE="$N GPUs"
-    [ "$N" -le "$NGPU" ] && [ "$N" -ge 2 ] || { echo "error: GPUS=$N, but $NGPU GPUs are visible: use 2 … $NGPU"; exit 2; }
+    RANGE=$([ "$NGPU" -gt 2 ] && echo "2 … $NGPU" || echo 2)
+    [ "$N" -le "$NGPU" ] ||
+        bench_die "GPUS=$N, but only $NGPU GPUs are visible ($GPU_HOW): give GPUS=$RANGE, or leave GPUS unset for all $NGPU"
+    [ "$N" -ge 2 ] ||
+        bench_die "GPUS=$N: the multi-device rows need 2 GPUs or more — give GPUS=$RANGE, or leave GPUS unset for all $NGPU"
 elif [ "$NGPU" = 1 ]; then
+    [ -z "$GPUS" ] || [ "$GPUS" = 1 ] ||
+        bench_die "GPUS=$GPUS, but 1 GPU is visible ($GPU_HOW): leave GPUS unset — with one GPU compare runs 2 logical devices on it"
     DEV=cuda; N=2; COMM=(--comm host); MODE="2 logical devices on 1 GPU"
     NOTICE="one GPU is visible: stage 2 runs 2 logical devices on it and stages 3–5 two workers sharing it (--comm host); the mechanics are real, the timings show no scaling"
 else
+    # No GPU means the CPU backend with 2 devices, QUICK or not: a GPU count has nothing to pick.
+    [ -z "$GPUS" ] ||
+        bench_die "GPUS=$GPUS, but no GPU is visible ($GPU_HOW): without a GPU compare runs the CPU backend with 2 devices — leave GPUS unset"
     DEV=cpu; N=2; COMM=(--comm host); MODE="CPU backend, 2 devices"
+fi
+# BATCH is the full GPU runs' per-GPU batch; QUICK and the CPU backend have their own, fixed.
+if [ -n "${BATCH:-}" ] && { [ "$QUICK" = 1 ] || [ "$DEV" = cpu ]; }; then
+    bench_die "BATCH=$BATCH sets the per-GPU batch of the full GPU runs; $([ "$QUICK" = 1 ] && echo "QUICK=1 uses 16 per device" || echo "the CPU backend uses 32 per device") — leave BATCH unset"
 fi
 
 # ---- one setting for every row ------------------------------------------------------------------
@@ -101,6 +123,10 @@ done
 # flattered by one slow stage 1). QUICK runs it once.
 [ "$QUICK" != 1 ] && have_stage 1 && add stage1_again 1 "stage 1, one device, again" ""
 
+# Only a folder this script made is cleaned (runs/scaler.jsonl next to it stays the student's); a
+# dry run touches nothing.
+[ "$DRY" = 1 ] || bench_out_dir COMPARE_OUT "$OUT" runs/compare compare \
+    '*.jsonl' '*.log' plan.tsv meta.txt 'pytorch*.json' compare.md compare.svg
 echo "compare: $MODE | $SETTING"
 [ -n "$NOTICE" ] && echo "notice: $NOTICE"
 [ ${#MISSING[@]} -gt 0 ] && echo "compare: not in this checkout (no $STAGES_DIR/stageN_*/): stage ${MISSING[*]}"
@@ -109,8 +135,6 @@ if [ "$DRY" = 1 ]; then
     exit 0
 fi
 
-mkdir -p "$OUT" || exit 1
-rm -f "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/plan.tsv "$OUT"/meta.txt "$OUT"/pytorch*.json "$OUT"/compare.md "$OUT"/compare.svg
 {
     echo "mode=$MODE"
     echo "device=$DEV"

@@ -9,10 +9,20 @@
 #   nccl: two workers on two GPUs over NCCL (needs 2 GPUs).
 # Each case must: exit non-zero (not the timeout's 124), name the failing rank as the job's failure,
 # name the step, stop within its bound, and leave no worker behind. Prints PASS/FAIL per case and
-# exits 1 when any case fails.
+# exits 1 when any case fails. Every case runs on the GPU (--device cuda): with no GPU visible it
+# prints one SKIP line and exits 0 — the CPU twins in ./tests/run_tests dist store are the ones to run.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh
 COMM=${1:-host}
+case $COMM in host | nccl) ;; *) bench_die "unknown mode '$COMM' — usage: bash tests/gpu_faults.sh [host|nccl]" ;; esac
+bench_gpus
+if [ "$NGPU" = 0 ]; then
+    echo "SKIP  gpu_faults ($COMM): needs a CUDA GPU, none is visible ($GPU_HOW); the same cases on the CPU: ./tests/run_tests dist store"
+    exit 0
+fi
+[ "$COMM" = host ] || [ "$NGPU" -ge 2 ] ||
+    bench_die "gpu_faults nccl needs 2 GPUs, $NGPU is visible ($GPU_HOW): run bash tests/gpu_faults.sh host on one GPU"
 [ -x ./stage3 ] || make stage3 >/dev/null || exit 1
 export NCCL_NVLS_ENABLE=0
 ARGS="--device cuda --comm $COMM --nproc-per-node 2 --model resnet18 --batch-size 64 --train-size 2560
