@@ -123,7 +123,7 @@ help:
 	@echo "make bench-conv-algos  cuDNN's heuristic vs cudnn.benchmark's picks for ResNet-18's convolutions, timed"
 	@echo "make timeline TRACE=t.json OUT=t.svg   draw a --trace file as an SVG timeline (docs/trace.md)"
 	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
-	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR)"
+	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR, new or empty)"
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
 	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
 	@echo "make gpu-sanitize  the CUDA op tests under compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)"
