@@ -8,6 +8,7 @@
 
 #include "errors.h"
 #include "ops.h"
+#include "trainer.h"
 
 void amp_defaults(AmpConfig *a, const char *default_amp) {
     *a = (AmpConfig){.amp = default_amp, .init_scale = 65536.0, .growth_factor = 2.0,
@@ -46,7 +47,8 @@ Option *amp_options(AmpConfig *a, const Option *more) {
          "scaler.update() on one line and exit (with --init-scale, --growth-factor, "
          "--backoff-factor, --growth-interval)"},
         {"test-inf-step", OPT_INT64, &a->test_inf_step, 0, 1e12, NULL,
-         "TEST ONLY: make rank 0's loss gradient +inf at optimizer step K (from 1; 0 = off) — the "
+         "TEST ONLY: make rank 0's loss gradient +inf at optimizer step K (from 1, a resumed run's earlier "
+         "steps included; 0 = off) — the "
          "step must be skipped on every rank and the scale halved"},
     };
     return cli_rows(rows, sizeof rows / sizeof rows[0], more);
@@ -105,12 +107,65 @@ int amp_bf16_supported(const Device *d, int *major) {
 /* The device block: three floats, an int32 and an int64, laid out at fixed offsets. */
 enum { ST_SCALE = 0, ST_INV = 4, ST_FOUND = 8, ST_TRACKER = 12, ST_SKIPPED = 16, ST_BYTES = 24 };
 
-void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, int rank,
-                 int64_t max_steps) {
+/* Run.save_scaler: scaler.state_dict() into a checkpoint's header (synchronises: a save does anyway). */
+static void save_state(void *ctx, CheckpointMeta *meta) {
+    GradScaler *s = ctx;
+    unsigned char st[ST_BYTES];
+    device_copy_d2h(s->dev, st, s->state, ST_BYTES);
+    float scale;
+    int32_t tracker;
+    memcpy(&scale, st + ST_SCALE, 4);
+    memcpy(&tracker, st + ST_TRACKER, 4);
+    meta->scaler_scale = scale;
+    meta->scaler_growth_tracker = tracker;
+    meta->scaler_growth_factor = s->growth_factor;
+    meta->scaler_backoff_factor = s->backoff_factor;
+    meta->scaler_growth_interval = s->growth_interval;
+}
+
+/* scaler.load_state_dict(): the resumed checkpoint's scale and growth counter into *scale and
+ * *tracker — or a note that there is none to take (or that this run has no scaler to take it). */
+static void load_state(const GradScaler *s, Run *run, float *scale, int32_t *tracker) {
+    const CheckpointMeta *g = &run->resumed;
+    const char *path = run->cfg->resume;
+    if (!s->enabled) {
+        if (g->scaler_scale > 0)
+            report_printf(&run->report, "note: checkpoint '%s' holds a GradScaler state (scale %g), which this run "
+                                        "does not use: it has no GradScaler (bf16, --amp off or --no-grad-scaler)\n",
+                          path, g->scaler_scale);
+        return;
+    }
+    if (g->scaler_scale == 0) {
+        report_printf(&run->report, "note: checkpoint '%s' holds no GradScaler state (%s): the scale starts at "
+                                    "--init-scale %g, as a new GradScaler's would\n", path,
+                      g->version < 5 ? "an older format" : "saved by a run without one", (double)*scale);
+        return;
+    }
+    /* torch's load_state_dict takes these settings from the checkpoint too; we keep the flags and
+     * refuse a mismatch, so that the command line always says what the run does */
+    const struct { const char *flag; double saved, now; } set[] = {
+        {"growth-factor", g->scaler_growth_factor, s->growth_factor},
+        {"backoff-factor", g->scaler_backoff_factor, s->backoff_factor},
+        {"growth-interval", (double)g->scaler_growth_interval, s->growth_interval},
+    };
+    for (int i = 0; i < 3; i++)
+        if (set[i].saved != set[i].now)
+            die_user("checkpoint '%s' was trained with --%s %.17g, this run has --%s %.17g: its GradScaler state means "
+                     "something else under it — resume with --%s %.17g", path, set[i].flag, set[i].saved,
+                     set[i].flag, set[i].now, set[i].flag, set[i].saved);
+    *scale = (float)g->scaler_scale;
+    *tracker = (int32_t)g->scaler_growth_tracker;
+    report_printf(&run->report, "GradScaler resumed from the checkpoint: scale %g, %lld finite step%s since it last "
+                                "changed (--init-scale is not used)\n", g->scaler_scale,
+                  (long long)g->scaler_growth_tracker, g->scaler_growth_tracker == 1 ? "" : "s");
+}
+
+void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run *run) {
+    int64_t max_steps = run ? run->total_steps : 1;
     *s = (GradScaler){.dev = d, .enabled = p == PREC_FP16 && !a->no_grad_scaler,
                       .growth_factor = a->growth_factor, .backoff_factor = a->backoff_factor,
                       .growth_interval = a->growth_interval, .test_inf_step = a->test_inf_step,
-                      .rank = rank};
+                      .rank = run ? run->rank : 0, .first_step = run ? run->step : 0};
     s->state = device_alloc(d, ST_BYTES, "grad scaler");
     char *base = s->state;
     s->scale = (float *)(base + ST_SCALE);
@@ -120,9 +175,13 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, int 
     s->skipped = (int64_t *)(base + ST_SKIPPED);
     /* torch keeps the scale in a float32 tensor: init_scale is rounded to float there too */
     unsigned char init[ST_BYTES] = {0};
-    float scale = (float)a->init_scale, inv = (float)(1.0 / (double)scale);
+    float scale = (float)a->init_scale;
+    int32_t tracker = 0;
+    if (run && run->cfg->resume[0]) load_state(s, run, &scale, &tracker);
+    float inv = (float)(1.0 / (double)scale);
     memcpy(init + ST_SCALE, &scale, 4);
     memcpy(init + ST_INV, &inv, 4);
+    memcpy(init + ST_TRACKER, &tracker, 4);
     device_copy_h2d(d, s->state, init, ST_BYTES);
     if (a->grad_stats || a->no_grad_scaler) {
         s->stats_cap = max_steps < 1 ? 1 : max_steps > 1000000 ? 1000000 : max_steps;
@@ -131,6 +190,7 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, int 
         device_memset0(d, s->stats, bytes);
     }
     device_sync(d); /* `init` is on the stack */
+    if (run && s->enabled) run->save_scaler = save_state, run->scaler_ctx = s;
 }
 
 void scaler_destroy(GradScaler *s) {
@@ -140,7 +200,7 @@ void scaler_destroy(GradScaler *s) {
 }
 
 void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count) {
-    if (s->test_inf_step > 0 && s->steps + 1 == s->test_inf_step && s->rank == 0) {
+    if (s->test_inf_step > 0 && s->first_step + s->steps + 1 == s->test_inf_step && s->rank == 0) {
         static const float inf = INFINITY; /* static: the async copy may read it later */
         device_copy_h2d(s->dev, dloss, &inf, sizeof inf);
     }
@@ -258,7 +318,7 @@ int amp_show_scaler(const AmpConfig *a) {
     AmpConfig c = *a;
     c.no_grad_scaler = 0, c.grad_stats = 0, c.test_inf_step = 0;
     GradScaler s;
-    scaler_init(&s, &d, &c, PREC_FP16, 0, 1);
+    scaler_init(&s, &d, &c, PREC_FP16, NULL);
     Optimizer o;
     optim_init(&o, &d, 1, 0.0, 0.0, 0.0);
     float param = 0.0f, grad;

@@ -20,7 +20,9 @@
  * values, finds the same inf and takes the same decision with no extra communication. With
  * gradient accumulation the scaler acts once per optimizer step (scale every micro-batch's loss,
  * step and update once). bf16 (and --amp off) run without a scaler: GradScaler(enabled=False)
- * makes every call a plain pass-through, as in PyTorch. */
+ * makes every call a plain pass-through, as in PyTorch. A checkpoint carries the scaler's state
+ * (scale, growth counter and the settings they mean something under: torch's scaler.state_dict()),
+ * and a resumed fp16 run continues from it, as scaler.load_state_dict() does. */
 #ifndef AMP_H
 #define AMP_H
 
@@ -42,7 +44,8 @@ typedef struct AmpConfig {
     const char *grad_comm;      /* fp32 | fp16 | bf16: the all-reduce's type (validated here) */
     const char *show_scaler;    /* "" or a pattern of F / I steps: print the scales and exit */
     int64_t test_inf_step;      /* TEST ONLY (--test-inf-step): 0 = off; k = rank 0's loss gradient
-                                 * is made +inf at optimizer step k (counted from 1) */
+                                 * is made +inf at optimizer step k (counted from 1 over the whole
+                                 * run, a resumed checkpoint's steps included) */
 } AmpConfig;
 /* --grad-comm as a precision for ddp_register_comm_hook (PREC_FP32: no hook); bf16 needs sm80+. */
 Precision amp_grad_comm(const AmpConfig *a, const Device *d);
@@ -76,7 +79,8 @@ typedef struct GradScaler {
     float *scale, *inv_scale, *found_inf;
     int32_t *growth_tracker;
     int64_t *skipped;
-    int64_t steps;             /* scaler_step calls (optimizer steps) so far */
+    int64_t steps;             /* scaler_step calls (optimizer steps) in this run */
+    int64_t first_step;        /* optimizer steps done before it (a resumed checkpoint's) */
     /* per-step gradient statistics (AmpConfig.grad_stats): device int64 pairs (zero, non-finite) */
     int64_t *stats;
     int64_t stats_cap;
@@ -84,10 +88,14 @@ typedef struct GradScaler {
     int rank;
 } GradScaler;
 
-/* rank: this process's rank (the test-only inf goes into rank 0's gradient only, so the other
- * ranks see it only through the all-reduce). max_steps bounds the per-step statistics. */
-void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, int rank,
-                 int64_t max_steps);
+struct Run;
+/* run (may be NULL: one rank, one step, nothing resumed) gives the rank (the test-only inf goes into
+ * rank 0's gradient only, so the other ranks see it only through the all-reduce), the bound of the
+ * per-step statistics (its total steps) and the checkpoint it resumed: an enabled scaler takes that
+ * checkpoint's scale and growth counter (scaler.load_state_dict) — refused when it was saved under
+ * other --growth-factor / --backoff-factor / --growth-interval — and registers itself so that the
+ * run's checkpoints carry its state. A checkpoint without a state starts at --init-scale (said). */
+void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, struct Run *run);
 void scaler_destroy(GradScaler *s);
 /* scaler.scale(loss).backward(): dloss (count fp32 values, the loss gradient) *= S. */
 void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count);

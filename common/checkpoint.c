@@ -5,8 +5,8 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (4; version 1 ended the header at 128)
- *       12    4  u32 header size in bytes (192; 128 in version 1)
+ *        8    4  u32 format version (5; version 1 ended the header at 128, versions 2–4 at 192)
+ *       12    4  u32 header size in bytes (256; 128 in version 1, 192 in versions 2–4)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
  *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
@@ -16,7 +16,11 @@
  *      152    8  i64 shuffle       160  8  i64 drop_last (version 3; zero in version 2)
  *      168    8  i64 data_source (version 4: 1 synthetic, 2 CIFAR-10; zero before)
  *      176   16  zero (reserved)
- *      192       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
+ *      192    8  f64 GradScaler scale (version 5; 0: saved without a GradScaler)
+ *      200    8  i64 growth tracker  208  8  f64 growth factor  216  8  f64 backoff factor
+ *      224    8  i64 growth interval (all four 0 when the scale is)
+ *      232   24  zero (reserved)
+ *      256       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
  * The float blobs are written straight from host memory: we only build for little-endian hosts
@@ -25,6 +29,8 @@
 #include "checkpoint.h"
 
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <dirent.h>
@@ -40,8 +46,9 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 4u
-#define CKPT_HEADER 192
+#define CKPT_VERSION 5u
+#define CKPT_HEADER 256    /* version 5 */
+#define CKPT_HEADER_V2 192 /* versions 2 to 4 */
 #define CKPT_HEADER_V1 128
 #define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
 
@@ -61,6 +68,20 @@ static uint64_t get_u64(const unsigned char *p) {
     for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
+static void put_f64(unsigned char *p, double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    put_u64(p, u);
+}
+static double get_f64(const unsigned char *p) {
+    uint64_t u = get_u64(p);
+    double v;
+    memcpy(&v, &u, 8);
+    return v;
+}
+static uint32_t header_size(uint32_t version) {
+    return version == 1 ? CKPT_HEADER_V1 : version <= 4 ? CKPT_HEADER_V2 : CKPT_HEADER;
+}
 
 static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m) {
     memset(h, 0, CKPT_HEADER);
@@ -79,6 +100,11 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 152, (uint64_t)m->shuffle);
     put_u64(h + 160, (uint64_t)m->drop_last);
     put_u64(h + 168, (uint64_t)m->data_source);
+    put_f64(h + 192, m->scaler_scale);
+    put_u64(h + 200, (uint64_t)m->scaler_growth_tracker);
+    put_f64(h + 208, m->scaler_growth_factor);
+    put_f64(h + 216, m->scaler_backoff_factor);
+    put_u64(h + 224, (uint64_t)m->scaler_growth_interval);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -101,6 +127,13 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->drop_last = (int64_t)get_u64(h + 160);
     }
     if (m->version >= 4) m->data_source = (int64_t)get_u64(h + 168);
+    if (m->version >= 5) {
+        m->scaler_scale = get_f64(h + 192);
+        m->scaler_growth_tracker = (int64_t)get_u64(h + 200);
+        m->scaler_growth_factor = get_f64(h + 208);
+        m->scaler_backoff_factor = get_f64(h + 216);
+        m->scaler_growth_interval = (int64_t)get_u64(h + 224);
+    }
 }
 
 const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) {
@@ -112,6 +145,19 @@ const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) 
     }
     out[o] = 0;
     return out;
+}
+
+/* A GradScaler state torch's scaler could hold: none at all, or a positive float32 scale, a growth
+ * counter below its interval (update() resets it on reaching it), growth > 1 > backoff > 0. */
+int checkpoint_scaler_possible(const CheckpointMeta *m) {
+    if (m->scaler_scale == 0.0)
+        return m->scaler_growth_tracker == 0 && m->scaler_growth_factor == 0.0 && m->scaler_backoff_factor == 0.0 &&
+               m->scaler_growth_interval == 0;
+    return isfinite(m->scaler_scale) && m->scaler_scale > 0 && m->scaler_scale <= FLT_MAX &&
+           (double)(float)m->scaler_scale == m->scaler_scale && m->scaler_growth_interval >= 1 &&
+           m->scaler_growth_interval <= INT32_MAX && m->scaler_growth_tracker >= 0 &&
+           m->scaler_growth_tracker < m->scaler_growth_interval && isfinite(m->scaler_growth_factor) &&
+           m->scaler_growth_factor > 1.0 && m->scaler_backoff_factor > 0.0 && m->scaler_backoff_factor < 1.0;
 }
 
 /* Counters no save writes: negative, or beyond anything a run reaches. */
@@ -127,6 +173,7 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->version >= 3 && ((m->shuffle != 0 && m->shuffle != 1) || (m->drop_last != 0 && m->drop_last != 1)))
         return 0;
     if (m->version >= 4 && (m->data_source < CKPT_DATA_UNKNOWN || m->data_source > CKPT_DATA_CIFAR10)) return 0;
+    if (m->version >= 5 && !checkpoint_scaler_possible(m)) return 0;
     return 1;
 }
 
@@ -255,7 +302,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     const int64_t size = (int64_t)st.st_size;
     const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers);
 
-    unsigned char hd[CKPT_HEADER] = {0};
+    unsigned char hd[CKPT_HEADER] = {0}; /* the largest header */
     size_t got = read_full(f, hd, CKPT_HEADER_V1);
     size_t mlen = got < 8 ? got : 8;
     if (memcmp(hd, CKPT_MAGIC, mlen) != 0) /* a short prefix of the magic reads as truncated */
@@ -267,9 +314,8 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     if (version < 1 || version > CKPT_VERSION)
         die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u (use the trainer "
                  "version that wrote it)", path, version, CKPT_VERSION);
-    if (hsize != (version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER))
-        die_user("checkpoint '%s' is corrupt: header size %u, expected %d", path, hsize,
-                 version == 1 ? CKPT_HEADER_V1 : CKPT_HEADER);
+    if (hsize != header_size(version))
+        die_user("checkpoint '%s' is corrupt: header size %u, expected %u", path, hsize, header_size(version));
     if (hsize > CKPT_HEADER_V1 && read_full(f, hd + CKPT_HEADER_V1, hsize - CKPT_HEADER_V1) != hsize - CKPT_HEADER_V1)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
@@ -302,10 +348,13 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 
     if (!counters_possible(&m))
         die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
-                 "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld, data source %lld) — was "
-                 "it edited? use another checkpoint", path, (long long)m.epoch, (long long)m.step,
+                 "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld, data source %lld, "
+                 "GradScaler scale %g, growth tracker %lld, growth %g, backoff %g, interval %lld) — was it "
+                 "edited? use another checkpoint", path, (long long)m.epoch, (long long)m.step,
                  (long long)m.batch_in_epoch, (long long)m.world_size, (long long)m.batch_size,
-                 (long long)m.accum_steps, (long long)m.shuffle, (long long)m.drop_last, (long long)m.data_source);
+                 (long long)m.accum_steps, (long long)m.shuffle, (long long)m.drop_last, (long long)m.data_source,
+                 m.scaler_scale, (long long)m.scaler_growth_tracker, m.scaler_growth_factor,
+                 m.scaler_backoff_factor, (long long)m.scaler_growth_interval);
     char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
     checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
     checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);

@@ -10,7 +10,8 @@
  * epoch / step / position: the checksum is no defence against edits), and a model that differs from
  * the one being trained (architecture, norm, parameter count, shape fingerprint). Older files are
  * still read, with `version` saying what they lack: version 1 records none of the position's meaning,
- * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source. */
+ * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source, version 4
+ * all but the GradScaler's state. */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -45,7 +46,14 @@ typedef struct CheckpointMeta {
     /* the data (format version 4): which dataset the permutation indexes — not its path, which may
      * move; the seed (synthetic) and train_size say the rest */
     int64_t data_source;    /* CKPT_DATA_* (0: unknown — older versions, or a writer that did not say) */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 4) */
+    /* the GradScaler (format version 5): what torch's scaler.state_dict() holds, so that an fp16 run
+     * resumes with the scale it had reached rather than init_scale again. All 0: saved without a
+     * scaler (stages 1–4, bf16, --amp off, --no-grad-scaler, or an older version) */
+    double scaler_scale;            /* the loss scale (a float32 value, as torch keeps it) */
+    int64_t scaler_growth_tracker;  /* finite steps in a row since the last growth or backoff */
+    double scaler_growth_factor, scaler_backoff_factor;
+    int64_t scaler_growth_interval;
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 5) */
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };
@@ -80,6 +88,9 @@ int checkpoint_is_one(const char *path);
  * stepNNNNNNNN.ckpt) — counted; *newest (when not NULL) gets the most recently modified one's path
  * (malloc'd; NULL when there is none). A missing or unreadable dir holds none. */
 int checkpoint_list(const char *dir, char **newest);
+
+/* 1 if m's GradScaler fields are a state torch's GradScaler can be in (or all zero: none). */
+int checkpoint_scaler_possible(const CheckpointMeta *m);
 
 /* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
  * checkpoint's header strings, which may be anything). Returns out. */

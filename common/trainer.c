@@ -299,6 +299,7 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.shuffle = r->shuffle;
     meta.drop_last = r->drop_last;
     meta.data_source = data_source_opened;
+    if (r->save_scaler) r->save_scaler(r->scaler_ctx, &meta);
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = xmalloc(pb), *mom = xcalloc(1, pb);
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));

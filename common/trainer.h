@@ -127,6 +127,10 @@ typedef struct Run {
     int resume_unchecked;          /* not yet — a DDP stage's sampler is known only at run_sampler) */
     struct { const char *key; double v; int integer; } extras[RUN_EXTRAS]; /* run_summary_* */
     int n_extras;
+    /* Stage 5's GradScaler (scaler_init sets these): fills a checkpoint's scaler_* fields, as torch's
+     * scaler.state_dict() goes into a checkpoint beside the model's. NULL: no scaler to save. */
+    void (*save_scaler)(void *ctx, CheckpointMeta *meta);
+    void *scaler_ctx;
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given

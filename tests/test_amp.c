@@ -420,7 +420,7 @@ START_TEST(scaler_skips_and_scales) {
     amp_defaults(&a, "fp16");
     a.init_scale = 1024, a.growth_interval = 3;
     GradScaler s;
-    scaler_init(&s, &d, &a, PREC_FP16, 0, 16);
+    scaler_init(&s, &d, &a, PREC_FP16, NULL);
     ck_assert(s.enabled);
     Optimizer o;
     optim_init(&o, &d, 4, 0.1, 0.9, 0.0);
@@ -494,7 +494,7 @@ START_TEST(forced_overflow_skips_one_step) {
     int n = 4;
     Model *m = model_create_mixed(&d, "tiny", 1, n, 3, PREC_FP16, 0);
     GradScaler s;
-    scaler_init(&s, &d, &a, PREC_FP16, 0, 8);
+    scaler_init(&s, &d, &a, PREC_FP16, NULL);
     Optimizer o;
     optim_init(&o, &d, m->n_param_floats, 0.1, 0.9, 5e-4);
     float *x = rnd((int64_t)n * 3072, 41, -2, 2), *p0 = malloc(m->n_param_floats * 4);

@@ -30,7 +30,8 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 192 /* format versions 2 to 4 */
+#define HEADER 256    /* format version 5 */
+#define HEADER_V2 192 /* format versions 2 to 4 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
 static char g_dir[64];
@@ -67,6 +68,11 @@ static void fixture_setup(void) {
     g_meta.shuffle = 0; /* --no-shuffle --drop-last: neither is a zero-filled default */
     g_meta.drop_last = 1;
     g_meta.data_source = CKPT_DATA_CIFAR10;
+    g_meta.scaler_scale = 32768.0; /* an fp16 run's GradScaler, backed off once, 7 steps since */
+    g_meta.scaler_growth_tracker = 7;
+    g_meta.scaler_growth_factor = 2.0;
+    g_meta.scaler_backoff_factor = 0.5;
+    g_meta.scaler_growth_interval = 2000;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -136,11 +142,14 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 4 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 4, little-endian */
-    ck_assert(b[12] == HEADER && b[13] == 0);                       /* header size */
+    ck_assert(b[8] == 5 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 5, little-endian */
+    ck_assert(b[12] == (HEADER & 0xff) && b[13] == HEADER >> 8);    /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
     ck_assert(b[168] == CKPT_DATA_CIFAR10);                         /* the data source */
+    double scale;
+    memcpy(&scale, b + 192, 8);                                     /* the scaler, f64 LE at 192 */
+    ck_assert(scale == 32768.0 && b[200] == 7 && b[224] == (2000 & 0xff));
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -172,7 +181,10 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.shuffle, 0);
     ck_assert_int_eq(got.drop_last, 1);
     ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
-    ck_assert_int_eq(got.version, 4);
+    ck_assert_int_eq(got.version, 5);
+    ck_assert(got.scaler_scale == 32768.0 && got.scaler_growth_tracker == 7);
+    ck_assert(got.scaler_growth_factor == 2.0 && got.scaler_backoff_factor == 0.5);
+    ck_assert_int_eq(got.scaler_growth_interval, 2000);
     ck_assert(memcmp(p, g_params, sizeof p) == 0);
     ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
@@ -270,13 +282,15 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 5;
+    b[8] = 6;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 5", "future version");
+    expect_load_refused(bad, &g_meta, "version 6", "future version");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
-    b[8] = 4;
+    b[8] = 4; /* version 4 with version 5's header size */
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "header size 256, expected 192", "version 4, 256-byte header");
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -318,6 +332,11 @@ static void write_resealed(const char *path, unsigned char *b, size_t n) {
     put64(b + n - 8, (int64_t)fnv1a64(FNV1A64_INIT, b, n - 8));
     write_bytes(path, b, n);
 }
+static int64_t f64_bits(double v) {
+    int64_t u;
+    memcpy(&u, &v, 8);
+    return u;
+}
 
 START_TEST(test_crafted_counters_refused) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
@@ -335,6 +354,15 @@ START_TEST(test_crafted_counters_refused) {
         {112, 7, "momentum flag 7"},        {136, -1, "negative training-set size"},
         {152, 2, "shuffle 2"},              {160, -1, "drop_last -1"},
         {168, 3, "data source 3"},          {168, -1, "data source -1"},
+        /* the GradScaler's state: a scale torch's float32 could not hold, a counter past the interval
+         * it resets at, factors the flags refuse, or half a state */
+        {192, f64_bits(-32768.0), "negative scale"}, {192, f64_bits(NAN), "NaN scale"},
+        {192, f64_bits(INFINITY), "inf scale"},      {192, f64_bits(0.1), "scale not a float32"},
+        {192, f64_bits(1e39), "scale beyond float32"}, {200, 2000, "tracker = interval"},
+        {200, -1, "negative tracker"},               {208, f64_bits(1.0), "growth factor 1"},
+        {216, f64_bits(1.0), "backoff factor 1"},    {216, 0, "backoff factor 0"},
+        {224, 0, "interval 0"},                      {224, (int64_t)1 << 31, "interval beyond int32"},
+        {192, 0, "no scale but a tracker and factors"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -368,6 +396,30 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     return got;
 }
 
+/* b (n bytes, version 5) rewritten in version 4's layout (192-byte header, no scaler state): a
+ * malloc'd copy, its length in *n4. */
+static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) {
+    *n4 = n - (HEADER - HEADER_V2);
+    unsigned char *v4 = malloc(*n4);
+    memcpy(v4, b, HEADER_V2);
+    memcpy(v4 + HEADER_V2, b + HEADER, n - HEADER);
+    v4[8] = 4, v4[12] = HEADER_V2, v4[13] = 0;
+    return v4;
+}
+
+/* A version 4 file (a 192-byte header: no GradScaler state) still loads, its scaler fields zero. */
+START_TEST(test_version4_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    size_t n, n4;
+    unsigned char *b = read_bytes(g_path, &n), *v4 = as_version4(b, n, &n4);
+    CheckpointMeta got = load_resealed("v4.ckpt", v4, n4);
+    ck_assert_int_eq(got.version, 4);
+    ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
+    ck_assert(got.scaler_scale == 0 && got.scaler_growth_tracker == 0 && got.scaler_growth_interval == 0);
+    free(b), free(v4);
+}
+END_TEST
+
 /* A version 1 file (128-byte header, no batch size / data size / K) still loads. */
 START_TEST(test_version1_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
@@ -377,7 +429,7 @@ START_TEST(test_version1_still_loads) {
     unsigned char *v1 = malloc(n1);
     memcpy(v1, b, 128);
     memcpy(v1 + 128, b + HEADER, n - HEADER);
-    v1[8] = 1, v1[12] = 128;
+    v1[8] = 1, v1[12] = 128, v1[13] = 0;
     CheckpointMeta got = load_resealed("v1.ckpt", v1, n1);
     ck_assert_int_eq(got.version, 1);
     ck_assert_int_eq(got.step, g_meta.step);
@@ -390,8 +442,9 @@ END_TEST
  * sampler unknown — and those bytes are not read, so a version 2 file is never refused for them. */
 START_TEST(test_version2_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
-    size_t n;
-    unsigned char *b = read_bytes(g_path, &n);
+    size_t n5, n;
+    unsigned char *b5 = read_bytes(g_path, &n5), *b = as_version4(b5, n5, &n);
+    free(b5);
     b[8] = 2;
     put64(b + 152, 0), put64(b + 160, 0);
     CheckpointMeta got = load_resealed("v2.ckpt", b, n);
@@ -409,8 +462,9 @@ END_TEST
  * unknown (so a resume does not check it) — and those bytes are not read. */
 START_TEST(test_version3_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
-    size_t n;
-    unsigned char *b = read_bytes(g_path, &n);
+    size_t n5, n;
+    unsigned char *b5 = read_bytes(g_path, &n5), *b = as_version4(b5, n5, &n);
+    free(b5);
     b[8] = 3;
     put64(b + 168, 0);
     CheckpointMeta got = load_resealed("v3.ckpt", b, n);
@@ -655,6 +709,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_version1_still_loads);
     tcase_add_test(tc, test_version2_still_loads);
     tcase_add_test(tc, test_version3_still_loads);
+    tcase_add_test(tc, test_version4_still_loads);
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);

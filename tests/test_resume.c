@@ -144,12 +144,19 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 2 --save %s", dir);
     run_ok("stage1", args);
     snprintf(ck, sizeof ck, "%s/step00000002.ckpt", dir);
-    long n;
-    unsigned char *b = (unsigned char *)test_slurp(ck, &n);
-    ck_assert_ptr_nonnull(b);
-    ck_assert_int_eq(b[8], 4);
-    b[8] = 2;
-    memset(b + 152, 0, 24); /* version 2 wrote zeros where versions 3 and 4 record the sampler and the data */
+    long n5;
+    unsigned char *b5 = (unsigned char *)test_slurp(ck, &n5);
+    ck_assert_ptr_nonnull(b5);
+    ck_assert_int_eq(b5[8], 5);
+    /* version 2's layout: a 192-byte header (version 5 adds the GradScaler's 64 bytes), and zeros
+     * where versions 3 and 4 record the sampler and the data */
+    long n = n5 - 64;
+    unsigned char *b = malloc((size_t)n);
+    memcpy(b, b5, 192);
+    memcpy(b + 192, b5 + 256, (size_t)(n5 - 256));
+    free(b5);
+    b[8] = 2, b[12] = 192, b[13] = 0;
+    memset(b + 152, 0, 24);
     uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
     for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
     FILE *f = fopen(ck, "wb");
@@ -334,6 +341,66 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
 }
 END_TEST
 
+/* The GradScaler's state rides in the checkpoint (format version 5), as scaler.state_dict() does in
+ * PyTorch's recipe: an fp16 run that backed off (a forced overflow at step 2: scale 32768) and was
+ * stopped continues at that scale, and ends bit-identical to the uninterrupted run (before, it began
+ * again at 65536). Another --growth-interval is refused; a checkpoint without a state (stage 4) and a
+ * run without a scaler (bf16) each say what happens to the scale. */
+static const char *scale_line(const char *out) {
+    const char *s = strstr(out, "GradScaler scale ");
+    ck_assert_msg(s, "no scale in:\n%s", out);
+    return s;
+}
+
+START_TEST(fp16_resume_continues_the_scaler) {
+    char *dir = test_tmpdir(), args[2048], *out, *whole;
+    const char *t = TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --log-every 1 "
+                         "--test-inf-step 2 --growth-interval 100";
+    snprintf(args, sizeof args, "%s --steps 8 --save %s/w --report %s/whole.jsonl", t, dir, dir);
+    ck_assert_int_eq(run("stage5", args, &whole), 0);
+    ck_assert_msg(strstr(whole, "GradScaler scale 32768, 1 of 8"), "%s", whole);
+    snprintf(args, sizeof args, "%s --steps 4 --save %s/p", t, dir);
+    run_ok("stage5", args);
+    snprintf(args, sizeof args, "%s --steps 8 --resume %s/p/step00000004.ckpt --save %s/r --report %s/resumed.jsonl",
+             t, dir, dir, dir);
+    ck_assert_int_eq(run("stage5", args, &out), 0);
+    ck_assert_msg(strstr(out, "GradScaler resumed from the checkpoint: scale 32768, 2 finite steps"), "%s", out);
+    const char *a = scale_line(whole), *b = scale_line(out);
+    ck_assert_msg(!strncmp(a, b, strcspn(a, ",")), "final scale differs:\n%s\n%s", a, b);
+    free(out), free(whole);
+    expect_continued_exactly(dir, 4, 8);
+    char pa[700], pb[700];
+    long la, lb;
+    snprintf(pa, sizeof pa, "%s/w/epoch001.ckpt", dir);
+    snprintf(pb, sizeof pb, "%s/r/epoch001.ckpt", dir);
+    char *ca = test_slurp(pa, &la), *cb = test_slurp(pb, &lb);
+    ck_assert_msg(ca && cb && la == lb && !memcmp(ca, cb, (size_t)la), "resumed run's final checkpoint differs");
+    free(ca), free(cb);
+    /* the state means something only under the settings it grew under */
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 "
+             "--growth-interval 50 --resume %s/p/step00000004.ckpt", dir);
+    expect_refused("stage5", args, "--growth-interval 100, this run has --growth-interval 50",
+                   "resume with --growth-interval 100");
+    /* a run without a scaler leaves the state alone, and says so */
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
+             "--amp bf16 --resume %s/p/step00000004.ckpt", dir);
+    ck_assert_int_eq(run("stage5", args, &out), 0);
+    ck_assert_msg(strstr(out, "holds a GradScaler state (scale 32768), which this run does not use"), "%s", out);
+    free(out);
+    /* stage 4 saves none: fp16 starts at --init-scale, as a new GradScaler would */
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 2 "
+             "--accum-steps 1 --save %s/s4", dir);
+    run_ok("stage4", args);
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 3 "
+             "--resume %s/s4/step00000002.ckpt", dir);
+    ck_assert_int_eq(run("stage5", args, &out), 0);
+    ck_assert_msg(strstr(out, "holds no GradScaler state (saved by a run without one): the scale starts at "
+                              "--init-scale 65536"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_resume(void) {
     Suite *s = suite_create("resume");
     TCase *tc = tcase_create("resume");
@@ -346,6 +413,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
+    tcase_add_test(tc, fp16_resume_continues_the_scaler);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
     ddp_register_comm_hook(&ddp, amp_grad_comm(&amp, &dev)); /* --grad-comm fp16|bf16: fp16_compress_hook */
     const int K = cfg.accum_steps; /* micro-batches per optimizer step */
     GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16 and off */
-    scaler_init(&scaler, &dev, &amp, prec, w.rank, run.total_steps);
+    scaler_init(&scaler, &dev, &amp, prec, &run); /* scaler.load_state_dict() when resuming */
 
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         sampler_indices(train_set.n, w.world_size, w.rank, (uint64_t)cfg.seed, run.epoch, !f.no_shuffle,
