@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +21,18 @@ static int resolve(const char *addr, int port, int passive, struct addrinfo **re
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = passive ? AI_PASSIVE : 0};
     return getaddrinfo(addr, ps, &hints, res);
+}
+
+int net_reserve_fds(long need, long *have) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0; /* cannot tell: let the calls say */
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)need) {
+        struct rlimit want = rl;
+        want.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (rlim_t)need * 4 ? (rlim_t)need * 4 : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+    }
+    *have = rl.rlim_cur == RLIM_INFINITY ? need : (long)rl.rlim_cur;
+    return *have < need ? -1 : 0;
 }
 
 void net_nodelay(int fd) {

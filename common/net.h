@@ -15,6 +15,11 @@ int net_listen(const char *addr, int port, int *bound);
 /* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
  * socket, or −1 with errno set (ETIMEDOUT when the time ran out). */
 int net_connect(const char *addr, int port, double timeout_s);
+/* Room for `need` open files: when the soft RLIMIT_NOFILE (ulimit -n) is below it, raise it — up to
+ * the hard limit, which needs no privilege. 0 when there is room now; −1 when even the hard limit
+ * is below need (*have gets the limit in force). Run out mid-setup, a job would fail far from the
+ * cause: a store that cannot accept its ranks' connections looks like a network problem. */
+int net_reserve_fds(long need, long *have);
 /* Send / receive exactly len bytes. Return 0, or −1 on error, timeout (errno ETIMEDOUT) or a closed
  * peer (errno ECONNRESET). */
 int net_send_all(int fd, const void *buf, size_t len, double timeout_s);

@@ -656,6 +656,13 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("rank %d has no rendezvous secret: every rank of a job started by torchrun, srun, mpirun "
                  "or on several nodes needs the same one — export STAGE_RDZV_SECRET=$(openssl rand -hex 32) "
                  "(or STAGE_RDZV_SECRET_FILE=a file only you can read) before starting them", rank);
+    /* Rank 0's store keeps a socket per rank; CUDA, NCCL, the host ring and the loader open more. */
+    long need = 256 + 2L * world, have;
+    if (net_reserve_fds(need, &have) < 0)
+        die_user("rank %d may open only %ld files (ulimit -n, hard limit), and a job of %d rank%s needs about %ld: "
+                 "the rendezvous store keeps a connection per rank, and CUDA, NCCL and the data loader open "
+                 "more — raise the limit (ulimit -n %ld, or LimitNOFILE / nofile in your scheduler) and start "
+                 "again", rank, have, world, world == 1 ? "" : "s", need, need);
     /* The errors below exit with the store half-open: keep it reachable until then, so that leak
      * checkers do not report it as lost (the compiler may drop `s` before a _Noreturn call). */
     static _Thread_local Store *volatile opening;

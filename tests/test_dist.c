@@ -205,6 +205,27 @@ START_TEST(store_bad_master_addr_is_clear) {
 }
 END_TEST
 
+/* Too few file descriptors used to fail far from the cause — a store that could not accept its ranks
+ * read as a network problem ("did not join within 60 s — check --master-addr"), or hung: a low soft
+ * limit is now raised (to the hard one, as servers do), and a hard limit below what a job needs is
+ * refused at once, naming ulimit -n. */
+START_TEST(too_few_file_descriptors_is_clear) {
+    char *out, args[256];
+    snprintf(args, sizeof args, "--device cpu --model tiny --train-size 64 --test-size 32 --batch-size 16 --epochs 1 "
+             "--progress off --nproc-per-node 2 --master-port %d --rdzv-timeout 20", test_free_port());
+    double t0 = time_now();
+    ck_assert_int_eq(stage3("ulimit -n 12;", args, &out), 2);
+    ck_assert_msg(strstr(out, "may open only 12 files (ulimit -n, hard limit)") && strstr(out, "raise the limit") &&
+                  strstr(out, "job failed") && !strstr(out, "--master-addr"), "%s", out);
+    ck_assert(time_now() - t0 < 15);
+    free(out);
+    snprintf(args, sizeof args, "--device cpu --model tiny --train-size 64 --test-size 32 --batch-size 16 --epochs 1 "
+             "--progress off --nproc-per-node 2 --master-port %d --rdzv-timeout 20", test_free_port());
+    ck_assert_msg(stage3("ulimit -Sn 12;", args, &out) == 0, "a low soft limit should be raised:\n%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(store_port_in_use_is_clear) {
     int port = test_free_port();
     int fd = net_listen("127.0.0.1", port, NULL);
@@ -506,6 +527,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_rendezvous_timeouts_are_clear);
     tcase_add_test(tc, store_port_in_use_is_clear);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
+    tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
