@@ -352,10 +352,13 @@ static const char *scale_line(const char *out) {
     return s;
 }
 
-START_TEST(fp16_resume_continues_the_scaler) {
-    char *dir = test_tmpdir(), args[2048], *out, *whole;
-    const char *t = TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --log-every 1 "
-                         "--test-inf-step 2 --growth-interval 100";
+/* Stop an fp16 run after 4 of 8 steps (a forced overflow at step 2: scale 32768, 2 finite steps
+ * since) and resume it: the resumed run picks up that state, ends at the uninterrupted run's scale,
+ * and — bit for bit — its losses and final checkpoint. dev: the --device flags. */
+static void scaler_resume_is_exact(const char *dir, const char *dev) {
+    char args[2048], *out, *whole, t[512];
+    snprintf(t, sizeof t, "%s --model tiny --test-size 32 --progress off --deterministic --nproc-per-node 1 "
+             "--train-size 128 --batch-size 16 --epochs 1 --log-every 1 --test-inf-step 2 --growth-interval 100", dev);
     snprintf(args, sizeof args, "%s --steps 8 --save %s/w --report %s/whole.jsonl", t, dir, dir);
     ck_assert_int_eq(run("stage5", args, &whole), 0);
     ck_assert_msg(strstr(whole, "GradScaler scale 32768, 1 of 8"), "%s", whole);
@@ -376,6 +379,11 @@ START_TEST(fp16_resume_continues_the_scaler) {
     char *ca = test_slurp(pa, &la), *cb = test_slurp(pb, &lb);
     ck_assert_msg(ca && cb && la == lb && !memcmp(ca, cb, (size_t)la), "resumed run's final checkpoint differs");
     free(ca), free(cb);
+}
+
+START_TEST(fp16_resume_continues_the_scaler) {
+    char *dir = test_tmpdir(), args[2048], *out;
+    scaler_resume_is_exact(dir, "--device cpu");
     /* the state means something only under the settings it grew under */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 "
              "--growth-interval 50 --resume %s/p/step00000004.ckpt", dir);
@@ -401,6 +409,16 @@ START_TEST(fp16_resume_continues_the_scaler) {
 }
 END_TEST
 
+/* The same on the GPU (fp16 convolutions in cuDNN, the scaler's state in device memory, the step
+ * replayed as CUDA graphs), deterministic algorithms: bit for bit too. */
+START_TEST(fp16_resume_continues_the_scaler_on_gpu) {
+    if (!test_have_gpu("resume: stage 5 fp16 on the GPU continues the GradScaler bit for bit")) return;
+    char *dir = test_tmpdir();
+    scaler_resume_is_exact(dir, "--device cuda");
+    free(dir);
+}
+END_TEST
+
 Suite *suite_resume(void) {
     Suite *s = suite_create("resume");
     TCase *tc = tcase_create("resume");
@@ -414,6 +432,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
     tcase_add_test(tc, fp16_resume_continues_the_scaler);
+    tcase_add_test(tc, fp16_resume_continues_the_scaler_on_gpu);
     suite_add_tcase(s, tc);
     return s;
 }
