@@ -19,8 +19,11 @@
  *      192    8  f64 GradScaler scale (version 5; 0: saved without a GradScaler)
  *      200    8  i64 growth tracker  208  8  f64 growth factor  216  8  f64 backoff factor
  *      224    8  i64 growth interval (all four 0 when the scale is)
- *      232   24  zero (reserved)
- *      256       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params]
+ *      232    8  i64 optimizer (version 5: 0 SGD, 1 Adam; SGD before)
+ *      240    8  i64 Adam's step count (the steps it took: its bias corrections' t; 0 for SGD)
+ *      248    8  zero (reserved)
+ *      256       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
+ *                and for Adam f32 exp_avg_sq[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
  * The float blobs are written straight from host memory: we only build for little-endian hosts
@@ -105,6 +108,8 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_f64(h + 208, m->scaler_growth_factor);
     put_f64(h + 216, m->scaler_backoff_factor);
     put_u64(h + 224, (uint64_t)m->scaler_growth_interval);
+    put_u64(h + 232, (uint64_t)m->optimizer);
+    put_u64(h + 240, (uint64_t)m->adam_steps);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -133,6 +138,8 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->scaler_growth_factor = get_f64(h + 208);
         m->scaler_backoff_factor = get_f64(h + 216);
         m->scaler_growth_interval = (int64_t)get_u64(h + 224);
+        m->optimizer = (int64_t)get_u64(h + 232);
+        m->adam_steps = (int64_t)get_u64(h + 240);
     }
 }
 
@@ -174,13 +181,17 @@ static int counters_possible(const CheckpointMeta *m) {
         return 0;
     if (m->version >= 4 && (m->data_source < CKPT_DATA_UNKNOWN || m->data_source > CKPT_DATA_CIFAR10)) return 0;
     if (m->version >= 5 && !checkpoint_scaler_possible(m)) return 0;
+    if (m->version >= 5 && (m->optimizer == CKPT_OPT_SGD ? m->adam_steps != 0
+                            : m->optimizer != CKPT_OPT_ADAM || m->adam_steps < 0 || m->adam_steps > m->step))
+        return 0; /* Adam takes at most one step per optimizer step */
     return 1;
 }
 
-/* Total file size for a model of this size; −1 if the counts are nonsense (negative / overflow). */
-static int64_t ckpt_size(int64_t n_params, int64_t n_buffers) {
+/* Total file size for a model of this size and optimizer (Adam: one more parameter-sized blob); −1
+ * if the counts are nonsense (negative / overflow). */
+static int64_t ckpt_size(int64_t n_params, int64_t n_buffers, int64_t optimizer) {
     if (n_params < 0 || n_buffers < 0 || n_params > ((int64_t)1 << 40) || n_buffers > ((int64_t)1 << 40)) return -1;
-    return CKPT_HEADER + 4 * (2 * n_params + n_buffers) + 8;
+    return CKPT_HEADER + 4 * ((optimizer == CKPT_OPT_ADAM ? 3 : 2) * n_params + n_buffers) + 8;
 }
 
 /* ----------------------------------------------------------------------------------------------
@@ -234,7 +245,8 @@ static void fsync_dir_of(const char *path) {
 }
 
 void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
-                     const float *buffers, const float *momentum) {
+                     const float *buffers, const float *momentum, const float *exp_avg_sq) {
+    ASSERT((meta->optimizer == CKPT_OPT_ADAM) == (exp_avg_sq != NULL));
     size_t plen = strlen(path);
     char *tmp = xmalloc(plen + 5);
     memcpy(tmp, path, plen);
@@ -247,7 +259,8 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
     uint64_t h = FNV1A64_INIT;
     size_t np = (size_t)meta->n_params * sizeof(float), nb = (size_t)meta->n_buffers * sizeof(float);
     if (write_all(fd, header, sizeof header, &h) || write_all(fd, params, np, &h) ||
-        write_all(fd, buffers, nb, &h) || write_all(fd, momentum, np, &h))
+        write_all(fd, buffers, nb, &h) || write_all(fd, momentum, np, &h) ||
+        (exp_avg_sq && write_all(fd, exp_avg_sq, np, &h)))
         save_fail(tmp, fd, "write", tmp, errno);
     unsigned char sum[8];
     put_u64(sum, h);
@@ -292,7 +305,7 @@ static void read_blob(int f, const char *path, void *dst, size_t len, uint64_t *
 }
 
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
-                     float *params, float *buffers, float *momentum) {
+                     float *params, float *buffers, float *momentum, float *exp_avg_sq) {
     /* O_NONBLOCK: a FIFO given to --resume must not wait for a writer; the type is checked first */
     int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (f < 0) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
@@ -300,7 +313,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode))
         die_user("checkpoint '%s' is not a regular file (give --resume a .ckpt file)", path);
     const int64_t size = (int64_t)st.st_size;
-    const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers);
+    const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers, expect->optimizer);
 
     unsigned char hd[CKPT_HEADER] = {0}; /* the largest header */
     size_t got = read_full(f, hd, CKPT_HEADER_V1);
@@ -321,7 +334,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     CheckpointMeta m;
     header_decode(hd, &m);
-    int64_t want = ckpt_size(m.n_params, m.n_buffers) - CKPT_HEADER + hsize;
+    int64_t want = ckpt_size(m.n_params, m.n_buffers, m.optimizer) - CKPT_HEADER + hsize;
     if (want < (int64_t)hsize) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
     if (size < want)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
@@ -332,12 +345,13 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 
     /* Read (straight into the caller's arrays when the sizes agree) and verify the checksum before
      * judging the header's model description, so a flipped header byte reads as corruption. */
-    int fits = m.n_params == expect->n_params && m.n_buffers == expect->n_buffers;
+    int fits = m.n_params == expect->n_params && m.n_buffers == expect->n_buffers && m.optimizer == expect->optimizer;
     uint64_t h = fnv1a64(FNV1A64_INIT, hd, hsize);
     size_t np = (size_t)m.n_params * sizeof(float), nb = (size_t)m.n_buffers * sizeof(float);
     read_blob(f, path, fits ? params : NULL, np, &h);
     read_blob(f, path, fits ? buffers : NULL, nb, &h);
     read_blob(f, path, fits ? momentum : NULL, np, &h);
+    if (m.optimizer == CKPT_OPT_ADAM) read_blob(f, path, fits ? exp_avg_sq : NULL, np, &h);
     unsigned char sum[8];
     if (read_full(f, sum, 8) != 8) die_user("checkpoint '%s': read error: %s", path, errno_string());
     close(f);
@@ -349,12 +363,13 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     if (!counters_possible(&m))
         die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "
                  "%lld, batch size %lld, accumulation %lld, shuffle %lld, drop_last %lld, data source %lld, "
-                 "GradScaler scale %g, growth tracker %lld, growth %g, backoff %g, interval %lld) — was it "
-                 "edited? use another checkpoint", path, (long long)m.epoch, (long long)m.step,
+                 "GradScaler scale %g, growth tracker %lld, growth %g, backoff %g, interval %lld, optimizer %lld, "
+                 "Adam steps %lld) — was it edited? use another checkpoint", path, (long long)m.epoch, (long long)m.step,
                  (long long)m.batch_in_epoch, (long long)m.world_size, (long long)m.batch_size,
                  (long long)m.accum_steps, (long long)m.shuffle, (long long)m.drop_last, (long long)m.data_source,
                  m.scaler_scale, (long long)m.scaler_growth_tracker, m.scaler_growth_factor,
-                 m.scaler_backoff_factor, (long long)m.scaler_growth_interval);
+                 m.scaler_backoff_factor, (long long)m.scaler_growth_interval, (long long)m.optimizer,
+                 (long long)m.adam_steps);
     char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
     checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
     checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);
@@ -370,6 +385,11 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     if (m.n_buffers != expect->n_buffers)
         die_user("checkpoint '%s' has %lld buffer values, but this %s model has %lld (saved by a different "
                  "model definition)", path, (long long)m.n_buffers, expect->arch, (long long)expect->n_buffers);
+    if (m.optimizer != expect->optimizer) {
+        const char *was = m.optimizer == CKPT_OPT_ADAM ? "adam" : "sgd", *now = expect->optimizer == CKPT_OPT_ADAM ? "adam" : "sgd";
+        die_user("checkpoint '%s' was trained with --optimizer %s, but this run uses --optimizer %s: its optimizer "
+                 "state is %s's (pass --optimizer %s to resume it)", path, was, now, was, was);
+    }
     if (m.shape_hash != expect->shape_hash)
         die_user("checkpoint '%s' has a different shape fingerprint (%016llx, this model %016llx): same "
                  "parameter count but different layer shapes or names (saved by a different model "

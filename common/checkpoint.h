@@ -53,20 +53,28 @@ typedef struct CheckpointMeta {
     int64_t scaler_growth_tracker;  /* finite steps in a row since the last growth or backoff */
     double scaler_growth_factor, scaler_backoff_factor;
     int64_t scaler_growth_interval;
+    /* the optimizer (format version 5; SGD before): SGD's state is its momentum buffer, Adam's the two
+     * moment buffers (exp_avg in momentum's place, exp_avg_sq after it) and its step count */
+    int64_t optimizer;              /* CKPT_OPT_SGD | CKPT_OPT_ADAM */
+    int64_t adam_steps;             /* the steps Adam took (its bias corrections' t; 0 for SGD) */
     uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 5) */
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };
+enum { CKPT_OPT_SGD = 0, CKPT_OPT_ADAM = 1 };
 
-/* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory). */
+/* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory);
+ * exp_avg_sq (n_params floats) is given exactly when meta->optimizer is Adam (momentum is then its
+ * exp_avg), NULL for SGD. */
 void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
-                     const float *buffers, const float *momentum);
+                     const float *buffers, const float *momentum, const float *exp_avg_sq);
 
-/* Read and verify `path` against `expect` (arch, norm, n_params, n_buffers, shape_hash must match;
- * its counters are ignored). On success fills *meta with the file's meta and the three host arrays
- * (sized as in expect). Any problem is a user error (exit 2) that names the file and the fix. */
+/* Read and verify `path` against `expect` (arch, norm, n_params, n_buffers, shape_hash and the
+ * optimizer must match; its counters are ignored). On success fills *meta with the file's meta and
+ * the host arrays (sized as in expect; exp_avg_sq only for Adam, may be NULL for SGD). Any problem
+ * is a user error (exit 2) that names the file and the fix. */
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
-                     float *params, float *buffers, float *momentum);
+                     float *params, float *buffers, float *momentum, float *exp_avg_sq);
 
 /* "DIR/epoch003.ckpt" (end of an epoch) or "DIR/step00001234.ckpt" (inside one) for a save directory
  * (creates DIR if needed; a DIR that cannot be created is a user error). Returns a malloc'd string. */

@@ -583,10 +583,6 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (c->epochs == 0 && c->steps == 0) die_user("--epochs and --steps are both 0: nothing to train");
     /* --deterministic with --cudnn-benchmark is allowed, as in PyTorch: the search then only
      * considers deterministic algorithms. */
-    /* The checkpoint format holds SGD's momentum buffer, not Adam's two state buffers. */
-    if (!strcmp(c->optimizer, "adam") && ((c->save && c->save[0]) || (c->resume && c->resume[0])))
-        die_user("--optimizer adam cannot be saved or resumed yet (checkpoints hold SGD's state only): "
-                 "drop --save/--resume, or use --optimizer sgd");
     struct stat st;
     if (!synthetic) {
         if (stat(c->data, &st) != 0)

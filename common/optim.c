@@ -22,7 +22,9 @@ void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double mome
 void optim_destroy(Optimizer *o) {
     if (o->momentum_buf) device_free(o->dev, o->momentum_buf);
     o->momentum_buf = NULL;
-    if (o->adam) device_free(o->dev, o->adam->exp_avg), device_free(o->dev, o->adam->exp_avg_sq);
+    if (o->adam)
+        device_free(o->dev, o->adam->exp_avg), device_free(o->dev, o->adam->exp_avg_sq),
+            device_free(o->dev, o->adam->steps_dev);
     free(o->adam);
     o->adam = NULL;
 }
@@ -43,6 +45,15 @@ void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) 
 
 void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,
                        const float *skip) {
+    if (o->adam) { /* torch's fused Adam with found_inf: the step count, too, moves only on the device */
+        Adam *a = o->adam;
+        if (!a->steps_on_device) optim_set_adam_steps(o, o->steps);
+        adam_step_unless(o->dev, o->count, params, grads, a->exp_avg, a->exp_avg_sq, lr_now, a->beta1, a->beta2,
+                         a->eps, o->weight_decay, a->steps_dev, a->scalars, skip);
+        a->steps_on_device = 1;
+        o->steps++;
+        return;
+    }
     sgd_step_unless(o->dev, o->count, params, grads, o->momentum_buf, (float)lr_now,
                     (float)o->momentum, (float)o->weight_decay, o->steps == 0, skip);
     o->steps++;
@@ -68,4 +79,25 @@ void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count
     a->exp_avg_sq = device_alloc(dev, bytes, "optimizer exp_avg_sq (adam)");
     device_memset0(dev, a->exp_avg, bytes);
     device_memset0(dev, a->exp_avg_sq, bytes);
+    /* one block: the step count (int64) and adam_step_unless's scalars */
+    a->steps_dev = device_alloc(dev, sizeof(int64_t) + sizeof(AdamScalars), "optimizer step (adam)");
+    a->scalars = (AdamScalars *)(a->steps_dev + 1);
+    device_memset0(dev, a->steps_dev, sizeof(int64_t) + sizeof(AdamScalars));
+}
+
+int64_t optim_adam_steps(Optimizer *o) {
+    ASSERT(o->adam);
+    if (!o->adam->steps_on_device) return o->steps;
+    int64_t n;
+    device_copy_d2h(o->dev, &n, o->adam->steps_dev, sizeof n);
+    return n;
+}
+
+void optim_set_adam_steps(Optimizer *o, int64_t n) {
+    ASSERT(o->adam);
+    static int64_t v; /* static: the copy may be asynchronous */
+    v = n;
+    device_copy_h2d(o->dev, o->adam->steps_dev, &v, sizeof v);
+    device_sync(o->dev);
+    if (!o->adam->steps_on_device) o->steps = n;
 }

@@ -28,7 +28,8 @@ void optim_step(Optimizer *o, float *params, const float *grads, double lr_now);
 /* The same, skipped on the device when *skip != 0 (a device flag: the GradScaler's found_inf), so
  * the host never waits to learn whether the step happened. `steps` counts attempted steps. That
  * PyTorch creates the momentum buffer at the first step actually taken needs no host knowledge:
- * the buffer starts at zero, and momentum·0 + g = g is what "first" would have stored. */
+ * the buffer starts at zero, and momentum·0 + g = g is what "first" would have stored. Adam keeps
+ * the count of steps taken on the device (adam_step_unless). */
 void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,
                        const float *skip);
 
@@ -38,6 +39,11 @@ void optim_step_unless(Optimizer *o, float *params, const float *grads, double l
  * its default betas and eps (adam.h; momentum is not used). optim_step and optim_destroy serve both. */
 void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count, double lr,
                       double momentum, double weight_decay);
+/* Adam's step count (its bias corrections' t: the steps it has taken, skipped ones not counted),
+ * which a checkpoint keeps; reading it synchronises once the GradScaler's path has kept it on the
+ * device. Set it (before training) when resuming. */
+int64_t optim_adam_steps(Optimizer *o);
+void optim_set_adam_steps(Optimizer *o, int64_t n);
 
 double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps);
 

@@ -1,6 +1,8 @@
 /* trainer.c — datasets, device input, step statistics, evaluation, report and checkpoints for a run. */
 #include "trainer.h"
 
+#include "adam.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -300,23 +302,27 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.drop_last = r->drop_last;
     meta.data_source = data_source_opened;
     if (r->save_scaler) r->save_scaler(r->scaler_ctx, &meta);
+    Adam *adam = r->opt->adam;
+    meta.optimizer = adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
+    meta.adam_steps = adam ? optim_adam_steps(r->opt) : 0;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
-    float *p = xmalloc(pb), *mom = xcalloc(1, pb);
+    float *p = xmalloc(pb), *mom = xcalloc(1, pb), *sq = adam ? xmalloc(pb) : NULL;
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
     /* in PyTorch's order whatever the model's layout (model.h: "The public order") */
     model_read_oihw(m, m->param_flat, p);
     device_copy_d2h(m->dev, buf, m->buffer_flat, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) model_read_oihw(m, r->opt->momentum_buf, mom);
+    if (adam) model_read_oihw(m, adam->exp_avg, mom), model_read_oihw(m, adam->exp_avg_sq, sq);
     /* epochNNN = NNN epochs completed; stepNNN = stopped inside an epoch after NNN steps */
     char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
-    checkpoint_save(path, &meta, p, buf, mom);
+    checkpoint_save(path, &meta, p, buf, mom, sq);
     report_printf(&r->report, "saved checkpoint %s\n", path);
     prune_checkpoints(c->keep_last, path);
     json_begin(&r->report, "checkpoint");
     json_str(&r->report, "path", path);
     json_int(&r->report, "step", r->step);
     json_end(&r->report);
-    free(path), free(p), free(mom), free(buf);
+    free(path), free(p), free(mom), free(buf), free(sq);
 }
 
 /* How to give a run a sampler flag's setting back: only stages 3–5 have the flags. */
@@ -441,10 +447,12 @@ static void resume(Run *r) {
     expect.n_params = m->n_param_floats;
     expect.n_buffers = m->n_buffer_floats;
     expect.shape_hash = m->shape_hash;
+    Adam *adam = r->opt->adam;
+    expect.optimizer = adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
-    float *p = xmalloc(pb), *mom = xmalloc(pb);
+    float *p = xmalloc(pb), *mom = xmalloc(pb), *sq = adam ? xmalloc(pb) : NULL;
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
-    checkpoint_load(c->resume, &expect, &got, p, buf, mom);
+    checkpoint_load(c->resume, &expect, &got, p, buf, mom, sq);
     if (got.seed != c->seed)
         die_user("checkpoint '%s' was trained with --seed %lld, this run has --seed %lld — pass "
                  "--seed %lld to continue it", c->resume, (long long)got.seed, (long long)c->seed,
@@ -452,15 +460,17 @@ static void resume(Run *r) {
     model_write_oihw(m, p, m->param_flat); /* the file is in PyTorch's order (model.h) */
     device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) model_write_oihw(m, mom, r->opt->momentum_buf);
+    if (adam) model_write_oihw(m, mom, adam->exp_avg), model_write_oihw(m, sq, adam->exp_avg_sq);
     device_sync(m->dev);
     r->opt->steps = got.momentum_valid ? got.step : 0;
+    if (adam) optim_set_adam_steps(r->opt, got.adam_steps); /* its bias corrections continue */
     r->step = got.step;
     r->epoch = got.epoch;
     r->start_batch = got.batch_in_epoch;
     r->resumed = got;
     r->resume_unchecked = 1;
     if (!r->sum_across) resume_check(r); /* stages 1, 2: no sampler flags to wait for (run_sampler) */
-    free(p), free(mom), free(buf);
+    free(p), free(mom), free(buf), free(sq);
 }
 
 /* Stages 2–5 on the CPU backend: one line on what their timings can and cannot show, so that a CPU
@@ -492,24 +502,28 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     r->cap_times = 1024;
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     report_open(&r->report, cfg->report, cfg->progress, rank == 0);
-    char desc[128];
+    char desc[128], optd[96];
     report_printf(&r->report, "%s | %s | %s\n", stage, devs[0]->name, model_describe(m, desc, sizeof desc));
+    if (opt->adam) /* Adam has no momentum flag: its betas are torch's defaults */
+        snprintf(optd, sizeof optd, "adam (betas %g, %g, eps %g)", opt->adam->beta1, opt->adam->beta2, opt->adam->eps);
+    else
+        snprintf(optd, sizeof optd, "momentum %g", cfg->momentum);
     if (cfg->accum_steps > 0) /* gradient accumulation: an optimizer step is K micro-batches */
         report_printf(&r->report,
                       "data: %s | batch %d × %d micro-batches × %d device(s) = effective batch %lld | %d epochs, "
-                      "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), momentum %g, wd %g | seed "
+                      "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), %s, wd %g | seed "
                       "%lld%s%s\n",
                       data_desc, cfg->batch_size, r->accum, world_size,
                       (long long)r->accum * cfg->batch_size * world_size, cfg->epochs,
                       (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
-                      cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
+                      optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "", cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
     else
         report_printf(&r->report,
                       "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
-                      "momentum %g, wd %g | seed %lld%s%s\n",
+                      "%s, wd %g | seed %lld%s%s\n",
                       data_desc, cfg->batch_size, world_size, cfg->epochs, (long long)batches_per_epoch,
-                      cfg->lr, cfg->schedule, cfg->momentum, cfg->weight_decay, (long long)cfg->seed,
+                      cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
     cpu_timing_note(r);

@@ -312,6 +312,19 @@ static void adam_setup(Case &k) {
 static void adam_launch(Case &k) {
     adam_step(&GPU, k.count, k.f(0), k.f(1), k.f(2), k.f(3), 1e-3, ADAM_BETA1, ADAM_BETA2, ADAM_EPS, WD, 3);
 }
+/* The same under the GradScaler (adam_step_unless): a skip flag, and the step count on the device —
+ * 2 steps taken before, in the workspace (followed by the scalars), so the first launch is step 3.
+ * Later (timed) launches count on: the time is the same. */
+static void adam_unless_setup(Case &k) {
+    adam_setup(k);
+    add(k, "skip", F32, IN, 1, 0, 0).h[0] = 0.0f;
+    int64_t two = 2;
+    cudaMemcpy(WS, &two, sizeof two, cudaMemcpyHostToDevice);
+}
+static void adam_unless_launch(Case &k) {
+    adam_step_unless(&GPU, k.count, k.f(0), k.f(1), k.f(2), k.f(3), 1e-3, ADAM_BETA1, ADAM_BETA2, ADAM_EPS, WD,
+                     (int64_t *)WS, (AdamScalars *)((int64_t *)WS + 1), k.f(4));
+}
 
 /* ---- 16-bit elementwise, casts and layouts ----------------------------------------------------------- */
 static Precision P(const Case &k) { return (Precision)k.p; }
@@ -545,6 +558,7 @@ static const Row ROWS[] = {
     {"sgd_step_unless", "skip=1 (nothing written)", sgd_setup,
      L(launch_sgd_step_unless(S, k.count, k.f(0), k.f(1), k.f(2), LR, MOMENTUM, WD, 0, k.f(3))), PARAMS4, 0, 0, 0, 1},
     {"adam_step", "adam.cu", adam_setup, adam_launch, PARAMS},
+    {"adam_step_unless", "adam.cu, skip=0: step count on the device", adam_unless_setup, adam_unless_launch, PARAMS},
 
     /* 16-bit: each row runs for fp16 and bf16 */
     {"cast_to", "weights", cast_to_setup, L(launch_cast_to(S, k.p, k.count, k.f(0), k.v(1))), PARAMS, BOTH},

@@ -100,11 +100,69 @@ START_TEST(adam_cuda_matches_cpu) {
 }
 END_TEST
 
+/* Under the GradScaler (optim_step_unless, a device flag): the fixture's 6 steps with two skipped
+ * attempts between them — an inf gradient and the flag set — end bit-identical to the 6 plain steps
+ * (a skipped attempt changes nothing: parameters, both moments, and the step count that sets the
+ * bias corrections), and Adam counts 6 steps out of 8 attempts. Stage 5 with --optimizer adam used to
+ * fall through to an SGD step here. */
+static void run_case_unless(const Fx *fx, const char *cas, DeviceKind kind, const char *pattern, float *out) {
+    const float *p0 = need(fx, cas, "p0", 0, N), *grads = need(fx, cas, "grads", 0, STEPS * N);
+    const double *lrs = need(fx, cas, "lrs", 1, STEPS), *wd = need(fx, cas, "wd", 1, 1);
+    Device d = {0};
+    device_init(&d, kind, 0, kind == DEV_CUDA ? 0 : -1);
+    float *p = device_alloc(&d, N * sizeof(float), "p"), *g = device_alloc(&d, N * sizeof(float), "g");
+    float *flag = device_alloc(&d, sizeof(float), "found_inf"), *before = malloc(3 * N * sizeof(float));
+    float *after = malloc(3 * N * sizeof(float)), *bad = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) bad[i] = i % 3 ? INFINITY : NAN;
+    device_copy_h2d(&d, p, p0, N * sizeof(float));
+    Optimizer opt;
+    optim_init_named(&opt, "adam", &d, N, lrs[0], 0.9, *wd);
+    int taken = 0;
+    for (const char *c = pattern; *c; c++) {
+        float skip = *c == 'I';
+        device_copy_h2d(&d, flag, &skip, sizeof skip);
+        device_copy_h2d(&d, g, skip ? bad : grads + (size_t)taken * N, N * sizeof(float));
+        float *state[3] = {p, opt.adam->exp_avg, opt.adam->exp_avg_sq};
+        for (int k = 0; k < 3; k++) device_copy_d2h(&d, before + k * N, state[k], N * sizeof(float));
+        optim_step_unless(&opt, p, g, skip ? 123.0 : lrs[taken], flag);
+        for (int k = 0; k < 3; k++) device_copy_d2h(&d, after + k * N, state[k], N * sizeof(float));
+        if (skip) ck_assert_msg(!memcmp(before, after, 3 * N * sizeof(float)), "a skipped step wrote");
+        else device_copy_d2h(&d, out + (size_t)taken++ * N, p, N * sizeof(float));
+    }
+    ck_assert_int_eq(taken, STEPS);
+    ck_assert_int_eq(optim_adam_steps(&opt), STEPS);
+    ck_assert_int_eq(opt.steps, (int64_t)strlen(pattern));
+    optim_destroy(&opt);
+    device_free(&d, p), device_free(&d, g), device_free(&d, flag);
+    free(before), free(after), free(bad);
+    device_destroy(&d);
+}
+
+START_TEST(adam_under_the_scaler_skips_exactly) {
+    Fx fx = open_fixture();
+    float *plain = malloc(STEPS * N * sizeof(float)), *unless = malloc(STEPS * N * sizeof(float));
+    int gpu = test_have_gpu("adam: the GradScaler's skipping update on CUDA against the CPU one");
+    for (int c = 0; c < 2; c++) {
+        const char *cas = c ? "nowd" : "wd";
+        run_case(&fx, cas, DEV_CPU, plain);
+        run_case_unless(&fx, cas, DEV_CPU, "FIFFIIFFF", unless);
+        ck_assert_msg(!memcmp(plain, unless, STEPS * N * sizeof(float)), "%s: skips changed the trajectory", cas);
+        if (gpu) {
+            run_case_unless(&fx, cas, DEV_CUDA, "IFFIFFFF", unless);
+            double u = max_ulps(unless, plain, STEPS * N);
+            ck_assert_msg(u <= 1, "%s: CUDA (device step count) is %.1f ulps from the CPU reference", cas, u);
+        }
+    }
+    free(plain), free(unless);
+}
+END_TEST
+
 Suite *suite_adam(void) {
     Suite *s = suite_create("adam");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, adam_matches_torch_cpu);
     tcase_add_test(tc, adam_cuda_matches_cpu);
+    tcase_add_test(tc, adam_under_the_scaler_skips_exactly);
     suite_add_tcase(s, tc);
     return s;
 }

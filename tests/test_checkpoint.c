@@ -107,7 +107,7 @@ static void load_child(void *arg) {
     LoadJob *j = arg;
     static float p[NP + 16], b[NB + 16], m[NP + 16];
     CheckpointMeta got;
-    checkpoint_load(j->path, &j->expect, &got, p, b, m);
+    checkpoint_load(j->path, &j->expect, &got, p, b, m, NULL);
 }
 
 static void expect_load_refused(const char *path, const CheckpointMeta *expect, const char *want,
@@ -134,7 +134,7 @@ START_TEST(test_fnv1a64_vectors) {
 END_TEST
 
 START_TEST(test_round_trip) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     char tmp[160];
     snprintf(tmp, sizeof tmp, "%s.tmp", g_path);
     ck_assert_msg(access(tmp, F_OK) != 0, "%s remains after a good save", tmp);
@@ -163,7 +163,7 @@ START_TEST(test_round_trip) {
     memset(p, 0x55, sizeof p);
     CheckpointMeta got, expect = g_meta;
     expect.step = expect.epoch = expect.batch_in_epoch = expect.seed = 0; /* counters are ignored */
-    checkpoint_load(g_path, &expect, &got, p, bu, m);
+    checkpoint_load(g_path, &expect, &got, p, bu, m, NULL);
     ck_assert_str_eq(got.arch, "tiny");
     ck_assert_str_eq(got.norm, "bn");
     ck_assert_int_eq(got.n_params, NP);
@@ -192,8 +192,8 @@ START_TEST(test_round_trip) {
     /* saving again over an existing checkpoint replaces it */
     g_meta.step = 7;
     g_params[5] = 42.0f;
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
-    checkpoint_load(g_path, &expect, &got, p, bu, m);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    checkpoint_load(g_path, &expect, &got, p, bu, m, NULL);
     ck_assert_int_eq(got.step, 7);
     ck_assert(p[5] == 42.0f);
 
@@ -203,16 +203,52 @@ START_TEST(test_round_trip) {
     strcpy(nb.norm, "none");
     memset(nb.arch, 'x', 31);
     nb.arch[31] = 0;
-    checkpoint_save(g_path, &nb, g_params, NULL, g_mom);
-    checkpoint_load(g_path, &nb, &got, p, NULL, m);
+    checkpoint_save(g_path, &nb, g_params, NULL, g_mom, NULL);
+    checkpoint_load(g_path, &nb, &got, p, NULL, m, NULL);
     ck_assert_str_eq(got.arch, nb.arch);
     ck_assert_str_eq(got.norm, "none");
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
 }
 END_TEST
 
+static void put64(unsigned char *p, int64_t v);
+static void write_resealed(const char *path, unsigned char *b, size_t n);
+
+/* Adam's checkpoint: exp_avg in momentum's place, exp_avg_sq after it, and its step count; it loads
+ * only into an Adam run, and its step count cannot exceed the optimizer steps. */
+START_TEST(test_adam_round_trip) {
+    static float sq[NP], p[NP], bu[NB], m[NP], s2[NP];
+    test_fill_uniform(sq, NP, 4, 0, 1e-4f);
+    CheckpointMeta a = g_meta, got;
+    a.optimizer = CKPT_OPT_ADAM;
+    a.adam_steps = 1234567890000LL; /* ≤ step: skipped steps are not Adam's */
+    checkpoint_save(g_path, &a, g_params, g_buffers, g_mom, sq);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    ck_assert_uint_eq(n, FILE_BYTES + 4 * NP);
+    ck_assert(b[232] == CKPT_OPT_ADAM && !memcmp(b + n - 8 - 4 * NP, sq, 4 * NP));
+    checkpoint_load(g_path, &a, &got, p, bu, m, s2);
+    ck_assert_int_eq(got.optimizer, CKPT_OPT_ADAM);
+    ck_assert_int_eq(got.adam_steps, 1234567890000LL);
+    ck_assert(!memcmp(p, g_params, sizeof p) && !memcmp(m, g_mom, sizeof m) && !memcmp(s2, sq, sizeof s2));
+    expect_load_refused(g_path, &g_meta, "trained with --optimizer adam, but this run uses --optimizer sgd",
+                        "Adam into SGD");
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    expect_load_refused(g_path, &a, "trained with --optimizer sgd, but this run uses --optimizer adam", "SGD into Adam");
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/crafted.ckpt", g_dir);
+    checkpoint_save(g_path, &a, g_params, g_buffers, g_mom, sq);
+    free(b);
+    b = read_bytes(g_path, &n);
+    put64(b + 240, g_meta.step + 1);
+    write_resealed(bad, b, n);
+    expect_load_refused(bad, &a, "counters no save writes", "more Adam steps than optimizer steps");
+    free(b);
+}
+END_TEST
+
 START_TEST(test_truncated) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n;
     unsigned char *b = read_bytes(g_path, &n);
     char cut[160];
@@ -246,7 +282,7 @@ START_TEST(test_truncated) {
 END_TEST
 
 START_TEST(test_flipped_byte) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n;
     unsigned char *b = read_bytes(g_path, &n);
     char bad[160];
@@ -269,7 +305,7 @@ START_TEST(test_flipped_byte) {
 END_TEST
 
 START_TEST(test_bad_magic_version_missing) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n;
     unsigned char *b = read_bytes(g_path, &n);
     char bad[160];
@@ -300,7 +336,7 @@ START_TEST(test_bad_magic_version_missing) {
 END_TEST
 
 START_TEST(test_wrong_model) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     CheckpointMeta e = g_meta;
     strcpy(e.arch, "resnet18");
     expect_load_refused(g_path, &e, "model tiny, but this run trains resnet18", "arch");
@@ -339,7 +375,7 @@ static int64_t f64_bits(double v) {
 }
 
 START_TEST(test_crafted_counters_refused) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n;
     unsigned char *b = read_bytes(g_path, &n), *orig = malloc(n);
     memcpy(orig, b, n);
@@ -363,6 +399,8 @@ START_TEST(test_crafted_counters_refused) {
         {216, f64_bits(1.0), "backoff factor 1"},    {216, 0, "backoff factor 0"},
         {224, 0, "interval 0"},                      {224, (int64_t)1 << 31, "interval beyond int32"},
         {192, 0, "no scale but a tracker and factors"},
+        {232, 2, "optimizer 2"},                     {232, -1, "optimizer -1"},
+        {240, 5, "Adam steps in an SGD checkpoint"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -391,7 +429,7 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     write_resealed(path, b, n);
     static float p[NP], bu[NB], m[NP];
     CheckpointMeta got;
-    checkpoint_load(path, &g_meta, &got, p, bu, m);
+    checkpoint_load(path, &g_meta, &got, p, bu, m, NULL);
     ck_assert(memcmp(p, g_params, sizeof p) == 0 && memcmp(m, g_mom, sizeof m) == 0);
     return got;
 }
@@ -409,7 +447,7 @@ static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) 
 
 /* A version 4 file (a 192-byte header: no GradScaler state) still loads, its scaler fields zero. */
 START_TEST(test_version4_still_loads) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n, n4;
     unsigned char *b = read_bytes(g_path, &n), *v4 = as_version4(b, n, &n4);
     CheckpointMeta got = load_resealed("v4.ckpt", v4, n4);
@@ -422,7 +460,7 @@ END_TEST
 
 /* A version 1 file (128-byte header, no batch size / data size / K) still loads. */
 START_TEST(test_version1_still_loads) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n;
     unsigned char *b = read_bytes(g_path, &n);
     size_t n1 = n - (HEADER - 128);
@@ -441,7 +479,7 @@ END_TEST
 /* A version 2 file (the same header, zeros where version 3 records the sampler) still loads, its
  * sampler unknown — and those bytes are not read, so a version 2 file is never refused for them. */
 START_TEST(test_version2_still_loads) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n5, n;
     unsigned char *b5 = read_bytes(g_path, &n5), *b = as_version4(b5, n5, &n);
     free(b5);
@@ -461,7 +499,7 @@ END_TEST
 /* A version 3 file (zeros where version 4 records the data source) still loads, its data source
  * unknown (so a resume does not check it) — and those bytes are not read. */
 START_TEST(test_version3_still_loads) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n5, n;
     unsigned char *b5 = read_bytes(g_path, &n5), *b = as_version4(b5, n5, &n);
     free(b5);
@@ -488,7 +526,7 @@ static void touch(const char *dir, const char *name, const char *text, time_t mt
 }
 
 START_TEST(test_is_one_and_list) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     ck_assert(checkpoint_is_one(g_path));
     char other[200], *newest = (char *)"x";
     snprintf(other, sizeof other, "%s/DPDDPCK", g_dir); /* a prefix of the magic is not one */
@@ -617,7 +655,7 @@ static void save_child(void *arg) {
     }
     static float p[NP];
     for (int i = 0; i < NP; i++) p[i] = 99.0f; /* different contents from the saved checkpoint */
-    checkpoint_save(j->path, &g_meta, p, g_buffers, g_mom);
+    checkpoint_save(j->path, &g_meta, p, g_buffers, g_mom, NULL);
 }
 
 static void expect_save_fails_keeping_old(SaveJob *j, const char *what) {
@@ -632,12 +670,12 @@ static void expect_save_fails_keeping_old(SaveJob *j, const char *what) {
     /* the previous checkpoint is intact and loads */
     static float p[NP], bu[NB], m[NP];
     CheckpointMeta got;
-    checkpoint_load(g_path, &g_meta, &got, p, bu, m);
+    checkpoint_load(g_path, &g_meta, &got, p, bu, m, NULL);
     ck_assert_msg(memcmp(p, g_params, sizeof p) == 0, "%s: previous checkpoint damaged", what);
 }
 
 START_TEST(test_failed_save_keeps_previous) {
-    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     SaveJob j = {g_path, 4096}; /* the file is ~8 KiB: the write fails half way */
     expect_save_fails_keeping_old(&j, "RLIMIT_FSIZE");
     /* the .tmp name leads to /dev/full: every write fails with ENOSPC */
@@ -702,6 +740,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_checked_fixture(tc, fixture_setup, fixture_teardown);
     tcase_add_test(tc, test_fnv1a64_vectors);
     tcase_add_test(tc, test_round_trip);
+    tcase_add_test(tc, test_adam_round_trip);
     tcase_add_test(tc, test_truncated);
     tcase_add_test(tc, test_flipped_byte);
     tcase_add_test(tc, test_bad_magic_version_missing);

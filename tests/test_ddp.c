@@ -223,7 +223,7 @@ float *test_load_params(const char *path, const char *arch, int norm_bn) {
     expect.n_params = m->n_param_floats, expect.n_buffers = m->n_buffer_floats, expect.shape_hash = m->shape_hash;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = malloc(pb), *mom = malloc(pb), *buf = malloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
-    checkpoint_load(path, &expect, &got, p, buf, mom);
+    checkpoint_load(path, &expect, &got, p, buf, mom, NULL);
     free(mom), free(buf);
     model_destroy(m);
     device_destroy(&cpu);

@@ -741,7 +741,7 @@ static void save_public(Model *m, const Optimizer *o, const char *path) {
     model_read_oihw(m, m->param_flat, p);
     model_read_oihw(m, o->momentum_buf, mom);
     device_copy_d2h(m->dev, buf, m->buffer_flat, bb);
-    checkpoint_save(path, &meta, p, buf, mom);
+    checkpoint_save(path, &meta, p, buf, mom, NULL);
     free(p), free(mom), free(buf);
 }
 
@@ -753,7 +753,7 @@ static void load_public(Model *m, Optimizer *o, const char *path) {
     expect.n_params = m->n_param_floats, expect.n_buffers = m->n_buffer_floats, expect.shape_hash = m->shape_hash;
     size_t pb = (size_t)m->n_param_floats * sizeof(float), bb = (size_t)m->n_buffer_floats * sizeof(float);
     float *p = malloc(pb), *mom = malloc(pb), *buf = malloc(bb + 4);
-    checkpoint_load(path, &expect, &got, p, buf, mom);
+    checkpoint_load(path, &expect, &got, p, buf, mom, NULL);
     model_write_oihw(m, p, m->param_flat);
     model_write_oihw(m, mom, o->momentum_buf);
     device_copy_h2d(m->dev, m->buffer_flat, buf, bb);

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     fuzz_write(path, data, n);
     die_user_hook = fuzz_rejected;
     int fd = fuzz_first_free_fd();
-    if (!setjmp(fuzz_back)) checkpoint_load(path, &expect, &got, p, b, m);
+    if (!setjmp(fuzz_back)) checkpoint_load(path, &expect, &got, p, b, m, NULL);
     else fuzz_close_from(fd);
     die_user_hook = NULL;
     return 0;
