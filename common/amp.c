@@ -123,19 +123,33 @@ static void save_state(void *ctx, CheckpointMeta *meta) {
     meta->scaler_growth_interval = s->growth_interval;
 }
 
+/* v as the user would type it: the shortest %g that reads back as v (1.1, not 1.1000000000000001). */
+static const char *shortest(double v, char buf[32]) {
+    if (v == floor(v) && fabs(v) < 1e15) { /* 100, not 1e+02 */
+        snprintf(buf, 32, "%.0f", v);
+        return buf;
+    }
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, 32, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
 /* scaler.load_state_dict(): the resumed checkpoint's scale and growth counter into *scale and
  * *tracker — or a note that there is none to take (or that this run has no scaler to take it). */
 static void load_state(const GradScaler *s, Run *run, float *scale, int32_t *tracker) {
     const CheckpointMeta *g = &run->resumed;
     const char *path = run->cfg->resume;
+    run->scaler_noted = 1; /* whatever happens to the checkpoint's state is said here */
     if (!s->enabled) {
-        if (g->scaler_scale > 0)
+        if (checkpoint_has_scaler(g))
             report_printf(&run->report, "note: checkpoint '%s' holds a GradScaler state (scale %g), which this run "
                                         "does not use: it has no GradScaler (bf16, --amp off or --no-grad-scaler)\n",
                           path, g->scaler_scale);
         return;
     }
-    if (g->scaler_scale == 0) {
+    if (!checkpoint_has_scaler(g)) {
         report_printf(&run->report, "note: checkpoint '%s' holds no GradScaler state (%s): the scale starts at "
                                     "--init-scale %g, as a new GradScaler's would\n", path,
                       g->version < 5 ? "an older format" : "saved by a run without one", (double)*scale);
@@ -148,16 +162,21 @@ static void load_state(const GradScaler *s, Run *run, float *scale, int32_t *tra
         {"backoff-factor", g->scaler_backoff_factor, s->backoff_factor},
         {"growth-interval", (double)g->scaler_growth_interval, s->growth_interval},
     };
+    char saved[32], now[32];
     for (int i = 0; i < 3; i++)
         if (set[i].saved != set[i].now)
-            die_user("checkpoint '%s' was trained with --%s %.17g, this run has --%s %.17g: its GradScaler state means "
-                     "something else under it — resume with --%s %.17g", path, set[i].flag, set[i].saved,
-                     set[i].flag, set[i].now, set[i].flag, set[i].saved);
+            die_user("checkpoint '%s' was trained with --%s %s, this run has --%s %s: its GradScaler state means "
+                     "something else under it — resume with --%s %s", path, set[i].flag, shortest(set[i].saved, saved),
+                     set[i].flag, shortest(set[i].now, now), set[i].flag, saved);
     *scale = (float)g->scaler_scale;
     *tracker = (int32_t)g->scaler_growth_tracker;
     report_printf(&run->report, "GradScaler resumed from the checkpoint: scale %g, %lld finite step%s since it last "
                                 "changed (--init-scale is not used)\n", g->scaler_scale,
                   (long long)g->scaler_growth_tracker, g->scaler_growth_tracker == 1 ? "" : "s");
+    if (!isfinite((float)(1.0 / (double)*scale)))
+        report_printf(&run->report, "warning: that scale is so small that 1/scale overflows: every step will be skipped "
+                                    "(the run had diverged: every step it took overflowed) — resume from an earlier "
+                                    "checkpoint, perhaps with a lower --lr\n");
 }
 
 void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run *run) {
@@ -178,6 +197,9 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run 
     float scale = (float)a->init_scale;
     int32_t tracker = 0;
     if (run && run->cfg->resume[0]) load_state(s, run, &scale, &tracker);
+    if (run && s->test_inf_step > 0 && s->test_inf_step <= s->first_step)
+        report_printf(&run->report, "note: --test-inf-step %lld is at or before step %lld, where this run resumes: no "
+                                    "inf is injected\n", (long long)s->test_inf_step, (long long)s->first_step);
     float inv = (float)(1.0 / (double)scale);
     memcpy(init + ST_SCALE, &scale, 4);
     memcpy(init + ST_INV, &inv, 4);
@@ -259,9 +281,9 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
     if (p == PREC_FP32)
         report_printf(r, "amp: off (fp32)\n");
     else if (s->enabled)
-        report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer steps skipped "
+        report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer steps %sskipped "
                       "(inf/NaN gradients)%s\n", precision_name(p), (double)scale, (long long)skipped,
-                      (long long)s->steps,
+                      (long long)s->steps, s->first_step ? "since the resume " : "",
                       ranks > 1 ? (agree ? ", the same on every rank" : ", RANKS DISAGREE") : "");
     else
         report_printf(r, "amp: %s autocast, no GradScaler%s\n", precision_name(p),

@@ -16,9 +16,9 @@
  *      152    8  i64 shuffle       160  8  i64 drop_last (version 3; zero in version 2)
  *      168    8  i64 data_source (version 4: 1 synthetic, 2 CIFAR-10; zero before)
  *      176   16  zero (reserved)
- *      192    8  f64 GradScaler scale (version 5; 0: saved without a GradScaler)
+ *      192    8  f64 GradScaler scale (version 5)
  *      200    8  i64 growth tracker  208  8  f64 growth factor  216  8  f64 backoff factor
- *      224    8  i64 growth interval (all four 0 when the scale is)
+ *      224    8  i64 growth interval (≥ 1; all five 0: saved without a GradScaler)
  *      232    8  i64 optimizer (version 5: 0 SGD, 1 Adam; SGD before)
  *      240    8  i64 Adam's step count (the steps it took: its bias corrections' t; 0 for SGD)
  *      248    8  zero (reserved)
@@ -154,13 +154,16 @@ const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) 
     return out;
 }
 
-/* A GradScaler state torch's scaler could hold: none at all, or a positive float32 scale, a growth
- * counter below its interval (update() resets it on reaching it), growth > 1 > backoff > 0. */
+/* A GradScaler state torch's scaler could hold: none at all (every field 0), or a float32 scale —
+ * 0 included: backed off step after step, a scale underflows to 0 (torch's too) — a growth counter
+ * below its interval (update() resets it on reaching it), growth > 1 > backoff > 0. */
+int checkpoint_has_scaler(const CheckpointMeta *m) { return m->scaler_growth_interval != 0; }
+
 int checkpoint_scaler_possible(const CheckpointMeta *m) {
-    if (m->scaler_scale == 0.0)
-        return m->scaler_growth_tracker == 0 && m->scaler_growth_factor == 0.0 && m->scaler_backoff_factor == 0.0 &&
-               m->scaler_growth_interval == 0;
-    return isfinite(m->scaler_scale) && m->scaler_scale > 0 && m->scaler_scale <= FLT_MAX &&
+    if (!checkpoint_has_scaler(m))
+        return m->scaler_scale == 0.0 && m->scaler_growth_tracker == 0 && m->scaler_growth_factor == 0.0 &&
+               m->scaler_backoff_factor == 0.0;
+    return isfinite(m->scaler_scale) && m->scaler_scale >= 0 && m->scaler_scale <= FLT_MAX &&
            (double)(float)m->scaler_scale == m->scaler_scale && m->scaler_growth_interval >= 1 &&
            m->scaler_growth_interval <= INT32_MAX && m->scaler_growth_tracker >= 0 &&
            m->scaler_growth_tracker < m->scaler_growth_interval && isfinite(m->scaler_growth_factor) &&

@@ -48,8 +48,8 @@ typedef struct CheckpointMeta {
     int64_t data_source;    /* CKPT_DATA_* (0: unknown — older versions, or a writer that did not say) */
     /* the GradScaler (format version 5): what torch's scaler.state_dict() holds, so that an fp16 run
      * resumes with the scale it had reached rather than init_scale again. All 0: saved without a
-     * scaler (stages 1–4, bf16, --amp off, --no-grad-scaler, or an older version) */
-    double scaler_scale;            /* the loss scale (a float32 value, as torch keeps it) */
+     * scaler (stages 1–4, bf16, --amp off, --no-grad-scaler, or an older version): checkpoint_has_scaler */
+    double scaler_scale;            /* the loss scale (a float32 value, as torch keeps it; may be 0) */
     int64_t scaler_growth_tracker;  /* finite steps in a row since the last growth or backoff */
     double scaler_growth_factor, scaler_backoff_factor;
     int64_t scaler_growth_interval;
@@ -97,6 +97,8 @@ int checkpoint_is_one(const char *path);
  * (malloc'd; NULL when there is none). A missing or unreadable dir holds none. */
 int checkpoint_list(const char *dir, char **newest);
 
+/* 1 if m holds a GradScaler state (its growth interval is set; the scale itself may have reached 0). */
+int checkpoint_has_scaler(const CheckpointMeta *m);
 /* 1 if m's GradScaler fields are a state torch's GradScaler can be in (or all zero: none). */
 int checkpoint_scaler_possible(const CheckpointMeta *m);
 

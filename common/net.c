@@ -28,7 +28,8 @@ int net_reserve_fds(long need, long *have) {
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0; /* cannot tell: let the calls say */
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)need) {
         struct rlimit want = rl;
-        want.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (rlim_t)need * 4 ? (rlim_t)need * 4 : rl.rlim_max;
+        rlim_t ample = need < 1024 ? 1024 : (rlim_t)need * 4; /* room for CUDA, NCCL and the loader too */
+        want.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > ample ? ample : rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
     }
     *have = rl.rlim_cur == RLIM_INFINITY ? need : (long)rl.rlim_cur;

@@ -656,13 +656,14 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("rank %d has no rendezvous secret: every rank of a job started by torchrun, srun, mpirun "
                  "or on several nodes needs the same one — export STAGE_RDZV_SECRET=$(openssl rand -hex 32) "
                  "(or STAGE_RDZV_SECRET_FILE=a file only you can read) before starting them", rank);
-    /* Rank 0's store keeps a socket per rank; CUDA, NCCL, the host ring and the loader open more. */
-    long need = 256 + 2L * world, have;
+    /* Rank 0's store keeps a socket per rank; every rank has its own connection, the host ring's and
+     * the files the run opens (CUDA and NCCL open more, and say so themselves when they run out). */
+    long need = 16 + (rank == 0 ? world : 0), have; /* measured on the CPU backend: 11 + world and 8 */
     if (net_reserve_fds(need, &have) < 0)
-        die_user("rank %d may open only %ld files (ulimit -n, hard limit), and a job of %d rank%s needs about %ld: "
-                 "the rendezvous store keeps a connection per rank, and CUDA, NCCL and the data loader open "
-                 "more — raise the limit (ulimit -n %ld, or LimitNOFILE / nofile in your scheduler) and start "
-                 "again", rank, have, world, world == 1 ? "" : "s", need, need);
+        die_user("rank %d may open only %ld files (ulimit -n, hard limit), and needs about %ld%s — raise the "
+                 "limit (ulimit -n %ld or more, or LimitNOFILE / nofile in your scheduler) and start again", rank,
+                 have, need, rank == 0 ? ": it hosts the rendezvous store, a connection per rank" : "",
+                 need < 1024 ? 1024 : need);
     /* The errors below exit with the store half-open: keep it reachable until then, so that leak
      * checkers do not report it as lost (the compiler may drop `s` before a _Noreturn call). */
     static _Thread_local Store *volatile opening;

@@ -568,6 +568,12 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     r->step++;
     r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
     const TrainConfig *c = r->cfg;
+    if (c->resume[0] && !r->scaler_noted && checkpoint_has_scaler(&r->resumed)) { /* stages 1–4 */
+        r->scaler_noted = 1;
+        report_printf(&r->report, "note: checkpoint '%s' holds a GradScaler state (scale %g), which %s has no use for "
+                                  "(only stage 5 has a GradScaler): this run's checkpoints do not carry it\n",
+                      c->resume, r->resumed.scaler_scale, r->stage);
+    }
     if (r->step % c->log_every == 0 || run_done(r)) {
         double loss = steplog_step_loss(log); /* the one synchronisation, every --log-every steps */
         sum_over_ranks(r, &loss, 1);

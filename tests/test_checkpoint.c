@@ -185,6 +185,14 @@ START_TEST(test_round_trip) {
     ck_assert(got.scaler_scale == 32768.0 && got.scaler_growth_tracker == 7);
     ck_assert(got.scaler_growth_factor == 2.0 && got.scaler_backoff_factor == 0.5);
     ck_assert_int_eq(got.scaler_growth_interval, 2000);
+    ck_assert(checkpoint_has_scaler(&got));
+    /* a scale backed off all the way to 0 is a state a run reaches (torch's too): saved and loaded */
+    CheckpointMeta zero = g_meta;
+    zero.scaler_scale = 0.0;
+    checkpoint_save(g_path, &zero, g_params, g_buffers, g_mom, NULL);
+    checkpoint_load(g_path, &expect, &got, p, bu, m, NULL);
+    ck_assert(got.scaler_scale == 0.0 && checkpoint_has_scaler(&got) && got.scaler_growth_interval == 2000);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     ck_assert(memcmp(p, g_params, sizeof p) == 0);
     ck_assert(memcmp(bu, g_buffers, sizeof bu) == 0);
     ck_assert(memcmp(m, g_mom, sizeof m) == 0);
@@ -398,7 +406,6 @@ START_TEST(test_crafted_counters_refused) {
         {200, -1, "negative tracker"},               {208, f64_bits(1.0), "growth factor 1"},
         {216, f64_bits(1.0), "backoff factor 1"},    {216, 0, "backoff factor 0"},
         {224, 0, "interval 0"},                      {224, (int64_t)1 << 31, "interval beyond int32"},
-        {192, 0, "no scale but a tracker and factors"},
         {232, 2, "optimizer 2"},                     {232, -1, "optimizer -1"},
         {240, 5, "Adam steps in an SGD checkpoint"},
     };

@@ -398,6 +398,31 @@ START_TEST(fp16_resume_continues_the_scaler) {
     ck_assert_int_eq(run("stage5", args, &out), 0);
     ck_assert_msg(strstr(out, "holds a GradScaler state (scale 32768), which this run does not use"), "%s", out);
     free(out);
+    /* stage 3 has no scaler: it says so, and its checkpoints do not carry the state */
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
+             "--resume %s/p/step00000004.ckpt", dir);
+    ck_assert_int_eq(run("stage3", args, &out), 0);
+    ck_assert_msg(strstr(out, "holds a GradScaler state (scale 32768), which stage3 has no use for"), "%s", out);
+    free(out);
+    /* a resume past --test-inf-step injects nothing, and says so; the skip count is this run's */
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 6 "
+             "--growth-interval 100 --test-inf-step 2 --resume %s/p/step00000004.ckpt", dir);
+    ck_assert_int_eq(run("stage5", args, &out), 0);
+    ck_assert_msg(strstr(out, "--test-inf-step 2 is at or before step 4, where this run resumes") &&
+                  strstr(out, "0 of 2 optimizer steps since the resume skipped"), "%s", out);
+    free(out);
+    /* a scale backed off to 0 (every step overflowing) is saved, and resumed with a warning */
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 4 --epochs 2 --steps 30 "
+             "--init-scale 3e-39 --test-inf-step 1 --save %s/z", dir);
+    ck_assert_int_eq(run("stage5", args, &out), 0);
+    ck_assert_msg(strstr(out, "GradScaler scale 0, 30 of 30"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 4 --epochs 2 --steps 32 "
+             "--init-scale 3e-39 --resume %s/z/step00000030.ckpt", dir);
+    ck_assert_int_eq(run("stage5", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from the checkpoint: scale 0") && strstr(out, "every step will be skipped"),
+                  "%s", out);
+    free(out);
     /* stage 4 saves none: fp16 starts at --init-scale, as a new GradScaler would */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 2 "
              "--accum-steps 1 --save %s/s4", dir);
