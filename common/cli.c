@@ -461,7 +461,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"keep-last", OPT_INT, &c->keep_last, 0, 1000000, NULL,
          "with --save: remove this run's older checkpoints, keeping the newest N (0 = keep all)"},
         {"resume", OPT_STR, &c->resume, 0, 0, NULL,
-         "continue training from checkpoint FILE: weights, optimizer state and data position"},
+         "continue training from checkpoint FILE: weights, optimizer state (SGD momentum, or Adam's moments and "
+         "step), stage 5's GradScaler state and data position"},
         {"report", OPT_STR, &c->report, 0, 0, NULL,
          "write JSON lines (step, epoch and summary records) to FILE, for scripts"},
         {"progress", OPT_CHOICE, &c->progress, 0, 0, "auto|on|off",
