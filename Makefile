@@ -176,6 +176,10 @@ check-dep:
 	  fi; \
 	fi
 
+# The kernel harnesses (below): defined here, before `test` names them as prerequisites.
+BENCH_KERNELS := $(BUILD)/tests/bench_kernels
+BENCH_CONV_ALGOS := $(BUILD)/tests/bench_conv_algos
+
 # The suite runs the stage binaries end to end, so they are built first. Check's own summary line
 # ("100%: Checks: N, Failures: 0, Errors: 0") is the last thing printed.
 test: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
@@ -208,8 +212,6 @@ bench5: stage5
 #  - make bench-conv-algos: cuDNN's heuristic against its measured choice (cudnn.benchmark) for every
 #    convolution of ResNet-18, each pick timed as a training step runs it (tests/bench_conv_algos.cu;
 #    CONV_ARGS="fp16" for stage 5's types, "fp32 nchw" for the old layout).
-BENCH_KERNELS := $(BUILD)/tests/bench_kernels
-BENCH_CONV_ALGOS := $(BUILD)/tests/bench_conv_algos
 ifeq ($(HAVE_CUDA),1)
 .PRECIOUS: $(BUILD)/tests/%.cu.o
 $(BUILD)/tests/%.cu.o: tests/%.cu

@@ -276,8 +276,8 @@ static void check_job_flags(Ddp *d) {
     for (int i = 2; i < n; i++)
         if (all[i] != mine[i] * d->world)
             die_user("rank %d: the ranks were started with different --%s — start every rank with the same flags "
-                     "(only paths, --workers, --pin-memory, --progress, --node-rank, --master-addr, the timeouts "
-                     "and --no-cuda-graph, --cudnn-benchmark, --deterministic may differ)", d->rank, names[i]);
+                     "(only paths, --keep-last, --workers, --pin-memory, --progress, --node-rank, --master-addr, the "
+                     "timeouts and --no-cuda-graph, --cudnn-benchmark, --deterministic may differ)", d->rank, names[i]);
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */
