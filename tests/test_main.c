@@ -38,6 +38,9 @@ int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
     /* Check's default is 4 s per test; end-to-end runs of ./stage1 on the CPU take longer. */
     setenv("CK_DEFAULT_TIMEOUT", "600", 0);
+    /* Sanitizer builds run several times slower (make sanitize / tsan set TEST_TIME_SCALE): so may
+     * every test case's time limit. */
+    if (getenv("TEST_TIME_SCALE")) setenv("CK_TIMEOUT_MULTIPLIER", getenv("TEST_TIME_SCALE"), 0);
     SRunner *sr = NULL;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         Suite *s = all[i]();
