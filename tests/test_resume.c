@@ -38,6 +38,15 @@ static void expect_refused(const char *stage, const char *args, const char *want
     free(out);
 }
 
+/* The run exits 0 and says want1 and want2 (want2 may be NULL). */
+static void ok_saying(const char *stage, const char *args, const char *want1, const char *want2) {
+    char *out;
+    int rc = run(stage, args, &out);
+    ck_assert_msg(rc == 0 && strstr(out, want1) && (!want2 || strstr(out, want2)), "%s %s: exit %d, want '%s'%s%s:\n%s",
+                  stage, args, rc, want1, want2 ? " and " : "", want2 ? want2 : "", out);
+    free(out);
+}
+
 /* The resumed run's step losses (DIR/resumed.jsonl: steps skip+1 … total) are the uninterrupted
  * run's (DIR/whole.jsonl), bit for bit. */
 static void expect_continued_exactly(const char *dir, int skip, int total) {
@@ -52,7 +61,7 @@ static void expect_continued_exactly(const char *dir, int skip, int total) {
 }
 
 START_TEST(resume_under_other_flags_is_refused_or_exact) {
-    char *dir = test_tmpdir(), args[2048], ck[700], *out;
+    char *dir = test_tmpdir(), args[2048], ck[700];
     /* stage 1: 96 samples, batch 8 → 12 steps an epoch; stop after 5 */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 5 --save %s/a", dir);
     run_ok("stage1", args);
@@ -80,9 +89,7 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     run_ok("stage1", args);
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 12 --log-every 1 --resume %s --save %s/c "
              "--report %s/resumed.jsonl", ck, dir, dir);
-    ck_assert_int_eq(run("stage1", args, &out), 0);
-    ck_assert_msg(strstr(out, "resumed from"), "%s", out);
-    free(out);
+    ok_saying("stage1", args, "resumed from", NULL);
     expect_continued_exactly(dir, 5, 12);
     /* a finished checkpoint says so (it used to print a summary of zeros) */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --resume %s/c/epoch001.ckpt", dir);
@@ -131,16 +138,14 @@ START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
     expect_refused("stage3", args, "trained with --drop-last, this run has not: 97 samples over 2 ranks",
                    "pass --drop-last");
     snprintf(args, sizeof args, "%s --master-port %d --drop-last --steps 4 --resume %s", two, test_free_port(), ck);
-    ck_assert_int_eq(run("stage3", args, &out), 0);
-    ck_assert_msg(strstr(out, "resumed from"), "%s", out);
-    free(out);
+    ok_saying("stage3", args, "resumed from", NULL);
     free(dir);
 }
 END_TEST
 
 /* A version 2 checkpoint (before the sampler was recorded) resumes with a note that says so. */
 START_TEST(version2_checkpoint_resumes_with_a_note) {
-    char *dir = test_tmpdir(), args[2048], ck[700], *out;
+    char *dir = test_tmpdir(), args[2048], ck[700];
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 2 --save %s", dir);
     run_ok("stage1", args);
     snprintf(ck, sizeof ck, "%s/step00000002.ckpt", dir);
@@ -165,10 +170,7 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     fclose(f);
     free(b);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
-    ck_assert_int_eq(run("stage1", args, &out), 0);
-    ck_assert_msg(strstr(out, "format version 2, which does not record --no-shuffle or --drop-last") &&
-                  strstr(out, "resumed from"), "%s", out);
-    free(out);
+    ok_saying("stage1", args, "format version 2, which does not record --no-shuffle or --drop-last", "resumed from");
     free(dir);
 }
 END_TEST
@@ -329,9 +331,7 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
     free(before), free(after);
     /* continuing it there: the normal resume flow */
     snprintf(args, sizeof args, "%s --epochs 3 --resume %s --save %s/d", t, ck, dir);
-    ck_assert_int_eq(run("stage1", args, &out), 0);
-    ck_assert_msg(strstr(out, "resumed from") && strstr(out, "epoch003.ckpt"), "%s", out);
-    free(out);
+    ok_saying("stage1", args, "resumed from", "epoch003.ckpt");
     /* from a checkpoint elsewhere into it: refused too */
     snprintf(args, sizeof args, "%s --epochs 2 --steps 1 --save %s/e", t, dir);
     run_ok("stage1", args);
@@ -382,7 +382,7 @@ static void scaler_resume_is_exact(const char *dir, const char *dev) {
 }
 
 START_TEST(fp16_resume_continues_the_scaler) {
-    char *dir = test_tmpdir(), args[2048], *out, *adam = test_tmpdir();
+    char *dir = test_tmpdir(), args[2048], *adam = test_tmpdir();
     scaler_resume_is_exact(dir, "--device cpu");
     /* with Adam, whose step count (its bias corrections' t) skips the skipped step, on the device */
     scaler_resume_is_exact(adam, "--device cpu --optimizer adam --lr 0.001");
@@ -395,44 +395,30 @@ START_TEST(fp16_resume_continues_the_scaler) {
     /* a run without a scaler leaves the state alone, and says so */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
              "--amp bf16 --resume %s/p/step00000004.ckpt", dir);
-    ck_assert_int_eq(run("stage5", args, &out), 0);
-    ck_assert_msg(strstr(out, "holds a GradScaler state (scale 32768), which this run does not use"), "%s", out);
-    free(out);
+    ok_saying("stage5", args, "holds a GradScaler state (scale 32768), which this run does not use", NULL);
     /* stage 3 has no scaler: it says so, and its checkpoints do not carry the state */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
              "--resume %s/p/step00000004.ckpt", dir);
-    ck_assert_int_eq(run("stage3", args, &out), 0);
-    ck_assert_msg(strstr(out, "holds a GradScaler state (scale 32768), which stage3 has no use for"), "%s", out);
-    free(out);
+    ok_saying("stage3", args, "holds a GradScaler state (scale 32768), which stage3 has no use for", NULL);
     /* a resume past --test-inf-step injects nothing, and says so; the skip count is this run's */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 6 "
              "--growth-interval 100 --test-inf-step 2 --resume %s/p/step00000004.ckpt", dir);
-    ck_assert_int_eq(run("stage5", args, &out), 0);
-    ck_assert_msg(strstr(out, "--test-inf-step 2 is at or before step 4, where this run resumes") &&
-                  strstr(out, "0 of 2 optimizer steps since the resume skipped"), "%s", out);
-    free(out);
+    ok_saying("stage5", args, "--test-inf-step 2 is at or before step 4, where this run resumes", "0 of 2 optimizer steps since the resume skipped");
     /* a scale backed off to 0 (every step overflowing) is saved, and resumed with a warning */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 4 --epochs 2 --steps 30 "
              "--init-scale 3e-39 --test-inf-step 1 --save %s/z", dir);
-    ck_assert_int_eq(run("stage5", args, &out), 0);
-    ck_assert_msg(strstr(out, "GradScaler scale 0, 30 of 30"), "%s", out);
-    free(out);
+    ok_saying("stage5", args, "GradScaler scale 0, 30 of 30", NULL);
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 4 --epochs 2 --steps 32 "
              "--init-scale 3e-39 --resume %s/z/step00000030.ckpt", dir);
-    ck_assert_int_eq(run("stage5", args, &out), 0);
-    ck_assert_msg(strstr(out, "resumed from the checkpoint: scale 0") && strstr(out, "every step will be skipped"),
-                  "%s", out);
-    free(out);
+    ok_saying("stage5", args, "resumed from the checkpoint: scale 0", "every step will be skipped");
     /* stage 4 saves none: fp16 starts at --init-scale, as a new GradScaler would */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 2 "
              "--accum-steps 1 --save %s/s4", dir);
     run_ok("stage4", args);
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 3 "
              "--resume %s/s4/step00000002.ckpt", dir);
-    ck_assert_int_eq(run("stage5", args, &out), 0);
-    ck_assert_msg(strstr(out, "holds no GradScaler state (saved by a run without one): the scale starts at "
-                              "--init-scale 65536"), "%s", out);
-    free(out);
+    ok_saying("stage5", args, "holds no GradScaler state (saved by a run without one): the scale starts at "
+                              "--init-scale 65536", NULL);
     free(dir);
 }
 END_TEST
