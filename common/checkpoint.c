@@ -159,7 +159,7 @@ const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) 
  * below its interval (update() resets it on reaching it), growth > 1 > backoff > 0. */
 int checkpoint_has_scaler(const CheckpointMeta *m) { return m->scaler_growth_interval != 0; }
 
-int checkpoint_scaler_possible(const CheckpointMeta *m) {
+static int scaler_possible(const CheckpointMeta *m) {
     if (!checkpoint_has_scaler(m))
         return m->scaler_scale == 0.0 && m->scaler_growth_tracker == 0 && m->scaler_growth_factor == 0.0 &&
                m->scaler_backoff_factor == 0.0;
@@ -183,7 +183,7 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->version >= 3 && ((m->shuffle != 0 && m->shuffle != 1) || (m->drop_last != 0 && m->drop_last != 1)))
         return 0;
     if (m->version >= 4 && (m->data_source < CKPT_DATA_UNKNOWN || m->data_source > CKPT_DATA_CIFAR10)) return 0;
-    if (m->version >= 5 && !checkpoint_scaler_possible(m)) return 0;
+    if (m->version >= 5 && !scaler_possible(m)) return 0;
     if (m->version >= 5 && (m->optimizer == CKPT_OPT_SGD ? m->adam_steps != 0
                             : m->optimizer != CKPT_OPT_ADAM || m->adam_steps < 0 || m->adam_steps > m->step))
         return 0; /* Adam takes at most one step per optimizer step */

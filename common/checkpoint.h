@@ -11,7 +11,7 @@
  * the one being trained (architecture, norm, parameter count, shape fingerprint). Older files are
  * still read, with `version` saying what they lack: version 1 records none of the position's meaning,
  * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source, version 4
- * all but the GradScaler's state. */
+ * all but the GradScaler's state and the optimizer's kind (it is SGD's). */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -99,8 +99,6 @@ int checkpoint_list(const char *dir, char **newest);
 
 /* 1 if m holds a GradScaler state (its growth interval is set; the scale itself may have reached 0). */
 int checkpoint_has_scaler(const CheckpointMeta *m);
-/* 1 if m's GradScaler fields are a state torch's GradScaler can be in (or all zero: none). */
-int checkpoint_scaler_possible(const CheckpointMeta *m);
 
 /* s with every byte that is not printable ASCII written as \xNN (for error messages that quote a
  * checkpoint's header strings, which may be anything). Returns out. */

@@ -46,8 +46,7 @@ void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) 
 void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,
                        const float *skip) {
     if (o->adam) { /* torch's fused Adam with found_inf: the step count, too, moves only on the device */
-        Adam *a = o->adam;
-        if (!a->steps_on_device) optim_set_adam_steps(o, o->steps);
+        Adam *a = o->adam; /* *steps_dev already holds o->steps: zero at init, set with it on resume */
         adam_step_unless(o->dev, o->count, params, grads, a->exp_avg, a->exp_avg_sq, lr_now, a->beta1, a->beta2,
                          a->eps, o->weight_decay, a->steps_dev, a->scalars, skip);
         a->steps_on_device = 1;

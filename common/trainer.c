@@ -1,8 +1,6 @@
 /* trainer.c — datasets, device input, step statistics, evaluation, report and checkpoints for a run. */
 #include "trainer.h"
 
-#include "adam.h"
-
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "adam.h"
 #include "hash.h"
 #include "ops.h"
 #include "peak.h"
@@ -302,6 +301,12 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.drop_last = r->drop_last;
     meta.data_source = data_source_opened;
     if (r->save_scaler) r->save_scaler(r->scaler_ctx, &meta);
+    else if (c->resume[0] && !r->scaler_noted && checkpoint_has_scaler(&r->resumed)) { /* stages 1–4 */
+        r->scaler_noted = 1;
+        report_printf(&r->report, "note: checkpoint '%s' holds a GradScaler state (scale %g), which %s has no use for "
+                                  "(only stage 5 has a GradScaler): this run's checkpoints do not carry it\n",
+                      c->resume, r->resumed.scaler_scale, r->stage);
+    }
     Adam *adam = r->opt->adam;
     meta.optimizer = adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
     meta.adam_steps = adam ? optim_adam_steps(r->opt) : 0;
@@ -568,12 +573,6 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     r->step++;
     r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
     const TrainConfig *c = r->cfg;
-    if (c->resume[0] && !r->scaler_noted && checkpoint_has_scaler(&r->resumed)) { /* stages 1–4 */
-        r->scaler_noted = 1;
-        report_printf(&r->report, "note: checkpoint '%s' holds a GradScaler state (scale %g), which %s has no use for "
-                                  "(only stage 5 has a GradScaler): this run's checkpoints do not carry it\n",
-                      c->resume, r->resumed.scaler_scale, r->stage);
-    }
     if (r->step % c->log_every == 0 || run_done(r)) {
         double loss = steplog_step_loss(log); /* the one synchronisation, every --log-every steps */
         sum_over_ranks(r, &loss, 1);

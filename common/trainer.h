@@ -131,7 +131,7 @@ typedef struct Run {
      * scaler.state_dict() goes into a checkpoint beside the model's. NULL: no scaler to save. */
     void (*save_scaler)(void *ctx, CheckpointMeta *meta);
     void *scaler_ctx;
-    int scaler_noted;      /* the resumed checkpoint's GradScaler state was taken or its fate said */
+    int scaler_noted;      /* the resumed checkpoint's GradScaler state was taken, or its fate said */
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given

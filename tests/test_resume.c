@@ -396,9 +396,9 @@ START_TEST(fp16_resume_continues_the_scaler) {
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
              "--amp bf16 --resume %s/p/step00000004.ckpt", dir);
     ok_saying("stage5", args, "holds a GradScaler state (scale 32768), which this run does not use", NULL);
-    /* stage 3 has no scaler: it says so, and its checkpoints do not carry the state */
+    /* stage 3 has no scaler: its checkpoints do not carry the state, and it says so */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
-             "--resume %s/p/step00000004.ckpt", dir);
+             "--resume %s/p/step00000004.ckpt --save %s/s3", dir, dir);
     ok_saying("stage3", args, "holds a GradScaler state (scale 32768), which stage3 has no use for", NULL);
     /* a resume past --test-inf-step injects nothing, and says so; the skip count is this run's */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 6 "

@@ -18,17 +18,13 @@ import os
 
 import torch
 
-from make_adam_fixture import N, STEPS, record
+from make_adam_fixture import CASES, N, STEPS, draw, record
 
 PATTERN = "FIFFIIFFF"
 
 
 def case(f, name, wd, grad_scales, seed):
-    g = torch.Generator().manual_seed(seed)  # as make_adam_fixture.case draws them
-    p0 = (torch.rand(N, generator=g) * 2 - 1).float()
-    grads = torch.stack([torch.randn(N, generator=g) * s for s in grad_scales]).float()
-    grads[:, ::17] = 0
-    lrs = torch.tensor([1e-3, 1e-3, 5e-4, 2e-3, 1e-2, 3e-4], dtype=torch.float64)
+    p0, grads, lrs = draw(grad_scales, seed)
     p = torch.nn.Parameter(p0.clone().cuda())
     opt = torch.optim.Adam([p], lr=1e-3, weight_decay=wd, fused=True)
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=1000)
@@ -63,8 +59,8 @@ def main():
     path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "adam_scaler.bin")
     with open(path, "wb") as f:
         f.write(b"FIXT0001")
-        case(f, "wd", 0.1, [1.0, 0.5, 2.0, 1.0, 0.1, 1.0], seed=1)
-        case(f, "nowd", 0.0, [1e-9, 1e-6, 1e-3, 1.0, 1e-4, 1e-8], seed=2)
+        for c in CASES:
+            case(f, *c)
     print(f"wrote {os.path.normpath(path)} (torch {torch.__version__}, {torch.cuda.get_device_name()})")
 
 

@@ -29,12 +29,23 @@ def record(f, name, t):
     f.write(struct.pack("<%d%s" % (t.numel(), fmt), *t.flatten().tolist()))
 
 
-def case(f, name, wd, grad_scales, seed):
+# (name, weight_decay, the scale of each step's gradients, seed): adam_scaler_fixture.py steps the same
+CASES = [("wd", 0.1, [1.0, 0.5, 2.0, 1.0, 0.1, 1.0], 1),
+         ("nowd", 0.0, [1e-9, 1e-6, 1e-3, 1.0, 1e-4, 1e-8], 2)]
+
+
+def draw(grad_scales, seed):
+    """A case's starting parameters, its STEPS gradients and learning rates."""
     g = torch.Generator().manual_seed(seed)
     p0 = (torch.rand(N, generator=g) * 2 - 1).float()
     grads = torch.stack([torch.randn(N, generator=g) * s for s in grad_scales]).float()
     grads[:, ::17] = 0  # some gradients are exactly zero: the update then rests on m and eps
     lrs = torch.tensor([1e-3, 1e-3, 5e-4, 2e-3, 1e-2, 3e-4], dtype=torch.float64)
+    return p0, grads, lrs
+
+
+def case(f, name, wd, grad_scales, seed):
+    p0, grads, lrs = draw(grad_scales, seed)
     p = torch.nn.Parameter(p0.clone())
     opt = torch.optim.Adam([p], lr=1e-3, weight_decay=wd, foreach=False)
     out = []
@@ -55,8 +66,8 @@ def main():
     path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "adam.bin")
     with open(path, "wb") as f:
         f.write(b"FIXT0001")
-        case(f, "wd", 0.1, [1.0, 0.5, 2.0, 1.0, 0.1, 1.0], seed=1)
-        case(f, "nowd", 0.0, [1e-9, 1e-6, 1e-3, 1.0, 1e-4, 1e-8], seed=2)
+        for c in CASES:
+            case(f, *c)
     print(f"wrote {os.path.normpath(path)} (torch {torch.__version__})")
 
 
