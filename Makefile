@@ -263,9 +263,9 @@ define SAN_RUN
 	@rm -rf build/$(1)/root && mkdir -p build/$(1)/root && cp $(STAGES:%=build/$(1)/%) build/$(1)/root/ && \
 	  for d in tests stages docs; do ln -s ../../../$$d build/$(1)/root/$$d; done
 	@fail=0; for s in $(if $(SUITES),$(SUITES),$(4)); do \
-	  echo "== $(1): $$s"; TEST_ROOT=build/$(1)/root $(5) build/$(1)/run_tests $$([ $$s = all ] || echo $$s) 2>&1 | \
+	  echo "== $(1): $$s"; t0=$$SECONDS; TEST_ROOT=build/$(1)/root $(5) build/$(1)/run_tests $$([ $$s = all ] || echo $$s) 2>&1 | \
 	    grep -vE '^warning: rendezvous store|^$$' | tail -n 60; \
-	  [ $${PIPESTATUS[0]} = 0 ] || fail=1; \
+	  [ $${PIPESTATUS[0]} = 0 ] || fail=1; echo "== $(1): $$s took $$((SECONDS - t0)) s"; \
 	done; exit $$fail
 endef
 

@@ -62,6 +62,8 @@ void amp_check(const AmpConfig *a) {
         die_user("--test-inf-step needs the GradScaler: use it with --amp fp16 and without "
                  "--no-grad-scaler");
     if (a->show_scaler[0]) {
+        if (cli_given("show-sampler"))
+            die_user("--show-scaler and --show-sampler are two lessons: run them one at a time");
         if (p != PREC_FP16 || a->no_grad_scaler)
             die_user("--show-scaler shows fp16's GradScaler: drop --amp %s%s (bf16 and off never use one)", a->amp,
                      a->no_grad_scaler ? " and --no-grad-scaler" : "");

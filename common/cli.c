@@ -262,6 +262,8 @@ static int wants_help(int argc, char **argv, const Option *opts) {
 }
 
 static const Option *parsed; /* the table of the last cli_parse: what cli_job_flags reads */
+static const Option **given; /* the rows the last cli_parse met on its command line */
+static int n_given;
 
 /* Flags that may differ between the ranks of one job: where this process reads and writes (paths),
  * how it feeds itself, how it reaches the others, how it shows progress — and the choices that only
@@ -313,8 +315,17 @@ int cli_job_flags(double *v, int cap, const char **names) {
     return n;
 }
 
+int cli_given(const char *name) {
+    for (int i = 0; i < n_given; i++)
+        if (!strcmp(given[i]->name, name)) return 1;
+    return 0;
+}
+
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
     parsed = opts;
+    free(given);
+    n_given = 0;
+    given = xcalloc((size_t)argc + 1, sizeof *given);
     if (wants_help(argc, argv, opts)) {
         cli_print_help(opts, prog, about);
         fflush(stdout);
@@ -330,6 +341,7 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         const Option *o = find_option(opts, name, len);
         if (!o) die_unknown(opts, a);
+        given[n_given++] = o;
         if (o->kind == OPT_FLAG) {
             if (eq) die_user("--%s is a flag and takes no value, got '%s' (write just --%s)", o->name, eq + 1, o->name);
             opt_set(o, NULL);

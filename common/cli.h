@@ -28,6 +28,10 @@ typedef struct Option {
  * and help, and exits 0. A flag given twice: the last one wins. */
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about);
 
+/* Whether the last cli_parse met --name on the command line (a default is not "given"): for flags
+ * that override others, so an explicit value is refused rather than silently replaced. */
+int cli_given(const char *name);
+
 /* The flags every rank of a job must agree on, as the last cli_parse left them: v[0] and v[1] name the
  * table (its flag names, their count), then one 32-bit hash per flag value — integers, so a sum over
  * ranks is exact in a double. The rest of v[0..cap) is zero, names[i] the flag of v[i] (NULL for the

@@ -78,7 +78,15 @@ const Option *dp_options(DpConfig *c) {
 }
 
 void dp_config_resolve(DpConfig *c, DeviceKind kind) {
-    if (c->no_python) c->op_us = 0, c->host_us = 0;
+    if (c->no_python) {
+        static const char *const python[] = {"gil-op-us", "gil-host-us", "gil-host-call-us", "gil-host-module-us",
+                                             "gil-host-param-us", "gil-host-thread-us", NULL};
+        for (const char *const *f = python; *f; f++)
+            if (cli_given(*f))
+                die_user("--no-python sets every modelled Python cost to 0, so --%s would be ignored: drop "
+                         "one of the two", *f);
+        c->op_us = 0, c->host_us = 0;
+    }
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
     if (!c->gpus) c->gpus = kind == DEV_CUDA ? device_cuda_count() : 2;
     /* The replica threads run the model one op at a time (dp_threads.c), as nn.DataParallel's

@@ -34,6 +34,7 @@ void graph_destroy(GraphCache *c) {
     c->e = NULL, c->cap = 0;
 }
 
+#ifdef USE_CUDA /* the CPU backend keeps no graphs */
 static GraphEntry *entry(GraphCache *c, GraphKey k) {
     for (int i = 0; i < c->count; i++) {
         GraphEntry *e = &c->e[i];
@@ -51,6 +52,7 @@ static GraphEntry *entry(GraphCache *c, GraphKey k) {
     e->key = k;
     return e;
 }
+#endif
 
 void graph_run(GraphCache *c, GraphKey key, void (*body)(void *), void *arg) {
     /* --trace records events around each stretch's ops: those runs stay eager */

@@ -656,6 +656,7 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--backoff-factor 1", "--backoff-factor must be a number in (0, 1)"},
         {"--init-scale 1e-40", "1/scale overflows fp32"}, /* a NaN step the scaler would not skip */
         {"--amp bf16 --show-scaler FIF", "--show-scaler shows fp16's GradScaler: drop --amp bf16"},
+        {"--show-scaler FIF --show-sampler --dataset-size 10", "run them one at a time"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[512], *out;
