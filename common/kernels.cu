@@ -11,6 +11,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
+#include <initializer_list>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -354,7 +357,7 @@ template <typename T> __global__ void bias_grad_lp_kernel(int n, int out, const 
  *   1. partials: the n·hw rows of every channel are cut into G fixed chunks; one block reduces one
  *      chunk of 32 channels (NHWC: a warp reads 32 neighbouring channels of a row) or of one
  *      channel (NCHW: threads walk the contiguous hw run of each image);
- *   2. finalize: one thread per channel combines its G partials, always in chunk order;
+ *   2. finalize: 32–256 threads per channel combine its G partials in a fixed order;
  *   3. apply: elementwise, one thread per value.
  * Every order is fixed, so results are bit-reproducible run to run. The forward's partials are
  * (mean, M2) of each chunk, merged with Chan's formula — one pass over x, no E[x²]−E[x]² cancellation.
@@ -363,6 +366,9 @@ template <typename T> __global__ void bias_grad_lp_kernel(int n, int out, const 
 #define BN_ROWS_NHWC 8   /* NHWC block: 32 channels × 8 rows */
 #define BN_THREADS 256
 #define BN_TARGET_BLOCKS 512
+#ifndef BN_VEC_TARGET_BLOCKS
+#define BN_VEC_TARGET_BLOCKS 256 /* the vector path's (below): 512 doubled the finalize's work and slowed stage 5 (2.83 against 2.74 ms fp16) */
+#endif
 
 /* The chunk plan, the same in every kernel of a pass. */
 struct BnPlan {
@@ -375,6 +381,16 @@ static BnPlan bn_plan(int nhwc, int n, int c, int hw) {
     p.rows = (uint32_t)n * (uint32_t)hw;
     int64_t cblocks = nhwc ? (c + 31) / 32 : c;
     int64_t g = BN_TARGET_BLOCKS / cblocks, most = p.rows / (nhwc ? 64 : 256);
+    if (g > most) g = most;
+    p.chunks = (uint32_t)(g < 1 ? 1 : g);
+    return p;
+}
+
+/* The vector path's plan (below): its blocks span TX·V channels, so the same target asks for more chunks. */
+static BnPlan bn_vec_plan(int n, int c, int hw, int V, int tx) {
+    BnPlan p;
+    p.rows = (uint32_t)n * (uint32_t)hw;
+    int64_t cblocks = (c / V + tx - 1) / tx, g = BN_VEC_TARGET_BLOCKS / cblocks, most = p.rows / 64;
     if (g > most) g = most;
     p.chunks = (uint32_t)(g < 1 ? 1 : g);
     return p;
@@ -439,27 +455,41 @@ __global__ void __launch_bounds__(BN_THREADS)
     if (lane == 0 && ch >= 0) part[((size_t)g * c + ch) * 2] = sm[slot], part[((size_t)g * c + ch) * 2 + 1] = s2[slot];
 }
 
-/* One warp per channel: lane l merges chunks l, l + 32, … in order, then a fixed shuffle tree
- * (a serial merge of 256 chunks by one thread per channel took 40 µs a call on an H200). */
-#define BN_FIN_CH 8 /* channels (warps) per finalize block */
-__global__ void bn_finalize_stats_kernel(BnPlan pl, int c, const float *part, float momentum,
-                                         float eps, float *running_mean, float *running_var,
-                                         float *save_mean, float *save_invstd) {
-    const int ch = blockIdx.x * BN_FIN_CH + threadIdx.y, lane = threadIdx.x;
+/* Finalize: L lanes per channel (L = the chunk count rounded up to a power of two, 32–256) and
+ * 256 / L channels per block: lane l merges chunks l, l + L, … in order — every chunk's partial is
+ * loaded at once — then a fixed-order tree over the lanes. (One thread per channel merging 256
+ * chunks serially took 40 µs a call on an H200; one warp per channel, 8–16 dependent loads a lane,
+ * 6–14 µs; a whole block per channel wasted most of its threads on layers 3–4, which have 8–32
+ * chunks.) */
+#define BN_FIN_THREADS 256
+static dim3 bn_fin_block(uint32_t chunks) {
+    uint32_t lanes = 32;
+    while (lanes < chunks && lanes < BN_FIN_THREADS) lanes *= 2;
+    return dim3(lanes, BN_FIN_THREADS / lanes);
+}
+static dim3 bn_fin_grid(int c, dim3 block) { return dim3((c + block.y - 1) / block.y); }
+
+__global__ void __launch_bounds__(BN_FIN_THREADS)
+    bn_finalize_stats_kernel(BnPlan pl, int c, const float *part, float momentum, float eps, float *running_mean,
+                             float *running_var, float *save_mean, float *save_invstd, const float *gamma,
+                             const float *beta, float *vec) {
+    __shared__ float sn[BN_FIN_THREADS], sm[BN_FIN_THREADS], s2[BN_FIN_THREADS];
+    const uint32_t L = blockDim.x, lane = threadIdx.x;
+    const int ch = blockIdx.x * blockDim.y + threadIdx.y, t = threadIdx.y * L + lane;
     float n = 0.f, mean = 0.f, m2 = 0.f;
     if (ch < c)
-        for (uint32_t g = lane; g < pl.chunks; g += 32)
+        for (uint32_t g = lane; g < pl.chunks; g += L)
             chan_merge(n, mean, m2, (float)(pl.lo(g + 1) - pl.lo(g)), part[((size_t)g * c + ch) * 2],
                        part[((size_t)g * c + ch) * 2 + 1]);
-    for (int off = 16; off > 0; off >>= 1) {
-        float nb = __shfl_down_sync(0xffffffffu, n, off), mb = __shfl_down_sync(0xffffffffu, mean, off),
-              m2b = __shfl_down_sync(0xffffffffu, m2, off);
-        if (lane < off) chan_merge(n, mean, m2, nb, mb, m2b);
-    }
+    sn[t] = n, sm[t] = mean, s2[t] = m2;
+    BN_TREE(false, lane, L, t, chan_merge(sn[t], sm[t], s2[t], sn[o_], sm[o_], s2[o_]));
     if (ch >= c || lane != 0) return;
+    n = sn[t], mean = sm[t], m2 = s2[t];
     const float var = m2 / n; /* biased: what normalises */
     save_mean[ch] = mean;
     save_invstd[ch] = 1.f / sqrtf(var + eps);
+    if (vec) /* the vector apply's operands, channel-contiguous */
+        vec[ch] = mean, vec[c + ch] = save_invstd[ch] * gamma[ch], vec[2 * c + ch] = beta[ch];
     running_mean[ch] = (1.f - momentum) * running_mean[ch] + momentum * mean;
     running_var[ch] = (1.f - momentum) * running_var[ch] + momentum * var * n / (n - 1.f);
 }
@@ -517,24 +547,29 @@ __global__ void __launch_bounds__(BN_THREADS)
     if (lane == 0 && ch >= 0) part[((size_t)g * c + ch) * 2] = sa[slot], part[((size_t)g * c + ch) * 2 + 1] = sb[slot];
 }
 
-/* Σ over chunks (one warp per channel, as above); dγ, dβ accumulate (parameter gradients always
- * do); coef = the two means the elementwise pass needs. */
-__global__ void bn_finalize_grad_kernel(BnPlan pl, int c, const float *part, float *dgamma,
-                                        float *dbeta, float *coef) {
-    const int ch = blockIdx.x * BN_FIN_CH + threadIdx.y, lane = threadIdx.x;
+/* Σ over chunks (lanes per channel as above); dγ, dβ accumulate (parameter gradients always do);
+ * coef = the two means the elementwise pass needs. */
+__global__ void __launch_bounds__(BN_FIN_THREADS)
+    bn_finalize_grad_kernel(BnPlan pl, int c, const float *part, float *dgamma, float *dbeta, float *coef,
+                            const float *gamma, const float *save_mean, const float *save_invstd, float *vec) {
+    __shared__ float sa[BN_FIN_THREADS], sb[BN_FIN_THREADS];
+    const uint32_t L = blockDim.x, lane = threadIdx.x;
+    const int ch = blockIdx.x * blockDim.y + threadIdx.y, t = threadIdx.y * L + lane;
     float sdy = 0.f, sdyx = 0.f;
     if (ch < c)
-        for (uint32_t g = lane; g < pl.chunks; g += 32)
+        for (uint32_t g = lane; g < pl.chunks; g += L)
             sdy += part[((size_t)g * c + ch) * 2], sdyx += part[((size_t)g * c + ch) * 2 + 1];
-    for (int off = 16; off > 0; off >>= 1) {
-        sdy += __shfl_down_sync(0xffffffffu, sdy, off);
-        sdyx += __shfl_down_sync(0xffffffffu, sdyx, off);
-    }
+    sa[t] = sdy, sb[t] = sdyx;
+    BN_TREE(false, lane, L, t, (sa[t] += sa[o_], sb[t] += sb[o_]));
     if (ch >= c || lane != 0) return;
+    sdy = sa[t], sdyx = sb[t];
     dbeta[ch] += sdy;
     dgamma[ch] += sdyx;
     coef[2 * ch] = sdy / (float)pl.rows;
     coef[2 * ch + 1] = sdyx / (float)pl.rows;
+    if (vec) /* the vector apply's operands, channel-contiguous */
+        vec[ch] = save_mean[ch], vec[c + ch] = save_invstd[ch], vec[2 * c + ch] = gamma[ch] * save_invstd[ch],
+        vec[3 * c + ch] = coef[2 * ch], vec[4 * c + ch] = coef[2 * ch + 1];
 }
 
 template <typename T, bool NHWC>
@@ -548,6 +583,251 @@ __global__ void bn_apply_grad_kernel(uint32_t count, int c, int hw, const T *x, 
         float d = relu && !(to_f(y[i]) > 0.f) ? 0.f : to_f(dy[i]);
         float v = gamma[ch] * invstd * (d - coef[2 * ch] - xhat * coef[2 * ch + 1]);
         dx[i] = from_f<T>(accumulate ? to_f(dx[i]) + v : v);
+    }
+}
+
+/* ---- batch norm, the channels-last fast path: 16-byte vectors ----------------------------------
+ * In NHWC the channels of one row sit next to each other, so one 16-byte load brings V = 16 /
+ * sizeof(T) of them (4 in fp32, 8 in 16 bits): a quarter to an eighth of the scalar kernels' memory
+ * instructions for the same bytes, and each thread issues BN_UNROLL rows' loads before it uses
+ * any, so more bytes are in flight. The forward's statistics take BN_UNROLL rows at a time — their
+ * mean and M2, merged into the running pair with Chan's formula: one division per BN_UNROLL rows for
+ * all V channels, where Welford divides per value. The apply kernels read per-channel operands the
+ * finalize kernels laid out channel-contiguous in the scratch (vec), as float4s.
+ * Taken when c % V == 0 and every tensor is 16-byte aligned (the model's arena is); anything else
+ * runs the scalar kernels above. Same chunk plan, partial layout and finalize: only the order of the
+ * float operations inside a chunk differs, and it is still fixed (bit-reproducible). */
+#define BN_UNROLL 4
+
+/* 16 bytes of T ↔ V floats: one load or store instruction; the 16-bit conversions two at a time
+ * (round to nearest even on the way back, as from_f). */
+template <typename T> struct VecOf { static constexpr int N = 16 / (int)sizeof(T); };
+__device__ __forceinline__ void vload(const float *p, float (&f)[4]) {
+    const float4 v = *(const float4 *)p;
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+}
+__device__ __forceinline__ void vload(const __half *p, float (&f)[8]) {
+    __align__(16) __half2 h[4];
+    *(uint4 *)h = *(const uint4 *)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void vload(const __nv_bfloat16 *p, float (&f)[8]) {
+    const uint4 r = *(const uint4 *)p;
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+__device__ __forceinline__ void vstore(float *p, const float (&f)[4]) { *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]); }
+__device__ __forceinline__ void vstore(__half *p, const float (&f)[8]) {
+    __align__(16) __half2 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = *(const uint4 *)h;
+}
+__device__ __forceinline__ void vstore(__nv_bfloat16 *p, const float (&f)[8]) {
+    __align__(16) __nv_bfloat162 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = *(const uint4 *)h;
+}
+/* V per-channel floats from a channel-contiguous operand array (16-byte aligned: 4 | c, 4 | ch0) */
+template <int V> __device__ __forceinline__ void vparams(const float *p, float (&f)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+        const float4 t = *(const float4 *)(p + j);
+        f[j] = t.x, f[j + 1] = t.y, f[j + 2] = t.z, f[j + 3] = t.w;
+    }
+}
+
+/* NHWC vector block: TX threads across a row's vectors (a power of two, at most 8: a warp then reads
+ * 4 rows of 128 contiguous bytes, and 512 channels still make 8–16 column blocks — at 32, layer 4's
+ * 2,048 rows gave 64 blocks, too few to fill the GPU), TY = 256 / TX rows. */
+static dim3 bn_vec_block(int c, int V) {
+    int tx = 1;
+    while (tx < c / V && tx < 8) tx *= 2;
+    return dim3(tx, BN_THREADS / tx);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_THREADS) bn_partial_stats_vec_kernel(BnPlan pl, int c, const T *x, float *part) {
+    constexpr int V = VecOf<T>::N;
+    __shared__ float s_n[BN_THREADS], s_mean[V][BN_THREADS], s_m2[V][BN_THREADS];
+    const int TX = blockDim.x, TY = blockDim.y, ty = threadIdx.y, slot = ty * TX + threadIdx.x;
+    const int ch0 = (blockIdx.y * TX + threadIdx.x) * V;
+    const uint32_t g = blockIdx.x, lo = pl.lo(g), hi = pl.lo(g + 1);
+    float n = 0.f, mean[V], m2[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) mean[j] = m2[j] = 0.f;
+    if (ch0 < c) {
+        uint32_t k = lo + ty;
+        for (; k + (BN_UNROLL - 1) * TY < hi; k += BN_UNROLL * TY) {
+            float a[BN_UNROLL][V];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) vload(x + (size_t)(k + u * TY) * c + ch0, a[u]);
+            const float f = (float)BN_UNROLL / (n + (float)BN_UNROLL);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float sum = 0.f, q = 0.f;
+#pragma unroll
+                for (int u = 0; u < BN_UNROLL; u++) sum += a[u][j];
+                const float mb = sum * (1.f / BN_UNROLL);
+#pragma unroll
+                for (int u = 0; u < BN_UNROLL; u++) q += (a[u][j] - mb) * (a[u][j] - mb);
+                const float delta = mb - mean[j]; /* Chan: (n, mean, m2) ⊕ (BN_UNROLL, mb, q) */
+                mean[j] += delta * f;
+                m2[j] += q + delta * delta * n * f;
+            }
+            n += (float)BN_UNROLL;
+        }
+        for (; k < hi; k += TY) { /* the rest, one row at a time (Welford) */
+            float a[V];
+            vload(x + (size_t)k * c + ch0, a);
+            n += 1.f;
+            const float f = 1.f / n;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float d = a[j] - mean[j];
+                mean[j] += d * f;
+                m2[j] += d * (a[j] - mean[j]);
+            }
+        }
+    }
+    s_n[slot] = n;
+#pragma unroll
+    for (int j = 0; j < V; j++) s_mean[j][slot] = mean[j], s_m2[j][slot] = m2[j];
+    for (int half = TY / 2; half > 0; half /= 2) { /* fixed-order tree over the rows */
+        __syncthreads();
+        if (ty < half) {
+            const int o = slot + half * TX;
+            const float na = s_n[slot], nb = s_n[o];
+            if (nb > 0.f) {
+                const float f = nb / (na + nb);
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const float delta = s_mean[j][o] - s_mean[j][slot];
+                    s_mean[j][slot] += delta * f;
+                    s_m2[j][slot] += s_m2[j][o] + delta * delta * na * f;
+                }
+                s_n[slot] = na + nb;
+            }
+        }
+    }
+    __syncthreads();
+    if (ty == 0 && ch0 < c)
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            part[((size_t)g * c + ch0 + j) * 2] = s_mean[j][slot], part[((size_t)g * c + ch0 + j) * 2 + 1] = s_m2[j][slot];
+}
+
+/* y = (x − mean)·(invstd·γ) + β, V channels a thread; vec = [mean | invstd·γ | β] from the finalize. */
+template <typename T>
+__global__ void bn_apply_vec_kernel(uint32_t nvec, int c, const T *x, const float *vec, int relu, T *y) {
+    constexpr int V = VecOf<T>::N;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
+        const uint32_t ch0 = (i * V) % (uint32_t)c;
+        float a[V], m[V], sc[V], b[V];
+        vload(x + (size_t)i * V, a);
+        vparams<V>(vec + ch0, m), vparams<V>(vec + c + ch0, sc), vparams<V>(vec + 2 * c + ch0, b);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float v = (a[j] - m[j]) * sc[j] + b[j];
+            a[j] = relu && v < 0.f ? 0.f : v;
+        }
+        vstore(y + (size_t)i * V, a);
+    }
+}
+
+/* Backward partials, V channels a thread: Σ g and Σ g·x̂ (g = dy, masked by y > 0 with the ReLU). */
+template <typename T>
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_partial_grad_vec_kernel(BnPlan pl, int c, const T *x, const T *y, const T *dy, const float *save_mean,
+                               const float *save_invstd, int relu, float *part) {
+    constexpr int V = VecOf<T>::N;
+    __shared__ float s_a[V][BN_THREADS], s_b[V][BN_THREADS];
+    const int TX = blockDim.x, TY = blockDim.y, ty = threadIdx.y, slot = ty * TX + threadIdx.x;
+    const int ch0 = (blockIdx.y * TX + threadIdx.x) * V;
+    const uint32_t g = blockIdx.x, lo = pl.lo(g), hi = pl.lo(g + 1);
+    float sdy[V], sdyx[V], mean[V], invstd[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) sdy[j] = sdyx[j] = 0.f, mean[j] = invstd[j] = 0.f;
+    if (ch0 < c) {
+#pragma unroll
+        for (int j = 0; j < V; j++) mean[j] = save_mean[ch0 + j], invstd[j] = save_invstd[ch0 + j];
+        uint32_t k = lo + ty;
+        for (; k + (BN_UNROLL - 1) * TY < hi; k += BN_UNROLL * TY) {
+            float ax[BN_UNROLL][V], ady[BN_UNROLL][V], ay[BN_UNROLL][V];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                const size_t at = (size_t)(k + u * TY) * c + ch0;
+                vload(x + at, ax[u]), vload(dy + at, ady[u]);
+                if (relu) vload(y + at, ay[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++)
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const float d = relu && !(ay[u][j] > 0.f) ? 0.f : ady[u][j];
+                    sdy[j] += d;
+                    sdyx[j] += d * ((ax[u][j] - mean[j]) * invstd[j]);
+                }
+        }
+        for (; k < hi; k += TY) {
+            const size_t at = (size_t)k * c + ch0;
+            float ax[V], ady[V], ay[V];
+            vload(x + at, ax), vload(dy + at, ady);
+            if (relu) vload(y + at, ay);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float d = relu && !(ay[j] > 0.f) ? 0.f : ady[j];
+                sdy[j] += d;
+                sdyx[j] += d * ((ax[j] - mean[j]) * invstd[j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) s_a[j][slot] = sdy[j], s_b[j][slot] = sdyx[j];
+    for (int half = TY / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if (ty < half) {
+            const int o = slot + half * TX;
+#pragma unroll
+            for (int j = 0; j < V; j++) s_a[j][slot] += s_a[j][o], s_b[j][slot] += s_b[j][o];
+        }
+    }
+    __syncthreads();
+    if (ty == 0 && ch0 < c)
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            part[((size_t)g * c + ch0 + j) * 2] = s_a[j][slot], part[((size_t)g * c + ch0 + j) * 2 + 1] = s_b[j][slot];
+}
+
+/* dx = γ·invstd·(g − mean(g) − x̂·mean(g·x̂)), V channels a thread; vec = [mean | invstd | γ·invstd |
+ * mean(g) | mean(g·x̂)] from the finalize (the scalar kernel's operands, so the same arithmetic). */
+template <typename T>
+__global__ void bn_apply_grad_vec_kernel(uint32_t nvec, int c, const T *x, const T *y, const T *dy,
+                                         const float *vec, int relu, T *dx, int accumulate) {
+    constexpr int V = VecOf<T>::N;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += gridDim.x * blockDim.x) {
+        const uint32_t ch0 = (i * V) % (uint32_t)c;
+        const size_t at = (size_t)i * V;
+        float ax[V], ady[V], ay[V], o[V], m[V], is[V], k1[V], c0[V], c1[V];
+        vload(x + at, ax), vload(dy + at, ady);
+        if (relu) vload(y + at, ay);
+        if (accumulate) vload(dx + at, o);
+        vparams<V>(vec + ch0, m), vparams<V>(vec + c + ch0, is), vparams<V>(vec + 2 * c + ch0, k1);
+        vparams<V>(vec + 3 * c + ch0, c0), vparams<V>(vec + 4 * c + ch0, c1);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float xhat = (ax[j] - m[j]) * is[j];
+            const float d = relu && !(ay[j] > 0.f) ? 0.f : ady[j];
+            const float v = k1[j] * (d - c0[j] - xhat * c1[j]);
+            o[j] = accumulate ? o[j] + v : v;
+        }
+        vstore(dx + at, o);
     }
 }
 
@@ -822,8 +1102,27 @@ void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, 
     TYPED(p, bias_grad_lp_kernel<T><<<g, THREADS, 0, s>>>(n, out, PCT(dy), PT(db)));
 }
 
+/* The scratch: the partials (the most chunks either path may cut), then coef (2c), then the vector
+ * path's per-channel operands (5c). Its start is 256-byte aligned, and the vector path runs only
+ * when 4 | c, so every piece after the partials stays 16-byte aligned. */
+static uint32_t bn_max_chunks(int nhwc, int n, int c, int hw) {
+    uint32_t most = bn_plan(nhwc, n, c, hw).chunks;
+    if (nhwc && c % 4 == 0) most = std::max(most, bn_vec_plan(n, c, hw, 4, (int)bn_vec_block(c, 4).x).chunks);
+    if (nhwc && c % 8 == 0) most = std::max(most, bn_vec_plan(n, c, hw, 8, (int)bn_vec_block(c, 8).x).chunks);
+    return most;
+}
+
 size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw) {
-    return (size_t)bn_plan(nhwc, n, c, hw).chunks * c * 2 + (size_t)c * 2;
+    return (size_t)bn_max_chunks(nhwc, n, c, hw) * c * 2 + (size_t)c * 7;
+}
+
+/* The vector path: channels-last, V | c, every tensor 16-byte aligned (NULL: not read). */
+static bool bn_vec_ok(int nhwc, int p, int c, std::initializer_list<const void *> tensors) {
+    const int V = p == 0 ? 4 : 8;
+    if (!nhwc || c % V) return false;
+    for (const void *t : tensors)
+        if ((uintptr_t)t % 16) return false;
+    return true;
 }
 
 /* The three kernels of each pass (see the batch norm section above). */
@@ -836,12 +1135,27 @@ void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, i
                                 float *save_invstd, void *y, int relu, float *scratch) {
     const uint32_t count = (uint32_t)n * c * hw; /* ops_cuda.c checks it fits */
     if (c <= 0 || count == 0) return;
+    if (bn_vec_ok(nhwc, p, c, {x, y, scratch})) {
+        const int V = p == 0 ? 4 : 8;
+        const dim3 block = bn_vec_block(c, V);
+        const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);
+        const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);
+        float *vec = scratch + (size_t)pl.chunks * c * 2 + (size_t)c * 2;
+        TYPED(p, bn_partial_stats_vec_kernel<T><<<grid, block, 0, s>>>(pl, c, PCT(x), scratch));
+        const dim3 fb = bn_fin_block(pl.chunks);
+        bn_finalize_stats_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, momentum, eps, running_mean,
+                                                                   running_var, save_mean, save_invstd, gamma, beta, vec);
+        const uint32_t nvec = count / V;
+        TYPED(p, bn_apply_vec_kernel<T><<<blocks_for(nvec), THREADS, 0, s>>>(nvec, c, PCT(x), vec, relu, PT(y)));
+        return;
+    }
     const BnPlan pl = bn_plan(nhwc, n, c, hw);
     const dim3 grid = BN_PARTIAL_GRID(pl, nhwc, c), block = BN_PARTIAL_BLOCK(nhwc);
     if (nhwc) TYPED(p, bn_partial_stats_kernel<T, true><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), scratch));
     else TYPED(p, bn_partial_stats_kernel<T, false><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), scratch));
-    bn_finalize_stats_kernel<<<(c + BN_FIN_CH - 1) / BN_FIN_CH, dim3(32, BN_FIN_CH), 0, s>>>(pl, c, scratch, momentum, eps, running_mean,
-                                                          running_var, save_mean, save_invstd);
+    const dim3 fb = bn_fin_block(pl.chunks);
+    bn_finalize_stats_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, momentum, eps, running_mean, running_var,
+                                                               save_mean, save_invstd, gamma, beta, nullptr);
     const int g = blocks_for(count);
     if (nhwc) TYPED(p, bn_apply_kernel<T, true><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), gamma, beta, save_mean, save_invstd, relu, PT(y)));
     else TYPED(p, bn_apply_kernel<T, false><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), gamma, beta, save_mean, save_invstd, relu, PT(y)));
@@ -863,12 +1177,30 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
                            int accumulate, int relu, float *scratch) {
     const uint32_t count = (uint32_t)n * c * hw;
     if (c <= 0 || count == 0) return;
+    if (bn_vec_ok(nhwc, p, c, {x, y, dy, dx, scratch})) {
+        const int V = p == 0 ? 4 : 8;
+        const dim3 block = bn_vec_block(c, V);
+        const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);
+        const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);
+        float *coef = scratch + (size_t)pl.chunks * c * 2, *vec = coef + (size_t)c * 2;
+        TYPED(p, bn_partial_grad_vec_kernel<T><<<grid, block, 0, s>>>(pl, c, PCT(x), PCT(y), PCT(dy), save_mean,
+                                                                      save_invstd, relu, scratch));
+        const dim3 fb = bn_fin_block(pl.chunks);
+        bn_finalize_grad_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, dgamma, dbeta, coef, gamma,
+                                                                  save_mean, save_invstd, vec);
+        const uint32_t nvec = count / V;
+        TYPED(p, bn_apply_grad_vec_kernel<T><<<blocks_for(nvec), THREADS, 0, s>>>(nvec, c, PCT(x), PCT(y), PCT(dy), vec,
+                                                                                relu, PT(dx), accumulate));
+        return;
+    }
     const BnPlan pl = bn_plan(nhwc, n, c, hw);
     const dim3 grid = BN_PARTIAL_GRID(pl, nhwc, c), block = BN_PARTIAL_BLOCK(nhwc);
     float *coef = scratch + (size_t)pl.chunks * c * 2;
     if (nhwc) TYPED(p, bn_partial_grad_kernel<T, true><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), PCT(y), PCT(dy), save_mean, save_invstd, relu, scratch));
     else TYPED(p, bn_partial_grad_kernel<T, false><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), PCT(y), PCT(dy), save_mean, save_invstd, relu, scratch));
-    bn_finalize_grad_kernel<<<(c + BN_FIN_CH - 1) / BN_FIN_CH, dim3(32, BN_FIN_CH), 0, s>>>(pl, c, scratch, dgamma, dbeta, coef);
+    const dim3 fb = bn_fin_block(pl.chunks);
+    bn_finalize_grad_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, dgamma, dbeta, coef, gamma, save_mean,
+                                                              save_invstd, nullptr);
     const int g = blocks_for(count);
     if (nhwc) TYPED(p, bn_apply_grad_kernel<T, true><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), PCT(y), PCT(dy), gamma, save_mean, save_invstd, coef, relu, PT(dx), accumulate));
     else TYPED(p, bn_apply_grad_kernel<T, false><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), PCT(y), PCT(dy), gamma, save_mean, save_invstd, coef, relu, PT(dx), accumulate));

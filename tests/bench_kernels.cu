@@ -80,7 +80,7 @@ extern "C" {
 
 #define TOL_ELEM 1e-5
 #define TOL_SUM 1e-4
-static double tol_lp(int p) { return 2 * (p == PREC_FP16 ? 1.0 / 2048 : 1.0 / 256) + TOL_SUM; }
+static double tol_lp(int p) { return p == PREC_FP32 ? TOL_SUM : 2 * (p == PREC_FP16 ? 1.0 / 2048 : 1.0 / 256) + TOL_SUM; }
 
 static const float BN_MOMENTUM = 0.1f, BN_EPS = 1e-5f;
 
@@ -128,12 +128,15 @@ struct Row {
     void (*setup)(Case &); /* the family's inputs, reference outputs and tolerances */
     void (*launch)(Case &);/* what is timed */
     int n, c, hw;          /* shape (elementwise rows: count = n · c · hw) */
-    int p;                 /* 0 fp32, 1 fp16, 2 bf16, BOTH: one row each */
+    int p;                 /* 0 fp32, 1 fp16, 2 bf16, BOTH: fp16 and bf16, ALL: all three */
     int nhwc, acc;         /* channels-last tensors; accumulate (+=) into the output */
     double extra;          /* family-specific (sgd's skip flag, amp's found_inf, ...) */
     int relu;              /* batch norm with its ReLU fused */
 };
-enum { BOTH = 3 };
+enum { BOTH = 3, ALL = 4 };
+static std::vector<int> types_of(const Row &r) {
+    return r.p == BOTH ? std::vector<int>{1, 2} : r.p == ALL ? std::vector<int>{0, 1, 2} : std::vector<int>{r.p};
+}
 
 static uint64_t rng_state;
 static float uniform(float lo, float hi) { /* splitmix64 → [lo, hi) */
@@ -161,7 +164,7 @@ static Tensor &add(Case &k, const char *name, Kind kind, Role role, int64_t coun
 }
 static void channels_last(Tensor &t, int64_t a, int64_t b, int64_t c) { t.swap[0] = a, t.swap[1] = b, t.swap[2] = c; }
 
-static int esize(const Case &k, Kind kind) { return kind == LP ? 2 : kind == I64 ? 8 : 4; }
+static int esize(const Case &k, Kind kind) { return kind == LP && k.p ? 2 : kind == I64 ? 8 : 4; }
 
 /* host [A][B][C] ↔ device [A][C][B] */
 static std::vector<float> permute(const Tensor &t, const std::vector<float> &x, int to_device) {
@@ -183,7 +186,7 @@ static void upload(Case &k, Tensor &t) {
     CHECK(cudaMalloc(&t.d, bytes > 0 ? bytes : 1));
     std::vector<float> x = permute(t, t.h, 1);
     std::vector<char> buf(bytes);
-    if (t.kind == F32) memcpy(buf.data(), x.data(), bytes);
+    if (t.kind == F32 || (t.kind == LP && !k.p)) memcpy(buf.data(), x.data(), bytes);
     else if (t.kind == LP) precision_pack((Precision)k.p, t.count, x.data(), (uint16_t *)buf.data());
     else if (t.kind == I32) for (int64_t i = 0; i < t.count; i++) ((int32_t *)buf.data())[i] = (int32_t)x[i];
     else for (int64_t i = 0; i < t.count; i++) ((int64_t *)buf.data())[i] = (int64_t)x[i];
@@ -195,7 +198,7 @@ static std::vector<float> download(Case &k, Tensor &t) {
     std::vector<char> buf(bytes);
     std::vector<float> x(t.count);
     CHECK(cudaMemcpy(buf.data(), t.d, bytes, cudaMemcpyDeviceToHost));
-    if (t.kind == F32) memcpy(x.data(), buf.data(), bytes);
+    if (t.kind == F32 || (t.kind == LP && !k.p)) memcpy(x.data(), buf.data(), bytes);
     else if (t.kind == LP) precision_unpack((Precision)k.p, t.count, (const uint16_t *)buf.data(), x.data());
     else if (t.kind == I32) for (int64_t i = 0; i < t.count; i++) x[i] = (float)((int32_t *)buf.data())[i];
     else for (int64_t i = 0; i < t.count; i++) x[i] = (float)((int64_t *)buf.data())[i];
@@ -593,7 +596,8 @@ static const Row ROWS[] = {
     /* ==== batch norm ============================================================================
      * The launchers take a fused-ReLU flag (k.relu, the row's last field) and a scratch (WS, larger
      * than launch_bn_scratch_floats asks for at these shapes). Layer 1's shape (few channels,
-     * many values each) and layer 4's (many channels, 2,048 values each), NCHW and NHWC. */
+     * many values each) and layer 4's (many channels, 2,048 values each), NCHW and NHWC; NHWC also
+     * in fp32, stage 1's batch norm (the same kernels, T = float). */
 #define BN_TRAIN L(launch_bn_forward_train_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.f(1), k.f(2), k.f(3), k.f(4), \
                                                 BN_MOMENTUM, BN_EPS, k.f(5), k.f(6), k.v(7), k.relu, (float *)WS))
 #define BN_EVAL L(launch_bn_forward_eval_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.f(1), k.f(2), k.f(3), k.f(4), \
@@ -601,20 +605,20 @@ static const Row ROWS[] = {
 #define BN_BWD L(launch_bn_backward_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.relu ? k.v(9) : nullptr, k.v(3), \
                                          k.f(1), k.f(4), k.f(5), k.v(6), k.f(7), k.f(8), k.acc, k.relu, (float *)WS))
     {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, ACT, BOTH, 0},
-    {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, ACT, BOTH, 1},
+    {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, ACT, ALL, 1},
     {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, POOL, BOTH, 0},
-    {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, POOL, BOTH, 1},
+    {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, POOL, ALL, 1},
     {"bn_forward_eval_lp", "", bn_eval_setup, BN_EVAL, ACT, BOTH, 0},
-    {"bn_forward_eval_lp", "", bn_eval_setup, BN_EVAL, ACT, BOTH, 1},
+    {"bn_forward_eval_lp", "", bn_eval_setup, BN_EVAL, ACT, ALL, 1},
     {"bn_forward_eval_lp", "", bn_eval_setup, BN_EVAL, POOL, BOTH, 0},
-    {"bn_forward_eval_lp", "", bn_eval_setup, BN_EVAL, POOL, BOTH, 1},
+    {"bn_forward_eval_lp", "", bn_eval_setup, BN_EVAL, POOL, ALL, 1},
     {"bn_backward_lp", "", bn_bwd_setup, BN_BWD, ACT, BOTH, 0},
-    {"bn_backward_lp", "", bn_bwd_setup, BN_BWD, ACT, BOTH, 1},
+    {"bn_backward_lp", "", bn_bwd_setup, BN_BWD, ACT, ALL, 1},
     {"bn_backward_lp", "", bn_bwd_setup, BN_BWD, POOL, BOTH, 0},
-    {"bn_backward_lp", "", bn_bwd_setup, BN_BWD, POOL, BOTH, 1},
+    {"bn_backward_lp", "", bn_bwd_setup, BN_BWD, POOL, ALL, 1},
     /* the fused ReLU, as the model runs every BN followed by a ReLU */
-    {"bn_forward_train_lp", "relu", bn_train_setup, BN_TRAIN, ACT, BOTH, 1, 0, 0, 1},
-    {"bn_backward_lp", "relu", bn_bwd_setup, BN_BWD, ACT, BOTH, 1, 0, 0, 1},
+    {"bn_forward_train_lp", "relu", bn_train_setup, BN_TRAIN, ACT, ALL, 1, 0, 0, 1},
+    {"bn_backward_lp", "relu", bn_bwd_setup, BN_BWD, ACT, ALL, 1, 0, 0, 1},
     /* ==== end of batch norm ===================================================================== */
 
     /* GradScaler (fp32, the whole gradient) */
@@ -641,7 +645,7 @@ static int env_int(const char *name, int dflt) {
 
 static std::string label(const Row &r, int p, int nhwc) {
     std::string s = r.variant;
-    if (p) s += std::string(s.empty() ? "" : ", ") + precision_name((Precision)p);
+    if (p || r.p == ALL) s += std::string(s.empty() ? "" : ", ") + precision_name((Precision)p);
     if (r.setup == bn_train_setup || r.setup == bn_eval_setup || r.setup == bn_bwd_setup || nhwc ||
         r.setup == avgpool_fwd_lp_setup || r.setup == avgpool_bwd_lp_setup)
         s += nhwc ? " nhwc" : " nchw";
@@ -761,7 +765,7 @@ int main(int argc, char **argv) {
     };
     if (list) {
         for (const Row &r : ROWS)
-            for (int p : r.p == BOTH ? std::vector<int>{1, 2} : std::vector<int>{r.p})
+            for (int p : types_of(r))
                 if (wanted(r, p)) printf("%-22s %-28s %s\n", r.kernel, label(r, p, r.nhwc).c_str(), shape(r).c_str());
         return 0;
     }
@@ -798,7 +802,7 @@ int main(int argc, char **argv) {
            "of peak", "max abs err", "rel err", "tol", "check");
     int fails = 0, rows = 0;
     for (const Row &r : ROWS)
-        for (int p : r.p == BOTH ? std::vector<int>{1, 2} : std::vector<int>{r.p}) {
+        for (int p : types_of(r)) {
             if (!wanted(r, p)) continue;
             if (p == PREC_BF16 && major < 8) {
                 printf("%-22s %-28s SKIP: bf16 needs compute capability 8.0 (this GPU: %d.x)\n", r.kernel,

@@ -985,18 +985,20 @@ END_TEST
 
 /* Batch norm with its ReLU fused (kernels.cu: partial statistics per chunk, a fixed-order merge,
  * an elementwise pass), fp32/fp16/bf16 × NCHW/NHWC, on shapes that cut every channel into many
- * chunks and leave part of a 32-channel block idle (c = 40): against the emulation — BN, then
- * ReLU; backward: the gradient masked by the output's sign (the GPU's own output, so a value within
- * rounding of 0 cannot flip the comparison), then BN's backward. */
+ * chunks and leave part of a block idle (c = 40): against the emulation — BN, then ReLU; backward:
+ * the gradient masked by the output's sign (the GPU's own output, so a value within rounding of 0
+ * cannot flip the comparison), then BN's backward, overwriting dx and accumulating into another.
+ * NHWC takes the 16-byte vector kernels where the vector's channels divide c (4 in fp32, 8 in 16
+ * bits): c = 20 runs them in fp32 and the scalar kernels in 16 bits, c = 3 the scalar ones always. */
 START_TEST(test_bn_fused_relu_matches_emulation) {
     if (!test_have_gpu("ops_cuda: batch norm + fused ReLU, fp32/fp16/bf16, NCHW and NHWC")) return;
     Device d;
     gpu_open(&d, 0, 0);
     Precision ps[3] = {PREC_FP32};
     int np = 1 + lp_types(&d, ps + 1);
-    const int shapes[3][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}};
+    const int shapes[5][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}, {4, 20, 9}, {2, 3, 7}};
     for (int k = 0; k < np; k++)
-        for (int si_ = 0; si_ < 3; si_++)
+        for (int si_ = 0; si_ < 5; si_++)
             for (int nhwc = 0; nhwc < 2; nhwc++) {
                 const Precision p = ps[k];
                 const int n = shapes[si_][0], c = shapes[si_][1], hw = shapes[si_][2];
@@ -1012,6 +1014,9 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
                 bn_prepare(&d, nhwc, n, c, hw);
                 bn_forward_train_lp(&d, p, nhwc, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y, 1);
                 bn_backward_lp(&d, p, nhwc, n, c, hw, x, y, dy, g, sm, sv, BN_EPS, dx, dg, db, 0, 1);
+                float *hdxa = hrand(cnt, 9730 + si_, -1.f, 1.f), *dga = dzeros(&d, c), *dba = dzeros(&d, c);
+                void *dxa = up_typed(&d, p, hdxa, n, c, hw, nhwc); /* hdxa: rounded to p, NCHW */
+                bn_backward_lp(&d, p, nhwc, n, c, hw, x, y, dy, g, sm, sv, BN_EPS, dxa, dga, dba, 1, 1);
 
                 float *ry = hzeros(cnt), *rrm = hzeros(c), *rrv = hzeros(c), *rsm = hzeros(c), *rsv = hzeros(c);
                 float *rdx = hzeros(cnt), *rdg = hzeros(c), *rdb = hzeros(c), *masked = hzeros(cnt);
@@ -1020,6 +1025,8 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
                 float *gy = down_typed(&d, p, y, n, c, hw, nhwc), *gdx = down_typed(&d, p, dx, n, c, hw, nhwc);
                 ref_relu_backward_f32(cnt, gy, hdy, masked, 0);
                 ref_bn_backward_lp(p, n, c, hw, hx, masked, hg, rsm, rsv, BN_EPS, rdx, rdg, rdb, 0);
+                float *rdga = hzeros(c), *rdba = hzeros(c), *gdxa = down_typed(&d, p, dxa, n, c, hw, nhwc);
+                ref_bn_backward_lp(p, n, c, hw, hx, masked, hg, rsm, rsv, BN_EPS, hdxa, rdga, rdba, 1);
 
                 char tag[96];
                 snprintf(tag, sizeof tag, "bn+relu %s %s n=%d c=%d hw=%d", precision_name(p),
@@ -1031,6 +1038,11 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
                 EXPECT_GPU_CLOSE(&d, rv, rrv, c, TOL_SUM, "%s running_var", tag);
                 EXPECT_GPU_CLOSE(&d, dg, rdg, c, TOL_SUM, "%s dgamma", tag);
                 EXPECT_GPU_CLOSE(&d, db, rdb, c, TOL_SUM, "%s dbeta", tag);
+                EXPECT_CLOSE(gdxa, hdxa, cnt, tol, "%s dx +=", tag);
+                EXPECT_GPU_CLOSE(&d, dga, rdga, c, TOL_SUM, "%s dgamma (second backward)", tag);
+                EXPECT_GPU_CLOSE(&d, dba, rdba, c, TOL_SUM, "%s dbeta (second backward)", tag);
+                free(hdxa), free(rdga), free(rdba), free(gdxa);
+                device_free(&d, dxa), device_free(&d, dga), device_free(&d, dba);
                 free(hx), free(hdy), free(hg), free(hb), free(ry), free(rrm), free(rrv), free(rsm);
                 free(rsv), free(rdx), free(rdg), free(rdb), free(masked), free(gy), free(gdx);
                 device_free(&d, x), device_free(&d, dy), device_free(&d, g), device_free(&d, b);
