@@ -367,7 +367,8 @@ template <typename T> __global__ void bias_grad_lp_kernel(int n, int out, const 
 #define BN_THREADS 256
 #define BN_TARGET_BLOCKS 512
 #ifndef BN_VEC_TARGET_BLOCKS
-#define BN_VEC_TARGET_BLOCKS 256 /* the vector path's (below): 512 doubled the finalize's work and slowed stage 5 (2.83 against 2.74 ms fp16) */
+/* the vector path's (below): 512 doubled the finalize's work and slowed stage 5 (2.83 against 2.74 ms fp16) */
+#define BN_VEC_TARGET_BLOCKS 256
 #endif
 
 /* The chunk plan, the same in every kernel of a pass. */
