@@ -387,11 +387,15 @@ static BnPlan bn_plan(int nhwc, int n, int c, int hw) {
     return p;
 }
 
-/* The vector path's plan (below): its blocks span TX·V channels, so the same target asks for more chunks. */
+/* The vector path's plan (below): its blocks span TX·V channels, so the same target asks for more
+ * chunks; and a chunk holds at least BN_UNROLL rows per thread (layer 4's 2,048 rows otherwise gave
+ * each thread 2 rows, and the block's tree cost more than its loads). */
+#define BN_UNROLL 4
 static BnPlan bn_vec_plan(int n, int c, int hw, int V, int tx) {
     BnPlan p;
     p.rows = (uint32_t)n * (uint32_t)hw;
-    int64_t cblocks = (c / V + tx - 1) / tx, g = BN_VEC_TARGET_BLOCKS / cblocks, most = p.rows / 64;
+    int64_t cblocks = (c / V + tx - 1) / tx, g = BN_VEC_TARGET_BLOCKS / cblocks,
+            most = p.rows / ((BN_THREADS / tx) * BN_UNROLL);
     if (g > most) g = most;
     p.chunks = (uint32_t)(g < 1 ? 1 : g);
     return p;
@@ -598,8 +602,6 @@ __global__ void bn_apply_grad_kernel(uint32_t count, int c, int hw, const T *x, 
  * Taken when c % V == 0 and every tensor is 16-byte aligned (the model's arena is); anything else
  * runs the scalar kernels above. Same chunk plan, partial layout and finalize: only the order of the
  * float operations inside a chunk differs, and it is still fixed (bit-reproducible). */
-#define BN_UNROLL 4
-
 /* 16 bytes of T ↔ V floats: one load or store instruction; the 16-bit conversions two at a time
  * (round to nearest even on the way back, as from_f). */
 template <typename T> struct VecOf { static constexpr int N = 16 / (int)sizeof(T); };
