@@ -355,10 +355,11 @@ template <typename T> __global__ void bias_grad_lp_kernel(int n, int out, const 
  * One block per channel (the obvious kernel, and cuDNN's NCHW "1C11" kernels) leaves most of an
  * H200 idle at 64 channels, and in NHWC it reads with a stride of c. So each pass is three kernels:
  *   1. partials: the n·hw rows of every channel are cut into G fixed chunks; one block reduces one
- *      chunk of 32 channels (NHWC: a warp reads 32 neighbouring channels of a row) or of one
- *      channel (NCHW: threads walk the contiguous hw run of each image);
+ *      chunk of 32 channels (NHWC: a warp reads 32 neighbouring channels of a row; the vector path
+ *      below, 32 or 64 channels in 16-byte pieces) or of one channel (NCHW: threads walk the
+ *      contiguous hw run of each image);
  *   2. finalize: 32–256 threads per channel combine its G partials in a fixed order;
- *   3. apply: elementwise, one thread per value.
+ *   3. apply: elementwise, one thread per value (the vector path: per 16 bytes).
  * Every order is fixed, so results are bit-reproducible run to run. The forward's partials are
  * (mean, M2) of each chunk, merged with Chan's formula — one pass over x, no E[x²]−E[x]² cancellation.
  * relu = 1 fuses the ReLU that follows (forward: y = max(0, bn(x)); backward: the gradient is
@@ -387,9 +388,9 @@ static BnPlan bn_plan(int nhwc, int n, int c, int hw) {
     return p;
 }
 
-/* The vector path's plan (below): its blocks span TX·V channels, so the same target asks for more
- * chunks; and a chunk holds at least BN_UNROLL rows per thread (layer 4's 2,048 rows otherwise gave
- * each thread 2 rows, and the block's tree cost more than its loads). */
+/* The vector path's plan (below): its own target (its blocks span TX·V channels), and a chunk holds
+ * at least BN_UNROLL rows per thread (layer 4's 2,048 rows otherwise gave each thread 2 rows, and
+ * the block's tree cost more than its loads). It never cuts more chunks than bn_plan. */
 #define BN_UNROLL 4
 static BnPlan bn_vec_plan(int n, int c, int hw, int V, int tx) {
     BnPlan p;
@@ -600,8 +601,9 @@ __global__ void bn_apply_grad_kernel(uint32_t count, int c, int hw, const T *x, 
  * all V channels, where Welford divides per value. The apply kernels read per-channel operands the
  * finalize kernels laid out channel-contiguous in the scratch (vec), as float4s.
  * Taken when c % V == 0 and every tensor is 16-byte aligned (the model's arena is); anything else
- * runs the scalar kernels above. Same chunk plan, partial layout and finalize: only the order of the
- * float operations inside a chunk differs, and it is still fixed (bit-reproducible). */
+ * runs the scalar kernels above. Its own chunk plan (bn_vec_plan), the same partial layout and
+ * finalize kernels: the order of the float operations differs from the scalar path's, and is still
+ * fixed for a given shape and type (bit-reproducible). */
 /* 16 bytes of T ↔ V floats: one load or store instruction; the 16-bit conversions two at a time
  * (round to nearest even on the way back, as from_f). */
 template <typename T> struct VecOf { static constexpr int N = 16 / (int)sizeof(T); };
@@ -1180,7 +1182,7 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
                            int accumulate, int relu, float *scratch) {
     const uint32_t count = (uint32_t)n * c * hw;
     if (c <= 0 || count == 0) return;
-    if (bn_vec_ok(nhwc, p, c, {x, y, dy, dx, scratch})) {
+    if (bn_vec_ok(nhwc, p, c, {x, relu ? y : nullptr, dy, dx, scratch})) {
         const int V = p == 0 ? 4 : 8;
         const dim3 block = bn_vec_block(c, V);
         const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);

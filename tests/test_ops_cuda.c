@@ -989,16 +989,18 @@ END_TEST
  * the gradient masked by the output's sign (the GPU's own output, so a value within rounding of 0
  * cannot flip the comparison), then BN's backward, overwriting dx and accumulating into another.
  * NHWC takes the 16-byte vector kernels where the vector's channels divide c (4 in fp32, 8 in 16
- * bits): c = 20 runs them in fp32 and the scalar kernels in 16 bits, c = 3 the scalar ones always. */
+ * bits): c = 20 runs them in fp32 and the scalar kernels in 16 bits, c = 3 the scalar ones always.
+ * 64×20×512 gives the finalize its widest shape: 256 chunks (256 lanes a channel) on the vector
+ * path, 512 (two a lane) on the scalar one. */
 START_TEST(test_bn_fused_relu_matches_emulation) {
     if (!test_have_gpu("ops_cuda: batch norm + fused ReLU, fp32/fp16/bf16, NCHW and NHWC")) return;
     Device d;
     gpu_open(&d, 0, 0);
     Precision ps[3] = {PREC_FP32};
     int np = 1 + lp_types(&d, ps + 1);
-    const int shapes[5][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}, {4, 20, 9}, {2, 3, 7}};
+    const int shapes[6][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}, {4, 20, 9}, {2, 3, 7}, {64, 20, 512}};
     for (int k = 0; k < np; k++)
-        for (int si_ = 0; si_ < 5; si_++)
+        for (int si_ = 0; si_ < 6; si_++)
             for (int nhwc = 0; nhwc < 2; nhwc++) {
                 const Precision p = ps[k];
                 const int n = shapes[si_][0], c = shapes[si_][1], hw = shapes[si_][2];
@@ -1035,6 +1037,7 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
                 EXPECT_CLOSE(gdx, rdx, cnt, tol, "%s dx", tag);
                 EXPECT_GPU_CLOSE(&d, sm, rsm, c, TOL_SUM, "%s save_mean", tag);
                 EXPECT_GPU_CLOSE(&d, sv, rsv, c, TOL_SUM, "%s save_invstd", tag);
+                EXPECT_GPU_CLOSE(&d, rm, rrm, c, TOL_SUM, "%s running_mean", tag);
                 EXPECT_GPU_CLOSE(&d, rv, rrv, c, TOL_SUM, "%s running_var", tag);
                 EXPECT_GPU_CLOSE(&d, dg, rdg, c, TOL_SUM, "%s dgamma", tag);
                 EXPECT_GPU_CLOSE(&d, db, rdb, c, TOL_SUM, "%s dbeta", tag);
