@@ -534,7 +534,7 @@ END_TEST
 
 /* ---- ./stage5 end to end ---------------------------------------------------------------------- */
 
-#define SMALL "--device cpu --train-size 1024 --test-size 256 --progress off --log-every 1 "
+#define SMALL "--device cpu --train-size 1024 --test-size 256 --batch-size 32 --progress off --log-every 1 "
 
 static int run_stage5(const char *flags, const char *report, char **out) {
     char cmd[2048];
