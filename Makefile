@@ -254,7 +254,9 @@ SAN_SUITES  ?= rng ops_ref ops_cuda fixtures data loader checkpoint cli model e2
                amp trace store resume flops
 TSAN_SUITES ?= loader gil dp dist ddp store
 SUITES      ?=
-ASAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
+# -O2, not the customary -O1: the CPU reference ops dominate these suites, and -O2 ran the e2e suite
+# in 445 s against 673 s under ASan (2 cores, 2026-12-01); the frame pointer keeps the reports' stacks.
+ASAN_FLAGS  := -O2 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
 TSAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 
 define SAN_RUN
