@@ -1110,6 +1110,9 @@ void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, 
 /* The scratch: the partials (the most chunks either path may cut), then coef (2c), then the vector
  * path's per-channel operands (5c). Its start is 256-byte aligned, and the vector path runs only
  * when 4 | c, so every piece after the partials stays 16-byte aligned. */
+/* The vector plan never cuts more chunks than bn_plan (half its target, at least 128 rows a chunk);
+ * sizing for the larger of the plans keeps the scratch right by construction if either changes.
+ * The size cannot depend on the type (bn_prepare does not know it), so both vector widths count. */
 static uint32_t bn_max_chunks(int nhwc, int n, int c, int hw) {
     uint32_t most = bn_plan(nhwc, n, c, hw).chunks;
     if (nhwc && c % 4 == 0) most = std::max(most, bn_vec_plan(n, c, hw, 4, (int)bn_vec_block(c, 4).x).chunks);
@@ -1121,9 +1124,12 @@ size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw) {
     return (size_t)bn_max_chunks(nhwc, n, c, hw) * c * 2 + (size_t)c * 7;
 }
 
+/* Channels per 16-byte vector for type p (VecOf<T>::N on the host). */
+static int bn_vec_width(int p) { return p == 0 ? 4 : 8; }
+
 /* The vector path: channels-last, V | c, every tensor 16-byte aligned (NULL: not read). */
 static bool bn_vec_ok(int nhwc, int p, int c, std::initializer_list<const void *> tensors) {
-    const int V = p == 0 ? 4 : 8;
+    const int V = bn_vec_width(p);
     if (!nhwc || c % V) return false;
     for (const void *t : tensors)
         if ((uintptr_t)t % 16) return false;
@@ -1141,7 +1147,7 @@ void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, i
     const uint32_t count = (uint32_t)n * c * hw; /* ops_cuda.c checks it fits */
     if (c <= 0 || count == 0) return;
     if (bn_vec_ok(nhwc, p, c, {x, y, scratch})) {
-        const int V = p == 0 ? 4 : 8;
+        const int V = bn_vec_width(p);
         const dim3 block = bn_vec_block(c, V);
         const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);
         const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);
@@ -1183,7 +1189,7 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
     const uint32_t count = (uint32_t)n * c * hw;
     if (c <= 0 || count == 0) return;
     if (bn_vec_ok(nhwc, p, c, {x, relu ? y : nullptr, dy, dx, scratch})) {
-        const int V = p == 0 ? 4 : 8;
+        const int V = bn_vec_width(p);
         const dim3 block = bn_vec_block(c, V);
         const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);
         const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);
