@@ -991,7 +991,7 @@ END_TEST
  * NHWC takes the 16-byte vector kernels where the vector's channels divide c (4 in fp32, 8 in 16
  * bits): c = 20 runs them in fp32 and the scalar kernels in 16 bits, c = 3 the scalar ones always.
  * 64×20×512 gives the finalize its widest shape: 256 chunks (256 lanes a channel) on the vector
- * path, 512 (two a lane) on the scalar one. */
+ * path, 512 (two a lane) on the scalar one. A second forward must repeat the bits. */
 START_TEST(test_bn_fused_relu_matches_emulation) {
     if (!test_have_gpu("ops_cuda: batch norm + fused ReLU, fp32/fp16/bf16, NCHW and NHWC")) return;
     Device d;
@@ -1044,6 +1044,13 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
                 EXPECT_CLOSE(gdxa, hdxa, cnt, tol, "%s dx +=", tag);
                 EXPECT_GPU_CLOSE(&d, dga, rdga, c, TOL_SUM, "%s dgamma (second backward)", tag);
                 EXPECT_GPU_CLOSE(&d, dba, rdba, c, TOL_SUM, "%s dbeta (second backward)", tag);
+                /* Every reduction order is fixed (kernels.cu): a second forward repeats the bits. */
+                void *y2 = device_alloc(&d, bytes, "test y2");
+                bn_forward_train_lp(&d, p, nhwc, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm, sv, y2, 1);
+                char *hy1 = malloc(bytes), *hy2 = malloc(bytes);
+                device_copy_d2h(&d, hy1, y, bytes), device_copy_d2h(&d, hy2, y2, bytes);
+                ck_assert_msg(memcmp(hy1, hy2, bytes) == 0, "%s: a second forward gave different bits", tag);
+                free(hy1), free(hy2), device_free(&d, y2);
                 free(hdxa), free(rdga), free(rdba), free(gdxa);
                 device_free(&d, dxa), device_free(&d, dga), device_free(&d, dba);
                 free(hx), free(hdy), free(hg), free(hb), free(ry), free(rrm), free(rrv), free(rsm);
