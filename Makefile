@@ -90,7 +90,7 @@ CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
 .PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
-        bench3 bench4 bench5 bench-kernels bench-conv-algos timeline compare $(STAGES)
+        bench3 bench3-variants bench4 bench5 bench-kernels bench-conv-algos timeline compare $(STAGES)
 all: found $(STAGES)
 
 found: crypto-dep
@@ -116,6 +116,8 @@ help:
 	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
+	@echo "make bench3-variants  where stage 3's two-GPU cost goes: NCCL CTAs/protocol, bucket size, no overlap,"
+	@echo "                one process, stage 5, each GPU alone and both at once, against stage 1 (needs 2 GPUs)"
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
 	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
 	@echo "make bench-kernels  every kernel of common/kernels.cu and adam.cu against the CPU reference, timed"
@@ -196,6 +198,9 @@ bench2: stage1 stage2
 
 bench3: stage1 stage3
 	bash tests/bench_stage3.sh
+
+bench3-variants: stage1 stage3 stage5
+	bash tests/bench_stage3_variants.sh
 
 bench4: stage1 stage3 stage4
 	bash tests/bench_stage4.sh

@@ -1,5 +1,6 @@
 # bench_common.sh — sourced by the scripts that run the stages for a table (tests/compare.sh,
-# tests/bench_stage1.sh … bench_stage5.sh, tests/bench_unused.sh) and by tests/gpu_faults.sh:
+# tests/bench_stage1.sh … bench_stage5.sh, bench_stage3_variants.sh, tests/bench_unused.sh) and by
+# tests/gpu_faults.sh:
 # checks of the knobs they read from the environment, how many GPUs are visible, and the rule for
 # the folder their results go to. Every refusal is one line naming the fix, and exits 2.
 #

@@ -1,6 +1,6 @@
-# bench_ddp_env.sh — sourced by the DDP bench scripts (bench_stage3.sh, bench_stage4.sh,
-# bench_unused.sh) after tests/bench_common.sh and its bench_gpus (NGPU): which communicator the
-# two-worker rows use, the PyTorch launcher, ports and log lines.
+# bench_ddp_env.sh — sourced by the DDP bench scripts (bench_stage3.sh, bench_stage3_variants.sh,
+# bench_stage4.sh, bench_unused.sh) after tests/bench_common.sh and its bench_gpus (NGPU): which
+# communicator the two-worker rows use, the PyTorch launcher, ports and log lines.
 # Sets HAVE_TORCH, COMM (nccl | host), BACKEND (PyTorch's: nccl | gloo), MODE, TORCHRUN, PORT;
 # defines next_port and log. With one GPU the two workers share it through --comm host (PyTorch:
 # gloo), and a note says the timings then show the mechanics, not scaling. With none (only the CPU
