@@ -34,6 +34,72 @@ static int blocks_for(int64_t count) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);                  \
          i += (int64_t)gridDim.x * blockDim.x)
 
+/* The count % V elements a vector kernel's 16-byte loop leaves: block 0 takes them one by one. */
+#define VEC_TAIL(k, count, V)                                                                      \
+    if (blockIdx.x == 0)                                                                           \
+        for (int64_t k = (count) / (V) * (V) + threadIdx.x; k < (count); k += blockDim.x)
+
+/* ---- 16-byte vectors -------------------------------------------------------------------------
+ * A thread that moves 16 bytes with one instruction issues a quarter (fp32) to an eighth (16-bit) of
+ * the memory instructions of one that moves an element at a time, with more bytes in flight: the
+ * elementwise kernels below and batch norm's channels-last path use them where the tensors are
+ * 16-byte aligned (the model's planned arena is) and the count divides. */
+/* 16 bytes of T ↔ V floats: one load or store instruction; the 16-bit conversions two at a time
+ * (round to nearest even on the way back, as from_f). */
+template <typename T> struct VecOf { static constexpr int N = 16 / (int)sizeof(T); };
+__device__ __forceinline__ void vload(const float *p, float (&f)[4]) {
+    const float4 v = *(const float4 *)p;
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+}
+__device__ __forceinline__ void vload(const __half *p, float (&f)[8]) {
+    __align__(16) __half2 h[4];
+    *(uint4 *)h = *(const uint4 *)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void vload(const __nv_bfloat16 *p, float (&f)[8]) {
+    const uint4 r = *(const uint4 *)p;
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+__device__ __forceinline__ void vstore(float *p, const float (&f)[4]) { *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]); }
+__device__ __forceinline__ void vstore(__half *p, const float (&f)[8]) {
+    __align__(16) __half2 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = *(const uint4 *)h;
+}
+__device__ __forceinline__ void vstore(__nv_bfloat16 *p, const float (&f)[8]) {
+    __align__(16) __nv_bfloat162 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = *(const uint4 *)h;
+}
+/* V floats ↔ V/4 float4s (16-byte aligned): fp32 sides of the casts, batch norm's per-channel operands */
+template <int V> __device__ __forceinline__ void vloadf(const float *p, float (&f)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+        const float4 t = *(const float4 *)(p + j);
+        f[j] = t.x, f[j + 1] = t.y, f[j + 2] = t.z, f[j + 3] = t.w;
+    }
+}
+template <int V> __device__ __forceinline__ void vstoref(float *p, const float (&f)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) *(float4 *)(p + j) = make_float4(f[j], f[j + 1], f[j + 2], f[j + 3]);
+}
+/* Elements per 16-byte vector for type p (VecOf<T>::N on the host), and whether every tensor (NULL:
+ * not read) is 16-byte aligned. */
+static int vec_width(int p) { return p == 0 ? 4 : 8; }
+static bool aligned16(std::initializer_list<const void *> tensors) {
+    for (const void *t : tensors)
+        if ((uintptr_t)t % 16) return false;
+    return true;
+}
+
 /* ---- elementwise ----------------------------------------------------------------------------- */
 
 __global__ void relu_forward_kernel(int64_t count, const float *x, float *y) {
@@ -253,6 +319,34 @@ __global__ void cast_from_kernel(int64_t count, const T *src, float *dst, int ac
     GRID_STRIDE(i, count) dst[i] = accumulate ? dst[i] + to_f(src[i]) : to_f(src[i]);
 }
 
+/* The same, 16 bytes of T a thread (launch_cast_*: when the tensors are 16-byte aligned): the whole
+ * weight buffer's cast once a forward, and each weight gradient's add into .grad. */
+template <typename T> __global__ void cast_to_vec_kernel(int64_t count, const float *src, T *dst) {
+    constexpr int V = VecOf<T>::N;
+    GRID_STRIDE(i, count / V) {
+        float f[V];
+        vloadf<V>(src + i * V, f);
+        vstore(dst + i * V, f);
+    }
+    VEC_TAIL(k, count, V) dst[k] = from_f<T>(src[k]);
+}
+
+template <typename T>
+__global__ void cast_from_vec_kernel(int64_t count, const T *src, float *dst, int accumulate) {
+    constexpr int V = VecOf<T>::N;
+    GRID_STRIDE(i, count / V) {
+        float f[V], o[V];
+        vload(src + i * V, f);
+        if (accumulate) {
+            vloadf<V>(dst + i * V, o);
+#pragma unroll
+            for (int j = 0; j < V; j++) f[j] += o[j];
+        }
+        vstoref<V>(dst + i * V, f);
+    }
+    VEC_TAIL(k, count, V) dst[k] = accumulate ? dst[k] + to_f(src[k]) : to_f(src[k]);
+}
+
 template <typename T> __global__ void relu_forward_lp_kernel(int64_t count, const T *x, T *y) {
     GRID_STRIDE(i, count) {
         float v = to_f(x[i]);
@@ -296,6 +390,49 @@ __global__ void add_relu_backward_kernel(int64_t count, const T *y, const T *dy,
         const float a = acc_a ? to_f(da[i]) + g : g, b = acc_b ? to_f(db[i]) + g : g;
         da[i] = from_f<T>(a);
         db[i] = from_f<T>(b);
+    }
+}
+
+/* The same two, 16 bytes a thread (launch_add_relu_*: when the tensors are 16-byte aligned).
+ * ReLU then rounding gives the scalar kernel's bits, rounding then ReLU: a sum of two T
+ * values that is not zero never rounds to zero, so rounding keeps its sign (and NaN stays NaN). */
+template <typename T> __global__ void add_relu_forward_vec_kernel(int64_t count, const T *a, const T *b, T *y) {
+    constexpr int V = VecOf<T>::N;
+    GRID_STRIDE(i, count / V) {
+        float x[V], z[V];
+        vload(a + i * V, x), vload(b + i * V, z);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float v = x[j] + z[j];
+            x[j] = v < 0.f ? 0.f : v;
+        }
+        vstore(y + i * V, x);
+    }
+    VEC_TAIL(k, count, V) {
+        const float v = to_f(a[k]) + to_f(b[k]);
+        y[k] = from_f<T>(v < 0.f ? 0.f : v);
+    }
+}
+
+template <typename T>
+__global__ void add_relu_backward_vec_kernel(int64_t count, const T *y, const T *dy, T *da, int acc_a, T *db,
+                                             int acc_b) {
+    constexpr int V = VecOf<T>::N;
+    GRID_STRIDE(i, count / V) {
+        float fy[V], g[V], a[V], b[V];
+        vload(y + i * V, fy), vload(dy + i * V, g);
+        if (acc_a) vload(da + i * V, a);
+        if (acc_b) vload(db + i * V, b);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            g[j] = fy[j] > 0.f ? g[j] : 0.f;
+            a[j] = acc_a ? a[j] + g[j] : g[j], b[j] = acc_b ? b[j] + g[j] : g[j];
+        }
+        vstore(da + i * V, a), vstore(db + i * V, b);
+    }
+    VEC_TAIL(k, count, V) {
+        const float g = to_f(y[k]) > 0.f ? to_f(dy[k]) : 0.f;
+        da[k] = from_f<T>(acc_a ? to_f(da[k]) + g : g), db[k] = from_f<T>(acc_b ? to_f(db[k]) + g : g);
     }
 }
 
@@ -603,50 +740,7 @@ __global__ void bn_apply_grad_kernel(uint32_t count, int c, int hw, const T *x, 
  * Taken when c % V == 0 and every tensor is 16-byte aligned (the model's arena is); anything else
  * runs the scalar kernels above. Its own chunk plan (bn_vec_plan), the same partial layout and
  * finalize kernels: the order of the float operations differs from the scalar path's, and is still
- * fixed for a given shape and type (bit-reproducible). */
-/* 16 bytes of T ↔ V floats: one load or store instruction; the 16-bit conversions two at a time
- * (round to nearest even on the way back, as from_f). */
-template <typename T> struct VecOf { static constexpr int N = 16 / (int)sizeof(T); };
-__device__ __forceinline__ void vload(const float *p, float (&f)[4]) {
-    const float4 v = *(const float4 *)p;
-    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-}
-__device__ __forceinline__ void vload(const __half *p, float (&f)[8]) {
-    __align__(16) __half2 h[4];
-    *(uint4 *)h = *(const uint4 *)p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x, f[2 * i + 1] = t.y;
-    }
-}
-__device__ __forceinline__ void vload(const __nv_bfloat16 *p, float (&f)[8]) {
-    const uint4 r = *(const uint4 *)p;
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-}
-__device__ __forceinline__ void vstore(float *p, const float (&f)[4]) { *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]); }
-__device__ __forceinline__ void vstore(__half *p, const float (&f)[8]) {
-    __align__(16) __half2 h[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    *(uint4 *)p = *(const uint4 *)h;
-}
-__device__ __forceinline__ void vstore(__nv_bfloat16 *p, const float (&f)[8]) {
-    __align__(16) __nv_bfloat162 h[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *(uint4 *)p = *(const uint4 *)h;
-}
-/* V per-channel floats from a channel-contiguous operand array (16-byte aligned: 4 | c, 4 | ch0) */
-template <int V> __device__ __forceinline__ void vparams(const float *p, float (&f)[V]) {
-#pragma unroll
-    for (int j = 0; j < V; j += 4) {
-        const float4 t = *(const float4 *)(p + j);
-        f[j] = t.x, f[j + 1] = t.y, f[j + 2] = t.z, f[j + 3] = t.w;
-    }
-}
+ * fixed for a given shape and type (bit-reproducible). The 16-byte helpers are at the top. */
 
 /* NHWC vector block: TX threads across a row's vectors (a power of two, at most 8: a warp then reads
  * 4 rows of 128 contiguous bytes, and 512 channels still make 8–16 column blocks — at 32, layer 4's
@@ -736,7 +830,7 @@ __global__ void bn_apply_vec_kernel(uint32_t nvec, int c, const T *x, const floa
         const uint32_t ch0 = (i * V) % (uint32_t)c;
         float a[V], m[V], sc[V], b[V];
         vload(x + (size_t)i * V, a);
-        vparams<V>(vec + ch0, m), vparams<V>(vec + c + ch0, sc), vparams<V>(vec + 2 * c + ch0, b);
+        vloadf<V>(vec + ch0, m), vloadf<V>(vec + c + ch0, sc), vloadf<V>(vec + 2 * c + ch0, b);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             const float v = (a[j] - m[j]) * sc[j] + b[j];
@@ -823,8 +917,8 @@ __global__ void bn_apply_grad_vec_kernel(uint32_t nvec, int c, const T *x, const
         vload(x + at, ax), vload(dy + at, ady);
         if (relu) vload(y + at, ay);
         if (accumulate) vload(dx + at, o);
-        vparams<V>(vec + ch0, m), vparams<V>(vec + c + ch0, is), vparams<V>(vec + 2 * c + ch0, k1);
-        vparams<V>(vec + 3 * c + ch0, c0), vparams<V>(vec + 4 * c + ch0, c1);
+        vloadf<V>(vec + ch0, m), vloadf<V>(vec + c + ch0, is), vloadf<V>(vec + 2 * c + ch0, k1);
+        vloadf<V>(vec + 3 * c + ch0, c0), vloadf<V>(vec + 4 * c + ch0, c1);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             const float xhat = (ax[j] - m[j]) * is[j];
@@ -1019,6 +1113,10 @@ template <typename F> static void by_type(int p, F f) {
 
 void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst) {
     if (count <= 0) return;
+    if (aligned16({src, dst})) {
+        TYPED(p, cast_to_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, src, PT(dst)));
+        return;
+    }
     int g = blocks_for(count);
     TYPED(p, cast_to_kernel<T><<<g, THREADS, 0, s>>>(count, src, PT(dst)));
 }
@@ -1026,6 +1124,10 @@ void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void
 void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,
                       int accumulate) {
     if (count <= 0) return;
+    if (aligned16({src, dst})) {
+        TYPED(p, cast_from_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
+        return;
+    }
     int g = blocks_for(count);
     TYPED(p, cast_from_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
 }
@@ -1060,6 +1162,10 @@ void launch_grad_pass_lp(cudaStream_t s, int p, int64_t count, const void *src, 
 void launch_add_relu_forward(cudaStream_t s, int p, int64_t count, const void *a, const void *b,
                              void *y) {
     if (count <= 0) return;
+    if (aligned16({a, b, y})) {
+        TYPED(p, add_relu_forward_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, PCT(a), PCT(b), PT(y)));
+        return;
+    }
     int g = blocks_for(count);
     TYPED(p, add_relu_forward_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(a), PCT(b), PT(y)));
 }
@@ -1067,6 +1173,11 @@ void launch_add_relu_forward(cudaStream_t s, int p, int64_t count, const void *a
 void launch_add_relu_backward(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
                               void *da, int acc_a, void *db, int acc_b) {
     if (count <= 0) return;
+    if (aligned16({y, dy, da, db})) {
+        TYPED(p, add_relu_backward_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, PCT(y), PCT(dy), PT(da),
+                                                                                    acc_a, PT(db), acc_b));
+        return;
+    }
     int g = blocks_for(count);
     TYPED(p, add_relu_backward_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(y), PCT(dy), PT(da), acc_a, PT(db), acc_b));
 }
@@ -1124,16 +1235,9 @@ size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw) {
     return (size_t)bn_max_chunks(nhwc, n, c, hw) * c * 2 + (size_t)c * 7;
 }
 
-/* Channels per 16-byte vector for type p (VecOf<T>::N on the host). */
-static int bn_vec_width(int p) { return p == 0 ? 4 : 8; }
-
 /* The vector path: channels-last, V | c, every tensor 16-byte aligned (NULL: not read). */
 static bool bn_vec_ok(int nhwc, int p, int c, std::initializer_list<const void *> tensors) {
-    const int V = bn_vec_width(p);
-    if (!nhwc || c % V) return false;
-    for (const void *t : tensors)
-        if ((uintptr_t)t % 16) return false;
-    return true;
+    return nhwc && c % vec_width(p) == 0 && aligned16(tensors);
 }
 
 /* The three kernels of each pass (see the batch norm section above). */
@@ -1147,7 +1251,7 @@ void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, i
     const uint32_t count = (uint32_t)n * c * hw; /* ops_cuda.c checks it fits */
     if (c <= 0 || count == 0) return;
     if (bn_vec_ok(nhwc, p, c, {x, y, scratch})) {
-        const int V = bn_vec_width(p);
+        const int V = vec_width(p);
         const dim3 block = bn_vec_block(c, V);
         const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);
         const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);
@@ -1189,7 +1293,7 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
     const uint32_t count = (uint32_t)n * c * hw;
     if (c <= 0 || count == 0) return;
     if (bn_vec_ok(nhwc, p, c, {x, relu ? y : nullptr, dy, dx, scratch})) {
-        const int V = bn_vec_width(p);
+        const int V = vec_width(p);
         const dim3 block = bn_vec_block(c, V);
         const BnPlan pl = bn_vec_plan(n, c, hw, V, (int)block.x);
         const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);

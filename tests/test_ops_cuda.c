@@ -1065,36 +1065,61 @@ END_TEST
 
 /* add + ReLU fused, every type: forward exact against the emulation (one rounding each, as the
  * two ops), backward exact too (the mask, then a copy or an add into each input's gradient). */
-START_TEST(test_add_relu_fused_exact) {
-    if (!test_have_gpu("ops_cuda: add + fused ReLU, fp32/fp16/bf16")) return;
+/* The elementwise kernels that move 16 bytes a thread (kernels.cu) — add + ReLU both ways, and the
+ * autocast casts — against the emulation, exactly, every type, in the three ways a call can fall:
+ * a count of whole vectors, a count with a rest (block 0 does it element by element), and tensors
+ * one element off 16-byte alignment (the scalar kernels). */
+START_TEST(test_add_relu_and_casts_exact) {
+    if (!test_have_gpu("ops_cuda: add + fused ReLU and the casts, fp32/fp16/bf16, vector and scalar")) return;
     Device d;
     gpu_open(&d, 0, 0);
     Precision ps[3] = {PREC_FP32};
     int np = 1 + lp_types(&d, ps + 1);
-    const int n = 2, c = 40, hw = 37; /* any count: elementwise */
-    const int64_t cnt = (int64_t)n * c * hw;
-    for (int k = 0; k < np; k++)
+    const int64_t counts[3] = {2960, 21, 2960}, offs[3] = {0, 0, 1};
+    for (int ck = 0; ck < 3 * np; ck++) /* case ck / np, type ck % np */
         for (int acc = 0; acc < 2; acc++) {
-            const Precision p = ps[k];
-            float *ha = hrand(cnt, 9800, -1.f, 1.f), *hb = hrand(cnt, 9801, -1.f, 1.f);
-            float *hdy = hrand(cnt, 9802, -1.f, 1.f), *hda = hrand(cnt, 9803, -1.f, 1.f), *hdb = hrand(cnt, 9804, -1.f, 1.f);
-            void *a = up_typed(&d, p, ha, n, c, hw, 0), *b = up_typed(&d, p, hb, n, c, hw, 0);
-            void *dy = up_typed(&d, p, hdy, n, c, hw, 0), *da = up_typed(&d, p, hda, n, c, hw, 0);
-            void *db = up_typed(&d, p, hdb, n, c, hw, 0);
-            void *y = device_alloc(&d, (size_t)cnt * precision_bytes(&d, p), "test y");
-            add_relu_forward_lp(&d, p, cnt, a, b, y);
-            add_relu_backward_lp(&d, p, cnt, y, dy, da, acc, db, !acc);
-            float *ry = hzeros(cnt);
-            ref_add_forward_lp(p, cnt, ha, hb, ry);
-            ref_relu_forward_f32(cnt, ry, ry);
-            ref_add_relu_backward_lp(p, cnt, ry, hdy, hda, acc, hdb, !acc);
-            float *gy = down_typed(&d, p, y, n, c, hw, 0), *gda = down_typed(&d, p, da, n, c, hw, 0);
-            float *gdb = down_typed(&d, p, db, n, c, hw, 0);
-            for (int64_t i = 0; i < cnt; i++) {
-                ck_assert_msg(gy[i] == ry[i], "add+relu %s y[%lld] %g vs %g", precision_name(p), (long long)i, gy[i], ry[i]);
-                ck_assert_msg(gda[i] == hda[i] && gdb[i] == hdb[i], "add+relu %s backward element %lld",
-                              precision_name(p), (long long)i);
+            const int64_t cnt = counts[ck / np], off = offs[ck / np], all = cnt + off;
+            const Precision p = ps[ck % np];
+            const size_t esz = precision_bytes(&d, p);
+            char tag[64];
+            snprintf(tag, sizeof tag, "%s, %lld values at +%lld", precision_name(p), (long long)cnt, (long long)off);
+            float *ha = hrand(all, 9800, -1.f, 1.f), *hb = hrand(all, 9801, -1.f, 1.f);
+            float *hdy = hrand(all, 9802, -1.f, 1.f), *hda = hrand(all, 9803, -1.f, 1.f), *hdb = hrand(all, 9804, -1.f, 1.f);
+            /* flat (n = c = 1): elementwise ops see no shape; +off·esz: the misaligned case */
+            void *a = up_typed(&d, p, ha, 1, 1, (int)all, 0), *b = up_typed(&d, p, hb, 1, 1, (int)all, 0);
+            void *dy = up_typed(&d, p, hdy, 1, 1, (int)all, 0), *da = up_typed(&d, p, hda, 1, 1, (int)all, 0);
+            void *db = up_typed(&d, p, hdb, 1, 1, (int)all, 0);
+            void *y = device_alloc(&d, (size_t)all * esz, "test y");
+#define AT(t) ((void *)((char *)(t) + off * esz))
+            add_relu_forward_lp(&d, p, cnt, AT(a), AT(b), AT(y));
+            add_relu_backward_lp(&d, p, cnt, AT(y), AT(dy), AT(da), acc, AT(db), !acc);
+            float *ry = hzeros(all);
+            ref_add_forward_lp(p, cnt, ha + off, hb + off, ry + off);
+            ref_relu_forward_f32(cnt, ry + off, ry + off);
+            ref_add_relu_backward_lp(p, cnt, ry + off, hdy + off, hda + off, acc, hdb + off, !acc);
+            float *gy = down_typed(&d, p, y, 1, 1, (int)all, 0), *gda = down_typed(&d, p, da, 1, 1, (int)all, 0);
+            float *gdb = down_typed(&d, p, db, 1, 1, (int)all, 0);
+            for (int64_t i = off; i < all; i++) {
+                ck_assert_msg(gy[i] == ry[i] && signbit(gy[i]) == signbit(ry[i]), "add+relu %s: y[%lld] %g vs %g", tag,
+                              (long long)i, gy[i], ry[i]);
+                ck_assert_msg(gda[i] == hda[i] && gdb[i] == hdb[i], "add+relu %s: backward element %lld", tag,
+                              (long long)i);
             }
+            /* the casts: fp32 → p (round to nearest even, as ref_cast_to_lp) and back, = or += */
+            float *hw32 = hrand(all, 9805, -3.f, 3.f), *w32 = up(&d, hw32, all), *back = up(&d, hda, all);
+            cast_to(&d, p, cnt, (float *)w32 + off, AT(y));
+            cast_from(&d, p, cnt, AT(y), back + off, acc);
+            float *rw = hcopy(hw32, all), *gw = down_typed(&d, p, y, 1, 1, (int)all, 0), *gback = hzeros(all);
+            ref_cast_to_lp(p, cnt, hw32 + off, rw + off);
+            device_copy_d2h(&d, gback, back, (size_t)all * sizeof(float));
+            for (int64_t i = off; i < all; i++) {
+                ck_assert_msg(gw[i] == rw[i], "cast_to %s: element %lld %g vs %g", tag, (long long)i, gw[i], rw[i]);
+                const float want = acc ? hda[i] + rw[i] : rw[i];
+                ck_assert_msg(gback[i] == want, "cast_from %s%s: element %lld %g vs %g", tag, acc ? " +=" : "",
+                              (long long)i, gback[i], want);
+            }
+#undef AT
+            free(hw32), free(rw), free(gw), free(gback), device_free(&d, w32), device_free(&d, back);
             free(ha), free(hb), free(hdy), free(hda), free(hdb), free(ry), free(gy), free(gda), free(gdb);
             device_free(&d, a), device_free(&d, b), device_free(&d, dy), device_free(&d, da);
             device_free(&d, db), device_free(&d, y);
@@ -1322,7 +1347,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_lp_channels_last_matches_emulation);
     tcase_add_test(tc, test_conv_fp32_channels_last_matches_reference);
     tcase_add_test(tc, test_bn_fused_relu_matches_emulation);
-    tcase_add_test(tc, test_add_relu_fused_exact);
+    tcase_add_test(tc, test_add_relu_and_casts_exact);
     tcase_add_test(tc, test_scaler_ops_match_reference);
     suite_add_tcase(s, tc);
     return s;
