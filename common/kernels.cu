@@ -34,16 +34,12 @@ static int blocks_for(int64_t count) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);                  \
          i += (int64_t)gridDim.x * blockDim.x)
 
-/* The count % V elements a vector kernel's 16-byte loop leaves: block 0 takes them one by one. */
-#define VEC_TAIL(k, count, V)                                                                      \
-    if (blockIdx.x == 0)                                                                           \
-        for (int64_t k = (count) / (V) * (V) + threadIdx.x; k < (count); k += blockDim.x)
-
 /* ---- 16-byte vectors -------------------------------------------------------------------------
  * A thread that moves 16 bytes with one instruction issues a quarter (fp32) to an eighth (16-bit) of
  * the memory instructions of one that moves an element at a time, with more bytes in flight: the
  * elementwise kernels below and batch norm's channels-last path use them where the tensors are
- * 16-byte aligned (the model's planned arena is) and the count divides. */
+ * 16-byte aligned (the model's planned arena is). Batch norm's also needs the vector's channels to
+ * divide c; an elementwise kernel leaves the count % V rest to VEC_TAIL. */
 /* 16 bytes of T ↔ V floats: one load or store instruction; the 16-bit conversions two at a time
  * (round to nearest even on the way back, as from_f). */
 template <typename T> struct VecOf { static constexpr int N = 16 / (int)sizeof(T); };
@@ -99,6 +95,10 @@ static bool aligned16(std::initializer_list<const void *> tensors) {
         if ((uintptr_t)t % 16) return false;
     return true;
 }
+/* The count % V elements a vector kernel's 16-byte loop leaves: block 0 takes them one by one. */
+#define VEC_TAIL(k, count, V)                                                                      \
+    if (blockIdx.x == 0)                                                                           \
+        for (int64_t k = (count) / (V) * (V) + threadIdx.x; k < (count); k += blockDim.x)
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
 
