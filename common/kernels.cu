@@ -95,6 +95,9 @@ static bool aligned16(std::initializer_list<const void *> tensors) {
         if ((uintptr_t)t % 16) return false;
     return true;
 }
+/* The grid of a vector kernel over count elements of type p: one thread a vector, at least a block
+ * (block 0 also does the rest). */
+static int vec_blocks(int64_t count, int p) { return blocks_for(count / vec_width(p) + 1); }
 /* The count % V elements a vector kernel's 16-byte loop leaves: block 0 takes them one by one. */
 #define VEC_TAIL(k, count, V)                                                                      \
     if (blockIdx.x == 0)                                                                           \
@@ -1114,7 +1117,7 @@ template <typename F> static void by_type(int p, F f) {
 void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst) {
     if (count <= 0) return;
     if (aligned16({src, dst})) {
-        TYPED(p, cast_to_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, src, PT(dst)));
+        TYPED(p, cast_to_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, src, PT(dst)));
         return;
     }
     int g = blocks_for(count);
@@ -1125,7 +1128,7 @@ void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, flo
                       int accumulate) {
     if (count <= 0) return;
     if (aligned16({src, dst})) {
-        TYPED(p, cast_from_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
+        TYPED(p, cast_from_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
         return;
     }
     int g = blocks_for(count);
@@ -1163,7 +1166,7 @@ void launch_add_relu_forward(cudaStream_t s, int p, int64_t count, const void *a
                              void *y) {
     if (count <= 0) return;
     if (aligned16({a, b, y})) {
-        TYPED(p, add_relu_forward_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, PCT(a), PCT(b), PT(y)));
+        TYPED(p, add_relu_forward_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, PCT(a), PCT(b), PT(y)));
         return;
     }
     int g = blocks_for(count);
@@ -1174,8 +1177,8 @@ void launch_add_relu_backward(cudaStream_t s, int p, int64_t count, const void *
                               void *da, int acc_a, void *db, int acc_b) {
     if (count <= 0) return;
     if (aligned16({y, dy, da, db})) {
-        TYPED(p, add_relu_backward_vec_kernel<T><<<blocks_for(count / vec_width(p) + 1), THREADS, 0, s>>>(count, PCT(y), PCT(dy), PT(da),
-                                                                                    acc_a, PT(db), acc_b));
+        TYPED(p, add_relu_backward_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, PCT(y), PCT(dy), PT(da), acc_a,
+                                                                                        PT(db), acc_b));
         return;
     }
     int g = blocks_for(count);

@@ -1063,10 +1063,10 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
 }
 END_TEST
 
-/* add + ReLU fused, every type: forward exact against the emulation (one rounding each, as the
- * two ops), backward exact too (the mask, then a copy or an add into each input's gradient). */
-/* The elementwise kernels that move 16 bytes a thread (kernels.cu) — add + ReLU both ways, and the
- * autocast casts — against the emulation, exactly, every type, in the three ways a call can fall:
+/* The elementwise kernels that move 16 bytes a thread (kernels.cu) — add + ReLU both ways (forward:
+ * one rounding each, as the two ops; backward: the mask, then a copy or an add into each input's
+ * gradient), and the autocast casts — against the emulation, exactly, every type, in the three ways
+ * a call can fall:
  * a count of whole vectors, a count with a rest (block 0 does it element by element), and tensors
  * one element off 16-byte alignment (the scalar kernels). */
 START_TEST(test_add_relu_and_casts_exact) {
