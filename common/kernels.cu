@@ -350,6 +350,35 @@ __global__ void cast_from_vec_kernel(int64_t count, const T *src, float *dst, in
     VEC_TAIL(k, count, V) dst[k] = accumulate ? dst[k] + to_f(src[k]) : to_f(src[k]);
 }
 
+/* dst += src, src = 0 (ops.h: cast_add_clear), 16 bytes of T a thread, and one element a thread
+ * where the tensors are not 16-byte aligned. A zero adds nothing, not even its sign: the places no
+ * layer wrote keep their bits, so where a batch ends never shows in .grad. */
+template <typename T> __global__ void cast_add_clear_vec_kernel(int64_t count, T *src, float *dst) {
+    constexpr int V = VecOf<T>::N;
+    GRID_STRIDE(i, count / V) {
+        float f[V], o[V], z[V] = {};
+        vload(src + i * V, f);
+        vloadf<V>(dst + i * V, o);
+#pragma unroll
+        for (int j = 0; j < V; j++) o[j] = f[j] != 0.f ? o[j] + f[j] : o[j];
+        vstoref<V>(dst + i * V, o);
+        vstore(src + i * V, z);
+    }
+    VEC_TAIL(k, count, V) {
+        const float v = to_f(src[k]);
+        if (v != 0.f) dst[k] += v;
+        src[k] = from_f<T>(0.f);
+    }
+}
+
+template <typename T> __global__ void cast_add_clear_kernel(int64_t count, T *src, float *dst) {
+    GRID_STRIDE(i, count) {
+        const float v = to_f(src[i]);
+        if (v != 0.f) dst[i] += v;
+        src[i] = from_f<T>(0.f);
+    }
+}
+
 template <typename T> __global__ void relu_forward_lp_kernel(int64_t count, const T *x, T *y) {
     GRID_STRIDE(i, count) {
         float v = to_f(x[i]);
@@ -1122,6 +1151,15 @@ void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void
     }
     int g = blocks_for(count);
     TYPED(p, cast_to_kernel<T><<<g, THREADS, 0, s>>>(count, src, PT(dst)));
+}
+
+void launch_cast_add_clear(cudaStream_t s, int p, int64_t count, void *src, float *dst) {
+    if (count <= 0) return;
+    if (aligned16({src, dst})) {
+        TYPED(p, cast_add_clear_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, PT(src), dst));
+        return;
+    }
+    TYPED(p, cast_add_clear_kernel<T><<<blocks_for(count), THREADS, 0, s>>>(count, PT(src), dst));
 }
 
 void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,

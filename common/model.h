@@ -96,8 +96,9 @@ typedef struct Model {
                               * KRSC in param_flat / grad_flat (ops.h, and "The public order") */
     void *param_lp;          /* autocast only: param_flat cast to prec, once per forward (the
                               * weight cast cache); NULL in fp32, where cuDNN reads param_flat */
-    void *wgrad_lp;          /* autocast only: one layer's weight (+ bias) gradient in prec,
-                              * before it is added into grad_flat */
+    void *wgrad_lp;          /* autocast only: weight (+ bias) gradients in prec, before they are
+                              * added into grad_flat — a window of wgrad_cap floats of it (model.c) */
+    int64_t wgrad_cap, wgrad_lo, wgrad_hi; /* the window's size; [lo, hi): written, not yet added */
     void *input_lp;          /* the input batch cast to prec (and NHWC when channels-last) */
     float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
     /* activation memory plan (model_create; see below) */

@@ -200,6 +200,10 @@ void cast_from(Device *d, Precision p, int64_t count, const void *src, float *ds
              cuda_cast_from(d, p, count, src, dst, accumulate));
 }
 
+void cast_add_clear(Device *d, Precision p, int64_t count, void *src, float *dst) {
+    DISPATCH(d, ref_cast_add_clear_lp(count, src, dst), cuda_cast_add_clear(d, p, count, src, dst));
+}
+
 /* Channels-last is a CUDA layout; the emulation is NCHW (see ops.h). */
 static void cpu_is_nchw(int channels_last) {
     if (channels_last)

@@ -151,6 +151,11 @@ void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst)
 /* p → fp32, dst = (accumulate 0) or += (1): the loss's cast to fp32, and the backward of a weight
  * cast — a p weight gradient added into the fp32 .grad (autograd's cast backward + AccumulateGrad). */
 void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate);
+/* dst += (float)src where src ≠ 0, then src = 0: autocast's weight gradients added into .grad several
+ * layers at a time (model.c batches them), leaving the p buffer zero for the next batch — so the
+ * places no layer wrote (batch norm's parameters, fp32 already, between two convolutions) are left
+ * bit for bit as they were, wherever a batch ends. */
+void cast_add_clear(Device *d, Precision p, int64_t count, void *src, float *dst);
 /* Channels-last cast (CUDA): the input batch fp32 [n][c][hw] → p [n][hw][c]. Conv weights need
  * none: a channels-last model stores them KRSC already (model.h), so cast_to serves them. */
 void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);

@@ -665,6 +665,11 @@ void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, floa
     CHECK_LAUNCH();
 }
 
+void cuda_cast_add_clear(Device *d, Precision p, int64_t count, void *src, float *dst) {
+    launch_cast_add_clear(d->stream, (int)p, count, src, dst);
+    CHECK_LAUNCH();
+}
+
 void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst) {
     launch_cast_to_nhwc(d->stream, (int)p, n, c, hw, src, dst);
     CHECK_LAUNCH();

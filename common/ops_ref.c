@@ -38,6 +38,13 @@ void ref_cast_from_lp(int64_t count, const float *src, float *dst, int accumulat
     ref_grad_pass_f32(count, src, dst, accumulate); /* widening is exact */
 }
 
+void ref_cast_add_clear_lp(int64_t count, float *src, float *dst) {
+    for (int64_t i = 0; i < count; i++) {
+        if (src[i] != 0.f) dst[i] += src[i]; /* a zero adds nothing, not even its sign */
+        src[i] = 0.f;
+    }
+}
+
 void ref_conv_forward_lp(Precision p, const ConvShape *s, int n, const float *x, const float *w,
                          float *y) {
     ref_conv_forward_f32(s, n, x, w, y);

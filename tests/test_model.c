@@ -365,6 +365,52 @@ START_TEST(memory_plan_changes_no_bit) {
 }
 END_TEST
 
+/* Autocast's weight gradients reach .grad in batches (model.c, wgrad_flush): one backward that
+ * batches as it likes and one that stops after every layer (a hook stop at each parameter: every
+ * stretch then flushes alone) must leave the same bits in .grad — two backwards each, the second
+ * accumulating — and wgrad_lp zero behind them. CPU emulation, fp16 and bf16, tiny and ResNet-18. */
+static void no_hook(void *ctx, int p) { (void)ctx, (void)p; }
+static void check_wgrad_batches(const char *arch, int batch, Precision p) {
+    Device d = cpu();
+    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    int32_t y[8] = {3, 1, 4, 1, 5, 9, 2, 6};
+    test_fill_uniform(x, (int64_t)batch * 3072, 31, -2, 2);
+    Model *m[2];
+    for (int v = 0; v < 2; v++) {
+        m[v] = model_create_mixed(&d, arch, 1, batch, 9, p, 0);
+        ck_assert_ptr_nonnull(m[v]->wgrad_lp);
+        if (v) {
+            unsigned char *stop = malloc((size_t)m[v]->n_params);
+            memset(stop, 1, (size_t)m[v]->n_params);
+            model_set_hook_stops(m[v], stop);
+            free(stop);
+        }
+        for (int k = 0; k < 2; k++) { /* the second backward adds into the first's gradients */
+            float loss;
+            int32_t correct;
+            model_forward(m[v], batch, x, 1);
+            xent_forward_backward(&d, batch, 10, model_logits(m[v]), y, 1.0f / batch, &loss, &correct,
+                                  model_dlogits(m[v]));
+            model_backward(m[v], batch, v ? no_hook : NULL, NULL);
+        }
+        for (int64_t i = 0; i < m[v]->wgrad_cap; i++)
+            ck_assert_msg(((float *)m[v]->wgrad_lp)[i] == 0.f, "%s %s: wgrad_lp[%lld] left non-zero", arch,
+                          precision_name(p), (long long)i);
+    }
+    ck_assert_msg(!memcmp(m[0]->grad_flat, m[1]->grad_flat, (size_t)m[0]->n_param_floats * sizeof(float)),
+                  "%s %s: batched weight-gradient casts change .grad", arch, precision_name(p));
+    model_destroy(m[0]), model_destroy(m[1]);
+    free(x);
+    device_destroy(&d);
+}
+
+START_TEST(autocast_weight_gradients_batch_without_a_bit_changed) {
+    check_wgrad_batches("tiny", 4, PREC_FP16);
+    check_wgrad_batches("tiny", 4, PREC_BF16);
+    check_wgrad_batches("resnet18", 2, PREC_FP16);
+}
+END_TEST
+
 /* The CUDA model against the CPU model: same weights, same batch (TF32 off, so plain fp32). */
 /* A GPU test's batch: n images uniform in [−2, 2) from seed (host copy x, device copy xg), labels
  * (i·a + b) mod 10 (y, yg), and device slots for the loss and the correct count. */
@@ -869,6 +915,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, backward_plan_accumulates_at_fan_out);
     tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
     tcase_add_test(tc, hook_stops_defer_hooks_in_order);
+    tcase_add_test(tc, autocast_weight_gradients_batch_without_a_bit_changed);
     tcase_add_test(tc, gradients_accumulate_across_backwards);
     tcase_add_test(tc, eval_mode_leaves_running_stats_alone);
     tcase_add_test(tc, memory_plan_is_sound_and_accounted);

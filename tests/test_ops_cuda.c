@@ -1065,8 +1065,8 @@ END_TEST
 
 /* The elementwise kernels that move 16 bytes a thread (kernels.cu) — add + ReLU both ways (forward:
  * one rounding each, as the two ops; backward: the mask, then a copy or an add into each input's
- * gradient), and the autocast casts — against the emulation, exactly, every type, in the three ways
- * a call can fall:
+ * gradient), and the autocast casts (cast_add_clear too) — against the emulation, exactly, every
+ * type, in the three ways a call can fall:
  * a count of whole vectors, a count with a rest (block 0 does it element by element), and tensors
  * one element off 16-byte alignment (the scalar kernels). */
 START_TEST(test_add_relu_and_casts_exact) {
@@ -1118,6 +1118,20 @@ START_TEST(test_add_relu_and_casts_exact) {
                 ck_assert_msg(gback[i] == want, "cast_from %s%s: element %lld %g vs %g", tag, acc ? " +=" : "",
                               (long long)i, gback[i], want);
             }
+            /* cast_add_clear: back += y where y ≠ 0, then y = 0 (autocast's batched weight gradients) */
+            if (acc) device_memset0(&d, (char *)y + off * esz, esz * (size_t)(cnt / 3)); /* some zeros to skip */
+            float *gy0 = down_typed(&d, p, y, 1, 1, (int)all, 0);
+            cast_add_clear(&d, p, cnt, AT(y), back + off);
+            float *gy1 = down_typed(&d, p, y, 1, 1, (int)all, 0), *gback2 = hzeros(all);
+            device_copy_d2h(&d, gback2, back, (size_t)all * sizeof(float));
+            for (int64_t i = off; i < all; i++) {
+                const float want = gy0[i] != 0.f ? gback[i] + gy0[i] : gback[i];
+                ck_assert_msg(gback2[i] == want && signbit(gback2[i]) == signbit(want),
+                              "cast_add_clear %s: element %lld %g vs %g", tag, (long long)i, gback2[i], want);
+                ck_assert_msg(gy1[i] == 0.f, "cast_add_clear %s: source element %lld left %g", tag, (long long)i,
+                              gy1[i]);
+            }
+            free(gy0), free(gy1), free(gback2);
 #undef AT
             free(hw32), free(rw), free(gw), free(gback), device_free(&d, w32), device_free(&d, back);
             free(ha), free(hb), free(hdy), free(hda), free(hdb), free(ry), free(gy), free(gda), free(gdb);
