@@ -38,7 +38,7 @@ void graph_destroy(GraphCache *c) {
 static GraphEntry *entry(GraphCache *c, GraphKey k) {
     for (int i = 0; i < c->count; i++) {
         GraphEntry *e = &c->e[i];
-        if (e->key.x == k.x && e->key.n == k.n && e->key.part == k.part) return e;
+        if (e->key.x == k.x && e->key.n == k.n && e->key.part == k.part && e->key.fresh == k.fresh) return e;
     }
     if (c->count == c->cap) {
         int cap = c->cap ? 2 * c->cap : 64;

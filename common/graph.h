@@ -27,6 +27,8 @@ typedef struct GraphKey {
     const void *x; /* the input buffer the stretch reads (NULL when it reads none) */
     int n;         /* batch size */
     int part;      /* which stretch: the forward, or backward segment k */
+    int fresh;     /* backward: 1 right after zero_grad, whose stretches write the fp32 conv weight
+                    * gradients instead of adding them (model.c) — a different graph */
 } GraphKey;
 
 typedef struct GraphCache {

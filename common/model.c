@@ -605,7 +605,7 @@ void model_forward(Model *m, int n, const float *x, int train) {
         return;
     }
     ForwardRun a = {m, n, x};
-    graph_run(&m->graphs, (GraphKey){x, n, GRAPH_FORWARD}, forward_train, &a);
+    graph_run(&m->graphs, (GraphKey){x, n, GRAPH_FORWARD, 0}, forward_train, &a);
 }
 
 /* The plain walk reads its input as m->acts[0].x (set by model_forward). */
@@ -670,7 +670,7 @@ static void backward_half(Model *m, int n, int l, int half) {
     }
     switch (L->kind) {
     case LAYER_CONV: /* weight gradient first: it is final now, so DDP can start reducing it */
-        conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0));
+        conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0), !m->grad_fresh);
         break;
     case LAYER_BN:
         bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean, L->save_invstd,
@@ -731,12 +731,14 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
         if (point && !stop) waiting[n_waiting++] = L - 1 - pos / 2;
         if (!stop && pos + 1 < end) continue;
         BackwardStretch a = {m, n, from, pos + 1};
-        graph_run(&m->graphs, (GraphKey){x, n, on_grad_ready ? seg++ : GRAPH_BACKWARD}, backward_stretch, &a);
+        graph_run(&m->graphs, (GraphKey){x, n, on_grad_ready ? seg++ : GRAPH_BACKWARD, m->grad_fresh},
+                  backward_stretch, &a);
         for (int i = 0; i < n_waiting; i++) ready(&m->layers[waiting[i]], on_grad_ready, ctx);
         n_waiting = 0;
         if (stop) ready(ly, on_grad_ready, ctx);
         from = pos + 1;
     }
+    m->grad_fresh = 0; /* the next backward (gradient accumulation, DP's replicas) adds */
     trace_dev_end(span);
 }
 
@@ -880,8 +882,8 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
              * gradient, both in the model's order) comes with its neighbours' (wgrad_flush) */
             const Param *w = &m->params[L->p0];
             conv_backward_filter_lp(d, &L->conv, p, n, in->x, out->dx, wgrad_slot(m, w->offset, w->count));
-        } else { /* fp32: cuDNN adds straight into .grad (beta = 1), as the plain walk */
-            conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0));
+        } else { /* fp32: cuDNN adds straight into .grad (beta = 1) or writes it, as the plain walk */
+            conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0), !m->grad_fresh);
         }
         break;
     case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
@@ -920,8 +922,14 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
     }
 }
 
+/* Zeros, and a note for the next backward: its conv weight gradients may be written (cuDNN beta = 0)
+ * instead of added to these zeros (beta = 1, for which cuDNN's backward-filter kernels run a second
+ * pass: ops.h). PyTorch gets the same from zero_grad(set_to_none=True): the first backward assigns
+ * each .grad. The zeros stay for everything else — batch norm's and the linear layer's gradients
+ * still add, and a parameter backward never reaches keeps zeros (DDP's unused parameters). */
 void model_zero_grad(Model *m) {
     device_memset0(m->dev, m->grad_flat, (size_t)m->n_param_floats * sizeof(float));
+    m->grad_fresh = 1;
 }
 
 /* ---- the public order (model.h): conv weights OIHW outside the model ------------------------------ */

@@ -89,6 +89,8 @@ typedef struct Model {
     int n_acts;
     int64_t n_param_floats, n_buffer_floats;
     float *param_flat, *grad_flat, *buffer_flat;
+    int grad_fresh;          /* 1 from model_zero_grad to the end of the next backward, which
+                              * writes fp32 conv weight gradients rather than adding them to zeros */
     uint64_t shape_hash;     /* fingerprint of names and shapes (checkpoints refuse a mismatch) */
     /* autocast (prec fp16 / bf16) or channels-last; all NULL for an fp32 NCHW model */
     Precision prec;          /* activation and conv/linear compute type */
@@ -175,7 +177,8 @@ void model_prepare(Model *m, int n);
 void model_forward(Model *m, int n, const float *x, int train);
 float *model_logits(Model *m);  /* [n][classes] */
 float *model_dlogits(Model *m); /* the loss writes d(loss)/d(logits) here before backward */
-/* Backward from model_dlogits; parameter gradients ACCUMULATE into grad_flat. */
+/* Backward from model_dlogits; parameter gradients ACCUMULATE into grad_flat (the first backward
+ * after model_zero_grad writes the fp32 conv weight gradients instead: the same values, faster). */
 void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
 /* Where a backward with a hook stops for it. With CUDA graphs every stop ends one graph and begins
  * the next (graph.h), so fewer stops mean fewer launches. stop == NULL (the default): after every

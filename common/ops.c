@@ -76,9 +76,10 @@ void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float 
              cuda_conv_backward_data(d, c, n, dy, w, dx, accumulate));
 }
 
-void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw) {
-    DISPATCH(d, ref_conv_backward_filter_f32(&c->s, n, x, dy, dw),
-             cuda_conv_backward_filter(d, c, n, x, dy, dw));
+void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw,
+                          int accumulate) {
+    DISPATCH(d, ref_conv_backward_filter_f32(&c->s, n, x, dy, dw, accumulate),
+             cuda_conv_backward_filter(d, c, n, x, dy, dw, accumulate));
 }
 
 /* ---- batch norm ------------------------------------------------------------------------------ */

@@ -7,9 +7,11 @@
  * Conventions (all of them PyTorch's):
  *  - tensors are float32, NCHW, contiguous; pointers are in the device's memory;
  *  - conv weight [cout][cin][k][k]; linear weight [out][in], y = x·Wᵀ + b;
- *  - parameter gradients (dw, dgamma, dbeta, dW, db) always ACCUMULATE (+=), as .grad does in
- *    PyTorch, so gradient accumulation (stage 4) and DP's reduce (stage 2) need nothing special;
- *    the trainer zeroes the flat gradient buffer once per optimizer step;
+ *  - parameter gradients (dw, dgamma, dbeta, dW, db) ACCUMULATE (+=), as .grad does in PyTorch,
+ *    so gradient accumulation (stage 4) and DP's reduce (stage 2) need nothing special; the
+ *    trainer zeroes the flat gradient buffer once per optimizer step. One exception, for speed:
+ *    conv_backward_filter takes accumulate, so the first backward after zero_grad can write its
+ *    weight gradients (as PyTorch's first backward assigns into a .grad that zero_grad set to None);
  *  - activation gradients (dx) overwrite when accumulate == 0 and add when accumulate == 1 (a tensor
  *    read by two layers — a residual block's input — receives the sum of both gradients);
  *  - everything is issued on the device's compute stream; no op synchronises with the host.
@@ -56,7 +58,11 @@ size_t conv_workspace_bytes(Device *d, Conv *c, int n, int backward);
 void conv_forward(Device *d, Conv *c, int n, const float *x, const float *w, float *y);
 void conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
                         int accumulate);
-void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw);
+/* accumulate = 1: dw += the gradient; 0: dw = the gradient. cuDNN adds with beta = 1, which its
+ * backward-filter kernels for ResNet's shapes do in a second pass over a workspace (an extra
+ * convertTensor kernel, measured on an H200: 0.1 ms of stage 1's 4.3 ms step); beta = 0 skips it. */
+void conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy, float *dw,
+                          int accumulate);
 
 /* A forward algorithm held by the caller rather than by the Conv: a per-thread plan cache
  * (common/plan_cache.h) keeps one per (conv, batch size). conv_forward_plan runs conv_forward with

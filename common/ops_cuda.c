@@ -470,15 +470,15 @@ void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const f
 }
 
 void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,
-                               float *dw) {
+                               float *dw, int accumulate) {
     ConvPlanEntry *e = entry_for(d, c, n);
     const ConvPlan *p = c->plan;
     size_t ws = e->ws_bytes[PASS_BWD_FILTER];
-    /* parameter gradients always accumulate (ops.h): beta = 1 */
+    /* beta = 1 adds into .grad (ops.h), beta = 0 writes: same algorithm and workspace either way */
     CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         d->cudnn, &ONE, e->x_desc, x, e->y_desc, dy, e->conv_desc[PASS_BWD_FILTER],
         (cudnnConvolutionBwdFilterAlgo_t)e->algo[PASS_BWD_FILTER], workspace_for(d, c, 1, ws), ws,
-        &ONE, p->w_desc, dw));
+        accumulate ? &ONE : &ZERO, p->w_desc, dw));
 }
 
 /* fp16/bf16: the weight gradient of the cast weight is a fresh 16-bit tensor (beta = 0); the model

@@ -19,7 +19,7 @@ void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const flo
 void cuda_conv_backward_data(Device *d, Conv *c, int n, const float *dy, const float *w, float *dx,
                              int accumulate);
 void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const float *dy,
-                               float *dw);
+                               float *dw, int accumulate);
 
 void cuda_bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
                            const float *beta, float *running_mean, float *running_var,

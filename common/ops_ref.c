@@ -61,8 +61,7 @@ void ref_conv_backward_data_lp(Precision p, const ConvShape *s, int n, const flo
 void ref_conv_backward_filter_lp(Precision p, const ConvShape *s, int n, const float *x,
                                  const float *dy, float *dw) {
     int64_t count = (int64_t)s->cout * s->cin * s->k * s->k;
-    memset(dw, 0, (size_t)count * sizeof(float)); /* a fresh p gradient, not an accumulation */
-    ref_conv_backward_filter_f32(s, n, x, dy, dw);
+    ref_conv_backward_filter_f32(s, n, x, dy, dw, 0); /* a fresh p gradient, not an accumulation */
     ROUND(p, count, dw);
 }
 

@@ -16,7 +16,8 @@
     void ref_conv_forward##S(const ConvShape *s, int n, const T *x, const T *w, T *y);             \
     void ref_conv_backward_data##S(const ConvShape *s, int n, const T *dy, const T *w, T *dx,      \
                                    int accumulate);                                                \
-    void ref_conv_backward_filter##S(const ConvShape *s, int n, const T *x, const T *dy, T *dw);   \
+    void ref_conv_backward_filter##S(const ConvShape *s, int n, const T *x, const T *dy, T *dw,    \
+                                     int accumulate);                                              \
     void ref_bn_forward_train##S(int n, int c, int hw, const T *x, const T *gamma, const T *beta,  \
                                  T *running_mean, T *running_var, T momentum, T eps, T *save_mean, \
                                  T *save_invstd, T *y);                                            \

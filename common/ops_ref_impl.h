@@ -273,11 +273,13 @@ void REF_FN(ref_conv_backward_data)(const ConvShape *s, int n, const T *dy, cons
     }
 }
 
-void REF_FN(ref_conv_backward_filter)(const ConvShape *s, int n, const T *x, const T *dy, T *dw) {
+void REF_FN(ref_conv_backward_filter)(const ConvShape *s, int n, const T *x, const T *dy, T *dw,
+                                      int accumulate) {
     int K = s->cin * s->k * s->k, P = s->hout * s->wout;
     int64_t in_img = (int64_t)s->cin * s->h * s->w, out_img = (int64_t)s->cout * P;
     int pointwise = REF_FN(conv_is_pointwise)(s);
     T *col = pointwise ? NULL : REF_FN(scratch)(REF_SCRATCH_COL, (size_t)K * P);
+    if (!accumulate) memset(dw, 0, sizeof(T) * s->cout * K);
     for (int i = 0; i < n; i++) {
         const T *xi = x + i * in_img;
         if (!pointwise) REF_FN(im2col)(s, xi, col);

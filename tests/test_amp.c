@@ -180,9 +180,9 @@ START_TEST(conv_and_linear_within_rounding_bound) {
         check_bound("conv backward-data", p, dxl, dx, dxa, 2, nx);
         float *dw = calloc(nw, 4), *dwl = malloc(nw * 4), *dwa = calloc(nw, 4);
         for (int64_t i = 0; i < nw; i++) dwl[i] = 1e9f; /* must be overwritten, not accumulated */
-        ref_conv_backward_filter_f32(&s, n, x, dy, dw);
+        ref_conv_backward_filter_f32(&s, n, x, dy, dw, 0);
         ref_conv_backward_filter_lp(p, &s, n, xl, dyl, dwl);
-        ref_conv_backward_filter_f32(&s, n, ax, ady, dwa);
+        ref_conv_backward_filter_f32(&s, n, ax, ady, dwa, 0);
         check_bound("conv backward-filter", p, dwl, dw, dwa, 2, nw);
 
         int in = 40, out = 7, m = 5;

@@ -97,7 +97,7 @@ START_TEST(conv_matches_torch) {
         double *oy = malloc(ny * 8), *odx = malloc(nx * 8), *odw = calloc(nw, 8);
         ref_conv_forward_f64(&s, n, x, w, oy);
         ref_conv_backward_data_f64(&s, n, dy, w, odx, 0);
-        ref_conv_backward_filter_f64(&s, n, x, dy, odw);
+        ref_conv_backward_filter_f64(&s, n, x, dy, odw, 0);
         CHECK_CLOSE("conv y", rel_f64(oy, y, ny), 1e-10);
         CHECK_CLOSE("conv dx", rel_f64(odx, dx, nx), 1e-10);
         CHECK_CLOSE("conv dw", rel_f64(odw, dw, nw), 1e-10);

@@ -696,6 +696,53 @@ START_TEST(cuda_graphs_replay_the_eager_step) {
 }
 END_TEST
 
+/* The first backward after zero_grad writes the fp32 conv weight gradients (cuDNN beta = 0), later
+ * ones add (beta = 1): a backward graph is captured for each, so gradient accumulation must not
+ * replay the writing one. Tiny model without batch norm (two identical passes), fp32 channels-last,
+ * graphs and eager, with and without hook stops: after two backwards every gradient is twice the
+ * first's, and each cycle's first backward gives the same bits (eager, captured, replayed). */
+START_TEST(cuda_first_backward_writes_later_ones_add) {
+    if (!test_have_gpu("model: the first backward after zero_grad writes, the next adds")) return;
+    Device g = {.allow_tf32 = 0, .deterministic = 1};
+    device_init(&g, DEV_CUDA, 0, 0);
+    const int n = 8;
+    GpuBatch B = gpu_batch(&g, n, 37, 3, 1);
+    for (int v = 0; v < 4; v++) { /* v & 1: eager; v & 2: backward stops at every 3rd parameter */
+        model_default_graphs(!(v & 1));
+        Model *m = model_create(&g, "tiny", 0, n, 13);
+        model_default_graphs(1);
+        if (v & 2) {
+            unsigned char stop[64] = {0};
+            for (int p = 0; p < m->n_params; p += 3) stop[p] = 1;
+            model_set_hook_stops(m, stop);
+        }
+        const int64_t np = m->n_param_floats;
+        float *once = malloc(np * 4), *twice = malloc(np * 4), *first = malloc(np * 4);
+        for (int cycle = 0; cycle < 3; cycle++) { /* eager, captured, replayed */
+            HookLog h = {0};
+            model_zero_grad(m);
+            for (int pass = 0; pass < 2; pass++) {
+                model_forward(m, n, B.xg, 1);
+                xent_forward_backward(&g, n, 10, model_logits(m), B.yg, 1.0f / n, B.loss, B.correct, model_dlogits(m));
+                model_backward(m, n, (v & 2) ? log_hook : NULL, &h);
+                device_copy_d2h(&g, pass ? twice : once, m->grad_flat, np * 4);
+            }
+            for (int64_t i = 0; i < np; i++)
+                ck_assert_msg(fabsf(twice[i] - 2 * once[i]) <= 1e-6f * fabsf(once[i]),
+                              "variant %d cycle %d: grad[%lld] %g after two backwards, %g after one", v, cycle,
+                              (long long)i, twice[i], once[i]);
+            if (cycle == 0) memcpy(first, once, np * 4);
+            ck_assert_msg(!memcmp(first, once, np * 4), "variant %d cycle %d: the first backward changed", v, cycle);
+        }
+        if (!(v & 1)) ck_assert(m->graphs.captures > 0 && m->graphs.replays > 0);
+        free(once), free(twice), free(first);
+        model_destroy(m);
+    }
+    free(B.x);
+    device_destroy(&g);
+}
+END_TEST
+
 /* ---- the public order (model.h): conv weights OIHW outside, KRSC inside a channels-last model --- */
 
 /* The per-tensor reorder against a hand-written example, and both ways as each other's inverse. */
@@ -925,6 +972,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
     tcase_add_test(tc, cuda_memory_plan_holds_workspaces);
     tcase_add_test(tc, cuda_graphs_replay_the_eager_step);
+    tcase_add_test(tc, cuda_first_backward_writes_later_ones_add);
     tcase_add_test(tc, conv_weight_reorder_matches_hand_example);
     tcase_add_test(tc, model_params_seam_reorders_conv_weights_only);
     tcase_add_test(tc, cuda_channels_last_fp32_matches_nchw);

@@ -152,19 +152,22 @@ static void check_conv(Device *d, Conv *c, int n, uint64_t seed, int prepared, c
     float *hdw0 = hrand(wn, seed + 4, -1.f, 1.f);
 
     float *ry = hzeros(yn), *rdx = hzeros(xn), *rdx_acc = hcopy(hdx0, xn), *rdw = hcopy(hdw0, wn);
+    float *rdw_new = hzeros(wn);
     ref_conv_forward_f32(s, n, hx, hw, ry);
     ref_conv_backward_data_f32(s, n, hdy, hw, rdx, 0);
     ref_conv_backward_data_f32(s, n, hdy, hw, rdx_acc, 1);
-    ref_conv_backward_filter_f32(s, n, hx, hdy, rdw);
+    ref_conv_backward_filter_f32(s, n, hx, hdy, rdw, 1);
+    ref_conv_backward_filter_f32(s, n, hx, hdy, rdw_new, 0);
 
     float *x = up(d, hx, xn), *w = up(d, hw, wn), *dy = up(d, hdy, yn), *y = dzeros(d, yn);
-    float *dx = up(d, hdx0, xn), *dx_acc = up(d, hdx0, xn), *dw = up(d, hdw0, wn);
+    float *dx = up(d, hdx0, xn), *dx_acc = up(d, hdx0, xn), *dw = up(d, hdw0, wn), *dw_new = up(d, hdw0, wn);
     size_t cur = d->mem_cur;
     int n_allocs = d->n_allocs;
     conv_forward(d, c, n, x, w, y);
     conv_backward_data(d, c, n, dy, w, dx, 0);
     conv_backward_data(d, c, n, dy, w, dx_acc, 1);
-    conv_backward_filter(d, c, n, x, dy, dw);
+    conv_backward_filter(d, c, n, x, dy, dw, 1);
+    conv_backward_filter(d, c, n, x, dy, dw_new, 0); /* over the same prior: must be overwritten */
     if (prepared)
         ck_assert_msg(d->mem_cur == cur && d->n_allocs == n_allocs,
                       "%s n=%d: a prepared conv allocated in the step", tag, n);
@@ -174,11 +177,12 @@ static void check_conv(Device *d, Conv *c, int n, uint64_t seed, int prepared, c
     EXPECT_GPU_CLOSE(d, dx_acc, rdx_acc, xn, TOL_CONV, "%s n=%d conv_backward_data accumulate",
                      tag, n);
     EXPECT_GPU_CLOSE(d, dw, rdw, wn, TOL_CONV, "%s n=%d conv_backward_filter (+=)", tag, n);
+    EXPECT_GPU_CLOSE(d, dw_new, rdw_new, wn, TOL_CONV, "%s n=%d conv_backward_filter (=)", tag, n);
 
     device_free(d, x), device_free(d, w), device_free(d, dy), device_free(d, y);
-    device_free(d, dx), device_free(d, dx_acc), device_free(d, dw);
+    device_free(d, dx), device_free(d, dx_acc), device_free(d, dw), device_free(d, dw_new);
     free(hx), free(hw), free(hdy), free(hdx0), free(hdw0);
-    free(ry), free(rdx), free(rdx_acc), free(rdw);
+    free(ry), free(rdx), free(rdx_acc), free(rdw), free(rdw_new);
 }
 
 START_TEST(test_conv_matches_reference) {
@@ -228,8 +232,8 @@ START_TEST(test_conv_deterministic) {
         float *dw1 = dzeros(&d, wn), *dw2 = dzeros(&d, wn), *dx1 = dzeros(&d, xn),
               *dx2 = dzeros(&d, xn), *y1 = dzeros(&d, xn), *y2 = dzeros(&d, xn);
         conv_prepare(&d, &c, n);
-        conv_backward_filter(&d, &c, n, x, dy, dw1);
-        conv_backward_filter(&d, &c, n, x, dy, dw2);
+        conv_backward_filter(&d, &c, n, x, dy, dw1, 0);
+        conv_backward_filter(&d, &c, n, x, dy, dw2, 0);
         conv_backward_data(&d, &c, n, dy, w, dx1, 0);
         conv_backward_data(&d, &c, n, dy, w, dx2, 0);
         conv_forward(&d, &c, n, x, w, y1);
@@ -245,7 +249,7 @@ START_TEST(test_conv_deterministic) {
         double *dy64 = malloc((size_t)xn * sizeof(double));
         double *dw64 = calloc((size_t)wn, sizeof(double));
         for (int64_t i = 0; i < xn; i++) x64[i] = hx[i], dy64[i] = hdy[i];
-        ref_conv_backward_filter_f64(&c.s, n, x64, dy64, dw64);
+        ref_conv_backward_filter_f64(&c.s, n, x64, dy64, dw64, 0);
         float *rdw = hzeros(wn);
         for (int64_t i = 0; i < wn; i++) rdw[i] = (float)dw64[i];
         free(x64), free(dy64), free(dw64);
@@ -955,29 +959,36 @@ START_TEST(test_conv_fp32_channels_last_matches_reference) {
         ref_conv_forward_f32(&cv.s, n, hx, hw_, ry);
         ref_conv_backward_data_f32(&cv.s, n, hdy, hw_, rdx, 0);
         ref_conv_backward_data_f32(&cv.s, n, hdy, hw_, rdx_acc, 1);
-        ref_conv_backward_filter_f32(&cv.s, n, hx, hdy, rdw);
+        ref_conv_backward_filter_f32(&cv.s, n, hx, hdy, rdw, 1);
+        float *rdw_new = hzeros(nw);
+        ref_conv_backward_filter_f32(&cv.s, n, hx, hdy, rdw_new, 0);
         float *wk = hzeros(nw), *dwk = hzeros(nw);
         conv_weight_oihw_to_krsc(cf->cout, cf->cin, kk, hw_, wk);
         conv_weight_oihw_to_krsc(cf->cout, cf->cin, kk, hdw0, dwk);
         void *x = up_typed(&d, PREC_FP32, hx, n, cf->cin, ihw, 1), *dy = up_typed(&d, PREC_FP32, hdy, n, cf->cout, ohw, 1);
         void *dx = up_typed(&d, PREC_FP32, hdx0, n, cf->cin, ihw, 1), *dx_acc = up_typed(&d, PREC_FP32, hdx0, n, cf->cin, ihw, 1);
-        float *w = up(&d, wk, nw), *dw = up(&d, dwk, nw), *y = dzeros(&d, ny);
+        float *w = up(&d, wk, nw), *dw = up(&d, dwk, nw), *dw_new = up(&d, dwk, nw), *y = dzeros(&d, ny);
         conv_forward(&d, &cv, n, x, w, y);
         conv_backward_data(&d, &cv, n, dy, w, dx, 0);
         conv_backward_data(&d, &cv, n, dy, w, dx_acc, 1);
-        conv_backward_filter(&d, &cv, n, x, dy, dw);
+        conv_backward_filter(&d, &cv, n, x, dy, dw, 1);
+        conv_backward_filter(&d, &cv, n, x, dy, dw_new, 0); /* the first backward after zero_grad: = */
         float *gy = down_typed(&d, PREC_FP32, y, n, cf->cout, ohw, 1), *gdx = down_typed(&d, PREC_FP32, dx, n, cf->cin, ihw, 1);
         float *gdxa = down_typed(&d, PREC_FP32, dx_acc, n, cf->cin, ihw, 1), *gdwk = down(&d, dw, nw), *gdw = hzeros(nw);
         conv_weight_krsc_to_oihw(cf->cout, cf->cin, kk, gdwk, gdw);
+        float *gdwnk = down(&d, dw_new, nw), *gdwn = hzeros(nw);
+        conv_weight_krsc_to_oihw(cf->cout, cf->cin, kk, gdwnk, gdwn);
         EXPECT_CLOSE(gy, ry, ny, TOL_CONV, "conv fp32 NHWC cfg %zu forward", ci);
         EXPECT_CLOSE(gdx, rdx, nx, TOL_CONV, "conv fp32 NHWC cfg %zu backward-data", ci);
         EXPECT_CLOSE(gdxa, rdx_acc, nx, TOL_CONV, "conv fp32 NHWC cfg %zu backward-data accumulate", ci);
         EXPECT_CLOSE(gdw, rdw, nw, TOL_CONV, "conv fp32 NHWC cfg %zu backward-filter (+= into KRSC)", ci);
+        EXPECT_CLOSE(gdwn, rdw_new, nw, TOL_CONV, "conv fp32 NHWC cfg %zu backward-filter (= into KRSC)", ci);
         conv_release(&d, &cv);
         free(hx), free(hw_), free(hdy), free(hdx0), free(hdw0), free(ry), free(rdx), free(rdx_acc), free(rdw);
+        free(rdw_new), free(gdwnk), free(gdwn);
         free(wk), free(dwk), free(gy), free(gdx), free(gdxa), free(gdwk), free(gdw);
         device_free(&d, x), device_free(&d, dy), device_free(&d, dx), device_free(&d, dx_acc);
-        device_free(&d, w), device_free(&d, dw), device_free(&d, y);
+        device_free(&d, w), device_free(&d, dw), device_free(&d, dw_new), device_free(&d, y);
     }
     device_destroy(&d);
 }

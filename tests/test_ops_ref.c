@@ -143,8 +143,8 @@ START_TEST(test_conv_matches_naive) {
         naive_conv(&s, n, 1, x, w, dy, want);
         EXPECT_CLOSE(got, want, nx, EXACT_TOL, "conv backward-data vs naive");
 
-        dfill(got, nw, 0);
-        ref_conv_backward_filter_f64(&s, n, x, dy, got);
+        dfill(got, nw, NAN); /* accumulate = 0 must overwrite */
+        ref_conv_backward_filter_f64(&s, n, x, dy, got, 0);
         naive_conv(&s, n, 2, x, w, dy, want);
         EXPECT_CLOSE(got, want, nw, EXACT_TOL, "conv backward-filter vs naive");
         free(x), free(w), free(dy), free(got), free(want);
@@ -177,7 +177,8 @@ START_TEST(test_conv_gradcheck) {
         fd_grad(conv_loss, &c, c.x, nx, num);
         EXPECT_CLOSE(dx, num, nx, FD_TOL, "conv dx vs finite differences");
 
-        ref_conv_backward_filter_f64(&c.s, c.n, c.x, c.r, dw);
+        dfill(dw, nw, NAN);
+        ref_conv_backward_filter_f64(&c.s, c.n, c.x, c.r, dw, 0);
         fd_grad(conv_loss, &c, c.w, nw, num);
         EXPECT_CLOSE(dw, num, nw, FD_TOL, "conv dw vs finite differences");
         free(c.x), free(c.w), free(c.r), free(c.y), free(dx), free(dw), free(num);
@@ -185,7 +186,7 @@ START_TEST(test_conv_gradcheck) {
 }
 END_TEST
 
-/* dx with accumulate = 1 adds to what is there; dw always adds (a parameter gradient). */
+/* dx and dw with accumulate = 1 add to what is there (0 overwrites: the tests above). */
 START_TEST(test_conv_accumulate) {
     for (size_t k = 0; k < sizeof grad_cfgs / sizeof grad_cfgs[0]; k++) {
         ConvShape s = make_shape(grad_cfgs[k]);
@@ -201,11 +202,10 @@ START_TEST(test_conv_accumulate) {
         ref_conv_backward_data_f64(&s, n, dy, w, got, 1);
         EXPECT_CLOSE(got, fresh, nx, EXACT_TOL, "conv dx accumulate");
 
-        dfill(fresh, nw, 0);
-        ref_conv_backward_filter_f64(&s, n, x, dy, fresh);
+        ref_conv_backward_filter_f64(&s, n, x, dy, fresh, 0);
         for (int64_t i = 0; i < nw; i++) fresh[i] += prior_w[i];
         memcpy(got, prior_w, sizeof(double) * nw);
-        ref_conv_backward_filter_f64(&s, n, x, dy, got);
+        ref_conv_backward_filter_f64(&s, n, x, dy, got, 1);
         EXPECT_CLOSE(got, fresh, nw, EXACT_TOL, "conv dw accumulates");
         free(x), free(w), free(dy), free(prior_x), free(prior_w), free(fresh), free(got);
     }
@@ -651,8 +651,8 @@ START_TEST(test_f32_agrees_with_f64) {
     ref_conv_backward_data_f64(&s, n, dy, w, dx, 0);
     ref_conv_backward_data_f32(&s, n, dyf, wf, dxf, 0);
     ck_assert_double_lt(f32_vs_f64(dxf, dx, nx), 1e-5);
-    ref_conv_backward_filter_f64(&s, n, x, dy, dw);
-    ref_conv_backward_filter_f32(&s, n, xf, dyf, dwf);
+    ref_conv_backward_filter_f64(&s, n, x, dy, dw, 0);
+    ref_conv_backward_filter_f32(&s, n, xf, dyf, dwf, 0);
     ck_assert_double_lt(f32_vs_f64(dwf, dw, nw), 1e-5);
 
     /* batch norm on the conv's output: forward, running stats, backward */
