@@ -397,7 +397,7 @@ static void compress(Ddp *d, const float *g, int64_t n, void *dst) {
 
 static void decompress(Ddp *d, const void *src, int64_t n, float *g) {
     if (d->dev->kind == DEV_CPU) precision_unpack(d->hook, n, src, g);
-    else cast_from(d->dev, d->hook, n, src, g, 0);
+    else cast_from(d->dev, d->hook, n, src, g);
 }
 
 void ddp_set_sync(Ddp *d, int sync) { d->sync = sync != 0; }

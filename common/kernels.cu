@@ -317,13 +317,12 @@ template <typename T> __global__ void cast_to_kernel(int64_t count, const float 
     GRID_STRIDE(i, count) dst[i] = from_f<T>(src[i]);
 }
 
-template <typename T>
-__global__ void cast_from_kernel(int64_t count, const T *src, float *dst, int accumulate) {
-    GRID_STRIDE(i, count) dst[i] = accumulate ? dst[i] + to_f(src[i]) : to_f(src[i]);
+template <typename T> __global__ void cast_from_kernel(int64_t count, const T *src, float *dst) {
+    GRID_STRIDE(i, count) dst[i] = to_f(src[i]);
 }
 
 /* The same, 16 bytes of T a thread (launch_cast_*: when the tensors are 16-byte aligned): the whole
- * weight buffer's cast once a forward, and each weight gradient's add into .grad. */
+ * weight buffer's cast once a forward, and DDP's 16-bit gradients back to fp32. */
 template <typename T> __global__ void cast_to_vec_kernel(int64_t count, const float *src, T *dst) {
     constexpr int V = VecOf<T>::N;
     GRID_STRIDE(i, count / V) {
@@ -334,20 +333,14 @@ template <typename T> __global__ void cast_to_vec_kernel(int64_t count, const fl
     VEC_TAIL(k, count, V) dst[k] = from_f<T>(src[k]);
 }
 
-template <typename T>
-__global__ void cast_from_vec_kernel(int64_t count, const T *src, float *dst, int accumulate) {
+template <typename T> __global__ void cast_from_vec_kernel(int64_t count, const T *src, float *dst) {
     constexpr int V = VecOf<T>::N;
     GRID_STRIDE(i, count / V) {
-        float f[V], o[V];
+        float f[V];
         vload(src + i * V, f);
-        if (accumulate) {
-            vloadf<V>(dst + i * V, o);
-#pragma unroll
-            for (int j = 0; j < V; j++) f[j] += o[j];
-        }
         vstoref<V>(dst + i * V, f);
     }
-    VEC_TAIL(k, count, V) dst[k] = accumulate ? dst[k] + to_f(src[k]) : to_f(src[k]);
+    VEC_TAIL(k, count, V) dst[k] = to_f(src[k]);
 }
 
 /* dst += src, src = 0 (ops.h: cast_add_clear), 16 bytes of T a thread, and one element a thread
@@ -1162,15 +1155,14 @@ void launch_cast_add_clear(cudaStream_t s, int p, int64_t count, void *src, floa
     TYPED(p, cast_add_clear_kernel<T><<<blocks_for(count), THREADS, 0, s>>>(count, PT(src), dst));
 }
 
-void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,
-                      int accumulate) {
+void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst) {
     if (count <= 0) return;
     if (aligned16({src, dst})) {
-        TYPED(p, cast_from_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
+        TYPED(p, cast_from_vec_kernel<T><<<vec_blocks(count, p), THREADS, 0, s>>>(count, PCT(src), dst));
         return;
     }
     int g = blocks_for(count);
-    TYPED(p, cast_from_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(src), dst, accumulate));
+    TYPED(p, cast_from_kernel<T><<<g, THREADS, 0, s>>>(count, PCT(src), dst));
 }
 
 void launch_relu_forward_lp(cudaStream_t s, int p, int64_t count, const void *x, void *y) {

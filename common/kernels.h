@@ -51,8 +51,7 @@ void launch_sgd_step_unless(cudaStream_t s, int64_t count, float *params, const 
  * is fp32, 16-bit stores round to nearest even. fp32 runs here for channels-last (NHWC) models. */
 void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst);
 void launch_cast_add_clear(cudaStream_t s, int p, int64_t count, void *src, float *dst);
-void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst,
-                      int accumulate);
+void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst);
 void launch_relu_forward_lp(cudaStream_t s, int p, int64_t count, const void *x, void *y);
 void launch_relu_backward_lp(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
                              void *dx, int accumulate);

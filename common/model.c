@@ -825,7 +825,7 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
         }
     }
     /* cross-entropy is on autocast's fp32 list: the loss reads the logits cast to fp32 */
-    cast_from(d, p, (int64_t)n * m->classes, m->acts[m->n_acts - 1].x, m->logits32, 0);
+    cast_from(d, p, (int64_t)n * m->classes, m->acts[m->n_acts - 1].x, m->logits32);
     trace_dev_end(span);
 }
 
@@ -843,12 +843,14 @@ static void backward_prologue_typed(Model *m, int n) {
  * two layers (batch norm's parameters, fp32 already) keep their bits. ResNet-18: 7 casts a backward
  * instead of 22 (a few more where DDP's buckets end stretches), in the same memory — the window is
  * the largest layer, so layer 4's weights still go one at a time and layers 1–3 in two casts. */
+/* The window's slot for grad_flat[off]. */
+static void *wgrad_at(const Model *m, int64_t off) {
+    return (char *)m->wgrad_lp + (size_t)(off - (m->wgrad_hi - m->wgrad_cap)) * precision_bytes(m->dev, m->prec);
+}
+
 static void wgrad_flush(Model *m) {
     if (m->wgrad_lo == m->wgrad_hi) return;
-    const int64_t base = m->wgrad_hi - m->wgrad_cap;
-    cast_add_clear(m->dev, m->prec, m->wgrad_hi - m->wgrad_lo,
-                   (char *)m->wgrad_lp + (size_t)(m->wgrad_lo - base) * precision_bytes(m->dev, m->prec),
-                   m->grad_flat + m->wgrad_lo);
+    cast_add_clear(m->dev, m->prec, m->wgrad_hi - m->wgrad_lo, wgrad_at(m, m->wgrad_lo), m->grad_flat + m->wgrad_lo);
     m->wgrad_lo = m->wgrad_hi = 0;
 }
 
@@ -860,7 +862,7 @@ static void *wgrad_slot(Model *m, int64_t off, int64_t count) {
         m->wgrad_hi = off + count;
     }
     m->wgrad_lo = off;
-    return (char *)m->wgrad_lp + (size_t)(off - (m->wgrad_hi - m->wgrad_cap)) * precision_bytes(m->dev, m->prec);
+    return wgrad_at(m, off);
 }
 
 static void backward_half_typed(Model *m, int n, int l, int half) {

@@ -196,9 +196,8 @@ void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst)
     DISPATCH(d, ref_cast_to_lp(p, count, src, dst), cuda_cast_to(d, p, count, src, dst));
 }
 
-void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate) {
-    DISPATCH(d, ref_cast_from_lp(count, src, dst, accumulate),
-             cuda_cast_from(d, p, count, src, dst, accumulate));
+void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst) {
+    DISPATCH(d, ref_cast_from_lp(count, src, dst), cuda_cast_from(d, p, count, src, dst));
 }
 
 void cast_add_clear(Device *d, Precision p, int64_t count, void *src, float *dst) {

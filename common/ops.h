@@ -154,10 +154,10 @@ void add_inplace(Device *d, int64_t count, const float *x, float *y);
 size_t precision_bytes(const Device *d, Precision p);
 /* fp32 → p (round to nearest even): autocast's casts of weights and of the input batch. */
 void cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst);
-/* p → fp32, dst = (accumulate 0) or += (1): the loss's cast to fp32, and the backward of a weight
- * cast — a p weight gradient added into the fp32 .grad (autograd's cast backward + AccumulateGrad). */
-void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst, int accumulate);
-/* dst += (float)src where src ≠ 0, then src = 0: autocast's weight gradients added into .grad several
+/* p → fp32 (exact): the logits' cast for the loss, DDP's 16-bit all-reduced gradients back. */
+void cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst);
+/* dst += (float)src where src ≠ 0, then src = 0: the backward of a weight cast — autocast's weight
+ * gradients added into the fp32 .grad (autograd's cast backward + AccumulateGrad), several
  * layers at a time (model.c batches them), leaving the p buffer zero for the next batch — so the
  * places no layer wrote (batch norm's parameters, fp32 already, between two convolutions) are left
  * bit for bit as they were, wherever a batch ends. */
@@ -167,7 +167,7 @@ void cast_add_clear(Device *d, Precision p, int64_t count, void *src, float *dst
 void cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
 
 /* c->prec must be p (conv_prepare planned that type). dw is OVERWRITTEN: the p gradient of the
- * cast weight, which the caller adds into the fp32 gradient with cast_from. */
+ * cast weight, which the caller adds into the fp32 gradient with cast_add_clear. */
 void conv_forward_lp(Device *d, Conv *c, Precision p, int n, const void *x, const void *w, void *y);
 void conv_backward_data_lp(Device *d, Conv *c, Precision p, int n, const void *dy, const void *w,
                            void *dx, int accumulate);

@@ -482,7 +482,7 @@ void cuda_conv_backward_filter(Device *d, Conv *c, int n, const float *x, const 
 }
 
 /* fp16/bf16: the weight gradient of the cast weight is a fresh 16-bit tensor (beta = 0); the model
- * adds it into the fp32 gradient (cast_from). */
+ * adds it into the fp32 gradient (cast_add_clear). */
 void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, const void *dy,
                                   void *dw) {
     ConvPlanEntry *e = entry_for(d, c, n);
@@ -659,9 +659,8 @@ void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void 
     CHECK_LAUNCH();
 }
 
-void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst,
-                    int accumulate) {
-    launch_cast_from(d->stream, (int)p, count, src, dst, accumulate);
+void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst) {
+    launch_cast_from(d->stream, (int)p, count, src, dst);
     CHECK_LAUNCH();
 }
 

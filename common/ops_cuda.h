@@ -62,8 +62,7 @@ void cuda_conv_backward_filter_lp(Device *d, Conv *c, int n, const void *x, cons
                                   void *dw);
 void cuda_cast_to(Device *d, Precision p, int64_t count, const float *src, void *dst);
 void cuda_cast_add_clear(Device *d, Precision p, int64_t count, void *src, float *dst);
-void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst,
-                    int accumulate);
+void cuda_cast_from(Device *d, Precision p, int64_t count, const void *src, float *dst);
 void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float *src, void *dst);
 void cuda_bn_prepare(Device *d, int nhwc, int n, int c, int hw);
 void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,

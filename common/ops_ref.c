@@ -34,8 +34,8 @@ void ref_cast_to_lp(Precision p, int64_t count, const float *src, float *dst) {
     ROUND(p, count, dst);
 }
 
-void ref_cast_from_lp(int64_t count, const float *src, float *dst, int accumulate) {
-    ref_grad_pass_f32(count, src, dst, accumulate); /* widening is exact */
+void ref_cast_from_lp(int64_t count, const float *src, float *dst) {
+    ref_grad_pass_f32(count, src, dst, 0); /* widening is exact */
 }
 
 void ref_cast_add_clear_lp(int64_t count, float *src, float *dst) {

@@ -48,7 +48,7 @@ OPS_REF_DECLARE(double, _f64)
 /* The mixed-precision emulation (ops.h's *_lp ops on the CPU backend): p tensors are float arrays
  * holding p values; each op is the _f32 reference followed by rounding what it stores to p. */
 void ref_cast_to_lp(Precision p, int64_t count, const float *src, float *dst);
-void ref_cast_from_lp(int64_t count, const float *src, float *dst, int accumulate);
+void ref_cast_from_lp(int64_t count, const float *src, float *dst);
 void ref_cast_add_clear_lp(int64_t count, float *src, float *dst);
 void ref_conv_forward_lp(Precision p, const ConvShape *s, int n, const float *x, const float *w,
                          float *y);

@@ -338,11 +338,18 @@ static void cast_to_setup(Case &k) {
     add(k, "dst", LP, OUT, k.count, 0, 0);
     ref_cast_to_lp(P(k), k.count, k.H(0), k.W(1));
 }
-/* 16-bit src → fp32 dst (written or added) */
+/* 16-bit src → fp32 dst */
 static void cast_from_setup(Case &k) {
     add(k, "src", LP, IN, k.count, -1, 1);
-    add(k, "dst", F32, k.acc ? INOUT : OUT, k.count, -1, 1);
-    ref_cast_from_lp(k.count, k.H(0), k.W(1), k.acc);
+    add(k, "dst", F32, OUT, k.count, -1, 1);
+    ref_cast_from_lp(k.count, k.H(0), k.W(1));
+}
+/* dst += src where src ≠ 0, src = 0: a quarter of src zero (the places between two layers) */
+static void cast_add_clear_setup(Case &k) {
+    Tensor &src = add(k, "src", LP, INOUT, k.count, -1, 1);
+    for (int64_t i = 0; i < k.count / 4; i++) src.h[i] = src.want[i] = 0.f;
+    add(k, "dst", F32, INOUT, k.count, -1, 1);
+    ref_cast_add_clear_lp(k.count, k.W(0), k.W(1));
 }
 /* x → y; ReLU of a 16-bit value is that value or 0: the fp32 reference is exact */
 static void relu_fwd_lp_setup(Case &k) {
@@ -565,8 +572,10 @@ static const Row ROWS[] = {
 
     /* 16-bit: each row runs for fp16 and bf16 */
     {"cast_to", "weights", cast_to_setup, L(launch_cast_to(S, k.p, k.count, k.f(0), k.v(1))), PARAMS, BOTH},
-    {"cast_from", "weight grad +=", cast_from_setup, L(launch_cast_from(S, k.p, k.count, k.v(0), k.f(1), k.acc)),
-     WEIGHT, BOTH, 0, 1},
+    {"cast_from", "16-bit gradients back", cast_from_setup, L(launch_cast_from(S, k.p, k.count, k.v(0), k.f(1))),
+     WEIGHT, BOTH},
+    {"cast_add_clear", "weight grads into .grad", cast_add_clear_setup,
+     L(launch_cast_add_clear(S, k.p, k.count, k.v(0), k.f(1))), WEIGHT, BOTH},
     {"relu_forward_lp", "", relu_fwd_lp_setup, L(launch_relu_forward_lp(S, k.p, k.count, k.v(0), k.v(1))), ACT, BOTH},
     {"relu_backward_lp", "", relu_bwd_lp_setup,
      L(launch_relu_backward_lp(S, k.p, k.count, k.v(0), k.v(1), k.v(2), k.acc)), ACT, BOTH},
