@@ -19,7 +19,7 @@
 
 Option *ddp_options(DdpFlags *f, const Option *extra) {
     *f = (DdpFlags){.nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500, .comm = "auto",
-                    .bucket_mb = 25, .rdzv_timeout = 60, .comm_timeout = 300,
+                    .bucket_mb = 25, .broadcast_buffers = "before-forward", .rdzv_timeout = 60, .comm_timeout = 300,
                     .show = {.world_size = 1, .dataset_size = -1}};
     const double above0 = nextafter(0.0, INFINITY); /* shown as the open end of (0, …] */
     const Option rows[] = {
@@ -37,6 +37,12 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "workers sharing a GPU), like gloo; auto: nccl on GPUs"},
         {"bucket-mb", OPT_FLOAT, &f->bucket_mb, above0, 1e6, NULL,
          "gradient bucket size in MiB (DistributedDataParallel bucket_cap_mb)"},
+        {"last-bucket-mb", OPT_FLOAT, &f->last_bucket_mb, 0, 1e6, NULL,
+         "ours, not PyTorch's: make the last bucket (the one all-reduced after backward, in the open) the smallest "
+         "that holds this many MiB; 0: whatever the other buckets leave (PyTorch)"},
+        {"broadcast-buffers", OPT_CHOICE, &f->broadcast_buffers, 0, 0, "before-forward|after-forward",
+         "when rank 0's BN buffers are broadcast: before the next forward, which waits for it (PyTorch's default), "
+         "or after the forward, overlapped with its backward (PyTorch's POST_FORWARD buffer hook); the same values"},
         {"no-overlap", OPT_FLAG, &f->no_overlap, 0, 0, NULL,
          "all-reduce all gradients once after backward instead of bucket by bucket during it (the experiment)"},
         {"find-unused-parameters", OPT_FLAG, &f->find_unused, 0, 0, NULL,
@@ -136,8 +142,23 @@ static int plan(Ddp *d, const int *order, size_t first_limit) {
     DdpBucket *nb = xcalloc((size_t)m->n_params, sizeof *nb);
     int n = 0, members = 0;
     int64_t lo = INT64_MAX, hi = 0, count = 0;
+    /* --last-bucket-mb: the shortest contiguous tail of the order holding at least last_bytes (at
+     * least one parameter is left to the others) */
+    int split = m->n_params;
+    for (int i = m->n_params - 1; i > 0 && d->last_bytes; i--) {
+        const Param *p = &m->params[order[i]];
+        if (p->offset < lo) lo = p->offset;
+        if (p->offset + p->count > hi) hi = p->offset + p->count;
+        count += p->count;
+        if ((size_t)count * sizeof(float) >= d->last_bytes && hi - lo == count) {
+            split = i;
+            break;
+        }
+    }
+    DdpBucket tail = {.offset = lo, .count = count};
+    lo = INT64_MAX, hi = 0, count = 0;
     size_t limit = first_limit;
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < split; i++) {
         const Param *p = &m->params[order[i]];
         if (p->offset < lo) lo = p->offset;
         if (p->offset + p->count > hi) hi = p->offset + p->count;
@@ -156,6 +177,7 @@ static int plan(Ddp *d, const int *order, size_t first_limit) {
         }
         nb[n++] = (DdpBucket){.offset = lo, .count = count};
     }
+    if (split < m->n_params) nb[n++] = tail;
     free(d->buckets);
     d->buckets = nb;
     d->n_buckets = n;
@@ -190,8 +212,8 @@ static void rebuild(Ddp *d) {
         return;
     }
     describe(d, desc, sizeof desc);
-    report_printf(&d->run->report,
-                  "ddp: after step 1, buckets rebuilt in gradient-ready order (first ≤ 1 MiB): %s\n", desc);
+    report_printf(&d->run->report, "ddp: after step 1, buckets rebuilt in gradient-ready order (first ≤ 1 MiB%s): %s\n",
+                  d->last_bytes ? ", last as before" : "", desc);
 }
 
 /* ---- timing points ---------------------------------------------------------------------------- */
@@ -242,7 +264,8 @@ static void harvest(Ddp *d, DdpStep *s) {
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
     double fb = 0;
     if (s->synced) exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
-    double bc = s->bcast_op >= 0 ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
+    /* the wait before the forward; after-forward, no one waits for the broadcast but the backward's end */
+    double bc = s->bcast_op >= 0 && !d->bcast_after ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
     if (exposed < 0) exposed = 0;
     if (d->group.micro && d->group.step != s->step) flush_group(d);
     DdpGroup *g = &d->group;
@@ -291,6 +314,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     d->sync = 1, d->forward_param_sync = 1; /* as a freshly constructed DistributedDataParallel */
     d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
+    d->last_bytes = (size_t)(f->last_bucket_mb * 1048576.0);
+    d->bcast_after = !strcmp(f->broadcast_buffers, "after-forward");
 
     /* DDP's constructor checks that every rank built the same model. We also check the flags: ranks
      * that disagree would train different things, or issue different collectives and wait for each
@@ -344,14 +369,23 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     free(reverse);
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);
-    char desc[512], cap[32];
+    char desc[512], cap[32], last[64] = "";
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
-    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, %scap %s)\n",
+    if (d->last_bytes) {
+        char lb[32];
+        fmt_bytes(lb, sizeof lb, (double)d->last_bytes);
+        snprintf(last, sizeof last, ", last the smallest ≥ %s", lb);
+    }
+    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, %scap %s%s)\n",
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
                   overlap ? "in buckets" : "bucket plan (unused)", desc,
-                  first != d->cap_bytes ? "first ≤ 1 MiB, " : "", cap);
+                  first != d->cap_bytes ? "first ≤ 1 MiB, " : "", cap, last);
+    if (d->bcast_after && m->n_buffer_floats && d->world > 1)
+        report_printf(&run->report, "ddp: --broadcast-buffers after-forward: rank 0's buffers are broadcast at the "
+                                    "first gradient hook of each synchronising backward, overlapped with it (the "
+                                    "values PyTorch's default broadcasts before the next forward)\n");
     if (d->find_unused)
         report_printf(&run->report, "ddp: find_unused_parameters: every synchronised backward first searches the "
                                     "layers from the output for parameters the forward did not use and marks them "
@@ -406,6 +440,10 @@ void ddp_set_sync(Ddp *d, int sync) { d->sync = sync != 0; }
  * whether this forward's backward synchronises (_post_forward: grad enabled and not in no_sync). */
 static int64_t forward_buffers(Ddp *d, DdpStep *s, int grad_sync) {
     int64_t op = -1;
+    if (d->bcast_after) { /* the backward of a forward that sets the flag broadcasts instead (ddp.h) */
+        d->bcast_owed = s && grad_sync && d->m->n_buffer_floats && d->world > 1;
+        return -1;
+    }
     if (d->forward_param_sync && d->m->n_buffer_floats && d->world > 1) {
         if (s) mark(d, s, T_PRE_BCAST);
         op = comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
@@ -453,7 +491,7 @@ void ddp_forward_begin(Ddp *d) {
     s->step = d->group_step;
     s->first_op = -1, s->n_ops = 0, s->bytes = 0;
     s->synced = d->sync;
-    s->bcast_op = forward_buffers(d, s, d->sync);
+    s->bcast_op = forward_buffers(d, s, d->sync); /* after-forward: -1 now, set by the first hook */
     if (s->bcast_op >= 0) d->bcasts++;
     mark(d, s, T_FWD_BEGIN);
 }
@@ -563,6 +601,12 @@ void ddp_grad_ready(void *ctx, int p) {
     Ddp *d = ctx;
     /* no_sync: the gradient just stays in (is added to) the flat buffer */
     if (!d->sync) return;
+    if (d->bcast_owed) { /* --broadcast-buffers after-forward: ahead of every bucket, overlapped */
+        DdpStep *s = step_of(d, d->iteration);
+        d->bcast_owed = 0;
+        s->bcast_op = comm_broadcast_async(d->comm, d->m->buffer_flat, d->m->n_buffer_floats, 0);
+        d->bcasts++;
+    }
     if (d->find_unused) {
         if (d->n_got == 0) { /* the first hook of this backward */
             memset(used_host(d), 0, (size_t)d->m->n_params * sizeof(float));

@@ -30,6 +30,23 @@
  * after a synchronised step broadcasts, the forwards inside no_sync and the one after them do not,
  * and an evaluation (forwards without gradients) broadcasts once, if a synchronised step came
  * before it, and leaves the flag off. Parameters and buffers are broadcast once at the start.
+ * The broadcast before a forward waits in the open: the compute stream can start nothing until the
+ * ranks have met and the buffers arrived. --broadcast-buffers after-forward moves it (PyTorch's
+ * _register_buffer_comm_hook with _BufferCommHookLocation.POST_FORWARD, whose futures are awaited
+ * at the end of backward): a forward whose backward synchronises owes the broadcast, and that
+ * backward's first gradient hook issues it, ahead of the first bucket, so it runs on the
+ * communication stream while backward computes, and ddp_backward_end's wait covers it. Nothing
+ * touches the buffers between that forward and the next one (backward and the optimizer do not
+ * read them), so every forward and every evaluation sees the very buffers PyTorch's default gives
+ * it — even under no_sync, since the forward that owes the broadcast is exactly the one after which
+ * the default's flag is set — and the evaluation has nothing left to broadcast.
+ *
+ * --last-bucket-mb (ours, not a PyTorch option): the last bucket's all-reduce can hide behind
+ * nothing, since backward has ended when its last gradient (the first layer's) arrives. PyTorch's
+ * plan leaves in it whatever the earlier buckets did not take (ResNet-18: 8 MiB). With the flag,
+ * the smallest contiguous tail of the order that holds at least that many MiB becomes the last
+ * bucket, and the rest is planned as before; the bucket before it then ends earlier, while there is
+ * still backward left to hide it.
  *
  * A parameter that gets no gradient (the forward does not use it; --unused-param gives the model one)
  * leaves its bucket pending forever, so that bucket and every later one are never launched. As in
@@ -83,6 +100,8 @@ typedef struct DdpFlags {
     const char *comm;                                   /* all-reduce backend */
     double comm_timeout;
     double bucket_mb;                                   /* DistributedDataParallel */
+    double last_bucket_mb;                              /* ours: a small last bucket (0: PyTorch's plan) */
+    const char *broadcast_buffers;                      /* before-forward (PyTorch's default) | after-forward */
     int no_overlap;
     int find_unused;                                    /* find_unused_parameters=True */
     int sync_each_micro_step; /* stage 4: the experiment of forgetting no_sync (no row here) */
@@ -126,6 +145,7 @@ typedef struct Ddp {
     Device *dev;
     int rank, world, overlap;
     size_t cap_bytes;          /* --bucket-mb */
+    size_t last_bytes;         /* --last-bucket-mb; 0: the last bucket is whatever is left */
     DdpBucket *buckets;
     int n_buckets;
     int *bucket_of;            /* parameter → bucket */
@@ -134,6 +154,8 @@ typedef struct Ddp {
     /* PyTorch's two flags */
     int sync;                  /* require_backward_grad_sync: off inside no_sync */
     int forward_param_sync;    /* require_forward_param_sync: broadcast buffers before the next forward */
+    int bcast_after;           /* --broadcast-buffers after-forward: the broadcast overlaps backward */
+    int bcast_owed;            /* after-forward: this backward's first gradient hook issues it */
     int64_t iteration;         /* micro-steps (forward + backward) done by this process */
     int64_t synced;            /* of them, those whose backward all-reduced */
     int64_t group_step;        /* the optimizer step of the micro-step in flight */

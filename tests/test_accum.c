@@ -284,6 +284,53 @@ START_TEST(collectives_per_step_match_pytorch) {
 }
 END_TEST
 
+/* --broadcast-buffers after-forward moves rank 0's buffer broadcast from before the next forward into
+ * the backward of the forward that owes it, and must leave every forward and every evaluation the
+ * buffers PyTorch's default gives them. Two CPU ranks with BN over 2 epochs, K = 3 (no_sync forwards,
+ * a trailing partial group) and K = 1: every loss, every epoch's test loss and accuracy, and rank 0's
+ * final checkpoint are the same bits as the default's; the broadcasts move — one per optimizer
+ * step, none in evaluation. The evaluation is where a missed or stale broadcast would show: each
+ * rank evaluates its shard with its own running statistics. */
+START_TEST(buffers_broadcast_after_forward_same_values) {
+    char *dir = test_tmpdir();
+    for (int K = 3; K >= 1; K -= 2) {
+        char cmd[2048], rep[2][700], ck[2][700];
+        const char *mode[2] = {"before-forward", "after-forward"};
+        for (int a = 0; a < 2; a++) {
+            snprintf(rep[a], sizeof rep[a], "%s/k%d_%s.jsonl", dir, K, mode[a]);
+            snprintf(ck[a], sizeof ck[a], "%s/k%d_%s/epoch002.ckpt", dir, K, mode[a]);
+            snprintf(cmd, sizeof cmd,
+                     LIMIT "%s/stage4 " TINY " --norm bn --train-size 112 --test-size 40 --epochs 2 --batch-size 8 "
+                           "--nproc-per-node 2 --accum-steps %d --broadcast-buffers %s --master-port %d --save %s/k%d_%s "
+                           "--report %s",
+                     test_root(), K, mode[a], test_free_port(), dir, K, mode[a], rep[a]);
+            run_ok(cmd, mode[a], NULL);
+        }
+        double la[64], lb[64], ea[4], eb[4];
+        int n = test_read_losses(rep[0], la, 64);
+        ck_assert_int_eq(n, K == 3 ? 6 : 14); /* 7 micro-batches an epoch: groups of 3, 3, 1 */
+        ck_assert_int_eq(test_read_losses(rep[1], lb, 64), n);
+        for (int i = 0; i < n; i++) ck_assert_msg(la[i] == lb[i], "K %d step %d: loss %.9g vs %.9g", K, i + 1, la[i], lb[i]);
+        const char *keys[2] = {"test_loss", "test_acc"};
+        for (int k = 0; k < 2; k++) {
+            ck_assert_int_eq(report_series(rep[0], "epoch", keys[k], ea, 4), 2);
+            ck_assert_int_eq(report_series(rep[1], "epoch", keys[k], eb, 4), 2);
+            for (int e = 0; e < 2; e++)
+                ck_assert_msg(ea[e] == eb[e], "K %d epoch %d: %s %.9g (before-forward) vs %.9g (after-forward)", K, e + 1,
+                              keys[k], ea[e], eb[e]);
+        }
+        long na, nb;
+        char *a = test_slurp(ck[0], &na), *b = test_slurp(ck[1], &nb);
+        ck_assert_msg(a && b && na == nb && !memcmp(a, b, (size_t)na), "K %d: final checkpoints differ", K);
+        free(a), free(b);
+        ck_assert_int_eq((int)report_field(rep[1], "summary", "buffer_broadcasts"), n);
+        ck_assert_int_eq((int)report_field(rep[1], "summary", "eval_buffer_broadcasts"), 0);
+        ck_assert_int_gt((int)report_field(rep[0], "summary", "eval_buffer_broadcasts"), 0);
+    }
+    free(dir);
+}
+END_TEST
+
 /* ---- resume ----------------------------------------------------------------------------------- */
 
 START_TEST(resume_at_optimizer_step_is_bit_identical) {
@@ -414,6 +461,7 @@ Suite *suite_accum(void) {
     tcase_add_test(tc, sync_each_micro_step_same_params_k_times_the_calls);
     tcase_add_test(tc, accum_one_is_stage3_bit_for_bit);
     tcase_add_test(tc, collectives_per_step_match_pytorch);
+    tcase_add_test(tc, buffers_broadcast_after_forward_same_values);
     tcase_add_test(tc, resume_at_optimizer_step_is_bit_identical);
     tcase_add_test(tc, bad_accum_steps_refused);
     tcase_add_test(tc, accum_beyond_an_epoch_steps_once_per_epoch);

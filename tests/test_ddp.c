@@ -115,17 +115,33 @@ static int ready_order(const Model *m, int *order) {
     return n;
 }
 
-/* Buckets are contiguous slices that tile the gradient buffer, each closed by PyTorch's rule. */
-static void check_plan(const Ddp *d, const int *order, size_t first_limit, size_t limit) {
+/* Buckets are contiguous slices that tile the gradient buffer, each closed by PyTorch's rule — but
+ * with last_limit (--last-bucket-mb), the last is the shortest contiguous tail holding that much. */
+static void check_plan_tail(const Ddp *d, const int *order, size_t first_limit, size_t limit, size_t last_limit) {
     const Model *m = d->m;
     int64_t covered = 0;
     int i = 0;
+    int head = d->n_buckets - (last_limit ? 1 : 0); /* buckets closed by PyTorch's rule */
+    if (last_limit) { /* the tail: big enough, contiguous, and no shorter tail is both */
+        const DdpBucket *k = &d->buckets[d->n_buckets - 1];
+        ck_assert_msg((size_t)k->count * 4 >= last_limit, "last bucket %lld bytes < %zu", (long long)k->count * 4,
+                      last_limit);
+        int64_t sum = 0, lo = INT64_MAX, hi = 0;
+        for (int j = m->n_params - 1; j > m->n_params - k->n_params; j--) {
+            const Param *p = &m->params[order[j]];
+            sum += p->count;
+            if (p->offset < lo) lo = p->offset;
+            if (p->offset + p->count > hi) hi = p->offset + p->count;
+            ck_assert_msg((size_t)sum * 4 < last_limit || hi - lo != sum, "the last bucket should start at %s", p->name);
+        }
+    }
     for (int b = 0; b < d->n_buckets; b++) {
         const DdpBucket *k = &d->buckets[b];
         covered += k->count;
         /* its parameters are the next ones in `order`, and exactly fill the slice */
         int64_t sum = 0, lo = INT64_MAX, hi = 0;
         size_t lim = b == 0 ? first_limit : limit, bytes = (size_t)k->count * 4;
+        if (b == head) lim = SIZE_MAX; /* the tail: checked above */
         for (int j = 0; j < k->n_params; j++, i++) {
             const Param *p = &m->params[order[i]];
             ck_assert_msg(p->offset >= k->offset && p->offset + p->count <= k->offset + k->count,
@@ -139,10 +155,14 @@ static void check_plan(const Ddp *d, const int *order, size_t first_limit, size_
             if (p->offset + p->count > hi) hi = p->offset + p->count;
         }
         ck_assert_int_eq(sum, k->count);
-        if (b < d->n_buckets - 1) ck_assert_msg(bytes >= lim, "bucket %d closed early: %zu < %zu bytes", b, bytes, lim);
+        if (b < head - 1) ck_assert_msg(bytes >= lim, "bucket %d closed early: %zu < %zu bytes", b, bytes, lim);
     }
     ck_assert_int_eq(i, m->n_params);
     ck_assert_int_eq(covered, m->n_param_floats);
+}
+
+static void check_plan(const Ddp *d, const int *order, size_t first_limit, size_t limit) {
+    check_plan_tail(d, order, first_limit, limit, 0);
 }
 
 START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
@@ -205,6 +225,45 @@ START_TEST(bucket_extremes) {
     f.bucket_mb = 1000;
     ddp_init(&d, &o.run, o.comm, &f); /* one bucket for everything */
     ck_assert_int_eq(d.n_buckets, 1);
+    ddp_destroy(&d);
+    one_rank_close(&o);
+}
+END_TEST
+
+/* --last-bucket-mb: the last bucket (all-reduced after backward, in the open) is the shortest tail of
+ * the order that holds the given size, in the reverse plan and in the rebuilt one; the others are
+ * planned by PyTorch's rule. ResNet-18's default last bucket is 8 MiB; with 1 MiB it is conv1 and
+ * layer1 and a little more. */
+START_TEST(small_last_bucket) {
+    OneRank o;
+    one_rank_open(&o, "resnet18");
+    Model *m = o.m;
+    int order[512] = {0}, reverse[512] = {0};
+    int n = ready_order(m, order);
+    for (int i = 0; i < n; i++) reverse[i] = n - 1 - i;
+    Ddp d;
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    size_t cap = 25 << 20, last = 1 << 20;
+    ddp_init(&d, &o.run, o.comm, &f);
+    check_plan(&d, reverse, cap, cap);
+    int64_t default_last = d.buckets[d.n_buckets - 1].count;
+    ddp_destroy(&d);
+    f.last_bucket_mb = 1.0;
+    ddp_init(&d, &o.run, o.comm, &f);
+    check_plan_tail(&d, reverse, cap, cap, last);
+    model_zero_grad(m);
+    ddp_forward_begin(&d);
+    for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+    ck_assert_int_eq(d.next, d.n_buckets); /* every bucket launched, the small last one too */
+    ddp_backward_end(&d);
+    ddp_forward_begin(&d); /* rebuilt in ready order: first at 1 MiB, last the smallest ≥ 1 MiB */
+    ck_assert(d.rebuilt);
+    check_plan_tail(&d, order, DDP_FIRST_BUCKET_BYTES, cap, last);
+    int64_t small = d.buckets[d.n_buckets - 1].count;
+    ck_assert_msg(small * 4 < 2 * (1 << 20) && small * 4 < default_last * 4,
+                  "last bucket %lld bytes (default plan: %lld)", (long long)small * 4, (long long)default_last * 4);
+    ck_assert_int_eq(d.bucket_of[order[n - 1]], d.n_buckets - 1); /* conv1's weight: the last gradient */
     ddp_destroy(&d);
     one_rank_close(&o);
 }
@@ -283,6 +342,7 @@ START_TEST(ddp_cpu_matches_one_device) {
     check_equivalence(common, 2, 16, 6, "", "--no-overlap", "2 ranks, --no-overlap");
     check_equivalence(common, 2, 16, 6, "", "--bucket-mb 0.001", "2 ranks, one bucket per parameter");
     check_equivalence(common, 2, 16, 6, "", "--bucket-mb 1000", "2 ranks, one huge bucket");
+    check_equivalence(common, 2, 16, 6, "", "--last-bucket-mb 0.002", "2 ranks, a small last bucket");
     snprintf(common, sizeof common, CPU_EQ, 288); /* 3 × 16 = 48 per step, 6 steps per epoch */
     check_equivalence(common, 3, 16, 5, "", "--bucket-mb 0.01", "3 ranks, small buckets");
 }
@@ -682,6 +742,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, sharded_batches_union_is_global_batch);
     tcase_add_test(tc, buckets_reverse_then_rebuilt_in_ready_order);
     tcase_add_test(tc, bucket_extremes);
+    tcase_add_test(tc, small_last_bucket);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
     tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
