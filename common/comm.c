@@ -129,7 +129,12 @@ int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root) {
 
 void comm_wait(Comm *c) {
     if (c->issued == 0) return;
-    c->be->wait(c);
+    c->be->wait(c, c->issued);
+}
+
+void comm_wait_op(Comm *c, int64_t id) {
+    ASSERT(id >= 0 && id < c->issued && id > c->issued - OPS);
+    c->be->wait(c, id + 1);
 }
 
 double comm_op_ms(Comm *c, int64_t id) {

@@ -55,6 +55,9 @@ int64_t comm_allreduce_mean_async(Comm *c, void *buf, int64_t count, CommDtype t
 int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root);
 /* Work issued on the compute stream from now on runs after every operation issued so far. */
 void comm_wait(Comm *c);
+/* …after operation `id` and those issued before it only (DDP steps each bucket as soon as its own
+ * all-reduce is done). */
+void comm_wait_op(Comm *c, int64_t id);
 /* How long operation `id` ran on the communicator, in ms (waits for it to finish): the NCCL
  * stream's events around it, or the ring thread's wall time including the host copies. */
 double comm_op_ms(Comm *c, int64_t id);

@@ -272,7 +272,9 @@ static int64_t host_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
 }
 
 /* The ring thread synchronised its last host → device copy before marking it done. */
-static void host_wait(Comm *c) { comm_wait_done(c, c->issued); }
+static void host_wait(Comm *c, int64_t upto) { comm_wait_done(c, upto); }
+
+static void host_drain(Comm *c) { comm_wait_done(c, c->issued); }
 
 static double host_op_ms(Comm *c, Op *op, int64_t id) {
     comm_wait_done(c, id + 1);
@@ -299,6 +301,6 @@ const CommOps comm_host_ops = {
     .wait = host_wait,
     .op_ms = host_op_ms,
     .sum_doubles = host_sum_doubles,
-    .drain = host_wait,
+    .drain = host_drain,
     .destroy = host_destroy,
 };

@@ -74,8 +74,9 @@ struct CommOps {
     void (*create)(Comm *c, int seq);
     /* Issue an in-place all-reduce or broadcast of count elements of `type` at buf (device memory). */
     int64_t (*issue)(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type);
-    /* comm_wait: work issued on the compute stream from now on runs after every operation so far. */
-    void (*wait)(Comm *c);
+    /* comm_wait / comm_wait_op: work issued on the compute stream from now on runs after operations
+     * 0 … upto−1 (the stream runs them in order: after operation upto−1). */
+    void (*wait)(Comm *c, int64_t upto);
     /* How long op (number id) ran, in ms, waiting for it to finish. */
     double (*op_ms)(Comm *c, Op *op, int64_t id);
     /* Blocking sum of n host doubles over all ranks. */

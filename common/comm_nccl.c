@@ -168,9 +168,9 @@ static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
     return comm_op_publish(c);
 }
 
-static void nccl_wait(Comm *c) {
+static void nccl_wait(Comm *c, int64_t upto) {
     /* The comm stream runs its operations in order: waiting for the last one waits for all. */
-    CHECK_CUDA(cudaStreamWaitEvent(c->dev->stream, c->ops[(c->issued - 1) % OPS].end, 0));
+    CHECK_CUDA(cudaStreamWaitEvent(c->dev->stream, c->ops[(upto - 1) % OPS].end, 0));
 }
 
 static double nccl_op_ms(Comm *c, Op *op, int64_t id) {

@@ -19,7 +19,7 @@
 
 Option *ddp_options(DdpFlags *f, const Option *extra) {
     *f = (DdpFlags){.nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500, .comm = "auto",
-                    .bucket_mb = 25, .broadcast_buffers = "before-forward", .rdzv_timeout = 60, .comm_timeout = 300,
+                    .bucket_mb = 25, .broadcast_buffers = "before-forward", .optimizer_overlap = "off", .rdzv_timeout = 60, .comm_timeout = 300,
                     .show = {.world_size = 1, .dataset_size = -1}};
     const double above0 = nextafter(0.0, INFINITY); /* shown as the open end of (0, …] */
     const Option rows[] = {
@@ -45,6 +45,11 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "or after the forward, overlapped with its backward (PyTorch's POST_FORWARD buffer hook); the same values"},
         {"no-overlap", OPT_FLAG, &f->no_overlap, 0, 0, NULL,
          "all-reduce all gradients once after backward instead of bucket by bucket during it (the experiment)"},
+        {"optimizer-overlap", OPT_CHOICE, &f->optimizer_overlap, 0, 0, "off|in-backward|after-backward",
+         "off: optimizer.step() after backward; in-backward: ddp_model._register_fused_optim, each bucket stepped "
+         "as soon as its all-reduce is done, on a side stream while backward goes on; after-backward (ours): each "
+         "bucket stepped after backward as soon as its all-reduce is done, beside the last all-reduce (not with "
+         "fp16's GradScaler, --no-overlap or --sync-each-micro-step)"},
         {"find-unused-parameters", OPT_FLAG, &f->find_unused, 0, 0, NULL,
          "DistributedDataParallel(find_unused_parameters=True): every step, find the parameters the forward did "
          "not use and mark them ready (the price: that search, their zero gradients all-reduced, one more "
@@ -71,8 +76,9 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
     return cli_rows(rows, sizeof rows / sizeof rows[0], extra);
 }
 
-/* T_FWD_BEGIN: after the buffer broadcast (if any) has been waited for, so it also ends T_PRE_BCAST's span */
-enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_FWD_BEGIN, N_MARKS };
+/* T_FWD_BEGIN: after the buffer broadcast (if any) has been waited for, so it also ends T_PRE_BCAST's span;
+ * T_WAIT_BEGIN: --optimizer-overlap after-backward, after the steps that run beside the last all-reduce */
+enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_FWD_BEGIN, T_WAIT_BEGIN, N_MARKS };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -263,7 +269,7 @@ static void harvest(Ddp *d, DdpStep *s) {
     double ar = 0, exposed = 0;
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
     double fb = 0;
-    if (s->synced) exposed = elapsed_ms(d, s, T_BWD_END, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
+    if (s->synced) exposed = elapsed_ms(d, s, s->wait_mark, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
     /* the wait before the forward; after-forward, no one waits for the broadcast but the backward's end */
     double bc = s->bcast_op >= 0 && !d->bcast_after ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
     if (exposed < 0) exposed = 0;
@@ -311,6 +317,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     int overlap = !f->no_overlap;
     d->run = run, d->m = m, d->comm = comm, d->dev = m->dev;
     d->rank = run->rank, d->world = run->world_size, d->overlap = overlap;
+    d->sync_each_micro_step = f->sync_each_micro_step;
+    d->overlap_optim = !strcmp(f->optimizer_overlap, "in-backward")      ? DDP_OPTIM_IN_BACKWARD
+                       : !strcmp(f->optimizer_overlap, "after-backward") ? DDP_OPTIM_AFTER_BACKWARD
+                                                                         : DDP_OPTIM_OFF;
     d->sync = 1, d->forward_param_sync = 1; /* as a freshly constructed DistributedDataParallel */
     d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
@@ -411,6 +421,7 @@ void ddp_destroy(Ddp *d) {
     if (d->used_pinned) host_free(d->dev, d->used_pinned, 1);
     if (d->used_dev) device_free(d->dev, d->used_dev);
     if (d->compressed) device_free(d->dev, d->compressed);
+    if (d->fused_optim && d->overlap_optim == DDP_OPTIM_IN_BACKWARD) side_stream_destroy(&d->optim_stream);
 }
 
 void ddp_register_comm_hook(Ddp *d, Precision p) {
@@ -420,6 +431,32 @@ void ddp_register_comm_hook(Ddp *d, Precision p) {
     d->compressed = device_alloc(d->dev, (size_t)d->m->n_param_floats * 2, "DDP 16-bit gradient all-reduce");
     report_printf(&d->run->report, "ddp: %s_compress_hook: each bucket is all-reduced in %s (half the bytes), then "
                                    "cast back to fp32\n", precision_name(p), precision_name(p));
+}
+
+void ddp_register_fused_optim(Ddp *d, Optimizer *opt, int grad_scaler) {
+    if (d->overlap_optim == DDP_OPTIM_OFF) return; /* the caller steps after backward */
+    ASSERT(!d->fused_optim && d->iteration == 0 && opt->count == d->m->n_param_floats);
+    if (!d->overlap)
+        die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
+                 "buckets: drop one of the two");
+    if (d->sync_each_micro_step)
+        die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
+                 "micro-batch (every backward all-reduces): drop one of the two");
+    if (grad_scaler)
+        die_user("--optimizer-overlap cannot run under fp16's GradScaler: the scaler must see every gradient "
+                 "(inf/NaN) before it lets any parameter step — use --amp bf16 or --amp off, or --optimizer-overlap "
+                 "off");
+    d->fused_optim = opt;
+    if (d->overlap_optim == DDP_OPTIM_IN_BACKWARD) {
+        side_stream_init(&d->optim_stream, d->dev);
+        model_set_hook_after_layer(d->m, 1); /* a conv's input gradient reads the weight the step overwrites */
+    }
+    report_printf(&d->run->report, "ddp: --optimizer-overlap %s: each bucket's parameters step as soon as its "
+                                   "all-reduce is done, %s; no optimizer.step() after backward\n",
+                  d->overlap_optim == DDP_OPTIM_IN_BACKWARD ? "in-backward (_register_fused_optim)" : "after-backward",
+                  d->overlap_optim == DDP_OPTIM_IN_BACKWARD
+                      ? "on a side stream while backward goes on"
+                      : "after backward, on the compute stream, beside the last bucket's all-reduce");
 }
 
 /* The hook's casts: real 16-bit values on both backends (the CPU backend packs them, so the host
@@ -543,6 +580,26 @@ static int search_unused(Ddp *d) {
     return n;
 }
 
+/* --optimizer-overlap: bucket b's slice of the optimizer step, on the current stream, once that
+ * bucket's all-reduce (communication op `op`) is done — the 16-bit hook's bucket cast back first. */
+static void step_bucket(Ddp *d, const DdpBucket *b, int64_t op) {
+    Model *m = d->m;
+    comm_wait_op(d->comm, op); /* the current stream waits (the host ring: the host) */
+    if (d->hook != PREC_FP32) decompress(d, (char *)d->compressed + b->offset * 2, b->count, m->grad_flat + b->offset);
+    optim_step_slice(d->fused_optim, m->param_flat, m->grad_flat, run_lr(d->run), b->offset, b->count);
+    d->stepped++;
+}
+
+/* in-backward: on the side stream, at once. Waiting for this bucket's all-reduce, the side stream
+ * also follows the compute stream up to its launch: every gradient of the bucket, and every read of
+ * its weights (the hooks come after each layer's whole backward), is done. */
+static void step_in_backward(Ddp *d, const DdpBucket *b) {
+    DdpStep *s = step_of(d, d->iteration);
+    side_stream_enter(&d->optim_stream);
+    step_bucket(d, b, s->first_op + s->n_ops - 1); /* the all-reduce just launched */
+    side_stream_leave(&d->optim_stream);
+}
+
 static void param_ready(Ddp *d, int p) {
     ASSERT(!d->got[p]); /* one gradient per parameter per backward */
     d->got[p] = 1, d->n_got++;
@@ -556,6 +613,7 @@ static void param_ready(Ddp *d, int p) {
     while (d->next < d->n_buckets && d->buckets[d->next].pending == 0) {
         DdpBucket *nb = &d->buckets[d->next++];
         launch(d, d->m->grad_flat + nb->offset, nb->count);
+        if (d->fused_optim && d->overlap_optim == DDP_OPTIM_IN_BACKWARD) step_in_backward(d, nb);
     }
 }
 
@@ -649,19 +707,33 @@ void ddp_backward_end(Ddp *d) {
         return;
     }
     mark(d, s, T_BWD_END);
+    s->wait_mark = T_BWD_END;
     /* A parameter without a gradient (ddp.h): its bucket, and every later one, was never launched —
      * with --no-overlap, the one piece. Nothing fails here, as nothing does in PyTorch: the launched
      * buckets are waited for, the optimizer steps on the rest unaveraged, the next forward stops. */
     d->unfinished = d->n_got < m->n_params;
     if (!d->overlap && !d->unfinished) launch(d, m->grad_flat, m->n_param_floats);
     if (d->find_unused && !d->unfinished) used_map_allreduce(d, s);
+    /* after-backward: the buckets in order, each once its own all-reduce is done (bucket b is op
+     * first_op + b: they launch in index order) — all but the last beside the last all-reduce; the
+     * wait for it, not their steps, is the exposed communication */
+    int after = d->fused_optim && d->overlap_optim == DDP_OPTIM_AFTER_BACKWARD, last = d->next - 1;
+    for (int b = 0; after && b < last; b++) step_bucket(d, &d->buckets[b], s->first_op + b);
+    if (after) mark(d, s, T_WAIT_BEGIN), s->wait_mark = T_WAIT_BEGIN;
     /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */
     comm_wait(d->comm);
     mark(d, s, T_AFTER_WAIT);
+    if (d->fused_optim) { /* …and for every bucket's step: then the optimizer step is done */
+        if (after && last >= 0) step_bucket(d, &d->buckets[last], s->first_op + last);
+        if (d->overlap_optim == DDP_OPTIM_IN_BACKWARD) side_stream_join(&d->optim_stream);
+        if (d->stepped) optim_slices_done(d->fused_optim);
+        d->stepped = 0;
+    }
     if (d->find_unused && !d->unfinished) used_map_check(d);
     /* the hook's buckets tile the buffer: one cast brings every reduced bucket back to fp32 (only
-     * the launched ones, when some never were) */
-    if (d->hook != PREC_FP32) {
+     * the launched ones, when some never were; with the optimizer in backward, each was cast back
+     * before its step) */
+    if (d->hook != PREC_FP32 && !d->fused_optim) {
         if (!d->unfinished) decompress(d, d->compressed, m->n_param_floats, m->grad_flat);
         else
             for (int b = 0; d->overlap && b < d->next; b++)

@@ -82,6 +82,7 @@
 #include "cli.h"
 #include "comm.h"
 #include "model.h"
+#include "optim.h"
 #include "precision.h"
 #include "sampler.h"
 #include "timemark.h"
@@ -103,6 +104,7 @@ typedef struct DdpFlags {
     double last_bucket_mb;                              /* ours: a small last bucket (0: PyTorch's plan) */
     const char *broadcast_buffers;                      /* before-forward (PyTorch's default) | after-forward */
     int no_overlap;
+    const char *optimizer_overlap;                      /* off | in-backward (_register_fused_optim) | after-backward */
     int find_unused;                                    /* find_unused_parameters=True */
     int sync_each_micro_step; /* stage 4: the experiment of forgetting no_sync (no row here) */
     int drop_last, no_shuffle;                          /* DistributedSampler */
@@ -123,7 +125,8 @@ typedef struct DdpStep { /* one micro-step's measurements, until read back */
     int64_t step;        /* the optimizer step it belongs to */
     int64_t first_op, n_ops, bytes, bcast_op;
     int synced;          /* its backward all-reduced */
-    TimeMark at[4];      /* backward end, after the wait, before the broadcast, forward start */
+    TimeMark at[5];      /* backward end, after the wait, before the broadcast, forward start, wait start */
+    int wait_mark;       /* the mark the wait after backward starts at (T_BWD_END, or T_WAIT_BEGIN) */
     int pending;
 } DdpStep;
 
@@ -144,6 +147,7 @@ typedef struct Ddp {
     Comm *comm;
     Device *dev;
     int rank, world, overlap;
+    int sync_each_micro_step;  /* stage 4's experiment (DdpFlags) */
     size_t cap_bytes;          /* --bucket-mb */
     size_t last_bytes;         /* --last-bucket-mb; 0: the last bucket is whatever is left */
     DdpBucket *buckets;
@@ -179,6 +183,10 @@ typedef struct Ddp {
     float *used_dev, *used_back; /* …all-reduced on the device; read back */
     int64_t searches, used_map_calls, used_map_readbacks, unused_bytes;
     DdpSeries search_ms;       /* the search's host time, per synchronised backward after warm-up */
+    int overlap_optim;         /* --optimizer-overlap: DDP_OPTIM_* */
+    Optimizer *fused_optim;    /* ddp_register_fused_optim: DDP steps the optimizer, bucket by bucket */
+    SideStream optim_stream;   /* in-backward: the stream the steps run on while backward goes on */
+    int stepped;               /* buckets of this backward the optimizer has stepped */
     Precision hook;            /* gradient compression: fp16/bf16_compress_hook, or PREC_FP32 (none) */
     void *compressed;          /* hook: the 16-bit copy of the gradient buffer the all-reduce carries */
 } Ddp;
@@ -194,6 +202,24 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f);
  * casts first and divides in 16 bits; for a power-of-two world size both orders give the same bits
  * (the division is exact unless it underflows). Call once, after ddp_init. */
 void ddp_register_comm_hook(Ddp *d, Precision p);
+/* --optimizer-overlap: DDP takes the optimizer step over, bucket by bucket, each a slice of the step
+ * (optim_step_slice), and the caller does NOT call optim_step (d->fused_optim says so); the same
+ * bits as optim_step after ddp_backward_end. With "off" (the default) this does nothing.
+ *   in-backward     ddp_model._register_fused_optim(optim), PyTorch's optimizer overlap: each bucket
+ *                   is stepped as soon as its all-reduce is done, on a side stream, while backward
+ *                   computes the earlier layers. The hooks then come after each layer's whole
+ *                   backward (model_set_hook_after_layer): a conv's input gradient reads the weight
+ *                   the step overwrites.
+ *   after-backward  ours: ddp_backward_end steps the buckets in order on the compute stream, each
+ *                   as soon as its own all-reduce is done — the earlier buckets' were done during
+ *                   backward, so their steps run while the last bucket is still being all-reduced,
+ *                   and nothing runs beside backward.
+ * Refused, with the fix named, with --no-overlap (no buckets), with --sync-each-micro-step (it would
+ * step every micro-step), and when grad_scaler is set (fp16's GradScaler must see every gradient
+ * before it lets any step happen; PyTorch's overlap has no scaler either). Call once, after ddp_init
+ * and ddp_register_comm_hook. */
+enum { DDP_OPTIM_OFF, DDP_OPTIM_IN_BACKWARD, DDP_OPTIM_AFTER_BACKWARD };
+void ddp_register_fused_optim(Ddp *d, Optimizer *opt, int grad_scaler);
 void ddp_destroy(Ddp *d);
 /* sync = 0: the next forward and backward run inside `ddp_model.no_sync()`; 1 (the default): they
  * synchronise. Stays set until changed. */

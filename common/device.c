@@ -298,6 +298,68 @@ void device_sync(Device *d) {
 #endif
 }
 
+/* ---- a second stream ------------------------------------------------------------------------- */
+
+void side_stream_init(SideStream *s, Device *d) {
+    memset(s, 0, sizeof *s);
+    s->dev = d;
+#ifdef USE_CUDA
+    if (d->kind == DEV_CUDA) {
+        device_bind(d);
+        CHECK_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+        CHECK_CUDA(cudaEventCreateWithFlags(&s->mark, cudaEventDisableTiming));
+    }
+#endif
+}
+
+void side_stream_destroy(SideStream *s) {
+    ASSERT(!s->entered);
+#ifdef USE_CUDA
+    if (s->dev && s->dev->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaStreamSynchronize(s->stream));
+        cudaEventDestroy(s->mark);
+        cudaStreamDestroy(s->stream);
+    }
+#endif
+    s->dev = NULL;
+}
+
+void side_stream_enter(SideStream *s) {
+    ASSERT(!s->entered);
+    s->entered = 1;
+#ifdef USE_CUDA
+    if (s->dev->kind == DEV_CUDA) s->saved = s->dev->stream, s->dev->stream = s->stream;
+#endif
+}
+
+void side_stream_leave(SideStream *s) {
+    ASSERT(s->entered);
+    s->entered = 0;
+#ifdef USE_CUDA
+    if (s->dev->kind == DEV_CUDA) s->dev->stream = s->saved;
+#endif
+}
+
+void side_stream_wait_compute(SideStream *s) {
+    ASSERT(!s->entered);
+#ifdef USE_CUDA
+    if (s->dev->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaEventRecord(s->mark, s->dev->stream));
+        CHECK_CUDA(cudaStreamWaitEvent(s->stream, s->mark, 0));
+    }
+#endif
+}
+
+void side_stream_join(SideStream *s) {
+    ASSERT(!s->entered);
+#ifdef USE_CUDA
+    if (s->dev->kind == DEV_CUDA) {
+        CHECK_CUDA(cudaEventRecord(s->mark, s->stream));
+        CHECK_CUDA(cudaStreamWaitEvent(s->dev->stream, s->mark, 0));
+    }
+#endif
+}
+
 /* ---- copies between logical devices ---------------------------------------------------------- */
 
 void device_copy_peer(Device *on, void *dst, const Device *dst_dev, const void *src,

@@ -115,6 +115,30 @@ const char *cuda_hint(cudaError_t e);
 const char *cudnn_hint(cudnnStatus_t s);
 #endif
 
+/* ---- a second stream ------------------------------------------------------------------------- */
+/* A side stream of a device (PyTorch: a torch.cuda.Stream()), for work that overlaps the compute
+ * stream — DDP's --optimizer-overlap in-backward steps each bucket on one while backward goes on. Between
+ * side_stream_enter and side_stream_leave, everything issued on the device runs on the side stream
+ * (`with torch.cuda.stream(s):`): our own kernels, and comm_wait, which then makes the side stream
+ * wait. cuDNN's and cuBLAS's handles stay bound to the compute stream: no conv or GEMM in between.
+ * The CPU backend has no streams: the work runs at once, in order. */
+typedef struct SideStream {
+    Device *dev;
+#ifdef USE_CUDA
+    cudaStream_t stream, saved;
+    cudaEvent_t mark;
+#endif
+    int entered;
+} SideStream;
+void side_stream_init(SideStream *s, Device *d);
+void side_stream_destroy(SideStream *s);
+void side_stream_enter(SideStream *s);
+void side_stream_leave(SideStream *s);
+/* The side stream waits for everything issued so far on the compute stream (s.wait_stream(current)). */
+void side_stream_wait_compute(SideStream *s);
+/* The compute stream waits for everything issued so far on the side stream (current.wait_stream(s)). */
+void side_stream_join(SideStream *s);
+
 /* ---- copies between logical devices (stage 2's scatter, broadcast, gather, reduce) ------------- */
 /* Copy `bytes` from src (memory of src_dev) to dst (memory of dst_dev), ordered on the compute
  * stream of `on`, which must be src_dev or dst_dev; the caller orders the other device's stream

@@ -727,7 +727,7 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx) {
     int from = 0, seg = 0, waiting[MAX_LAYERS], n_waiting = 0; /* ready since the last stop */
     for (int pos = 0; pos < end; pos++) {
         Layer *ly = &m->layers[L - 1 - pos / 2];
-        int point = on_grad_ready && pos % 2 == 0 && ly->p0 >= 0, stop = point && stops_at(m, ly);
+        int point = on_grad_ready && pos % 2 == m->hook_after_layer && ly->p0 >= 0, stop = point && stops_at(m, ly);
         if (point && !stop) waiting[n_waiting++] = L - 1 - pos / 2;
         if (!stop && pos + 1 < end) continue;
         BackwardStretch a = {m, n, from, pos + 1};
@@ -750,6 +750,12 @@ void model_set_hook_stops(Model *m, const unsigned char *stop) {
         m->hook_stop = xmalloc((size_t)m->n_params);
         memcpy(m->hook_stop, stop, (size_t)m->n_params);
     }
+    graph_clear(&m->graphs); /* the stretches changed */
+}
+
+void model_set_hook_after_layer(Model *m, int on) {
+    if (m->hook_after_layer == (on != 0)) return;
+    m->hook_after_layer = on != 0;
     graph_clear(&m->graphs); /* the stretches changed */
 }
 

@@ -116,6 +116,7 @@ typedef struct Model {
     int unused_params;       /* --unused-param: the last this many parameters (fc_unused) belong to no layer */
     GraphCache graphs;       /* CUDA graphs of the training forward and backward stretches (graph.h) */
     unsigned char *hook_stop; /* model_set_hook_stops; NULL: stop at every parameter */
+    int hook_after_layer;     /* model_set_hook_after_layer */
 } Model;
 
 /* GraphKey.part of the forward, and of a backward run without a hook (one stretch); with a hook,
@@ -187,6 +188,11 @@ void model_backward(Model *m, int n, GradReadyFn on_grad_ready, void *ctx);
  * of every parameter made ready since the last stop, in order — DDP marks the last parameter of
  * each bucket, the only ones at which it launches anything. */
 void model_set_hook_stops(Model *m, const unsigned char *stop);
+/* on = 1: report a layer's parameters only once the layer's whole backward is issued — a conv's
+ * input gradient too, which reads the weight — instead of as soon as they are final. Whoever
+ * updates a parameter in the hook (DDP's --optimizer-overlap in-backward) needs that; an all-reduce, which
+ * only reads the gradient, does not, and starts earlier without it (0, the default). */
+void model_set_hook_after_layer(Model *m, int on);
 /* The ready point at which backward reports parameter p: 0 for the first layer backward reaches
  * that has parameters, 1 for the next, …; −1 if no layer produces p (fc_unused). */
 int model_hook_point(const Model *m, int p);

@@ -29,17 +29,24 @@ void optim_destroy(Optimizer *o) {
     o->adam = NULL;
 }
 
-void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) {
-    TraceDev span = trace_dev_begin(o->dev, TRACE_COMPUTE, NULL, "optimizer", "optimizer", -1);
+void optim_step_slice(Optimizer *o, float *params, const float *grads, double lr_now, int64_t off, int64_t count) {
+    ASSERT(off >= 0 && count >= 0 && off + count <= o->count);
     if (o->adam) {
         Adam *a = o->adam;
-        adam_step(o->dev, o->count, params, grads, a->exp_avg, a->exp_avg_sq, lr_now, a->beta1,
-                  a->beta2, a->eps, o->weight_decay, ++o->steps);
+        adam_step(o->dev, count, params + off, grads + off, a->exp_avg + off, a->exp_avg_sq + off, lr_now, a->beta1,
+                  a->beta2, a->eps, o->weight_decay, o->steps + 1);
     } else {
-        sgd_step(o->dev, o->count, params, grads, o->momentum_buf, (float)lr_now, (float)o->momentum,
-                 (float)o->weight_decay, o->steps == 0);
-        o->steps++;
+        sgd_step(o->dev, count, params + off, grads + off, o->momentum_buf ? o->momentum_buf + off : NULL,
+                 (float)lr_now, (float)o->momentum, (float)o->weight_decay, o->steps == 0);
     }
+}
+
+void optim_slices_done(Optimizer *o) { o->steps++; }
+
+void optim_step(Optimizer *o, float *params, const float *grads, double lr_now) {
+    TraceDev span = trace_dev_begin(o->dev, TRACE_COMPUTE, NULL, "optimizer", "optimizer", -1);
+    optim_step_slice(o, params, grads, lr_now, 0, o->count);
+    optim_slices_done(o);
     trace_dev_end(span);
 }
 

@@ -25,6 +25,12 @@ void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double mome
 void optim_destroy(Optimizer *o);
 /* One SGD step at learning rate lr_now (from lr_schedule). */
 void optim_step(Optimizer *o, float *params, const float *grads, double lr_now);
+/* The same step taken slice by slice: optim_step_slice steps floats [off, off + count) of the flat
+ * buffers (params, grads and the optimizer's state alike) and counts nothing; optim_slices_done
+ * counts the step once all its slices are issued. The update is elementwise, so slices that tile
+ * the buffer give optim_step's bits — DDP's --optimizer-overlap steps each bucket this way. */
+void optim_step_slice(Optimizer *o, float *params, const float *grads, double lr_now, int64_t off, int64_t count);
+void optim_slices_done(Optimizer *o);
 /* The same, skipped on the device when *skip != 0 (a device flag: the GradScaler's found_inf), so
  * the host never waits to learn whether the step happened. `steps` counts attempted steps. That
  * PyTorch creates the momentum buffer at the first step actually taken needs no host knowledge:

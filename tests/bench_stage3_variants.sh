@@ -14,13 +14,21 @@
 # 9-11 --bucket-mb 5 / 10 / 100                 bucket size, the exposed last bucket (100: the rebuilt
 #                                               plan's first bucket, <= 1 MiB, then one for the rest)
 #   12 --no-overlap                             one all-reduce after backward: nothing to interfere with
-#   13 stage 3, one process (CUDA_VISIBLE_DEVICES = the first GPU): DDP's machinery without a peer
-#14-16 stage 5 (fp16) on 2 GPUs, the same with NCCL_CTA_POLICY=1, and stage 5 on one GPU, their reference
-#   17 stage 1 on the second GPU                a slower second GPU (DDP goes at the slower one's pace)
-#   18 stage 1 on both GPUs at once, two independent runs (the slower counts): two busy GPUs, no comm
-# Rows 2-18 run in two rounds (two passes over the list) and report the faster of their two medians:
+#   13 --broadcast-buffers after-forward        the BN buffer broadcast overlapped with backward
+#   14 --last-bucket-mb 1                       a small last bucket: less all-reduce after backward
+#   15 --optimizer-overlap in-backward          each bucket stepped beside backward (PyTorch's
+#                                               _register_fused_optim; on one GPU it costs 0.09 ms)
+#   16 --optimizer-overlap after-backward       the earlier buckets stepped beside the last all-reduce
+#   17 13 + 14 + 16                             the exposed part as small as this code makes it
+#   18 stage 3, one process (CUDA_VISIBLE_DEVICES = the first GPU): DDP's machinery without a peer
+#   19 the same, --optimizer-overlap after-backward  (no peer: nothing to hide the steps behind)
+#20-22 stage 5 (fp16) on 2 GPUs, the same with NCCL_CTA_POLICY=1, and stage 5 on one GPU, their reference
+#   23 stage 5 fp16, 2 GPUs, --broadcast-buffers after-forward --last-bucket-mb 1 (fp16's scaler: no 15/16)
+#   24 stage 1 on the second GPU                a slower second GPU (DDP goes at the slower one's pace)
+#   25 stage 1 on both GPUs at once, two independent runs (the slower counts): two busy GPUs, no comm
+# Rows 2-25 run in two rounds (two passes over the list) and report the faster of their two medians:
 # one-GPU step times vary by a few percent from run to run. Reading the table: scaling = reference ms
-# / row ms (rows 14-15 against row 16, the others against row 1): a variant that lifts it toward 97%
+# / row ms (rows 20-21 and 23 against row 22, the others against row 1): a variant that lifts it toward 97%
 # names a cause. Exposed = the compute stream's wait for communication per step; algbw = gradient bytes
 # / all-reduce time (a slow all-reduce that stays hidden costs nothing by itself); per rank = each
 # rank's forward+backward, wait after backward and wait for buffers (ms): the longer forward+backward
@@ -30,7 +38,7 @@
 # STAGE3_STATUS_FD, STAGE_RDZV_SECRET and unsets TORCHELASTIC_USE_AGENT_STORE), and each worker's
 # ncclCommInitRank (no config struct) reads the NCCL_* variables. Logs and JSON under $BENCH_OUT (default
 # runs/bench_stage3_variants: a new or empty folder, or one this script wrote before); the table is
-# printed last. STEPS (default 300) timed steps per run; 38 runs. Needs 2 GPUs (on one: `make bench3`).
+# printed last. STEPS (default 300) timed steps per run; 52 runs. Needs 2 GPUs (on one: `make bench3`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . tests/bench_common.sh
@@ -63,10 +71,17 @@ ROWS=("s3|s1|stage 3 default|stage3 $D"
       "b10|s1|--bucket-mb 10|stage3 $D --bucket-mb 10"
       "b100|s1|--bucket-mb 100|stage3 $D --bucket-mb 100"
       "noov|s1|--no-overlap|stage3 $D --no-overlap"
+      "bafter|s1|--broadcast-buffers after-forward|stage3 $D --broadcast-buffers after-forward"
+      "last1|s1|--last-bucket-mb 1|stage3 $D --last-bucket-mb 1"
+      "inbwd|s1|--optimizer-overlap in-backward|stage3 $D --optimizer-overlap in-backward"
+      "afterbwd|s1|--optimizer-overlap after-backward|stage3 $D --optimizer-overlap after-backward"
+      "all3|s1|13 + 14 + 16|stage3 $D --broadcast-buffers after-forward --last-bucket-mb 1 --optimizer-overlap after-backward"
       "one|s1|stage 3, one process (no peer)|CUDA_VISIBLE_DEVICES=$first stage3 --nproc-per-node 1 --comm nccl"
+      "oneafter|s1|the same, --optimizer-overlap after-backward|CUDA_VISIBLE_DEVICES=$first stage3 --nproc-per-node 1 --comm nccl --optimizer-overlap after-backward"
       "s5|s5one|stage 5 fp16, 2 GPUs|stage5 --nproc-per-node 2"
       "s5cta1|s5one|stage 5 fp16, NCCL_CTA_POLICY=1|NCCL_CTA_POLICY=1 stage5 --nproc-per-node 2"
-      "s5one|-|stage 5 fp16, one GPU (ref. of 14-15)|CUDA_VISIBLE_DEVICES=$first stage5 --nproc-per-node 1"
+      "s5one|-|stage 5 fp16, one GPU (ref. of 20, 21, 23)|CUDA_VISIBLE_DEVICES=$first stage5 --nproc-per-node 1"
+      "s5exp|s5one|stage 5 fp16, after-forward + last 1 MiB|stage5 --nproc-per-node 2 --broadcast-buffers after-forward --last-bucket-mb 1"
       "gpu1|s1|stage 1 on the second GPU ($second)|CUDA_VISIBLE_DEVICES=$second stage1"
       "both|s1|stage 1 on both GPUs at once (slower)|both")
 
@@ -150,5 +165,5 @@ for row in "${ROWS[@]}"; do
         "${exposed:--}" "${algbw:--}" "${bkts:--}" "${ranks:--}"
 done
 echo "ms/step: median, the faster round (rounds: both; row 1: first/last run) | scaling: reference ms / ms" \
-    "(14-15: row 16, others: row 1) | exposed: compute's wait for comm per step (% of it) | algbw: GB/s of" \
+    "(20, 21, 23: row 22, others: row 1) | exposed: compute's wait for comm per step (% of it) | algbw: GB/s of" \
     "gradients per all-reduce time | bkts: buckets (1 piece: --no-overlap) | per rank: ms, rank 0/rank 1"

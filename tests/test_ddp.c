@@ -664,6 +664,73 @@ START_TEST(find_unused_parameters_trains) {
 }
 END_TEST
 
+/* ---- the optimizer in backward ------------------------------------------------------------------ */
+
+/* Run `stage args` with each --optimizer-overlap and require the same final checkpoint, byte for
+ * byte: each bucket stepped once its all-reduce is done must be the step optim_step takes after
+ * backward (elementwise, so its slices give the same bits) — and, on a GPU, no slice may step a
+ * weight that backward still reads (a conv's input gradient) or a gradient not yet all-reduced:
+ * either would change bits. */
+static void check_fused_same_bits(const char *stage, const char *args, const char *what) {
+    static const char *const mode[3] = {"off", "in-backward", "after-backward"};
+    char *dir = test_tmpdir(), cmd[4096], path[3][700], *out;
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, LIMIT "%s/%s %s --optimizer-overlap %s --master-port %d --save %s/f%d", test_root(),
+                 stage, args, mode[i], test_free_port(), dir, i);
+        ck_assert_msg(test_run(cmd, &out) == 0, "%s (%s): exit != 0\n%s\n%s", what, mode[i], cmd, out);
+        ck_assert_msg(!i == !strstr(out, "each bucket's parameters step"), "%s, %s: the overlap line:\n%s", what,
+                      mode[i], out);
+        free(out);
+        snprintf(path[i], sizeof path[i], "%s/f%d/epoch001.ckpt", dir, i);
+    }
+    long na, nb;
+    char *a = test_slurp(path[0], &na);
+    ck_assert_msg(a, "%s: no checkpoint %s", what, path[0]);
+    for (int i = 1; i < 3; i++) {
+        char *b = test_slurp(path[i], &nb);
+        ck_assert_msg(b, "%s: no checkpoint %s", what, path[i]);
+        ck_assert_msg(na == nb && !memcmp(a, b, (size_t)na), "%s: --optimizer-overlap %s changed the trained bits", what,
+                      mode[i]);
+        free(b);
+    }
+    free(a), free(dir);
+}
+
+#define CPU_FUSED "--device cpu --model tiny --norm bn --train-size 256 --test-size 32 --epochs 1 --batch-size 16 " \
+                  "--deterministic --progress off --nproc-per-node 2"
+
+START_TEST(optimizer_in_backward_same_bits) {
+    check_fused_same_bits("stage3", CPU_FUSED, "stage 3, SGD, one bucket");
+    check_fused_same_bits("stage3", CPU_FUSED " --bucket-mb 0.001", "stage 3, SGD, a bucket per parameter");
+    check_fused_same_bits("stage3", CPU_FUSED " --bucket-mb 0.01 --optimizer adam", "stage 3, Adam, small buckets");
+    check_fused_same_bits("stage4", CPU_FUSED " --bucket-mb 0.01 --accum-steps 3", "stage 4, K = 3");
+    check_fused_same_bits("stage5", CPU_FUSED " --bucket-mb 0.01 --amp bf16 --grad-comm bf16",
+                          "stage 5, bf16, bf16_compress_hook");
+}
+END_TEST
+
+/* The combinations that cannot work are refused before training, naming the fix. */
+START_TEST(optimizer_in_backward_refusals) {
+    static const struct {
+        const char *cmd, *says;
+    } cases[] = {
+        {"stage3 " CPU_FUSED " --optimizer-overlap in-backward --no-overlap", "drop one of the two"},
+        {"stage4 " CPU_FUSED " --optimizer-overlap after-backward --accum-steps 2 --sync-each-micro-step",
+         "every micro-batch"},
+        {"stage5 " CPU_FUSED " --optimizer-overlap in-backward --amp fp16", "--amp bf16"},
+        {"stage5 " CPU_FUSED " --optimizer-overlap after-backward --amp fp16 --no-grad-scaler", "--amp bf16"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[2048], *out;
+        snprintf(cmd, sizeof cmd, LIMIT "%s/%s --steps 2 --master-port %d", test_root(), cases[i].cmd, test_free_port());
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, cases[i].says) && !strstr(out, "summary:"), "%s: exit %d\n%s", cases[i].cmd,
+                      rc, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* ---- on GPUs --------------------------------------------------------------------------------- */
 
 #define GPU_EQ "--device cuda --model tiny --norm none --train-size 512 --test-size 64 --epochs 1 --lr 0.05 " \
@@ -686,6 +753,24 @@ START_TEST(ddp_host_comm_two_workers_one_gpu) {
     setenv("CUDA_VISIBLE_DEVICES", "0", 1); /* both workers on the first GPU */
     check_equivalence(GPU_EQ, 2, 32, 6, "", "--comm host", "2 workers sharing GPU 0, --comm host");
     check_equivalence(GPU_EQ, 2, 32, 6, "", "--comm host --bucket-mb 0.001", "2 workers sharing GPU 0, many buckets");
+    unsetenv("CUDA_VISIBLE_DEVICES");
+}
+END_TEST
+
+/* On one GPU: one process over NCCL (in-backward's side stream really overlaps backward, with CUDA graphs),
+ * and two workers sharing the GPU over --comm host; with many buckets, so many slices race backward
+ * if anything is ordered wrong. Stage 5 in bf16 with the bf16 compression hook too. */
+START_TEST(optimizer_in_backward_same_bits_gpu) {
+    if (!test_have_gpu("--optimizer-in-backward on a GPU")) return;
+    setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+#define GPU_FUSED "--device cuda --model resnet18 --train-size 1024 --test-size 128 --epochs 1 --batch-size 64 " \
+                  "--deterministic --progress off"
+    check_fused_same_bits("stage3", GPU_FUSED " --nproc-per-node 1 --comm nccl --bucket-mb 2", "1 GPU, NCCL, 2 MiB buckets");
+    check_fused_same_bits("stage3", GPU_FUSED " --nproc-per-node 1 --comm nccl --no-cuda-graph --bucket-mb 2",
+                          "1 GPU, NCCL, eager");
+    check_fused_same_bits("stage3", GPU_FUSED " --nproc-per-node 2 --comm host --bucket-mb 5", "2 workers on 1 GPU, --comm host");
+    check_fused_same_bits("stage5", GPU_FUSED " --nproc-per-node 1 --comm nccl --bucket-mb 2 --amp bf16 --grad-comm bf16",
+                          "1 GPU, stage 5 bf16, bf16_compress_hook");
     unsetenv("CUDA_VISIBLE_DEVICES");
 }
 END_TEST
@@ -749,8 +834,11 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, unused_param_reducer);
     tcase_add_test(tc, unused_param_stops_every_rank);
     tcase_add_test(tc, find_unused_parameters_trains);
+    tcase_add_test(tc, optimizer_in_backward_same_bits);
+    tcase_add_test(tc, optimizer_in_backward_refusals);
     tcase_add_test(tc, ddp_nccl_matches_one_gpu);
     tcase_add_test(tc, ddp_host_comm_two_workers_one_gpu);
+    tcase_add_test(tc, optimizer_in_backward_same_bits_gpu);
     tcase_add_test(tc, nccl_refuses_more_workers_than_gpus);
     tcase_add_test(tc, ddp_nccl_resnet18_reports);
     suite_add_tcase(s, tc);

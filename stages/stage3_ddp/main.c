@@ -118,6 +118,7 @@ int main(int argc, char **argv) {
     /* DDP(model): same model everywhere, rank 0's weights broadcast, gradient buckets planned. */
     Ddp ddp;
     ddp_init(&ddp, &run, comm, &f);
+    ddp_register_fused_optim(&ddp, &opt, 0); /* --optimizer-overlap (off: nothing; we step below) */
 
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         sampler_indices(train_set.n, w.world_size, w.rank, (uint64_t)cfg.seed, run.epoch, !f.no_shuffle,
@@ -137,7 +138,7 @@ int main(int argc, char **argv) {
             /* each bucket's all-reduce starts as soon as backward has produced its gradients */
             model_backward(model, b->n, ddp_grad_ready, &ddp);
             ddp_backward_end(&ddp); /* the optimizer waits for the averaged gradients */
-            optim_step(&opt, model->param_flat, model->grad_flat, run_lr(&run));
+            if (!ddp.fused_optim) optim_step(&opt, model->param_flat, model->grad_flat, run_lr(&run));
             run_step_end(&run, &log, slot, b->index);
         }
         input_drain(&train_in);

@@ -141,6 +141,7 @@ int main(int argc, char **argv) {
     const int K = cfg.accum_steps; /* micro-batches per optimizer step */
     GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16 and off */
     scaler_init(&scaler, &dev, &amp, prec, &run); /* scaler.load_state_dict() when resuming */
+    ddp_register_fused_optim(&ddp, &opt, scaler.enabled || scaler.stats); /* --optimizer-overlap: not under fp16's scaler */
 
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         sampler_indices(train_set.n, w.world_size, w.rank, (uint64_t)cfg.seed, run.epoch, !f.no_shuffle,
@@ -167,7 +168,8 @@ int main(int argc, char **argv) {
             ddp_backward_end(&ddp); /* the optimizer waits for the averaged gradients */
             if (!last) continue;
             /* scaler.step(optimizer): unscale, skip if any (all-reduced) gradient is inf/NaN; scaler.update() */
-            scaler_step(&scaler, &opt, model->param_flat, model->grad_flat, model->n_param_floats, run_lr(&run));
+            if (!ddp.fused_optim)
+                scaler_step(&scaler, &opt, model->param_flat, model->grad_flat, model->n_param_floats, run_lr(&run));
             scaler_update(&scaler);
             run_step_end(&run, &log, slot, b->index);
         }
