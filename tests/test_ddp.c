@@ -165,14 +165,20 @@ static void check_plan(const Ddp *d, const int *order, size_t first_limit, size_
     check_plan_tail(d, order, first_limit, limit, 0);
 }
 
+/* One rank with ResNet-18, its gradient-ready order and the reverse parameter order; returns n_params. */
+static int open_resnet18_orders(OneRank *o, int *order, int *reverse) {
+    one_rank_open(o, "resnet18");
+    int n = ready_order(o->m, order);
+    ck_assert_int_eq(n, o->m->n_params);
+    for (int i = 0; i < n; i++) reverse[i] = n - 1 - i;
+    return n;
+}
+
 START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     OneRank o;
-    one_rank_open(&o, "resnet18");
-    Model *m = o.m;
     int order[512] = {0}, reverse[512] = {0};
-    int n = ready_order(m, order);
-    ck_assert_int_eq(n, m->n_params);
-    for (int i = 0; i < n; i++) reverse[i] = n - 1 - i;
+    int n = open_resnet18_orders(&o, order, reverse);
+    Model *m = o.m;
     size_t cap = 4 << 20;
     Ddp d;
     DdpFlags f;
@@ -236,11 +242,9 @@ END_TEST
  * layer1 and a little more. */
 START_TEST(small_last_bucket) {
     OneRank o;
-    one_rank_open(&o, "resnet18");
-    Model *m = o.m;
     int order[512] = {0}, reverse[512] = {0};
-    int n = ready_order(m, order);
-    for (int i = 0; i < n; i++) reverse[i] = n - 1 - i;
+    int n = open_resnet18_orders(&o, order, reverse);
+    Model *m = o.m;
     Ddp d;
     DdpFlags f;
     free(ddp_options(&f, NULL));
