@@ -731,7 +731,7 @@ void ddp_backward_end(Ddp *d) {
     }
     if (d->find_unused && !d->unfinished) used_map_check(d);
     /* the hook's buckets tile the buffer: one cast brings every reduced bucket back to fp32 (only
-     * the launched ones, when some never were; with the optimizer in backward, each was cast back
+     * the launched ones, when some never were; with --optimizer-overlap, each was cast back
      * before its step) */
     if (d->hook != PREC_FP32 && !d->fused_optim) {
         if (!d->unfinished) decompress(d, d->compressed, m->n_param_floats, m->grad_flat);

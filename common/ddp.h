@@ -70,8 +70,9 @@
  * Measured per optimizer step, without synchronising the step (each micro-step's events are read
  * back three micro-steps later): all-reduce time (the communicator's time for every bucket),
  * EXPOSED communication time (how long the compute stream sat waiting for communication: from the
- * end of each synchronising backward until its last bucket was done, plus the forwards' buffer
- * broadcasts), bytes reduced, and algbw / busbw as nccl-tests define them: algbw = bytes / time,
+ * end of each synchronising backward — with --optimizer-overlap after-backward, from the end of the
+ * steps that run beside the last all-reduce — until its last bucket was done, plus the forwards'
+ * buffer broadcasts), bytes reduced, and algbw / busbw as nccl-tests define them: algbw = bytes / time,
  * busbw = algbw · 2(n−1)/n for an all-reduce over n ranks. Counted over the run: micro-steps,
  * optimizer steps, all-reduce calls and bytes, buffer broadcasts. */
 #ifndef DDP_H
