@@ -269,7 +269,8 @@ static void harvest(Ddp *d, DdpStep *s) {
     double ar = 0, exposed = 0;
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
     double fb = 0;
-    if (s->synced) exposed = elapsed_ms(d, s, s->wait_mark, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
+    int wait_from = d->fused_optim && d->overlap_optim == DDP_OPTIM_AFTER_BACKWARD ? T_WAIT_BEGIN : T_BWD_END;
+    if (s->synced) exposed = elapsed_ms(d, s, wait_from, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
     /* the wait before the forward; after-forward, no one waits for the broadcast but the backward's end */
     double bc = s->bcast_op >= 0 && !d->bcast_after ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
     if (exposed < 0) exposed = 0;
@@ -317,10 +318,15 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     int overlap = !f->no_overlap;
     d->run = run, d->m = m, d->comm = comm, d->dev = m->dev;
     d->rank = run->rank, d->world = run->world_size, d->overlap = overlap;
-    d->sync_each_micro_step = f->sync_each_micro_step;
     d->overlap_optim = !strcmp(f->optimizer_overlap, "in-backward")      ? DDP_OPTIM_IN_BACKWARD
                        : !strcmp(f->optimizer_overlap, "after-backward") ? DDP_OPTIM_AFTER_BACKWARD
                                                                          : DDP_OPTIM_OFF;
+    if (d->overlap_optim && !overlap)
+        die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
+                 "buckets: drop one of the two");
+    if (d->overlap_optim && f->sync_each_micro_step)
+        die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
+                 "micro-batch (every backward all-reduces): drop one of the two");
     d->sync = 1, d->forward_param_sync = 1; /* as a freshly constructed DistributedDataParallel */
     d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
@@ -436,12 +442,6 @@ void ddp_register_comm_hook(Ddp *d, Precision p) {
 void ddp_register_fused_optim(Ddp *d, Optimizer *opt, int grad_scaler) {
     if (d->overlap_optim == DDP_OPTIM_OFF) return; /* the caller steps after backward */
     ASSERT(!d->fused_optim && d->iteration == 0 && opt->count == d->m->n_param_floats);
-    if (!d->overlap)
-        die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
-                 "buckets: drop one of the two");
-    if (d->sync_each_micro_step)
-        die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
-                 "micro-batch (every backward all-reduces): drop one of the two");
     if (grad_scaler)
         die_user("--optimizer-overlap cannot run under fp16's GradScaler: the scaler must see every gradient "
                  "(inf/NaN) before it lets any parameter step — use --amp bf16 or --amp off, or --optimizer-overlap "
@@ -587,7 +587,6 @@ static void step_bucket(Ddp *d, const DdpBucket *b, int64_t op) {
     comm_wait_op(d->comm, op); /* the current stream waits (the host ring: the host) */
     if (d->hook != PREC_FP32) decompress(d, (char *)d->compressed + b->offset * 2, b->count, m->grad_flat + b->offset);
     optim_step_slice(d->fused_optim, m->param_flat, m->grad_flat, run_lr(d->run), b->offset, b->count);
-    d->stepped++;
 }
 
 /* in-backward: on the side stream, at once. Waiting for this bucket's all-reduce, the side stream
@@ -707,7 +706,6 @@ void ddp_backward_end(Ddp *d) {
         return;
     }
     mark(d, s, T_BWD_END);
-    s->wait_mark = T_BWD_END;
     /* A parameter without a gradient (ddp.h): its bucket, and every later one, was never launched —
      * with --no-overlap, the one piece. Nothing fails here, as nothing does in PyTorch: the launched
      * buckets are waited for, the optimizer steps on the rest unaveraged, the next forward stops. */
@@ -719,15 +717,14 @@ void ddp_backward_end(Ddp *d) {
      * wait for it, not their steps, is the exposed communication */
     int after = d->fused_optim && d->overlap_optim == DDP_OPTIM_AFTER_BACKWARD, last = d->next - 1;
     for (int b = 0; after && b < last; b++) step_bucket(d, &d->buckets[b], s->first_op + b);
-    if (after) mark(d, s, T_WAIT_BEGIN), s->wait_mark = T_WAIT_BEGIN;
+    if (after) mark(d, s, T_WAIT_BEGIN);
     /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */
     comm_wait(d->comm);
     mark(d, s, T_AFTER_WAIT);
     if (d->fused_optim) { /* …and for every bucket's step: then the optimizer step is done */
         if (after && last >= 0) step_bucket(d, &d->buckets[last], s->first_op + last);
         if (d->overlap_optim == DDP_OPTIM_IN_BACKWARD) side_stream_join(&d->optim_stream);
-        if (d->stepped) optim_slices_done(d->fused_optim);
-        d->stepped = 0;
+        if (d->next) optim_slices_done(d->fused_optim); /* every launched bucket was stepped */
     }
     if (d->find_unused && !d->unfinished) used_map_check(d);
     /* the hook's buckets tile the buffer: one cast brings every reduced bucket back to fp32 (only

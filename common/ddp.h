@@ -127,7 +127,6 @@ typedef struct DdpStep { /* one micro-step's measurements, until read back */
     int64_t first_op, n_ops, bytes, bcast_op;
     int synced;          /* its backward all-reduced */
     TimeMark at[5];      /* backward end, after the wait, before the broadcast, forward start, wait start */
-    int wait_mark;       /* the mark the wait after backward starts at (T_BWD_END, or T_WAIT_BEGIN) */
     int pending;
 } DdpStep;
 
@@ -148,7 +147,6 @@ typedef struct Ddp {
     Comm *comm;
     Device *dev;
     int rank, world, overlap;
-    int sync_each_micro_step;  /* stage 4's experiment (DdpFlags) */
     size_t cap_bytes;          /* --bucket-mb */
     size_t last_bytes;         /* --last-bucket-mb; 0: the last bucket is whatever is left */
     DdpBucket *buckets;
@@ -187,7 +185,6 @@ typedef struct Ddp {
     int overlap_optim;         /* --optimizer-overlap: DDP_OPTIM_* */
     Optimizer *fused_optim;    /* ddp_register_fused_optim: DDP steps the optimizer, bucket by bucket */
     SideStream optim_stream;   /* in-backward: the stream the steps run on while backward goes on */
-    int stepped;               /* buckets of this backward the optimizer has stepped */
     Precision hook;            /* gradient compression: fp16/bf16_compress_hook, or PREC_FP32 (none) */
     void *compressed;          /* hook: the 16-bit copy of the gradient buffer the all-reduce carries */
 } Ddp;

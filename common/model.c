@@ -658,7 +658,7 @@ static void ready(Layer *L, GradReadyFn fn, void *ctx) {
  * point. Half 0 makes the layer's parameter gradients final (a conv's weight gradient; all of batch
  * norm's and linear's backward; all of the parameter-free layers'); half 1 is the rest (a conv's
  * input gradient). DDP's hook runs between the two, so the all-reduce of a bucket starts while the
- * input gradients are still being computed. */
+ * input gradients are still being computed — or after both (model_set_hook_after_layer). */
 static void backward_half(Model *m, int n, int l, int half) {
     Device *d = m->dev;
     Layer *L = &m->layers[l];

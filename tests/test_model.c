@@ -212,13 +212,22 @@ END_TEST
 /* ---- the activation memory plan (model.h: "Activation memory") --------------------------------- */
 
 /* One training step (forward, loss, backward) of batch n on the CPU backend. */
-static void train_step(Model *m, int n, const float *x, const int32_t *y) {
+/* batch images of 3×32×32 uniform in [−2, 2) from seed (malloc'd) */
+static float *random_batch(int batch, uint64_t seed) {
+    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    test_fill_uniform(x, (int64_t)batch * 3072, seed, -2, 2);
+    return x;
+}
+
+static void train_step_hooked(Model *m, int n, const float *x, const int32_t *y, GradReadyFn hook) {
     float loss;
     int32_t correct;
     model_forward(m, n, x, 1);
     xent_forward_backward(m->dev, n, 10, model_logits(m), y, 1.0f / n, &loss, &correct, model_dlogits(m));
-    model_backward(m, n, NULL, NULL);
+    model_backward(m, n, hook, NULL);
 }
+
+static void train_step(Model *m, int n, const float *x, const int32_t *y) { train_step_hooked(m, n, x, y, NULL); }
 
 /* The plan is sound, checked apart from the planner: every x and dx lies inside the arena, and any
  * two alive at one step of the timeline share no byte. It is also no worse than the most bytes alive
@@ -228,9 +237,8 @@ static void train_step(Model *m, int n, const float *x, const int32_t *y) {
  * prints the planned arena. */
 static void check_plan(const char *arch, int batch, Precision p) {
     Device d = cpu();
-    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    float *x = random_batch(batch, 21);
     int32_t y[8] = {3, 1, 4, 1, 5, 9, 2, 6};
-    test_fill_uniform(x, (int64_t)batch * 3072, 21, -2, 2);
     size_t base = d.mem_cur;
     Model *m = model_create_mixed(&d, arch, 1, batch, 0, p, 0);
     ck_assert(m->memory_plan);
@@ -331,9 +339,8 @@ END_TEST
  * steps and an evaluation forward — fp32 and the 16-bit emulation, with and without batch norm. */
 static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precision p) {
     Device d = cpu();
-    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    float *x = random_batch(batch, 22);
     int32_t y[8] = {2, 7, 1, 8, 2, 8, 1, 8};
-    test_fill_uniform(x, (int64_t)batch * 3072, 22, -2, 2);
     Model *m[2];
     for (int v = 0; v < 2; v++) {
         if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
@@ -372,9 +379,8 @@ END_TEST
 static void no_hook(void *ctx, int p) { (void)ctx, (void)p; }
 static void check_wgrad_batches(const char *arch, int batch, Precision p) {
     Device d = cpu();
-    float *x = malloc((size_t)batch * 3072 * sizeof(float));
+    float *x = random_batch(batch, 31);
     int32_t y[8] = {3, 1, 4, 1, 5, 9, 2, 6};
-    test_fill_uniform(x, (int64_t)batch * 3072, 31, -2, 2);
     Model *m[2];
     for (int v = 0; v < 2; v++) {
         m[v] = model_create_mixed(&d, arch, 1, batch, 9, p, 0);
@@ -385,14 +391,8 @@ static void check_wgrad_batches(const char *arch, int batch, Precision p) {
             model_set_hook_stops(m[v], stop);
             free(stop);
         }
-        for (int k = 0; k < 2; k++) { /* the second backward adds into the first's gradients */
-            float loss;
-            int32_t correct;
-            model_forward(m[v], batch, x, 1);
-            xent_forward_backward(&d, batch, 10, model_logits(m[v]), y, 1.0f / batch, &loss, &correct,
-                                  model_dlogits(m[v]));
-            model_backward(m[v], batch, v ? no_hook : NULL, NULL);
-        }
+        for (int k = 0; k < 2; k++) /* the second backward adds into the first's gradients */
+            train_step_hooked(m[v], batch, x, y, v ? no_hook : NULL);
         for (int64_t i = 0; i < m[v]->wgrad_cap; i++)
             ck_assert_msg(((float *)m[v]->wgrad_lp)[i] == 0.f, "%s %s: wgrad_lp[%lld] left non-zero", arch,
                           precision_name(p), (long long)i);
