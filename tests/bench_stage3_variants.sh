@@ -38,15 +38,20 @@
 # STAGE3_STATUS_FD, STAGE_RDZV_SECRET and unsets TORCHELASTIC_USE_AGENT_STORE), and each worker's
 # ncclCommInitRank (no config struct) reads the NCCL_* variables. Logs and JSON under $BENCH_OUT (default
 # runs/bench_stage3_variants: a new or empty folder, or one this script wrote before); the table is
-# printed last. STEPS (default 300) timed steps per run; 52 runs. Needs 2 GPUs (on one: `make bench3`).
+# printed last. STEPS (default 300) timed steps per run; ROUNDS (default 2) passes over the rows; 52 runs,
+# 8-10 minutes. ONLY="key ..." runs those rows alone (keys: the first field of ROWS below, e.g.
+# ONLY="s3 bafter last1 afterbwd all3 one"), with their references; a device allowing 10 minutes a
+# command can split the list over calls, each with its own BENCH_OUT. Needs 2 GPUs (on one: `make bench3`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . tests/bench_common.sh
-bench_ints "[STEPS=N] [BENCH_OUT=DIR] bash tests/bench_stage3_variants.sh (or make bench3-variants)" STEPS
+USAGE='[STEPS=N] [ROUNDS=N] [ONLY="key ..."] [BENCH_OUT=DIR] bash tests/bench_stage3_variants.sh (or make bench3-variants)'
+bench_ints "$USAGE" STEPS ROUNDS
 # NVLink multicast stays off in every process below: not needed, and on shared hosts it can break the GPUs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${BENCH_OUT:-runs/bench_stage3_variants}
 STEPS=${STEPS:-300}
+ROUNDS=${ROUNDS:-2}
 # shellcheck disable=SC2016 # backquotes in the messages, not commands
 bench_need_gpu tests/bench_stage3_variants.sh '`make compare QUICK=1`'
 [ "$NGPU" -ge 2 ] || bench_die "tests/bench_stage3_variants.sh needs 2 GPUs and $NGPU is visible ($GPU_HOW);" \
@@ -85,6 +90,25 @@ ROWS=("s3|s1|stage 3 default|stage3 $D"
       "gpu1|s1|stage 1 on the second GPU ($second)|CUDA_VISIBLE_DEVICES=$second stage1"
       "both|s1|stage 1 on both GPUs at once (slower)|both")
 
+declare -A NUM # each row's number in the table, whatever ONLY keeps
+for i in "${!ROWS[@]}"; do NUM[${ROWS[$i]%%|*}]=$((i + 2)); done
+# ONLY: keep the rows it names and the rows they are measured against (row 22 for the stage 5 rows).
+if [ -n "${ONLY:-}" ]; then
+    declare -A WANT
+    for k in $ONLY; do
+        found=
+        for row in "${ROWS[@]}"; do
+            IFS='|' read -r key ref _ <<< "$row"
+            [ "$key" = "$k" ] && found=1 && WANT[$key]=1 && [ "$ref" != s1 ] && [ "$ref" != - ] && WANT[$ref]=1
+        done
+        [ -n "$found" ] || bench_die "ONLY: no row '$k' (the keys: $(printf '%s\n' "${ROWS[@]}" | cut -d'|' -f1 |
+            paste -sd' ')) — usage: $USAGE"
+    done
+    KEPT=()
+    for row in "${ROWS[@]}"; do [ -n "${WANT[${row%%|*}]:-}" ] && KEPT+=("$row"); done
+    ROWS=("${KEPT[@]}")
+fi
+
 # name, [VAR=value ...] binary, extra flags...: the timed run (median over the steps after warm-up)
 run_stage() {
     local name=$1 vars=() bin t=180; shift
@@ -101,7 +125,7 @@ run_stage() {
 }
 
 log "stage 1, one GPU"; run_stage s1_first stage1
-for round in 1 2; do
+for round in $(seq "$ROUNDS"); do
     for row in "${ROWS[@]}"; do
         IFS='|' read -r key _ label spec <<< "$row"
         log "round $round: $label"
@@ -135,9 +159,10 @@ declare -A BEST MS
 read -r "BEST[s1]" "MS[s1]" <<< "$(fastest s1_first s1_last)"
 for row in "${ROWS[@]}"; do
     IFS='|' read -r key _ <<< "$row"
-    read -r "BEST[$key]" "MS[$key]" <<< "$(fastest "${key}_r1" "${key}_r2")"
+    mapfile -t runs < <(for r in $(seq "$ROUNDS"); do echo "${key}_r$r"; done)
+    read -r "BEST[$key]" "MS[$key]" <<< "$(fastest "${runs[@]}")"
 done
-ver=$(grep -ho 'NCCL [0-9][0-9.]*' "$OUT"/s3_r*.log 2> /dev/null | head -n 1)
+ver=$(grep -ho 'NCCL [0-9][0-9.]*' "$OUT"/*_r*.log 2> /dev/null | head -n 1)
 echo
 if [ -z "$ver" ] || [ "$(printf '%s\n' 2.27 "${ver#NCCL }" | sort -V | head -n 1)" != 2.27 ]; then
     echo "note: ${ver:-NCCL version unknown}: NCCL_CTA_POLICY needs NCCL >= 2.27 (older ones ignore it)"
@@ -152,18 +177,18 @@ COMM_RE+='([0-9.]+%).*/\4 (\5)|\3|\1/p'
 # "  per rank, ms (rank 0 … 1): forward+backward F0 F1 | waited after backward W0 W1 | waited for buffers B0 B1"
 RANK_RE='s/^  per rank[^:]*: forward\+backward (.*) \| waited after backward (.*) \| waited for buffers (.*)/'
 RANK_RE+='\1 | \2 | \3/p'
-i=1
 for row in "${ROWS[@]}"; do
     IFS='|' read -r key ref label _ <<< "$row"
-    i=$((i + 1))
     lf=$OUT/${BEST[$key]:-none}.log # the faster round's log
     IFS='|' read -r exposed algbw bkts <<< "$(sed -nE "$COMM_RE" "$lf" 2> /dev/null)"
     ranks=$(sed -nE "$RANK_RE" "$lf" 2> /dev/null | sed -E 's/([0-9]) ([0-9])/\1\/\2/g') # "a b" -> "a/b"
     scaling=$(pct "${MS[$ref]:-}" "${MS[$key]:-}")
     [ "$ref" = - ] && scaling=100.0%
-    line $i "$label" "${MS[$key]:-failed}" "$(ms_of "${key}_r1")/$(ms_of "${key}_r2")" "$scaling" \
+    # shellcheck disable=SC2005 # echo: a failed round still takes its place, as an empty field
+    rounds=$(for r in $(seq "$ROUNDS"); do echo "$(ms_of "${key}_r$r")"; done | paste -sd/)
+    line "${NUM[$key]}" "$label" "${MS[$key]:-failed}" "$rounds" "$scaling" \
         "${exposed:--}" "${algbw:--}" "${bkts:--}" "${ranks:--}"
 done
-echo "ms/step: median, the faster round (rounds: both; row 1: first/last run) | scaling: reference ms / ms" \
+echo "ms/step: median, the fastest round (rounds: each; row 1: first/last run) | scaling: reference ms / ms" \
     "(20, 21, 23: row 22, others: row 1) | exposed: compute's wait for comm per step (% of it) | algbw: GB/s of" \
     "gradients per all-reduce time | bkts: buckets (1 piece: --no-overlap) | per rank: ms, rank 0/rank 1"
