@@ -1,7 +1,7 @@
 /* test_trace.c — --trace on the CPU backend: stages 1, 2 (two devices) and 3 (two workers) write a
  * Chrome trace-event file that parses, holds the spans each stage must show, nests per thread and
  * covers exactly the --trace-steps window (tests/trace_check.py checks the file); the SVG renderer
- * draws it; bad --trace-steps values and unwritable paths are refused with a clear error; an interrupted
+ * draws it; tests/step_skew.py reads every worker's steps from it; bad --trace-steps values and unwritable paths are refused with a clear error; an interrupted
  * run leaves the trace already at its path intact. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +45,19 @@ static void trace_and_check(const char *stage, const char *args, const char *win
     long len;
     char *svg = test_slurp(path, &len);
     ck_assert(svg && strstr(svg, "<svg") && strstr(svg, "</svg>") && strstr(svg, "forward"));
+    /* step_skew.py: every worker's forward+backward, step by step (one worker alone is refused) */
+    int a, b, workers = pids > 1 || strstr(args, "--gpus 2") ? 2 : 1;
+    ck_assert(sscanf(window, "%d:%d", &a, &b) == 2);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/step_skew.py %s/t.json", test_root(), dir);
+    free(chk);
+    rc = test_run(cmd, &chk);
+    char want[64];
+    snprintf(want, sizeof want, "%d workers (ranks, or stage 2's replicas), %d steps", workers, b - a);
+    if (workers > 1)
+        ck_assert_msg(rc == 0 && strstr(chk, want) && strstr(chk, "waits for the others") && strstr(chk, "jitter costs"),
+                      "step_skew.py on %s's trace (exit %d):\n%s", stage, rc, chk);
+    else
+        ck_assert_msg(rc != 0 && strstr(chk, "one rank only"), "step_skew.py took one worker (exit %d):\n%s", rc, chk);
     free(svg), free(chk), free(out), free(dir);
 }
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""step_skew.py — how long ranks wait for each other, step by step, from --trace files (Python 3
+standard library only; tests/test_trace.c runs it).
+
+    python3 tests/step_skew.py TRACE                 a stage 3-5 trace: its ranks, step by step
+    python3 tests/step_skew.py TRACE TRACE [...]     single-process traces (stage 1 runs) paired step
+                                                     by step: ranks that would run side by side
+
+DDP's all-reduce makes every step go at the slowest rank's pace: in each step the other ranks
+wait for it (so do DataParallel's replicas, at the gather; a stage 2 trace shows one per device). For each rank (or run) this prints its forward+backward per step — from the first
+forward to the end of the backward on its compute lane — as median, standard deviation and 95th
+percentile, then the wait: the mean over the steps of (the slowest rank's time - this rank's).
+From several stage 1 runs, the same pairing says what two ranks with that much step-to-step
+jitter would lose if nothing else differed: the gap between "mean of the slowest" and the slower
+run's own mean is what the jitter alone costs.
+
+--trace runs eager (no CUDA graphs: events are recorded around each stretch of ops), so absolute
+times are eager's; the spread from step to step and between ranks is what this is for.
+"""
+import json
+import math
+import statistics
+import sys
+
+
+def lanes(path):
+    """{rank label: [forward+backward ms of each step]} from one trace file."""
+    with open(path) as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    spans = {}
+    for e in events:
+        lane = names.get((e.get("pid"), e.get("tid")), "")
+        if e.get("ph") == "X" and e["name"] in ("forward", "backward") and "compute" in lane:
+            spans.setdefault((e["pid"], lane), {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
+    out = {}
+    for (pid, lane), s in sorted(spans.items()):
+        fw, bw = sorted(s.get("forward", [])), sorted(s.get("backward", []))
+        if not fw or len(fw) != len(bw):
+            sys.exit(f"step_skew.py: {path}: {lane} has {len(fw)} forward and {len(bw)} backward spans")
+        out[f"{path} pid {pid}: {lane}"] = [(b[0] + b[1] - f[0]) / 1e3 for f, b in zip(fw, bw)]
+    if not out:
+        sys.exit(f"step_skew.py: {path}: no forward/backward spans on a compute lane (was it made with --trace?)")
+    return out
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__.split("\n\n")[1])
+    ranks = {}
+    for p in sys.argv[1:]:
+        ranks.update(lanes(p))
+    if len(ranks) < 2:
+        sys.exit("step_skew.py: one rank only: give a multi-rank trace or several single-process ones")
+    steps = min(len(t) for t in ranks.values())
+    times = {k: t[:steps] for k, t in ranks.items()}
+    slowest = [max(t[i] for t in times.values()) for i in range(steps)]
+    print(f"{len(times)} workers (ranks, or stage 2's replicas), {steps} steps; forward+backward per step, ms")
+    for k, t in times.items():
+        q = sorted(t)
+        wait = statistics.mean(s - x for s, x in zip(slowest, t))
+        print(f"  {k}: median {statistics.median(t):.3f} sd {statistics.pstdev(t):.3f} "
+              f"p95 {q[math.ceil(0.95 * steps) - 1]:.3f} | waits for the others {wait:.3f} per step")
+    worst = max(statistics.mean(t) for t in times.values())
+    print(f"mean of the slowest per step {statistics.mean(slowest):.3f} ms; the slowest rank's own mean "
+          f"{worst:.3f} ms: step-to-step jitter costs {statistics.mean(slowest) - worst:.3f} ms a step")
+
+
+if __name__ == "__main__":
+    main()
