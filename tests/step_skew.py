@@ -34,13 +34,14 @@ def lanes(path):
     for e in events:
         lane = names.get((e.get("pid"), e.get("tid")), "")
         if e.get("ph") == "X" and e["name"] in ("forward", "backward") and "compute" in lane:
-            spans.setdefault((e["pid"], lane), {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
+            spans.setdefault((e["pid"], e["tid"]), {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
     out = {}
-    for (pid, lane), s in sorted(spans.items()):
+    for (pid, tid), s in sorted(spans.items()):  # a lane per (process, thread id): two may share a name
+        lane = names[(pid, tid)]
         fw, bw = sorted(s.get("forward", [])), sorted(s.get("backward", []))
         if not fw or len(fw) != len(bw):
             sys.exit(f"step_skew.py: {path}: {lane} has {len(fw)} forward and {len(bw)} backward spans")
-        out[f"{path} pid {pid}: {lane}"] = [(b[0] + b[1] - f[0]) / 1e3 for f, b in zip(fw, bw)]
+        out[f"{path} pid {pid} tid {tid}: {lane}"] = [(b[0] + b[1] - f[0]) / 1e3 for f, b in zip(fw, bw)]
     if not out:
         sys.exit(f"step_skew.py: {path}: no forward/backward spans on a compute lane (was it made with --trace?)")
     return out
@@ -64,7 +65,7 @@ def main():
         print(f"  {k}: median {statistics.median(t):.3f} sd {statistics.pstdev(t):.3f} "
               f"p95 {q[math.ceil(0.95 * steps) - 1]:.3f} | waits for the others {wait:.3f} per step")
     worst = max(statistics.mean(t) for t in times.values())
-    print(f"mean of the slowest per step {statistics.mean(slowest):.3f} ms; the slowest rank's own mean "
+    print(f"mean of the slowest per step {statistics.mean(slowest):.3f} ms; the slowest worker's own mean "
           f"{worst:.3f} ms: step-to-step jitter costs {statistics.mean(slowest) - worst:.3f} ms a step")
 
 
