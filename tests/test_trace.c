@@ -144,12 +144,11 @@ START_TEST(unwritable_trace_files_fail_at_once) {
         free(out);
     }
     /* a whole epoch, so the name can be made a directory while it trains: minutes under a sanitizer */
-    double scale = getenv("TEST_TIME_SCALE") ? atof(getenv("TEST_TIME_SCALE")) : 1;
     snprintf(cmd, sizeof cmd, "D=%s; (timeout -k 5 %d %s/stage3 " SMALL " --train-size 2048 --batch-size 8 "
              "--nproc-per-node 2 --master-port %d --trace $D/t.json --trace-steps 1:3 > $D/run.out 2>&1; "
              "echo \"exit $?\" >> $D/run.out) & run=$!; "
              "while ! [ -e $D/t.json.tmp -a -e $D/t.json.rank1.json.tmp ] && kill -0 $run 2>/dev/null; do sleep 0.01; "
-             "done; mkdir $D/t.json; wait; cat $D/run.out", dir, (int)(100 * (scale > 1 ? scale : 1)), test_root(),
+             "done; mkdir $D/t.json; wait; cat $D/run.out", dir, (int)(100 * test_time_scale()), test_root(),
              test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 0);
     ck_assert_msg(strstr(out, "cannot write the merged file (Is a directory)") && strstr(out, "t.json.rank1.json") &&

@@ -46,6 +46,9 @@ const char *test_root(void);
 int test_run_captured(void (*fn)(void *), void *arg, char **out);
 /* A free loopback port p (with p+1 free too) for a test's rendezvous store. */
 int test_free_port(void);
+/* How much slower this build runs: TEST_TIME_SCALE (make sanitize / tsan set it), at least 1. Every
+ * wall-clock bound a test asserts is multiplied by it. */
+double test_time_scale(void);
 /* The rendezvous secret (auth.h) tests that open a store put in their environment. */
 #define TEST_SECRET "test-suite-rendezvous-secret"
 /* The "loss" of every {"type":"step"} line of a JSON-lines report, in order; returns how many. */
