@@ -261,6 +261,12 @@ static void flush_group(Ddp *d) {
     memset(g, 0, sizeof *g);
 }
 
+/* --optimizer-overlap after-backward, registered: the earlier buckets are stepped after backward,
+ * beside the last all-reduce, and the exposed wait starts after them (T_WAIT_BEGIN). */
+static int steps_after_backward(const Ddp *d) {
+    return d->fused_optim && d->overlap_optim == DDP_OPTIM_AFTER_BACKWARD;
+}
+
 /* Read a finished micro-step's timings back (it is DDP_STATS_LAG micro-steps old: no real wait)
  * and add them to its optimizer step's. */
 static void harvest(Ddp *d, DdpStep *s) {
@@ -269,7 +275,7 @@ static void harvest(Ddp *d, DdpStep *s) {
     double ar = 0, exposed = 0;
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
     double fb = 0;
-    int wait_from = d->fused_optim && d->overlap_optim == DDP_OPTIM_AFTER_BACKWARD ? T_WAIT_BEGIN : T_BWD_END;
+    int wait_from = steps_after_backward(d) ? T_WAIT_BEGIN : T_BWD_END;
     if (s->synced) exposed = elapsed_ms(d, s, wait_from, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
     /* the wait before the forward; after-forward, no one waits for the broadcast but the backward's end */
     double bc = s->bcast_op >= 0 && !d->bcast_after ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
@@ -715,7 +721,7 @@ void ddp_backward_end(Ddp *d) {
     /* after-backward: the buckets in order, each once its own all-reduce is done (bucket b is op
      * first_op + b: they launch in index order) — all but the last beside the last all-reduce; the
      * wait for it, not their steps, is the exposed communication */
-    int after = d->fused_optim && d->overlap_optim == DDP_OPTIM_AFTER_BACKWARD, last = d->next - 1;
+    int after = steps_after_backward(d), last = d->next - 1;
     for (int b = 0; after && b < last; b++) step_bucket(d, &d->buckets[b], s->first_op + b);
     if (after) mark(d, s, T_WAIT_BEGIN);
     /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */

@@ -211,7 +211,6 @@ END_TEST
 
 /* ---- the activation memory plan (model.h: "Activation memory") --------------------------------- */
 
-/* One training step (forward, loss, backward) of batch n on the CPU backend. */
 /* batch images of 3×32×32 uniform in [−2, 2) from seed (malloc'd) */
 static float *random_batch(int batch, uint64_t seed) {
     float *x = malloc((size_t)batch * 3072 * sizeof(float));
@@ -219,6 +218,7 @@ static float *random_batch(int batch, uint64_t seed) {
     return x;
 }
 
+/* One training step (forward, loss, backward with hook at each gradient) of batch n on the CPU backend. */
 static void train_step_hooked(Model *m, int n, const float *x, const int32_t *y, GradReadyFn hook) {
     float loss;
     int32_t correct;

@@ -1,8 +1,9 @@
 /* test_trace.c — --trace on the CPU backend: stages 1, 2 (two devices) and 3 (two workers) write a
  * Chrome trace-event file that parses, holds the spans each stage must show, nests per thread and
  * covers exactly the --trace-steps window (tests/trace_check.py checks the file); the SVG renderer
- * draws it; tests/step_skew.py reads every worker's steps from it; bad --trace-steps values and unwritable paths are refused with a clear error; an interrupted
- * run leaves the trace already at its path intact. */
+ * draws it; tests/step_skew.py reads every worker's steps from it; bad --trace-steps values and
+ * unwritable paths are refused with a clear error; an interrupted run leaves the trace already at
+ * its path intact. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,9 @@ static int have_python(void) {
     return have;
 }
 
-/* Run a stage with --trace into dir/t.json, then the checker; fail with both outputs. */
-static void trace_and_check(const char *stage, const char *args, const char *window, int pids,
+/* Run a stage with --trace into dir/t.json, then the checker; fail with both outputs. pids: the
+ * processes (ranks); workers: the compute lanes that train side by side (ranks, or stage 2's replicas). */
+static void trace_and_check(const char *stage, const char *args, const char *window, int pids, int workers,
                             const char *expect) {
     char *dir = test_tmpdir(), cmd[4096], *out, *chk;
     snprintf(cmd, sizeof cmd, "%s/%s " SMALL " %s --trace %s/t.json --trace-steps %s", test_root(), stage, args, dir,
@@ -46,7 +48,7 @@ static void trace_and_check(const char *stage, const char *args, const char *win
     char *svg = test_slurp(path, &len);
     ck_assert(svg && strstr(svg, "<svg") && strstr(svg, "</svg>") && strstr(svg, "forward"));
     /* step_skew.py: every worker's forward+backward, step by step (one worker alone is refused) */
-    int a, b, workers = pids > 1 || strstr(args, "--gpus 2") ? 2 : 1;
+    int a, b;
     ck_assert(sscanf(window, "%d:%d", &a, &b) == 2);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/step_skew.py %s/t.json", test_root(), dir);
     free(chk);
@@ -63,7 +65,7 @@ static void trace_and_check(const char *stage, const char *args, const char *win
 
 START_TEST(stage1_trace) {
     if (!have_python()) return;
-    trace_and_check("stage1", "--steps 7 --workers 2", "2:5", 1,
+    trace_and_check("stage1", "--steps 7 --workers 2", "2:5", 1, 1,
                     "step input 'load batch' forward backward optimizer");
 }
 END_TEST
@@ -73,7 +75,7 @@ END_TEST
  * autograd threads, peer copies on device 0. */
 START_TEST(stage2_trace) {
     if (!have_python()) return;
-    trace_and_check("stage2", "--gpus 2 --steps 4", "1:3", 1,
+    trace_and_check("stage2", "--gpus 2 --steps 4", "1:3", 1, 2,
                     "scatter replicate gather reduce 'replica forward' 'replica backward' 'GIL held' planning "
                     "'peer copy' forward backward optimizer");
 }
@@ -84,7 +86,7 @@ START_TEST(stage3_trace) {
     if (!have_python()) return;
     char args[256];
     snprintf(args, sizeof args, "--nproc-per-node 2 --steps 4 --bucket-mb 0.03 --master-port %d", test_free_port());
-    trace_and_check("stage3", args, "1:3", 2, "forward backward optimizer all-reduce 'bucket launch'");
+    trace_and_check("stage3", args, "1:3", 2, 2, "forward backward optimizer all-reduce 'bucket launch'");
 }
 END_TEST
 

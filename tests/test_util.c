@@ -107,15 +107,15 @@ int test_run_captured(void (*fn)(void *), void *arg, char **out) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* A port pair (p, p+1) nobody listens on, below the kernel's ephemeral range (32768 and up), so
- * that no outgoing connection of another process can take it between this check and its use.
- * (p+1: under torchrun's variables, rank 0 hosts the store on MASTER_PORT + 1.) */
 double test_time_scale(void) {
     const char *v = getenv("TEST_TIME_SCALE");
     double scale = v ? atof(v) : 1;
     return scale > 1 ? scale : 1;
 }
 
+/* A port pair (p, p+1) nobody listens on, below the kernel's ephemeral range (32768 and up), so
+ * that no outgoing connection of another process can take it between this check and its use.
+ * (p+1: under torchrun's variables, rank 0 hosts the store on MASTER_PORT + 1.) */
 int test_free_port(void) {
     static unsigned seed;
     if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
