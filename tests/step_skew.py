@@ -25,9 +25,12 @@ import sys
 
 def lanes(path):
     """{rank label: [forward+backward ms of each step]} from one trace file."""
-    with open(path) as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"step_skew.py: {path}: not a readable --trace file ({e})")
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans = {}
