@@ -56,7 +56,7 @@ ifeq ($(HAVE_CUDA),1)
   FOUND    := CUDA $(CUDA_HOME) (sm: $(CUDA_ARCH)), cuDNN $(CUDNN_INC), NCCL $(if $(NCCL_INC),$(NCCL_INC),not found)
 else
   BUILD    := build/cpu
-  FOUND    := no CUDA toolkit (CUDA_HOME=$(CUDA_HOME)$(if $(CPU_ONLY), CPU_ONLY=1)): building the CPU backend only
+  FOUND    := $(if $(CPU_ONLY),CPU_ONLY=1,no CUDA toolkit (CUDA_HOME=$(CUDA_HOME))): building the CPU backend only
 endif
 
 COMMON_C  := $(wildcard common/*.c)

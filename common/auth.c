@@ -73,6 +73,11 @@ void auth_mac(const uint8_t *secret, size_t len, const char *role, const uint8_t
     memcpy(msg + 6, sn, AUTH_NONCE);
     memcpy(msg + 6 + AUTH_NONCE, cn, AUTH_NONCE);
     unsigned int n = 0;
+    /* No libcrypto teardown at exit: rank 0's store thread may be checking a late rank's handshake
+     * while the main thread exits with an error, and HMAC on a torn-down library crashes (SIGSEGV)
+     * instead of the clean exit code the launcher reports. The first init call decides; every
+     * thread makes this one before its first HMAC. */
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
     if (!HMAC(EVP_sha256(), secret, (int)len, msg, sizeof msg, mac, &n) || n != AUTH_MAC)
         die_at(__FILE__, __LINE__, "HMAC(EVP_sha256(), …)", "libcrypto failed", NULL);
 }

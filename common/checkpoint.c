@@ -229,8 +229,10 @@ _Noreturn static void save_fail_at(int line, const char *tmp, int fd, const char
     char call[1100];
     snprintf(call, sizeof call, "%s('%s')", what, path);
     die_at(__FILE__, line, call, strerror(err),
-           "check free space and permissions of the --save directory (df -h); any earlier checkpoint "
-           "there is intact and can be given to --resume");
+           err == EFBIG ? "the checkpoint is larger than this shell's file-size limit (ulimit -f): raise it; any "
+                          "earlier checkpoint there is intact and can be given to --resume"
+                        : "check free space and permissions of the --save directory (df -h); any earlier "
+                          "checkpoint there is intact and can be given to --resume");
 }
 
 /* fsync the directory holding path, so the rename itself is durable. */

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,7 +117,11 @@ static void print_wrapped(const char *text, int col) {
     while ((int)strlen(text) > width) {
         int cut = width;
         while (cut > 0 && text[cut] != ' ') cut--;
-        if (cut == 0) break; /* one very long word: print it whole */
+        if (cut == 0) { /* a word longer than the column: it gets a line of its own, then wrapping goes on */
+            const char *sp = strchr(text + width, ' ');
+            if (!sp) break;
+            cut = (int)(sp - text);
+        }
         printf("%.*s\n%*s", cut, text, col, "");
         text += cut + 1;
     }
@@ -124,8 +129,11 @@ static void print_wrapped(const char *text, int col) {
 }
 
 static void cli_print_help(const Option *opts, const char *prog, const char *about) {
-    printf("usage: %s [options]\n", prog ? prog : "train");
-    if (about && about[0]) printf("\n%s\n", about);
+    if (about && strstr(about, "usage:")) printf("%s\n", about); /* the stage's own usage lines */
+    else {
+        printf("usage: %s [options]\n", prog ? prog : "train");
+        if (about && about[0]) printf("\n%s\n", about);
+    }
     printf("\noptions (--name VALUE or --name=VALUE):\n");
     int w_name = 0, w_def = 0;
     char def[256];
@@ -226,8 +234,9 @@ static void opt_set(const Option *o, const char *v) {
         char *end = NULL;
         errno = 0;
         double x = strtod(v, &end);
-        if (v[0] == 0 || end == v || *end != 0 || isspace((unsigned char)v[0]))
-            die_user("--%s must be a number in %s, got '%s'", o->name, range, v);
+        /* strtod also reads hex ("0x10" = 16) and "inf"/"nan": a decimal number only */
+        if (v[0] == 0 || end == v || *end != 0 || isspace((unsigned char)v[0]) || strpbrk(v, "xX"))
+            die_user("--%s must be a decimal number in %s, got '%s'", o->name, range, v);
         if (!isfinite(x) || (errno == ERANGE && fabs(x) > 1.0))
             die_user("--%s must be a finite number in %s, got '%s'", o->name, range, v);
         if (x < o->min || x > o->max)
@@ -322,6 +331,10 @@ int cli_given(const char *name) {
 }
 
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
+    /* Every stage starts here. A file-size limit (ulimit -f) would kill the process in the middle of
+     * a write with SIGXFSZ, silently; ignored, the write fails with EFBIG, and the writer's own error
+     * (checkpoint, report, trace) names the file and the fix. */
+    signal(SIGXFSZ, SIG_IGN);
     parsed = opts;
     free(given);
     n_given = 0;
@@ -608,9 +621,17 @@ void config_resolve(TrainConfig *c, int cuda) {
         if (stat(c->resume, &st) != 0)
             die_user("--resume '%s': %s (give a file written by --save, e.g. DIR/epoch003.ckpt)",
                      c->resume, errno_string());
-        if (!S_ISREG(st.st_mode)) die_user("--resume '%s' is not a regular file (give a checkpoint file, not its directory)", c->resume);
+        if (S_ISDIR(st.st_mode))
+            die_user("--resume '%s' is a directory: give a checkpoint file in it (e.g. %s/epoch003.ckpt)", c->resume,
+                     c->resume);
+        if (!S_ISREG(st.st_mode))
+            die_user("--resume '%s' is not a regular file (a device, FIFO or socket): give a checkpoint file "
+                     "written by --save", c->resume);
         if (access(c->resume, R_OK) != 0) die_user("--resume '%s' is not readable: %s", c->resume, errno_string());
     }
+    if (!strcmp(c->optimizer, "adam") && cli_given("momentum"))
+        die_user("--momentum is SGD's: --optimizer adam uses its betas (0.9, 0.999) instead — drop --momentum, "
+                 "or train with --optimizer sgd");
     if (c->keep_last > 0 && !(c->save && c->save[0]))
         die_user("--keep-last %d keeps the newest checkpoints that --save writes: give --save DIR too, or drop it",
                  c->keep_last);
@@ -658,6 +679,12 @@ void config_resolve(TrainConfig *c, int cuda) {
             die_user("--save '%s' already holds %d checkpoint%s of another run (newest: %s), and --resume '%s' is not "
                      "one of them: this run would overwrite them — give --save another directory, resume from "
                      "there (--resume %s), or delete them", c->save, n, n == 1 ? "" : "s", newest, c->resume, newest);
+        /* Continuing an older one there would write the newer ones' names again (the same epochs and
+         * steps): rewinding a run is fine, but not over the checkpoints it would replace. */
+        if (n > 0 && !same_file(c->resume, newest))
+            die_user("--resume '%s' is not the newest checkpoint in --save '%s' (newest: %s): continuing from it "
+                     "would overwrite the newer ones — resume the newest (--resume %s), give --save another "
+                     "directory, or delete the newer checkpoints", c->resume, c->save, newest, newest);
         free(newest);
     }
 }

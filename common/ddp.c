@@ -276,7 +276,10 @@ static void harvest(Ddp *d, DdpStep *s) {
     for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
     double fb = 0;
     int wait_from = steps_after_backward(d) ? T_WAIT_BEGIN : T_BWD_END;
-    if (s->synced) exposed = elapsed_ms(d, s, wait_from, T_AFTER_WAIT), fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
+    /* forward + backward of every micro-step, so an optimizer step's is the same with or without
+     * no_sync (a rank's micro-steps all count towards when it reaches the all-reduce) */
+    fb = elapsed_ms(d, s, T_FWD_BEGIN, T_BWD_END);
+    if (s->synced) exposed = elapsed_ms(d, s, wait_from, T_AFTER_WAIT);
     /* the wait before the forward; after-forward, no one waits for the broadcast but the backward's end */
     double bc = s->bcast_op >= 0 && !d->bcast_after ? elapsed_ms(d, s, T_PRE_BCAST, T_FWD_BEGIN) : 0;
     if (exposed < 0) exposed = 0;
@@ -413,7 +416,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
                                     "layers from the output for parameters the forward did not use and marks them "
                                     "ready; a used-parameter map is all-reduced after the last bucket; the buckets "
                                     "stay in reverse parameter order (never rebuilt)\n");
-    if (c->accum_steps > 0)
+    if (c->accum_steps > 1) /* K = 1 (stage 5's default): every micro-step is a step, nothing to skip */
         report_printf(&run->report, "ddp: %s\n",
                       f->sync_each_micro_step
                           ? "--sync-each-micro-step: no no_sync — every micro-step all-reduces its gradients "
@@ -707,11 +710,11 @@ void ddp_backward_end(Ddp *d) {
     DdpStep *s = step_of(d, d->iteration);
     Model *m = d->m;
     s->pending = 1;
+    mark(d, s, T_BWD_END);
     if (!s->synced) { /* no_sync: nothing was launched, nothing to wait for */
         d->iteration++;
         return;
     }
-    mark(d, s, T_BWD_END);
     /* A parameter without a gradient (ddp.h): its bucket, and every later one, was never launched —
      * with --no-overlap, the one piece. Nothing fails here, as nothing does in PyTorch: the launched
      * buckets are waited for, the optimizer steps on the rest unaveraged, the next forward stops. */

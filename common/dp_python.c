@@ -70,7 +70,7 @@ const Option *dp_options(DpConfig *c) {
          "persistent forward threads instead of PyTorch's new thread per replica every step"},
         {"p2p", OPT_CHOICE, &c->p2p_flag, 0, 0, "on|off",
          "off: every copy between GPUs goes through host memory, as between GPUs without peer access"},
-        {NULL},
+        {NULL, 0, NULL, 0, 0, NULL, NULL},
     };
     _Static_assert(sizeof r == sizeof rows, "dp_options: rows[] must hold every row");
     memcpy(rows, r, sizeof r);

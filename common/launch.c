@@ -15,6 +15,7 @@
 #include "auth.h"
 #include "device.h"
 #include "errors.h"
+#include "net.h"
 
 /* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
 /* The launcher speaks as the program it launches ("stage3", "stage4", …). */
@@ -212,6 +213,26 @@ static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, siz
     snprintf(buf, len, "rank %d (local rank %d, pid %d) %s %s", c->rank, c->local_rank, (int)c->pid, how, when);
 }
 
+/* The root cause among the workers that failed so far: one whose failure was not caused by a peer's
+ * (not stopped by us, not marked collateral), the earliest (its exit() time, or when we saw it die).
+ * -1 if none failed. */
+static int first_failure(const Child *ch, const StatusSlot *slots, int n) {
+    int root = -1, best_collateral = 1;
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < n; i++) {
+        if (!failed(&ch[i])) continue;
+        if (ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
+            (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL))
+            continue;
+        int coll = (int)__atomic_load_n(&slots[i].collateral, __ATOMIC_RELAXED);
+        int64_t t = __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
+        if (!t) t = ch[i].reap_ns;
+        if (root < 0 || coll < best_collateral || (coll == best_collateral && t < best))
+            root = i, best = t, best_collateral = coll;
+    }
+    return root;
+}
+
 _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int gpus = strcmp(cfg->device, "cpu") ? count_gpus() : 0;
     int cuda;
@@ -244,6 +265,17 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         auth_new_secret(secret);
     }
 
+    /* Node 0's rank 0 will host the rendezvous store on --master-port. A port that another job
+     * holds fails the job confusingly — rank 0 says so, but rank 1 may reach the other job's store
+     * and report that store's refusal — so node 0's launcher checks it once, before any worker. */
+    if (cfg->node_rank == 0) {
+        int fd = net_listen(cfg->master_addr, cfg->master_port, NULL);
+        if (fd >= 0) close(fd);
+        else if (errno == EADDRINUSE)
+            die_user("%s: --master-port %d on %s is in use (another job, or one still shutting down) — pick a "
+                     "free one with --master-port", prog, cfg->master_port, cfg->master_addr);
+    }
+
     /* The status page: one slot per local worker, inherited as a file descriptor across exec. */
     int status_fd;
     StatusSlot *slots = status_page_create(n, &status_fd);
@@ -265,7 +297,12 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     for (int i = 0; i < n; i++) {
         ch[i].rank = first + i, ch[i].local_rank = i;
         pid_t pid = fork();
-        CHECK_SYS(pid);
+        if (pid < 0) { /* out of processes or memory: stop the ones already started, name the fix */
+            int e = errno;
+            stop_all(ch, i);
+            die_user("%s launcher: cannot start worker %d of %d: %s — lower --nproc-per-node, or raise the "
+                     "process limit (ulimit -u) or free memory", prog, i + 1, n, strerror(e));
+        }
         if (pid == 0) {
             /* Die with the launcher, whatever kills it (even SIGKILL): no orphaned workers. */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -314,35 +351,36 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int stopped_root = -1;
     for (int i = 0; i < n && stopped_root < 0; i++)
         if (ch[i].sigstopped && !ch[i].reaped) stopped_root = i;
-    char msg[256];
-    for (int i = 0; i < n; i++)
-        if (failed(&ch[i])) {
-            describe_exit(&ch[i], &slots[i], msg, sizeof msg);
-            fprintf(stderr, "%s: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", prog, msg,
-                    LAUNCH_GRACE_S);
-            break;
-        }
-    stop_all(ch, n);
-    /* The root cause: of the workers that failed on their own, one whose failure was not caused by a
-     * peer's, the earliest (its exit() time, or when we saw it die). */
-    int root = -1;
-    int64_t best = INT64_MAX;
-    int best_collateral = 1;
-    for (int i = 0; i < n; i++) {
-        if (!failed(&ch[i])) continue;
-        if (ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
-            (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL))
+    /* Workers that fail together (the same bad flag in every rank) exit within milliseconds of each
+     * other: collect those for up to 0.1 s, so both lines below name the same first failure. */
+    for (int64_t until = status_clock_ns() + 100000000;;) {
+        int st, left = 0;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            reap(ch, n, pid, st);
             continue;
-        int coll = (int)__atomic_load_n(&slots[i].collateral, __ATOMIC_RELAXED);
-        int64_t t = __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
-        if (!t) t = ch[i].reap_ns;
-        if (coll < best_collateral || (coll == best_collateral && t < best))
-            root = i, best = t, best_collateral = coll;
+        }
+        for (int i = 0; i < n; i++) left += !ch[i].reaped;
+        if (pid < 0 || !left || status_clock_ns() > until) break;
+        usleep(2000);
     }
-    if (stopped_root >= 0) root = stopped_root;
+    char msg[256];
+    int seen = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
+    int left = 0;
+    for (int i = 0; i < n; i++) left += !ch[i].reaped;
+    if (seen >= 0 && left) {
+        describe_exit(&ch[seen], &slots[seen], msg, sizeof msg);
+        fprintf(stderr, "%s: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", prog, msg,
+                LAUNCH_GRACE_S);
+    }
+    stop_all(ch, n);
+    int root = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
     if (root < 0) root = 0;
+    /* Stopped = ended by our SIGTERM/SIGKILL; a worker that exited on its own meanwhile is not. */
     int stopped = 0;
-    for (int i = 0; i < n; i++) stopped += ch[i].stopped_by_us;
+    for (int i = 0; i < n; i++)
+        stopped += ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
+                   (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL);
     describe_exit(&ch[root], &slots[root], msg, sizeof msg);
     fprintf(stderr, "%s: job failed: %s (first failure); %d other worker%s stopped\n", prog, msg, stopped,
             stopped == 1 ? "" : "s");

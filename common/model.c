@@ -431,6 +431,9 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     Model *m = xcalloc(1, sizeof *m);
     m->dev = dev;
     m->prec = prec;
+    if (channels_last > 0 && default_channels_last == 0) /* stage 5's --channels-last with --layout nchw */
+        die_user("--channels-last and --layout nchw contradict each other: give one of them (channels-last, "
+                 "--layout nhwc, is the default)");
     if (channels_last < 0) channels_last = default_channels_last != 0;
     m->channels_last = channels_last && dev->kind == DEV_CUDA;
     graph_init(&m->graphs, dev, default_graphs);

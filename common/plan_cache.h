@@ -35,7 +35,7 @@ typedef struct PlanCache {
     int count, cap;
     int64_t hits, misses;
     double own_s;      /* time in our real planning calls (cuDNN's, on this thread) */
-    double charged_s;  /* time spent on top of them to reach charge_us per miss */
+    double charged_s;  /* the calibrated time charged on top of them: charge_us per miss, less own */
 } PlanCache;
 
 void plan_cache_init(PlanCache *pc, double charge_us); /* empty, as a new thread's */

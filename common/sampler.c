@@ -12,6 +12,14 @@ int64_t sampler_num_samples(int64_t n, int world, int drop_last) {
     return (n + world - 1) / world;
 }
 
+int64_t sampler_shard_size(int64_t n, int world, int drop_last) {
+    int64_t shard = sampler_num_samples(n, world, drop_last);
+    if (shard < 1)
+        die_user("--drop-last with %lld training samples and %d ranks leaves no sample per rank — give "
+                 "--train-size %d or more, or drop --drop-last", (long long)n, world, world);
+    return shard;
+}
+
 void sampler_indices(int64_t n, int world, int rank, uint64_t seed, int64_t epoch, int shuffle,
                      int drop_last, int64_t *out) {
     ASSERT(world >= 1 && rank >= 0 && rank < world);

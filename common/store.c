@@ -602,6 +602,29 @@ static int wait_count(Store *s, const char *key, int64_t target, double timeout)
     }
 }
 
+/* Rendezvous only: a rank that finds the job misconfigured (a world size that differs from rank 0's)
+ * leaves its reason under this key before it exits, so the ranks waiting for it stop at once with
+ * the real cause instead of timing out on a rank that will never come. */
+#define ABORT_KEY "rdzv/abort"
+
+/* wait_count for the rendezvous: 1 when the count is reached, 0 on timeout, -1 with the reason a
+ * rank left under ABORT_KEY. */
+static int wait_joined(Store *s, int64_t target, double timeout, char *why, size_t cap) {
+    double t_end = time_now() + timeout;
+    int pause_us = 1000;
+    for (;;) {
+        if (store_add(s, "rdzv/joined", 0) >= target) return 1;
+        if (store_check(s, ABORT_KEY)) {
+            size_t len = store_get(s, ABORT_KEY, why, cap - 1);
+            why[len < cap ? len : cap - 1] = 0;
+            return -1;
+        }
+        if (time_now() > t_end) return 0;
+        usleep((useconds_t)pause_us);
+        if (pause_us < 20000) pause_us *= 2;
+    }
+}
+
 /* "rank 3" or "ranks 2, 3, 5" (the first few) for the ranks whose key fmt % r does not exist. */
 static int missing_ranks(Store *s, const char *fmt, char *out, size_t cap) {
     int n = 0;
@@ -626,7 +649,8 @@ static int client_hello(int fd, const uint8_t *secret, size_t len, double timeou
     if (net_recv_all(fd, hello, sizeof hello, timeout) < 0 || memcmp(hello, "RDZ1", AUTH_HELLO)) return -1;
     auth_random(mine, AUTH_NONCE);
     auth_mac(secret, len, "client", hello + AUTH_HELLO, mine, mine + AUTH_NONCE);
-    *why = "it refused this rank's secret: every rank needs the same STAGE_RDZV_SECRET";
+    *why = "it refused this rank's secret: the port belongs to another job (rank 0 could not host this job's store "
+           "there: give every rank a free --master-port), or the ranks were given different STAGE_RDZV_SECRETs";
     if (net_send_all(fd, mine, sizeof mine, timeout) < 0 || net_recv_all(fd, theirs, sizeof theirs, timeout) < 0)
         return -1;
     auth_mac(secret, len, "server", hello + AUTH_HELLO, mine, want);
@@ -699,16 +723,23 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     if (rank == 0) store_set(s, "rdzv/world", &w, sizeof w);
     else {
         store_get(s, "rdzv/world", &w, sizeof w);
-        if (w != world)
-            die_user("rank %d was started with a world size of %d but rank 0 with %lld — start every "
-                     "node with the same --nnodes and --nproc-per-node", rank, world, (long long)w);
+        if (w != world) {
+            char reason[256];
+            snprintf(reason, sizeof reason, "rank %d was started with a world size of %d but rank 0 with %lld — "
+                     "start every node with the same --nnodes and --nproc-per-node", rank, world, (long long)w);
+            store_set(s, ABORT_KEY, reason, strlen(reason));
+            die_user("%s", reason);
+        }
     }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     snprintf(key, sizeof key, "rdzv/host/%d", rank);
     store_set(s, key, host, strlen(host));
     store_add(s, "rdzv/joined", 1);
-    if (!wait_count(s, "rdzv/joined", world, timeout_s)) {
+    char reason[256];
+    int joined = wait_joined(s, world, timeout_s, reason, sizeof reason);
+    if (joined < 0) die_user("rank %d: the rendezvous stopped: %s", rank, reason);
+    if (!joined) {
         char who[600];
         int n = missing_ranks(s, "rdzv/host/%d", who, sizeof who);
         die_user("%s did not join within %.0f s — check --master-addr (and --master-port, --nnodes, "

@@ -412,7 +412,9 @@ static void write_file(void) {
     fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"dropped\":%ld}}\n",
             (long long)g.a, (long long)g.b, atomic_load(&g.dropped));
     int failed = out_commit(&g.mine, &why);
-    if (failed == 1) die_user("--trace %s: writing %s failed (%s): is the disk full?", g.file, g.mine.tmp, why);
+    if (failed == 1) /* no temporary file when writing to a device (/dev/stdout) */
+        die_user("--trace %s: writing %s failed (%s): check free space (df -h) and the file-size limit (ulimit -f)",
+                 g.file, g.mine.at, why);
     if (failed)
         die_user("--trace %s: cannot replace %s with the finished trace (%s) — it is kept in %s: move it "
                  "where you want it; next time give --trace a regular file", g.file, g.mine.path, why, g.mine.tmp);

@@ -513,17 +513,21 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         snprintf(optd, sizeof optd, "adam (betas %g, %g, eps %g)", opt->adam->beta1, opt->adam->beta2, opt->adam->eps);
     else
         snprintf(optd, sizeof optd, "momentum %g", cfg->momentum);
-    if (cfg->accum_steps > 0) /* gradient accumulation: an optimizer step is K micro-batches */
+    if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
+        /* K past an epoch's micro-batches: each step takes the epoch's, as PyTorch's loop would */
+        int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
+        char more[64] = "";
+        if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
         report_printf(&r->report,
-                      "data: %s | batch %d × %d micro-batches × %d device(s) = effective batch %lld | %d epochs, "
+                      "data: %s | batch %d × %lld micro-batches%s × %d device(s) = effective batch %lld | %d epochs, "
                       "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), %s, wd %g | seed "
                       "%lld%s%s\n",
-                      data_desc, cfg->batch_size, r->accum, world_size,
-                      (long long)r->accum * cfg->batch_size * world_size, cfg->epochs,
+                      data_desc, cfg->batch_size, (long long)k, more, world_size,
+                      (long long)k * cfg->batch_size * world_size, cfg->epochs,
                       (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
                       optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "", cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
-    else
+    } else
         report_printf(&r->report,
                       "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
                       "%s, wd %g | seed %lld%s%s\n",

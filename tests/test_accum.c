@@ -408,6 +408,24 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
              test_root(), test_free_port(), rep);
     run_ok(cmd, "K beyond an epoch", &out);
     ck_assert_msg(strstr(out, "note: --accum-steps 5 is more than the 3 micro-batches of an epoch"), "%s", out);
+    /* the header's effective batch is the step's real one: the epoch's 3 micro-batches, not 5 */
+    ck_assert_msg(strstr(out, "batch 8 × 3 micro-batches (all of an epoch's: --accum-steps 5 is more) × 2 device(s) "
+                              "= effective batch 48 "), "%s", out);
+    ck_assert_msg(strstr(out, "ddp: no_sync for all but the last micro-step"), "%s", out);
+    free(out);
+    /* K = 1 accumulates nothing: no no_sync line */
+    snprintf(cmd, sizeof cmd,
+             LIMIT "%s/stage4 " TINY " --train-size 48 --test-size 16 --steps 2 --batch-size 8 --nproc-per-node 2 "
+                   "--accum-steps 1 --master-port %d", test_root(), test_free_port());
+    run_ok(cmd, "K = 1", &out);
+    ck_assert_msg(strstr(out, "= effective batch 16 ") && !strstr(out, "no_sync"), "%s", out);
+    free(out);
+    /* --drop-last leaving a rank nothing: refused, naming the fix */
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --train-size 1 --test-size 16 --nproc-per-node 2 --drop-last "
+             "--master-port %d", test_root(), test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--drop-last with 1 training samples and 2 ranks leaves no sample per rank — give "
+                              "--train-size 2 or more, or drop --drop-last"), "%s", out);
     free(out);
     ck_assert_int_eq((int)report_field(rep, "summary", "optimizer_steps"), 2);
     ck_assert_int_eq((int)report_field(rep, "summary", "micro_steps"), 6);

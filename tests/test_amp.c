@@ -657,6 +657,12 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--init-scale 1e-40", "1/scale overflows fp32"}, /* a NaN step the scaler would not skip */
         {"--amp bf16 --show-scaler FIF", "--show-scaler shows fp16's GradScaler: drop --amp bf16"},
         {"--show-scaler FIF --show-sampler --dataset-size 10", "run them one at a time"},
+        /* the scaler's knobs without a scaler: refused, not silently ignored */
+        {"--amp off --init-scale 1024", "--init-scale tunes fp16's GradScaler, and --amp off runs without one"},
+        {"--amp bf16 --backoff-factor 0.25", "--backoff-factor tunes fp16's GradScaler, and --amp bf16"},
+        {"--no-grad-scaler --growth-interval 5", "--growth-interval tunes fp16's GradScaler, and --no-grad-scaler"},
+        {"--amp bf16 --growth-factor 4", "drop --growth-factor"},
+        {"--channels-last --layout nchw", "--channels-last and --layout nchw contradict each other"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[512], *out;

@@ -152,6 +152,8 @@ START_TEST(test_bad_numbers) {
     REFUSED(A("--lr", "1e999"), "--lr");
     REFUSED(A("--lr="), "--lr", "''");
     REFUSED(A("--lr", "0.1.2"), "--lr", "'0.1.2'");
+    REFUSED(A("--lr", "0x10"), "--lr must be a decimal number", "'0x10'"); /* strtod would read 16 */
+    REFUSED(A("--lr", "0X1p-3"), "--lr must be a decimal number");
     REFUSED(A("--momentum", "1"), "--momentum must be a number in [0, 1), got '1'");
     REFUSED(A("--momentum", "-0.5"), "--momentum");
     REFUSED(A("--weight-decay", "2"), "--weight-decay", "[0, 1]");
@@ -291,7 +293,9 @@ START_TEST(test_resolve_paths) {
     fclose(f);
 
     REFUSED(A("--resume", missing), "--resume", missing);
-    REFUSED(A("--resume", dir), "--resume", "not a regular file");
+    REFUSED(A("--resume", dir), "--resume", "is a directory", "give a checkpoint file in it");
+    REFUSED(A("--resume", "/dev/null"), "--resume '/dev/null' is not a regular file", "device"); /* not "directory" */
+    REFUSED(A("--optimizer", "adam", "--momentum", "0.5"), "--momentum is SGD's", "drop --momentum");
     REFUSED(A("--keep-last", "2"), "--keep-last 2", "give --save DIR too"); /* else silently nothing */
     REFUSED(A("--data", missing), "--data", missing);
     REFUSED(A("--data", file), "--data", "not a directory");
@@ -404,8 +408,11 @@ START_TEST(test_resolve_save_holding_checkpoints) {
     char fix[500];
     snprintf(fix, sizeof fix, "--resume %s", newest);
     REFUSED(A("--save", save), "--save", "already holds 2 checkpoints", fix, "another directory", "delete them");
-    /* the resume flow: continue one of them, writing into the same directory */
-    ACCEPTED("--save", save, "--resume", path);
+    /* the resume flow: continue the newest of them, writing into the same directory */
+    ACCEPTED("--save", save, "--resume", newest);
+    /* an older one there would write the newer one's names again: refused, naming the newest */
+    REFUSED(A("--save", save, "--resume", path), "--resume", "is not the newest checkpoint", fix,
+            "overwrite the newer ones");
     snprintf(fix, sizeof fix, "%s/../ckpts//", save); /* another spelling of it */
     ACCEPTED("--save", fix, "--resume", newest);
     snprintf(path, sizeof path, "%s/elsewhere.ckpt", dir);
@@ -621,6 +628,28 @@ START_TEST(test_peak_memory_of_67_ranks) {
 }
 END_TEST
 
+/* Every stage's --help is wrapped (cli.c's print_wrapped): no line runs past the help column by
+ * more than its width (at least 40 columns; stages 3–5 start the column at 79, so 120 characters at
+ * most). A word longer than the column (DistributedDataParallel(find_unused_parameters=True):) gets
+ * a line of its own, and the rest of its text is wrapped, not printed as one 330-character line. */
+START_TEST(test_stage_help_is_wrapped) {
+    for (int k = 1; k <= 5; k++) {
+        char cmd[600], *out;
+        snprintf(cmd, sizeof cmd, "timeout 30 %s/stage%d --help", test_root(), k);
+        ck_assert_int_eq(test_run(cmd, &out), 0);
+        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+            size_t chars = 0;
+            for (const char *c = line; *c; c++) chars += ((unsigned char)*c & 0xC0) != 0x80; /* UTF-8 */
+            const char *last = strrchr(line, ' ');
+            int one_long_word = last && strlen(last + 1) > 40; /* nothing to break it at */
+            ck_assert_msg(chars <= 120 || one_long_word, "stage%d --help: a %zu-character line:\n%s", k, chars,
+                          line);
+        }
+        free(out);
+    }
+}
+END_TEST
+
 Suite *suite_cli(void) {
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("parse");
@@ -630,6 +659,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_bad_numbers);
     tcase_add_test(tc, test_bad_choices_and_syntax);
     tcase_add_test(tc, test_help);
+    tcase_add_test(tc, test_stage_help_is_wrapped);
     tcase_add_test(tc, test_defaults_and_resolve);
     tcase_add_test(tc, test_resolve_paths);
     tcase_add_test(tc, test_resolve_output_files);

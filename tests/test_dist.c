@@ -235,12 +235,14 @@ START_TEST(store_port_in_use_is_clear) {
     ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
     ck_assert_msg(strstr(out, "in use") && strstr(out, "--master-port"), "%s", out);
     free(out);
-    /* the same through ./stage3: rank 0 fails, the launcher stops rank 1 and passes the code on */
-    char args[256];
+    /* the same through ./stage3: the launcher finds the port taken before it starts any worker (else
+     * rank 1 could reach the other job's store and blame its secret) */
+    char args[256], want[64];
     snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --master-port %d --rdzv-timeout 20", port);
+    snprintf(want, sizeof want, "--master-port %d on 127.0.0.1 is in use", port);
     double t0 = time_now();
     ck_assert_int_eq(stage3(NULL, args, &out), 2);
-    ck_assert_msg(strstr(out, "in use") && strstr(out, "job failed: rank 0"), "%s", out);
+    ck_assert_msg(strstr(out, want) && !strstr(out, "launching"), "%s", out);
     ck_assert(time_now() - t0 < 10 * test_time_scale());
     free(out);
     close(fd);
@@ -511,6 +513,51 @@ START_TEST(two_nodes_and_mismatched_flags) {
 }
 END_TEST
 
+/* Node 1 started with another --nproc-per-node than node 0: the ranks disagree on the world size.
+ * Node 1's ranks see it at once; node 0's rank 0 must not wait --rdzv-timeout for a rank 1 that never
+ * comes, but stop with the real cause, which node 1 left in the store. */
+START_TEST(mismatched_world_size_stops_every_node_at_once) {
+    int port = test_free_port();
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd,
+             "(" LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d "
+             "--rdzv-timeout 60 & " LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 2 "
+             "--master-port %d --rdzv-timeout 60; r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
+             test_root(), port, test_root(), port);
+    double t0 = time_now();
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "rank 0: the rendezvous stopped: rank") &&
+                      strstr(out, "start every node with the same --nnodes and --nproc-per-node"),
+                  "%s", out);
+    ck_assert_msg(time_now() - t0 < 30 * test_time_scale(), "took %.1f s (--rdzv-timeout 60):\n%s", time_now() - t0,
+                  out);
+    free(out);
+}
+END_TEST
+
+/* Every rank refusing the same flag combination fails on its own: the launcher's two lines name the
+ * same rank as the first failure. */
+START_TEST(launcher_names_one_first_failure) {
+    for (int k = 0; k < 3; k++) {
+        char *out, args[256];
+        snprintf(args, sizeof args, TINY " --steps 2 --nproc-per-node 2 --no-overlap --optimizer-overlap in-backward "
+                 "--master-port %d", test_free_port());
+        ck_assert_int_eq(stage3(NULL, args, &out), 2);
+        const char *failed = strstr(out, "job failed: rank "), *stopping = strstr(out, " — stopping the other");
+        ck_assert_msg(failed, "%s", out);
+        int r_failed = atoi(failed + strlen("job failed: rank ")), r_stopping = r_failed;
+        if (stopping) { /* its line starts "stage3: rank N " */
+            const char *line = stopping;
+            while (line > out && line[-1] != '\n') line--;
+            ck_assert_msg(sscanf(line, "stage3: rank %d ", &r_stopping) == 1, "%s", out);
+        }
+        ck_assert_msg(r_stopping == r_failed, "the launcher names rank %d, then rank %d:\n%s", r_stopping, r_failed,
+                      out);
+        free(out);
+    }
+}
+END_TEST
+
 /* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
 static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
 
@@ -531,6 +578,8 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
+    tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
+    tcase_add_test(tc, launcher_names_one_first_failure);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -208,6 +208,23 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     ck_assert_int_eq(mkdir(path, 0700), 0);
     snprintf(args, sizeof args, TINY " --train-size 64 --epochs 1 --save %s/names", dir);
     expect_refused("stage1", args, "epoch001.ckpt' exists and is not a regular file", "remove it");
+    /* a file-size limit below the checkpoint's size (590 KB): not a silent SIGXFSZ death but the save's
+     * error, naming ulimit -f; the checkpoint resumed from is untouched and no .tmp is left */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --save %s/fsz", dir);
+    run_ok("stage1", args);
+    snprintf(path, sizeof path, "%s/fsz/epoch001.ckpt", dir);
+    long n0, n1;
+    char *before = test_slurp(path, &n0), cmd[2400];
+    snprintf(cmd, sizeof cmd, "ulimit -f 256 && " LIMIT "%s/stage1 " TINY " --train-size 96 --batch-size 8 --epochs 2 "
+             "--resume %s --save %s/fsz", test_root(), path, dir);
+    ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "File too large") && strstr(out, "ulimit -f") && strstr(out, "epoch002.ckpt"), "%s", out);
+    free(out);
+    char *after = test_slurp(path, &n1);
+    ck_assert_msg(before && after && n0 == n1 && !memcmp(before, after, (size_t)n0), "%s changed", path);
+    free(before), free(after);
+    snprintf(path, sizeof path, "%s/fsz/epoch002.ckpt.tmp", dir);
+    ck_assert_msg(access(path, F_OK) != 0, "%s left behind", path);
     /* --keep-last 2: of 4 epoch checkpoints, the newest 2 remain */
     snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 4 --save %s/keep --keep-last 2", dir);
     run_ok("stage1", args);
