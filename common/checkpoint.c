@@ -528,6 +528,23 @@ void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, 
     }
 }
 
+static int is_file(const char *p) {
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+char *checkpoint_would_overwrite(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step) {
+    for (int64_t e = first_epoch + 1; e <= last_epoch && e - first_epoch <= 100000; e++) { /* as checkpoint_probe */
+        char *p = checkpoint_path(dir, e, 0, 1);
+        if (is_file(p)) return p;
+        free(p);
+    }
+    char *p = stop_step > 0 ? checkpoint_path(dir, 0, stop_step, 0) : NULL;
+    if (p && is_file(p)) return p;
+    free(p);
+    return NULL;
+}
+
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {
     if (!dir || !dir[0]) die_user("--save needs a directory");
     mkdir_p(dir);

@@ -88,6 +88,12 @@ char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_e
  * naming the call or the path, and the fix. */
 void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
 
+/* The first checkpoint file in dir that a run would write over — end-of-epoch ones of epochs
+ * first_epoch+1 … last_epoch, and where --steps stop_step stops (if > 0) — as a malloc'd path, or NULL.
+ * A run resumed from an earlier position into the directory of the run it continues would otherwise
+ * replace that run's later checkpoints. */
+char *checkpoint_would_overwrite(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
+
 /* 1 if path is a regular file that starts with a checkpoint's magic (whatever its version or state):
  * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */
 int checkpoint_is_one(const char *path);

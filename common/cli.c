@@ -679,12 +679,6 @@ void config_resolve(TrainConfig *c, int cuda) {
             die_user("--save '%s' already holds %d checkpoint%s of another run (newest: %s), and --resume '%s' is not "
                      "one of them: this run would overwrite them — give --save another directory, resume from "
                      "there (--resume %s), or delete them", c->save, n, n == 1 ? "" : "s", newest, c->resume, newest);
-        /* Continuing an older one there would write the newer ones' names again (the same epochs and
-         * steps): rewinding a run is fine, but not over the checkpoints it would replace. */
-        if (n > 0 && !same_file(c->resume, newest))
-            die_user("--resume '%s' is not the newest checkpoint in --save '%s' (newest: %s): continuing from it "
-                     "would overwrite the newer ones — resume the newest (--resume %s), give --save another "
-                     "directory, or delete the newer checkpoints", c->resume, c->save, newest, newest);
         free(newest);
     }
 }

@@ -551,12 +551,21 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_int(&r->report, "world_size", world_size);
     if (cfg->accum_steps > 0) {
         json_int(&r->report, "accum_steps", r->accum);
-        json_int(&r->report, "effective_batch", (int64_t)r->accum * cfg->batch_size * world_size);
+        int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch; /* as the header's */
+        json_int(&r->report, "effective_batch", k * cfg->batch_size * world_size);
     }
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
-    if (cfg->save[0] && rank == 0) /* now, not after an epoch of training */
+    if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
         checkpoint_probe(cfg->save, r->epoch, cfg->epochs, cfg->steps);
+        /* resumed from an earlier position into the run's own directory: its later checkpoints hold
+         * the names this run writes (a fresh run there is refused before: config_resolve) */
+        char *later = cfg->resume[0] ? checkpoint_would_overwrite(cfg->save, r->epoch, cfg->epochs, cfg->steps) : NULL;
+        if (later)
+            die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s', which this run would "
+                     "write over — resume from a later one (e.g. --resume %s), give --save another directory, or "
+                     "move the later checkpoints away", cfg->save, later, cfg->resume, later);
+    }
     r->t_start = r->epoch_t0 = time_now();
     char process[64]; /* --trace: one process track per rank */
     int procs = sum_across && world_size > 1 ? world_size : 1;

@@ -354,6 +354,21 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
     run_ok("stage1", args);
     snprintf(args, sizeof args, "%s --epochs 2 --resume %s/e/step00000001.ckpt --save %s/d", t, dir, dir);
     expect_refused("stage1", args, "is not one of them", "give --save another directory");
+    /* from an earlier checkpoint of it (d holds epochs 1-3 now): the run would write epoch002 and
+     * epoch003 again — refused, naming the first, which stays as it was */
+    snprintf(ck, sizeof ck, "%s/d/epoch002.ckpt", dir);
+    before = test_slurp(ck, &n0);
+    snprintf(args, sizeof args, "%s --epochs 3 --resume %s/d/epoch001.ckpt --save %s/d", t, dir, dir);
+    expect_refused("stage1", args, "a later checkpoint than --resume", "epoch002.ckpt, a later");
+    after = test_slurp(ck, &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", ck);
+    free(before), free(after);
+    /* order comes from the positions, not the files' times: a copied directory whose epoch001 looks
+     * newest still continues from epoch003 */
+    snprintf(args, sizeof args, "cp -r %s/d %s/copy && touch %s/copy/epoch001.ckpt", dir, dir, dir);
+    ck_assert_int_eq(system(args), 0);
+    snprintf(args, sizeof args, "%s --epochs 4 --resume %s/copy/epoch003.ckpt --save %s/copy", t, dir, dir);
+    ok_saying("stage1", args, "resumed from", "epoch004.ckpt");
     free(dir);
 }
 END_TEST
