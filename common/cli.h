@@ -29,7 +29,8 @@ typedef struct Option {
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about);
 
 /* Whether the last cli_parse met --name on the command line (a default is not "given"): for flags
- * that override others, so an explicit value is refused rather than silently replaced. */
+ * that override others, so an explicit value is refused rather than silently replaced. It reads the table
+ * given to cli_parse, which must still be alive (the stages never free theirs). */
 int cli_given(const char *name);
 
 /* The flags every rank of a job must agree on, as the last cli_parse left them: v[0] and v[1] name the

@@ -43,9 +43,11 @@ static void parse_into(TrainConfig *c, const char *const *args) {
     g_gpus = 1;
     const Option extra[] = {{"gpus", OPT_INT, &g_gpus, 1, 64, NULL, "GPUs to use (stage-specific row)"},
                             {NULL, 0, NULL, 0, 0, NULL, NULL}};
-    Option *t = config_options(c, extra);
-    cli_parse(argc, argv, t, "stageX", "stageX: a test program.");
+    /* the table stays alive, as a stage's does: config_resolve asks cli_given, which reads it */
+    static Option *t;
     free(t);
+    t = config_options(c, extra);
+    cli_parse(argc, argv, t, "stageX", "stageX: a test program.");
 }
 
 static void parse_child(void *arg) {
