@@ -22,7 +22,15 @@ static size_t checked(size_t n, const char *where) {
     return n;
 }
 
+/* No libcrypto teardown at exit: rank 0's store thread may be checking a late rank's handshake while
+ * the main thread exits with an error, and HMAC on a torn-down library crashes (SIGSEGV) instead of
+ * the clean exit code the launcher reports. It takes effect only as the process's first libcrypto
+ * call, so every entry here that leads to one makes it first (store_open reads the secret before any
+ * handshake). */
+static void crypto_init(void) { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL); }
+
 size_t auth_secret(uint8_t *buf, size_t cap) {
+    crypto_init();
     const char *v = getenv("STAGE_RDZV_SECRET");
     if (v && v[0]) {
         size_t n = strlen(v);
@@ -73,11 +81,7 @@ void auth_mac(const uint8_t *secret, size_t len, const char *role, const uint8_t
     memcpy(msg + 6, sn, AUTH_NONCE);
     memcpy(msg + 6 + AUTH_NONCE, cn, AUTH_NONCE);
     unsigned int n = 0;
-    /* No libcrypto teardown at exit: rank 0's store thread may be checking a late rank's handshake
-     * while the main thread exits with an error, and HMAC on a torn-down library crashes (SIGSEGV)
-     * instead of the clean exit code the launcher reports. The first init call decides; every
-     * thread makes this one before its first HMAC. */
-    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+    crypto_init();
     if (!HMAC(EVP_sha256(), secret, (int)len, msg, sizeof msg, mac, &n) || n != AUTH_MAC)
         die_at(__FILE__, __LINE__, "HMAC(EVP_sha256(), …)", "libcrypto failed", NULL);
 }

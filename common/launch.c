@@ -352,16 +352,19 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     for (int i = 0; i < n && stopped_root < 0; i++)
         if (ch[i].sigstopped && !ch[i].reaped) stopped_root = i;
     /* Workers that fail together (the same bad flag in every rank) exit within milliseconds of each
-     * other: collect those for up to 0.1 s, so both lines below name the same first failure. */
-    for (int64_t until = status_clock_ns() + 100000000;;) {
-        int st, left = 0;
+     * other: collect those for up to 0.1 s — and up to 2 s for one that has called exit() but is still
+     * tearing down (a GPU context takes a while) — so both lines below name the same first failure. */
+    for (int64_t t0 = status_clock_ns();;) {
+        int st, left = 0, exiting = 0;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             reap(ch, n, pid, st);
             continue;
         }
-        for (int i = 0; i < n; i++) left += !ch[i].reaped;
-        if (pid < 0 || !left || status_clock_ns() > until) break;
+        for (int i = 0; i < n; i++)
+            left += !ch[i].reaped, exiting += !ch[i].reaped && __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
+        int64_t waited = status_clock_ns() - t0;
+        if (pid < 0 || !left || waited > 2000000000 || (waited > 100000000 && !exiting)) break;
         usleep(2000);
     }
     char msg[256];
@@ -376,14 +379,21 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     stop_all(ch, n);
     int root = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
     if (root < 0) root = 0;
-    /* Stopped = ended by our SIGTERM/SIGKILL; a worker that exited on its own meanwhile is not. */
-    int stopped = 0;
-    for (int i = 0; i < n; i++)
-        stopped += ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
-                   (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL);
+    /* The others: stopped = ended by our SIGTERM/SIGKILL; failed after it = exited with an error on
+     * their own meanwhile (the same error, or a peer's loss noticed: see their lines). */
+    int stopped = 0, after = 0;
+    for (int i = 0; i < n; i++) {
+        int killed = ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
+                     (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL);
+        stopped += killed, after += i != root && !killed && failed(&ch[i]);
+    }
     describe_exit(&ch[root], &slots[root], msg, sizeof msg);
-    fprintf(stderr, "%s: job failed: %s (first failure); %d other worker%s stopped\n", prog, msg, stopped,
-            stopped == 1 ? "" : "s");
+    char others[96] = "";
+    if (stopped) snprintf(others, sizeof others, "; %d other worker%s stopped", stopped, stopped == 1 ? "" : "s");
+    if (after)
+        snprintf(others + strlen(others), sizeof others - strlen(others), "; %d other worker%s failed too",
+                 after, after == 1 ? "" : "s");
+    fprintf(stderr, "%s: job failed: %s (first failure)%s\n", prog, msg, others);
     int code = WIFEXITED(ch[root].status) ? WEXITSTATUS(ch[root].status) : 128 + WTERMSIG(ch[root].status);
     exit(code ? code : 1);
 }

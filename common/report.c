@@ -66,7 +66,11 @@ static void bar_clear(Report *r) {
 void report_close(Report *r) {
     if (!r->active) return;
     bar_clear(r);
-    fflush(stdout);
+    /* stdout into a file that hit a full disk or the file-size limit (SIGXFSZ is ignored: cli.c)
+     * lost lines: say so where it can still be read */
+    if ((fflush(stdout) != 0 || ferror(stdout)) && errno != EPIPE)
+        fprintf(stderr, "warning: writing the output (stdout) failed (%s): lines are missing — check free space "
+                        "(df -h) and the file-size limit (ulimit -f) where it goes\n", errno_string());
     if (r->json) {
         /* A full disk shows up here at the latest; say so rather than leave a silently short file. */
         int bad = ferror(r->json) | fclose(r->json);

@@ -715,9 +715,13 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     /* Claim the rank: exactly one process may hold each. */
     char key[64];
     snprintf(key, sizeof key, "rdzv/claim/%d", rank);
-    if (store_add(s, key, 1) != 1)
-        die_user("two processes claim rank %d of %d — check RANK (or --node-rank and --nproc-per-node) "
-                 "on every node", rank, world);
+    if (store_add(s, key, 1) != 1) {
+        char reason[256];
+        snprintf(reason, sizeof reason, "two processes claim rank %d of %d — check RANK (or --node-rank and "
+                 "--nproc-per-node) on every node", rank, world);
+        store_set(s, ABORT_KEY, reason, strlen(reason)); /* the others stop now, not at --rdzv-timeout */
+        die_user("%s", reason);
+    }
     /* Everyone must agree on the world size: rank 0 publishes its own. */
     int64_t w = world;
     if (rank == 0) store_set(s, "rdzv/world", &w, sizeof w);

@@ -558,9 +558,18 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     if (cfg->resume[0]) resume(r);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
         checkpoint_probe(cfg->save, r->epoch, cfg->epochs, cfg->steps);
-        /* resumed from an earlier position into the run's own directory: its later checkpoints hold
-         * the names this run writes (a fresh run there is refused before: config_resolve) */
-        char *later = cfg->resume[0] ? checkpoint_would_overwrite(cfg->save, r->epoch, cfg->epochs, cfg->steps) : NULL;
+        /* Resumed from an earlier position into the run's own directory: its later checkpoints hold
+         * the names this run writes (a fresh run there is refused before: config_resolve). Those are
+         * the ends of the epochs it completes — up to --epochs, or to where --steps S stops — and
+         * stepS where S stops inside an epoch. S at or before the resumed step trains nothing (its own
+         * message comes with the resume's checks). */
+        int64_t S = cfg->steps, spe = r->steps_per_epoch;
+        char *later = NULL;
+        if (cfg->resume[0] && !(S > 0 && S <= r->step)) {
+            int64_t last = S > 0 && S / spe < cfg->epochs ? S / spe : cfg->epochs;
+            int64_t inside = S > 0 && S % spe && S / spe < cfg->epochs ? S : 0;
+            later = checkpoint_would_overwrite(cfg->save, r->epoch, last, inside);
+        }
         if (later)
             die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s', which this run would "
                      "write over — resume from a later one (e.g. --resume %s), give --save another directory, or "

@@ -535,14 +535,23 @@ START_TEST(mismatched_world_size_stops_every_node_at_once) {
 }
 END_TEST
 
-/* Every rank refusing the same flag combination fails on its own: the launcher's two lines name the
- * same rank as the first failure. */
+/* The launcher names one rank as the first failure, in both its lines: when every rank refuses the
+ * same flag combination on its own (k < 3: usually no "stopping" line, none being left to stop), and
+ * when one rank fails mid-run (k = 3: STAGE3_FAIL_AT) and the other notices and fails too, or is
+ * stopped — whichever came first, the job's failure is rank 1's. */
 START_TEST(launcher_names_one_first_failure) {
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         char *out, args[256];
-        snprintf(args, sizeof args, TINY " --steps 2 --nproc-per-node 2 --no-overlap --optimizer-overlap in-backward "
-                 "--master-port %d", test_free_port());
-        ck_assert_int_eq(stage3(NULL, args, &out), 2);
+        if (k < 3)
+            snprintf(args, sizeof args, TINY " --steps 2 --nproc-per-node 2 --no-overlap --optimizer-overlap "
+                     "in-backward --master-port %d", test_free_port());
+        else
+            snprintf(args, sizeof args, TINY " --steps 6 --nproc-per-node 2 --master-port %d", test_free_port());
+        ck_assert_int_eq(stage3(k < 3 ? NULL : "STAGE3_FAIL_AT=1:3", args, &out), k < 3 ? 2 : 3);
+        if (k == 3)
+            ck_assert_msg(strstr(out, "job failed: rank 1 (local rank 1") &&
+                              strstr(out, "exited with code 3 at step 3 (first failure); 1 other worker "),
+                          "%s", out);
         const char *failed = strstr(out, "job failed: rank "), *stopping = strstr(out, " — stopping the other");
         ck_assert_msg(failed, "%s", out);
         int r_failed = atoi(failed + strlen("job failed: rank ")), r_stopping = r_failed;
