@@ -363,6 +363,19 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
     after = test_slurp(ck, &n1);
     ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", ck);
     free(before), free(after);
+    /* what the run writes, not every later name: --steps 3 stops inside epoch 2 (2 steps an epoch),
+     * so only step00000003.ckpt is written and epoch002/003 stay as they are */
+    before = test_slurp(ck, &n0);
+    snprintf(args, sizeof args, "%s --epochs 3 --steps 3 --resume %s/d/epoch001.ckpt --save %s/d", t, dir, dir);
+    ok_saying("stage1", args, "resumed from", "step00000003.ckpt");
+    after = test_slurp(ck, &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", ck);
+    free(before), free(after);
+    /* --steps already reached (epoch001 is step 2): the resume's own message, in stage 3 too, where
+     * the position is checked after the overwrite check */
+    snprintf(args, sizeof args, "%s --epochs 3 --steps 2 --nproc-per-node 1 --master-port %d --resume %s/d/epoch001.ckpt "
+             "--save %s/d", t, test_free_port(), dir, dir);
+    expect_refused("stage3", args, "is already at step 2", "raise --steps");
     /* order comes from the positions, not the files' times: a copied directory whose epoch001 looks
      * newest still continues from epoch003 */
     snprintf(args, sizeof args, "cp -r %s/d %s/copy && touch %s/copy/epoch001.ckpt", dir, dir, dir);
