@@ -409,8 +409,12 @@ static double json_field(const char *rep, const char *type, const char *key) {
     return atof(p + strlen(k));
 }
 
-/* A run's phases add up to its step time, its device 0 peaks above device 1. */
-static void check_report(const char *path) {
+/* A run's phases add up to its step time, its device 0 peaks above device 1 — when both replicas
+ * plan the same algorithms (cuDNN's heuristics, or the CPU backend). Under --cudnn-benchmark each
+ * replica's thread times the algorithms itself and may pick one with a larger workspace than device
+ * 0's (seen once on an H200: 116.7 against 104.6 MB), as two PyTorch threads may; same_algos = 0
+ * then skips the comparison. */
+static void check_report(const char *path, int same_algos) {
     char *rep = test_slurp(path, NULL);
     ck_assert_msg(rep, "report %s not written", path);
     /* Means, not the medians the console shows: on a busy 2-core CI machine medians of parts need
@@ -422,7 +426,7 @@ static void check_report(const char *path) {
     const char *s = strstr(sum_line, "\"peak_mem_bytes\":[");
     ck_assert(s);
     double p0 = atof(s + strlen("\"peak_mem_bytes\":[")), p1 = atof(strchr(s, ',') + 1);
-    ck_assert_msg(p0 > p1, "device 0 peak %.0f <= device 1 peak %.0f", p0, p1);
+    ck_assert_msg(p0 > p1 || !same_algos, "%s: device 0 peak %.0f <= device 1 peak %.0f", path, p0, p1);
     free(rep);
 }
 
@@ -447,7 +451,7 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
     ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 7, "%s", out);
     ck_assert(json_field(rep, "phases", "plan_ms_per_thread") >= 7 * dp_config_defaults().plan_us / 1e3 * 0.999);
     free(rep);
-    check_report(path);
+    check_report(path, 1);
     free(out), free(dir);
 }
 END_TEST
@@ -460,7 +464,7 @@ START_TEST(stage2_cpu_variants_run) {
     int rc = run_stage2(args, &out);
     ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
     ck_assert_msg(strstr(out, "persistent threads") && strstr(out, "--p2p off"), "%s", out);
-    check_report(path);
+    check_report(path, 1);
     char *rep = test_slurp(path, NULL);
     ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 0, "the pool's caches stay warm:\n%s", out);
     free(rep);
@@ -543,7 +547,7 @@ START_TEST(stage2_cuda_runs_and_phases_add_up) {
                  "--batch-size 64 --steps 40 --progress off %s --report %s", variants[v], path);
         int rc = run_stage2(args, &out);
         ck_assert_msg(rc == 0, "stage2 %s failed (%d):\n%s", variants[v], rc, out);
-        check_report(path);
+        check_report(path, v != 2); /* v = 2: --cudnn-benchmark */
         char *rep = test_slurp(path, NULL);
         ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == misses[v], "%s:\n%s", variants[v], out);
         free(rep);
