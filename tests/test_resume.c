@@ -47,6 +47,19 @@ static void ok_saying(const char *stage, const char *args, const char *want1, co
     free(out);
 }
 
+/* Run `stage args`, refused (exit 2) or accepted, saying want1 and want2 (as expect_refused /
+ * ok_saying) — and `path` is byte for byte what it was. */
+static void keeps_file(const char *path, int refused, const char *stage, const char *args, const char *want1,
+                       const char *want2) {
+    long n0, n1;
+    char *before = test_slurp(path, &n0);
+    if (refused) expect_refused(stage, args, want1, want2);
+    else ok_saying(stage, args, want1, want2);
+    char *after = test_slurp(path, &n1);
+    ck_assert_msg(before && after && n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", path);
+    free(before), free(after);
+}
+
 /* The resumed run's step losses (DIR/resumed.jsonl: steps skip+1 … total) are the uninterrupted
  * run's (DIR/whole.jsonl), bit for bit. */
 static void expect_continued_exactly(const char *dir, int skip, int total) {
@@ -357,20 +370,12 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
     /* from an earlier checkpoint of it (d holds epochs 1-3 now): the run would write epoch002 and
      * epoch003 again — refused, naming the first, which stays as it was */
     snprintf(ck, sizeof ck, "%s/d/epoch002.ckpt", dir);
-    before = test_slurp(ck, &n0);
     snprintf(args, sizeof args, "%s --epochs 3 --resume %s/d/epoch001.ckpt --save %s/d", t, dir, dir);
-    expect_refused("stage1", args, "a later checkpoint than --resume", "epoch002.ckpt, a later");
-    after = test_slurp(ck, &n1);
-    ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", ck);
-    free(before), free(after);
+    keeps_file(ck, 1, "stage1", args, "a later checkpoint than --resume", "epoch002.ckpt, a later");
     /* what the run writes, not every later name: --steps 3 stops inside epoch 2 (2 steps an epoch),
      * so only step00000003.ckpt is written and epoch002/003 stay as they are */
-    before = test_slurp(ck, &n0);
     snprintf(args, sizeof args, "%s --epochs 3 --steps 3 --resume %s/d/epoch001.ckpt --save %s/d", t, dir, dir);
-    ok_saying("stage1", args, "resumed from", "step00000003.ckpt");
-    after = test_slurp(ck, &n1);
-    ck_assert_msg(n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was overwritten", ck);
-    free(before), free(after);
+    keeps_file(ck, 0, "stage1", args, "resumed from", "step00000003.ckpt");
     /* --steps already reached (epoch001 is step 2): the resume's own message, in stage 3 too, where
      * the position is checked after the overwrite check */
     snprintf(args, sizeof args, "%s --epochs 3 --steps 2 --nproc-per-node 1 --master-port %d --resume %s/d/epoch001.ckpt "
