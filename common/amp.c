@@ -36,7 +36,7 @@ Option *amp_options(AmpConfig *a, const Option *more) {
          "0); turns on --grad-stats"},
         {"channels-last", OPT_FLAG, &a->channels_last, 0, 0, NULL,
          "keep activations in NHWC on the GPU (torch.channels_last): cuDNN's native layout for "
-         "tensor-core convolutions — the default already (--layout); no effect on the CPU backend"},
+         "tensor-core convolutions — auto: as --layout says, NHWC unless --layout nchw; no effect on the CPU backend"},
         {"grad-stats", OPT_FLAG, &a->grad_stats, 0, 0, NULL,
          "count zero and non-finite gradient elements at every optimizer step (in the report)"},
         {"grad-comm", OPT_CHOICE, &a->grad_comm, 0, 0, "fp32|fp16|bf16",

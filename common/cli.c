@@ -96,7 +96,11 @@ static void fmt_default(char *buf, size_t len, const Option *o) {
         break;
     }
     case OPT_FLOAT: snprintf(buf, len, "%g", *(const double *)o->dst); break;
-    case OPT_FLAG: snprintf(buf, len, "%s", *(const int *)o->dst ? "on" : "off"); break;
+    case OPT_FLAG: { /* a negative value: not chosen, another flag decides (stage 5's --channels-last) */
+        int v = *(const int *)o->dst;
+        snprintf(buf, len, "%s", v < 0 ? "auto" : v ? "on" : "off");
+        break;
+    }
     case OPT_STR: {
         const char *v = *(const char *const *)o->dst;
         snprintf(buf, len, "%s", v && v[0] ? v : "(none)");

@@ -637,6 +637,11 @@ START_TEST(test_stage_help_is_wrapped) {
         char cmd[600], *out;
         snprintf(cmd, sizeof cmd, "timeout 30 %s/stage%d --help", test_root(), k);
         ck_assert_int_eq(test_run(cmd, &out), 0);
+        if (k == 5) { /* a flag whose default another flag decides shows "auto", not "on" */
+            const char *cl = strstr(out, "  --channels-last "), *eol = cl ? strchr(cl, '\n') : NULL;
+            const char *dflt = cl ? strstr(cl, "default auto") : NULL;
+            ck_assert_msg(dflt && eol && dflt < eol, "stage5 --help: --channels-last's default:\n%s", out);
+        }
         for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
             size_t chars = 0;
             for (const char *c = line; *c; c++) chars += ((unsigned char)*c & 0xC0) != 0x80; /* UTF-8 */
