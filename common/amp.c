@@ -72,11 +72,13 @@ void amp_check(const AmpConfig *a) {
     /* The scaler's knobs mean nothing without a scaler: refused rather than silently ignored. */
     if (p != PREC_FP16 || a->no_grad_scaler) {
         static const char *const knobs[] = {"init-scale", "growth-factor", "backoff-factor", "growth-interval"};
+        char mode[32];
+        if (a->no_grad_scaler) snprintf(mode, sizeof mode, "--no-grad-scaler");
+        else snprintf(mode, sizeof mode, "--amp %s", a->amp);
         for (int i = 0; i < 4; i++)
             if (cli_given(knobs[i]))
-                die_user("--%s tunes fp16's GradScaler, and %s%s runs without one: drop --%s (or train with "
-                         "--amp fp16%s)", knobs[i], a->no_grad_scaler ? "--no-grad-scaler" : "--amp ",
-                         a->no_grad_scaler ? "" : a->amp, knobs[i], a->no_grad_scaler ? " and the scaler" : "");
+                die_user("--%s tunes fp16's GradScaler, and %s runs without one: drop --%s (or train with --amp "
+                         "fp16%s)", knobs[i], mode, knobs[i], a->no_grad_scaler ? " and the scaler" : "");
     }
     /* A scale whose reciprocal overflows fp32 makes every step a skipped one (unscaling flags an inf
      * 1/scale): a run that could never take a step is refused up front. */

@@ -481,8 +481,9 @@ static void mkdir_p(const char *dir) {
 }
 
 /* A save opens NAME.tmp and renames it to NAME: anything but a file under either name — a directory,
- * or a FIFO that open() would wait on — fails that save, after the training before it. */
-static void probe_name(const char *dir, char *name, const char *what) {
+ * or a FIFO that open() would wait on — fails that save, after the training before it. A resumed run
+ * (resumed_from) finding a checkpoint file at NAME would write over a later checkpoint of its run. */
+static void probe_name(const char *dir, char *name, const char *what, const char *resumed_from) {
     for (int tmp = 0; tmp < 2; tmp++) {
         char *p = NULL;
         struct stat st;
@@ -491,12 +492,17 @@ static void probe_name(const char *dir, char *name, const char *what) {
         if (lstat(p, &st) == 0 && !S_ISREG(st.st_mode))
             die_user("--save '%s': '%s' exists and is not a regular file; the checkpoint %s goes there — remove "
                      "it, or give --save another directory", dir, p, what);
+        if (!tmp && resumed_from && lstat(p, &st) == 0)
+            die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s', which this run would "
+                     "write over — resume from a later one (e.g. --resume %s), give --save another directory, or "
+                     "move the later checkpoints away", dir, p, resumed_from, p);
         free(p);
     }
     free(name);
 }
 
-void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step) {
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step,
+                      const char *resumed_from) {
     char *path = checkpoint_path(dir, 0, 0, 0); /* creates dir, or fails naming the mkdir */
     char *probe = NULL, *moved = NULL, what[64];
     if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0 || asprintf(&moved, "%s.renamed", probe) < 0)
@@ -520,29 +526,12 @@ void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, 
     free(probe), free(moved), free(path);
     for (int64_t e = first_epoch + 1; e <= last_epoch && e - first_epoch <= 100000; e++) {
         snprintf(what, sizeof what, "of epoch %lld", (long long)e);
-        probe_name(dir, checkpoint_path(dir, e, 0, 1), what);
+        probe_name(dir, checkpoint_path(dir, e, 0, 1), what, resumed_from);
     }
     if (stop_step > 0) {
         snprintf(what, sizeof what, "of --steps %lld (inside an epoch)", (long long)stop_step);
-        probe_name(dir, checkpoint_path(dir, 0, stop_step, 0), what);
+        probe_name(dir, checkpoint_path(dir, 0, stop_step, 0), what, resumed_from);
     }
-}
-
-static int is_file(const char *p) {
-    struct stat st;
-    return lstat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-char *checkpoint_would_overwrite(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step) {
-    for (int64_t e = first_epoch + 1; e <= last_epoch && e - first_epoch <= 100000; e++) { /* as checkpoint_probe */
-        char *p = checkpoint_path(dir, e, 0, 1);
-        if (is_file(p)) return p;
-        free(p);
-    }
-    char *p = stop_step > 0 ? checkpoint_path(dir, 0, stop_step, 0) : NULL;
-    if (p && is_file(p)) return p;
-    free(p);
-    return NULL;
 }
 
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {

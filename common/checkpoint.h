@@ -84,15 +84,12 @@ char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_e
  * then open, write, fsync, close, rename and remove a probe file — a save's calls; and that none of
  * the names this run will write — the end-of-epoch ones (epochs first_epoch+1 … last_epoch), the
  * one where --steps stop_step stops (if > 0), and their .tmp — is already something other than a
- * file (a directory there would fail the save after an epoch of training). A failure is a user error
- * naming the call or the path, and the fix. */
-void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
-
-/* The first checkpoint file in dir that a run would write over — end-of-epoch ones of epochs
- * first_epoch+1 … last_epoch, and where --steps stop_step stops (if > 0) — as a malloc'd path, or NULL.
- * A run resumed from an earlier position into the directory of the run it continues would otherwise
- * replace that run's later checkpoints. */
-char *checkpoint_would_overwrite(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step);
+ * file (a directory there would fail the save after an epoch of training). A run resumed from a
+ * checkpoint (resumed_from; NULL for a fresh run) must find no file at those names either: it would
+ * write over its run's later checkpoints. A failure is a user error naming the call or the path, and
+ * the fix. */
+void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step,
+                      const char *resumed_from);
 
 /* 1 if path is a regular file that starts with a checkpoint's magic (whatever its version or state):
  * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */

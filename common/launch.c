@@ -170,6 +170,18 @@ static int failed(const Child *c) {
     return c->reaped && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
 }
 
+/* Ended by the SIGTERM or SIGKILL of stop_all, not by its own failure. */
+static int killed_by_us(const Child *c) {
+    return c->stopped_by_us && WIFSIGNALED(c->status) &&
+           (WTERMSIG(c->status) == SIGTERM || WTERMSIG(c->status) == SIGKILL);
+}
+
+static int unreaped(const Child *ch, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) k += !ch[i].reaped;
+    return k;
+}
+
 /* SIGTERM every live worker, SIGKILL the ones still alive after the grace period, reap them all. */
 static void stop_all(Child *ch, int n) {
     for (int i = 0; i < n; i++)
@@ -177,9 +189,7 @@ static void stop_all(Child *ch, int n) {
     int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
     int sent_kill = 0;
     for (;;) {
-        int alive = 0;
-        for (int i = 0; i < n; i++) alive += !ch[i].reaped;
-        if (!alive) return;
+        if (!unreaped(ch, n)) return;
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
@@ -220,10 +230,7 @@ static int first_failure(const Child *ch, const StatusSlot *slots, int n) {
     int root = -1, best_collateral = 1;
     int64_t best = INT64_MAX;
     for (int i = 0; i < n; i++) {
-        if (!failed(&ch[i])) continue;
-        if (ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
-            (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL))
-            continue;
+        if (!failed(&ch[i]) || killed_by_us(&ch[i])) continue;
         int coll = (int)__atomic_load_n(&slots[i].collateral, __ATOMIC_RELAXED);
         int64_t t = __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
         if (!t) t = ch[i].reap_ns;
@@ -355,23 +362,20 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
      * other: collect those for up to 0.1 s — and up to 2 s for one that has called exit() but is still
      * tearing down (a GPU context takes a while) — so both lines below name the same first failure. */
     for (int64_t t0 = status_clock_ns();;) {
-        int st, left = 0, exiting = 0;
+        int st, exiting = 0;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             reap(ch, n, pid, st);
             continue;
         }
-        for (int i = 0; i < n; i++)
-            left += !ch[i].reaped, exiting += !ch[i].reaped && __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
+        for (int i = 0; i < n; i++) exiting += !ch[i].reaped && __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
         int64_t waited = status_clock_ns() - t0;
-        if (pid < 0 || !left || waited > 2000000000 || (waited > 100000000 && !exiting)) break;
+        if (pid < 0 || !unreaped(ch, n) || waited > 2000000000 || (waited > 100000000 && !exiting)) break;
         usleep(2000);
     }
     char msg[256];
     int seen = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
-    int left = 0;
-    for (int i = 0; i < n; i++) left += !ch[i].reaped;
-    if (seen >= 0 && left) {
+    if (seen >= 0 && unreaped(ch, n)) {
         describe_exit(&ch[seen], &slots[seen], msg, sizeof msg);
         fprintf(stderr, "%s: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", prog, msg,
                 LAUNCH_GRACE_S);
@@ -382,11 +386,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     /* The others: stopped = ended by our SIGTERM/SIGKILL; failed after it = exited with an error on
      * their own meanwhile (the same error, or a peer's loss noticed: see their lines). */
     int stopped = 0, after = 0;
-    for (int i = 0; i < n; i++) {
-        int killed = ch[i].stopped_by_us && WIFSIGNALED(ch[i].status) &&
-                     (WTERMSIG(ch[i].status) == SIGTERM || WTERMSIG(ch[i].status) == SIGKILL);
-        stopped += killed, after += i != root && !killed && failed(&ch[i]);
-    }
+    for (int i = 0; i < n; i++)
+        stopped += killed_by_us(&ch[i]), after += i != root && !killed_by_us(&ch[i]) && failed(&ch[i]);
     describe_exit(&ch[root], &slots[root], msg, sizeof msg);
     char others[96] = "";
     if (stopped) snprintf(others, sizeof others, "; %d other worker%s stopped", stopped, stopped == 1 ? "" : "s");

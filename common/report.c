@@ -75,8 +75,9 @@ void report_close(Report *r) {
         /* A full disk shows up here at the latest; say so rather than leave a silently short file. */
         int bad = ferror(r->json) | fclose(r->json);
         r->json = NULL;
-        if (bad) die_runtime("writing the --report file '%s' failed (%s): it is incomplete — check free space (df -h) and the file-size limit (ulimit -f)",
-                             r->json_path, errno_string());
+        if (bad)
+            die_runtime("writing the --report file '%s' failed (%s): it is incomplete — check free space (df -h) "
+                        "and the file-size limit (ulimit -f)", r->json_path, errno_string());
     }
     r->active = 0;
 }
@@ -210,8 +211,8 @@ void json_end(Report *r) {
     fputs("}\n", r->json);
     /* a line is complete on disk once written: `tail -f` and crashes see whole lines */
     if (fflush(r->json) != 0 || ferror(r->json))
-        die_runtime("writing the --report file '%s' failed (%s) — check free space (df -h) and the file-size limit (ulimit -f)", r->json_path,
-                    errno_string());
+        die_runtime("writing the --report file '%s' failed (%s) — check free space (df -h) and the file-size "
+                    "limit (ulimit -f)", r->json_path, errno_string());
 }
 
 /* ----------------------------------------------------------------------------------------------

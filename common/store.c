@@ -588,33 +588,31 @@ int store_check(Store *s, const char *key) {
     return request(s, OP_CHECK, key, NULL, 0, NULL, 0, NULL, s->timeout);
 }
 
-/* Poll a counter until it reaches target (1 ms, doubling to 20 ms between looks). Rendezvous and
- * barriers are rare, so polling is simpler than server-side waiting and cannot leave a request
- * hanging on the connection when we give up. */
-static int wait_count(Store *s, const char *key, int64_t target, double timeout) {
+/* Rendezvous only: a rank that finds the job misconfigured (a world size that differs from rank 0's,
+ * a rank claimed twice) leaves its reason under this key before it exits, so the ranks waiting for it
+ * stop at once with the real cause instead of timing out on a rank that will never come. */
+#define ABORT_KEY "rdzv/abort"
+
+_Noreturn static void abort_rendezvous(Store *s, const char *fmt, ...) {
+    char reason[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    store_set(s, ABORT_KEY, reason, strlen(reason));
+    die_user("%s", reason);
+}
+
+/* Poll a counter until it reaches target (1 ms, doubling to 20 ms between looks): 1, or 0 on timeout.
+ * Rendezvous and barriers are rare, so polling is simpler than server-side waiting and cannot leave a
+ * request hanging on the connection when we give up. With `why` (the rendezvous), a reason left under
+ * ABORT_KEY ends the wait too: -1, the reason in why[cap]. */
+static int wait_count(Store *s, const char *key, int64_t target, double timeout, char *why, size_t cap) {
     double t_end = time_now() + timeout;
     int pause_us = 1000;
     for (;;) {
         if (store_add(s, key, 0) >= target) return 1;
-        if (time_now() > t_end) return 0;
-        usleep((useconds_t)pause_us);
-        if (pause_us < 20000) pause_us *= 2;
-    }
-}
-
-/* Rendezvous only: a rank that finds the job misconfigured (a world size that differs from rank 0's)
- * leaves its reason under this key before it exits, so the ranks waiting for it stop at once with
- * the real cause instead of timing out on a rank that will never come. */
-#define ABORT_KEY "rdzv/abort"
-
-/* wait_count for the rendezvous: 1 when the count is reached, 0 on timeout, -1 with the reason a
- * rank left under ABORT_KEY. */
-static int wait_joined(Store *s, int64_t target, double timeout, char *why, size_t cap) {
-    double t_end = time_now() + timeout;
-    int pause_us = 1000;
-    for (;;) {
-        if (store_add(s, "rdzv/joined", 0) >= target) return 1;
-        if (store_check(s, ABORT_KEY)) {
+        if (why && store_check(s, ABORT_KEY)) {
             size_t len = store_get(s, ABORT_KEY, why, cap - 1);
             why[len < cap ? len : cap - 1] = 0;
             return -1;
@@ -715,25 +713,17 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     /* Claim the rank: exactly one process may hold each. */
     char key[64];
     snprintf(key, sizeof key, "rdzv/claim/%d", rank);
-    if (store_add(s, key, 1) != 1) {
-        char reason[256];
-        snprintf(reason, sizeof reason, "two processes claim rank %d of %d — check RANK (or --node-rank and "
-                 "--nproc-per-node) on every node", rank, world);
-        store_set(s, ABORT_KEY, reason, strlen(reason)); /* the others stop now, not at --rdzv-timeout */
-        die_user("%s", reason);
-    }
+    if (store_add(s, key, 1) != 1)
+        abort_rendezvous(s, "two processes claim rank %d of %d — check RANK (or --node-rank and --nproc-per-node) "
+                         "on every node", rank, world);
     /* Everyone must agree on the world size: rank 0 publishes its own. */
     int64_t w = world;
     if (rank == 0) store_set(s, "rdzv/world", &w, sizeof w);
     else {
         store_get(s, "rdzv/world", &w, sizeof w);
-        if (w != world) {
-            char reason[256];
-            snprintf(reason, sizeof reason, "rank %d was started with a world size of %d but rank 0 with %lld — "
-                     "start every node with the same --nnodes and --nproc-per-node", rank, world, (long long)w);
-            store_set(s, ABORT_KEY, reason, strlen(reason));
-            die_user("%s", reason);
-        }
+        if (w != world)
+            abort_rendezvous(s, "rank %d was started with a world size of %d but rank 0 with %lld — start every "
+                             "node with the same --nnodes and --nproc-per-node", rank, world, (long long)w);
     }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
@@ -741,7 +731,7 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     store_set(s, key, host, strlen(host));
     store_add(s, "rdzv/joined", 1);
     char reason[256];
-    int joined = wait_joined(s, world, timeout_s, reason, sizeof reason);
+    int joined = wait_count(s, "rdzv/joined", world, timeout_s, reason, sizeof reason);
     if (joined < 0) die_user("rank %d: the rendezvous stopped: %s", rank, reason);
     if (!joined) {
         char who[600];
@@ -762,7 +752,7 @@ void store_barrier(Store *s, const char *what) {
     snprintf(mine, sizeof mine, "barrier/%lld/%d", n, s->rank);
     store_set(s, mine, "", 0);
     store_add(s, key, 1);
-    if (!wait_count(s, key, s->world, s->timeout)) {
+    if (!wait_count(s, key, s->world, s->timeout, NULL, 0)) {
         char fmt[64], who[600];
         snprintf(fmt, sizeof fmt, "barrier/%lld/%%d", n);
         missing_ranks(s, fmt, who, sizeof who);

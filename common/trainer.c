@@ -513,9 +513,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         snprintf(optd, sizeof optd, "adam (betas %g, %g, eps %g)", opt->adam->beta1, opt->adam->beta2, opt->adam->eps);
     else
         snprintf(optd, sizeof optd, "momentum %g", cfg->momentum);
+    /* micro-batches in an optimizer step: K, or an epoch's when K is more (as PyTorch's loop would) */
+    int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
     if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
-        /* K past an epoch's micro-batches: each step takes the epoch's, as PyTorch's loop would */
-        int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
         char more[64] = "";
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
         report_printf(&r->report,
@@ -551,29 +551,21 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_int(&r->report, "world_size", world_size);
     if (cfg->accum_steps > 0) {
         json_int(&r->report, "accum_steps", r->accum);
-        int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch; /* as the header's */
         json_int(&r->report, "effective_batch", k * cfg->batch_size * world_size);
     }
     json_end(&r->report);
     if (cfg->resume[0]) resume(r);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
-        checkpoint_probe(cfg->save, r->epoch, cfg->epochs, cfg->steps);
-        /* Resumed from an earlier position into the run's own directory: its later checkpoints hold
-         * the names this run writes (a fresh run there is refused before: config_resolve). Those are
-         * the ends of the epochs it completes — up to --epochs, or to where --steps S stops — and
-         * stepS where S stops inside an epoch. S at or before the resumed step trains nothing (its own
-         * message comes with the resume's checks). */
+        /* The names this run writes: the ends of the epochs it completes — up to --epochs, or to where
+         * --steps S stops — and stepS where S stops inside an epoch. Resumed into its own run's
+         * directory, a file there is a later checkpoint of that run (a fresh run into it is refused
+         * before: config_resolve); S at or before the resumed step trains nothing, and the resume's
+         * own check says so. */
         int64_t S = cfg->steps, spe = r->steps_per_epoch;
-        char *later = NULL;
-        if (cfg->resume[0] && !(S > 0 && S <= r->step)) {
-            int64_t last = S > 0 && S / spe < cfg->epochs ? S / spe : cfg->epochs;
-            int64_t inside = S > 0 && S % spe && S / spe < cfg->epochs ? S : 0;
-            later = checkpoint_would_overwrite(cfg->save, r->epoch, last, inside);
-        }
-        if (later)
-            die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s', which this run would "
-                     "write over — resume from a later one (e.g. --resume %s), give --save another directory, or "
-                     "move the later checkpoints away", cfg->save, later, cfg->resume, later);
+        int64_t last = S > 0 && S / spe < cfg->epochs ? S / spe : cfg->epochs;
+        int64_t inside = S > 0 && S % spe && S / spe < cfg->epochs ? S : 0;
+        const char *resumed = cfg->resume[0] && !(S > 0 && S <= r->step) ? cfg->resume : NULL;
+        checkpoint_probe(cfg->save, r->epoch, last, inside, resumed);
     }
     r->t_start = r->epoch_t0 = time_now();
     char process[64]; /* --trace: one process track per rank */
