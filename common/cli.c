@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h" /* checkpoint_is_one, checkpoint_list */
+#include "device.h"     /* device_memory_fraction */
 #include "errors.h"
 #include "hash.h"
 #include "model.h" /* model_default_layout */
@@ -284,7 +285,7 @@ static int n_given;
 static const char *const local_flags[] = {
     "data", "workers", "pin-memory", "save", "keep-last", "resume", "report", "progress", "node-rank",
     "master-addr", "rdzv-timeout", "comm-timeout", "no-cuda-graph", "cudnn-benchmark", "deterministic",
-    "test-inf-step", NULL};
+    "test-inf-step", "memory-fraction", NULL};
 /* …and those whose path may differ, but not whether they are given: a traced rank waits for the
  * others before merging the rank files, so either every rank traces or none does. */
 static const char *const presence_flags[] = {"trace", NULL};
@@ -470,6 +471,10 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"no-cuda-graph", OPT_FLAG, &c->no_cuda_graph, 0, 0, NULL,
          "launch the training step's kernels one by one instead of replaying them as CUDA graphs "
          "(PyTorch eager does; torch.cuda.graphs does not). Stage 2 never uses graphs"},
+        {"memory-fraction", OPT_FLOAT, &device_memory_fraction, above0, 1, NULL,
+         "cap what this process allocates on each device (the peak memory account; not the CUDA context or "
+         "NCCL's buffers) at this fraction of the device's memory (the host's RAM on the CPU backend); past it "
+         "an allocation fails as out of memory (torch.cuda.set_per_process_memory_fraction). 1: no cap"},
         {"layout", OPT_CHOICE, &c->layout, 0, 0, "auto|nhwc|nchw",
          "activations on the GPU: nhwc (channels-last, torch.channels_last: cuDNN's tensor-core "
          "kernels read it as is) or nchw (PyTorch's default: cuDNN transforms the layout around every "

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* PyTorch's caching allocator hands out blocks in multiples of 512 bytes; rounding the same way
  * keeps our peak comparable with torch.cuda.max_memory_allocated(). */
@@ -70,6 +71,13 @@ DeviceKind device_kind_from_flag(const char *flag, int quiet) {
     return DEV_CPU;
 }
 
+double device_memory_fraction = 1.0;
+
+/* The cap --memory-fraction sets on a device of `total` bytes (0: none). */
+static size_t memory_cap(size_t total) {
+    return device_memory_fraction < 1.0 ? (size_t)(device_memory_fraction * (double)total) : 0;
+}
+
 void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     /* Options (deterministic, benchmark, allow_tf32) were set by the caller; keep them. */
     d->kind = kind;
@@ -85,6 +93,8 @@ void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     xmutex_init(&d->mem_lock);
     if (kind == DEV_CPU) {
         snprintf(d->name, sizeof d->name, "cpu%d", index);
+        d->mem_total = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+        d->mem_limit = memory_cap(d->mem_total);
         return;
     }
 #ifdef USE_CUDA
@@ -96,6 +106,8 @@ void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     struct cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, ordinal));
     snprintf(d->name, sizeof d->name, "cuda:%d (%.64s)", ordinal, prop.name);
+    d->mem_total = prop.totalGlobalMem;
+    d->mem_limit = memory_cap(d->mem_total);
     CHECK_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     CHECK_CUDA(cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking));
     CHECK_CUDNN(cudnnCreate(&d->cudnn));
@@ -150,6 +162,19 @@ size_t device_alloc_size(size_t bytes) {
 void *device_alloc(Device *d, size_t bytes, const char *what) {
     size_t rounded = device_alloc_size(bytes);
     void *p = NULL;
+    pthread_mutex_lock(&d->mem_lock);
+    int over = d->mem_limit && d->mem_cur + rounded > d->mem_limit;
+    pthread_mutex_unlock(&d->mem_lock);
+    if (over) { /* what PyTorch's allocator does past set_per_process_memory_fraction's cap */
+        char msg[320];
+        snprintf(msg, sizeof msg,
+                 "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB): --memory-fraction %g "
+                 "caps this process at %.3g MiB of the device's %.1f GiB",
+                 d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0,
+                 device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
+        die_at(__FILE__, __LINE__, "device_alloc", msg,
+               "out of memory: raise --memory-fraction, lower --batch-size, or use --model tiny");
+    }
     if (d->kind == DEV_CPU) {
         if (posix_memalign(&p, 64, rounded) != 0) p = NULL;
     }
@@ -181,6 +206,24 @@ void *device_alloc(Device *d, size_t bytes, const char *what) {
     if (d->mem_cur > d->mem_peak) d->mem_peak = d->mem_cur;
     pthread_mutex_unlock(&d->mem_lock);
     return p;
+}
+
+size_t device_mem_available(Device *d) {
+    size_t avail = SIZE_MAX;
+#ifdef USE_CUDA
+    if (d->kind == DEV_CUDA) {
+        size_t total = 0;
+        device_bind(d);
+        CHECK_CUDA(cudaMemGetInfo(&avail, &total));
+    }
+#endif
+    pthread_mutex_lock(&d->mem_lock);
+    if (d->mem_limit) {
+        size_t left = d->mem_limit > d->mem_cur ? d->mem_limit - d->mem_cur : 0;
+        if (left < avail) avail = left;
+    }
+    pthread_mutex_unlock(&d->mem_lock);
+    return avail;
 }
 
 void device_free(Device *d, void *p) {

@@ -38,6 +38,8 @@ typedef struct Device {
     int allow_tf32;    /* PyTorch's default for cuDNN convolutions is True */
     /* memory account (bytes, rounded as PyTorch rounds) */
     size_t mem_cur, mem_peak;
+    size_t mem_total;  /* the device's memory: the GPU's, or the host's RAM for the CPU backend */
+    size_t mem_limit;  /* --memory-fraction × mem_total (0: no cap but the device's own) */
     pthread_mutex_t mem_lock;
     struct AllocRecord *allocs; /* live allocations, to know a pointer's size on free */
     int n_allocs, cap_allocs;
@@ -55,6 +57,12 @@ typedef struct Device {
 #endif
 } Device;
 
+/* --memory-fraction, torch.cuda.set_per_process_memory_fraction: each device this process opens
+ * caps what it hands out at this fraction of its total memory (a GPU's, or the host's RAM for the
+ * CPU backend); an allocation past the cap fails like a real out-of-memory, with the same error.
+ * 1 (the default) sets no cap. Read by device_init. */
+extern double device_memory_fraction;
+
 /* How many CUDA devices are visible (0 when built without CUDA or no driver/GPU). Never dies. */
 int device_cuda_count(void);
 
@@ -70,6 +78,9 @@ void *device_alloc(Device *d, size_t bytes, const char *what);
 /* The bytes device_alloc accounts for a request of `bytes` (rounded up to 512, at least 512). */
 size_t device_alloc_size(size_t bytes);
 void device_free(Device *d, void *p);
+/* What an allocation may still take now: the GPU's free memory, within --memory-fraction's cap
+ * (the cudnn.benchmark search sizes its scratch workspace from it). */
+size_t device_mem_available(Device *d);
 /* Make sure the device's shared conv workspace has at least `bytes` (accounted). */
 void *device_workspace(Device *d, size_t bytes);
 void device_reset_peak(Device *d);

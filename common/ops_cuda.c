@@ -249,9 +249,10 @@ static void fill_scratch(Device *d, Precision p, void *dst, int64_t n, float sca
     free(h);
 }
 
-/* Workspace for the benchmark search: the most any algorithm of any pass asks for (up to the cap
- * and to half the free memory), so cudnnFind can try them all. It is allocated for the search
- * only and shows in mem_peak, as PyTorch's benchmark workspace shows in max_memory_allocated. */
+/* Workspace for the benchmark search: the most any algorithm of any pass asks for (up to the cap and
+ * to half of what the device has left, --memory-fraction included), so cudnnFind can try them all.
+ * It is allocated for the search only and shows in mem_peak, as PyTorch's benchmark workspace shows
+ * in max_memory_allocated. */
 static size_t search_workspace_bytes(Device *d, const Conv *c, const ConvPlan *p,
                                      ConvPlanEntry *e) {
     size_t most = 0;
@@ -263,9 +264,8 @@ static size_t search_workspace_bytes(Device *d, const Conv *c, const ConvPlan *p
             if (b <= CONV_WORKSPACE_CAP && b > most) most = b;
         }
     }
-    size_t free_b = 0, total_b = 0;
-    CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
-    if (most > free_b / 2) most = free_b / 2;
+    size_t avail = device_mem_available(d);
+    if (most > avail / 2) most = avail / 2;
     return most;
 }
 
@@ -430,9 +430,8 @@ void cuda_conv_forward_plan(Device *d, Conv *c, int n, ConvFwdAlgo *a, const flo
                 if (workspace_size(d, p, &t, PASS_FWD, algo, &b) != CUDNN_STATUS_SUCCESS) continue;
                 if (b <= CONV_WORKSPACE_CAP && b > sc.ws_bytes) sc.ws_bytes = b;
             }
-            size_t free_b = 0, total_b = 0;
-            CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
-            if (sc.ws_bytes > free_b / 2) sc.ws_bytes = free_b / 2;
+            size_t avail = device_mem_available(d);
+            if (sc.ws_bytes > avail / 2) sc.ws_bytes = avail / 2;
             if (sc.ws_bytes) sc.ws = device_alloc(d, sc.ws_bytes, "cudnn benchmark workspace");
             scp = &sc;
         }

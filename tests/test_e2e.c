@@ -1,5 +1,6 @@
 /* test_e2e.c — ./stage1 end to end on the CPU backend: it learns, it resumes bit for bit, it
- * refuses bad input with a clear message, and its JSON report has what scripts rely on. */
+ * refuses bad input with a clear message, runs out of memory with one, and its JSON report has what
+ * scripts rely on. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,59 @@ START_TEST(stage1_bad_input_is_refused_clearly) {
 }
 END_TEST
 
+/* --memory-fraction (torch.cuda.set_per_process_memory_fraction) caps exactly what the device
+ * accounts: a run whose cap is its own peak (uncapped) runs as before; one 512-byte allocation
+ * unit less and it stops with the out-of-memory error naming the flag, exit 1. So the cap and the
+ * account are the same bytes, and an out-of-memory is a clear error, not a crash. On the CPU
+ * backend the total is the host's RAM; on a GPU, its memory, and there a batch too large for the
+ * GPU itself must fail the same way. */
+static void memory_fraction_case(DeviceKind kind, const char *base) {
+    Device d = {0};
+    device_init(&d, kind, 0, 0);
+    const double total = (double)d.mem_total;
+    device_destroy(&d);
+    char *dir = test_tmpdir(), args[2048], rep[512], *out;
+    snprintf(rep, sizeof rep, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --report %s", base, rep);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s:\n%s", args, out);
+    free(out);
+    double peak = 0, again = 0;
+    ck_assert_int_eq(test_report_list(rep, "summary", "peak_mem_bytes", &peak, 1), 1);
+    ck_assert(peak > 0);
+    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --report %s --memory-fraction %.17g", base, rep,
+             (peak + 256) / total);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "a cap at the run's own peak (%.0f B) refused it:\n%s",
+                  peak, out);
+    free(out);
+    ck_assert_int_eq(test_report_list(rep, "summary", "peak_mem_bytes", &again, 1), 1);
+    ck_assert_msg(again == peak, "peak %.0f B under the cap, %.0f B without", again, peak);
+    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --memory-fraction %.17g", base, (peak - 256) / total);
+    int rc = run_stage("stage1", args, &out);
+    printf("stage1 %s: peak %.0f B; --memory-fraction at it runs, 512 B below it exits %d\n",
+           kind == DEV_CPU ? "cpu" : "cuda", peak, rc);
+    ck_assert_msg(rc == 1, "a cap below the peak: exit %d, expected 1:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "cannot allocate") && strstr(out, "--memory-fraction") &&
+                      strstr(out, "hint: out of memory: raise --memory-fraction"),
+                  "the out-of-memory error does not name its fix:\n%s", out);
+    free(out);
+    if (kind == DEV_CUDA) { /* and a real one, where cudaMalloc fails: ResNet-18 at batch 65536 needs ~370 GB */
+        rc = run_stage("stage1", "--device cuda --model resnet18 --batch-size 65536 --train-size 65536 "
+                                 "--test-size 256 --steps 1 --epochs 1 --progress off", &out);
+        ck_assert_msg(rc == 1 && strstr(out, "cannot allocate") && strstr(out, "hint: out of memory: lower --batch-size"),
+                      "batch 65536: exit %d, expected 1 with the out-of-memory error:\n%s", rc, out);
+        free(out);
+    }
+    free(dir);
+}
+
+START_TEST(stage1_memory_fraction_caps_the_account) {
+    memory_fraction_case(DEV_CPU, SMALL);
+    if (test_have_gpu("e2e: --memory-fraction on a GPU"))
+        memory_fraction_case(DEV_CUDA, "--device cuda --model resnet18 --train-size 1024 --test-size 256 "
+                                       "--batch-size 128 --progress off");
+}
+END_TEST
+
 /* On CUDA, checkpoints are in PyTorch's order whatever --layout (model.h, "The public order"): a
  * channels-last run and an NCHW run save the same parameters after 5 steps, and a channels-last
  * checkpoint resumed with --layout nchw ends where the channels-last run does. Not bit for bit
@@ -194,6 +248,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_resume_is_bit_identical);
     tcase_add_test(tc, stage1_deterministic_across_workers);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
+    tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
     suite_add_tcase(s, tc);
     return s;
