@@ -474,8 +474,9 @@ START_TEST(stage5_scale_underflow_skips_not_nan) {
     char cmd[512], *out;
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage5 --device cpu --nproc-per-node 1 --model tiny --train-size 128 --test-size 32 "
-                   "--batch-size 8 --steps 8 --epochs 1 --progress off --log-every 1 --init-scale 3e-39 --test-inf-step 2",
-             test_root());
+                   "--batch-size 8 --steps 8 --epochs 1 --progress off --log-every 1 --init-scale 3e-39 --test-inf-step 2 "
+                   "--master-port %d",
+             test_root(), test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 0);
     ck_assert_msg(!strstr(out, "nan") && strstr(out, "skipped"), "%s", out);
     free(out);
@@ -666,7 +667,8 @@ START_TEST(stage5_rejects_bad_amp_flags) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[512], *out;
-        snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 --device cpu --nproc-per-node 1 %s", test_root(), bad[i].flags);
+        snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 --device cpu --nproc-per-node 1 --master-port %d %s", test_root(),
+                 test_free_port(), bad[i].flags);
         ck_assert_int_eq(test_run(cmd, &out), 2);
         ck_assert_msg(strstr(out, bad[i].says), "%s: %s", bad[i].flags, out);
         free(out);

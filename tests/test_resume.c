@@ -16,9 +16,12 @@
 #define LIMIT "timeout -k 5 120 "
 #define TINY "--device cpu --model tiny --test-size 32 --progress off --deterministic"
 
+/* Stages 3–5 get a free rendezvous port (a --master-port in args comes later and wins), so that
+ * another job holding the default 29500 fails no test; stages 1 and 2 have no such flag. */
 static int run(const char *stage, const char *args, char **out) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, LIMIT "%s/%s %s", test_root(), stage, args);
+    char cmd[4096], port[32] = "";
+    if (strcmp(stage, "stage1") && strcmp(stage, "stage2")) snprintf(port, sizeof port, "--master-port %d ", test_free_port());
+    snprintf(cmd, sizeof cmd, LIMIT "%s/%s %s%s", test_root(), stage, port, args);
     return test_run(cmd, out);
 }
 
