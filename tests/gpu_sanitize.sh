@@ -12,6 +12,9 @@
 # not counted; every hazard in another kernel fails. (Leaving them out by name instead,
 # --kernel-name-exclude kns=sm90_xmma, made compute-sanitizer 2025.3.1 (CUDA 13.0) stop with "Internal Sanitizer
 # Error: failed to handle a hardware exception" in a cuDNN dgrad call on the H200, 2026-12-01.)
+# The op tests, not the model: initcheck does not see the writes of cuDNN's Hopper channels-last
+# convolutions, so on the model it reports every batch-norm read of their outputs (none with --layout
+# nchw; docs/logs/initcheck_model_nhwc_H200_2026-12-02.txt).
 # SANITIZE_TOOLS picks some ("memcheck racecheck"); logs go to SANITIZE_OUT (runs/gpu_sanitize).
 set -uo pipefail
 cd "$(dirname "$0")/.."
