@@ -511,6 +511,10 @@ START_TEST(forced_overflow_skips_one_step) {
         model_backward(m, n, NULL, NULL);
         int64_t counts[2] = {0, 0};
         count_zero_nonfinite(&d, m->n_param_floats, m->grad_flat, counts);
+        int64_t zeros = 0, bad = 0; /* --grad-stats' counts, by hand */
+        for (int64_t i = 0; i < m->n_param_floats; i++) zeros += m->grad_flat[i] == 0.0f, bad += !isfinite(m->grad_flat[i]);
+        ck_assert_int_eq(counts[0], zeros);
+        ck_assert_int_eq(counts[1], bad);
         scaler_step(&s, &o, m->param_flat, m->grad_flat, m->n_param_floats, 0.1);
         scaler_update(&s);
         if (step == 1) {
@@ -664,6 +668,7 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--no-grad-scaler --growth-interval 5", "--growth-interval tunes fp16's GradScaler, and --no-grad-scaler"},
         {"--amp bf16 --growth-factor 4", "drop --growth-factor"},
         {"--channels-last --layout nchw", "--channels-last and --layout nchw contradict each other"},
+        {"--growth-interval 0", "--growth-interval must be an integer in [1,"}, /* 0: the scale never grows */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[512], *out;

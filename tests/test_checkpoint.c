@@ -404,6 +404,7 @@ START_TEST(test_crafted_counters_refused) {
         {192, f64_bits(INFINITY), "inf scale"},      {192, f64_bits(0.1), "scale not a float32"},
         {192, f64_bits(1e39), "scale beyond float32"}, {200, 2000, "tracker = interval"},
         {200, -1, "negative tracker"},               {208, f64_bits(1.0), "growth factor 1"},
+        {208, f64_bits(INFINITY), "growth factor inf"}, {120, ((int64_t)1 << 24) + 1, "world size beyond 2^24"},
         {216, f64_bits(1.0), "backoff factor 1"},    {216, 0, "backoff factor 0"},
         {224, 0, "interval 0"},                      {224, (int64_t)1 << 31, "interval beyond int32"},
         {232, 2, "optimizer 2"},                     {232, -1, "optimizer -1"},
@@ -562,6 +563,13 @@ START_TEST(test_is_one_and_list) {
     snprintf(slash, sizeof slash, "%s//", g_dir);
     ck_assert_int_eq(checkpoint_list(slash, &newest), 3);
     snprintf(want, sizeof want, "%s/epoch002.ckpt", g_dir);
+    ck_assert_str_eq(newest, want);
+    free(newest);
+    /* written within one timestamp: the later name (a later epoch or step) is the newer */
+    touch(g_dir, "epoch004.ckpt", "x", 400);
+    touch(g_dir, "epoch003.ckpt", "x", 400);
+    ck_assert_int_eq(checkpoint_list(g_dir, &newest), 5);
+    snprintf(want, sizeof want, "%s/epoch004.ckpt", g_dir);
     ck_assert_str_eq(newest, want);
     free(newest);
     snprintf(other, sizeof other, "%s/no/such", g_dir);

@@ -82,7 +82,7 @@ typedef struct {
  * shortcut), and 1×1 at stride 1 (the pointwise path that skips im2col); non-square, odd sizes. */
 static const ConvCfg grad_cfgs[] = {
     {3, 4, 3, 1, 1, 5, 7}, {3, 4, 3, 2, 1, 6, 5}, {2, 3, 3, 2, 1, 7, 7},
-    {4, 3, 1, 2, 0, 5, 7}, {4, 3, 1, 1, 0, 4, 5},
+    {4, 3, 1, 2, 0, 5, 7}, {4, 3, 1, 1, 0, 4, 5}, {4, 3, 1, 1, 1, 5, 7}, /* a padded 1×1: not pointwise */
 };
 
 static ConvShape make_shape(ConvCfg c) {

@@ -445,6 +445,13 @@ START_TEST(fp16_resume_continues_the_scaler) {
              "--growth-interval 50 --resume %s/p/step00000004.ckpt", dir);
     expect_refused("stage5", args, "--growth-interval 100, this run has --growth-interval 50",
                    "resume with --growth-interval 100");
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 "
+             "--growth-interval 100 --growth-factor 4 --resume %s/p/step00000004.ckpt", dir);
+    expect_refused("stage5", args, "--growth-factor 2, this run has --growth-factor 4", "resume with --growth-factor 2");
+    snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 "
+             "--growth-interval 100 --backoff-factor 0.25 --resume %s/p/step00000004.ckpt", dir);
+    expect_refused("stage5", args, "--backoff-factor 0.5, this run has --backoff-factor 0.25",
+                   "resume with --backoff-factor 0.5");
     /* a run without a scaler leaves the state alone, and says so */
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 --steps 5 "
              "--amp bf16 --resume %s/p/step00000004.ckpt", dir);

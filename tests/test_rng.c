@@ -17,6 +17,19 @@ START_TEST(mt19937_matches_std) {
 }
 END_TEST
 
+/* The other generators, pinned to outside values: torch.rand's float takes the LOW 24 bits of a
+ * 32-bit draw (ATen's uniform_real_distribution), and splitmix64 from state 0 gives the reference
+ * implementation's first output. Every synthetic image, augmentation and sampler key comes from
+ * these, so a change here would silently change what every run trains on. */
+START_TEST(uniform_and_splitmix_pinned) {
+    Mt19937 g;
+    mt_seed(&g, 5489);
+    ck_assert(mt_uniform(&g) == (double)(3499211612u & 0xffffffu) / 16777216.0); /* 0.56926512718… */
+    ck_assert_uint_eq(splitmix64(0), 0xe220a8397b1dcdafull);
+    ck_assert_uint_eq(splitmix64(1), 0x910a2dec89025cc1ull);
+}
+END_TEST
+
 START_TEST(randperm_is_permutation) {
     int64_t n = 1000, out[1000];
     char seen[1000] = {0};
@@ -56,6 +69,7 @@ Suite *suite_rng(void) {
     Suite *s = suite_create("rng");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, mt19937_matches_std);
+    tcase_add_test(tc, uniform_and_splitmix_pinned);
     tcase_add_test(tc, randperm_is_permutation);
     tcase_add_test(tc, sampler_partitions_padded_list);
     suite_add_tcase(s, tc);
