@@ -159,22 +159,26 @@ size_t device_alloc_size(size_t bytes) {
     return rounded ? rounded : ALLOC_ROUND;
 }
 
+/* Out of memory: the device itself (capped 0), or --memory-fraction's cap (1). */
+_Noreturn static void die_oom(const Device *d, size_t rounded, const char *what, int capped) {
+    char msg[320], cap[128] = "";
+    if (capped)
+        snprintf(cap, sizeof cap, ": --memory-fraction %g caps this process at %.3g MiB of the device's %.1f GiB",
+                 device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
+    snprintf(msg, sizeof msg, "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)%s", d->name,
+             rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0, cap);
+    die_at(__FILE__, __LINE__, "device_alloc", msg,
+           capped ? "out of memory: raise --memory-fraction, lower --batch-size, or use --model tiny"
+                  : "out of memory: lower --batch-size, or use --model tiny");
+}
+
 void *device_alloc(Device *d, size_t bytes, const char *what) {
     size_t rounded = device_alloc_size(bytes);
     void *p = NULL;
     pthread_mutex_lock(&d->mem_lock);
     int over = d->mem_limit && d->mem_cur + rounded > d->mem_limit;
     pthread_mutex_unlock(&d->mem_lock);
-    if (over) { /* what PyTorch's allocator does past set_per_process_memory_fraction's cap */
-        char msg[320];
-        snprintf(msg, sizeof msg,
-                 "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB): --memory-fraction %g "
-                 "caps this process at %.3g MiB of the device's %.1f GiB",
-                 d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0,
-                 device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
-        die_at(__FILE__, __LINE__, "device_alloc", msg,
-               "out of memory: raise --memory-fraction, lower --batch-size, or use --model tiny");
-    }
+    if (over) die_oom(d, rounded, what, 1); /* as PyTorch's allocator past set_per_process_memory_fraction */
     if (d->kind == DEV_CPU) {
         if (posix_memalign(&p, 64, rounded) != 0) p = NULL;
     }
@@ -188,13 +192,7 @@ void *device_alloc(Device *d, size_t bytes, const char *what) {
         }
     }
 #endif
-    if (!p) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)",
-                 d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0);
-        die_at(__FILE__, __LINE__, "device_alloc", msg,
-               "out of memory: lower --batch-size, or use --model tiny");
-    }
+    if (!p) die_oom(d, rounded, what, 0);
     pthread_mutex_lock(&d->mem_lock);
     if (d->n_allocs == d->cap_allocs) {
         d->cap_allocs = d->cap_allocs ? 2 * d->cap_allocs : 64;
