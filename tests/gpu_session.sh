@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
-#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4, compare
+#   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4, compare,
+#                                           variants1, variants2
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
@@ -13,6 +14,10 @@
 #           and tests/bench_stage4.sh (accumulation vs stages 1 and 3 vs PyTorch DDP with no_sync)
 #   compare: make compare (tests/compare.sh): every stage side by side; compare.md and compare.svg
 #           also land in $OUT/compare/
+#   variants1, variants2: tests/bench_stage3_variants.sh (2 GPUs) split in two halves that each fit a
+#           10-minute device call: first the exposed-part flags, DDP without a peer, the second GPU
+#           alone and both at once, stage 5; then NCCL's CTA and protocol settings, bucket sizes,
+#           --no-overlap and the in-backward optimizer overlap
 #
 # Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
 # Expects the binaries built (make all tests/run_tests), or builds them.
@@ -51,7 +56,15 @@ log() { echo "=== $* ($(date +%T))"; }
       compare)
         log "make compare"; COMPARE_OUT="$LOGS/compare" bash tests/compare.sh; echo "compare exit $?"
         mkdir -p "$OUT/compare" && cp "$LOGS"/compare/compare.md "$LOGS"/compare/compare.svg "$OUT/compare/" ;;
-      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare)"; exit 2 ;;
+      variants1)
+        log "bench stage3 variants, first half"
+        ONLY="s3 bafter last1 afterbwd all3 one gpu1 both s5 s5exp" BENCH_OUT="$LOGS/variants1" \
+          bash tests/bench_stage3_variants.sh ;;
+      variants2)
+        log "bench stage3 variants, second half"
+        ONLY="cta1 ctas4 ctas8 ctas16 simple ll128 b5 b10 b100 noov inbwd oneafter s5cta1" \
+          BENCH_OUT="$LOGS/variants2" bash tests/bench_stage3_variants.sh ;;
+      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare, variants1, variants2)"; exit 2 ;;
     esac
   done
   log "done"
