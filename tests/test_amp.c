@@ -474,8 +474,8 @@ START_TEST(stage5_scale_underflow_skips_not_nan) {
     char cmd[512], *out;
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage5 --device cpu --nproc-per-node 1 --model tiny --train-size 128 --test-size 32 "
-                   "--batch-size 8 --steps 8 --epochs 1 --progress off --log-every 1 --init-scale 3e-39 --test-inf-step 2 "
-                   "--master-port %d",
+                   "--batch-size 8 --steps 8 --epochs 1 --progress off --log-every 1 --init-scale 3e-39 "
+                   "--test-inf-step 2 --master-port %d",
              test_root(), test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 0);
     ck_assert_msg(!strstr(out, "nan") && strstr(out, "skipped"), "%s", out);
@@ -512,7 +512,8 @@ START_TEST(forced_overflow_skips_one_step) {
         int64_t counts[2] = {0, 0};
         count_zero_nonfinite(&d, m->n_param_floats, m->grad_flat, counts);
         int64_t zeros = 0, bad = 0; /* --grad-stats' counts, by hand */
-        for (int64_t i = 0; i < m->n_param_floats; i++) zeros += m->grad_flat[i] == 0.0f, bad += !isfinite(m->grad_flat[i]);
+        for (int64_t i = 0; i < m->n_param_floats; i++)
+            zeros += m->grad_flat[i] == 0.0f, bad += !isfinite(m->grad_flat[i]);
         ck_assert_int_eq(counts[0], zeros);
         ck_assert_int_eq(counts[1], bad);
         scaler_step(&s, &o, m->param_flat, m->grad_flat, m->n_param_floats, 0.1);

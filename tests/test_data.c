@@ -45,7 +45,6 @@ START_TEST(synthetic_data_pinned) {
     Dataset a;
     dataset_synthetic(&a, 64, 0, 1);
     uint64_t h = fnv1a64(fnv1a64(FNV1A64_INIT, a.images, (size_t)a.n * IMG_PIXELS), a.labels, (size_t)a.n);
-    printf("synthetic(seed=0), first 64 training samples: fnv1a64 %#018llx\n", (unsigned long long)h);
     ck_assert_uint_eq(h, 0xe316c918c3f0fb7bull);
     dataset_free(&a);
 }

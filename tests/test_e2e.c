@@ -189,7 +189,8 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     if (kind == DEV_CUDA) { /* and a real one, where cudaMalloc fails: ResNet-18 at batch 65536 needs ~370 GB */
         rc = run_stage("stage1", "--device cuda --model resnet18 --batch-size 65536 --train-size 65536 "
                                  "--test-size 256 --steps 1 --epochs 1 --progress off", &out);
-        ck_assert_msg(rc == 1 && strstr(out, "cannot allocate") && strstr(out, "hint: out of memory: lower --batch-size"),
+        ck_assert_msg(rc == 1 && strstr(out, "cannot allocate") &&
+                          strstr(out, "hint: out of memory: lower --batch-size"),
                       "batch 65536: exit %d, expected 1 with the out-of-memory error:\n%s", rc, out);
         free(out);
     }

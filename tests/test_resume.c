@@ -20,7 +20,8 @@
  * another job holding the default 29500 fails no test; stages 1 and 2 have no such flag. */
 static int run(const char *stage, const char *args, char **out) {
     char cmd[4096], port[32] = "";
-    if (strcmp(stage, "stage1") && strcmp(stage, "stage2")) snprintf(port, sizeof port, "--master-port %d ", test_free_port());
+    if (strcmp(stage, "stage1") && strcmp(stage, "stage2"))
+        snprintf(port, sizeof port, "--master-port %d ", test_free_port());
     snprintf(cmd, sizeof cmd, LIMIT "%s/%s %s%s", test_root(), stage, port, args);
     return test_run(cmd, out);
 }
@@ -447,7 +448,8 @@ START_TEST(fp16_resume_continues_the_scaler) {
                    "resume with --growth-interval 100");
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 "
              "--growth-interval 100 --growth-factor 4 --resume %s/p/step00000004.ckpt", dir);
-    expect_refused("stage5", args, "--growth-factor 2, this run has --growth-factor 4", "resume with --growth-factor 2");
+    expect_refused("stage5", args, "--growth-factor 2, this run has --growth-factor 4",
+                   "resume with --growth-factor 2");
     snprintf(args, sizeof args, TINY " --nproc-per-node 1 --train-size 128 --batch-size 16 --epochs 1 "
              "--growth-interval 100 --backoff-factor 0.25 --resume %s/p/step00000004.ckpt", dir);
     expect_refused("stage5", args, "--backoff-factor 0.5, this run has --backoff-factor 0.25",
