@@ -1,10 +1,13 @@
-/* test_tutorial.c — the doc test: every command of docs/tutorial.md marked ```sh cpu-test runs and
+/* test_tutorial.c — the doc tests: every command of docs/tutorial.md marked ```sh cpu-test runs and
  * exits as the tutorial says, and docs/tutorial.zh-CN.md holds the same commands in the same order
- * (tests/tutorial_test.sh does the work). The other tests feed that script small broken tutorials, so
- * we know it fails — naming the block — when a command breaks or the translation drifts. */
+ * (tests/tutorial_test.sh does the work); every relative link of every page resolves and every
+ * translation (X.zh-CN.md) keeps the headings, code and tables of the page it translates
+ * (tests/doc_check.py). The other tests feed both scripts small broken pages, so we know they fail —
+ * naming the block, file and line — when a command breaks, a link dies or a translation drifts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tests.h"
 
@@ -96,6 +99,79 @@ START_TEST(tutorial_test_fails_when_the_translation_drifts) {
 }
 END_TEST
 
+/* tests/doc_check.py on a folder (NULL: the repository). 77 when python3 is missing. */
+static int run_doc_check(const char *root, char **out) {
+    if (system("python3 -c 'import unicodedata' >/dev/null 2>&1") != 0) {
+        printf("SKIP doc_check: python3 is missing (tests/doc_check.py checks the links and translations)\n");
+        return 77;
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/doc_check.py %s", test_root(), root ? root : test_root());
+    return test_run(cmd, out);
+}
+
+START_TEST(docs_links_resolve_and_translations_match) {
+    char *out = NULL;
+    int rc = run_doc_check(NULL, &out);
+    if (rc == 77) return;
+    ck_assert_msg(rc == 0, "a dead link or a drifted translation in the docs:\n%s", out);
+    /* It read the pages: the README, docs/ and every stage's lesson, and all seven translations. */
+    int pages = 0, twins = 0;
+    const char *last = strstr(out, "doc_check:");
+    ck_assert_msg(last && sscanf(last, "doc_check: %d pages, %d translations", &pages, &twins) == 2,
+                  "no summary line:\n%s", out);
+    ck_assert_msg(pages >= 25 && twins >= 7, "doc_check read %d pages and %d translations:\n%s", pages, twins, out);
+    printf("%s", last);
+    free(out);
+}
+END_TEST
+
+/* A page with a dead link, a wrong anchor and a good one, and a translation that drifted in every way
+ * the check knows: each problem is named with its file (and line), and nothing else is. */
+START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
+    char *dir = test_tmpdir(), en[512], zh[512], sub[512], *out = NULL;
+    snprintf(en, sizeof en, "%s/page.md", dir);
+    snprintf(zh, sizeof zh, "%s/page.zh-CN.md", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    char other[600];
+    snprintf(other, sizeof other, "%s/other.md", sub);
+    write_file(other, "# Other\n\n## Why `--cudnn-benchmark` lost, and what fixed it\n\n## 为什么：慢（两倍）\n\n"
+                      "[back](../page.md#two-steps) [dead](../gone.md) [web](https://example.com/x.md)\n");
+    write_file(en, "# Page\n\n[中文](page.zh-CN.md) [ok](sub/other.md#why---cudnn-benchmark-lost-and-what-fixed-it)"
+                   " [zh anchor](sub/other.md#为什么慢两倍) `[not a link](nowhere.md)`\n\n"
+                   "## Two steps\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+                   "```sh\n./stage1 --help   # every flag\n```\n\n```text\nloss 2.30\n```\n\n"
+                   "[bad anchor](#three-steps)\n");
+    /* Good: translated comments and prose only. */
+    write_file(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+                   "```sh\n# 一条注释\n./stage1 --help   # 所有参数\n```\n\n```text\nloss 2.30\n```\n");
+    int rc = run_doc_check(dir, &out);
+    if (rc == 77) { free(dir); return; }
+    ck_assert_msg(rc == 1, "broken links passed doc_check:\n%s", out);
+    ck_assert_msg(strstr(out, "sub/other.md:7: link to ../gone.md: gone.md does not exist"), "dead link not named:\n%s", out);
+    ck_assert_msg(strstr(out, "page.md:19: link to #three-steps: no heading of page.md has the anchor #three-steps"),
+                  "wrong anchor not named:\n%s", out);
+    ck_assert_msg(strstr(out, "3 pages, 1 translations, 2 problems"),
+                  "good links, web links, a code span or the translation were flagged:\n%s", out);
+    free(out);
+
+    /* The translation drifts: a heading level, a command, an output line, a table row, the link back. */
+    write_file(zh, "# 页\n\n### 两步\n\n| a | b |\n|---|---|\n\n"
+                   "```sh\n./stage1 --help --x   # 所有参数\n```\n\n```text\nloss 2.31\n```\n");
+    rc = run_doc_check(dir, &out);
+    ck_assert_msg(rc == 1, "a drifted translation passed doc_check:\n%s", out);
+    const char *must[] = {"page.zh-CN.md: headings differ from page.md at heading 2",
+                          "page.zh-CN.md:8: code block differs from page.md:11 in its commands",
+                          "page.zh-CN.md:12: code block differs from page.md:15 in its text",
+                          "page.zh-CN.md: 2 table rows, page.md has 3",
+                          "page.zh-CN.md: does not link back to page.md"};
+    for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
+        ck_assert_msg(strstr(out, must[i]), "doc_check did not say '%s':\n%s", must[i], out);
+    free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_tutorial(void) {
     Suite *s = suite_create("tutorial");
     TCase *tc = tcase_create("core");
@@ -103,6 +179,8 @@ Suite *suite_tutorial(void) {
     tcase_add_test(tc, tutorial_cpu_commands_run);
     tcase_add_test(tc, tutorial_test_fails_on_a_broken_command);
     tcase_add_test(tc, tutorial_test_fails_when_the_translation_drifts);
+    tcase_add_test(tc, docs_links_resolve_and_translations_match);
+    tcase_add_test(tc, doc_check_fails_on_dead_links_and_drifted_translations);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""doc_check.py — the Markdown cannot rot: every relative link resolves, and every translation
+holds the same skeleton as the page it translates.
+
+    python3 tests/doc_check.py [ROOT]        (default: the repository this script is in)
+
+It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and checks:
+
+1. Links. Every relative link [text](target) outside code resolves: the file or folder exists, and a
+   #anchor names a heading of the target page (GitHub's anchors: lower case, punctuation dropped,
+   spaces to hyphens, "-1", "-2" for repeats). Web links (http:, https:, mailto:) are not fetched.
+2. Twins. A page X.zh-CN.md translates X.md, and the two must agree on what is not prose: the same
+   headings at the same levels in the same order; the same fenced code blocks in the same order with
+   the same info string, byte for byte, except that comments in ```sh blocks (a line starting with #,
+   or "  # ..." after a command) are translated; the same number of table rows; and each page links
+   to the other. The tutorial test (tests/tutorial_test.sh) runs the tutorial's commands; this keeps
+   every translation's commands, code and output in step with the English it came from.
+
+It prints one line per problem, naming the file and line, and exits 1 if there is any.
+"""
+import os
+import re
+import sys
+import unicodedata
+
+SKIP_DIRS = {"runs", "data", "node_modules"}
+FENCE = re.compile(r"^(```+|~~~+)(.*)$")
+LINK = re.compile(r"(?<!\!)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]*(?:\([^()]*\)[^()\s]*)*)(?:\s+\"[^\"]*\")?\)")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^()\s]+)\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def md_files(root):
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x not in SKIP_DIRS)
+        for f in sorted(files):
+            if f.endswith(".md"):
+                yield os.path.join(d, f)
+
+
+def parse(path):
+    """The page's lines outside fences, its headings, its fenced blocks and its table rows."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    prose, headings, blocks, tables = [], [], [], 0
+    fence = None
+    for no, line in enumerate(lines, 1):
+        m = FENCE.match(line.strip()) if line.startswith(("```", "~~~")) else None
+        if fence is None:
+            if m:
+                fence = {"mark": m.group(1), "info": m.group(2).strip(), "line": no, "body": []}
+                continue
+            prose.append((no, line))
+            h = HEADING.match(line)
+            if h:
+                headings.append((no, len(h.group(1)), h.group(2)))
+            elif line.lstrip().startswith("|"):
+                tables += 1
+        elif m and m.group(1).startswith(fence["mark"]) and not m.group(2).strip():
+            blocks.append(fence)
+            fence = None
+        else:
+            fence["body"].append(line)
+    if fence is not None:
+        raise ValueError(f"line {fence['line']}: a code fence that is never closed")
+    return prose, headings, blocks, tables
+
+
+def slug(text):
+    """GitHub's anchor for a heading: the rendered text, lower case, letters / digits / marks /
+    '-' / '_' kept, spaces to hyphens, everything else dropped."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link in a heading: its text
+    text = text.replace("`", "").replace("*", "")
+    out = []
+    for ch in text.lower():
+        if ch == " ":
+            out.append("-")
+        elif ch in "-_" or unicodedata.category(ch)[0] in "LNM":
+            out.append(ch)
+    return "".join(out)
+
+
+def anchors(headings):
+    seen, out = {}, set()
+    for _, _, text in headings:
+        s = slug(text)
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.add(s if n == 0 else f"{s}-{n}")
+    return out
+
+
+def without_code_spans(line):
+    return re.sub(r"(`+)(?:(?!\1).)+\1", lambda m: " " * len(m.group(0)), line)
+
+
+def check_links(root, path, prose, pages, problems):
+    rel = os.path.relpath(path, root)
+    for no, line in prose:
+        text = without_code_spans(line)
+        targets = [m.group(2) for m in LINK.finditer(text)] + [m.group(1) for m in IMAGE.finditer(text)]
+        for target in targets:
+            if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):
+                continue  # web and mail links are not fetched
+            file, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if not os.path.exists(dest):
+                problems.append(f"{rel}:{no}: link to {target}: {os.path.relpath(dest, root)} does not exist")
+                continue
+            if anchor and dest.endswith(".md"):
+                page = pages.get(dest)
+                if page is not None and anchor not in page[4]:
+                    problems.append(f"{rel}:{no}: link to {target}: no heading of "
+                                    f"{os.path.relpath(dest, root)} has the anchor #{anchor}")
+
+
+def sh_commands(body):
+    """A ```sh block without its comments: what must match between the languages."""
+    out = []
+    for line in body:
+        if line.lstrip().startswith("#"):
+            continue
+        out.append(re.sub(r"\s+# .*$", "", line).rstrip())
+    return out
+
+
+def links_to(prose, path, other):
+    want = os.path.normpath(other)
+    for _, line in prose:
+        for m in LINK.finditer(without_code_spans(line)):
+            file = m.group(2).partition("#")[0]
+            if file and os.path.normpath(os.path.join(os.path.dirname(path), file)) == want:
+                return True
+    return False
+
+
+def check_twin(root, en, zh, pages, problems):
+    e, z = pages[en], pages[zh]
+    er, zr = os.path.relpath(en, root), os.path.relpath(zh, root)
+    # headings: level by level, in order
+    el = [lvl for _, lvl, _ in e[1]]
+    zl = [lvl for _, lvl, _ in z[1]]
+    if el != zl:
+        for i, (a, b) in enumerate(zip(e[1] + [None] * len(zl), z[1] + [None] * len(el))):
+            if a is None or b is None or a[1] != b[1]:
+                where = (f"{er}:{a[0]} '{'#' * a[1]} {a[2]}'" if a else f"{er}: none") + " vs " + \
+                        (f"{zr}:{b[0]} '{'#' * b[1]} {b[2]}'" if b else f"{zr}: none")
+                problems.append(f"{zr}: headings differ from {er} at heading {i + 1}: {where}")
+                break
+    # code blocks
+    if len(e[2]) != len(z[2]):
+        problems.append(f"{zr}: {len(z[2])} code blocks, {er} has {len(e[2])}: a translation holds the same ones")
+    for a, b in zip(e[2], z[2]):
+        if a["info"] != b["info"]:
+            problems.append(f"{zr}:{b['line']}: code block opens ```{b['info']}, "
+                            f"{er}:{a['line']} opens ```{a['info']}")
+            continue
+        lang = a["info"].split()[0] if a["info"] else ""
+        same = (sh_commands(a["body"]) == sh_commands(b["body"])) if lang == "sh" else a["body"] == b["body"]
+        if not same:
+            what = "its commands" if lang == "sh" else "its text (only sh comments may be translated)"
+            problems.append(f"{zr}:{b['line']}: code block differs from {er}:{a['line']} in {what}")
+    if e[3] != z[3]:
+        problems.append(f"{zr}: {z[3]} table rows, {er} has {e[3]}")
+    if not links_to(e[0], en, zh):
+        problems.append(f"{er}: does not link to its translation {os.path.basename(zh)}")
+    if not links_to(z[0], zh, en):
+        problems.append(f"{zr}: does not link back to {os.path.basename(en)}")
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    problems, pages = [], {}
+    for path in md_files(root):
+        try:
+            prose, headings, blocks, tables = parse(path)
+        except (ValueError, UnicodeDecodeError) as err:
+            problems.append(f"{os.path.relpath(path, root)}: {err}")
+            continue
+        pages[path] = (prose, headings, blocks, tables, anchors(headings))
+    for path, page in pages.items():
+        check_links(root, path, page[0], pages, problems)
+    twins = 0
+    for path in pages:
+        if path.endswith(".zh-CN.md"):
+            en = path[: -len(".zh-CN.md")] + ".md"
+            if en not in pages:
+                problems.append(f"{os.path.relpath(path, root)}: a translation of {os.path.basename(en)}, "
+                                f"which does not exist")
+                continue
+            check_twin(root, en, path, pages, problems)
+            twins += 1
+    for p in problems:
+        print("FAIL:", p)
+    print(f"doc_check: {len(pages)} pages, {twins} translations, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
