@@ -674,6 +674,19 @@ void config_resolve(TrainConfig *c, int cuda) {
         check_output("--trace", "--trace", c->trace, "trace.json"); /* the file, or where stages 3–5 merge */
         check_rank_files(c->trace);
     }
+    /* What an out-of-memory error will advise (device.c): the levers this run has. Accumulation keeps
+     * the optimizer's batch while a micro-batch shrinks (stages 4 and 5). */
+    int accum = 0;
+    for (const Option *o = last_table; o && o->name; o++) accum |= !strcmp(o->name, "accum-steps");
+    char more[160] = "";
+    if (accum && c->accum_steps > 1)
+        snprintf(more, sizeof more, "; raise --accum-steps (now %d) as --batch-size falls to keep the optimizer's "
+                 "batch", c->accum_steps);
+    else if (accum)
+        snprintf(more, sizeof more, "; --batch-size %d/K with --accum-steps K keeps the optimizer's batch",
+                 c->batch_size);
+    snprintf(device_oom_fix, sizeof device_oom_fix, "lower --batch-size (now %d)%s%s", c->batch_size,
+             strcmp(c->model, "tiny") ? ", or use --model tiny" : "", more);
     /* A fresh run into a --save directory that holds another run's checkpoints would overwrite them (every
      * run writes the same epochNNN.ckpt names); continuing one of them there is the resume flow. Decided
      * here, before stages 3–5 start their workers, so every rank agrees. */

@@ -15,11 +15,15 @@ typedef struct AllocRecord {
     size_t bytes;
 } AllocRecord;
 
+char device_oom_fix[256] = "lower --batch-size, or use --model tiny";
+
 #ifdef USE_CUDA
 const char *cuda_hint(cudaError_t e) {
+    static _Thread_local char oom[320]; /* an error path: each thread formats its own */
     switch (e) {
     case cudaErrorMemoryAllocation:
-        return "the GPU is out of memory: lower --batch-size, or use --model tiny";
+        snprintf(oom, sizeof oom, "the GPU is out of memory: %s", device_oom_fix);
+        return oom;
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
         return "no usable GPU/driver: run with --device cpu";
@@ -34,7 +38,7 @@ const char *cuda_hint(cudaError_t e) {
 }
 const char *cudnn_hint(cudnnStatus_t s) {
     if (s == CUDNN_STATUS_NOT_SUPPORTED) return "this cuDNN does not support the configuration";
-    if (s == CUDNN_STATUS_ALLOC_FAILED) return "out of GPU memory: lower --batch-size";
+    if (s == CUDNN_STATUS_ALLOC_FAILED) return cuda_hint(cudaErrorMemoryAllocation);
     return NULL;
 }
 #endif
@@ -167,9 +171,9 @@ _Noreturn static void die_oom(const Device *d, size_t rounded, const char *what,
                  device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
     snprintf(msg, sizeof msg, "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)%s", d->name,
              rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0, cap);
-    die_at(__FILE__, __LINE__, "device_alloc", msg,
-           capped ? "out of memory: raise --memory-fraction, lower --batch-size, or use --model tiny"
-                  : "out of memory: lower --batch-size, or use --model tiny");
+    char hint[320];
+    snprintf(hint, sizeof hint, "out of memory: %s%s", capped ? "raise --memory-fraction, or " : "", device_oom_fix);
+    die_at(__FILE__, __LINE__, "device_alloc", msg, hint);
 }
 
 void *device_alloc(Device *d, size_t bytes, const char *what) {

@@ -62,6 +62,10 @@ typedef struct Device {
  * CPU backend); an allocation past the cap fails like a real out-of-memory, with the same error.
  * 1 (the default) sets no cap. Read by device_init. */
 extern double device_memory_fraction;
+/* What the out-of-memory error tells the user to change, in this run's terms (config_resolve sets
+ * it from the flags: the batch size now, a smaller model when there is one, accumulation where the
+ * stage has it). The default suits a program that set nothing. */
+extern char device_oom_fix[256];
 
 /* How many CUDA devices are visible (0 when built without CUDA or no driver/GPU). Never dies. */
 int device_cuda_count(void);

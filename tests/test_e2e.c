@@ -183,14 +183,18 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
            kind == DEV_CPU ? "cpu" : "cuda", peak, rc);
     ck_assert_msg(rc == 1, "a cap below the peak: exit %d, expected 1:\n%s", rc, out);
     ck_assert_msg(strstr(out, "cannot allocate") && strstr(out, "--memory-fraction") &&
-                      strstr(out, "hint: out of memory: raise --memory-fraction"),
+                      strstr(out, "hint: out of memory: raise --memory-fraction, or lower --batch-size (now "),
                   "the out-of-memory error does not name its fix:\n%s", out);
+    /* The fix is in this run's terms: no smaller model to offer a run of the tiny one. */
+    int tiny = strstr(base, "--model tiny") != NULL;
+    ck_assert_msg(tiny == !strstr(out, "or use --model tiny"), "the hint %s --model tiny:\n%s",
+                  tiny ? "offers the tiny model to a run of it" : "does not offer", out);
     free(out);
     if (kind == DEV_CUDA) { /* and a real one, where cudaMalloc fails: ResNet-18 at batch 65536 needs ~370 GB */
         rc = run_stage("stage1", "--device cuda --model resnet18 --batch-size 65536 --train-size 65536 "
                                  "--test-size 256 --steps 1 --epochs 1 --progress off", &out);
         ck_assert_msg(rc == 1 && strstr(out, "cannot allocate") &&
-                          strstr(out, "hint: out of memory: lower --batch-size"),
+                          strstr(out, "hint: out of memory: lower --batch-size (now 65536), or use --model tiny"),
                       "batch 65536: exit %d, expected 1 with the out-of-memory error:\n%s", rc, out);
         free(out);
     }
@@ -199,6 +203,16 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
 
 START_TEST(stage1_memory_fraction_caps_the_account) {
     memory_fraction_case(DEV_CPU, SMALL);
+    /* Where the stage accumulates, the hint says how to keep the optimizer's batch while the micro-batch
+     * shrinks (stage 4 runs 4 micro-batches a step by default). */
+    char args[512], *out;
+    snprintf(args, sizeof args, SMALL " --steps 1 --epochs 1 --nproc-per-node 1 --master-port %d --memory-fraction 1e-9",
+             test_free_port());
+    int rc = run_stage("stage4", args, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "lower --batch-size (now 32); raise --accum-steps (now 4) as --batch-size "
+                                         "falls to keep the optimizer's batch"),
+                  "stage4 out of memory: exit %d, hint without accumulation:\n%s", rc, out);
+    free(out);
     if (test_have_gpu("e2e: --memory-fraction on a GPU"))
         memory_fraction_case(DEV_CUDA, "--device cuda --model resnet18 --train-size 1024 --test-size 256 "
                                        "--batch-size 128 --progress off");
