@@ -42,20 +42,29 @@
 # 8-10 minutes. ONLY="key ..." runs those rows alone (keys: the first field of ROWS below, e.g.
 # ONLY="s3 bafter last1 afterbwd all3 one"), with their references; a device allowing 10 minutes a
 # command can split the list over calls, each with its own BENCH_OUT. Needs 2 GPUs (on one: `make bench3`).
+# BENCH_FLAGS is appended to every run's flags; with --device cpu in it, the CPU smoke test of this script
+# (two workers through --comm host, the NCCL variables ignored: it checks that every row runs and the table
+# is read; tests/test_compare.c runs it): BENCH_FLAGS="--device cpu --model tiny --batch-size 16 --train-size 1024
+# --test-size 64 --workers 0" STEPS=3 ROUNDS=1 bash tests/bench_stage3_variants.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . tests/bench_common.sh
-USAGE='[STEPS=N] [ROUNDS=N] [ONLY="key ..."] [BENCH_OUT=DIR] bash tests/bench_stage3_variants.sh (or make bench3-variants)'
+USAGE='[STEPS=N] [ROUNDS=N] [ONLY="key ..."] [BENCH_FLAGS="..."] [BENCH_OUT=DIR] bash tests/bench_stage3_variants.sh (or make bench3-variants)'
 bench_ints "$USAGE" STEPS ROUNDS
 # NVLink multicast stays off in every process below: not needed, and on shared hosts it can break the GPUs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${BENCH_OUT:-runs/bench_stage3_variants}
 STEPS=${STEPS:-300}
 ROUNDS=${ROUNDS:-2}
-# shellcheck disable=SC2016 # backquotes in the messages, not commands
-bench_need_gpu tests/bench_stage3_variants.sh '`make compare QUICK=1`'
-[ "$NGPU" -ge 2 ] || bench_die "tests/bench_stage3_variants.sh needs 2 GPUs and $NGPU is visible ($GPU_HOW);" \
-    "on one GPU run \`make bench3\` instead"
+CPU=
+if [[ " ${BENCH_FLAGS:-} " =~ [[:space:]]--device(=|[[:space:]]+)cpu[[:space:]] ]]; then
+    CPU=1 NGPU=0 GPU_HOW="--device cpu" # the CPU smoke test: no GPU used, whatever is visible
+else
+    # shellcheck disable=SC2016 # backquotes in the messages, not commands
+    bench_need_gpu tests/bench_stage3_variants.sh '`make compare QUICK=1`'
+    [ "$NGPU" -ge 2 ] || bench_die "tests/bench_stage3_variants.sh needs 2 GPUs and $NGPU is visible ($GPU_HOW);" \
+        "on one GPU run \`make bench3\` instead"
+fi
 bench_out_dir BENCH_OUT "$OUT" runs/bench_stage3_variants bench_stage3_variants '*.jsonl' '*.log'
 [ -x ./stage1 ] && [ -x ./stage3 ] && [ -x ./stage5 ] || make stage1 stage3 stage5 || exit 1
 
@@ -63,7 +72,9 @@ bench_out_dir BENCH_OUT "$OUT" runs/bench_stage3_variants bench_stage3_variants 
 
 first=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f1)
 second=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f2)
-D="--nproc-per-node 2 --comm nccl"
+C=nccl
+[ -z "$CPU" ] || C=host
+D="--nproc-per-node 2 --comm $C"
 # key|reference key|label|[VAR=value ...] binary flags... (rows 2-18; "both" runs stage 1 on each GPU)
 ROWS=("s3|s1|stage 3 default|stage3 $D"
       "cta1|s1|NCCL_CTA_POLICY=1|NCCL_CTA_POLICY=1 stage3 $D"
@@ -81,8 +92,8 @@ ROWS=("s3|s1|stage 3 default|stage3 $D"
       "inbwd|s1|--optimizer-overlap in-backward|stage3 $D --optimizer-overlap in-backward"
       "afterbwd|s1|--optimizer-overlap after-backward|stage3 $D --optimizer-overlap after-backward"
       "all3|s1|13 + 14 + 16|stage3 $D --broadcast-buffers after-forward --last-bucket-mb 1 --optimizer-overlap after-backward"
-      "one|s1|stage 3, one process (no peer)|CUDA_VISIBLE_DEVICES=$first stage3 --nproc-per-node 1 --comm nccl"
-      "oneafter|s1|the same, --optimizer-overlap after-backward|CUDA_VISIBLE_DEVICES=$first stage3 --nproc-per-node 1 --comm nccl --optimizer-overlap after-backward"
+      "one|s1|stage 3, one process (no peer)|CUDA_VISIBLE_DEVICES=$first stage3 --nproc-per-node 1 --comm $C"
+      "oneafter|s1|the same, --optimizer-overlap after-backward|CUDA_VISIBLE_DEVICES=$first stage3 --nproc-per-node 1 --comm $C --optimizer-overlap after-backward"
       "s5|s5one|stage 5 fp16, 2 GPUs|stage5 --nproc-per-node 2"
       "s5cta1|s5one|stage 5 fp16, NCCL_CTA_POLICY=1|NCCL_CTA_POLICY=1 stage5 --nproc-per-node 2"
       "s5one|-|stage 5 fp16, one GPU (ref. of 20, 21, 23)|CUDA_VISIBLE_DEVICES=$first stage5 --nproc-per-node 1"
@@ -118,9 +129,9 @@ run_stage() {
     [ "$bin" = stage5 ] && t=300 # bench_stage5.sh's limit
     timeout -k 10 $t env "${vars[@]}" "./$bin" --model resnet18 --batch-size 128 --workers 4 --pin-memory \
         --steps $((STEPS + 5)) --epochs 100 --test-size 2000 --schedule const --progress off --log-every 1000 \
-        --report "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+        --report "$OUT/$name.jsonl" "$@" ${BENCH_FLAGS:-} > "$OUT/$name.log" 2>&1
     local rc=$?
-    [ $rc = 0 ] || echo "$name FAILED (exit $rc): see $OUT/$name.log"
+    [ $rc = 0 ] || echo "$name FAILED (exit $rc): see $OUT/$name.log" | tee -a "$OUT/FAILURES.log"
     grep -E "^(summary|comm over|  compute|  per rank)" "$OUT/$name.log"
 }
 
@@ -164,11 +175,13 @@ for row in "${ROWS[@]}"; do
 done
 ver=$(grep -ho 'NCCL [0-9][0-9.]*' "$OUT"/*_r*.log 2> /dev/null | head -n 1)
 echo
-if [ -z "$ver" ] || [ "$(printf '%s\n' 2.27 "${ver#NCCL }" | sort -V | head -n 1)" != 2.27 ]; then
+if [ -z "$CPU" ] && { [ -z "$ver" ] || [ "$(printf '%s\n' 2.27 "${ver#NCCL }" | sort -V | head -n 1)" != 2.27 ]; }; then
     echo "note: ${ver:-NCCL version unknown}: NCCL_CTA_POLICY needs NCCL >= 2.27 (older ones ignore it)"
 fi
 line() { printf '%-2s %-38s %7s %11s %7s %16s %6s %4s  %s\n' "$@"; }
-line "#" "ResNet-18, b128/GPU, ${ver:-NCCL ?}" ms/step rounds scaling "exposed comm" algbw bkts \
+title="ResNet-18, b128/GPU, ${ver:-NCCL ?}"
+[ -z "$CPU" ] || title="CPU smoke test (timings say nothing)"
+line "#" "$title" ms/step rounds scaling "exposed comm" algbw bkts \
     "per rank: fwd+bwd | waited | buffers"
 line 1 "stage 1, one GPU (reference)" "${MS[s1]:-failed}" "$(ms_of s1_first)/$(ms_of s1_last)" 100.0% - - - -
 # "comm over the run: all-reduce A ms/step (B MiB in N buckets, algbw G GB/s, …) | exposed E ms = P% …"
@@ -192,3 +205,10 @@ done
 echo "ms/step: median, the fastest round (rounds: each; row 1: first/last run) | scaling: reference ms / ms" \
     "(20, 21, 23: row 22, others: row 1) | exposed: compute's wait for comm per step (% of it) | algbw: GB/s of" \
     "gradients per all-reduce time | bkts: buckets (1 piece: --no-overlap) | per rank: ms, rank 0/rank 1"
+# A failed run leaves its row "failed" above; the exit status says so too (the runs go on: one bad
+# variant should not cost a 2-GPU session the others).
+if [ -s "$OUT/FAILURES.log" ]; then
+    echo "error: $(wc -l < "$OUT/FAILURES.log") run(s) failed:"
+    sed 's/^/  /' "$OUT/FAILURES.log"
+    exit 1
+fi

@@ -8,7 +8,8 @@
  *   CPU backend states what CPU timings can and cannot show next to the table.
  * - A stage missing from the checkout gets no row (a fake checkout of stages 1 and 3 only).
  * - Stages 2–5 on the CPU backend print that statement once per job (rank 0 only), stage 1 never.
- * - A run too short to time any step reports "n/a" on the console and null in JSON, not 0. */
+ * - A run too short to time any step reports "n/a" on the console and null in JSON, not 0.
+ * - tests/bench_stage3_variants.sh (2 GPUs) runs every row and reads every figure, on the CPU. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -218,6 +219,49 @@ START_TEST(short_runs_say_na_and_cpu_runs_say_what_they_show) {
 }
 END_TEST
 
+/* tests/bench_stage3_variants.sh waits for a 2-GPU machine, whose sessions are short: its CPU smoke test
+ * runs every row (two workers through --comm host) and reads every figure into the table, so the first
+ * GPU run does not find a broken script. With ONLY, the named rows and their references alone. */
+static int table_rows(const char *out, int *numbers, int cap) {
+    const char *t = strstr(out, "\n#  CPU smoke test");
+    int n = 0;
+    for (const char *p = t ? strchr(t + 1, '\n') : NULL; p && p[1] >= '0' && p[1] <= '9'; p = strchr(p + 1, '\n')) {
+        const char *eol = strchr(p + 1, '\n');
+        ck_assert_msg(!strstr(p + 1, " failed ") || (eol && strstr(p + 1, " failed ") > eol),
+                      "a row failed:\n%.*s", eol ? (int)(eol - p - 1) : 200, p + 1);
+        if (n < cap) numbers[n] = atoi(p + 1);
+        n++;
+    }
+    return n;
+}
+
+START_TEST(bench_stage3_variants_cpu_smoke) {
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    const char *env = "STEPS=3 ROUNDS=1 BENCH_FLAGS='--device cpu --model tiny --batch-size 16 --train-size 1024 "
+                      "--test-size 64 --workers 0'";
+    snprintf(cmd, sizeof cmd, "timeout -k 5 280 env %s BENCH_OUT=%s/all bash %s/tests/bench_stage3_variants.sh", env,
+             dir, test_root());
+    int rc = test_run(cmd, &out), rows[32];
+    /* the tail: Check's messages are bounded, the table is what says which row broke */
+    ck_assert_msg(rc == 0 && !strstr(out, "FAILED"), "the smoke test failed (%d):\n%s", rc,
+                  strlen(out) > 3000 ? out + strlen(out) - 3000 : out);
+    int n = table_rows(out, rows, 32);
+    ck_assert_msg(n == 25, "%d rows in the table, expected 25:\n%s", n, strlen(out) > 3000 ? out + strlen(out) - 3000 : out);
+    for (int i = 0; i < n; i++) ck_assert_int_eq(rows[i], i + 1);
+    ck_assert_msg(strstr(out, "stage 3 default ") && strstr(out, "%)") && strstr(out, " | "),
+                  "no exposed-comm or per-rank figures read:\n%s", strlen(out) > 3000 ? out + strlen(out) - 3000 : out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 120 env %s ONLY='last1 s5exp' BENCH_OUT=%s/only bash "
+             "%s/tests/bench_stage3_variants.sh", env, dir, test_root());
+    rc = test_run(cmd, &out);
+    n = table_rows(out, rows, 32);
+    ck_assert_msg(rc == 0 && n == 4 && rows[0] == 1 && rows[1] == 14 && rows[2] == 22 && rows[3] == 23,
+                  "ONLY='last1 s5exp': exit %d, %d rows (expected 1, 14, 22 = s5exp's reference, 23):\n%s", rc, n,
+                  out);
+    free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_compare(void) {
     setenv("NCCL_NVLS_ENABLE", "0", 0); /* no NVLink multicast in any worker these tests start */
     Suite *s = suite_create("compare");
@@ -226,6 +270,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, compare_leaves_out_missing_stages);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
+    tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
     suite_add_tcase(s, tc);
     return s;
 }
