@@ -259,6 +259,126 @@ START_TEST(store_fuzz_entry_runs) {
 }
 END_TEST
 
+/* The handshake's MAC binds everything a replay could change: a MAC computed for one role, one pair
+ * of nonces or one secret is no good for another (else a recorded exchange could be replayed, or a
+ * client's MAC reflected back as the server's). */
+START_TEST(handshake_mac_binds_role_nonces_and_secret) {
+    const uint8_t *secret = (const uint8_t *)TEST_SECRET, *other = (const uint8_t *)"another-secret-of-this-size!";
+    size_t len = strlen(TEST_SECRET);
+    uint8_t sn[AUTH_NONCE], cn[AUTH_NONCE], base[AUTH_MAC], again[AUTH_MAC], mac[AUTH_MAC];
+    for (int i = 0; i < AUTH_NONCE; i++) sn[i] = (uint8_t)i, cn[i] = (uint8_t)(100 + i);
+    auth_mac(secret, len, "client", sn, cn, base);
+    auth_mac(secret, len, "client", sn, cn, again);
+    ck_assert_msg(auth_equal(base, again), "the same inputs gave two MACs");
+    auth_mac(secret, len, "server", sn, cn, mac);
+    ck_assert_msg(!auth_equal(base, mac), "the client's and the server's MACs are the same");
+    sn[AUTH_NONCE - 1] ^= 1;
+    auth_mac(secret, len, "client", sn, cn, mac);
+    ck_assert_msg(!auth_equal(base, mac), "the MAC ignores the server's nonce");
+    sn[AUTH_NONCE - 1] ^= 1;
+    cn[AUTH_NONCE - 1] ^= 1;
+    auth_mac(secret, len, "client", sn, cn, mac);
+    ck_assert_msg(!auth_equal(base, mac), "the MAC ignores the client's nonce");
+    cn[AUTH_NONCE - 1] ^= 1;
+    auth_mac(other, len, "client", sn, cn, mac);
+    ck_assert_msg(!auth_equal(base, mac), "the MAC ignores the secret");
+}
+END_TEST
+
+/* Something listening on the port that greets like the store but does not know the secret: it
+ * answers the client's half of the handshake with a MAC it made up. The client must not take it for
+ * the job's store (the handshake is mutual). */
+static void *fake_store(void *p) {
+    int lfd = *(int *)p, fd = accept(lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    uint8_t hello[AUTH_HELLO + AUTH_NONCE] = "RDZ1", theirs[AUTH_NONCE + AUTH_MAC], mac[AUTH_MAC] = {0};
+    auth_random(hello + AUTH_HELLO, AUTH_NONCE);
+    if (net_send_all(fd, hello, sizeof hello, 5) == 0 && net_recv_all(fd, theirs, sizeof theirs, 5) == 0)
+        net_send_all(fd, mac, sizeof mac, 5);
+    uint8_t b;
+    net_recv_all(fd, &b, 1, 5); /* until the client hangs up */
+    close(fd);
+    return NULL;
+}
+
+START_TEST(client_refuses_a_store_that_does_not_know_the_secret) {
+    int port, lfd = net_listen("127.0.0.1", 0, &port);
+    ck_assert_int_ge(lfd, 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fake_store, &lfd), 0);
+    const char *why = "";
+    int fd = store_dial("127.0.0.1", port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 5, &why);
+    if (fd >= 0) close(fd);
+    pthread_join(th, NULL);
+    close(lfd);
+    ck_assert_msg(fd < 0, "the client accepted a store whose answer carried a made-up MAC");
+    ck_assert_msg(strstr(why, "does not know this job's secret"), "%s", why);
+}
+END_TEST
+
+/* The secret file must be its owner's alone: group access is refused as well as others'. */
+START_TEST(secret_file_readable_by_group_is_refused) {
+    char dir[] = "/tmp/secret_XXXXXX", path[64], *out;
+    ck_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/secret", dir);
+    FILE *f = fopen(path, "w");
+    fputs("a-secret-from-a-file-0123\n", f);
+    fclose(f);
+    chmod(path, 0640);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
+    ck_assert_msg(strstr(out, "can be read by others") && strstr(out, "chmod 600"), "%s", out);
+    free(out);
+    unlink(path), rmdir(dir);
+}
+END_TEST
+
+/* Strangers are dropped by the store itself, while it runs: one that never finishes the handshake
+ * after the handshake timeout (2 s here), one that sends a request with an empty key at once. */
+START_TEST(store_drops_idle_strangers_and_empty_keys) {
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    int port = test_free_port();
+    Store *s = store_open("127.0.0.1", port, 0, 1, 2);
+    int idle = net_connect("127.0.0.1", port, 5);
+    ck_assert_int_ge(idle, 0);
+    ck_assert_msg(closed_by_server(idle), "an idle stranger was kept past the handshake timeout");
+    close(idle);
+    const char *why;
+    int fd = store_dial("127.0.0.1", port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(fd >= 0, "%s", why);
+    uint8_t req[12];
+    put_req(req, 4, 0, 0); /* CHECK of the key "" */
+    ck_assert_int_eq(net_send_all(fd, req, sizeof req, 5), 0);
+    ck_assert_msg(closed_by_server(fd), "the store answered a request with an empty key");
+    close(fd);
+    ck_assert(store_check(s, "rdzv/world")); /* and it still serves the job */
+    store_close(s);
+}
+END_TEST
+
+static void secret_from_env(void *p) {
+    setenv("STAGE_RDZV_SECRET", p, 1);
+    uint8_t b[AUTH_MAX_SECRET];
+    printf("secret of %zu bytes\n", auth_secret(b, sizeof b));
+}
+
+/* A secret too short to resist guessing is refused, from the environment as from a file; the
+ * shortest allowed is taken. */
+START_TEST(short_secret_is_refused) {
+    char *out, s[AUTH_MIN_SECRET + 1];
+    memset(s, 'k', AUTH_MIN_SECRET - 1);
+    s[AUTH_MIN_SECRET - 1] = 0;
+    ck_assert_int_eq(test_run_captured(secret_from_env, s, &out), 2);
+    ck_assert_msg(strstr(out, "use at least") && strstr(out, "openssl rand"), "%s", out);
+    free(out);
+    s[AUTH_MIN_SECRET - 1] = 'k', s[AUTH_MIN_SECRET] = 0;
+    ck_assert_int_eq(test_run_captured(secret_from_env, s, &out), 0);
+    char want[32];
+    snprintf(want, sizeof want, "secret of %d bytes", AUTH_MIN_SECRET);
+    ck_assert_msg(strstr(out, want), "%s", out);
+    free(out);
+}
+END_TEST
+
 Suite *suite_store(void) {
     Suite *s = suite_create("store");
     TCase *tc = tcase_create("store");
@@ -268,6 +388,11 @@ Suite *suite_store(void) {
     tcase_add_test(tc, store_survives_bad_clients);
     tcase_add_test(tc, store_fuzz_entry_runs);
     tcase_add_test(tc, a_stopped_rank_is_named);
+    tcase_add_test(tc, handshake_mac_binds_role_nonces_and_secret);
+    tcase_add_test(tc, client_refuses_a_store_that_does_not_know_the_secret);
+    tcase_add_test(tc, secret_file_readable_by_group_is_refused);
+    tcase_add_test(tc, store_drops_idle_strangers_and_empty_keys);
+    tcase_add_test(tc, short_secret_is_refused);
     suite_add_tcase(s, tc);
     return s;
 }
