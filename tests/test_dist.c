@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "comm.h"
 #include "device.h"
 #include "rng.h"
@@ -567,6 +569,77 @@ START_TEST(launcher_names_one_first_failure) {
 }
 END_TEST
 
+/* Exactly one process may hold each rank: a second process claiming a rank already claimed is
+ * refused at once, by name (not left to time out waiting for the rank that was never started). */
+static void open_rank1_of3(void *p) {
+    store_open("127.0.0.1", *(int *)p, 1, 3, 5);
+    printf("rank 1 joined twice\n");
+}
+
+START_TEST(a_rank_claimed_twice_is_refused) {
+    int port = test_free_port();
+    pid_t host = fork(); /* rank 0 of 3, hosting the store; it stops when the rendezvous is aborted */
+    ck_assert_int_ge(host, 0);
+    if (host == 0) {
+        close(1), close(2);
+        store_open("127.0.0.1", port, 0, 3, 5);
+        _exit(0);
+    }
+    /* the first rank 1: its claim, as store_open makes it (ADD rdzv/claim/1 1) */
+    const char *why = "";
+    int fd = store_dial("127.0.0.1", port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 10, &why);
+    ck_assert_msg(fd >= 0, "%s", why);
+    uint8_t req[12 + 12 + 8] = {3}, rep[16];
+    uint32_t klen = htonl(12), vlen = htonl(8);
+    memcpy(req + 4, &klen, 4), memcpy(req + 8, &vlen, 4), memcpy(req + 12, "rdzv/claim/1", 12);
+    req[sizeof req - 1] = 1;
+    ck_assert_int_eq(net_send_all(fd, req, sizeof req, 5), 0);
+    ck_assert_int_eq(net_recv_all(fd, rep, sizeof rep, 5), 0);
+    ck_assert_msg(rep[0] == 1 && rep[15] == 1, "the first claim of rank 1 was not counted 1");
+    /* the second rank 1 */
+    char *out;
+    ck_assert_int_eq(test_run_captured(open_rank1_of3, &port, &out), 2);
+    ck_assert_msg(strstr(out, "two processes claim rank 1 of 3") && !strstr(out, "joined twice"), "%s", out);
+    free(out);
+    close(fd);
+    waitpid(host, NULL, 0);
+}
+END_TEST
+
+/* A barrier lets no rank through before every rank has reached it: rank 0 waits in one while rank 1
+ * watches for the mark rank 0 sets right after it, for half a second, and only then arrives. */
+static void *barrier_rank0(void *p) {
+    RankArg *a = p;
+    Store *s = store_open("127.0.0.1", a->port, 0, 2, 20);
+    store_barrier(s, "the test's barrier");
+    store_set(s, "rank 0 passed", "", 0);
+    store_barrier(s, "before closing");
+    store_close(s);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(barrier_waits_for_every_rank) {
+    RankArg a = {.port = test_free_port()};
+    pthread_t t;
+    pthread_create(&t, NULL, barrier_rank0, &a);
+    Store *s = store_open("127.0.0.1", a.port, 1, 2, 20);
+    while (store_add(s, "barrier/0", 0) < 1) usleep(1000); /* rank 0 is in the barrier */
+    int early = 0;
+    for (double t0 = time_now(); time_now() - t0 < 0.5 && !early;) {
+        early = store_check(s, "rank 0 passed");
+        usleep(2000);
+    }
+    store_barrier(s, "the test's barrier");
+    store_wait(s, "rank 0 passed");
+    store_barrier(s, "before closing");
+    store_close(s);
+    pthread_join(t, NULL);
+    ck_assert_msg(!early, "rank 0 passed the barrier before rank 1 reached it");
+    ck_assert(a.ok);
+}
+END_TEST
+
 /* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
 static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
 
@@ -589,6 +662,8 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
     tcase_add_test(tc, launcher_names_one_first_failure);
+    tcase_add_test(tc, barrier_waits_for_every_rank);
+    tcase_add_test(tc, a_rank_claimed_twice_is_refused);
     suite_add_tcase(s, tc);
     return s;
 }
