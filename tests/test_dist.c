@@ -17,6 +17,7 @@
 #include "clock.h"
 #include "comm.h"
 #include "device.h"
+#include "launch.h"
 #include "rng.h"
 #include "sampler.h"
 #include "net.h"
@@ -606,6 +607,36 @@ START_TEST(a_rank_claimed_twice_is_refused) {
 }
 END_TEST
 
+/* Two nodes of two workers each: node 1's launcher numbers its workers 2 and 3 (node_rank ×
+ * nproc-per-node onwards), so the four ranks are distinct and the job trains. */
+START_TEST(two_nodes_of_two_workers) {
+    char cmd[4096], *out;
+    int port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(" LIMIT "%s/stage3 " TINY " --steps 2 --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port %d & "
+             LIMIT "%s/stage3 " TINY " --steps 2 --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-port %d; "
+             "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
+             test_root(), port, test_root(), port);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "(ranks 0-1 of 4,") && strstr(out, "(ranks 2-3 of 4,") &&
+                      strstr(out, "summary:"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* A worker's GPU is its local rank modulo the GPUs visible on its node — not its global rank, which
+ * differs when a node's workers are not a multiple of its GPUs (node 1's first worker of three is
+ * rank 3, and takes GPU 0). */
+START_TEST(worker_gpu_follows_its_local_rank) {
+    Worker w = {.rank = 3, .local_rank = 0, .world_size = 6, .local_world_size = 3, .node_rank = 1};
+    ck_assert_int_eq(launch_gpu_of(&w, 2), 0);
+    w.rank = 5, w.local_rank = 2;
+    ck_assert_int_eq(launch_gpu_of(&w, 2), 0);
+    ck_assert_int_eq(launch_gpu_of(&w, 4), 2);
+    ck_assert_int_eq(launch_gpu_of(&w, 0), 0); /* no GPU: the CPU */
+}
+END_TEST
+
 /* A barrier lets no rank through before every rank has reached it: rank 0 waits in one while rank 1
  * watches for the mark rank 0 sets right after it, for half a second, and only then arrives. */
 static void *barrier_rank0(void *p) {
@@ -640,6 +671,55 @@ START_TEST(barrier_waits_for_every_rank) {
 }
 END_TEST
 
+/* A launcher's variables that cannot describe this job are refused before anything starts: a rank
+ * equal to the world size, and a world that --nnodes × --nproc-per-node contradicts. */
+START_TEST(worker_variables_out_of_range_are_refused) {
+    static const struct { const char *env, *args, *says; } cases[] = {
+        {"RANK=2 WORLD_SIZE=2", "", "rank 2 of a world of 2"},
+        {"SLURM_PROCID=3 SLURM_LOCALID=0 SLURM_NTASKS=3", "", "rank 3 of a world of 3"},
+        {"RANK=0 WORLD_SIZE=3 LOCAL_WORLD_SIZE=1", "--nnodes 2 --nproc-per-node 1", "the job has 3 workers"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[512], *out;
+        snprintf(args, sizeof args, TINY " --steps 1 --rdzv-timeout 2 --master-port %d %s", test_free_port(),
+                 cases[i].args);
+        int rc = stage3(cases[i].env, args, &out);
+        ck_assert_msg(rc == 2 && strstr(out, cases[i].says), "%s %s: exit %d, expected 2 naming '%s':\n%s",
+                      cases[i].env, cases[i].args, rc, cases[i].says, out);
+        free(out);
+    }
+}
+END_TEST
+
+/* srun and mpirun often give each task its own GPU (CUDA_VISIBLE_DEVICES per task): one visible GPU
+ * is then that worker's own, so NCCL is fine with several workers per node; under our own launcher
+ * (or torchrun) one GPU for two workers is refused for NCCL. Logic only: no GPU is touched. */
+static void resolve_nccl_one_gpu_two_workers(void *launcher) {
+    LaunchConfig cfg = {.device = "cuda", .comm = "nccl"};
+    int cuda;
+    CommKind comm;
+    launch_resolve(&cfg, launcher, 1, 2, &cuda, &comm);
+    printf("cuda %d, %s\n", cuda, comm == COMM_NCCL ? "nccl" : "host");
+}
+
+START_TEST(per_task_gpu_under_srun_and_mpirun) {
+    if (!comm_have_nccl()) return; /* built without NCCL: --comm nccl is refused for another reason */
+    static const struct { const char *launcher; int rc; const char *says; } cases[] = {
+        {"srun", 0, "cuda 1, nccl"},
+        {"mpirun", 0, "cuda 1, nccl"},
+        {"torchrun", 2, "need 2 GPUs"},
+        {"stage3", 2, "need 2 GPUs"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = test_run_captured(resolve_nccl_one_gpu_two_workers, (void *)cases[i].launcher, &out);
+        ck_assert_msg(rc == cases[i].rc && strstr(out, cases[i].says), "%s: exit %d, expected %d and '%s':\n%s",
+                      cases[i].launcher, rc, cases[i].rc, cases[i].says, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
 static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
 
@@ -664,6 +744,10 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, launcher_names_one_first_failure);
     tcase_add_test(tc, barrier_waits_for_every_rank);
     tcase_add_test(tc, a_rank_claimed_twice_is_refused);
+    tcase_add_test(tc, two_nodes_of_two_workers);
+    tcase_add_test(tc, worker_gpu_follows_its_local_rank);
+    tcase_add_test(tc, worker_variables_out_of_range_are_refused);
+    tcase_add_test(tc, per_task_gpu_under_srun_and_mpirun);
     suite_add_tcase(s, tc);
     return s;
 }
