@@ -236,6 +236,55 @@ START_TEST(bucket_extremes) {
 }
 END_TEST
 
+/* PyTorch's rule closes a bucket once it holds at least its cap (size >= bucket_size_limit): a cap of
+ * exactly the first parameter's size gives that parameter a bucket of its own. */
+START_TEST(bucket_closes_at_exactly_its_cap) {
+    OneRank o;
+    one_rank_open(&o, "tiny");
+    Model *m = o.m;
+    int reverse[512] = {0};
+    for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
+    const Param *first = &m->params[reverse[0]], *second = &m->params[reverse[1]];
+    ck_assert_int_ne(first->count, second->count); /* else "exactly" would not be tested */
+    Ddp d;
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = (double)first->count * sizeof(float) / 1048576.0; /* exact: a power-of-two denominator */
+    ddp_init(&d, &o.run, o.comm, &f);
+    ck_assert_uint_eq(d.cap_bytes, (size_t)first->count * sizeof(float));
+    ck_assert_msg(d.buckets[0].n_params == 1 && d.buckets[0].count == first->count,
+                  "bucket 0 holds %d parameters (%lld floats): a bucket of exactly its cap (%s, %zu bytes) must close",
+                  d.buckets[0].n_params, (long long)d.buckets[0].count, first->name, d.cap_bytes);
+    check_plan(&d, reverse, d.cap_bytes, d.cap_bytes);
+    ddp_destroy(&d);
+    one_rank_close(&o);
+}
+END_TEST
+
+/* find_unused_parameters never rebuilds, so PyTorch plans as a rebuild would from the start: with the
+ * default cap (25 MiB) the first bucket closes at 1 MiB (ResNet-18: not all in one 25 MiB bucket). */
+START_TEST(find_unused_plans_first_bucket_at_1mib) {
+    OneRank o;
+    int order[512] = {0}, reverse[512] = {0};
+    open_resnet18_orders(&o, order, reverse);
+    Ddp d;
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.find_unused = 1;
+    ddp_init(&d, &o.run, o.comm, &f);
+    check_plan(&d, reverse, DDP_FIRST_BUCKET_BYTES, (size_t)25 << 20);
+    ck_assert_msg((size_t)d.buckets[0].count * 4 < ((size_t)25 << 20), "first bucket %lld bytes",
+                  (long long)d.buckets[0].count * 4);
+    ddp_destroy(&d);
+    /* a --bucket-mb of the user's own: every bucket at that cap, the first too (PyTorch's rule) */
+    f.bucket_mb = 4;
+    ddp_init(&d, &o.run, o.comm, &f);
+    check_plan(&d, reverse, (size_t)4 << 20, (size_t)4 << 20);
+    ddp_destroy(&d);
+    one_rank_close(&o);
+}
+END_TEST
+
 /* --last-bucket-mb: the last bucket (all-reduced after backward, in the open) is the shortest tail of
  * the order that holds the given size, in the reverse plan and in the rebuilt one; the others are
  * planned by PyTorch's rule. ResNet-18's default last bucket is 8 MiB; with 1 MiB it is conv1 and
@@ -832,6 +881,8 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, buckets_reverse_then_rebuilt_in_ready_order);
     tcase_add_test(tc, bucket_extremes);
     tcase_add_test(tc, small_last_bucket);
+    tcase_add_test(tc, bucket_closes_at_exactly_its_cap);
+    tcase_add_test(tc, find_unused_plans_first_bucket_at_1mib);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
     tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
