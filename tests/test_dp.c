@@ -197,6 +197,22 @@ START_TEST(dp_equals_one_device_cpu) {
 }
 END_TEST
 
+/* ResNet-18 is larger than the reduce's landing bucket (DP_BUCKET_BYTES), so reduce_add goes bucket
+ * by bucket, the last one partial: every gradient is still summed exactly once. (Batch 2, one
+ * sample per device: a CPU step of ResNet-18 takes about a second.) */
+START_TEST(dp_reduce_in_several_buckets_cpu) {
+    ck_assert_int_gt(test_n_params("resnet18"), (int64_t)(DP_BUCKET_BYTES / sizeof(float)));
+    DpConfig cfg = dp_config_defaults();
+    StepOut a, b;
+    dp_one_step(DEV_CPU, 2, 2, "resnet18", 0, &cfg, &a);
+    ref_one_step(DEV_CPU, 2, "resnet18", 0, &b);
+    ck_assert(a.np == b.np && a.np == test_n_params("resnet18"));
+    double gerr = test_rel_err(a.grads, b.grads, a.np);
+    ck_assert_msg(gerr <= 1e-5, "gradients differ by %.3g of max|g|", gerr);
+    step_out_free(&a), step_out_free(&b);
+}
+END_TEST
+
 /* On CUDA, cuDNN may pick different algorithms for a chunk than for the whole batch, and the loss
  * kernel reduces in another order, so besides the summation order the convolutions themselves round
  * differently (fp32, TF32 off, deterministic algorithms): 1e-4 of max |g|, as the CUDA-vs-CPU model
@@ -565,6 +581,7 @@ Suite *suite_dp(void) {
     tcase_add_test(tc, dp_counts_modules_and_tensors_as_pytorch);
     tcase_add_test(tc, dp_on_one_device_is_stage1);
     tcase_add_test(tc, dp_equals_one_device_cpu);
+    tcase_add_test(tc, dp_reduce_in_several_buckets_cpu);
     tcase_add_test(tc, dp_equals_one_device_cuda);
     tcase_add_test(tc, dp_variants_are_bit_identical);
     tcase_add_test(tc, dp_bn_running_stats_are_replica0s);
