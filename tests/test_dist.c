@@ -720,6 +720,73 @@ START_TEST(per_task_gpu_under_srun_and_mpirun) {
 }
 END_TEST
 
+/* A worker's view of the job from each launcher's variables (launch_or_join in a child, which
+ * prints it): the defaults torchrun documents (LOCAL_RANK = RANK, LOCAL_WORLD_SIZE = WORLD_SIZE when
+ * unset), torchrun's agent store (our store one port up), srun's and mpirun's variables, and RANK
+ * taking precedence over an allocation's SLURM_* (torchrun started inside srun). */
+static void print_worker_view(void *env) {
+    static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                                       "TORCHELASTIC_USE_AGENT_STORE", "STAGE3_STATUS_FD", "SLURM_PROCID",
+                                       "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
+                                       "SLURM_TASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+    for (int i = 0; vars[i]; i++) unsetenv(vars[i]);
+    char buf[512], *save, *kv;
+    snprintf(buf, sizeof buf, "%s", (const char *)env);
+    for (kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        *eq = 0;
+        setenv(kv, eq + 1, 1);
+    }
+    LaunchConfig cfg = {.nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500, .device = "cpu", .comm = "auto"};
+    char *argv[] = {"stage3", NULL};
+    Worker w;
+    launch_or_join(1, argv, &cfg, &w);
+    printf("rank %d local %d/%d world %d node %d port %d via %s\n", w.rank, w.local_rank, w.local_world_size,
+           w.world_size, w.node_rank, w.master_port, w.launcher);
+}
+
+START_TEST(worker_view_from_launcher_variables) {
+    static const struct { const char *env, *view; } cases[] = {
+        {"RANK=1 WORLD_SIZE=2", "rank 1 local 1/2 world 2 node 0 port 29500 via environment"},
+        {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 MASTER_PORT=1234 TORCHELASTIC_RUN_ID=x "
+         "TORCHELASTIC_USE_AGENT_STORE=True", "rank 3 local 1/2 world 4 node 1 port 1235 via torchrun"},
+        {"SLURM_PROCID=5 SLURM_NTASKS=8 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_TASKS_PER_NODE=4(x2)",
+         "rank 5 local 1/4 world 8 node 1 port 29500 via srun"},
+        {"SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=2", "rank 2 local 2/3 world 3 node 0 port 29500 via srun"},
+        {"OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=6 OMPI_COMM_WORLD_LOCAL_RANK=2 OMPI_COMM_WORLD_LOCAL_SIZE=3",
+         "rank 5 local 2/3 world 6 node 1 port 29500 via mpirun"},
+        {"RANK=0 WORLD_SIZE=1 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=3",
+         "rank 0 local 0/1 world 1 node 0 port 29500 via environment"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = test_run_captured(print_worker_view, (void *)cases[i].env, &out);
+        ck_assert_msg(rc == 0 && strstr(out, cases[i].view), "%s: exit %d, expected '%s':\n%s", cases[i].env, rc,
+                      cases[i].view, out);
+        free(out);
+    }
+}
+END_TEST
+
+/* Node 0 runs ./stage3 and node 1 ./stage4 (another program, with other flags): refused at once as
+ * different programs, on both nodes, before any flag is compared. */
+START_TEST(different_stages_on_two_nodes_are_refused) {
+    int port = test_free_port();
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "(" LIMIT "%s/stage3 " TINY " --steps 2 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
+             LIMIT "%s/stage4 " TINY " --steps 2 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d; "
+             "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
+             test_root(), port, test_root(), port);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks run different programs") &&
+                      !strstr(out, "started with different --"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
 static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
 
@@ -748,6 +815,8 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, worker_gpu_follows_its_local_rank);
     tcase_add_test(tc, worker_variables_out_of_range_are_refused);
     tcase_add_test(tc, per_task_gpu_under_srun_and_mpirun);
+    tcase_add_test(tc, worker_view_from_launcher_variables);
+    tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
     suite_add_tcase(s, tc);
     return s;
 }
