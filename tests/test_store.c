@@ -219,8 +219,8 @@ START_TEST(store_survives_bad_clients) {
     store_close(s);
     ck_assert_msg(time_now() - t0 < 2 * test_time_scale(), "store_close waited %.1f s for a stranger", time_now() - t0);
     close(idle2);
-    /* the first stranger was dropped after the handshake timeout (2 s here), long before */
-    ck_assert_msg(closed_by_server(idle), "an idle stranger was kept");
+    /* (store_close closes every connection, so whether the first stranger was dropped after the
+     * handshake timeout can only be seen while the store runs: store_drops_idle_strangers_and_empty_keys) */
     close(idle);
 
     /* ADD past INT64_MAX is an error, not a wrapped counter */
