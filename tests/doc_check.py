@@ -169,7 +169,10 @@ def check_twin(root, en, zh, pages, problems):
 
 
 def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    # The default is the checkout this script is in, found through links (the sanitizer builds run the
+    # tests from a folder that links to tests/, stages/ and docs/ but holds no README.md).
+    here = os.path.dirname(os.path.realpath(__file__))
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, ".."))
     problems, pages = [], {}
     for path in md_files(root):
         try:
