@@ -480,6 +480,18 @@ START_TEST(workers_under_torchrun_and_srun_variables) {
 }
 END_TEST
 
+/* Two launchers as on two machines (--nnodes 2), node 0 running BIN0 ARGS0 and node 1 BIN1 ARGS1, on
+ * one free port; OUT ends with "exit codes R0 R1". */
+static void run_two_nodes(const char *bin0, const char *args0, const char *bin1, const char *args1, char **out) {
+    int port = test_free_port();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "(" LIMIT "%s/%s " TINY " --nnodes 2 --node-rank 0 --master-port %d %s & " LIMIT "%s/%s " TINY
+             " --nnodes 2 --node-rank 1 --master-port %d %s; r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
+             test_root(), bin0, port, args0, test_root(), bin1, port, args1);
+    ck_assert_int_eq(test_run(cmd, out), 0);
+}
+
 /* --nnodes 2: two launchers (as on two machines), one worker each; they must agree on the flags —
  * every flag that changes what is trained or which collectives run, each named when it differs (a
  * different --grad-comm once garbled the bucket plan and crashed stage 5). Paths and the like may
@@ -494,15 +506,10 @@ START_TEST(two_nodes_and_mismatched_flags) {
         {"stage5", "--grad-comm fp16", "--grad-comm"},
         {"stage5", "--amp bf16", "--amp"},
     };
-    char cmd[4096], *out, want[64];
+    char args[256], *out, want[64];
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        int port = test_free_port();
-        snprintf(cmd, sizeof cmd,
-                 "(" LIMIT "%s/%s " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
-                 LIMIT "%s/%s " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d %s; "
-                 "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
-                 test_root(), cases[k].stage, port, test_root(), cases[k].stage, port, cases[k].flag);
-        ck_assert_int_eq(test_run(cmd, &out), 0);
+        snprintf(args, sizeof args, "--steps 3 --nproc-per-node 1 %s", cases[k].flag);
+        run_two_nodes(cases[k].stage, "--steps 3 --nproc-per-node 1", cases[k].stage, args, &out);
         if (cases[k].named) {
             snprintf(want, sizeof want, "started with different %s ", cases[k].named);
             ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, want), "%s %s:\n%s", cases[k].stage,
@@ -520,15 +527,10 @@ END_TEST
  * Node 1's ranks see it at once; node 0's rank 0 must not wait --rdzv-timeout for a rank 1 that never
  * comes, but stop with the real cause, which node 1 left in the store. */
 START_TEST(mismatched_world_size_stops_every_node_at_once) {
-    int port = test_free_port();
-    char cmd[2048], *out;
-    snprintf(cmd, sizeof cmd,
-             "(" LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d "
-             "--rdzv-timeout 60 & " LIMIT "%s/stage3 " TINY " --steps 3 --nnodes 2 --node-rank 1 --nproc-per-node 2 "
-             "--master-port %d --rdzv-timeout 60; r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
-             test_root(), port, test_root(), port);
+    char *out;
     double t0 = time_now();
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    run_two_nodes("stage3", "--steps 3 --nproc-per-node 1 --rdzv-timeout 60", "stage3",
+                  "--steps 3 --nproc-per-node 2 --rdzv-timeout 60", &out);
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "rank 0: the rendezvous stopped: rank") &&
                       strstr(out, "start every node with the same --nnodes and --nproc-per-node"),
                   "%s", out);
@@ -610,14 +612,8 @@ END_TEST
 /* Two nodes of two workers each: node 1's launcher numbers its workers 2 and 3 (node_rank ×
  * nproc-per-node onwards), so the four ranks are distinct and the job trains. */
 START_TEST(two_nodes_of_two_workers) {
-    char cmd[4096], *out;
-    int port = test_free_port();
-    snprintf(cmd, sizeof cmd,
-             "(" LIMIT "%s/stage3 " TINY " --steps 2 --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port %d & "
-             LIMIT "%s/stage3 " TINY " --steps 2 --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-port %d; "
-             "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
-             test_root(), port, test_root(), port);
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    char *out;
+    run_two_nodes("stage3", "--steps 2 --nproc-per-node 2", "stage3", "--steps 2 --nproc-per-node 2", &out);
     ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "(ranks 0-1 of 4,") && strstr(out, "(ranks 2-3 of 4,") &&
                       strstr(out, "summary:"), "%s", out);
     free(out);
@@ -773,14 +769,8 @@ END_TEST
 /* Node 0 runs ./stage3 and node 1 ./stage4 (another program, with other flags): refused at once as
  * different programs, on both nodes, before any flag is compared. */
 START_TEST(different_stages_on_two_nodes_are_refused) {
-    int port = test_free_port();
-    char cmd[4096], *out;
-    snprintf(cmd, sizeof cmd,
-             "(" LIMIT "%s/stage3 " TINY " --steps 2 --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-port %d & "
-             LIMIT "%s/stage4 " TINY " --steps 2 --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port %d; "
-             "r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
-             test_root(), port, test_root(), port);
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    char *out;
+    run_two_nodes("stage3", "--steps 2 --nproc-per-node 1", "stage4", "--steps 2 --nproc-per-node 1", &out);
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks run different programs") &&
                       !strstr(out, "started with different --"), "%s", out);
     free(out);
