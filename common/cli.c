@@ -676,8 +676,7 @@ void config_resolve(TrainConfig *c, int cuda) {
     }
     /* What an out-of-memory error will advise (device.c): the levers this run has. Accumulation keeps
      * the optimizer's batch while a micro-batch shrinks (stages 4 and 5). */
-    int accum = 0;
-    for (const Option *o = last_table; o && o->name; o++) accum |= !strcmp(o->name, "accum-steps");
+    const int accum = last_table && find_option(last_table, "accum-steps", strlen("accum-steps"));
     char more[160] = "";
     if (accum && c->accum_steps > 1)
         snprintf(more, sizeof more, "; raise --accum-steps (now %d) as --batch-size falls to keep the optimizer's "

@@ -221,17 +221,13 @@ END_TEST
 
 /* tests/bench_stage3_variants.sh waits for a 2-GPU machine, whose sessions are short: its CPU smoke test
  * runs every row (two workers through --comm host) and reads every figure into the table, so the first
- * GPU run does not find a broken script. With ONLY, the named rows and their references alone. */
+ * GPU run does not find a broken script (a failed row makes the script exit 1). With ONLY, the named rows
+ * and their references alone. The table's row numbers, in order: */
 static int table_rows(const char *out, int *numbers, int cap) {
     const char *t = strstr(out, "\n#  CPU smoke test");
     int n = 0;
-    for (const char *p = t ? strchr(t + 1, '\n') : NULL; p && p[1] >= '0' && p[1] <= '9'; p = strchr(p + 1, '\n')) {
-        const char *eol = strchr(p + 1, '\n');
-        ck_assert_msg(!strstr(p + 1, " failed ") || (eol && strstr(p + 1, " failed ") > eol),
-                      "a row failed:\n%.*s", eol ? (int)(eol - p - 1) : 200, p + 1);
-        if (n < cap) numbers[n] = atoi(p + 1);
-        n++;
-    }
+    for (const char *p = t ? strchr(t + 1, '\n') : NULL; p && p[1] >= '0' && p[1] <= '9'; p = strchr(p + 1, '\n'))
+        if (n < cap) numbers[n++] = atoi(p + 1);
     return n;
 }
 

@@ -2,7 +2,7 @@
 # tutorial_test.sh — the doc test: run every command of the tutorial that works on the CPU backend,
 # so the tutorial cannot rot. `./tests/run_tests tutorial` calls it; it also runs on its own:
 #
-#   bash tests/tutorial_test.sh [TUTORIAL.md [TWIN.md]]     (default docs/tutorial.md docs/tutorial.zh-CN.md)
+#   bash tests/tutorial_test.sh [TUTORIAL.md]     (default docs/tutorial.md)
 #
 # Which blocks run is said in the Markdown itself, by the words after the fence's language:
 #   ```sh cpu-test           run it (from the repository root, under bash -e -o pipefail); it must exit 0
@@ -11,16 +11,13 @@
 #   ```sh cpu-test-pending   a CPU command whose stage is not merged yet: listed, not run (flip it to
 #                            cpu-test once it is)
 #   ```sh                    shown, never run (GPU commands, `make`, long runs)
-# The twin (the Chinese translation) must hold the same ```sh blocks, with the same markers and the same
-# commands in the same order; only comments (a line starting with #, or "  # ..." after a command) may
-# differ, since those are translated.
+# That the Chinese translation holds the same blocks, markers and commands is tests/doc_check.py's
+# check (every translation's, this one's included).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 abs() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 md=$(abs "${1:-$here/docs/tutorial.md}")
-twin=$(abs "${2:-$here/docs/tutorial.zh-CN.md}")
 [ -f "$md" ] || { echo "tutorial_test: $md not found"; exit 2; }
-[ -f "$twin" ] || { echo "tutorial_test: $twin (the translation) not found"; exit 2; }
 tmp=$(mktemp -d /tmp/tutorial_test.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -45,34 +42,15 @@ free_port() {
         (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
     done
 }
-# The commands of a block without its comments: what must match between the two languages.
+# The commands of a block without its comments.
 strip_comments() { sed -e '/^[[:space:]]*#/d' -e 's/[[:space:]][[:space:]]*# .*$//' -e 's/[[:space:]]*$//' "$1"; }
 
 split_blocks "$md" "$tmp/en" || { echo "tutorial_test: $md: cannot parse"; exit 2; }
-split_blocks "$twin" "$tmp/zh" || { echo "tutorial_test: $twin: cannot parse"; exit 2; }
 n=$(cat "$tmp/en/count")
-nz=$(cat "$tmp/zh/count")
 fail=0
 name=${md#$here/}
-zname=${twin#$here/}
 
-# 1. The translation has the same commands, in the same order, with the same markers.
-if [ "$n" != "$nz" ]; then
-    echo "FAIL: $name has $n \`\`\`sh blocks, $zname has $nz: the translation must hold the same commands"
-    fail=1
-else
-    for i in $(seq 1 "$n"); do
-        if ! cmp -s "$tmp/en/$i.tag" "$tmp/zh/$i.tag" ||
-           ! cmp -s <(strip_comments "$tmp/en/$i.sh") <(strip_comments "$tmp/zh/$i.sh"); then
-            echo "FAIL: block $i differs between $name (line $(cat "$tmp/en/$i.line")) and $zname (line $(cat "$tmp/zh/$i.line")):"
-            diff <(cat "$tmp/en/$i.tag"; strip_comments "$tmp/en/$i.sh") \
-                 <(cat "$tmp/zh/$i.tag"; strip_comments "$tmp/zh/$i.sh") | sed 's/^/    /'
-            fail=1
-        fi
-    done
-fi
-
-# 2. Run the CPU blocks.
+# Run the CPU blocks.
 cd "$here"
 ran=0 pending=0
 for i in $(seq 1 "$n"); do
@@ -107,6 +85,6 @@ for i in $(seq 1 "$n"); do
         printf 'ok   block %2d (line %3d, %5s s, exit %d): %s\n' "$i" "$line" "$dt" "$rc" "$first"
     fi
 done
-echo "tutorial_test: $ran CPU blocks run, $pending pending (cpu-test-pending), $n \`\`\`sh blocks in $name and $zname"
+echo "tutorial_test: $ran CPU blocks run, $pending pending (cpu-test-pending), $n \`\`\`sh blocks in $name"
 [ "$ran" -gt 0 ] || { echo "FAIL: no cpu-test block found in $name"; fail=1; }
 exit $fail
