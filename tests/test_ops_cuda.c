@@ -29,6 +29,9 @@
 #include "ops_ref.h"
 #include "precision.h"
 #include "tests.h"
+#ifdef USE_CUDA
+#include "kernels.h" /* launch_bn_*: the scratch-size contract, tested below */
+#endif
 
 #define TOL_CONV 1e-4
 #define TOL_SUM 1e-4
@@ -318,6 +321,7 @@ static void check_bn(Device *d, int n, int c, int hw, uint64_t seed) {
     float *hrm = hrand(c, seed + 4, -0.2f, 0.2f), *hrv = hrand(c, seed + 5, 0.5f, 2.f);
     float *hdx0 = hrand(cnt, seed + 6, -1.f, 1.f), *hdg0 = hrand(c, seed + 7, -1.f, 1.f);
     float *hdb0 = hrand(c, seed + 8, -1.f, 1.f);
+    hrv[c - 1] = 1e-6f; /* below eps: the eval forward must add eps (1/√1e-6 vs 1/√1.1e-5) */
 
     /* reference: train forward, then backward twice (overwrite, then accumulate into a non-zero
      * dx), both adding into the same dgamma/dbeta; then eval forward with the original stats */
@@ -423,6 +427,9 @@ START_TEST(test_elementwise_matches_reference) {
     float *dst2 = up(&d, hc, n);
     grad_pass(&d, n, b, dst2, 1);
     EXPECT_GPU_EXACT(&d, dst2, r, n, "grad_pass accumulate");
+    ref_grad_pass_f32(n, r, r, 1); /* src == dst: copying is a no-op, accumulating doubles */
+    grad_pass(&d, n, dst2, dst2, 1);
+    EXPECT_GPU_EXACT(&d, dst2, r, n, "grad_pass accumulate onto itself");
 
     /* scale_inplace, add_inplace */
     memcpy(r, ha, (size_t)n * sizeof(float));
@@ -533,13 +540,16 @@ static void check_xent(Device *d, int n, int classes, float scale, uint64_t seed
     }
     if (with_ties) {
         /* argmax takes the FIRST maximum (torch.argmax): an all-equal row is "correct" only for
-         * label 0, and a row with two equal maxima only for the earlier one */
-        ck_assert_int_ge(n, 3);
+         * label 0, and a row with two equal maxima only for the earlier one. Rows 0 and 2 count
+         * only with the first maximum, row 3 only with the last, so taking the last changes the
+         * count (with one row of each kind it would not: +1 −1) */
+        ck_assert_int_ge(n, 4);
         ck_assert_int_ge(classes, 8);
         for (int j = 0; j < classes; j++) hz[j] = hz[classes + j] = 0.5f;
         hl[0] = 0, hl[1] = 5;
         hz[2 * classes + 3] = hz[2 * classes + 7] = 10.f;
-        hl[2] = 7;
+        hz[3 * classes + 3] = hz[3 * classes + 7] = 10.f;
+        hl[2] = 3, hl[3] = 7;
     }
     float rloss = 0, *rdz = hzeros(cnt);
     int32_t rcorrect = -1;
@@ -729,6 +739,13 @@ START_TEST(test_lp_elementwise_exact) {
         relu_forward_lp(&d, p, n, a, y);
         ref_relu_forward_f32(n, ha, r);
         EXPECT_LP_EXACT(&d, p, y, r, n, "relu forward");
+        float *hc = hrand(n, 8300, -3.f, 3.f), *racc = hzeros(n);
+        void *dxa = up_lp(&d, p, hc, n);
+        ref_cast_to_lp(p, n, hc, racc);
+        relu_backward_lp(&d, p, n, y, b, dxa, 1);
+        ref_relu_backward_lp(p, n, r, hb, racc, 1);
+        EXPECT_LP_EXACT(&d, p, dxa, racc, n, "relu backward, accumulate");
+        device_free(&d, dxa), free(hc), free(racc);
         relu_backward_lp(&d, p, n, y, b, y, 0); /* in place, as the model does */
         ref_relu_backward_lp(p, n, r, hb, r, 0);
         EXPECT_LP_EXACT(&d, p, y, r, n, "relu backward");
@@ -1127,7 +1144,11 @@ START_TEST(test_add_relu_and_casts_exact) {
                               rw[i]);
             }
             /* cast_add_clear: back += y where y ≠ 0, then y = 0 (autocast's batched weight gradients) */
-            if (acc) device_memset0(&d, (char *)y + off * esz, esz * (size_t)(cnt / 3)); /* some zeros to skip */
+            if (acc) { /* some zeros to skip, onto some −0 gradients: a skipped zero keeps its sign */
+                device_memset0(&d, (char *)y + off * esz, esz * (size_t)(cnt / 3));
+                for (int64_t i = off; i < off + cnt / 3; i += 5) gback[i] = -0.f;
+                device_copy_h2d(&d, back, gback, (size_t)all * sizeof(float));
+            }
             float *gy0 = down_typed(&d, p, y, 1, 1, (int)all, 0);
             cast_add_clear(&d, p, cnt, AT(y), back + off);
             float *gy1 = down_typed(&d, p, y, 1, 1, (int)all, 0), *gback2 = hzeros(all);
@@ -1302,6 +1323,18 @@ START_TEST(test_scaler_ops_match_reference) {
         memcpy(rg, ng, n * 4);
         free(ng);
     }
+    /* a scale whose growth would overflow stays where it is (torch: only a finite grown scale is
+     * taken), and the interval starts again */
+    float big[3] = {0x1p127f, 0x1p-127f, 0.f};
+    int32_t last = 2;
+    memcpy(rs, big, sizeof big), rtr = last;
+    device_copy_h2d(&d, st, big, sizeof big), device_copy_h2d(&d, tr, &last, 4);
+    amp_update_scale(&d, st, st + 1, tr, st + 2, sk, 2.0, 0.5, 3);
+    ref_amp_update_scale(rs, rs + 1, &rtr, rs + 2, &rsk, 2.0, 0.5, 3);
+    ck_assert(rs[0] == 0x1p127f && rtr == 0);
+    EXPECT_GPU_EXACT(&d, st, rs, 3, "scale, inv_scale, found_inf after a growth past FLT_MAX");
+    device_copy_d2h(&d, &htr, tr, 4);
+    ck_assert(htr == 0);
     int64_t counts[2] = {0, 0}, rc[2] = {0, 0}, *dc = device_alloc(&d, 16, "counts");
     rg[5] = 0.f, rg[7] = NAN, rg[9] = -INFINITY, rg[11] = 0.f;
     device_copy_h2d(&d, g, rg, n * 4);
@@ -1314,6 +1347,60 @@ START_TEST(test_scaler_ops_match_reference) {
     device_free(&d, buf), device_free(&d, dc);
     free(hg), free(rg), free(rp), free(rbuf);
     device_destroy(&d);
+}
+END_TEST
+
+/* ---- the batch-norm scratch ------------------------------------------------------------------ */
+
+/* launch_bn_scratch_floats sizes the one scratch every batch-norm call shares (partials, then coef,
+ * then the vector path's per-channel operands). A path that writes past it does not fault —
+ * cudaMalloc hands out whole pages — it silently corrupts what the arena put next. So each path
+ * (NCHW, NHWC scalar, NHWC 16-byte vectors; every type) runs on a scratch of exactly that size
+ * followed by a guard, which must come back untouched. The shapes include ones where the vector
+ * plan cuts as many chunks as the sizing assumes, so no slack hides an overrun. */
+START_TEST(test_bn_scratch_bounds) {
+    if (!test_have_gpu("ops_cuda: batch norm stays inside launch_bn_scratch_floats")) return;
+#ifdef USE_CUDA
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[3] = {PREC_FP32};
+    int np = 1 + lp_types(&d, ps + 1);
+    const int shapes[4][3] = {{4, 20, 9}, {2, 8, 3}, {8, 40, 49}, {16, 64, 256}};
+    enum { GUARD = 4096 };
+    float *sentinel = hzeros(GUARD);
+    for (int i = 0; i < GUARD; i++) sentinel[i] = -12345.5f;
+    for (int k = 0; k < np; k++)
+        for (int sh = 0; sh < 4; sh++)
+            for (int nhwc = 0; nhwc < 2; nhwc++) {
+                const Precision p = ps[k];
+                const int n = shapes[sh][0], c = shapes[sh][1], hw = shapes[sh][2];
+                const int64_t cnt = (int64_t)n * c * hw;
+                const size_t esz = precision_bytes(&d, p), fl = launch_bn_scratch_floats(nhwc, n, c, hw);
+                float *hx = hrand(cnt, 9900 + sh, -2.f, 3.f), *hdy = hrand(cnt, 9901 + sh, -1.f, 1.f);
+                float *hg = hrand(c, 9902, 0.5f, 1.5f), *hb = hrand(c, 9903, -0.5f, 0.5f);
+                void *x = up_typed(&d, p, hx, n, c, hw, nhwc), *dy = up_typed(&d, p, hdy, n, c, hw, nhwc);
+                void *y = device_alloc(&d, (size_t)cnt * esz, "test y"), *dx = device_alloc(&d, (size_t)cnt * esz, "test dx");
+                float *g = up(&d, hg, c), *b = up(&d, hb, c), *rm = dzeros(&d, c), *rv = dzeros(&d, c);
+                float *sm = dzeros(&d, c), *si = dzeros(&d, c), *dg = dzeros(&d, c), *db = dzeros(&d, c);
+                float *scratch = device_alloc(&d, (fl + GUARD) * sizeof(float), "test scratch");
+                device_copy_h2d(&d, scratch + fl, sentinel, GUARD * sizeof(float));
+                launch_bn_forward_train_lp(d.stream, (int)p, nhwc, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm,
+                                           si, y, 1, scratch);
+                launch_bn_backward_lp(d.stream, (int)p, nhwc, n, c, hw, x, y, dy, g, sm, si, dx, dg, db, 0, 1, scratch);
+                float *guard = hzeros(GUARD);
+                device_copy_d2h(&d, guard, scratch + fl, GUARD * sizeof(float));
+                ck_assert_msg(memcmp(guard, sentinel, GUARD * sizeof(float)) == 0,
+                              "batch norm %s %s n=%d c=%d hw=%d wrote past its %zu-float scratch", precision_name(p),
+                              nhwc ? "NHWC" : "NCHW", n, c, hw, fl);
+                free(guard), free(hx), free(hdy), free(hg), free(hb);
+                device_free(&d, x), device_free(&d, dy), device_free(&d, y), device_free(&d, dx);
+                device_free(&d, g), device_free(&d, b), device_free(&d, rm), device_free(&d, rv);
+                device_free(&d, sm), device_free(&d, si), device_free(&d, dg), device_free(&d, db);
+                device_free(&d, scratch);
+            }
+    free(sentinel);
+    device_destroy(&d);
+#endif
 }
 END_TEST
 
@@ -1371,6 +1458,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_bn_fused_relu_matches_emulation);
     tcase_add_test(tc, test_add_relu_and_casts_exact);
     tcase_add_test(tc, test_scaler_ops_match_reference);
+    tcase_add_test(tc, test_bn_scratch_bounds);
     suite_add_tcase(s, tc);
     return s;
 }
