@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model.h"
 #include "ops.h"
@@ -424,6 +425,38 @@ START_TEST(sampler_matches_torch) {
 }
 END_TEST
 
+/* Every committed fixture has a script that makes it (tests/torch/regen_fixtures.sh, which runs them
+ * all again on a machine with PyTorch and compares byte for byte): no file in tests/fixtures/ that
+ * nobody can regenerate, and no listed script that is missing. */
+START_TEST(every_fixture_has_a_generator) {
+    char cmd[1200], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cd '%s' && LIST=1 bash tests/torch/regen_fixtures.sh", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    int listed = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        char file[256], script[256];
+        ck_assert_msg(sscanf(line, "%255[^\t]\t%*s\tpython3 %255s", file, script) == 2, "bad line: %s", line);
+        char path[1600];
+        snprintf(path, sizeof path, "%s/tests/fixtures/%s", test_root(), file);
+        ck_assert_msg(access(path, R_OK) == 0, "regen_fixtures.sh lists %s, which is not committed", file);
+        snprintf(path, sizeof path, "%s/%s", test_root(), script);
+        ck_assert_msg(access(path, R_OK) == 0, "%s: its generator %s is missing", file, script);
+        listed++;
+    }
+    free(out);
+    /* and the other way: each committed file is listed (comm -23: lines only in the first list) */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && bash -c 'comm -23 <(ls tests/fixtures | sort) "
+             "<(LIST=1 bash tests/torch/regen_fixtures.sh | cut -f1 | sort)'",
+             test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(out[0] == 0, "committed fixtures no script makes (add them to tests/torch/regen_fixtures.sh):\n%s",
+                  out);
+    ck_assert_int_ge(listed, 13);
+    free(out);
+}
+END_TEST
+
 Suite *suite_fixtures(void) {
     Suite *s = suite_create("fixtures");
     TCase *tc = tcase_create("pytorch");
@@ -438,6 +471,7 @@ Suite *suite_fixtures(void) {
     tcase_add_test(tc, conversions_match_torch);
     tcase_add_test(tc, bf16_cpu_autocast_matches_torch);
     tcase_add_test(tc, cuda_autocast_matches_torch);
+    tcase_add_test(tc, every_fixture_has_a_generator);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,7 +1,7 @@
 """adam_scaler_fixture.py — torch.optim.Adam(fused=True) under torch.amp.GradScaler, skipping steps, for
 tests/test_adam.c.
 
-    python3 tests/torch/adam_scaler_fixture.py      (needs a CUDA GPU: fused Adam; writes
+    python3 tests/torch/adam_scaler_fixture.py [OUT] (needs a CUDA GPU: fused Adam; default OUT
                                                      tests/fixtures/adam_scaler.bin)
 
 Stage 5 with --optimizer adam skips an overflowed step on the device, as torch's fused Adam does when
@@ -15,6 +15,7 @@ CASE.lrs [6] f64, CASE.wd [1] f64, CASE.params [attempts][n] f32 (after each att
 [attempts] f64 (the scale after each update).
 """
 import os
+import sys
 
 import torch
 
@@ -56,7 +57,7 @@ def case(f, name, wd, grad_scales, seed):
 
 
 def main():
-    path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "adam_scaler.bin")
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures", "adam_scaler.bin")
     with open(path, "wb") as f:
         f.write(b"FIXT0001")
         for c in CASES:

@@ -1,6 +1,6 @@
 """make_adam_fixture.py — torch.optim.Adam's trajectory on a flat buffer, for tests/test_adam.c.
 
-    python3 tests/torch/make_adam_fixture.py        (writes tests/fixtures/adam.bin; CPU is enough)
+    python3 tests/torch/make_adam_fixture.py [OUT]  (default tests/fixtures/adam.bin; CPU is enough)
 
 Two cases, each a float32 parameter vector of 1003 values (not a multiple of the CPU kernels' vector
 width, so their scalar tails are exercised too) stepped 6 times by torch.optim.Adam (foreach=False:
@@ -11,6 +11,7 @@ Records: CASE.p0 [n] f32, CASE.grads [steps][n] f32, CASE.lrs [steps] f64, CASE.
 CASE.params [steps][n] f32 (after each step). Same container as fixtures.py, written with struct.
 """
 import os
+import sys
 import struct
 
 import torch
@@ -63,7 +64,7 @@ def case(f, name, wd, grad_scales, seed):
 
 
 def main():
-    path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "adam.bin")
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures", "adam.bin")
     with open(path, "wb") as f:
         f.write(b"FIXT0001")
         for c in CASES:
