@@ -85,6 +85,19 @@ void amp_check(const AmpConfig *a) {
     if (p == PREC_FP16 && !a->no_grad_scaler && !isfinite((float)(1.0 / (double)(float)a->init_scale)))
         die_user("--init-scale %g: 1/scale overflows fp32, so every step would be skipped — train with "
                  "--init-scale 3e-39 or more (the default is 65536)", a->init_scale);
+    /* DDP's per-bucket optimizer steps (stage 5's --optimizer-overlap) would step parameters before the
+     * scaler, or the gradient statistics, saw the last gradient. */
+    const char *overlap = cli_choice("optimizer-overlap");
+    if (overlap && strcmp(overlap, "off")) {
+        if (p == PREC_FP16 && !a->no_grad_scaler)
+            die_user("--optimizer-overlap cannot run under fp16's GradScaler: the scaler must see every gradient "
+                     "(inf/NaN) before it lets any parameter step — use --amp bf16 or --amp off, or "
+                     "--optimizer-overlap off");
+        if (a->grad_stats || a->no_grad_scaler)
+            die_user("--optimizer-overlap cannot run with %s: the gradient statistics count every gradient before "
+                     "any parameter steps — drop one of the two",
+                     a->no_grad_scaler ? "--no-grad-scaler (it counts the gradients)" : "--grad-stats");
+    }
 }
 
 /* The flag's type, refused with a clear error when it is bf16 and the GPU predates Ampere. */

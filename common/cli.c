@@ -335,6 +335,11 @@ int cli_given(const char *name) {
     return 0;
 }
 
+const char *cli_choice(const char *name) {
+    const Option *o = parsed ? find_option(parsed, name, strlen(name)) : NULL;
+    return o && (o->kind == OPT_CHOICE || o->kind == OPT_STR) ? *(const char *const *)o->dst : NULL;
+}
+
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
     /* Every stage starts here. A file-size limit (ulimit -f) would kill the process in the middle of
      * a write with SIGXFSZ, silently; ignored, the write fails with EFBIG, and the writer's own error

@@ -32,6 +32,10 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
  * that override others, so an explicit value is refused rather than silently replaced. It reads the table
  * given to cli_parse, which must still be alive (the stages never free theirs). */
 int cli_given(const char *name);
+/* The value of a CHOICE or STR flag as the last cli_parse left it (its default when not given), or NULL
+ * when that table has no such flag: for a check that spans two concepts' flags (amp_check reads DDP's
+ * --optimizer-overlap), made once before the workers start. */
+const char *cli_choice(const char *name);
 
 /* The flags every rank of a job must agree on, as the last cli_parse left them: v[0] and v[1] name the
  * table (its flag names, their count), then one 32-bit hash per flag value — integers, so a sum over

@@ -451,10 +451,7 @@ void ddp_register_comm_hook(Ddp *d, Precision p) {
 void ddp_register_fused_optim(Ddp *d, Optimizer *opt, int grad_scaler) {
     if (d->overlap_optim == DDP_OPTIM_OFF) return; /* the caller steps after backward */
     ASSERT(!d->fused_optim && d->iteration == 0 && opt->count == d->m->n_param_floats);
-    if (grad_scaler)
-        die_user("--optimizer-overlap cannot run under fp16's GradScaler: the scaler must see every gradient "
-                 "(inf/NaN) before it lets any parameter step — use --amp bf16 or --amp off, or --optimizer-overlap "
-                 "off");
+    ASSERT(!grad_scaler); /* amp_check refuses --optimizer-overlap under the scaler or its statistics */
     d->fused_optim = opt;
     if (d->overlap_optim == DDP_OPTIM_IN_BACKWARD) {
         side_stream_init(&d->optim_stream, d->dev);
@@ -784,10 +781,10 @@ void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, doubl
 static void per_rank(Ddp *d) {
     enum { FB, EX, BC, N };
     double v[N * DDP_PER_RANK_MAX] = {0};
-    v[N * d->rank + FB] = series_median(&d->fb_run);
-    v[N * d->rank + EX] = series_median(&d->exposed_run);
-    v[N * d->rank + BC] = series_median(&d->bcast_run);
-    comm_sum_doubles(d->comm, v, N * d->world);
+    /* a series with no timed step is NAN (console "n/a", JSON null), not a median of 0 ms */
+    const DdpSeries *series[N] = {&d->fb_run, &d->exposed_run, &d->bcast_run};
+    for (int k = 0; k < N; k++) v[N * d->rank + k] = series[k]->n ? series_median(series[k]) : NAN;
+    comm_sum_doubles(d->comm, v, N * d->world); /* NAN + the other ranks' 0s stays NAN */
     static const char *const what[N] = {"forward+backward", "waited after backward", "waited for buffers"};
     static const char *const key[N] = {"fwd_bwd_ms_per_rank", "exposed_backward_ms_per_rank", "bcast_ms_per_rank"};
     char line[4096]; /* 64 ranks × 3 values fit; appended piece by piece, never past the end */
@@ -796,7 +793,8 @@ static void per_rank(Ddp *d) {
     for (int k = 0; k < N; k++) {
         if (used < sizeof line) used += (size_t)snprintf(line + used, sizeof line - used, "%s %s", k ? " |" : "", what[k]);
         for (int i = 0; i < d->world && used < sizeof line; i++)
-            used += (size_t)snprintf(line + used, sizeof line - used, " %.3f", v[N * i + k]);
+            used += isnan(v[N * i + k]) ? (size_t)snprintf(line + used, sizeof line - used, " n/a")
+                                        : (size_t)snprintf(line + used, sizeof line - used, " %.3f", v[N * i + k]);
     }
     if (d->world > 1) report_printf(r, "%s\n", line); /* one rank: the JSON only, a baseline for the others */
     json_begin(r, "comm_per_rank");

@@ -115,9 +115,10 @@ void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t ba
     char eta[32];
     double left = batch > 0 ? elapsed_s / (double)batch * (double)(batches - batch) : 0;
     fmt_duration(eta, sizeof eta, left);
-    char line[256];
-    int n = snprintf(line, sizeof line, "epoch %d/%d [%s] %lld/%lld  loss %.4f  ETA %s", epoch, epochs, cells,
-                     (long long)batch, (long long)batches, (double)loss, eta);
+    char line[256], lossbuf[16] = "–"; /* no loss read back yet (every --log-every steps): not a 0 */
+    if (!isnan(loss)) snprintf(lossbuf, sizeof lossbuf, "%.4f", (double)loss);
+    int n = snprintf(line, sizeof line, "epoch %d/%d [%s] %lld/%lld  loss %s  ETA %s", epoch, epochs, cells,
+                     (long long)batch, (long long)batches, lossbuf, eta);
     if (n < 0) return;
     printf("\r%-*s", BAR_COLS, line);
     fflush(stdout);

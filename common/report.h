@@ -27,7 +27,8 @@ void report_close(Report *r);
 
 /* printf to stdout, clearing the progress bar first. */
 void report_printf(Report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* "epoch 2/5 [=====>     ] 120/390  loss 1.2345  ETA 0:12" on one line (\r), stdout only. */
+/* "epoch 2/5 [=====>     ] 120/390  loss 1.2345  ETA 0:12" on one line (\r), stdout only; a NAN loss
+ * (none read back yet) shows as "loss –". */
 void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches,
                      double elapsed_s, float loss);
 

@@ -601,10 +601,10 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
             report_printf(&r->report, "  step %6lld  epoch %lld  batch %5lld/%lld  loss %.4f\n",
                           (long long)r->step, (long long)r->epoch + 1, (long long)batch + 1,
                           (long long)r->batches_per_epoch, loss);
-        r->last_train_loss = loss;
+        r->last_train_loss = loss, r->loss_read = 1;
     }
     report_progress(&r->report, (int)r->epoch + 1, c->epochs, batch + 1, r->batches_per_epoch,
-                    time_now() - r->epoch_t0, (float)r->last_train_loss);
+                    time_now() - r->epoch_t0, r->loss_read ? (float)r->last_train_loss : NAN);
     trace_step(r->step); /* opens / closes the --trace-steps window */
 }
 
@@ -678,7 +678,7 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     double loss, acc;
     collect_times(r, log, &loss, &acc);
     r->data_wait_s += data_wait_s;
-    r->last_train_loss = loss, r->last_train_acc = acc, r->last_test_acc = test_acc;
+    r->last_train_loss = loss, r->last_train_acc = acc, r->last_test_acc = test_acc, r->loss_read = 1;
     double med = median_ms(r), secs = time_now() - r->epoch_t0;
     int64_t peaks[PEAKS_LISTED];
     size_t max_peak;

@@ -121,6 +121,7 @@ typedef struct Run {
     int n_times, cap_times, seen_steps;
     double data_wait_s, t_start, epoch_t0;
     double last_train_loss, last_train_acc, last_test_acc;
+    int loss_read;              /* a training loss has been read back: the progress bar shows it */
     int64_t last_epoch_done;
     int shuffle, drop_last;        /* the training sampler (run_sampler): part of a checkpoint's position */
     CheckpointMeta resumed;        /* --resume's checkpoint, checked against the run (resume_unchecked: */

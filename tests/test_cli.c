@@ -557,6 +557,10 @@ static void progress_child(void *arg) {
     report_progress(&off, 1, 1, 1, 2, 1.0, 1.0f); /* bar disabled: nothing */
     report_printf(&off, "done\n");
     report_close(&off);
+    Report first;
+    report_open(&first, NULL, "on", 1);
+    report_progress(&first, 1, 3, 7, 390, 0.5, NAN); /* no loss read back yet */
+    report_close(&first);
 }
 
 START_TEST(test_progress_bar) {
@@ -571,6 +575,7 @@ START_TEST(test_progress_bar) {
     ck_assert_msg(line && line[-1] == ' ', "bar not cleared before output: %s", out);
     ck_assert_msg(!strstr(out, "121/390"), "bar redrawn faster than 10/s: %s", out);
     ck_assert_msg(strstr(out, "done\n") && !strstr(out, "epoch 1/1"), "off bar drawn: %s", out);
+    ck_assert_msg(strstr(out, "] 7/390  loss –  ETA"), "a loss not yet read back is not shown as –: %s", out);
     free(out);
 }
 END_TEST

@@ -201,6 +201,17 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     free(dir);
 }
 
+/* The bar shows a loss only once one has been read back (every --log-every steps): before that "–",
+ * never a 0.0000 that looks like a result. */
+START_TEST(stage1_progress_bar_waits_for_a_loss) {
+    char *out = NULL;
+    int rc = run_stage("stage1", "--device cpu --model tiny --train-size 512 --test-size 64 --batch-size 32 "
+                                 "--steps 3 --epochs 1 --log-every 1000 --progress on", &out);
+    ck_assert_msg(rc == 0 && strstr(out, "] 1/16  loss –  ETA") && !strstr(out, "loss 0.0000"), "%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(stage1_memory_fraction_caps_the_account) {
     memory_fraction_case(DEV_CPU, SMALL);
     /* Where the stage accumulates, the hint says how to keep the optimizer's batch while the micro-batch
@@ -264,6 +275,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_deterministic_across_workers);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
+    tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
     suite_add_tcase(s, tc);
     return s;
