@@ -116,7 +116,9 @@ static void fmt_default(char *buf, size_t len, const Option *o) {
 }
 
 /* Help text wrapped at word boundaries to HELP_COLS, continuation lines indented to `col`. */
-#define HELP_COLS 110
+#define HELP_COLS 100
+#define NAME_COLS 28 /* a longer "--flag METAVAR" (choices can be long) gets a line of its own */
+#define DEFAULT_COLS 22 /* likewise a longer "default VALUE" */
 static void print_wrapped(const char *text, int col) {
     int width = HELP_COLS - col < 40 ? 40 : HELP_COLS - col;
     while ((int)strlen(text) > width) {
@@ -149,14 +151,20 @@ static void cli_print_help(const Option *opts, const char *prog, const char *abo
         if ((int)strlen(def) > w_def) w_def = (int)strlen(def);
     }
     if (w_name < 12) w_name = 12;
-    w_def += 10; /* "default " + padding */
+    if (w_name > NAME_COLS) w_name = NAME_COLS;
+    w_def += 8; /* "default " */
+    if (w_def > DEFAULT_COLS) w_def = DEFAULT_COLS;
+    const int col = 2 + w_name + 2 + w_def + 1; /* where the help text starts */
     for (const Option *o = opts; o->name; o++) {
         char head[256], dflt[300];
         snprintf(head, sizeof head, "--%s%s%s", o->name, o->kind == OPT_FLAG ? "" : " ", opt_metavar(o));
         fmt_default(def, sizeof def, o);
         snprintf(dflt, sizeof dflt, "default %s", def);
-        printf("  %-*s  %-*s ", w_name, head, w_def, dflt);
-        print_wrapped(o->help ? o->help : "", 2 + w_name + 2 + w_def + 1);
+        if ((int)strlen(head) > w_name) printf("  %s\n  %-*s  ", head, w_name, ""); /* its own line */
+        else printf("  %-*s  ", w_name, head);
+        if ((int)strlen(dflt) > w_def) printf("%s\n%*s", dflt, col, "");
+        else printf("%-*s ", w_def, dflt);
+        print_wrapped(o->help ? o->help : "", col);
     }
     printf("  %-*s  %-*s %s\n", w_name, "--help, -h", w_def, "", "print this help and exit");
 }
@@ -207,6 +215,9 @@ static const Option *find_option(const Option *opts, const char *name, size_t le
 }
 
 _Noreturn static void die_unknown(const Option *opts, const char *arg) {
+    if (arg[0] == '-' && arg[1] != '-' && strcspn(arg + 1, "=") == 1) /* -b: one letter says nothing of which flag */
+        die_user("unknown option '%.*s': options are long (--name VALUE; only -h is short) — see --help for the "
+                 "list", (int)strcspn(arg, "="), arg);
     const char *name = arg;
     while (*name == '-') name++;
     char buf[128];

@@ -40,7 +40,8 @@ static const char *ABOUT =
     "stage3: DistributedDataParallel training of ResNet-18 (CIFAR layout): one process per GPU, gradients\n"
     "all-reduced in buckets (NCCL, or a host ring) while backward runs.\n"
     "usage: ./stage3 [options]            spawns --nproc-per-node workers of itself (like torchrun)\n"
-    "       torchrun --no-python --nproc-per-node 2 ./stage3 [options]   (or srun / mpirun)\n"
+    "       STAGE_RDZV_SECRET=$(openssl rand -hex 32) torchrun --no-python --nproc-per-node 2 ./stage3 [options]\n"
+    "                                     (or srun / mpirun: every rank needs the same STAGE_RDZV_SECRET)\n"
     "       ./stage3 --show-sampler --dataset-size N --world-size R --rank r [--epoch e] [--seed s]";
 
 int main(int argc, char **argv) {

@@ -40,7 +40,8 @@ static const char *ABOUT =
     "stage4: DistributedDataParallel training of ResNet-18 (CIFAR layout) with gradient accumulation:\n"
     "--accum-steps micro-batches per optimizer step, gradients all-reduced once per step (no_sync for the others).\n"
     "usage: ./stage4 [options]            spawns --nproc-per-node workers of itself (like torchrun)\n"
-    "       torchrun --no-python --nproc-per-node 2 ./stage4 [options]   (or srun / mpirun)\n"
+    "       STAGE_RDZV_SECRET=$(openssl rand -hex 32) torchrun --no-python --nproc-per-node 2 ./stage4 [options]\n"
+    "                                     (or srun / mpirun: every rank needs the same STAGE_RDZV_SECRET)\n"
     "       ./stage4 --show-sampler --dataset-size N --world-size R --rank r [--epoch e] [--seed s]";
 
 int main(int argc, char **argv) {

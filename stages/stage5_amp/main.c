@@ -42,7 +42,8 @@ static const char *ABOUT =
     "stage5: mixed-precision (autocast + GradScaler) DistributedDataParallel training of ResNet-18 (CIFAR\n"
     "layout) with gradient accumulation: conv/linear in fp16 or bf16, fp32 master weights.\n"
     "usage: ./stage5 [options]            spawns --nproc-per-node workers of itself (like torchrun)\n"
-    "       torchrun --no-python --nproc-per-node 2 ./stage5 [options]   (or srun / mpirun)\n"
+    "       STAGE_RDZV_SECRET=$(openssl rand -hex 32) torchrun --no-python --nproc-per-node 2 ./stage5 [options]\n"
+    "                                     (or srun / mpirun: every rank needs the same STAGE_RDZV_SECRET)\n"
     "       ./stage5 --show-scaler FFIFF [--growth-interval N] [--init-scale S]   the GradScaler lesson\n"
     "       ./stage5 --show-sampler --dataset-size N --world-size R --rank r [--epoch e] [--seed s]";
 
