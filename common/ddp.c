@@ -218,8 +218,8 @@ static void rebuild(Ddp *d) {
         return;
     }
     describe(d, desc, sizeof desc);
-    report_printf(&d->run->report, "ddp: after step 1, buckets rebuilt in gradient-ready order (first ≤ 1 MiB%s): %s\n",
-                  d->last_bytes ? ", last as before" : "", desc);
+    report_printf(&d->run->report, "ddp: after step 1, buckets rebuilt in gradient-ready order (first ≤ 1 MiB%s)%s: %s\n",
+                  d->last_bytes ? ", last as before" : "", d->overlap ? "" : ", unused under --no-overlap", desc);
 }
 
 /* ---- timing points ---------------------------------------------------------------------------- */

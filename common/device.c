@@ -163,17 +163,24 @@ size_t device_alloc_size(size_t bytes) {
     return rounded ? rounded : ALLOC_ROUND;
 }
 
-/* Out of memory: the device itself (capped 0), or --memory-fraction's cap (1). */
+/* The model's own state, whose size no batch flag changes: out of memory there, a smaller batch is no fix. */
+static int batch_independent(const char *what) {
+    return !strcmp(what, "parameters") || !strcmp(what, "gradients") || !strncmp(what, "optimizer ", 10);
+}
+
+/* Out of memory: the device itself (capped 0), or --memory-fraction's cap (1). Not a bug, and not a
+ * bad flag as such: a run-time error (exit 1) that says what did not fit and which flags would help. */
 _Noreturn static void die_oom(const Device *d, size_t rounded, const char *what, int capped) {
-    char msg[320], cap[128] = "";
+    char cap[128] = "", fix[300];
     if (capped)
         snprintf(cap, sizeof cap, ": --memory-fraction %g caps this process at %.3g MiB of the device's %.1f GiB",
                  device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
-    snprintf(msg, sizeof msg, "%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)%s", d->name,
-             rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0, cap);
-    char hint[320];
-    snprintf(hint, sizeof hint, "out of memory: %s%s", capped ? "raise --memory-fraction, or " : "", device_oom_fix);
-    die_at(__FILE__, __LINE__, "device_alloc", msg, hint);
+    if (batch_independent(what))
+        snprintf(fix, sizeof fix, "%sthe model's own state does not fit, whatever the batch%s",
+                 capped ? "raise --memory-fraction; " : "", strstr(device_oom_fix, "--model tiny") ? ": use --model tiny" : "");
+    else snprintf(fix, sizeof fix, "%s%s", capped ? "raise --memory-fraction, or " : "", device_oom_fix);
+    die_runtime("%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)%s\n  hint: out of memory: %s",
+                d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0, cap, fix);
 }
 
 void *device_alloc(Device *d, size_t bytes, const char *what) {

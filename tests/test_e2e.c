@@ -189,6 +189,14 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     int tiny = strstr(base, "--model tiny") != NULL;
     ck_assert_msg(tiny == !strstr(out, "or use --model tiny"), "the hint %s --model tiny:\n%s",
                   tiny ? "offers the tiny model to a run of it" : "does not offer", out);
+    ck_assert_msg(!strncmp(out, "error: ", 7) || strstr(out, "\nerror: "), "not an error: line:\n%s", out);
+    free(out);
+    /* A cap the parameters themselves do not fit in: no batch size helps, and the hint does not offer one. */
+    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --memory-fraction %.17g", base, 1024.0 / total);
+    rc = run_stage("stage1", args, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "for parameters") && strstr(out, "the model's own state does not fit") &&
+                      !strstr(out, "--batch-size"),
+                  "parameters that do not fit: exit %d\n%s", rc, out);
     free(out);
     if (kind == DEV_CUDA) { /* and a real one, where cudaMalloc fails: ResNet-18 at batch 65536 needs ~370 GB */
         rc = run_stage("stage1", "--device cuda --model resnet18 --batch-size 65536 --train-size 65536 "
