@@ -13,7 +13,8 @@
  *                                    finite steps in a row S ·= growth (2), unless that is inf.
  *
  * No host synchronisation: S, 1/S, the growth counter and found_inf live in device memory; the
- * SGD kernel reads found_inf and writes nothing when it is set (as PyTorch's fused optimizers
+ * optimizer's kernel (SGD's, or Adam's through adam_step_unless) reads found_inf and writes nothing
+ * when it is set (as PyTorch's fused optimizers
  * take found_inf), and update() is a one-thread kernel. The host never learns whether a step was
  * skipped until it asks (scaler_get_scale, scaler_skipped — at the report, not in the loop).
  * Under DDP the check runs on the gradients after the all-reduce, so every rank sees the same
@@ -99,8 +100,8 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, stru
 void scaler_destroy(GradScaler *s);
 /* scaler.scale(loss).backward(): dloss (count fp32 values, the loss gradient) *= S. */
 void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count);
-/* scaler.step(optimizer): unscale and check grads (count fp32 values), then the SGD step unless a
- * gradient was inf/NaN. Disabled: optimizer step as usual. */
+/* scaler.step(optimizer): unscale and check grads (count fp32 values), then the optimizer step
+ * unless a gradient was inf/NaN. Disabled: optimizer step as usual. */
 void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64_t count,
                  double lr);
 /* scaler.update(): the new scale on the device. */

@@ -2,7 +2,8 @@
  *
  * File layout (little-endian): a fixed header (magic "DPDDPCKP", format version, header size, the
  * model description, counters, seed), then the parameter blob, the buffer blob (batch-norm running
- * statistics), the optimizer's momentum blob, and a 64-bit FNV-1a checksum of everything before it.
+ * statistics), the optimizer's state (SGD's momentum; Adam's exp_avg, then exp_avg_sq), and a 64-bit
+ * FNV-1a checksum of everything before it.
  * A save writes "<path>.tmp", fsyncs it, renames it over <path> and fsyncs the directory, so a crash
  * never leaves a half-written checkpoint under the real name and an older checkpoint is never lost.
  * A load refuses — with an error naming the file and the problem — a missing file, a wrong magic or

@@ -462,7 +462,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"steps", OPT_INT64, &c->steps, 0, 1e12, NULL,
          "stop after this many optimizer steps (0 = no limit: run all epochs)"},
         {"batch-size", OPT_INT, &c->batch_size, 1, 65536, NULL,
-         "samples per optimizer step per device (DataLoader batch_size)"},
+         "samples per device in each forward and backward (DataLoader batch_size); an optimizer step takes one "
+         "such batch, or --accum-steps of them where the stage accumulates"},
         {"lr", OPT_FLOAT, &c->lr, above0, 100, NULL, "peak learning rate (torch.optim.SGD lr)"},
         {"momentum", OPT_FLOAT, &c->momentum, 0, below1, NULL, "SGD momentum (torch.optim.SGD momentum)"},
         {"weight-decay", OPT_FLOAT, &c->weight_decay, 0, 1, NULL,
@@ -514,7 +515,7 @@ Option *config_options(TrainConfig *c, const Option *extra) {
          "continue training from checkpoint FILE: weights, optimizer state (SGD momentum, or Adam's moments and "
          "step), stage 5's GradScaler state and data position"},
         {"report", OPT_STR, &c->report, 0, 0, NULL,
-         "write JSON lines (step, epoch and summary records) to FILE, for scripts"},
+         "write JSON lines (config, step, epoch, summary records, and each stage's own) to FILE, for scripts"},
         {"progress", OPT_CHOICE, &c->progress, 0, 0, "auto|on|off",
          "progress bar with ETA; auto = only when stdout is a terminal"},
         {"trace", OPT_STR, &c->trace, 0, 0, NULL,
@@ -631,7 +632,6 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (c->test_size < 0 && synthetic) c->test_size = cuda ? 10000 : 1024;
 
     /* Cross-flag rules and paths: fail now, not after an epoch of training. */
-    if (c->epochs == 0 && c->steps == 0) die_user("--epochs and --steps are both 0: nothing to train");
     /* --deterministic with --cudnn-benchmark is allowed, as in PyTorch: the search then only
      * considers deterministic algorithms. */
     struct stat st;

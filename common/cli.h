@@ -55,7 +55,7 @@ typedef struct TrainConfig {
     int epochs;              /* −1 = auto (5 on CUDA, 4 on CPU) */
     int64_t steps;           /* stop after this many optimizer steps; 0 = no limit */
     int batch_size;          /* per device */
-    int accum_steps;         /* micro-batches per optimizer step (stage 4's --accum-steps); 0 = no accumulation */
+    int accum_steps;         /* micro-batches per optimizer step (stages 4–5's --accum-steps); 0 = no accumulation */
     double lr, momentum, weight_decay;
     const char *schedule;    /* const | cosine (over the whole run) */
     int64_t seed;
@@ -90,8 +90,8 @@ void config_defaults(TrainConfig *c);
 /* The common option rows for c; `extra` (may be NULL) rows are appended. Returns a malloc'd,
  * terminated table. */
 Option *config_options(TrainConfig *c, const Option *extra);
-/* Fill "auto" values for the device kind (cuda = 1 / cpu = 0) and check cross-flag rules
- * (e.g. --steps and --epochs both 0). */
+/* Fill "auto" values for the device kind (cuda = 1 / cpu = 0) and check cross-flag rules and paths
+ * (e.g. --keep-last without --save, --momentum with --optimizer adam, a missing --data directory). */
 void config_resolve(TrainConfig *c, int cuda);
 
 #endif

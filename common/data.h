@@ -1,9 +1,10 @@
 /* data.h — datasets in host memory: the embedded synthetic CIFAR-like set, or real CIFAR-10.
  *
  * A Dataset is N images of 3×32×32 bytes (CHW, as CIFAR-10's binary format stores them) and N labels.
- * The synthetic set is generated from a seed: every class has a smooth random prototype pattern and
- * colour; each sample is its class prototype, shifted by a few pixels, with per-sample contrast and
- * noise, so it is learnable but not trivial, and random crops and flips help as they do on CIFAR.
+ * The synthetic set is generated from a seed: every class has a smooth random object and colour
+ * cast; each sample is its class's object (shifted, mirrored) over background clutter, with a
+ * weaker object of another class, random contrast, brightness, tint and noise (data.c has the
+ * recipe), so it is learnable but not trivial, and random crops and flips help as they do on CIFAR.
  * Real CIFAR-10 (--data DIR) is read from data_batch_1..5.bin and test_batch.bin; every file is
  * validated and a problem is reported naming the file and what is wrong with it. */
 #ifndef DATA_H

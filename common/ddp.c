@@ -316,7 +316,8 @@ static void check_job_flags(Ddp *d) {
         if (all[i] != mine[i] * d->world)
             die_user("rank %d: the ranks were started with different --%s — start every rank with the same flags "
                      "(only paths, --keep-last, --workers, --pin-memory, --progress, --node-rank, --master-addr, the "
-                     "timeouts and --no-cuda-graph, --cudnn-benchmark, --deterministic may differ)", d->rank, names[i]);
+                     "timeouts, --no-cuda-graph, --cudnn-benchmark, --deterministic, --memory-fraction and "
+                     "--test-inf-step may differ; --trace only in its path)", d->rank, names[i]);
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */

@@ -11,14 +11,14 @@
  * than PyTorch's.)
  *
  * model_backward calls ddp_grad_ready(p) as soon as parameter p's gradient is final. When the last
- * gradient of a bucket arrives, the whole bucket is divided by the world size (so the SUM all-reduce
- * gives the mean) and its all-reduce is launched on the communicator's stream, after an event on the
- * compute stream — while backward continues with the earlier layers. Buckets launch strictly in
+ * gradient of a bucket arrives, its mean all-reduce is launched on the communicator's stream, after
+ * an event on the compute stream — each rank's values times 1/world, then summed, inside the
+ * collective (comm.h), not as a pass of its own — while backward continues with the earlier layers. Buckets launch strictly in
  * index order, so every rank issues the same collectives in the same order. ddp_backward_end makes
  * the compute stream wait for all of them before the optimizer runs. --no-overlap instead
  * all-reduces the whole gradient once, after backward: the same bytes, nothing hidden.
  *
- * no_sync (gradient accumulation, stage 4): ddp_set_sync(d, 0) is `with ddp_model.no_sync():`, and
+ * no_sync (gradient accumulation, stages 4–5): ddp_set_sync(d, 0) is `with ddp_model.no_sync():`, and
  * like PyTorch's it must cover the forward as well as the backward. Under it the gradient-ready hook
  * does nothing: each backward ADDS its gradients to the flat buffer (model_backward accumulates) and
  * no bucket is reduced. The next backward with sync on reduces the buckets — views of the
@@ -107,7 +107,7 @@ typedef struct DdpFlags {
     int no_overlap;
     const char *optimizer_overlap;                      /* off | in-backward (_register_fused_optim) | after-backward */
     int find_unused;                                    /* find_unused_parameters=True */
-    int sync_each_micro_step; /* stage 4: the experiment of forgetting no_sync (no row here) */
+    int sync_each_micro_step; /* stages 4–5: the experiment of forgetting no_sync (no row here) */
     int drop_last, no_shuffle;                          /* DistributedSampler */
     SamplerShow show;                                   /* --show-sampler */
 } DdpFlags;
@@ -194,11 +194,11 @@ typedef struct Ddp {
  * in MiB). Collective. */
 void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f);
 /* ddp_model.register_comm_hook(None, fp16_compress_hook | bf16_compress_hook) for p = PREC_FP16 |
- * PREC_BF16 (PREC_FP32: nothing, DDP's default fp32 all-reduce). Each bucket, already divided by the
- * world size, is cast to 16 bits into a 16-bit copy of the gradient buffer, all-reduced in 16 bits
- * (half the bytes), and cast back into the fp32 bucket before the optimizer reads it. PyTorch's hook
- * casts first and divides in 16 bits; for a power-of-two world size both orders give the same bits
- * (the division is exact unless it underflows). Call once, after ddp_init. */
+ * PREC_BF16 (PREC_FP32: nothing, DDP's default fp32 all-reduce). Each bucket is cast to 16 bits into
+ * a 16-bit copy of the gradient buffer, averaged over the ranks in 16 bits inside the all-reduce
+ * (1/world applied as it reads; half the bytes), and cast back into the fp32 bucket before the
+ * optimizer reads it — cast first, then divided, as fp16_compress_hook does. Call once, after
+ * ddp_init. */
 void ddp_register_comm_hook(Ddp *d, Precision p);
 /* --optimizer-overlap: DDP takes the optimizer step over, bucket by bucket, each a slice of the step
  * (optim_step_slice), and the caller does NOT call optim_step (d->fused_optim says so); the same
@@ -212,10 +212,11 @@ void ddp_register_comm_hook(Ddp *d, Precision p);
  *                   as soon as its own all-reduce is done — the earlier buckets' were done during
  *                   backward, so their steps run while the last bucket is still being all-reduced,
  *                   and nothing runs beside backward.
- * Refused, with the fix named, with --no-overlap (no buckets), with --sync-each-micro-step (it would
- * step every micro-step), and when grad_scaler is set (fp16's GradScaler must see every gradient
- * before it lets any step happen; PyTorch's overlap has no scaler either). Call once, after ddp_init
- * and ddp_register_comm_hook. */
+ * ddp_init refuses it, with the fix named, with --no-overlap (no buckets) and with
+ * --sync-each-micro-step (it would step every micro-step). grad_scaler must be 0: amp_check refuses
+ * --optimizer-overlap under fp16's GradScaler or the gradient statistics before the workers start
+ * (they must see every gradient before any step; PyTorch's overlap has no scaler either). Call once,
+ * after ddp_init and ddp_register_comm_hook. */
 enum { DDP_OPTIM_OFF, DDP_OPTIM_IN_BACKWARD, DDP_OPTIM_AFTER_BACKWARD };
 void ddp_register_fused_optim(Ddp *d, Optimizer *opt, int grad_scaler);
 void ddp_destroy(Ddp *d);

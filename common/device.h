@@ -31,7 +31,7 @@ typedef struct Device {
     DeviceKind kind;
     int index;         /* logical index within this process (replica / rank number) */
     int ordinal;       /* physical CUDA ordinal; -1 for CPU */
-    char name[96];     /* "cpu" or e.g. "cuda:0 (NVIDIA H200)" */
+    char name[96];     /* "cpu0" (cpuN: the index) or e.g. "cuda:0 (NVIDIA H200)" */
     /* options, set before device_init by the caller (or left 0) */
     int deterministic; /* deterministic cuDNN algorithms only */
     int benchmark;     /* choose conv algorithms by measurement (cudnnFind*) */

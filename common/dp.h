@@ -78,11 +78,12 @@ typedef struct DpConfig {
 
 /* The calibrated defaults (see stages/stage2_data_parallel/README.md for where they come from). */
 DpConfig dp_config_defaults(void);
-/* Stage 2's own flags (--gpus, --gil-*, --no-python, --dp-thread-pool, --p2p) as option rows
- * writing into *c: config_options(&cfg, dp_options(&c)). */
+/* Stage 2's own flags (--gpus, --gil-*, --no-python, --dp-thread-pool, --dp-plan-us,
+ * --dp-plan-bench-us, --p2p) as option rows writing into *c: config_options(&cfg, dp_options(&c)). */
 const Option *dp_options(DpConfig *c);
-/* After cli_parse: apply --no-python and --p2p, and pick the device count when --gpus is auto
- * (every visible GPU, or 2 virtual devices on the CPU backend). */
+/* After cli_parse: apply --no-python and --p2p, pick the device count when --gpus is auto (every
+ * visible GPU, or 2 virtual devices on the CPU backend), and set what DataParallel runs as PyTorch's
+ * replicas do: NCHW (--layout nhwc is refused) and op by op, without CUDA graphs. */
 void dp_config_resolve(DpConfig *c, DeviceKind kind);
 
 typedef struct DataParallel DataParallel;

@@ -1,7 +1,7 @@
 /* hash.h — FNV-1a, 64 bits: the one hash of this project.
  *
  * It fingerprints a model's parameter names and shapes, checksums checkpoints, and lets DDP's ranks
- * compare their bucket plans. Not cryptographic: it catches accidents (a truncated file, a
+ * compare their flags and models. Not cryptographic: it catches accidents (a truncated file, a
  * different model), not an attacker. */
 #ifndef HASH_H
 #define HASH_H

@@ -31,7 +31,7 @@ typedef struct Batch {
 typedef struct LoaderConfig {
     int batch_size;
     int workers;     /* 0 = synchronous */
-    int prefetch;    /* ring slots (≥ 1); default 2 × max(workers, 1) */
+    int prefetch;    /* ring slots; 0 = 2 × max(workers, 1) (loader_config, every stage's: that + 2) */
     int augment;     /* random crop + flip (training); 0 for evaluation */
     int shuffle;     /* 1: randperm(seed + epoch); 0: 0..N−1 */
     int drop_last;

@@ -1,8 +1,8 @@
 /* ops.h — every operation the trainer runs, one function each, dispatching on the device kind.
  *
  * DEV_CPU  → the plain C reference in ops_ref.c (the "CPU backend"; also the oracle for tests).
- * DEV_CUDA → ops_cuda.c: cuDNN for convolution and batch norm, cuBLAS for linear, and our own
- *            kernels (kernels.cu) for the rest.
+ * DEV_CUDA → ops_cuda.c: cuDNN for convolution, cuBLAS for linear, and our own kernels
+ *            (kernels.cu) for batch norm and the rest.
  *
  * Conventions (all of them PyTorch's):
  *  - tensors are float32, NCHW, contiguous; pointers are in the device's memory;

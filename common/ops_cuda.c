@@ -1,9 +1,9 @@
 /* ops_cuda.c — the CUDA backend of ops.h (see ops_cuda.h).
  *
- * Convolution and batch norm use cuDNN's *legacy* API (cudnnConvolutionForward & co.). It is
+ * Convolution uses cuDNN's *legacy* API (cudnnConvolutionForward & co.). It is
  * deprecated in cuDNN 9 in favour of the graph API but still shipped, and it is what PyTorch's
  * eager mode calls, so our choices (algorithm search, math type, determinism) mirror PyTorch's.
- * The linear layer is a cuBLAS SGEMM; everything else is a kernel of ours (kernels.cu).
+ * The linear layer is a cuBLAS SGEMM; batch norm and everything else are kernels of ours (kernels.cu).
  * Every op is issued on d->stream (cuDNN's and cuBLAS's handles were bound to it in device_init)
  * and none synchronises with the host. Nothing here allocates device memory except conv planning,
  * which runs at model setup. */

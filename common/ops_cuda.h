@@ -1,5 +1,5 @@
-/* ops_cuda.h — the CUDA backend of ops.h: cuDNN (convolution, batch norm), cuBLAS (linear) and our
- * kernels (kernels.cu) for everything else. Called only through the dispatcher in ops.c, with
+/* ops_cuda.h — the CUDA backend of ops.h: cuDNN (convolution), cuBLAS (linear) and our kernels
+ * (kernels.cu) for batch norm and everything else. Called only through the dispatcher in ops.c, with
  * exactly the semantics documented in ops.h. Exists only in a CUDA build. */
 #ifndef OPS_CUDA_H
 #define OPS_CUDA_H

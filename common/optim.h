@@ -39,8 +39,6 @@ void optim_slices_done(Optimizer *o);
 void optim_step_unless(Optimizer *o, float *params, const float *grads, double lr_now,
                        const float *skip);
 
-/* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
- * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). */
 /* --optimizer sgd|adam: optim_init for "sgd"; for "adam", torch.optim.Adam(lr, weight_decay) with
  * its default betas and eps (adam.h; momentum is not used). optim_step and optim_destroy serve both. */
 void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count, double lr,
@@ -51,6 +49,8 @@ void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count
 int64_t optim_adam_steps(Optimizer *o);
 void optim_set_adam_steps(Optimizer *o, int64_t n);
 
+/* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
+ * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). */
 double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps);
 
 #endif

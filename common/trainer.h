@@ -9,7 +9,7 @@
  * synchronisation); on the CPU backend it is wall-clock time. The first WARMUP_STEPS steps of a run
  * (cuDNN planning, caches) are excluded from the median.
  *
- * Gradient accumulation (stage 4, TrainConfig.accum_steps = K > 0): a step is an OPTIMIZER step of
+ * Gradient accumulation (stages 4–5, TrainConfig.accum_steps = K > 0): a step is an OPTIMIZER step of
  * K micro-batches. --steps, the LR schedule, the step log, the timing (ms per optimizer step;
  * images/s counts K × batch × world images per step) and checkpoints all count optimizer steps; an
  * epoch has ceil(batches / K) of them, its last group possibly shorter. Checkpoints therefore
@@ -66,7 +66,8 @@ typedef struct StepLog {
     float *loss;           /* device: each entry's loss as the loss kernel wrote it (mean / k) */
     int32_t *correct;      /* device: correct predictions of each entry */
     int *n, *k;            /* host: samples in each entry; the K its loss was divided by */
-    TimeMark *at;          /* a mark at each step start (+1 for the epoch end) */
+    TimeMark *at;          /* a mark at each step start (cap + 1 of them; the epoch's end is not marked, so
+                            * its last step is not timed: steplog_finish) */
 } StepLog;
 void steplog_init(StepLog *s, Device *dev, int cap);
 void steplog_destroy(StepLog *s);
@@ -140,8 +141,8 @@ typedef struct Run {
  * cfg->accum_steps > 0 the run accumulates gradients: the header shows the effective batch
  * K × batch × world, and a checkpoint must sit on a group boundary of the same K.
  * Several processes (stage 3): every rank calls this with its rank and a sum_across function;
- * only rank 0 prints, writes the report and saves checkpoints; training losses, accuracies and
- * step counts are summed over ranks (so the report shows the average), and the summary lists every
+ * only rank 0 prints, writes the report and saves checkpoints; training losses, correct counts and
+ * sample counts are summed over ranks (so the report shows the job's mean), and the summary lists every
  * rank's peak memory (each process owns one device, n_devs == 1; the first 64 ranks one by one, the
  * largest over all of them in the epoch lines and the summary). The test accuracy and loss given
  * to run_epoch_end are already the whole job's (ddp_evaluate all-reduces them). */

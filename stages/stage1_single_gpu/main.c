@@ -15,8 +15,9 @@
  *         optimizer.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); optimizer.step()
  * Here each line is a call into common/: the loader builds batches on worker threads, InputPipe
  * copies them to the GPU on a second stream, the model runs cuDNN/cuBLAS/our kernels, and the fused
- * SGD kernel updates the flat parameter buffer. Nothing in the step waits for the GPU, so the host
- * runs ahead and the GPU never idles (unless the data is late: see "data wait" in the report). */
+ * SGD kernel updates the flat parameter buffer. Nothing in the step waits for the GPU (but the loss
+ * read back every --log-every steps), so the host runs ahead and the GPU never idles (unless the data
+ * is late: see "data wait" in the report). */
 #include <stdio.h>
 #include <string.h>
 

@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
     Optimizer opt;
     optim_init_named(&opt, cfg.optimizer, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
-    /* Each rank reads only its DistributedSampler shard: indices rank, rank + R, rank + 2R, … */
+    /* Each rank reads only its DistributedSampler shard: places rank, rank + R, … of the epoch's order */
     int64_t shard = sampler_shard_size(train_set.n, w.world_size, f.drop_last);
     int64_t *indices = xmalloc((size_t)shard * sizeof(int64_t));
     LoaderConfig train_cfg = loader_config(&cfg, cfg.batch_size, 1);

@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
     Optimizer opt;
     optim_init_named(&opt, cfg.optimizer, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 
-    /* Each rank reads only its DistributedSampler shard: indices rank, rank + R, rank + 2R, … */
+    /* Each rank reads only its DistributedSampler shard: places rank, rank + R, … of the epoch's order */
     int64_t shard = sampler_shard_size(train_set.n, w.world_size, f.drop_last);
     int64_t *indices = xmalloc((size_t)shard * sizeof(int64_t));
     LoaderConfig train_cfg = loader_config(&cfg, cfg.batch_size, 1);
@@ -137,7 +137,7 @@ int main(int argc, char **argv) {
     ddp_init(&ddp, &run, comm, &f);
     ddp_register_comm_hook(&ddp, amp_grad_comm(&amp, &dev)); /* --grad-comm fp16|bf16: fp16_compress_hook */
     const int K = cfg.accum_steps; /* micro-batches per optimizer step */
-    GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16 and off */
+    GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16, off and --no-grad-scaler */
     scaler_init(&scaler, &dev, &amp, prec, &run); /* scaler.load_state_dict() when resuming */
     ddp_register_fused_optim(&ddp, &opt, scaler.enabled || scaler.stats); /* --optimizer-overlap: not under fp16's scaler */
 
