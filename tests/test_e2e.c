@@ -225,8 +225,12 @@ START_TEST(stage1_memory_fraction_caps_the_account) {
     /* Where the stage accumulates, the hint says how to keep the optimizer's batch while the micro-batch
      * shrinks (stage 4 runs 4 micro-batches a step by default). */
     char args[512], *out;
-    snprintf(args, sizeof args, SMALL " --steps 1 --epochs 1 --nproc-per-node 1 --master-port %d --memory-fraction 1e-9",
-             test_free_port());
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, 0);
+    const double total = (double)d.mem_total; /* a cap of 4 MiB: the model's state fits, the step's arena does not */
+    device_destroy(&d);
+    snprintf(args, sizeof args, SMALL " --steps 1 --epochs 1 --nproc-per-node 1 --master-port %d --memory-fraction %.17g",
+             test_free_port(), 4194304.0 / total);
     int rc = run_stage("stage4", args, &out);
     ck_assert_msg(rc == 1 && strstr(out, "lower --batch-size (now 32); raise --accum-steps (now 4) as --batch-size "
                                          "falls to keep the optimizer's batch"),
