@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "sampler.h"
 #include "net.h"
 #include "store.h"
+#include "worker_status.h"
 
 #include "tests.h"
 
@@ -430,6 +432,42 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
 }
 END_TEST
 
+/* STAGE3_FAIL_AT=RANK:STEP[:SIGNAL], the failure tests' fault injection, on its own: a worker (a
+ * forked child here, with no status page) of that rank fails at that step — exit 3, or the signal,
+ * named with or without SIG — and every other rank or step goes on; a value it cannot read stops the
+ * worker with exit 2 and says what it expects, rather than injecting nothing. */
+typedef struct FailAt { const char *env; int rank; } FailAt;
+
+static void fail_at_child(void *arg) {
+    const FailAt *f = arg;
+    setenv("STAGE3_FAIL_AT", f->env, 1);
+    status_attach(-1, f->rank, f->rank);
+    for (int64_t step = 1; step <= 5; step++) launch_step(step);
+}
+
+START_TEST(fail_at_injects_where_it_says) {
+    struct { FailAt f; int status; const char *says; } cases[] = {
+        {{"1:3", 1}, 3, "rank 1: failing on purpose at step 3"},
+        {{"1:3", 0}, 0, NULL},
+        {{"0:9", 0}, 0, NULL},
+        {{"2:4:KILL", 2}, 128 + SIGKILL, NULL},
+        {{"2:4:SIGTERM", 2}, 128 + SIGTERM, "failing on purpose at step 4"},
+        {{"1:0", 1}, 2, "expected RANK:STEP"},
+        {{"-1:3", 0}, 2, "expected RANK:STEP"},
+        {{"3", 3}, 2, "expected RANK:STEP"},
+        {{"1:3:BOGUS", 1}, 2, "unknown signal 'BOGUS'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int st = test_run_captured(fail_at_child, &cases[i].f, &out);
+        ck_assert_msg(st == cases[i].status, "STAGE3_FAIL_AT=%s on rank %d: status %d, expected %d:\n%s",
+                      cases[i].f.env, cases[i].f.rank, st, cases[i].status, out);
+        ck_assert_msg(!cases[i].says || strstr(out, cases[i].says), "STAGE3_FAIL_AT=%s: %s", cases[i].f.env, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* The same binary as a worker under torchrun's and srun's variables (started here by hand, as
  * those launchers would): it trains exactly as under our own launcher. torchrun's agent holds
  * MASTER_PORT itself, so a listener sits there to prove we use the port after it. */
@@ -795,6 +833,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
+    tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
