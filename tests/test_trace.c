@@ -33,6 +33,17 @@ static void trace_and_check(const char *stage, const char *args, const char *win
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0, "%s failed (%d):\n%s", stage, rc, out);
     ck_assert_msg(strstr(out, "trace: "), "%s printed no trace line:\n%s", stage, out);
+    ck_assert_msg(!strstr(out, "dropped"), "%s: spans dropped, or a note about none:\n%s", stage, out);
+    /* the line's span count is the file's (merged: every rank's) */
+    int said = -1, spans = 0;
+    ck_assert(sscanf(strstr(out, "trace: "), "trace: %d spans", &said) == 1);
+    char file[600];
+    snprintf(file, sizeof file, "%s/t.json", dir);
+    char *json = test_slurp(file, NULL);
+    ck_assert_msg(json, "%s not written", file);
+    for (const char *p = json; (p = strstr(p, "\"ph\":\"X\"")); p++) spans++;
+    ck_assert_msg(said == spans, "%s says %d spans, %s holds %d", stage, said, file, spans);
+    free(json);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/trace_check.py %s/t.json --steps %s --pids %d --expect %s",
              test_root(), dir, window, pids, expect);
     rc = test_run(cmd, &chk);
@@ -67,6 +78,13 @@ START_TEST(stage1_trace) {
     if (!have_python()) return;
     trace_and_check("stage1", "--steps 7 --workers 2", "2:5", 1, 1,
                     "step input 'load batch' forward backward optimizer");
+}
+END_TEST
+
+/* A window from the run's first step: step 0's span, and every span of batch 0, carry their n. */
+START_TEST(window_from_step_0) {
+    if (!have_python()) return;
+    trace_and_check("stage1", "--steps 3 --workers 1", "0:2", 1, 1, "step input 'load batch' forward backward optimizer");
 }
 END_TEST
 
@@ -105,7 +123,7 @@ START_TEST(window_after_the_run) {
 END_TEST
 
 START_TEST(bad_trace_flags_refused) {
-    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000"};
+    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000", "0:1001"}; /* 1000 steps at most */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[1024], *out;
         snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace /tmp/never.json --trace-steps '%s'",
@@ -244,6 +262,7 @@ Suite *suite_trace(void) {
     TCase *tc = tcase_create("trace");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, stage1_trace);
+    tcase_add_test(tc, window_from_step_0);
     tcase_add_test(tc, stage2_trace);
     tcase_add_test(tc, stage3_trace);
     tcase_add_test(tc, window_after_the_run);
