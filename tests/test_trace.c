@@ -108,7 +108,8 @@ START_TEST(stage3_trace) {
 }
 END_TEST
 
-/* The window lies beyond the run: a valid file with no spans, and a note saying why. */
+/* The window lies beyond the run, or before a resumed one: a valid file with no spans, and a note
+ * saying why. */
 START_TEST(window_after_the_run) {
     if (!have_python()) return;
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -118,7 +119,20 @@ START_TEST(window_after_the_run) {
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0, "(%d)\n%s", rc, out);
     ck_assert_msg(strstr(out, "ended before step 5"), "%s", out);
-    free(out), free(dir);
+    free(out);
+    /* or before it: a run resumed at step 5 with --trace-steps 2:5 traces nothing, and says why (it
+     * used to say the run "ended before step 2") */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 5 --save %s/c && %s/stage1 " SMALL " --workers 0 "
+             "--steps 8 --resume %s/c/step00000005.ckpt --trace %s/r.json --trace-steps 2:5", test_root(), dir,
+             test_root(), dir, dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "the run started at step 5, after the --trace-steps 2:5 window") &&
+                  !strstr(out, "ended before"), "(%d)\n%s", rc, out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    char *json = test_slurp(path, NULL);
+    ck_assert_msg(json && strstr(json, "traceEvents") && !strstr(json, "\"ph\":\"X\""), "%s: %s", path, json);
+    free(json), free(out), free(dir);
 }
 END_TEST
 
