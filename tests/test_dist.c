@@ -4,12 +4,14 @@
  * everything listens on 127.0.0.1 only, and every child process runs under `timeout`. */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -228,6 +230,37 @@ START_TEST(too_few_file_descriptors_is_clear) {
              "--progress off --nproc-per-node 2 --master-port %d --rdzv-timeout 20", test_free_port());
     ck_assert_msg(stage3("ulimit -Sn 12;", args, &out) == 0, "a low soft limit should be raised:\n%s", out);
     free(out);
+}
+END_TEST
+
+/* net_reserve_fds at its edge: a hard limit of exactly what is needed is enough, one less is not
+ * (and says how many there are). In a child: the limit it sets is its own. */
+static void reserve_at_the_limit(void *arg) {
+    struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) exit(9);
+    long have = 0, have2 = 0;
+    int enough = net_reserve_fds(64, &have), short_by_one = net_reserve_fds(65, &have2);
+    exit(enough == 0 && have == 64 && short_by_one == -1 && have2 == 64 ? 0 : 1);
+}
+
+/* A peer that closes its end: reading from it, or writing to it, fails with ECONNRESET (the messages
+ * say "connection reset"), not a misleading EAGAIN or EPIPE. */
+START_TEST(net_edges_file_limit_and_closed_peer) {
+    char *out;
+    ck_assert_msg(test_run_captured(reserve_at_the_limit, NULL, &out) == 0, "net_reserve_fds at the limit: %s", out);
+    free(out);
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    ck_assert_int_eq(net_send_all(sv[1], "ab", 2, 1.0), 0);
+    close(sv[1]);
+    char buf[4];
+    errno = 0;
+    ck_assert_int_eq(net_recv_all(sv[0], buf, 4, 1.0), -1); /* two bytes, then the end */
+    ck_assert_msg(errno == ECONNRESET, "recv from a closed peer: %s", strerror(errno));
+    errno = 0;
+    ck_assert_int_eq(net_send_all(sv[0], "x", 1, 1.0), -1);
+    ck_assert_msg(errno == ECONNRESET, "send to a closed peer: %s", strerror(errno));
+    close(sv[0]);
 }
 END_TEST
 
@@ -830,6 +863,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_port_in_use_is_clear);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
+    tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
