@@ -55,9 +55,9 @@ typedef struct Out {
 
 static struct {
     char file[4096];
-    int configured, opened, closed, written, rank, world;
+    int configured, opened, closed, written, rank, world, stepped;
     Out mine, merged; /* this process's file; rank 0 of several: the merged one */
-    int64_t a, b, step_t0;
+    int64_t a, b, step_t0, first; /* first: the step the run started at (a resumed run's is past 0) */
     char process[64];
     Event *ev;
     atomic_int n;
@@ -435,6 +435,7 @@ static void close_window(void) {
 
 void trace_step(int64_t done) {
     if (!g.configured) return;
+    if (!g.stepped) g.stepped = 1, g.first = done;
     int64_t now = now_ns();
     if (trace_on()) emit("step", "step", g.step_t0, now, done - 1, tid_self());
     if (!g.opened && done >= g.a && done < g.b) open_window();
@@ -444,7 +445,10 @@ void trace_step(int64_t done) {
 
 void trace_finish(void) {
     if (!g.configured || g.written) return;
-    if (!g.opened && g.rank == 0)
+    if (!g.opened && g.rank == 0 && g.stepped && g.first >= g.b) /* resumed past the window */
+        printf("trace: the run started at step %lld, after the --trace-steps %lld:%lld window: the trace holds "
+               "no spans\n", (long long)g.first, (long long)g.a, (long long)g.b);
+    else if (!g.opened && g.rank == 0)
         printf("trace: the run ended before step %lld, where --trace-steps %lld:%lld begins: the trace "
                "holds no spans\n", (long long)g.a, (long long)g.a, (long long)g.b);
     close_window();

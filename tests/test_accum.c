@@ -29,41 +29,6 @@
 #define LIMIT "timeout -k 5 300 "
 #define TINY "--device cpu --model tiny --deterministic --progress off --log-every 1 --workers 1"
 
-/* ---- reading reports ------------------------------------------------------------------------- */
-
-/* Field `key` of the last {"type":"<type>"} record of a report (NAN if none). */
-static double report_field(const char *path, const char *type, const char *key) {
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f, "report %s not written", path);
-    char line[8192], tag[64], k[80];
-    snprintf(tag, sizeof tag, "\"type\":\"%s\"", type);
-    snprintf(k, sizeof k, "\"%s\":", key);
-    double v = NAN;
-    while (fgets(line, sizeof line, f)) {
-        if (!strstr(line, tag)) continue;
-        char *p = strstr(line, k);
-        if (p) v = atof(p + strlen(k));
-    }
-    fclose(f);
-    return v;
-}
-
-/* Field `key` of every {"type":"<type>"} record, in order; returns how many. */
-static int report_series(const char *path, const char *type, const char *key, double *out, int max) {
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f, "report %s not written", path);
-    char line[8192], tag[64], k[80];
-    snprintf(tag, sizeof tag, "\"type\":\"%s\"", type);
-    snprintf(k, sizeof k, "\"%s\":", key);
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < max) {
-        char *p = strstr(line, tag) ? strstr(line, k) : NULL;
-        if (p) out[n++] = atof(p + strlen(k));
-    }
-    fclose(f);
-    return n;
-}
-
 /* Run a command that must succeed; its output is returned (malloc'd) when out is given. */
 static void run_ok(const char *cmd, const char *what, char **out) {
     char *o;
@@ -97,8 +62,12 @@ static void check_equivalence(int world, int K, int B, int groups, int J, const 
     for (int i = 0; i < groups; i++)
         ck_assert_msg(fabs(a[i] - b[i]) <= 1e-5 * fabs(a[i]), "%s: step %d loss %.9g (stage 1) vs %.9g (stage 4)", what,
                       i + 1, a[i], b[i]);
-    ck_assert_int_eq((int)report_field(pb, "summary", "optimizer_steps"), groups);
-    ck_assert_int_eq((int)report_field(pb, "summary", "micro_steps"), (groups - 1) * K + J);
+    ck_assert_int_eq((int)test_report_field(pb, "summary", "optimizer_steps"), groups);
+    ck_assert_int_eq((int)test_report_field(pb, "summary", "micro_steps"), (groups - 1) * K + J);
+    /* the epoch's training loss: every micro-batch's loss counts whole (it is divided by K for the
+     * gradient only), so it is stage 1's mean over the same samples, a partial last group included */
+    double ta = test_report_field(pa, "epoch", "train_loss"), tb = test_report_field(pb, "epoch", "train_loss");
+    ck_assert_msg(fabs(ta - tb) <= 1e-5 * fabs(ta), "%s: epoch train loss %.9g (stage 1) vs %.9g", what, ta, tb);
     int64_t np = test_n_params("tiny");
     snprintf(pa, sizeof pa, "%s/one/epoch001.ckpt", dir);
     snprintf(pb, sizeof pb, "%s/acc/epoch001.ckpt", dir);
@@ -109,8 +78,8 @@ static void check_equivalence(int world, int K, int B, int groups, int J, const 
         /* and the evaluation: every rank its shard of the 67 test images (padding not counted) */
         snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
         snprintf(pb, sizeof pb, "%s/acc.jsonl", dir);
-        double la = report_field(pa, "epoch", "test_loss"), lb = report_field(pb, "epoch", "test_loss");
-        double ca = report_field(pa, "epoch", "test_acc"), cb = report_field(pb, "epoch", "test_acc");
+        double la = test_report_field(pa, "epoch", "test_loss"), lb = test_report_field(pb, "epoch", "test_loss");
+        double ca = test_report_field(pa, "epoch", "test_acc"), cb = test_report_field(pb, "epoch", "test_acc");
         ck_assert_msg(fabs(la - lb) <= 1e-5 * fabs(la), "%s: test loss %.9g (stage 1) vs %.9g", what, la, lb);
         ck_assert_msg(fabs(ca - cb) <= 1.01 / 67, "%s: test accuracy %.6f (stage 1) vs %.6f", what, ca, cb);
     } else {
@@ -165,14 +134,15 @@ START_TEST(sync_each_micro_step_same_params_k_times_the_calls) {
         ck_assert_msg(strstr(out, "effective batch 24"), "the header names the effective batch K × B × R:\n%s", out);
         free(out);
         snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
-        calls[i] = report_field(path, "summary", "allreduce_calls");
-        bytes[i] = report_field(path, "summary", "allreduce_bytes");
-        micro[i] = report_field(path, "summary", "micro_steps");
-        opt[i] = report_field(path, "summary", "optimizer_steps");
+        calls[i] = test_report_field(path, "summary", "allreduce_calls");
+        bytes[i] = test_report_field(path, "summary", "allreduce_bytes");
+        micro[i] = test_report_field(path, "summary", "micro_steps");
+        opt[i] = test_report_field(path, "summary", "optimizer_steps");
         ck_assert_int_eq((int)micro[i], K * steps);
         ck_assert_int_eq((int)opt[i], steps);
         /* images per second count every micro-batch: K × B × R images per optimizer step */
-        double ms = report_field(path, "summary", "ms_per_iter_median"), ips = report_field(path, "summary", "img_per_s");
+        double ms = test_report_field(path, "summary", "ms_per_iter_median");
+        double ips = test_report_field(path, "summary", "img_per_s");
         ck_assert_msg(ms > 0 && fabs(ips - 1e3 * K * B * R / ms) <= 1e-6 * ips, "img/s %.6g at %.6g ms per step", ips, ms);
     }
     ck_assert_int_eq((int)calls[0], steps); /* one bucket (tiny), once per optimizer step */
@@ -263,9 +233,9 @@ START_TEST(collectives_per_step_match_pytorch) {
                  test_free_port(), rep);
         run_ok(cmd, line, NULL);
         double got_bc[64], got_ar[64], got_step[64];
-        ck_assert_int_eq(report_series(rep, "comm", "step", got_step, 64), steps);
-        report_series(rep, "comm", "broadcasts", got_bc, 64);
-        report_series(rep, "comm", "collectives", got_ar, 64);
+        ck_assert_int_eq(test_report_series(rep, "comm", "step", got_step, 64), steps);
+        test_report_series(rep, "comm", "broadcasts", got_bc, 64);
+        test_report_series(rep, "comm", "collectives", got_ar, 64);
         for (int i = 0; i < steps; i++) {
             ck_assert_int_eq((int)got_step[i], i + 1);
             ck_assert_msg((int)got_bc[i] == bc[i], "%s step %d: %d buffer broadcasts, PyTorch %d", line, i + 1,
@@ -275,7 +245,7 @@ START_TEST(collectives_per_step_match_pytorch) {
         }
         int ev_total = 0;
         for (int i = 0; i < evals; i++) ev_total += ev[i];
-        ck_assert_int_eq((int)report_field(rep, "summary", "eval_buffer_broadcasts"), ev_total);
+        ck_assert_int_eq((int)test_report_field(rep, "summary", "eval_buffer_broadcasts"), ev_total);
         cases++;
     }
     fclose(f);
@@ -313,8 +283,8 @@ START_TEST(buffers_broadcast_after_forward_same_values) {
         for (int i = 0; i < n; i++) ck_assert_msg(la[i] == lb[i], "K %d step %d: loss %.9g vs %.9g", K, i + 1, la[i], lb[i]);
         const char *keys[2] = {"test_loss", "test_acc"};
         for (int k = 0; k < 2; k++) {
-            ck_assert_int_eq(report_series(rep[0], "epoch", keys[k], ea, 4), 2);
-            ck_assert_int_eq(report_series(rep[1], "epoch", keys[k], eb, 4), 2);
+            ck_assert_int_eq(test_report_series(rep[0], "epoch", keys[k], ea, 4), 2);
+            ck_assert_int_eq(test_report_series(rep[1], "epoch", keys[k], eb, 4), 2);
             for (int e = 0; e < 2; e++)
                 ck_assert_msg(ea[e] == eb[e], "K %d epoch %d: %s %.9g (before-forward) vs %.9g (after-forward)", K, e + 1,
                               keys[k], ea[e], eb[e]);
@@ -323,9 +293,9 @@ START_TEST(buffers_broadcast_after_forward_same_values) {
         char *a = test_slurp(ck[0], &na), *b = test_slurp(ck[1], &nb);
         ck_assert_msg(a && b && na == nb && !memcmp(a, b, (size_t)na), "K %d: final checkpoints differ", K);
         free(a), free(b);
-        ck_assert_int_eq((int)report_field(rep[1], "summary", "buffer_broadcasts"), n);
-        ck_assert_int_eq((int)report_field(rep[1], "summary", "eval_buffer_broadcasts"), 0);
-        ck_assert_int_gt((int)report_field(rep[0], "summary", "eval_buffer_broadcasts"), 0);
+        ck_assert_int_eq((int)test_report_field(rep[1], "summary", "buffer_broadcasts"), n);
+        ck_assert_int_eq((int)test_report_field(rep[1], "summary", "eval_buffer_broadcasts"), 0);
+        ck_assert_int_gt((int)test_report_field(rep[0], "summary", "eval_buffer_broadcasts"), 0);
     }
     free(dir);
 }
@@ -427,9 +397,9 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
     ck_assert_msg(strstr(out, "--drop-last with 1 training samples and 2 ranks leaves no sample per rank — give "
                               "--train-size 2 or more, or drop --drop-last"), "%s", out);
     free(out);
-    ck_assert_int_eq((int)report_field(rep, "summary", "optimizer_steps"), 2);
-    ck_assert_int_eq((int)report_field(rep, "summary", "micro_steps"), 6);
-    ck_assert_int_eq((int)report_field(rep, "summary", "allreduce_calls"), 2);
+    ck_assert_int_eq((int)test_report_field(rep, "summary", "optimizer_steps"), 2);
+    ck_assert_int_eq((int)test_report_field(rep, "summary", "micro_steps"), 6);
+    ck_assert_int_eq((int)test_report_field(rep, "summary", "allreduce_calls"), 2);
     free(dir);
 }
 END_TEST

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "amp.h"
 #include "model.h"
@@ -538,6 +539,38 @@ START_TEST(forced_overflow_skips_one_step) {
 }
 END_TEST
 
+/* scaler_report's check that the ranks decided alike: each rank adds (1, scale, skipped) into the
+ * sums. A second rank with the same scale but one more skipped step (it stepped where this one did
+ * not: the replicas differ now) is a disagreement; a second rank like this one is not. */
+static void twin_rank(void *ctx, double *v, int n) {
+    int skipped_more = *(const int *)ctx;
+    v[0] *= 2, v[1] *= 2, v[2] = 2 * v[2] + skipped_more;
+}
+
+START_TEST(scaler_report_flags_ranks_that_disagree) {
+    Device d = cpu();
+    AmpConfig a;
+    amp_defaults(&a, "fp16");
+    GradScaler s;
+    scaler_init(&s, &d, &a, PREC_FP16, NULL);
+    char *dir = test_tmpdir(), path[600];
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    for (int more = 0; more <= 1; more++) {
+        Report r;
+        report_open(&r, path, "off", 1);
+        scaler_report(&s, &a, PREC_FP16, &r, twin_rank, &more);
+        report_close(&r);
+        char *j = test_slurp(path, NULL), want[64];
+        snprintf(want, sizeof want, "\"ranks\":2,\"ranks_agree\":%d", !more);
+        ck_assert_msg(j && strstr(j, want), "%s wanted in %s", want, j);
+        free(j);
+    }
+    unlink(path), rmdir(dir), free(dir);
+    scaler_destroy(&s);
+    device_destroy(&d);
+}
+END_TEST
+
 /* ---- ./stage5 end to end ---------------------------------------------------------------------- */
 
 #define SMALL "--device cpu --train-size 1024 --test-size 256 --batch-size 32 --progress off --log-every 1 "
@@ -591,6 +624,22 @@ START_TEST(stage5_forced_overflow_every_rank_skips) {
     ck_assert_int_eq(test_read_losses(rep, loss, 16), 6);
     for (int i = 0; i < 6; i++) ck_assert(isfinite(loss[i])); /* training continued */
     free(j), free(out), free(rep), free(dir);
+}
+END_TEST
+
+/* --grad-stats: one count per optimizer step taken — not per step the run could have taken — and the
+ * inf forced at step 2 is in step 2's count alone; the console line says how many steps were skipped. */
+START_TEST(stage5_grad_stats_count_each_step_taken) {
+    char *dir = test_tmpdir(), *out, *rep = report_path(dir, "stats");
+    ck_assert_msg(run_stage5("--nproc-per-node 1 --accum-steps 1 --steps 3 --epochs 2 --amp fp16 --grad-stats "
+                             "--test-inf-step 2", rep, &out) == 0, "%s", out);
+    double zero[8], bad[8];
+    ck_assert_int_eq(test_report_list(rep, "amp", "grad_zero_per_step", zero, 8), 3);
+    ck_assert_int_eq(test_report_list(rep, "amp", "grad_nonfinite_per_step", bad, 8), 3);
+    ck_assert_msg(bad[0] == 0 && bad[1] > 0 && bad[2] == 0, "non-finite per step %g %g %g", bad[0], bad[1], bad[2]);
+    ck_assert_msg(strstr(out, "1 of 3 optimizer steps skipped") && strstr(out, "gradient elements per step: zero first"),
+                  "%s", out);
+    free(out), free(rep), free(dir);
 }
 END_TEST
 
@@ -696,8 +745,10 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, show_scaler_matches_torch);
     tcase_add_test(tc, scaler_skips_and_scales);
     tcase_add_test(tc, forced_overflow_skips_one_step);
+    tcase_add_test(tc, scaler_report_flags_ranks_that_disagree);
     tcase_add_test(tc, stage5_learns_in_fp16_and_bf16);
     tcase_add_test(tc, stage5_forced_overflow_every_rank_skips);
+    tcase_add_test(tc, stage5_grad_stats_count_each_step_taken);
     tcase_add_test(tc, stage5_amp_off_is_stage4);
     tcase_add_test(tc, stage5_grad_comm_halves_the_bytes);
     tcase_add_test(tc, stage5_rejects_bad_amp_flags);

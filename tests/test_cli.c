@@ -543,6 +543,9 @@ START_TEST(test_median_and_bytes) {
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 3.21 * 1048576), "3.21 MiB");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1.07 * 1073741824.0), "1.07 GiB");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 2.5 * 1099511627776.0), "2.50 TiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 3 * 1125899906842624.0), "3.00 PiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 2048 * 1125899906842624.0), "2048.00 PiB"); /* the largest unit */
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, -1536), "-1.50 KiB");
 }
 END_TEST
 
@@ -552,7 +555,12 @@ static void progress_child(void *arg) {
     report_progress(&r, 2, 5, 120, 390, 6.0, 1.2345f);
     report_printf(&r, "epoch line\n");
     report_progress(&r, 2, 5, 121, 390, 6.1, 1.0f); /* within 0.1 s: not redrawn */
+    report_progress(&r, 2, 5, 390, 390, 6.2, 1.0f); /* but the last always is */
     report_close(&r);
+    Report hour; /* a fresh bar (not throttled): one batch of two took an hour, one is left */
+    report_open(&hour, NULL, "on", 1);
+    report_progress(&hour, 3, 4, 1, 2, 3600.0, 1.0f);
+    report_close(&hour);
     Report off;
     report_open(&off, NULL, "off", 1);
     report_progress(&off, 1, 1, 1, 2, 1.0, 1.0f); /* bar disabled: nothing */
@@ -571,6 +579,11 @@ START_TEST(test_progress_bar) {
     const char *bar = strstr(out, "epoch 2/5 [");
     ck_assert_msg(bar, "no bar drawn: %s", out);
     ck_assert_msg(strstr(out, "] 120/390  loss 1.2345  ETA 0:14"), "bar text: %s", out);
+    /* 24 cells, 120/390 of them filled (7): six '=' and the head */
+    ck_assert_msg(strstr(out, "[======>                 ] 120/390"), "bar cells: %s", out);
+    ck_assert_msg(strstr(out, "[========================] 390/390"), "the last bar was not drawn: %s", out);
+    ck_assert_msg(strstr(out, "epoch 3/4 [===========>            ] 1/2  loss 1.0000  ETA 1:00:00"),
+                  "an hour left: %s", out);
     /* the bar was wiped (\r + spaces + \r) right before the printed line */
     const char *line = strstr(out, "\repoch line\n");
     ck_assert_msg(line && line[-1] == ' ', "bar not cleared before output: %s", out);
@@ -591,7 +604,16 @@ START_TEST(test_report_open_fails) {
     int st = test_run_captured(report_open_child, "/nonexistent-dir-xyz/r.jsonl", &out);
     ck_assert_int_eq(st, 2);
     ck_assert_msg(strstr(out, "/nonexistent-dir-xyz/r.jsonl"), "message does not name the path: %s", out);
+    ck_assert_msg(!strncmp(out, "error: ", 7) && out[strlen(out) - 1] == '\n', "not one error line: '%s'", out);
     free(out);
+    /* a FIFO would block until a reader comes: refused at once, by name */
+    char *dir = test_tmpdir(), fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    st = test_run_captured(report_open_child, fifo, &out);
+    ck_assert_msg(st == 2 && strstr(out, "is a FIFO: give it a regular file") && strstr(out, fifo), "%d: %s", st, out);
+    free(out);
+    unlink(fifo), rmdir(dir), free(dir);
 }
 END_TEST
 

@@ -4,11 +4,14 @@
  * everything listens on 127.0.0.1 only, and every child process runs under `timeout`. */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -22,6 +25,7 @@
 #include "sampler.h"
 #include "net.h"
 #include "store.h"
+#include "worker_status.h"
 
 #include "tests.h"
 
@@ -229,6 +233,37 @@ START_TEST(too_few_file_descriptors_is_clear) {
 }
 END_TEST
 
+/* net_reserve_fds at its edge: a hard limit of exactly what is needed is enough, one less is not
+ * (and says how many there are). In a child: the limit it sets is its own. */
+static void reserve_at_the_limit(void *arg) {
+    struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) exit(9);
+    long have = 0, have2 = 0;
+    int enough = net_reserve_fds(64, &have), short_by_one = net_reserve_fds(65, &have2);
+    exit(enough == 0 && have == 64 && short_by_one == -1 && have2 == 64 ? 0 : 1);
+}
+
+/* A peer that closes its end: reading from it, or writing to it, fails with ECONNRESET (the messages
+ * say "connection reset"), not a misleading EAGAIN or EPIPE. */
+START_TEST(net_edges_file_limit_and_closed_peer) {
+    char *out;
+    ck_assert_msg(test_run_captured(reserve_at_the_limit, NULL, &out) == 0, "net_reserve_fds at the limit: %s", out);
+    free(out);
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    ck_assert_int_eq(net_send_all(sv[1], "ab", 2, 1.0), 0);
+    close(sv[1]);
+    char buf[4];
+    errno = 0;
+    ck_assert_int_eq(net_recv_all(sv[0], buf, 4, 1.0), -1); /* two bytes, then the end */
+    ck_assert_msg(errno == ECONNRESET, "recv from a closed peer: %s", strerror(errno));
+    errno = 0;
+    ck_assert_int_eq(net_send_all(sv[0], "x", 1, 1.0), -1);
+    ck_assert_msg(errno == ECONNRESET, "send to a closed peer: %s", strerror(errno));
+    close(sv[0]);
+}
+END_TEST
+
 START_TEST(store_port_in_use_is_clear) {
     int port = test_free_port();
     int fd = net_listen("127.0.0.1", port, NULL);
@@ -425,6 +460,42 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
                       cases[i].fail, out);
         ck_assert_msg(strstr(out, "at step "), "%s: step not named:\n%s", cases[i].fail, out);
         ck_assert_msg(processes_with(marker) == 0, "%s: processes left behind", cases[i].fail);
+        free(out);
+    }
+}
+END_TEST
+
+/* STAGE3_FAIL_AT=RANK:STEP[:SIGNAL], the failure tests' fault injection, on its own: a worker (a
+ * forked child here, with no status page) of that rank fails at that step — exit 3, or the signal,
+ * named with or without SIG — and every other rank or step goes on; a value it cannot read stops the
+ * worker with exit 2 and says what it expects, rather than injecting nothing. */
+typedef struct FailAt { const char *env; int rank; } FailAt;
+
+static void fail_at_child(void *arg) {
+    const FailAt *f = arg;
+    setenv("STAGE3_FAIL_AT", f->env, 1);
+    status_attach(-1, f->rank, f->rank);
+    for (int64_t step = 1; step <= 5; step++) launch_step(step);
+}
+
+START_TEST(fail_at_injects_where_it_says) {
+    struct { FailAt f; int status; const char *says; } cases[] = {
+        {{"1:3", 1}, 3, "rank 1: failing on purpose at step 3"},
+        {{"1:3", 0}, 0, NULL},
+        {{"0:9", 0}, 0, NULL},
+        {{"2:4:KILL", 2}, 128 + SIGKILL, NULL},
+        {{"2:4:SIGTERM", 2}, 128 + SIGTERM, "failing on purpose at step 4"},
+        {{"1:0", 1}, 2, "expected RANK:STEP"},
+        {{"-1:3", 0}, 2, "expected RANK:STEP"},
+        {{"3", 3}, 2, "expected RANK:STEP"},
+        {{"1:3:BOGUS", 1}, 2, "unknown signal 'BOGUS'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int st = test_run_captured(fail_at_child, &cases[i].f, &out);
+        ck_assert_msg(st == cases[i].status, "STAGE3_FAIL_AT=%s on rank %d: status %d, expected %d:\n%s",
+                      cases[i].f.env, cases[i].f.rank, st, cases[i].status, out);
+        ck_assert_msg(!cases[i].says || strstr(out, cases[i].says), "STAGE3_FAIL_AT=%s: %s", cases[i].f.env, out);
         free(out);
     }
 }
@@ -792,9 +863,11 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_port_in_use_is_clear);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
+    tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
+    tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);

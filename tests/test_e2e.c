@@ -1,6 +1,7 @@
 /* test_e2e.c — ./stage1 end to end on the CPU backend: it learns, it resumes bit for bit, it
  * refuses bad input with a clear message, runs out of memory with one, and its JSON report has what
  * scripts rely on. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "optim.h"
 
 #include "tests.h"
 
@@ -108,6 +110,79 @@ START_TEST(stage1_deterministic_across_workers) {
 }
 END_TEST
 
+/* Where the run is, as the report and the console say it: 3 steps per epoch, 3 epochs, stopped by --steps 7 inside
+ * the third. Each step record names the epoch it trained in and the learning rate it used (the
+ * schedule's value before the step counts), and the run's last step is logged although --log-every
+ * skips it; epochs 1 and 2 end whole, the third is partial; the summary counts 7 steps and 2 whole
+ * epochs; the checkpoints are the two epoch ends and the stop, of which --keep-last 2 leaves the last
+ * two. */
+START_TEST(stage1_report_says_where_the_run_is) {
+    char *dir = test_tmpdir(), args[2048], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --model tiny --train-size 96 --test-size 32 --batch-size 32 --workers 0 "
+             "--epochs 3 --steps 7 --log-every 2 --lr 0.1 --schedule cosine --save %s/c --keep-last 2 "
+             "--report %s", dir, path);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+    double v[16];
+    const double steps[] = {2, 4, 6, 7}, epochs[] = {1, 2, 2, 3};
+    ck_assert_int_eq(test_report_series(path, "step", "step", v, 16), 4);
+    for (int i = 0; i < 4; i++) ck_assert_msg(v[i] == steps[i], "step record %d: step %g, expected %g", i, v[i], steps[i]);
+    ck_assert_int_eq(test_report_series(path, "step", "epoch", v, 16), 4);
+    for (int i = 0; i < 4; i++) ck_assert_msg(v[i] == epochs[i], "step %g: epoch %g, expected %g", steps[i], v[i], epochs[i]);
+    ck_assert_int_eq(test_report_series(path, "step", "lr", v, 16), 4);
+    for (int i = 0; i < 4; i++) { /* cosine over the schedule's 3 × 3 steps, at the step's start */
+        double want = lr_schedule("cosine", 0.1, (int64_t)steps[i] - 1, 9);
+        ck_assert_msg(fabs(v[i] - want) <= 1e-8 * want, "step %g: lr %.9g, expected %.9g", steps[i], v[i], want);
+    }
+    const double ends[] = {3, 6, 7};
+    ck_assert_int_eq(test_report_series(path, "epoch", "epoch", v, 16), 3);
+    for (int i = 0; i < 3; i++) ck_assert_msg(v[i] == i + 1, "epoch record %d says epoch %g", i, v[i]);
+    ck_assert_int_eq(test_report_series(path, "epoch", "step", v, 16), 3);
+    for (int i = 0; i < 3; i++) ck_assert_msg(v[i] == ends[i], "epoch %d ends at step %g, expected %g", i + 1, v[i], ends[i]);
+    /* --progress auto (the default) into a pipe: no bar, a line per logged step instead */
+    ck_assert_msg(!strchr(out, '\r') && strstr(out, "\n  step      4  epoch 2  batch     1/3  loss ") &&
+                  strstr(out, "\n  step      7  epoch 3  batch     1/3  loss "), "%s", out);
+    ck_assert_msg(strstr(out, "\nepoch 1/3 ") && strstr(out, "\nepoch 2/3 ") && strstr(out, "\npartial epoch 3/3 ") &&
+                  !strstr(out, "partial epoch 1/3") && !strstr(out, "partial epoch 2/3"), "%s", out);
+    ck_assert(test_report_field(path, "summary", "steps") == 7);
+    ck_assert(test_report_field(path, "summary", "epochs") == 2);
+    ck_assert_int_eq(test_report_series(path, "checkpoint", "step", v, 16), 3);
+    for (int i = 0; i < 3; i++) ck_assert_msg(v[i] == ends[i], "checkpoint %d at step %g, expected %g", i, v[i], ends[i]);
+    const char *names[] = {"epoch001.ckpt", "epoch002.ckpt", "step00000007.ckpt"};
+    for (int i = 0; i < 3; i++) {
+        char ck[600];
+        snprintf(ck, sizeof ck, "%s/c/%s", dir, names[i]);
+        ck_assert_msg(strstr(out, ck), "no checkpoint %s written:\n%s", ck, out);
+        ck_assert_msg((access(ck, F_OK) == 0) == (i > 0), "--keep-last 2: %s %s", ck, i ? "removed" : "kept");
+    }
+    free(out), free(dir);
+}
+END_TEST
+
+/* The first WARMUP_STEPS (5) steps are not timed, nor is an epoch's last (what follows it is the
+ * evaluation): a one-epoch run of 6 steps has no step time (null, never 0 or a negative figure), one of
+ * 7 steps has one, and the images per second follow from it. */
+START_TEST(stage1_warmup_and_last_step_untimed) {
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
+    for (int steps = 6; steps <= 7; steps++) {
+        snprintf(path, sizeof path, "%s/s%d.jsonl", dir, steps);
+        snprintf(args, sizeof args, SMALL " --workers 0 --epochs 1 --steps %d --report %s", steps, path);
+        ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+        double ms = test_report_field(path, "summary", "ms_per_iter_median");
+        double ips = test_report_field(path, "summary", "img_per_s");
+        double epoch_ms = test_report_field(path, "epoch", "ms_per_iter_median");
+        if (steps == 6)
+            ck_assert_msg(isnan(ms) && isnan(ips) && isnan(epoch_ms) && strstr(out, "n/a ms/it"),
+                          "6 steps, all warm-up or last: timed %g ms, %g img/s, epoch %g ms\n%s", ms, ips, epoch_ms, out);
+        else
+            ck_assert_msg(ms > 0 && epoch_ms == ms && fabs(ips - 1e3 * 32 / ms) <= 1e-6 * ips,
+                          "7 steps, one timed: %g ms, %g img/s, epoch %g ms\n%s", ms, ips, epoch_ms, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 typedef struct BadCase {
     const char *args, *expect;
 } BadCase;
@@ -170,8 +245,12 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     double peak = 0, again = 0;
     ck_assert_int_eq(test_report_list(rep, "summary", "peak_mem_bytes", &peak, 1), 1);
     ck_assert(peak > 0);
-    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --report %s --memory-fraction %.17g", base, rep,
-             (peak + 256) / total);
+    /* a cap of exactly the peak (the fraction whose product with the total truncates to it, as
+     * device.c's memory_cap computes): every byte up to the cap may be used, as under PyTorch's */
+    double f = peak / total;
+    while ((double)(size_t)(f * total) < peak) f = nextafter(f, 1.0);
+    ck_assert_msg((double)(size_t)(f * total) == peak, "no fraction caps at exactly %.0f B", peak);
+    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --report %s --memory-fraction %.17g", base, rep, f);
     ck_assert_msg(run_stage("stage1", args, &out) == 0, "a cap at the run's own peak (%.0f B) refused it:\n%s",
                   peak, out);
     free(out);
@@ -179,7 +258,7 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     ck_assert_msg(again == peak, "peak %.0f B under the cap, %.0f B without", again, peak);
     snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --memory-fraction %.17g", base, (peak - 256) / total);
     int rc = run_stage("stage1", args, &out);
-    printf("stage1 %s: peak %.0f B; --memory-fraction at it runs, 512 B below it exits %d\n",
+    printf("stage1 %s: peak %.0f B; --memory-fraction at it runs, 256 B below it exits %d\n",
            kind == DEV_CPU ? "cpu" : "cuda", peak, rc);
     ck_assert_msg(rc == 1, "a cap below the peak: exit %d, expected 1:\n%s", rc, out);
     ck_assert_msg(strstr(out, "cannot allocate") && strstr(out, "--memory-fraction") &&
@@ -285,6 +364,8 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_cpu_learns);
     tcase_add_test(tc, stage1_resume_is_bit_identical);
     tcase_add_test(tc, stage1_deterministic_across_workers);
+    tcase_add_test(tc, stage1_report_says_where_the_run_is);
+    tcase_add_test(tc, stage1_warmup_and_last_step_untimed);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "peak.h"
 #include "tests.h"
 
 static Device cpu(void) {
@@ -111,6 +112,10 @@ static double summary_num(const char *rep, const char *key) {
  * FLOPs over the median step time, the peak is n/a — unless PEAK_TFLOPS states one. */
 START_TEST(stage1_reports_flops_and_peak) {
     char *dir = test_tmpdir(), cmd[2048], path[512], *out;
+    /* the summary's "peak_math": the math the convolutions run in, by name */
+    const char *math[] = {"fp32", "tf32", "fp16", "bf16"};
+    for (int k = MATH_FP32; k <= MATH_BF16; k++) ck_assert_str_eq(peak_math_name((PeakMath)k), math[k]);
+    ck_assert_str_eq(peak_math_name((PeakMath)(MATH_BF16 + 1)), "?");
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
     for (int with_peak = 0; with_peak < 2; with_peak++) {
         snprintf(cmd, sizeof cmd,
@@ -144,13 +149,38 @@ START_TEST(stage1_reports_flops_and_peak) {
         ck_assert_msg(strstr(out, "  compute: 1.5 GFLOP/step"), "%s", out); /* 32 × 45.8 MFLOP */
         free(rep), free(out);
     }
-    /* a PEAK_TFLOPS that is not a number: one line, exit 2, before any training */
-    snprintf(cmd, sizeof cmd, "PEAK_TFLOPS=fast %s/stage1 --device cpu --model tiny --train-size 320 "
-             "--test-size 32 --batch-size 32 --epochs 1 --progress off", test_root());
+    /* a PEAK_TFLOPS that is not a positive number: one line, exit 2, before any training */
+    const char *bad[] = {"fast", "0", "-3", "inf"};
+    for (int i = 0; i < 4; i++) {
+        char want[64];
+        snprintf(cmd, sizeof cmd, "PEAK_TFLOPS=%s %s/stage1 --device cpu --model tiny --train-size 320 "
+                 "--test-size 32 --batch-size 32 --epochs 1 --progress off", bad[i], test_root());
+        snprintf(want, sizeof want, "PEAK_TFLOPS=%s is not a positive number", bad[i]);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, want) && !strstr(out, "epoch 1/1"), "rc %d:\n%s", rc, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
+/* An optimizer step of stage 4 is K micro-batches on every rank: the summary's FLOPs per step count
+ * every image of it (2 ranks × 2 micro-batches of 16), not one micro-batch's. */
+START_TEST(stage4_flops_count_every_image_of_a_step) {
+    char *dir = test_tmpdir(), cmd[2048], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(cmd, sizeof cmd,
+             "timeout -k 5 120 %s/stage4 --device cpu --model tiny --train-size 256 --test-size 32 --batch-size 16 "
+             "--accum-steps 2 --nproc-per-node 2 --steps 2 --epochs 1 --workers 0 --progress off --master-port %d "
+             "--report %s", test_root(), test_free_port(), path);
     int rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 2 && strstr(out, "PEAK_TFLOPS=fast is not a positive number") && !strstr(out, "epoch 1/1"),
-                  "rc %d:\n%s", rc, out);
-    free(out), free(dir);
+    ck_assert_msg(rc == 0, "%s\n%s", cmd, out);
+    char *rep = test_slurp(path, NULL);
+    ck_assert(rep);
+    double image = summary_num(rep, "model_gflop_per_image"), step = summary_num(rep, "model_gflop_per_step");
+    ck_assert_msg(image > 0 && fabs(step / (2 * 2 * 16 * image) - 1) < 1e-8, "%g GFLOP per image, %g per step", image,
+                  step);
+    free(rep), free(out), free(dir);
 }
 END_TEST
 
@@ -161,6 +191,7 @@ Suite *suite_flops(void) {
     tcase_add_test(tc, flops_match_pytorch_flop_counter);
     tcase_add_test(tc, flops_follow_from_the_architecture);
     tcase_add_test(tc, stage1_reports_flops_and_peak);
+    tcase_add_test(tc, stage4_flops_count_every_image_of_a_step);
     suite_add_tcase(s, tc);
     return s;
 }

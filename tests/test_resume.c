@@ -91,6 +91,9 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     /* the same number of batches from another training set is still another order */
     snprintf(args, sizeof args, TINY " --train-size 90 --batch-size 8 --epochs 2 --resume %s", ck);
     expect_refused("stage1", args, "trained on 96 training samples", "--train-size 96");
+    /* another --seed: another shuffle and augmentation from the same position */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --seed 7 --resume %s", ck);
+    expect_refused("stage1", args, "trained with --seed 0, this run has --seed 7", "pass --seed 0");
     /* stage 2 with another --gpus: another global batch */
     snprintf(args, sizeof args, TINY " --gpus 2 --train-size 96 --batch-size 8 --epochs 2 --steps 3 --save %s/b", dir);
     run_ok("stage2", args);

@@ -33,6 +33,17 @@ static void trace_and_check(const char *stage, const char *args, const char *win
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0, "%s failed (%d):\n%s", stage, rc, out);
     ck_assert_msg(strstr(out, "trace: "), "%s printed no trace line:\n%s", stage, out);
+    ck_assert_msg(!strstr(out, "dropped"), "%s: spans dropped, or a note about none:\n%s", stage, out);
+    /* the line's span count is the file's (merged: every rank's) */
+    int said = -1, spans = 0;
+    ck_assert(sscanf(strstr(out, "trace: "), "trace: %d spans", &said) == 1);
+    char file[600];
+    snprintf(file, sizeof file, "%s/t.json", dir);
+    char *json = test_slurp(file, NULL);
+    ck_assert_msg(json, "%s not written", file);
+    for (const char *p = json; (p = strstr(p, "\"ph\":\"X\"")); p++) spans++;
+    ck_assert_msg(said == spans, "%s says %d spans, %s holds %d", stage, said, file, spans);
+    free(json);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/trace_check.py %s/t.json --steps %s --pids %d --expect %s",
              test_root(), dir, window, pids, expect);
     rc = test_run(cmd, &chk);
@@ -70,6 +81,13 @@ START_TEST(stage1_trace) {
 }
 END_TEST
 
+/* A window from the run's first step: step 0's span, and every span of batch 0, carry their n. */
+START_TEST(window_from_step_0) {
+    if (!have_python()) return;
+    trace_and_check("stage1", "--steps 3 --workers 1", "0:2", 1, 1, "step input 'load batch' forward backward optimizer");
+}
+END_TEST
+
 /* DataParallel: the phases on the main thread, each replica thread's forward with its GIL turns and
  * its planning (new threads every step: a plan-cache miss per convolution), backward on the
  * autograd threads, peer copies on device 0. */
@@ -90,7 +108,8 @@ START_TEST(stage3_trace) {
 }
 END_TEST
 
-/* The window lies beyond the run: a valid file with no spans, and a note saying why. */
+/* The window lies beyond the run, or before a resumed one: a valid file with no spans, and a note
+ * saying why. */
 START_TEST(window_after_the_run) {
     if (!have_python()) return;
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -100,12 +119,25 @@ START_TEST(window_after_the_run) {
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0, "(%d)\n%s", rc, out);
     ck_assert_msg(strstr(out, "ended before step 5"), "%s", out);
-    free(out), free(dir);
+    free(out);
+    /* or before it: a run resumed at step 5 with --trace-steps 2:5 traces nothing, and says why (it
+     * used to say the run "ended before step 2") */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 5 --save %s/c && %s/stage1 " SMALL " --workers 0 "
+             "--steps 8 --resume %s/c/step00000005.ckpt --trace %s/r.json --trace-steps 2:5", test_root(), dir,
+             test_root(), dir, dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "the run started at step 5, after the --trace-steps 2:5 window") &&
+                  !strstr(out, "ended before"), "(%d)\n%s", rc, out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    char *json = test_slurp(path, NULL);
+    ck_assert_msg(json && strstr(json, "traceEvents") && !strstr(json, "\"ph\":\"X\""), "%s: %s", path, json);
+    free(json), free(out), free(dir);
 }
 END_TEST
 
 START_TEST(bad_trace_flags_refused) {
-    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000"};
+    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000", "0:1001"}; /* 1000 steps at most */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[1024], *out;
         snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace /tmp/never.json --trace-steps '%s'",
@@ -244,6 +276,7 @@ Suite *suite_trace(void) {
     TCase *tc = tcase_create("trace");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, stage1_trace);
+    tcase_add_test(tc, window_from_step_0);
     tcase_add_test(tc, stage2_trace);
     tcase_add_test(tc, stage3_trace);
     tcase_add_test(tc, window_after_the_run);

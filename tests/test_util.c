@@ -134,18 +134,40 @@ int test_free_port(void) {
     }
 }
 
-int test_read_losses(const char *path, double *loss, int max) {
+/* The value after "key": in a report line: NAN for null (a non-finite number), as for a missing key. */
+static double report_number(const char *line, const char *k) {
+    const char *p = strstr(line, k);
+    if (!p || !strncmp(p + strlen(k), "null", 4)) return NAN;
+    return strtod(p + strlen(k), NULL);
+}
+
+int test_report_series(const char *path, const char *type, const char *key, double *out, int max) {
     FILE *f = fopen(path, "r");
     ck_assert_msg(f, "report %s not written", path);
-    char line[4096];
+    char line[8192], tag[80], k[96];
+    snprintf(tag, sizeof tag, "\"type\":\"%s\"", type);
+    snprintf(k, sizeof k, "\"%s\":", key);
     int n = 0;
-    while (fgets(line, sizeof line, f) && n < max) {
-        char *p = strstr(line, "\"type\":\"step\"") ? strstr(line, "\"loss\":") : NULL;
-        if (p) loss[n++] = atof(p + 7);
-    }
+    while (fgets(line, sizeof line, f) && n < max)
+        if (strstr(line, tag) && strstr(line, k)) out[n++] = report_number(line, k);
     fclose(f);
     return n;
 }
+
+double test_report_field(const char *path, const char *type, const char *key) {
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f, "report %s not written", path);
+    char line[8192], tag[80], k[96];
+    snprintf(tag, sizeof tag, "\"type\":\"%s\"", type);
+    snprintf(k, sizeof k, "\"%s\":", key);
+    double v = NAN;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, tag)) v = report_number(line, k);
+    fclose(f);
+    return v;
+}
+
+int test_read_losses(const char *path, double *loss, int max) { return test_report_series(path, "step", "loss", loss, max); }
 
 int test_report_list(const char *path, const char *type, const char *key, double *out, int max) {
     FILE *f = fopen(path, "r");

@@ -53,6 +53,10 @@ double test_time_scale(void);
 #define TEST_SECRET "test-suite-rendezvous-secret"
 /* The "loss" of every {"type":"step"} line of a JSON-lines report, in order; returns how many. */
 int test_read_losses(const char *path, double *loss, int max);
+/* Field `key` of every {"type":"<type>"} record that has it, in order (NAN for null); returns how many. */
+int test_report_series(const char *path, const char *type, const char *key, double *out, int max);
+/* Field `key` of the last {"type":"<type>"} record (NAN if none, if it lacks the key, or null). */
+double test_report_field(const char *path, const char *type, const char *key);
 /* The numbers of list `key` ("key":[a,b,…]) of the last {"type":"<type>"} record of a report, into
  * out (at most max); returns how many, or -1 without such a record or key. */
 int test_report_list(const char *path, const char *type, const char *key, double *out, int max);

@@ -6,12 +6,14 @@
 Checks: the file is JSON of the form {"traceEvents": [...]}; every "X" event has name, cat, ph, ts,
 dur >= 0, pid, tid; every lane used has a thread_name and every pid a process_name ("M" events);
 spans on one (pid, tid) lane nest — two spans either are disjoint or one contains the other, never
-a partial overlap; the "step" spans are exactly steps A..B-1 on each process (the window); every
+a partial overlap; host lanes are sorted (thread_sort_index) loop, replicas, autograd, communication,
+loaders, each kind by number; the "step" spans are exactly steps A..B-1 on each process (the window); every
 NAME given with --expect occurs. Prints one line per failure and exits 1, or "ok: ..." and exits 0.
 """
 import argparse
 import collections
 import json
+import re
 import sys
 
 
@@ -35,11 +37,15 @@ def main():
         print('FAIL: no "traceEvents" list')
         return 1
     lanes, procs, spans = set(), set(), []
+    lane_name, lane_index = {}, {}
     for e in events:
         ph = e.get("ph")
         if ph == "M":
             if e.get("name") == "thread_name":
                 lanes.add((e["pid"], e["tid"]))
+                lane_name[(e["pid"], e["tid"])] = e["args"]["name"]
+            elif e.get("name") == "thread_sort_index":
+                lane_index[(e["pid"], e["tid"])] = e["args"]["sort_index"]
             elif e.get("name") == "process_name":
                 procs.add(e["pid"])
             continue
@@ -60,6 +66,22 @@ def main():
             break
     if len(procs) != a.pids:
         bad.append(f"{len(procs)} processes named, expected {a.pids}")
+
+    # host lanes top to bottom: the loop, replicas, autograd, communication, loaders (eval ones last),
+    # each kind by its number (loader worker 0 above 1)
+    kinds = ["main", "replica", "autograd", "comm", "loader", "eval"]
+
+    def rank_of(name):
+        kind = next((i for i, k in enumerate(kinds) if name.startswith(k)), len(kinds))
+        digits = re.search(r"[0-9]+", name)
+        return kind, int(digits.group()) if digits else 0
+
+    host = [(lane, lane_name[lane]) for lane in lane_name if lane[1] < 1000]
+    for x, nx in host:
+        for y, ny in host:
+            if x[0] == y[0] and rank_of(nx) < rank_of(ny) and not lane_index.get(x, 0) < lane_index.get(y, 0):
+                bad.append(f"pid {x[0]}: lane {nx!r} (sort index {lane_index.get(x)}) is not above {ny!r} "
+                           f"(sort index {lane_index.get(y)})")
 
     # nesting per lane, in integer nanoseconds (the writer prints exact 3-decimal microseconds)
     by_lane = collections.defaultdict(list)
