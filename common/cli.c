@@ -700,8 +700,9 @@ void config_resolve(TrainConfig *c, int cuda) {
     else if (accum)
         snprintf(more, sizeof more, "; --batch-size %d/K with --accum-steps K keeps the optimizer's batch",
                  c->batch_size);
+    device_oom_smaller_model = strcmp(c->model, "tiny") != 0;
     snprintf(device_oom_fix, sizeof device_oom_fix, "lower --batch-size (now %d)%s%s", c->batch_size,
-             strcmp(c->model, "tiny") ? ", or use --model tiny" : "", more);
+             device_oom_smaller_model ? ", or use --model tiny" : "", more);
     /* A fresh run into a --save directory that holds another run's checkpoints would overwrite them (every
      * run writes the same epochNNN.ckpt names); continuing one of them there is the resume flow. Decided
      * here, before stages 3–5 start their workers, so every rank agrees. */

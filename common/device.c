@@ -16,6 +16,7 @@ typedef struct AllocRecord {
 } AllocRecord;
 
 char device_oom_fix[256] = "lower --batch-size, or use --model tiny";
+int device_oom_smaller_model = 1;
 
 #ifdef USE_CUDA
 const char *cuda_hint(cudaError_t e) {
@@ -177,7 +178,7 @@ _Noreturn static void die_oom(const Device *d, size_t rounded, const char *what,
                  device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
     if (batch_independent(what))
         snprintf(fix, sizeof fix, "%sthe model's own state does not fit, whatever the batch%s",
-                 capped ? "raise --memory-fraction; " : "", strstr(device_oom_fix, "--model tiny") ? ": use --model tiny" : "");
+                 capped ? "raise --memory-fraction; " : "", device_oom_smaller_model ? ": use --model tiny" : "");
     else snprintf(fix, sizeof fix, "%s%s", capped ? "raise --memory-fraction, or " : "", device_oom_fix);
     die_runtime("%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)%s\n  hint: out of memory: %s",
                 d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0, cap, fix);

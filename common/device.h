@@ -66,6 +66,9 @@ extern double device_memory_fraction;
  * it from the flags: the batch size now, a smaller model when there is one, accumulation where the
  * stage has it). The default suits a program that set nothing. */
 extern char device_oom_fix[256];
+/* Whether a smaller model than this run's exists (--model tiny): the advice when the model's own
+ * state does not fit, where no batch size helps. Set by config_resolve, like device_oom_fix. */
+extern int device_oom_smaller_model;
 
 /* How many CUDA devices are visible (0 when built without CUDA or no driver/GPU). Never dies. */
 int device_cuda_count(void);

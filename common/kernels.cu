@@ -6,8 +6,9 @@
  *
  * Style: one thread per element in a grid-stride loop (so any count works with a bounded grid),
  * 256 threads per block, int64 indices (a flat parameter buffer may exceed 2^31 floats in
- * principle) — except batch norm's, 32-bit for speed (ops_cuda.c checks every tensor fits). Nothing here uses atomics on floats, so every result is bit-reproducible run to run:
- * reductions have one fixed summation order. */
+ * principle) — except batch norm's, 32-bit for speed (ops_cuda.c checks every tensor fits).
+ * Nothing here uses atomics on floats, so every result is bit-reproducible run to run: reductions
+ * have one fixed summation order. */
 #include <math.h>
 #include <stdint.h>
 

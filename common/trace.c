@@ -55,9 +55,9 @@ typedef struct Out {
 
 static struct {
     char file[4096];
-    int configured, opened, closed, written, rank, world, stepped;
+    int configured, opened, closed, written, rank, world;
     Out mine, merged; /* this process's file; rank 0 of several: the merged one */
-    int64_t a, b, step_t0, first; /* first: the step the run started at (a resumed run's is past 0) */
+    int64_t a, b, step_t0, first; /* first: the step the run started at (−1 before any; a resumed run's is past 0) */
     char process[64];
     Event *ev;
     atomic_int n;
@@ -284,7 +284,7 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
                      "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
     }
     g.ev = xcalloc(MAX_EVENTS, sizeof *g.ev);
-    g.configured = 1;
+    g.configured = 1, g.first = -1;
     trace_thread_name(world > 1 ? "main (rank's loop)" : "main (training loop)");
     for (int i = 0; i < n_devs && g.n_devs < MAX_DEVS; i++) {
         DevPool *p = &g.devs[g.n_devs++];
@@ -435,7 +435,7 @@ static void close_window(void) {
 
 void trace_step(int64_t done) {
     if (!g.configured) return;
-    if (!g.stepped) g.stepped = 1, g.first = done;
+    if (g.first < 0) g.first = done;
     int64_t now = now_ns();
     if (trace_on()) emit("step", "step", g.step_t0, now, done - 1, tid_self());
     if (!g.opened && done >= g.a && done < g.b) open_window();
@@ -445,7 +445,7 @@ void trace_step(int64_t done) {
 
 void trace_finish(void) {
     if (!g.configured || g.written) return;
-    if (!g.opened && g.rank == 0 && g.stepped && g.first >= g.b) /* resumed past the window */
+    if (!g.opened && g.rank == 0 && g.first >= g.b) /* resumed past the window */
         printf("trace: the run started at step %lld, after the --trace-steps %lld:%lld window: the trace holds "
                "no spans\n", (long long)g.first, (long long)g.a, (long long)g.b);
     else if (!g.opened && g.rank == 0)
