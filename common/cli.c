@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h" /* checkpoint_is_one, checkpoint_list */
+#include "cpu_threads.h" /* CPU_THREADS_MAX */
 #include "device.h"     /* device_memory_fraction */
 #include "errors.h"
 #include "hash.h"
@@ -294,7 +295,7 @@ static int n_given;
  * how it feeds itself, how it reaches the others, how it shows progress — and the choices that only
  * change how a result is computed, not which one. Everything else must agree on every rank. */
 static const char *const local_flags[] = {
-    "data", "workers", "pin-memory", "save", "keep-last", "resume", "report", "progress", "node-rank",
+    "data", "workers", "cpu-threads", "pin-memory", "save", "keep-last", "resume", "report", "progress", "node-rank",
     "master-addr", "rdzv-timeout", "comm-timeout", "no-cuda-graph", "cudnn-benchmark", "deterministic",
     "test-inf-step", "memory-fraction", NULL};
 /* …and those whose path may differ, but not whether they are given: a traced rank waits for the
@@ -421,6 +422,7 @@ void config_defaults(TrainConfig *c) {
     c->train_size = -1;
     c->test_size = -1;
     c->workers = 2;
+    c->cpu_threads = -1;
     c->pin_memory = 0;
     c->save = "";
     c->resume = "";
@@ -504,6 +506,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
          "test samples to evaluate; auto: all of CIFAR-10, or synthetic 10000 on CUDA / 1024 on CPU"},
         {"workers", OPT_INT, &c->workers, 0, 64, NULL,
          "data-loading threads (DataLoader num_workers; 0 = load in the training thread)"},
+        {"cpu-threads", OPT_INT, &c->cpu_threads, 1, CPU_THREADS_MAX, NULL,
+         "CPU backend: threads per process for the convolutions (torch.set_num_threads); the same bits for "
+         "any count; auto: OMP_NUM_THREADS, else the cores shared among this host's workers"},
         {"pin-memory", OPT_FLAG, &c->pin_memory, 0, 0, NULL,
          "page-locked host batches for asynchronous copies (DataLoader pin_memory=True)"},
         {"save", OPT_STR, &c->save, 0, 0, NULL,

@@ -69,6 +69,7 @@ typedef struct TrainConfig {
     int64_t train_size;      /* −1 = auto (all of CIFAR-10; synthetic: 50000 GPU / 8192 CPU) */
     int64_t test_size;       /* −1 = auto (10000 GPU / 1024 CPU) */
     int workers;
+    int cpu_threads;         /* −1 = auto (cpu_threads_auto); the CPU backend's intra-op threads */
     int pin_memory;
     const char *save;        /* "" = no checkpoints; else a directory */
     int keep_last;           /* 0 = keep every checkpoint this run writes; N = only the newest N */

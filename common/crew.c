@@ -18,14 +18,24 @@ void crew_destroy(Crew *c) {
     pthread_cond_destroy(&c->done);
 }
 
-void crew_run(Crew *c, int k) {
+void crew_start(Crew *c, int k) {
     CHECK_PT(pthread_mutex_lock(&c->mu));
     c->k = k;
     c->pending = k;
     c->gen++;
     CHECK_PT(pthread_cond_broadcast(&c->go));
+    CHECK_PT(pthread_mutex_unlock(&c->mu));
+}
+
+void crew_wait(Crew *c) {
+    CHECK_PT(pthread_mutex_lock(&c->mu));
     while (c->pending > 0) CHECK_PT(pthread_cond_wait(&c->done, &c->mu));
     CHECK_PT(pthread_mutex_unlock(&c->mu));
+}
+
+void crew_run(Crew *c, int k) {
+    crew_start(c, k);
+    crew_wait(c);
 }
 
 int crew_next(Crew *c, uint64_t *seen, int index) {

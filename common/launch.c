@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "cpu_threads.h"
 #include "device.h"
 #include "errors.h"
 #include "net.h"
@@ -405,5 +406,6 @@ void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
     base = base ? base + 1 : argv[0];
     if (!strncmp(base, "stage", 5)) snprintf(prog, sizeof prog, "%s", base);
     if (!worker_from_env(cfg, w)) launcher_run(argv, cfg);
+    cpu_threads_share(w->local_world_size); /* the workers on this host share its cores */
     status_attach(env_int("STAGE3_STATUS_FD", -1), w->local_rank, w->rank);
 }

@@ -7,9 +7,11 @@
  *
  * Convolution is where the time goes, so it is the only place we work for speed: im2col turns a
  * convolution into a matrix product, and one small cache-blocked GEMM (below) does all the
- * arithmetic of conv forward, backward-data, backward-filter and linear. Everything else is a
- * straightforward loop. No threads and a fixed summation order: results are reproducible bit for
- * bit. Batch-norm statistics, pooling sums and softmax sums accumulate in double. */
+ * arithmetic of conv forward, backward-data, backward-filter and linear; the convolutions also
+ * share their work out over the CPU threads (cpu_threads.h). Everything else is a straightforward
+ * loop. Every output element has a fixed summation order, whatever the thread count and whichever
+ * of the micro-kernel's builds runs: results are reproducible bit for bit. Batch-norm statistics,
+ * pooling sums and softmax sums accumulate in double. */
 
 #if !defined(T) || !defined(S)
 #error "define T (element type) and S (name suffix) before including ops_ref_impl.h"
@@ -23,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_threads.h"
 #include "errors.h"
 #include "ops_ref.h"
 
@@ -49,6 +52,27 @@
 #else
 #define REF_UNCHECKED
 #define REF_CHECK_READ(p, bytes) ((void)0)
+#endif
+
+/* The micro-kernel is built twice on x86-64, for the baseline (SSE2) and for AVX2, and the loader
+ * picks the one the CPU runs (GCC/clang function multi-versioning: an ifunc). AVX2 doubles the
+ * vector width; it does not fuse the multiply-add (that needs -mfma, which we do not ask for), so
+ * both builds round every product and every sum alike and give the same bits, only faster. Not in
+ * sanitizer builds: the loader runs the picker before the sanitizer's runtime is up, and an
+ * instrumented picker crashes there. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define REF_NO_CLONES
+#endif
+#endif
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(REF_NO_CLONES)
+#if __has_attribute(target_clones)
+#define REF_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef REF_SIMD_CLONES
+#define REF_SIMD_CLONES
 #endif
 
 #define REF_PASTE_(a, b) a##b
@@ -145,8 +169,8 @@ static void REF_FN(pack_b)(int kb, int nb, const T *B, int64_t b_rs, int64_t b_c
 
 /* The micro-kernel: the REF_MR × REF_NR product of a packed A tile and a packed B sliver over kb,
  * into acc. Fixed trip counts let the compiler unroll the r/c loops, keep acc in registers and
- * vectorise over c. It reads only a and b (checked by its caller under ASan, see REF_UNCHECKED). */
-static REF_UNCHECKED void REF_FN(micro_kernel)(int kb, const T *restrict a, const T *restrict b,
+ * vectorise over c (each element's sum still runs over k in order). It reads only a and b (checked by its caller under ASan, see REF_UNCHECKED). */
+static REF_UNCHECKED REF_SIMD_CLONES void REF_FN(micro_kernel)(int kb, const T *restrict a, const T *restrict b,
                                                T acc[REF_MR][REF_NR]) {
     T t[REF_MR][REF_NR] = {{0}};
     for (int k = 0; k < kb; k++) {
@@ -223,28 +247,33 @@ static inline void REF_FN(valid_range)(int kj, int stride, int pad, int w, int w
     if (*hi < *lo) *hi = *lo;
 }
 
-static void REF_FN(im2col)(const ConvShape *s, const T *restrict x, T *restrict col) {
+/* Rows [lo, hi) of one image's col, written from col[0]: the weight gradient's threads each build
+ * the rows of the columns they own. */
+static void REF_FN(im2col_rows)(const ConvShape *s, const T *restrict x, T *restrict col, int lo, int hi) {
     int k = s->k, st = s->stride, pad = s->pad, P = s->hout * s->wout;
-    for (int ci = 0; ci < s->cin; ci++)
-        for (int ki = 0; ki < k; ki++)
-            for (int kj = 0; kj < k; kj++) {
-                T *row = col + (int64_t)((ci * k + ki) * k + kj) * P;
-                int lo, hi;
-                REF_FN(valid_range)(kj, st, pad, s->w, s->wout, &lo, &hi);
-                for (int oh = 0; oh < s->hout; oh++) {
-                    T *out = row + oh * s->wout;
-                    int ih = oh * st - pad + ki;
-                    if (ih < 0 || ih >= s->h) {
-                        memset(out, 0, sizeof(T) * s->wout);
-                        continue;
-                    }
-                    const T *in = x + ((int64_t)ci * s->h + ih) * s->w - pad + kj;
-                    int ow = 0;
-                    for (; ow < lo; ow++) out[ow] = 0;
-                    for (; ow < hi; ow++) out[ow] = in[ow * st];
-                    for (; ow < s->wout; ow++) out[ow] = 0;
-                }
+    for (int r = lo; r < hi; r++) {
+        int ci = r / (k * k), ki = r / k % k, kj = r % k;
+        T *row = col + (int64_t)(r - lo) * P;
+        int l, h;
+        REF_FN(valid_range)(kj, st, pad, s->w, s->wout, &l, &h);
+        for (int oh = 0; oh < s->hout; oh++) {
+            T *out = row + oh * s->wout;
+            int ih = oh * st - pad + ki;
+            if (ih < 0 || ih >= s->h) {
+                memset(out, 0, sizeof(T) * s->wout);
+                continue;
             }
+            const T *in = x + ((int64_t)ci * s->h + ih) * s->w - pad + kj;
+            int ow = 0;
+            for (; ow < l; ow++) out[ow] = 0;
+            for (; ow < h; ow++) out[ow] = in[ow * st];
+            for (; ow < s->wout; ow++) out[ow] = 0;
+        }
+    }
+}
+
+static void REF_FN(im2col)(const ConvShape *s, const T *restrict x, T *restrict col) {
+    REF_FN(im2col_rows)(s, x, col, 0, s->cin * s->k * s->k);
 }
 
 /* The adjoint of im2col: dx[ci][ih][iw] += every col entry that was copied from it. */
@@ -271,55 +300,92 @@ static inline int REF_FN(conv_is_pointwise)(const ConvShape *s) {
     return s->k == 1 && s->stride == 1 && s->pad == 0;
 }
 
-void REF_FN(ref_conv_forward)(const ConvShape *s, int n, const T *x, const T *w, T *y) {
+/* The three convolution passes run on the CPU threads (cpu_threads.h). The forward pass and the
+ * input gradient split the batch: each image is its own GEMM, so a thread owns whole images. The
+ * weight gradient sums over the images, so it splits its columns instead (dW's cin·k·k axis): each
+ * thread sums its own columns over every image, in image order. Either way every output element is
+ * computed by one thread in the same order as with one thread: the bits do not depend on the count. */
+typedef struct {
+    const ConvShape *s;
+    int n;
+    const T *x, *w, *dy;
+    T *y, *dx, *dw;
+} REF_FN(ConvJob);
+
+static void REF_FN(conv_forward_images)(void *arg, int lo, int hi) {
+    const REF_FN(ConvJob) *j = arg;
+    const ConvShape *s = j->s;
     int K = s->cin * s->k * s->k, P = s->hout * s->wout;
     int64_t in_img = (int64_t)s->cin * s->h * s->w, out_img = (int64_t)s->cout * P;
     int pointwise = REF_FN(conv_is_pointwise)(s);
     T *col = pointwise ? NULL : REF_FN(scratch)(REF_SCRATCH_COL, (size_t)K * P);
-    for (int i = 0; i < n; i++) {
-        const T *xi = x + i * in_img;
-        T *yi = y + i * out_img;
+    for (int i = lo; i < hi; i++) {
+        const T *xi = j->x + i * in_img;
+        T *yi = j->y + i * out_img;
         if (!pointwise) REF_FN(im2col)(s, xi, col);
         memset(yi, 0, sizeof(T) * out_img);
         /* y[cout][P] = W[cout][K] · col[K][P] */
-        REF_FN(gemm)(s->cout, P, K, w, K, 1, pointwise ? xi : col, P, 1, yi, P);
+        REF_FN(gemm)(s->cout, P, K, j->w, K, 1, pointwise ? xi : col, P, 1, yi, P);
     }
 }
 
-void REF_FN(ref_conv_backward_data)(const ConvShape *s, int n, const T *dy, const T *w, T *dx,
-                                    int accumulate) {
+void REF_FN(ref_conv_forward)(const ConvShape *s, int n, const T *x, const T *w, T *y) {
+    REF_FN(ConvJob) j = {.s = s, .x = x, .w = w, .y = y};
+    cpu_parallel_for(n, 1, REF_FN(conv_forward_images), &j);
+}
+
+static void REF_FN(conv_backward_data_images)(void *arg, int lo, int hi) {
+    const REF_FN(ConvJob) *j = arg;
+    const ConvShape *s = j->s;
     int K = s->cin * s->k * s->k, P = s->hout * s->wout;
     int64_t in_img = (int64_t)s->cin * s->h * s->w, out_img = (int64_t)s->cout * P;
     int pointwise = REF_FN(conv_is_pointwise)(s);
     T *dcol = pointwise ? NULL : REF_FN(scratch)(REF_SCRATCH_COL, (size_t)K * P);
-    if (!accumulate) memset(dx, 0, sizeof(T) * in_img * n);
-    for (int i = 0; i < n; i++) {
-        const T *dyi = dy + i * out_img;
-        T *dxi = dx + i * in_img;
+    for (int i = lo; i < hi; i++) {
+        const T *dyi = j->dy + i * out_img;
+        T *dxi = j->dx + i * in_img;
         /* dcol[K][P] = Wᵀ[K][cout] · dy[cout][P]: W read transposed through its strides */
         if (pointwise) {
-            REF_FN(gemm)(K, P, s->cout, w, 1, K, dyi, P, 1, dxi, P);
+            REF_FN(gemm)(K, P, s->cout, j->w, 1, K, dyi, P, 1, dxi, P);
         } else {
             memset(dcol, 0, sizeof(T) * K * P);
-            REF_FN(gemm)(K, P, s->cout, w, 1, K, dyi, P, 1, dcol, P);
+            REF_FN(gemm)(K, P, s->cout, j->w, 1, K, dyi, P, 1, dcol, P);
             REF_FN(col2im)(s, dcol, dxi);
         }
     }
 }
 
-void REF_FN(ref_conv_backward_filter)(const ConvShape *s, int n, const T *x, const T *dy, T *dw,
-                                      int accumulate) {
+void REF_FN(ref_conv_backward_data)(const ConvShape *s, int n, const T *dy, const T *w, T *dx,
+                                    int accumulate) {
+    if (!accumulate) memset(dx, 0, sizeof(T) * s->cin * s->h * s->w * n);
+    REF_FN(ConvJob) j = {.s = s, .dy = dy, .w = w, .dx = dx};
+    cpu_parallel_for(n, 1, REF_FN(conv_backward_data_images), &j);
+}
+
+/* Columns [lo, hi) of dW, over every image: dW[:, lo:hi] += dy · col[lo:hi]ᵀ. */
+static void REF_FN(conv_backward_filter_columns)(void *arg, int lo, int hi) {
+    const REF_FN(ConvJob) *j = arg;
+    const ConvShape *s = j->s;
     int K = s->cin * s->k * s->k, P = s->hout * s->wout;
     int64_t in_img = (int64_t)s->cin * s->h * s->w, out_img = (int64_t)s->cout * P;
     int pointwise = REF_FN(conv_is_pointwise)(s);
-    T *col = pointwise ? NULL : REF_FN(scratch)(REF_SCRATCH_COL, (size_t)K * P);
-    if (!accumulate) memset(dw, 0, sizeof(T) * s->cout * K);
-    for (int i = 0; i < n; i++) {
-        const T *xi = x + i * in_img;
-        if (!pointwise) REF_FN(im2col)(s, xi, col);
-        /* dW[cout][K] += dy[cout][P] · colᵀ[P][K]: col read transposed through its strides */
-        REF_FN(gemm)(s->cout, K, P, dy + i * out_img, P, 1, pointwise ? xi : col, 1, P, dw, K);
+    T *col = pointwise ? NULL : REF_FN(scratch)(REF_SCRATCH_COL, (size_t)(hi - lo) * P);
+    for (int i = 0; i < j->n; i++) {
+        const T *xi = j->x + i * in_img;
+        if (!pointwise) REF_FN(im2col_rows)(s, xi, col, lo, hi);
+        /* col read transposed through its strides */
+        REF_FN(gemm)(s->cout, hi - lo, P, j->dy + i * out_img, P, 1, pointwise ? xi + (int64_t)lo * P : col, 1, P,
+                     j->dw + lo, K);
     }
+}
+
+void REF_FN(ref_conv_backward_filter)(const ConvShape *s, int n, const T *x, const T *dy, T *dw,
+                                      int accumulate) {
+    int K = s->cin * s->k * s->k;
+    if (!accumulate) memset(dw, 0, sizeof(T) * s->cout * K);
+    REF_FN(ConvJob) j = {.s = s, .n = n, .x = x, .dy = dy, .dw = dw};
+    /* at least one micro-tile's width of columns per thread */
+    cpu_parallel_for(K, REF_NR, REF_FN(conv_backward_filter_columns), &j);
 }
 
 /* ---- batch norm ---------------------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "adam.h"
+#include "cpu_threads.h"
 #include "hash.h"
 #include "ops.h"
 #include "peak.h"
@@ -508,7 +509,14 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     report_open(&r->report, cfg->report, cfg->progress, rank == 0);
     char desc[128], optd[96];
-    report_printf(&r->report, "%s | %s | %s\n", stage, devs[0]->name, model_describe(m, desc, sizeof desc));
+    char where[sizeof devs[0]->name + 32];
+    snprintf(where, sizeof where, "%s", devs[0]->name);
+    if (devs[0]->kind == DEV_CPU) { /* stage 2's replicas run at once: they share the cores out */
+        cpu_threads_set(cfg->cpu_threads > 0 ? cfg->cpu_threads : cpu_threads_auto(n_devs));
+        int t = cpu_threads_get();
+        snprintf(where, sizeof where, "%s, %d thread%s", devs[0]->name, t, t == 1 ? "" : "s");
+    }
+    report_printf(&r->report, "%s | %s | %s\n", stage, where, model_describe(m, desc, sizeof desc));
     if (opt->adam) /* Adam has no momentum flag: its betas are torch's defaults */
         snprintf(optd, sizeof optd, "adam (betas %g, %g, eps %g)", opt->adam->beta1, opt->adam->beta2, opt->adam->eps);
     else

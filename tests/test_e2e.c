@@ -204,6 +204,7 @@ START_TEST(stage1_bad_input_is_refused_clearly) {
         {"--model resnet50", "--model"},
         {"--epochs", "--epochs"},
         {"--frobnicate 3", "--frobnicate"},
+        {"--device cpu --cpu-threads 0", "--cpu-threads"},
         {"--device cpu --resume /nonexistent/x.ckpt", "x.ckpt"},
         {a1, "corrupt.ckpt"},
         {a2, "data_batch_1.bin"},
@@ -222,6 +223,34 @@ START_TEST(stage1_bad_input_is_refused_clearly) {
         ck_assert(strstr(out, "--device cpu"));
         free(out);
     }
+    free(dir);
+}
+END_TEST
+
+/* The CPU backend's threads (cpu_threads.h) change how fast, never what: one thread, and three from
+ * OMP_NUM_THREADS (which PyTorch reads too), write the same checkpoint byte for byte, and the run's
+ * first line says how many threads it used. */
+START_TEST(stage1_same_bits_on_any_cpu_thread_count) {
+    char *dir = test_tmpdir(), cmd[2048], *out[2];
+    const char *env[2] = {"", "OMP_NUM_THREADS=3 "}, *flag[2] = {"--cpu-threads 1", ""};
+    const char *says[2] = {"stage1 | cpu0, 1 thread |", "stage1 | cpu0, 3 threads |"};
+    for (int t = 0; t < 2; t++) {
+        snprintf(cmd, sizeof cmd, "%s%s/stage1 " SMALL " --steps 5 %s --save %s/t%d", env[t], test_root(), flag[t],
+                 dir, t);
+        ck_assert_msg(test_run(cmd, &out[t]) == 0, "%s", out[t]);
+        ck_assert_msg(strstr(out[t], says[t]), "expected '%s' in:\n%s", says[t], out[t]);
+    }
+    long len[2];
+    char path[2][600];
+    char *ck[2];
+    for (int t = 0; t < 2; t++) {
+        snprintf(path[t], sizeof path[t], "%s/t%d/step00000005.ckpt", dir, t);
+        ck[t] = test_slurp(path[t], &len[t]);
+        ck_assert_msg(ck[t] && len[t] > 0, "no checkpoint %s:\n%s", path[t], out[t]);
+    }
+    ck_assert_msg(len[0] == len[1] && !memcmp(ck[0], ck[1], len[0]),
+                  "the checkpoint after 5 steps differs between 1 and 3 CPU threads");
+    for (int t = 0; t < 2; t++) free(ck[t]), free(out[t]);
     free(dir);
 }
 END_TEST
@@ -364,6 +393,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_cpu_learns);
     tcase_add_test(tc, stage1_resume_is_bit_identical);
     tcase_add_test(tc, stage1_deterministic_across_workers);
+    tcase_add_test(tc, stage1_same_bits_on_any_cpu_thread_count);
     tcase_add_test(tc, stage1_report_says_where_the_run_is);
     tcase_add_test(tc, stage1_warmup_and_last_step_untimed);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);

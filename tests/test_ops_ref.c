@@ -12,7 +12,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "cpu_threads.h"
 #include "ops_ref.h"
 #include "tests.h"
 
@@ -713,14 +715,121 @@ START_TEST(test_conv_threads) {
         test_fill_uniform(j->w, nw, 140 + t, -1, 1);
         ref_conv_forward_f32(&j->s, j->n, j->x, j->w, want[t]);
     }
+    cpu_threads_set(2); /* both callers want the pool: one gets it, the other runs alone */
     pthread_t th[2];
     for (int t = 0; t < 2; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, conv_job, &jobs[t]), 0);
     for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    cpu_threads_set(1);
     for (int t = 0; t < 2; t++) {
         ck_assert_msg(!memcmp(jobs[t].y, want[t], 4 * conv_out_size(&jobs[t].s, jobs[t].n)),
                       "thread %d: result differs from the single-threaded run", t);
         free(jobs[t].x), free(jobs[t].w), free(jobs[t].y), free(want[t]);
     }
+}
+END_TEST
+
+/* The pool: every index of [0, count) is run exactly once, in ranges of at least `grain`, whatever
+ * the thread count — including a count that grows (helpers started for a later job must not run
+ * an earlier one) and jobs smaller than the pool. */
+typedef struct {
+    int hits[1000];
+    int ranges, short_range, grain;
+} Cover;
+
+static void cover_range(void *arg, int lo, int hi) {
+    Cover *c = arg;
+    for (int i = lo; i < hi; i++) __atomic_add_fetch(&c->hits[i], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->ranges, 1, __ATOMIC_RELAXED);
+    if (hi - lo < c->grain) __atomic_store_n(&c->short_range, 1, __ATOMIC_RELAXED);
+}
+
+START_TEST(test_cpu_parallel_for_covers_once) {
+    const int threads[] = {2, 5, 1, 3, 8}, counts[] = {0, 1, 2, 7, 64, 1000}, grains[] = {1, 8, 300};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        cpu_threads_set(threads[t]);
+        ck_assert_int_eq(cpu_threads_get(), threads[t]);
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+            for (size_t g = 0; g < sizeof grains / sizeof grains[0]; g++) {
+                Cover cv = {.grain = grains[g]};
+                cpu_parallel_for(counts[c], grains[g], cover_range, &cv);
+                for (int i = 0; i < counts[c]; i++)
+                    ck_assert_msg(cv.hits[i] == 1, "%d threads, count %d, grain %d: index %d ran %d times",
+                                  threads[t], counts[c], grains[g], i, cv.hits[i]);
+                int parts = counts[c] / grains[g] < threads[t] ? counts[c] / grains[g] : threads[t];
+                ck_assert_int_eq(cv.ranges, counts[c] == 0 ? 0 : parts > 1 ? parts : 1);
+                ck_assert_msg(!(parts > 1 && cv.short_range), "a range shorter than the grain %d", grains[g]);
+            }
+    }
+    cpu_threads_set(1);
+}
+END_TEST
+
+/* OMP_NUM_THREADS wins, as in PyTorch; else the online cores shared among the host's workers. */
+START_TEST(test_cpu_threads_auto) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsetenv("OMP_NUM_THREADS");
+    cpu_threads_share(1);
+    ck_assert_int_eq(cpu_threads_auto(1), cores < CPU_THREADS_MAX ? (int)cores : CPU_THREADS_MAX);
+    ck_assert_int_eq(cpu_threads_auto(2), cores / 2 > 1 ? (int)(cores / 2) : 1);
+    cpu_threads_share(4);
+    ck_assert_int_eq(cpu_threads_auto(1), cores / 4 > 1 ? (int)(cores / 4) : 1);
+    ck_assert_int_eq(cpu_threads_auto(1000000), 1);
+    setenv("OMP_NUM_THREADS", "3", 1);
+    ck_assert_int_eq(cpu_threads_auto(1), 3);
+    setenv("OMP_NUM_THREADS", "3x", 1); /* not a count: ignored, as the cores decide */
+    ck_assert_int_eq(cpu_threads_auto(1), cores / 4 > 1 ? (int)(cores / 4) : 1);
+    setenv("OMP_NUM_THREADS", "0", 1);
+    ck_assert_int_eq(cpu_threads_auto(1), cores / 4 > 1 ? (int)(cores / 4) : 1);
+    unsetenv("OMP_NUM_THREADS");
+    cpu_threads_share(1);
+}
+END_TEST
+
+/* The convolutions give the same bits on 1, 2, 3 and 7 threads: forward, input gradient (fresh and
+ * accumulated) and weight gradient (fresh and accumulated), on the gradient-check shapes and the
+ * blocking-edge ones, with batches that do not divide by the thread count and weight gradients
+ * narrower than the threads (cin·k·k = 4). */
+START_TEST(test_conv_same_bits_any_thread_count) {
+    const ConvCfg big[] = {{40, 133, 3, 1, 1, 9, 11}, {2, 3, 3, 1, 1, 50, 50}, {16, 8, 3, 2, 1, 12, 12}};
+    const int threads[] = {2, 3, 7}, batches[] = {1, 5};
+    size_t n_grad = sizeof grad_cfgs / sizeof grad_cfgs[0], n_big = sizeof big / sizeof big[0];
+    for (size_t c = 0; c < n_grad + n_big; c++)
+        for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+            ConvShape s = make_shape(c < n_grad ? grad_cfgs[c] : big[c - n_grad]);
+            int n = batches[b];
+            int64_t nx = conv_in_size(&s, n), ny = conv_out_size(&s, n), nw = conv_w_size(&s);
+            int64_t sizes[5] = {ny, nx, nx, nw, nw};
+            float *x = malloc(4 * nx), *w = malloc(4 * nw), *dy = malloc(4 * ny), *out[2][5];
+            test_fill_uniform(x, nx, 150, -1, 1);
+            test_fill_uniform(w, nw, 151, -1, 1);
+            test_fill_uniform(dy, ny, 152, -1, 1);
+            for (int run = 0; run < 2; run++)
+                for (int o = 0; o < 5; o++) {
+                    out[run][o] = malloc(4 * sizes[o]);
+                    test_fill_uniform(out[run][o], sizes[o], 160 + o, -1, 1); /* what accumulate adds to */
+                }
+            for (size_t t = 0; t <= sizeof threads / sizeof threads[0]; t++) {
+                int run = t > 0;
+                cpu_threads_set(t == 0 ? 1 : threads[t - 1]);
+                if (run)
+                    for (int o = 0; o < 5; o++) test_fill_uniform(out[1][o], sizes[o], 160 + o, -1, 1);
+                ref_conv_forward_f32(&s, n, x, w, out[run][0]);
+                ref_conv_backward_data_f32(&s, n, dy, w, out[run][1], 0);
+                ref_conv_backward_data_f32(&s, n, dy, w, out[run][2], 1);
+                ref_conv_backward_filter_f32(&s, n, x, dy, out[run][3], 0);
+                ref_conv_backward_filter_f32(&s, n, x, dy, out[run][4], 1);
+                const char *what[5] = {"forward", "backward-data", "backward-data (accumulate)",
+                                       "backward-filter", "backward-filter (accumulate)"};
+                for (int o = 0; run && o < 5; o++)
+                    ck_assert_msg(!memcmp(out[0][o], out[1][o], 4 * sizes[o]),
+                                  "shape %zu, batch %d: %s on %d threads differs from one thread", c, n, what[o],
+                                  threads[t - 1]);
+            }
+            free(x), free(w), free(dy);
+            for (int run = 0; run < 2; run++)
+                for (int o = 0; o < 5; o++) free(out[run][o]);
+        }
+    cpu_threads_set(1);
 }
 END_TEST
 
@@ -746,6 +855,9 @@ Suite *suite_ops_ref(void) {
     tcase_add_test(tc, test_sgd_by_hand);
     tcase_add_test(tc, test_f32_agrees_with_f64);
     tcase_add_test(tc, test_conv_threads);
+    tcase_add_test(tc, test_cpu_parallel_for_covers_once);
+    tcase_add_test(tc, test_cpu_threads_auto);
+    tcase_add_test(tc, test_conv_same_bits_any_thread_count);
     suite_add_tcase(s, tc);
     return s;
 }
