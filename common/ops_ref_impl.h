@@ -391,12 +391,20 @@ void REF_FN(ref_conv_backward_filter)(const ConvShape *s, int n, const T *x, con
 /* ---- batch norm ---------------------------------------------------------------------------------- */
 /* Channel ch of image i is the contiguous run x[(i·c + ch)·hw .. +hw). */
 
-void REF_FN(ref_bn_forward_train)(int n, int c, int hw, const T *x, const T *gamma, const T *beta,
-                                  T *running_mean, T *running_var, T momentum, T eps,
-                                  T *save_mean, T *save_invstd, T *y) {
+/* Batch norm runs on the CPU threads too, a range of channels each: a channel's sums stay in one
+ * thread, in one order. */
+typedef struct {
+    int n, c, hw, accumulate;
+    const T *x, *dy, *gamma, *beta, *save_mean_in, *save_invstd_in;
+    T *running_mean, *running_var, momentum, eps, *save_mean, *save_invstd, *y, *dx, *dgamma, *dbeta;
+} REF_FN(BnJob);
+
+static void REF_FN(bn_forward_train_channels)(void *arg, int lo, int hi) {
+    const REF_FN(BnJob) *b = arg;
+    int n = b->n, c = b->c, hw = b->hw;
+    const T *x = b->x;
     int64_t count = (int64_t)n * hw;
-    ASSERT(count > 1); /* PyTorch refuses too: the unbiased variance of one value is undefined */
-    for (int ch = 0; ch < c; ch++) {
+    for (int ch = lo; ch < hi; ch++) {
         /* Two passes (mean, then squared deviations) — stabler than E[x²] − E[x]². */
         double sum = 0;
         for (int i = 0; i < n; i++) {
@@ -409,20 +417,30 @@ void REF_FN(ref_bn_forward_train)(int n, int c, int hw, const T *x, const T *gam
             for (int j = 0; j < hw; j++) ss += ((double)xc[j] - mean) * ((double)xc[j] - mean);
         }
         double var = ss / (double)count; /* biased: what normalises */
-        double invstd = 1.0 / sqrt(var + (double)eps);
+        double invstd = 1.0 / sqrt(var + (double)b->eps);
         double unbiased = ss / (double)(count - 1); /* what the running estimate tracks */
-        double m = (double)momentum;
-        running_mean[ch] = (T)((1.0 - m) * (double)running_mean[ch] + m * mean);
-        running_var[ch] = (T)((1.0 - m) * (double)running_var[ch] + m * unbiased);
-        save_mean[ch] = (T)mean;
-        save_invstd[ch] = (T)invstd;
-        T mu = (T)mean, scale = (T)(invstd * (double)gamma[ch]), shift = beta[ch];
+        double m = (double)b->momentum;
+        b->running_mean[ch] = (T)((1.0 - m) * (double)b->running_mean[ch] + m * mean);
+        b->running_var[ch] = (T)((1.0 - m) * (double)b->running_var[ch] + m * unbiased);
+        b->save_mean[ch] = (T)mean;
+        b->save_invstd[ch] = (T)invstd;
+        T mu = (T)mean, scale = (T)(invstd * (double)b->gamma[ch]), shift = b->beta[ch];
         for (int i = 0; i < n; i++) {
             const T *xc = x + ((int64_t)i * c + ch) * hw;
-            T *yc = y + ((int64_t)i * c + ch) * hw;
+            T *yc = b->y + ((int64_t)i * c + ch) * hw;
             for (int j = 0; j < hw; j++) yc[j] = (xc[j] - mu) * scale + shift;
         }
     }
+}
+
+void REF_FN(ref_bn_forward_train)(int n, int c, int hw, const T *x, const T *gamma, const T *beta,
+                                  T *running_mean, T *running_var, T momentum, T eps,
+                                  T *save_mean, T *save_invstd, T *y) {
+    ASSERT((int64_t)n * hw > 1); /* PyTorch refuses too: the unbiased variance of one value is undefined */
+    REF_FN(BnJob) b = {.n = n, .c = c, .hw = hw, .x = x, .gamma = gamma, .beta = beta,
+                       .running_mean = running_mean, .running_var = running_var, .momentum = momentum,
+                       .eps = eps, .save_mean = save_mean, .save_invstd = save_invstd, .y = y};
+    cpu_parallel_for(c, 1, REF_FN(bn_forward_train_channels), &b);
 }
 
 void REF_FN(ref_bn_forward_eval)(int n, int c, int hw, const T *x, const T *gamma, const T *beta,
@@ -441,12 +459,14 @@ void REF_FN(ref_bn_forward_eval)(int n, int c, int hw, const T *x, const T *gamm
 /* With x̂ = (x − μ)·invstd and N = n·hw values per channel:
  *   dβ = Σ dy,  dγ = Σ dy·x̂,  dx = γ·invstd·(dy − mean(dy) − x̂·mean(dy·x̂)).
  * eps is unused: save_invstd already contains it (the signature matches cuDNN's, which wants it). */
-void REF_FN(ref_bn_backward)(int n, int c, int hw, const T *x, const T *dy, const T *gamma,
-                             const T *save_mean, const T *save_invstd, T eps, T *dx, T *dgamma,
-                             T *dbeta, int accumulate) {
+static void REF_FN(bn_backward_channels)(void *arg, int lo, int hi) {
+    const REF_FN(BnJob) *b = arg;
+    int n = b->n, c = b->c, hw = b->hw;
+    const T *x = b->x, *dy = b->dy;
+    T *dx = b->dx;
     double count = (double)n * hw;
-    for (int ch = 0; ch < c; ch++) {
-        double mean = save_mean[ch], invstd = save_invstd[ch];
+    for (int ch = lo; ch < hi; ch++) {
+        double mean = b->save_mean_in[ch], invstd = b->save_invstd_in[ch];
         double sum_dy = 0, sum_dy_xhat = 0;
         for (int i = 0; i < n; i++) {
             int64_t off = ((int64_t)i * c + ch) * hw;
@@ -455,32 +475,71 @@ void REF_FN(ref_bn_backward)(int n, int c, int hw, const T *x, const T *dy, cons
                 sum_dy_xhat += (double)dy[off + j] * (((double)x[off + j] - mean) * invstd);
             }
         }
-        dbeta[ch] = (T)((double)dbeta[ch] + sum_dy);
-        dgamma[ch] = (T)((double)dgamma[ch] + sum_dy_xhat);
-        double k = (double)gamma[ch] * invstd, mdy = sum_dy / count, mdyx = sum_dy_xhat / count;
+        b->dbeta[ch] = (T)((double)b->dbeta[ch] + sum_dy);
+        b->dgamma[ch] = (T)((double)b->dgamma[ch] + sum_dy_xhat);
+        double k = (double)b->gamma[ch] * invstd, mdy = sum_dy / count, mdyx = sum_dy_xhat / count;
         for (int i = 0; i < n; i++) {
             int64_t off = ((int64_t)i * c + ch) * hw;
             for (int j = 0; j < hw; j++) {
                 double xhat = ((double)x[off + j] - mean) * invstd;
                 T g = (T)(k * ((double)dy[off + j] - mdy - xhat * mdyx));
-                dx[off + j] = accumulate ? dx[off + j] + g : g;
+                dx[off + j] = b->accumulate ? dx[off + j] + g : g;
             }
         }
     }
 }
 
+/* With x̂ = (x − μ)·invstd and N = n·hw values per channel:
+ *   dβ = Σ dy,  dγ = Σ dy·x̂,  dx = γ·invstd·(dy − mean(dy) − x̂·mean(dy·x̂)).
+ * eps is unused: save_invstd already contains it (the signature matches cuDNN's, which wants it). */
+void REF_FN(ref_bn_backward)(int n, int c, int hw, const T *x, const T *dy, const T *gamma,
+                             const T *save_mean, const T *save_invstd, T eps, T *dx, T *dgamma,
+                             T *dbeta, int accumulate) {
+    REF_FN(BnJob) b = {.n = n, .c = c, .hw = hw, .accumulate = accumulate, .x = x, .dy = dy, .gamma = gamma,
+                       .save_mean_in = save_mean, .save_invstd_in = save_invstd, .dx = dx, .dgamma = dgamma,
+                       .dbeta = dbeta};
+    cpu_parallel_for(c, 1, REF_FN(bn_backward_channels), &b);
+}
+
 /* ---- elementwise ----------------------------------------------------------------------------------- */
 /* No restrict here: in-place calls (x == y, dx == dy) are part of the contract. */
 
+/* ReLU, the other big elementwise pass of a step, runs on the CPU threads in blocks of REF_BLOCK
+ * elements (a range of blocks each; the last block may be short). */
+#define REF_BLOCK 16384
+typedef struct {
+    int64_t count;
+    const T *x, *dy;
+    T *y, *dx;
+    int accumulate;
+} REF_FN(EltJob);
+
+static void REF_FN(relu_forward_blocks)(void *arg, int lo, int hi) {
+    const REF_FN(EltJob) *e = arg;
+    int64_t end = (int64_t)hi * REF_BLOCK < e->count ? (int64_t)hi * REF_BLOCK : e->count;
+    for (int64_t i = (int64_t)lo * REF_BLOCK; i < end; i++)
+        e->y[i] = e->x[i] < 0 ? (T)0 : e->x[i]; /* NaN passes through */
+}
+
 void REF_FN(ref_relu_forward)(int64_t count, const T *x, T *y) {
-    for (int64_t i = 0; i < count; i++) y[i] = x[i] < 0 ? (T)0 : x[i]; /* NaN passes through */
+    REF_FN(EltJob) e = {.count = count, .x = x, .y = y};
+    cpu_parallel_for((int)((count + REF_BLOCK - 1) / REF_BLOCK), 1, REF_FN(relu_forward_blocks), &e);
+}
+
+static void REF_FN(relu_backward_blocks)(void *arg, int lo, int hi) {
+    const REF_FN(EltJob) *e = arg;
+    const T *y = e->x, *dy = e->dy;
+    T *dx = e->dx;
+    int64_t end = (int64_t)hi * REF_BLOCK < e->count ? (int64_t)hi * REF_BLOCK : e->count;
+    if (e->accumulate)
+        for (int64_t i = (int64_t)lo * REF_BLOCK; i < end; i++) dx[i] += y[i] > 0 ? dy[i] : (T)0;
+    else
+        for (int64_t i = (int64_t)lo * REF_BLOCK; i < end; i++) dx[i] = y[i] > 0 ? dy[i] : (T)0;
 }
 
 void REF_FN(ref_relu_backward)(int64_t count, const T *y, const T *dy, T *dx, int accumulate) {
-    if (accumulate)
-        for (int64_t i = 0; i < count; i++) dx[i] += y[i] > 0 ? dy[i] : (T)0;
-    else
-        for (int64_t i = 0; i < count; i++) dx[i] = y[i] > 0 ? dy[i] : (T)0;
+    REF_FN(EltJob) e = {.count = count, .x = y, .dy = dy, .dx = dx, .accumulate = accumulate};
+    cpu_parallel_for((int)((count + REF_BLOCK - 1) / REF_BLOCK), 1, REF_FN(relu_backward_blocks), &e);
 }
 
 void REF_FN(ref_add_forward)(int64_t count, const T *a, const T *b, T *y) {

@@ -833,6 +833,46 @@ START_TEST(test_conv_same_bits_any_thread_count) {
 }
 END_TEST
 
+/* Batch norm (forward with its running statistics, backward fresh and accumulated) and ReLU (in
+ * place too) give the same bits on 1 and 3 threads, with more channels than threads and fewer, and
+ * a ReLU longer than several of its 16384-element blocks with a short last one. */
+START_TEST(test_bn_relu_same_bits_any_thread_count) {
+    const int shapes[][3] = {{5, 7, 33}, {3, 2, 50}, {2, 64, 256}}; /* n, c, hw */
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int n = shapes[k][0], c = shapes[k][1], hw = shapes[k][2];
+        int64_t cnt = (int64_t)n * c * hw;
+        float *x = malloc(4 * cnt), *dy = malloc(4 * cnt), *g = malloc(4 * c), *be = malloc(4 * c);
+        test_fill_uniform(x, cnt, 170, -2, 2);
+        test_fill_uniform(dy, cnt, 171, -1, 1);
+        test_fill_uniform(g, c, 172, 0.5f, 1.5f);
+        test_fill_uniform(be, c, 173, -0.5f, 0.5f);
+        float *o[2][10];
+        int64_t len[10] = {c, c, c, c, cnt, cnt, cnt, c, c, cnt};
+        for (int run = 0; run < 2; run++) {
+            cpu_threads_set(run ? 3 : 1);
+            for (int i = 0; i < 10; i++) {
+                o[run][i] = malloc(4 * len[i]);
+                test_fill_uniform(o[run][i], len[i], 180 + i, -1, 1); /* running stats, accumulated grads */
+            }
+            /* 0,1 running mean/var  2,3 save mean/invstd  4 y  5 dx  6 dx (accumulate)  7,8 dγ dβ  9 relu */
+            ref_bn_forward_train_f32(n, c, hw, x, g, be, o[run][0], o[run][1], 0.1f, 1e-5f, o[run][2], o[run][3],
+                                     o[run][4]);
+            ref_bn_backward_f32(n, c, hw, x, dy, g, o[run][2], o[run][3], 1e-5f, o[run][5], o[run][7], o[run][8], 0);
+            ref_bn_backward_f32(n, c, hw, x, dy, g, o[run][2], o[run][3], 1e-5f, o[run][6], o[run][7], o[run][8], 1);
+            ref_relu_forward_f32(cnt, o[run][4], o[run][4]);
+            ref_relu_backward_f32(cnt, o[run][4], dy, o[run][9], 0);
+            ref_relu_backward_f32(cnt, o[run][4], dy, o[run][9], 1);
+        }
+        for (int i = 0; i < 10; i++) {
+            ck_assert_msg(!memcmp(o[0][i], o[1][i], 4 * len[i]), "shape %zu: output %d differs on 3 threads", k, i);
+            free(o[0][i]), free(o[1][i]);
+        }
+        free(x), free(dy), free(g), free(be);
+    }
+    cpu_threads_set(1);
+}
+END_TEST
+
 Suite *suite_ops_ref(void) {
     Suite *s = suite_create("ops_ref");
     TCase *tc = tcase_create("ops_ref");
@@ -858,6 +898,7 @@ Suite *suite_ops_ref(void) {
     tcase_add_test(tc, test_cpu_parallel_for_covers_once);
     tcase_add_test(tc, test_cpu_threads_auto);
     tcase_add_test(tc, test_conv_same_bits_any_thread_count);
+    tcase_add_test(tc, test_bn_relu_same_bits_any_thread_count);
     suite_add_tcase(s, tc);
     return s;
 }
