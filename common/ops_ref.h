@@ -3,8 +3,10 @@
  * Written once, generically, in ops_ref_impl.h, and instantiated twice by ops_ref.c: for float
  * (suffix _f32, what the CPU backend trains with) and double (suffix _f64, what the finite-difference
  * gradient checks use). Semantics are exactly those documented in ops.h; shapes are explicit here
- * because the reference has no plan to hold them. Single-threaded and in a fixed order, so results
- * are reproducible bit for bit; batch-norm statistics and softmax sums accumulate in double. */
+ * because the reference has no plan to hold them. Convolutions, batch norm and ReLU run on the CPU
+ * threads (cpu_threads.h), split so that every output keeps one fixed summation order: results are
+ * reproducible bit for bit on any thread count; batch-norm statistics and softmax sums accumulate in
+ * double. */
 #ifndef OPS_REF_H
 #define OPS_REF_H
 
