@@ -507,7 +507,7 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"workers", OPT_INT, &c->workers, 0, 64, NULL,
          "data-loading threads (DataLoader num_workers; 0 = load in the training thread)"},
         {"cpu-threads", OPT_INT, &c->cpu_threads, 1, CPU_THREADS_MAX, NULL,
-         "CPU backend: threads per process for the convolutions (torch.set_num_threads); the same bits for "
+         "CPU backend: threads per process for convolutions, batch norm, ReLU (torch.set_num_threads); same bits for "
          "any count; auto: OMP_NUM_THREADS, else the cores shared among this host's workers"},
         {"pin-memory", OPT_FLAG, &c->pin_memory, 0, 0, NULL,
          "page-locked host batches for asynchronous copies (DataLoader pin_memory=True)"},

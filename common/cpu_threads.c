@@ -55,7 +55,7 @@ static void *helper(void *p) {
 
 void cpu_threads_set(int n) {
     if (n < 1 || n > CPU_THREADS_MAX)
-        die_user("--cpu-threads %d: give 1 to %d (0 = auto)", n, CPU_THREADS_MAX);
+        die_user("--cpu-threads %d: give 1 to %d, or leave it out for the automatic count", n, CPU_THREADS_MAX);
     __atomic_store_n(&pool.want, n, __ATOMIC_RELAXED);
 }
 

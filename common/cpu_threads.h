@@ -1,8 +1,9 @@
-/* cpu_threads.h — the CPU backend's intra-op threads: torch.set_num_threads for our convolutions.
+/* cpu_threads.h — the CPU backend's intra-op threads: torch.set_num_threads for our convolutions,
+ * batch norm and ReLU.
  *
  * What you will learn: how a CPU framework uses every core without giving up reproducibility. A
  * convolution is split into independent pieces — the images of a batch for the forward pass and the
- * input gradient, the columns of the weight gradient — and a small pool of persistent threads runs
+ * input gradient, the columns of the weight gradient; batch norm by channel, ReLU by block — and a small pool of persistent threads runs
  * the pieces side by side. No output element is summed by two threads, and each is summed in the
  * same order whatever the thread count, so one thread and eight give the same bits (tested).
  *

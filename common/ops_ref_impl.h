@@ -7,9 +7,9 @@
  *
  * Convolution is where the time goes, so it is the only place we work for speed: im2col turns a
  * convolution into a matrix product, and one small cache-blocked GEMM (below) does all the
- * arithmetic of conv forward, backward-data, backward-filter and linear; the convolutions also
- * share their work out over the CPU threads (cpu_threads.h). Everything else is a straightforward
- * loop. Every output element has a fixed summation order, whatever the thread count and whichever
+ * arithmetic of conv forward, backward-data, backward-filter and linear; the convolutions, batch
+ * norm and ReLU also share their work out over the CPU threads (cpu_threads.h). Everything else is
+ * a straightforward loop. Every output element has a fixed summation order, whatever the thread count and whichever
  * of the micro-kernel's builds runs: results are reproducible bit for bit. Batch-norm statistics,
  * pooling sums and softmax sums accumulate in double. */
 
@@ -456,9 +456,6 @@ void REF_FN(ref_bn_forward_eval)(int n, int c, int hw, const T *x, const T *gamm
     }
 }
 
-/* With x̂ = (x − μ)·invstd and N = n·hw values per channel:
- *   dβ = Σ dy,  dγ = Σ dy·x̂,  dx = γ·invstd·(dy − mean(dy) − x̂·mean(dy·x̂)).
- * eps is unused: save_invstd already contains it (the signature matches cuDNN's, which wants it). */
 static void REF_FN(bn_backward_channels)(void *arg, int lo, int hi) {
     const REF_FN(BnJob) *b = arg;
     int n = b->n, c = b->c, hw = b->hw;
