@@ -5,12 +5,12 @@
  * exactly the semantics documented in ops.h. Deliberately no header guard: each inclusion stamps
  * out one more copy. Helpers are static and suffixed too, so the two copies never collide.
  *
- * Convolution is where the time goes, so it is the only place we work for speed: im2col turns a
- * convolution into a matrix product, and one small cache-blocked GEMM (below) does all the
- * arithmetic of conv forward, backward-data, backward-filter and linear; the convolutions, batch
- * norm and ReLU also share their work out over the CPU threads (cpu_threads.h). Everything else is
- * a straightforward loop. Every output element has a fixed summation order, whatever the thread count and whichever
- * of the micro-kernel's builds runs: results are reproducible bit for bit. Batch-norm statistics,
+ * Convolution is where the time goes, so it is where we work for speed: im2col turns a convolution
+ * into a matrix product, and one small cache-blocked GEMM (below) does all the arithmetic of conv
+ * forward, backward-data, backward-filter and linear. The convolutions, batch norm and ReLU share
+ * their work out over the CPU threads (cpu_threads.h); everything else is a straightforward loop.
+ * Every output element has a fixed summation order, whatever the thread count and whichever of the
+ * micro-kernel's builds runs: results are reproducible bit for bit. Batch-norm statistics,
  * pooling sums and softmax sums accumulate in double. */
 
 #if !defined(T) || !defined(S)
