@@ -223,6 +223,7 @@ static void handle(Server *sv, Conn *c, int op, const char *key, const uint8_t *
         break;
     case OP_ADD: {
         e = kv_find(sv, key);
+        int created = !e; /* ADD 0 on a missing key creates it: a GET waiting for it must wake too */
         int64_t v, delta = get_i64(val), old = e && e->len == 8 ? get_i64(e->val) : 0;
         if (__builtin_add_overflow(old, delta, &v)) { /* answered, the counter left as it was */
             reply(sv, c, STATUS_OVERFLOW, NULL, 0);
@@ -232,7 +233,7 @@ static void handle(Server *sv, Conn *c, int op, const char *key, const uint8_t *
         put_i64(b, v);
         e = kv_put(sv, key, b, 8);
         reply(sv, c, 1, b, 8);
-        if (delta != 0) wake_waiters(sv, e);
+        if (delta != 0 || created) wake_waiters(sv, e);
         break;
     }
     case OP_CHECK: reply(sv, c, kv_find(sv, key) ? 1 : 0, NULL, 0); break;

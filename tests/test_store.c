@@ -342,6 +342,29 @@ START_TEST(store_drops_idle_strangers_and_empty_keys) {
 }
 END_TEST
 
+/* A GET waits until its key exists; a key that comes into being through ADD 0 (wait_count's poll
+ * creates its counter that way) exists too, so the GET is answered then, not at its timeout. */
+START_TEST(get_wakes_when_add_zero_creates_the_key) {
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    int port = test_free_port();
+    Store *s = store_open("127.0.0.1", port, 0, 1, 10);
+    const char *why;
+    int fd = store_dial("127.0.0.1", port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(fd >= 0, "%s", why);
+    uint8_t req[12 + 3], resp[8 + 8];
+    put_req(req, 2, 3, 0); /* GET "ctr": not there yet, so the store holds the answer back */
+    memcpy(req + 12, "ctr", 3);
+    ck_assert_int_eq(net_send_all(fd, req, sizeof req, 5), 0);
+    /* no answer for 0.3 s: the store has read the GET and holds it (otherwise the ADD might be first) */
+    ck_assert_msg(net_recv_all(fd, resp, 1, 0.3) < 0 && errno == ETIMEDOUT, "a GET of a missing key was answered");
+    ck_assert_int_eq(store_add(s, "ctr", 0), 0);
+    ck_assert_msg(net_recv_all(fd, resp, sizeof resp, 2) == 0, "the GET was not answered when ADD 0 created its key");
+    ck_assert_int_eq(resp[0], 1);
+    close(fd);
+    store_close(s);
+}
+END_TEST
+
 static void secret_from_env(void *p) {
     setenv("STAGE_RDZV_SECRET", p, 1);
     uint8_t b[AUTH_MAX_SECRET];
@@ -378,6 +401,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, handshake_mac_binds_role_nonces_and_secret);
     tcase_add_test(tc, client_refuses_a_store_that_does_not_know_the_secret);
     tcase_add_test(tc, store_drops_idle_strangers_and_empty_keys);
+    tcase_add_test(tc, get_wakes_when_add_zero_creates_the_key);
     tcase_add_test(tc, short_secret_is_refused);
     suite_add_tcase(s, tc);
     return s;
