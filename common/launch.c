@@ -119,6 +119,7 @@ int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank %
 
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
+static void on_child(int sig) { (void)sig; } /* only wakes sigsuspend: the wait loop reaps */
 
 /* How many GPUs are visible, asked in a child process: the launcher itself must never touch CUDA,
  * or the workers it forks would inherit a half-initialised driver. */
@@ -242,6 +243,12 @@ static int first_failure(const Child *ch, const StatusSlot *slots, int n) {
 }
 
 _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
+    /* A launcher started with SIGCHLD ignored (some job wrappers do that, and exec keeps it) would
+     * never see a worker exit — the kernel reaps them — and would report a failed job as a success.
+     * A handler of our own (reset to the default in the workers by exec) brings the exits back. */
+    struct sigaction child = {.sa_handler = on_child};
+    sigemptyset(&child.sa_mask);
+    sigaction(SIGCHLD, &child, NULL);
     int gpus = strcmp(cfg->device, "cpu") ? count_gpus() : 0;
     int cuda;
     CommKind comm;
@@ -294,11 +301,22 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     fflush(stdout);
     fflush(stderr);
 
-    struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: waitpid returns EINTR */
+    /* The signals the wait loop reacts to stay blocked except inside sigsuspend: one that arrives
+     * between the loop's check of got_signal and its wait stays pending and ends that wait at once,
+     * instead of being noticed only when some worker exits. The workers get the old mask back. */
+    struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    sigset_t watched, old_mask, waiting;
+    sigemptyset(&watched);
+    sigaddset(&watched, SIGINT), sigaddset(&watched, SIGTERM), sigaddset(&watched, SIGHUP);
+    sigaddset(&watched, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &watched, &old_mask);
+    waiting = old_mask;
+    sigdelset(&waiting, SIGINT), sigdelset(&waiting, SIGTERM), sigdelset(&waiting, SIGHUP);
+    sigdelset(&waiting, SIGCHLD);
 
     pid_t self = getpid();
     Child *ch = xcalloc((size_t)n, sizeof *ch);
@@ -315,6 +333,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             /* Die with the launcher, whatever kills it (even SIGKILL): no orphaned workers. */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != self) _exit(1);
+            sigprocmask(SIG_SETMASK, &old_mask, NULL);
             set_env_int("RANK", first + i);
             set_env_int("LOCAL_RANK", i);
             set_env_int("WORLD_SIZE", world);
@@ -337,10 +356,18 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int alive = n, failure = 0;
     while (alive > 0 && !failure && !got_signal) {
         int st;
-        pid_t pid = waitpid(-1, &st, WUNTRACED | WCONTINUED); /* stops too: a stopped rank is blamed */
+        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED); /* stops too: a stopped rank is blamed */
+        if (pid == 0) { /* nothing yet: sleep until a worker changes state or a signal comes */
+            sigsuspend(&waiting);
+            continue;
+        }
         if (pid < 0) {
             if (errno == EINTR) continue;
-            break;
+            /* ECHILD with workers unaccounted for: something else reaped them. Never call that success. */
+            stop_all(ch, n);
+            die_user("%s launcher: lost track of %d worker%s (waitpid: %s) — was the launcher started by a "
+                     "program that reaps its children? Run it directly", prog, unreaped(ch, n),
+                     unreaped(ch, n) == 1 ? "" : "s", strerror(errno));
         }
         reap(ch, n, pid, st);
         if (WIFSTOPPED(st) || WIFCONTINUED(st)) continue;

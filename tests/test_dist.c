@@ -465,6 +465,43 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
 }
 END_TEST
 
+/* A launcher started with SIGCHLD ignored — some job wrappers do it, and exec keeps it — must still
+ * see its workers exit: the failure is reported as one (exit 3, the root cause named), not as a
+ * success. The shell resets SIGCHLD, so the launcher is exec'd directly from a forked child. */
+START_TEST(launcher_reports_failure_with_sigchld_ignored) {
+    char exe[4096], port[16], seed[16], log[] = "/tmp/stage3_sigchld_XXXXXX";
+    snprintf(exe, sizeof exe, "%s/stage3", test_root());
+    snprintf(port, sizeof port, "%d", test_free_port());
+    snprintf(seed, sizeof seed, "%d", (int)(getpid() % 100000) * 10 + 7);
+    int fd = mkstemp(log);
+    ck_assert_int_ge(fd, 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd, 1), dup2(fd, 2);
+        signal(SIGCHLD, SIG_IGN);
+        setenv("STAGE3_FAIL_AT", "1:3", 1);
+        alarm((unsigned)(120 * test_time_scale())); /* survives exec: a hung launcher dies of it */
+        execl(exe, "stage3", "--device", "cpu", "--model", "tiny", "--train-size", "256", "--test-size", "64",
+              "--batch-size", "16", "--progress", "off", "--epochs", "50", "--nproc-per-node", "2",
+              "--master-port", port, "--seed", seed, (char *)NULL);
+        _exit(127);
+    }
+    close(fd);
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    char *out = test_slurp(log, NULL);
+    unlink(log);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3, "status %#x (expected exit 3):\n%s", st, out);
+    ck_assert_msg(strstr(out, "job failed: ") && strstr(out, "rank 1 (local rank 1"), "root cause not named:\n%s",
+                  out);
+    char marker[32];
+    snprintf(marker, sizeof marker, "--seed %s", seed);
+    ck_assert_msg(processes_with(marker) == 0, "processes left behind");
+    free(out);
+}
+END_TEST
+
 /* STAGE3_FAIL_AT=RANK:STEP[:SIGNAL], the failure tests' fault injection, on its own: a worker (a
  * forked child here, with no status page) of that rank fails at that step — exit 3, or the signal,
  * named with or without SIG — and every other rank or step goes on; a value it cannot read stops the
@@ -867,6 +904,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
+    tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
     tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
