@@ -425,6 +425,15 @@ static int ckpt_name(const char *name, const char *prefix, int digits) {
     return d >= digits && !strcmp(p, ".ckpt");
 }
 
+int checkpoint_name_is_one(const char *name) {
+    size_t n = strlen(name);
+    char base[256];
+    if (n >= sizeof base) return 0;
+    memcpy(base, name, n + 1);
+    if (n > 4 && !strcmp(base + n - 4, ".tmp")) base[n - 4] = 0;
+    return ckpt_name(base, "epoch", 3) || ckpt_name(base, "step", 8);
+}
+
 int checkpoint_list(const char *dir, char **newest) {
     if (newest) *newest = NULL;
     DIR *d = opendir(dir);

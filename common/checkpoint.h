@@ -96,6 +96,10 @@ void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, 
  * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */
 int checkpoint_is_one(const char *path);
 
+/* 1 if `name` (a file name, no directory) is one a save in its directory writes: epochNNN.ckpt,
+ * stepNNNNNNNN.ckpt, or either with the .tmp a save writes first — names no other output may take. */
+int checkpoint_name_is_one(const char *name);
+
 /* The checkpoints in dir — regular files named as checkpoint_path names them (epochNNN.ckpt,
  * stepNNNNNNNN.ckpt) — counted; *newest (when not NULL) gets the most recently modified one's path
  * (malloc'd; NULL when there is none). A missing or unreadable dir holds none. */

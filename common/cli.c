@@ -20,8 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h" /* checkpoint_is_one, checkpoint_list */
+#include "checkpoint.h" /* checkpoint_is_one, checkpoint_list, checkpoint_name_is_one */
 #include "cpu_threads.h" /* CPU_THREADS_MAX */
+#include "data.h"        /* cifar10_file_names */
 #include "device.h"     /* device_memory_fraction */
 #include "errors.h"
 #include "hash.h"
@@ -625,6 +626,30 @@ static int in_dir(const char *path, const char *dir) {
     return yes;
 }
 
+/* An output must not take the name of an input or of a checkpoint this run will write: the report is
+ * emptied when the run starts and the trace replaced when it ends, so one named like a CIFAR file
+ * destroys the dataset; in --save, a save renames its checkpoint over a file of that name — or, named
+ * like the save's .tmp, writes into the report the run still holds open. check_output catches files
+ * that are checkpoints already; these are not yet. */
+static void check_not_clobbering(const TrainConfig *c, const char *flag, const char *path) {
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (c->save && c->save[0] && checkpoint_name_is_one(name) && in_dir(path, c->save)) {
+        int len = (int)strlen(c->save);
+        while (len > 1 && c->save[len - 1] == '/') len--;
+        die_user("%s '%s' has the name of a checkpoint that --save '%s' writes: the save would replace it or write "
+                 "into it — give %s another file name (e.g. %.*s/%s)", flag, path, c->save, flag, len, c->save,
+                 !strcmp(flag, "--trace") ? "trace.json" : "report.jsonl");
+    }
+    for (int i = 0; c->data && c->data[0] && i < CIFAR10_FILES; i++) {
+        char *input = NULL;
+        ASSERT(asprintf(&input, "%s/%s", c->data, cifar10_file_names[i]) >= 0);
+        if (same_file(path, input))
+            die_user("%s '%s' is %s, which --data reads: writing it would destroy the dataset — give %s another "
+                     "file name", flag, path, input, flag);
+        free(input);
+    }
+}
+
 void config_resolve(TrainConfig *c, int cuda) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
@@ -684,6 +709,7 @@ void config_resolve(TrainConfig *c, int cuda) {
                      dir, dir);
         free(dir);
         check_output("--report", "--report", c->report, "report.jsonl");
+        check_not_clobbering(c, "--report", c->report);
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
@@ -694,6 +720,7 @@ void config_resolve(TrainConfig *c, int cuda) {
         free(dir);
         check_output("--trace", "--trace", c->trace, "trace.json"); /* the file, or where stages 3–5 merge */
         check_rank_files(c->trace);
+        check_not_clobbering(c, "--trace", c->trace);
     }
     /* What an out-of-memory error will advise (device.c): the levers this run has. Accumulation keeps
      * the optimizer's batch while a micro-batch shrinks (stages 4 and 5). */

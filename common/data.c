@@ -188,9 +188,10 @@ void dataset_synthetic(Dataset *ds, int64_t n, uint64_t seed, int train) {
 #define CIFAR_RECORD (1 + IMG_PIXELS)   /* 3073 bytes */
 #define CIFAR_PER_FILE 10000            /* records in each official file */
 
-static const char *const CIFAR_TRAIN_FILES[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
-                                                "data_batch_4.bin", "data_batch_5.bin"};
-static const char *const CIFAR_TEST_FILES[] = {"test_batch.bin"};
+const char *const cifar10_file_names[CIFAR10_FILES] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                                      "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"};
+static const char *const *const CIFAR_TRAIN_FILES = cifar10_file_names;
+static const char *const *const CIFAR_TEST_FILES = cifar10_file_names + 5;
 
 /* Open one file and return its record count; every problem is the user's to fix, so die_user. */
 static FILE *cifar_open(const char *path, int64_t *records) {

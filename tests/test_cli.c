@@ -344,7 +344,7 @@ static void write_text(const char *path, const char *text) {
  * directory (stages 3–5 used to find out after training, at the merge), the --resume checkpoint or
  * each other (both used to be truncated or interleaved), or any checkpoint are refused before. */
 START_TEST(test_resolve_output_files) {
-    char *dir = test_tmpdir(), fifo[300], ck[300], alias[300], same[300], out[300], sub[300], rank[300];
+    char *dir = test_tmpdir(), fifo[300], ck[300], alias[300], same[512], out[512], sub[300], rank[300], sub2[300];
     snprintf(fifo, sizeof fifo, "%s/fifo", dir);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     REFUSED(A("--trace", fifo), "--trace", fifo, "is a FIFO: give it a regular file");
@@ -383,6 +383,24 @@ START_TEST(test_resolve_output_files) {
     snprintf(same, sizeof same, "%s/sub/t.json", dir);
     ACCEPTED("--report", out, "--trace", same, "--resume", ck);
     ACCEPTED("--report", "/dev/null", "--trace", "/dev/null"); /* a device takes any number of writers */
+    /* not yet a checkpoint, but the name of one that --save will write there (or of its .tmp): the save
+     * used to rename its checkpoint over the report, or write into it while the report was open */
+    snprintf(out, sizeof out, "%s/epoch002.ckpt.tmp", sub);
+    REFUSED(A("--save", sub, "--report", out), "--report", "name of a checkpoint that --save", "report.jsonl");
+    snprintf(out, sizeof out, "%s/sub/../sub/step00000003.ckpt", dir);
+    REFUSED(A("--save", sub, "--trace", out), "--trace", "name of a checkpoint", "trace.json");
+    snprintf(sub2, sizeof sub2, "%s/sub2", dir);
+    ck_assert_int_eq(mkdir(sub2, 0700), 0);
+    ACCEPTED("--save", sub2, "--trace", out);             /* another directory: no save writes there */
+    snprintf(out, sizeof out, "%s/report.jsonl", sub);
+    ACCEPTED("--save", sub, "--report", out);             /* beside the checkpoints is fine */
+    /* a file --data reads: emptying or replacing it used to destroy the dataset */
+    snprintf(out, sizeof out, "%s/test_batch.bin", sub);
+    write_text(out, "records");
+    REFUSED(A("--data", sub, "--report", out), "--report", "which --data reads", "destroy the dataset");
+    snprintf(same, sizeof same, "%s/data_batch_3.bin", sub);
+    REFUSED(A("--data", sub, "--trace", same), "--trace", "which --data reads");
+    ACCEPTED("--data", dir, "--report", out);             /* the same name in another directory */
     free(dir);
 }
 END_TEST
