@@ -64,9 +64,9 @@ void amp_check(const AmpConfig *a) {
     if (a->show_scaler[0]) {
         if (cli_given("show-sampler"))
             die_user("--show-scaler and --show-sampler are two lessons: run them one at a time");
-        if (p != PREC_FP16 || a->no_grad_scaler)
-            die_user("--show-scaler shows fp16's GradScaler: drop --amp %s%s (bf16 and off never use one)", a->amp,
-                     a->no_grad_scaler ? " and --no-grad-scaler" : "");
+        if (a->no_grad_scaler) die_user("--show-scaler shows fp16's GradScaler: drop --no-grad-scaler");
+        if (p != PREC_FP16)
+            die_user("--show-scaler shows fp16's GradScaler: drop --amp %s (bf16 and off never use one)", a->amp);
         return; /* the lesson may start anywhere, subnormal scales included (torch's fixture does) */
     }
     /* The scaler's knobs mean nothing without a scaler: refused rather than silently ignored. */

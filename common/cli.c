@@ -83,18 +83,18 @@ static int choice_ok(const char *choices, const char *v) {
 }
 
 /* The default as --help shows it. A number outside its own range, or an empty choice, is an
- * internal "decide later" value (epochs −1, model ""), shown as "auto". */
+ * internal "decide later" value (epochs −1, model ""), shown as "auto" (or as the row says). */
 static void fmt_default(char *buf, size_t len, const Option *o) {
     switch (o->kind) {
     case OPT_INT: {
         int v = *(const int *)o->dst;
-        if (v < o->min || v > o->max) snprintf(buf, len, "auto");
+        if (v < o->min || v > o->max) snprintf(buf, len, "%s", o->choices ? o->choices : "auto");
         else snprintf(buf, len, "%d", v);
         break;
     }
     case OPT_INT64: {
         int64_t v = *(const int64_t *)o->dst;
-        if ((double)v < o->min || (double)v > o->max) snprintf(buf, len, "auto");
+        if ((double)v < o->min || (double)v > o->max) snprintf(buf, len, "%s", o->choices ? o->choices : "auto");
         else snprintf(buf, len, "%lld", (long long)v);
         break;
     }
@@ -690,6 +690,20 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (c->keep_last > 0 && !(c->save && c->save[0]))
         die_user("--keep-last %d keeps the newest checkpoints that --save writes: give --save DIR too, or drop it",
                  c->keep_last);
+    if (cli_given("trace-steps") && !(c->trace && c->trace[0]))
+        die_user("--trace-steps %s chooses the steps that --trace FILE records: give --trace FILE too, or drop it",
+                 c->trace_steps);
+    /* The sampler lesson's flags (stages 3–5): --show-sampler returns before this, so a training run that
+     * has them would ignore them — --world-size 4 does not make four workers, --epoch 3 is not --epochs. */
+    static const char *const lesson_only[][2] = {
+        {"world-size", "the job's size comes from --nproc-per-node (× --nnodes) or the launcher"},
+        {"rank", "each worker's rank comes from the launcher"},
+        {"dataset-size", "the dataset's length comes from --train-size or --data"},
+        {"epoch", "to train for N epochs use --epochs N"}};
+    for (size_t i = 0; i < sizeof lesson_only / sizeof lesson_only[0]; i++)
+        if (cli_given(lesson_only[i][0]))
+            die_user("--%s only applies to --show-sampler (the sampler lesson): %s — drop --%s, or add "
+                     "--show-sampler", lesson_only[i][0], lesson_only[i][1], lesson_only[i][0]);
     if (c->save && c->save[0] && stat(c->save, &st) == 0 && !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", c->save);
     /* Two of --report, --trace and --resume naming one file: the report or the trace would empty the

@@ -17,7 +17,8 @@ typedef struct Option {
     OptKind kind;
     void *dst;           /* int*, int64_t*, double*, const char** (STR and CHOICE), int* (FLAG → 1) */
     double min, max;     /* inclusive range for INT / INT64 / FLOAT */
-    const char *choices; /* CHOICE: "a|b|c" */
+    const char *choices; /* CHOICE: "a|b|c"; INT / INT64: what --help shows for an out-of-range default
+                          * (NULL: "auto", a value decided later) */
     const char *help;
 } Option;
 

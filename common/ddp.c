@@ -66,7 +66,8 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
         {"show-sampler", OPT_FLAG, &f->show.show, 0, 0, NULL,
          "print one rank's DistributedSampler indices (with --dataset-size, --world-size, --rank, --epoch, "
          "--seed, --drop-last, --no-shuffle) and exit"},
-        {"dataset-size", OPT_INT64, &f->show.dataset_size, 1, 1e12, NULL, "--show-sampler: dataset length N"},
+        {"dataset-size", OPT_INT64, &f->show.dataset_size, 1, 1e12, "none",
+         "--show-sampler: dataset length N (required: the lesson reads no data)"},
         {"world-size", OPT_INT, &f->show.world_size, 1, 65536, NULL, "--show-sampler: number of ranks R"},
         {"rank", OPT_INT, &f->show.rank, 0, 65535, NULL, "--show-sampler: the rank whose indices to print"},
         {"epoch", OPT_INT64, &f->show.epoch, 0, 1e9, NULL, "--show-sampler: the epoch (sampler.set_epoch)"},

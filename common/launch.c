@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "cli.h" /* cli_given */
 #include "cpu_threads.h"
 #include "device.h"
 #include "errors.h"
@@ -87,6 +88,10 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     if (w->local_world_size < 1 || w->local_rank >= w->local_world_size)
         die_user("local rank %d of %d workers per node (from %s's variables) is out of range", w->local_rank,
                  w->local_world_size, w->launcher);
+    if (w->local_world_size > w->world_size)
+        die_user("%d workers per node but %d in the whole job (from %s's variables): a node cannot hold more "
+                 "workers than the job — check LOCAL_WORLD_SIZE (or the launcher's own local size)",
+                 w->local_world_size, w->world_size, w->launcher);
     if (w->master_port < 1 || w->master_port > 65535)
         die_user("the rendezvous port %d is out of range (MASTER_PORT / --master-port)", w->master_port);
     /* Started by another launcher, our own launch flags would be silently ignored: say so when they
@@ -95,10 +100,20 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         die_user("this node runs %d worker%s (from %s's variables), but --nproc-per-node says %d — the launcher "
                  "decides: drop --nproc-per-node", w->local_world_size, w->local_world_size == 1 ? "" : "s",
                  w->launcher, cfg->nproc_per_node);
-    if (cfg->nnodes > 1 && cfg->nproc_per_node > 0 && cfg->nnodes * cfg->nproc_per_node != w->world_size)
-        die_user("the job has %d workers (from %s's variables), but --nnodes %d × --nproc-per-node %d says %d — the "
-                 "launcher decides: drop them", w->world_size, w->launcher, cfg->nnodes, cfg->nproc_per_node,
-                 cfg->nnodes * cfg->nproc_per_node);
+    if (cfg->nnodes > 1 && cfg->nnodes * w->local_world_size != w->world_size)
+        die_user("the job has %d worker%s (from %s's variables), but --nnodes %d × %d per node says %d — the "
+                 "launcher decides: drop --nnodes", w->world_size, w->world_size == 1 ? "" : "s", w->launcher, cfg->nnodes, w->local_world_size,
+                 cfg->nnodes * w->local_world_size);
+    if (cli_given("node-rank") && cfg->node_rank != w->node_rank)
+        die_user("this is node %d (from %s's variables), but --node-rank says %d — the launcher decides: drop "
+                 "--node-rank", w->node_rank, w->launcher, cfg->node_rank);
+    const char *port = getenv("MASTER_PORT");
+    if (port && cli_given("master-port") && env_int("MASTER_PORT", 0) != cfg->master_port)
+        die_user("the rendezvous port is %s (MASTER_PORT, from %s), but --master-port says %d — the launcher "
+                 "decides: drop --master-port", port, w->launcher, cfg->master_port);
+    if (addr && addr[0] && cli_given("master-addr") && strcmp(addr, cfg->master_addr))
+        die_user("the rendezvous address is %s (MASTER_ADDR, from %s), but --master-addr says %s — the launcher "
+                 "decides: drop --master-addr", addr, w->launcher, cfg->master_addr);
     return 1;
 }
 

@@ -711,6 +711,7 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--backoff-factor 1", "--backoff-factor must be a number in (0, 1)"},
         {"--init-scale 1e-40", "1/scale overflows fp32"}, /* a NaN step the scaler would not skip */
         {"--amp bf16 --show-scaler FIF", "--show-scaler shows fp16's GradScaler: drop --amp bf16"},
+        {"--amp fp16 --no-grad-scaler --show-scaler FIF", "GradScaler: drop --no-grad-scaler\n"}, /* not --amp */
         {"--show-scaler FIF --show-sampler --dataset-size 10", "run them one at a time"},
         /* the scaler's knobs without a scaler: refused, not silently ignored */
         {"--amp off --init-scale 1024", "--init-scale tunes fp16's GradScaler, and --amp off runs without one"},

@@ -389,6 +389,12 @@ START_TEST(launcher_refuses_bad_flags) {
         {"--show-sampler --world-size 2 --rank 2 --dataset-size 5", "--rank"},
         {"--show-sampler --world-size 2", "--dataset-size"},
         {"--device cpu --report /nonexistent/dir/r.jsonl", "/nonexistent/dir"},
+        /* the sampler lesson's flags in a training run: refused, where they used to be ignored */
+        {"--device cpu --world-size 4", "--world-size only applies to --show-sampler"},
+        {"--device cpu --epoch 3", "use --epochs N"},
+        {"--device cpu --rank 1", "--rank only applies"},
+        {"--device cpu --dataset-size 10", "--dataset-size only applies"},
+        {"--device cpu --trace-steps 1:2", "give --trace FILE too"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
@@ -408,6 +414,22 @@ START_TEST(launcher_refuses_bad_flags) {
     ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1", TINY " --nproc-per-node 4", &out), 2);
     ck_assert_msg(strstr(out, "this node runs 1 worker") && strstr(out, "drop --nproc-per-node"), "%s", out);
     free(out);
+    /* and so are the other launch flags it decides, and variables that contradict each other */
+    struct { const char *env, *args, *expect; } env_cases[] = {
+        {"RANK=0 WORLD_SIZE=1 MASTER_PORT=29742", " --master-port 29743", "drop --master-port"},
+        {"RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1", " --master-addr 127.0.0.2", "drop --master-addr"},
+        {"RANK=0 WORLD_SIZE=1", " --nnodes 7", "drop --nnodes"},
+        {"RANK=0 WORLD_SIZE=2 GROUP_RANK=0", " --node-rank 1", "drop --node-rank"},
+        {"RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=4", "", "a node cannot hold more workers than the job"},
+        {"OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 OMPI_COMM_WORLD_LOCAL_SIZE=3", "", "cannot hold more"},
+    };
+    for (size_t i = 0; i < sizeof env_cases / sizeof env_cases[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, TINY "%s", env_cases[i].args);
+        ck_assert_int_eq(stage3(env_cases[i].env, args, &out), 2);
+        ck_assert_msg(strstr(out, env_cases[i].expect), "%s%s:\n%s", env_cases[i].env, env_cases[i].args, out);
+        free(out);
+    }
     if (device_cuda_count() == 0) {
         ck_assert_int_eq(stage3(NULL, "--device cuda", &out), 2);
         ck_assert_msg(strstr(out, "--device cpu"), "%s", out);
