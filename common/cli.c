@@ -656,6 +656,7 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
     if (c->epochs < 0) c->epochs = cuda ? 5 : 4;
     if (strcmp(c->layout, "auto")) model_default_layout(!strcmp(c->layout, "nhwc"));
+    if (cli_given("channels-last")) model_check_layout(); /* stage 5: here, before any worker starts */
     if (c->no_cuda_graph) model_default_graphs(0);
     /* CIFAR-10 keeps −1 ("all of it"): only the loader knows how many samples the files hold. */
     if (c->train_size < 0 && synthetic) c->train_size = cuda ? 50000 : 8192;
@@ -690,6 +691,15 @@ void config_resolve(TrainConfig *c, int cuda) {
     if (c->keep_last > 0 && !(c->save && c->save[0]))
         die_user("--keep-last %d keeps the newest checkpoints that --save writes: give --save DIR too, or drop it",
                  c->keep_last);
+    /* DDP's optimizer overlap steps each bucket as its all-reduce lands: it needs the buckets and the
+     * one all-reduce per optimizer step that no_sync gives (stages 3–5's flags). */
+    const char *optimizer_overlap = cli_choice("optimizer-overlap");
+    if (optimizer_overlap && strcmp(optimizer_overlap, "off") && cli_given("no-overlap"))
+        die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
+                 "buckets: drop one of the two");
+    if (optimizer_overlap && strcmp(optimizer_overlap, "off") && cli_given("sync-each-micro-step"))
+        die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
+                 "micro-batch (every backward all-reduces): drop one of the two");
     if (cli_given("trace-steps") && !(c->trace && c->trace[0]))
         die_user("--trace-steps %s chooses the steps that --trace FILE records: give --trace FILE too, or drop it",
                  c->trace_steps);

@@ -316,9 +316,9 @@ static void check_job_flags(Ddp *d) {
     for (int i = 2; i < n; i++)
         if (all[i] != mine[i] * d->world)
             die_user("rank %d: the ranks were started with different --%s — start every rank with the same flags "
-                     "(only paths, --keep-last, --workers, --pin-memory, --progress, --node-rank, --master-addr, the "
-                     "timeouts, --no-cuda-graph, --cudnn-benchmark, --deterministic, --memory-fraction and "
-                     "--test-inf-step may differ; --trace only in its path)", d->rank, names[i]);
+                     "(only paths, --keep-last, --workers, --cpu-threads, --pin-memory, --progress, --node-rank, "
+                     "--master-addr, the timeouts, --no-cuda-graph, --cudnn-benchmark, --deterministic, "
+                     "--memory-fraction and --test-inf-step may differ; --trace only in its path)", d->rank, names[i]);
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */
@@ -332,12 +332,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     d->overlap_optim = !strcmp(f->optimizer_overlap, "in-backward")      ? DDP_OPTIM_IN_BACKWARD
                        : !strcmp(f->optimizer_overlap, "after-backward") ? DDP_OPTIM_AFTER_BACKWARD
                                                                          : DDP_OPTIM_OFF;
-    if (d->overlap_optim && !overlap)
-        die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
-                 "buckets: drop one of the two");
-    if (d->overlap_optim && f->sync_each_micro_step)
-        die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
-                 "micro-batch (every backward all-reduces): drop one of the two");
+    ASSERT(!d->overlap_optim || (overlap && !f->sync_each_micro_step)); /* refused by config_resolve */
     d->sync = 1, d->forward_param_sync = 1; /* as a freshly constructed DistributedDataParallel */
     d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);

@@ -424,6 +424,12 @@ static void fuse_relus(Model *m) {
     }
 }
 
+void model_check_layout(void) {
+    if (default_channels_last == 0)
+        die_user("--channels-last and --layout nchw contradict each other: give one of them (channels-last, "
+                 "--layout nhwc, is the default)");
+}
+
 Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
                           Precision prec, int channels_last) {
     if (strcmp(arch, "resnet18") && strcmp(arch, "tiny"))
@@ -431,9 +437,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     Model *m = xcalloc(1, sizeof *m);
     m->dev = dev;
     m->prec = prec;
-    if (channels_last > 0 && default_channels_last == 0) /* stage 5's --channels-last with --layout nchw */
-        die_user("--channels-last and --layout nchw contradict each other: give one of them (channels-last, "
-                 "--layout nhwc, is the default)");
+    if (channels_last > 0) model_check_layout();
     if (channels_last < 0) channels_last = default_channels_last != 0;
     m->channels_last = channels_last && dev->kind == DEV_CUDA;
     graph_init(&m->graphs, dev, default_graphs);

@@ -163,6 +163,8 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
  * Channels-last by default: cuDNN's tensor-core kernels are NHWC, and an NCHW model pays a layout
  * transform around every convolution (docs/results.md measures it). */
 void model_default_layout(int channels_last);
+/* Refuses an explicit channels-last model (stage 5's --channels-last) under --layout nchw. */
+void model_check_layout(void);
 /* What --layout chose: 1 nhwc, 0 nchw, −1 auto. */
 int model_layout_chosen(void);
 /* Whether models created from now on replay their training steps as CUDA graphs (graph.h):

@@ -719,6 +719,8 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--no-grad-scaler --growth-interval 5", "--growth-interval tunes fp16's GradScaler, and --no-grad-scaler"},
         {"--amp bf16 --growth-factor 4", "drop --growth-factor"},
         {"--channels-last --layout nchw", "--channels-last and --layout nchw contradict each other"},
+        {"--amp bf16 --optimizer-overlap after-backward --sync-each-micro-step", "drop one of the two"},
+        {"--amp bf16 --optimizer-overlap in-backward --no-overlap", "--no-overlap has no buckets"},
         {"--growth-interval 0", "--growth-interval must be an integer in [1,"}, /* 0: the scale never grows */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -727,6 +729,8 @@ START_TEST(stage5_rejects_bad_amp_flags) {
                  test_free_port(), bad[i].flags);
         ck_assert_int_eq(test_run(cmd, &out), 2);
         ck_assert_msg(strstr(out, bad[i].says), "%s: %s", bad[i].flags, out);
+        /* refused once, by the launcher, not by every worker after it started them */
+        ck_assert_msg(!strstr(out, "launching"), "%s: refused only after the workers started:\n%s", bad[i].flags, out);
         free(out);
     }
 }
