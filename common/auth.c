@@ -31,7 +31,9 @@ static void crypto_init(void) { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL
 
 size_t auth_secret(uint8_t *buf, size_t cap) {
     crypto_init();
-    const char *v = getenv("STAGE_RDZV_SECRET");
+    const char *v = getenv("STAGE_RDZV_SECRET"), *file = getenv("STAGE_RDZV_SECRET_FILE");
+    if (v && v[0] && file && file[0]) /* which one the job uses would be a guess, and ranks may guess apart */
+        die_user("both STAGE_RDZV_SECRET and STAGE_RDZV_SECRET_FILE are set: unset one of them");
     if (v && v[0]) {
         size_t n = strlen(v);
         if (n > cap) die_user("STAGE_RDZV_SECRET is longer than %zu characters", cap);

@@ -3,6 +3,7 @@
 #include "cpu_threads.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -67,7 +68,17 @@ int cpu_threads_auto(int replicas) {
     const char *omp = getenv("OMP_NUM_THREADS");
     char *end;
     long n = omp ? strtol(omp, &end, 10) : 0;
-    if (omp && *omp && !*end && n >= 1) return n < CPU_THREADS_MAX ? (int)n : CPU_THREADS_MAX;
+    static int warned;
+    if (omp && *omp && !*end && n >= 1) {
+        if (n > CPU_THREADS_MAX && !warned++)
+            fprintf(stderr, "warning: OMP_NUM_THREADS=%s: the CPU backend uses at most %d threads\n", omp,
+                    CPU_THREADS_MAX);
+        return n < CPU_THREADS_MAX ? (int)n : CPU_THREADS_MAX;
+    }
+    /* OpenMP runtimes ignore a value they cannot read, with a warning: so do we */
+    if (omp && *omp && !warned++)
+        fprintf(stderr, "warning: OMP_NUM_THREADS=%s is not a whole number of threads (1 or more): ignored, the "
+                        "cores are shared out instead (--cpu-threads N sets the count)\n", omp);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long share = cores / ((long)pool.sharers * (replicas > 1 ? replicas : 1));
     return share < 1 ? 1 : share < CPU_THREADS_MAX ? (int)share : CPU_THREADS_MAX;

@@ -29,11 +29,21 @@ void die_at(const char *file, int line, const char *call, const char *why, const
 
 static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
     fflush(stdout);
-    char msg[4096] = "error: ";
-    size_t k = strlen(msg);
-    vsnprintf(msg + k, sizeof msg - k - 1, fmt, ap);
-    strcat(msg, "\n"); /* room kept above: a message cut at the limit still ends its line */
-    say(msg);
+    char *body = NULL, *msg = NULL;
+    va_list copy;
+    va_copy(copy, ap);
+    /* any length: a message that names a long path must still reach its fix */
+    if (vasprintf(&body, fmt, copy) >= 0 && asprintf(&msg, "error: %s\n", body) >= 0) {
+        say(msg);
+    } else { /* out of memory: as much as fits */
+        char small[4096] = "error: ";
+        size_t k = strlen(small);
+        vsnprintf(small + k, sizeof small - k - 1, fmt, ap);
+        strcat(small, "\n");
+        say(small);
+    }
+    va_end(copy);
+    free(body), free(msg);
     exit(code);
 }
 

@@ -273,6 +273,13 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         n = probe_cuda ? gpus : 2;
     }
     launch_resolve(cfg, prog, gpus, n, &cuda, &comm);
+    /* Far more CPU workers than cores do not make a slow job but a broken one: starved of the CPU,
+     * rank 0 cannot answer the rendezvous before the others time out, and every rank fails. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!cuda && cores > 0 && n > LAUNCH_CPU_WORKERS_PER_CORE * cores)
+        die_user("--nproc-per-node %d: %d CPU workers on %ld core%s would starve one another (rank 0 cannot "
+                 "answer the rendezvous in time) — use at most %ld here (%d per core)", n, n, cores,
+                 cores == 1 ? "" : "s", LAUNCH_CPU_WORKERS_PER_CORE * cores, LAUNCH_CPU_WORKERS_PER_CORE);
     if (cfg->node_rank >= cfg->nnodes)
         die_user("--node-rank %d must be below --nnodes %d (nodes are numbered from 0)", cfg->node_rank,
                  cfg->nnodes);

@@ -25,6 +25,9 @@
 #include "worker_status.h" /* launch_step, launch_mark_collateral */
 
 #define LAUNCH_GRACE_S 5.0 /* SIGTERM → SIGKILL (torchrun waits 30 s; our workers hold no state) */
+#define LAUNCH_CPU_WORKERS_PER_CORE 64 /* the most CPU workers per core the launcher starts: on 2 cores,
+                                       * 128 tiny-model workers took 41 s to start and take 3 steps (the
+                                       * rendezvous times out at 60 s); 1000 all timed out */
 
 typedef struct LaunchConfig {
     int nproc_per_node;      /* 0 = one per visible GPU (2 on the CPU backend) */

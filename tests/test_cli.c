@@ -301,6 +301,12 @@ START_TEST(test_resolve_paths) {
     REFUSED(A("--optimizer", "adam", "--momentum", "0.5"), "--momentum is SGD's", "drop --momentum");
     REFUSED(A("--keep-last", "2"), "--keep-last 2", "give --save DIR too"); /* else silently nothing */
     REFUSED(A("--data", missing), "--data", missing);
+    /* a path of 5000 characters: the message still reaches its fix (it used to stop at 4 KiB) */
+    char *long_path = malloc(5001);
+    memset(long_path, 'd', 5000);
+    long_path[0] = '/', long_path[5000] = 0;
+    REFUSED(A("--data", long_path), "--data", "(give the directory that holds data_batch_1.bin");
+    free(long_path);
     REFUSED(A("--data", file), "--data", "not a directory");
     REFUSED(A("--report", report_missing), "--report", "does not exist");
     REFUSED(A("--report", dir), "--report", "is a directory");

@@ -407,6 +407,15 @@ START_TEST(launcher_refuses_bad_flags) {
     }
     /* RANK without WORLD_SIZE is an incomplete torchrun environment */
     char *out;
+    /* far more CPU workers than cores: refused before any starts (1000 on 2 cores all timed out) */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (LAUNCH_CPU_WORKERS_PER_CORE * cores < 1024) {
+        char many[96];
+        snprintf(many, sizeof many, "--device cpu --nproc-per-node %ld", LAUNCH_CPU_WORKERS_PER_CORE * cores + 1);
+        ck_assert_int_eq(stage3(NULL, many, &out), 2);
+        ck_assert_msg(strstr(out, "would starve one another") && !strstr(out, "launching"), "%s\n%s", many, out);
+        free(out);
+    }
     ck_assert_int_eq(stage3("RANK=0", TINY, &out), 2);
     ck_assert_msg(strstr(out, "WORLD_SIZE"), "%s", out);
     free(out);

@@ -255,6 +255,24 @@ START_TEST(stage1_same_bits_on_any_cpu_thread_count) {
 }
 END_TEST
 
+/* An OMP_NUM_THREADS the CPU backend cannot use is not silently dropped: a value that is not a count
+ * is ignored with a warning (as OpenMP runtimes do) and the cores decide; one above the pool's limit is
+ * capped, with a warning. The run itself goes on. */
+START_TEST(stage1_odd_omp_num_threads_warns) {
+    struct { const char *env, *warning, *header; } cases[] = {
+        {"OMP_NUM_THREADS=abc", "OMP_NUM_THREADS=abc is not a whole number of threads", "stage1 | cpu0, "},
+        {"OMP_NUM_THREADS=100000", "the CPU backend uses at most 256 threads", "stage1 | cpu0, 256 threads |"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[1024], *out;
+        snprintf(cmd, sizeof cmd, "%s %s/stage1 " SMALL " --steps 1 --epochs 1", cases[i].env, test_root());
+        ck_assert_msg(test_run(cmd, &out) == 0, "%s:\n%s", cases[i].env, out);
+        ck_assert_msg(strstr(out, cases[i].warning) && strstr(out, cases[i].header), "%s:\n%s", cases[i].env, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* --memory-fraction (torch.cuda.set_per_process_memory_fraction) caps exactly what the device
  * accounts: a run whose cap is its own peak (uncapped) runs as before; one 512-byte allocation
  * unit less and it stops with the out-of-memory error naming the flag, exit 1. So the cap and the
@@ -394,6 +412,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_resume_is_bit_identical);
     tcase_add_test(tc, stage1_deterministic_across_workers);
     tcase_add_test(tc, stage1_same_bits_on_any_cpu_thread_count);
+    tcase_add_test(tc, stage1_odd_omp_num_threads_warns);
     tcase_add_test(tc, stage1_report_says_where_the_run_is);
     tcase_add_test(tc, stage1_warmup_and_last_step_untimed);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);

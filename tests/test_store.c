@@ -372,7 +372,7 @@ static void secret_from_env(void *p) {
 }
 
 /* A secret too short to resist guessing is refused, from the environment as from a file; the
- * shortest allowed is taken. */
+ * shortest allowed is taken; two secrets (the variable and a file) are refused. */
 START_TEST(short_secret_is_refused) {
     char *out, s[AUTH_MIN_SECRET + 1];
     memset(s, 'k', AUTH_MIN_SECRET - 1);
@@ -386,6 +386,12 @@ START_TEST(short_secret_is_refused) {
     snprintf(want, sizeof want, "secret of %d bytes", AUTH_MIN_SECRET);
     ck_assert_msg(strstr(out, want), "%s", out);
     free(out);
+    /* the secret twice, once in a file: which one the job uses would be a guess, and ranks may differ */
+    setenv("STAGE_RDZV_SECRET_FILE", "/nonexistent/secret", 1);
+    ck_assert_int_eq(test_run_captured(secret_from_env, s, &out), 2);
+    ck_assert_msg(strstr(out, "both STAGE_RDZV_SECRET and STAGE_RDZV_SECRET_FILE are set"), "%s", out);
+    free(out);
+    unsetenv("STAGE_RDZV_SECRET_FILE");
 }
 END_TEST
 
