@@ -1,4 +1,5 @@
-/* auth.c — the job's secret and HMAC-SHA256 (OpenSSL's libcrypto) for the store's handshake (see auth.h). */
+/* auth.c — the job's secret and HMAC-SHA256 (OpenSSL's libcrypto) for the handshakes of the store and the
+ * host ring (see auth.h). */
 #include "auth.h"
 
 #include <errno.h>
@@ -78,13 +79,15 @@ void auth_new_secret(char out[65]) {
 
 void auth_mac(const uint8_t *secret, size_t len, const char *role, const uint8_t *sn, const uint8_t *cn,
               uint8_t mac[AUTH_MAC]) {
-    uint8_t msg[6 + 2 * AUTH_NONCE];
-    memcpy(msg, role, 6);
-    memcpy(msg + 6, sn, AUTH_NONCE);
-    memcpy(msg + 6 + AUTH_NONCE, cn, AUTH_NONCE);
+    size_t r = strlen(role);
+    ASSERT(r <= AUTH_MAX_ROLE);
+    uint8_t msg[AUTH_MAX_ROLE + 2 * AUTH_NONCE];
+    memcpy(msg, role, r);
+    memcpy(msg + r, sn, AUTH_NONCE);
+    memcpy(msg + r + AUTH_NONCE, cn, AUTH_NONCE);
     unsigned int n = 0;
     crypto_init();
-    if (!HMAC(EVP_sha256(), secret, (int)len, msg, sizeof msg, mac, &n) || n != AUTH_MAC)
+    if (!HMAC(EVP_sha256(), secret, (int)len, msg, r + 2 * AUTH_NONCE, mac, &n) || n != AUTH_MAC)
         die_at(__FILE__, __LINE__, "HMAC(EVP_sha256(), …)", "libcrypto failed", NULL);
 }
 

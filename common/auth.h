@@ -11,7 +11,8 @@
  *
  * Fresh nonces on both sides make a recorded exchange useless for another connection; the server's
  * answer proves to the client that it reached its own job's store, not a process squatting the port.
- * HMAC-SHA256 comes from OpenSSL's libcrypto (the usual C library for it).
+ * HMAC-SHA256 comes from OpenSSL's libcrypto (the usual C library for it). The host ring's
+ * connections (comm_host.c) run the same exchange, with roles that name the two ranks.
  *
  * Where the secret comes from, in this order:
  *   STAGE_RDZV_SECRET       the secret itself (at least 16 characters)
@@ -37,7 +38,10 @@ size_t auth_secret(uint8_t *buf, size_t cap);
 void auth_new_secret(char out[65]);
 /* n random bytes from the kernel. */
 void auth_random(uint8_t *out, size_t n);
-/* HMAC-SHA256(secret, role ‖ sn ‖ cn) into mac; role is "client" or "server". */
+/* HMAC-SHA256(secret, role ‖ sn ‖ cn) into mac. role is "client" or "server" for the store; the host
+ * ring's (comm_host.c) also names the two ranks, so a MAC made for one pair is no good for another.
+ * Nonces have a fixed length, so distinct roles (at most AUTH_MAX_ROLE characters) never collide. */
+#define AUTH_MAX_ROLE 64
 void auth_mac(const uint8_t *secret, size_t len, const char *role, const uint8_t *sn, const uint8_t *cn,
               uint8_t mac[AUTH_MAC]);
 /* Constant-time comparison of two MACs (1 if equal). */

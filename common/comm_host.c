@@ -4,8 +4,14 @@
  * CPU workers reduce their buffers in place. GPU workers (--comm host) copy each buffer device →
  * pinned host → ring → device on a copy stream of the ring thread, as gloo does for CUDA tensors;
  * that lets several workers share one GPU, which NCCL refuses. comm_wait blocks the caller until
- * the ring thread is done, as gloo's work.wait() does. */
+ * the ring thread is done, as gloo's work.wait() does.
+ *
+ * Each ring connection must prove the job's secret (as the store's clients do, auth.h) before it
+ * counts: a ring port is open to every local process during setup, and one that took a neighbour's
+ * place could add its own numbers into every rank's sums. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "comm_internal.h"
 #include "errors.h"
 #include "precision.h"
@@ -203,16 +210,157 @@ static void *ring_thread(void *arg) {
     return NULL;
 }
 
+/* ---- setup: the ring's connections and their handshake ---------------------------------------- */
+
+/* Our ring port is open to every process on the machine (and the network) until the left neighbour
+ * is in, so each connection runs the store's challenge–response (auth.h) before it counts, with
+ * roles that name both ranks — a MAC made for one pair of ranks, or one pair of nonces, is no good
+ * for another. For the connection from rank a to its right neighbour b (integers big-endian):
+ *
+ *   b → a   "RNG1" + sn                                             (36 bytes, when b accepts)
+ *   a → b   cn + a:u32 + b:u32 + HMAC(secret, "ring<seq> client <a>><b>" ‖ sn ‖ cn)   (72 bytes)
+ *   b → a   HMAC(secret, "ring<seq> server <a>><b>" ‖ sn ‖ cn)      (32 bytes; or b closes it)
+ *
+ * Every rank is both an a and a b, and a strict order of the two halves would have each rank wait
+ * for its neighbour around the ring; so one poll() loop drives both: the connection to the right
+ * neighbour and every connection on our port, strangers included, side by side. A stranger that
+ * sends something else or nothing within RING_TURN_S is closed with a warning while the real
+ * neighbour goes through; only the timeout ends the job. */
+#define RING_HELLO "RNG1"
+#define RING_ANSWER (AUTH_NONCE + 8 + AUTH_MAC)
+#define RING_TURN_S 10.0     /* a connection's time to pass the handshake (half the timeout, if shorter) */
+#define RING_MAX_PENDING 16  /* connections in handshake at once; the oldest makes room */
+#define RING_MAX_WARNINGS 10 /* refusals reported on stderr per communicator */
+
+typedef struct Pending { /* a connection on our port, not yet proved */
+    int fd;
+    double since;
+    uint8_t sn[AUTH_NONCE];
+    uint8_t msg[RING_ANSWER];
+    size_t got;
+} Pending;
+
+typedef struct Right { /* our connection to the right neighbour, during the handshake */
+    uint8_t in[AUTH_HELLO + AUTH_NONCE];
+    size_t got, need; /* need: the greeting's 36 bytes, then the MAC's 32; 0 when done */
+    uint8_t sn[AUTH_NONCE], cn[AUTH_NONCE];
+    const char *ip;
+    int port;
+} Right;
+
+/* The MAC of the connection from rank a to rank b; role "client" is a's proof, "server" b's. */
+static void ring_mac(const Comm *c, int seq, const char *role, int a, int b, const uint8_t *sn, const uint8_t *cn,
+                     uint8_t mac[AUTH_MAC]) {
+    char label[AUTH_MAX_ROLE + 1];
+    snprintf(label, sizeof label, "ring%d %s %d>%d", seq, role, a, b);
+    size_t len;
+    const uint8_t *secret = store_secret(c->store, &len);
+    auth_mac(secret, len, label, sn, cn, mac);
+}
+
+static void ring_refuse(const Comm *c, Pending *p, const char *why, int *warnings) {
+    if (++*warnings <= RING_MAX_WARNINGS) {
+        char peer[64];
+        net_peer_name(p->fd, peer, sizeof peer);
+        fprintf(stderr, "warning: rank %d: host ring: closed a connection from %s: %s%s\n", c->rank, peer, why,
+                *warnings == RING_MAX_WARNINGS ? " (further ones are not reported)" : "");
+    }
+    close(p->fd);
+    p->fd = -1;
+}
+
+/* Bytes from the right neighbour: its greeting (answered with our proof), then its proof. */
+static void right_step(Comm *c, int seq, Right *rt) {
+    int b = (c->rank + 1) % c->world;
+    ssize_t n = recv(c->right, rt->in + rt->got, rt->need - rt->got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0)
+        comm_fail(c, "host ring: rank %d closed the connection during the handshake (%s) — it failed (see its "
+                     "error), or it refused this rank's proof of the job's secret", b,
+                  n == 0 ? "end of stream" : errno_string());
+    if ((rt->got += (size_t)n) < rt->need) return;
+    if (rt->need == AUTH_MAC) {
+        uint8_t want[AUTH_MAC];
+        ring_mac(c, seq, "server", c->rank, b, rt->sn, rt->cn, want);
+        if (!auth_equal(want, rt->in))
+            comm_fail(c, "host ring: the process at %s:%d, the address rank %d published, does not know the job's "
+                         "secret — another process holds that port; stop it, or see rank %d's error", rt->ip,
+                      rt->port, b, b);
+        rt->need = 0;
+        return;
+    }
+    if (memcmp(rt->in, RING_HELLO, AUTH_HELLO))
+        comm_fail(c, "host ring: the process at %s:%d, the address rank %d published, did not greet as the host "
+                     "ring does — another process holds that port; stop it, or see rank %d's error", rt->ip,
+                  rt->port, b, b);
+    memcpy(rt->sn, rt->in + AUTH_HELLO, AUTH_NONCE);
+    uint8_t msg[RING_ANSWER];
+    auth_random(rt->cn, AUTH_NONCE);
+    uint32_t ranks[2] = {htonl((uint32_t)c->rank), htonl((uint32_t)b)};
+    memcpy(msg, rt->cn, AUTH_NONCE);
+    memcpy(msg + AUTH_NONCE, ranks, 8);
+    ring_mac(c, seq, "client", c->rank, b, rt->sn, rt->cn, msg + AUTH_NONCE + 8);
+    if (net_send_all(c->right, msg, sizeof msg, c->timeout) < 0)
+        comm_fail(c, "host ring: sending the handshake to rank %d failed (%s) — it probably failed: see its error",
+                  b, errno_string());
+    rt->got = 0, rt->need = AUTH_MAC;
+}
+
+/* Bytes from a connection on our port. 1 when it has proved it is our left neighbour (it is then
+ * c->left), 0 while its answer is incomplete, -1 with why[] when it must be closed. */
+static int left_step(Comm *c, int seq, Pending *p, char *why, size_t cap) {
+    int a = (c->rank - 1 + c->world) % c->world;
+    ssize_t n = recv(p->fd, p->msg + p->got, sizeof p->msg - p->got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (n <= 0) {
+        snprintf(why, cap, "it hung up during the handshake (%s)", n == 0 ? "end of stream" : errno_string());
+        return -1;
+    }
+    if ((p->got += (size_t)n) < sizeof p->msg) return 0;
+    uint32_t ranks[2];
+    memcpy(ranks, p->msg + AUTH_NONCE, 8);
+    uint32_t from = ntohl(ranks[0]), to = ntohl(ranks[1]);
+    if (from != (uint32_t)a || to != (uint32_t)c->rank) {
+        snprintf(why, cap, "it says it is rank %u connecting to rank %u; this port waits for rank %d", from, to, a);
+        return -1;
+    }
+    uint8_t want[AUTH_MAC];
+    ring_mac(c, seq, "client", a, c->rank, p->sn, p->msg, want);
+    if (!auth_equal(want, p->msg + AUTH_NONCE + 8)) {
+        snprintf(why, cap, "it does not know the job's rendezvous secret (STAGE_RDZV_SECRET)");
+        return -1;
+    }
+    ring_mac(c, seq, "server", a, c->rank, p->sn, p->msg, want);
+    if (net_send_all(p->fd, want, sizeof want, c->timeout) < 0) {
+        snprintf(why, cap, "it hung up before our answer (%s)", errno_string());
+        return -1;
+    }
+    c->left = p->fd;
+    return 1;
+}
+
+/* A connection on our port: greet it with a fresh nonce. 0, or -1 when it is already gone. */
+static int greet(Pending *p) {
+    uint8_t hello[AUTH_HELLO + AUTH_NONCE] = RING_HELLO;
+    auth_random(p->sn, AUTH_NONCE);
+    memcpy(hello + AUTH_HELLO, p->sn, AUTH_NONCE);
+    /* an empty send buffer takes 36 bytes at once: never wait on a stranger */
+    return send(p->fd, hello, sizeof hello, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof hello ? 0 : -1;
+}
+
 /* Ring sockets: listen on the address we reach the store from, publish it, connect to the right
- * neighbour, accept the left one (which says who it is). Connecting first cannot deadlock: a
- * connection completes in the kernel's backlog before anyone calls accept. */
+ * neighbour, then run the handshakes (above) until both neighbours have proved themselves.
+ * Connecting first cannot deadlock: a connection completes in the kernel's backlog before anyone
+ * calls accept. */
 static void host_connect(Comm *c, int seq) {
-    int R = c->world, r = c->rank;
+    int R = c->world, r = c->rank, a = (r - 1 + R) % R;
     if (R == 1) return;
     int port, lfd = net_listen(store_local_ip(c->store), 0, &port);
     if (lfd < 0)
         die_at(__FILE__, __LINE__, "net_listen", errno_string(),
                "the host ring needs a free TCP port on this machine");
+    /* non-blocking: a connection that is reset between poll() and accept() must not block us */
+    CHECK_SYS(fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL) | O_NONBLOCK));
     char key[64], val[96];
     snprintf(key, sizeof key, "comm%d/ring/%d", seq, r);
     snprintf(val, sizeof val, "%s %d", store_local_ip(c->store), port);
@@ -227,17 +375,67 @@ static void host_connect(Comm *c, int seq) {
     if (c->right < 0)
         comm_fail(c, "host ring: cannot connect to rank %d at %s:%d (%s) — is a firewall between the nodes?",
                   (r + 1) % R, ip, rport, errno_string());
-    int32_t me = r, who = -1;
-    if (net_send_all(c->right, &me, sizeof me, c->timeout) < 0)
-        comm_fail(c, "host ring: rank %d closed the connection during setup", (r + 1) % R);
-    struct pollfd p = {.fd = lfd, .events = POLLIN};
-    if (poll(&p, 1, (int)(c->timeout * 1000)) != 1)
-        comm_fail(c, "host ring: rank %d did not connect within %.0f s", (r - 1 + R) % R, c->timeout);
-    c->left = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (c->left < 0) die_at(__FILE__, __LINE__, "accept", errno_string(), NULL);
-    if (net_recv_all(c->left, &who, sizeof who, c->timeout) < 0 || who != (r - 1 + R) % R)
-        comm_fail(c, "host ring: expected rank %d on the left, got %d", (r - 1 + R) % R, who);
-    close(lfd);
+
+    Right rt = {.need = sizeof rt.in, .ip = ip, .port = rport};
+    Pending pend[RING_MAX_PENDING];
+    int n = 0, warnings = 0;
+    double turn = c->timeout / 2 < RING_TURN_S ? c->timeout / 2 : RING_TURN_S, t_end = time_now() + c->timeout;
+    char why[160];
+    while (c->left < 0 || rt.need) {
+        double now = time_now(), wake = t_end;
+        if (now >= t_end) {
+            if (c->left < 0)
+                comm_fail(c, "host ring: rank %d did not connect and pass the handshake within %.0f s%s — it is "
+                             "hung, stopped or failed (see its error)", a, c->timeout,
+                          warnings ? " (other connections were refused: see the warnings)" : "");
+            comm_fail(c, "host ring: rank %d did not answer the handshake within %.0f s — it is hung, stopped or "
+                         "failed (see its error)", (r + 1) % R, c->timeout);
+        }
+        struct pollfd p[2 + RING_MAX_PENDING] = {{.fd = c->left < 0 ? lfd : -1, .events = POLLIN},
+                                                 {.fd = rt.need ? c->right : -1, .events = POLLIN}};
+        for (int i = 0; i < n; i++) {
+            p[2 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+            if (pend[i].since + turn < wake) wake = pend[i].since + turn;
+        }
+        int rc = poll(p, (nfds_t)(2 + n), (int)((wake - now) * 1000) + 1);
+        if (rc < 0 && errno != EINTR) die_at(__FILE__, __LINE__, "poll", errno_string(), NULL);
+        if (rc > 0 && p[1].revents) right_step(c, seq, &rt);
+        now = time_now();
+        for (int i = 0; i < n; i++) {
+            int st = rc > 0 && p[2 + i].revents && c->left < 0 ? left_step(c, seq, &pend[i], why, sizeof why) : 0;
+            if (st > 0) pend[i].fd = -1; /* it is c->left now */
+            else if (st < 0) ring_refuse(c, &pend[i], why, &warnings);
+            else if (c->left >= 0) ring_refuse(c, &pend[i], "the left neighbour passed the handshake first", &warnings);
+            else if (now - pend[i].since > turn) {
+                snprintf(why, sizeof why, "no handshake within %.0f s", turn);
+                ring_refuse(c, &pend[i], why, &warnings);
+            }
+        }
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (pend[i].fd >= 0) pend[k++] = pend[i];
+        n = k;
+        if (rc <= 0 || c->left >= 0 || !(p[0].revents & POLLIN)) continue;
+        Pending q = {.fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC), .since = now};
+        if (q.fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) continue;
+            die_at(__FILE__, __LINE__, "accept", errno_string(), NULL);
+        }
+        net_nodelay(q.fd);
+        if (greet(&q) < 0) {
+            ring_refuse(c, &q, "it hung up before the greeting", &warnings);
+            continue;
+        }
+        if (n == RING_MAX_PENDING) { /* the oldest makes room: a real rank finishes in milliseconds */
+            ring_refuse(c, &pend[0], "too many connections without a handshake", &warnings);
+            memmove(pend, pend + 1, (size_t)(n - 1) * sizeof *pend);
+            n--;
+        }
+        pend[n++] = q;
+    }
+    for (int i = 0; i < n; i++) /* strangers checked before the neighbour in its last round */
+        ring_refuse(c, &pend[i], "the left neighbour passed the handshake first", &warnings);
+    close(lfd); /* connections still in its backlog are refused */
     /* Larger socket buffers keep the pipe full on loopback and LAN alike. */
     int sz = 4 << 20;
     setsockopt(c->right, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);

@@ -41,6 +41,16 @@ void net_nodelay(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small requests go out at once */
 }
 
+void net_peer_name(int fd, char *out, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    const void *a = NULL;
+    if (fd >= 0 && getpeername(fd, (struct sockaddr *)&ss, &len) == 0)
+        a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+            : ss.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&ss)->sin_addr : NULL;
+    if (!a || !inet_ntop(ss.ss_family, a, out, (socklen_t)cap)) snprintf(out, cap, "?");
+}
+
 int net_listen(const char *addr, int port, int *bound) {
     struct addrinfo *res;
     if (resolve(addr, port, 1, &res) != 0) {

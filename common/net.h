@@ -26,5 +26,7 @@ int net_send_all(int fd, const void *buf, size_t len, double timeout_s);
 int net_recv_all(int fd, void *buf, size_t len, double timeout_s);
 /* Small messages go out at once (TCP_NODELAY); for sockets from accept(). */
 void net_nodelay(int fd);
+/* The peer's IP address as text into out (cap bytes; "?" when unknown), for warnings about strangers. */
+void net_peer_name(int fd, char *out, size_t cap);
 
 #endif

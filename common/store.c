@@ -95,15 +95,8 @@ typedef struct Server {
 
 static void warn(Server *sv, const Conn *c, const char *why) {
     if (++sv->warnings > MAX_WARNINGS) return;
-    char peer[INET6_ADDRSTRLEN + 8] = "?";
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &len) == 0) {
-        if (ss.ss_family == AF_INET6)
-            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, peer, sizeof peer);
-        else if (ss.ss_family == AF_INET)
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, peer, sizeof peer);
-    }
+    char peer[INET6_ADDRSTRLEN];
+    net_peer_name(c->fd, peer, sizeof peer);
     fprintf(stderr, "warning: rendezvous store: closed a connection from %s: %s%s\n", peer, why,
             sv->warnings == MAX_WARNINGS ? " (further ones are not reported)" : "");
 }
@@ -521,6 +514,8 @@ struct Store {
     int64_t barriers;      /* barriers passed: names the next one ("barrier/N") */
     int sequence;          /* store_sequence */
     pthread_mutex_t mu;    /* one request at a time on the connection */
+    uint8_t secret[AUTH_MAX_SECRET]; /* the job's, for the host ring's handshake (store_secret) */
+    size_t secret_len;
 };
 
 _Noreturn static void lost(const Store *s, const char *what) {
@@ -692,6 +687,8 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     static _Thread_local Store *volatile opening;
     Store *s = opening = xcalloc(1, sizeof *s);
     s->rank = rank, s->world = world, s->timeout = timeout_s, s->port = port;
+    memcpy(s->secret, secret, secret_len);
+    s->secret_len = secret_len;
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     xmutex_init(&s->mu);
     if (rank == 0) s->server = server_start(addr, port, secret, secret_len, timeout_s);
@@ -782,6 +779,10 @@ void store_close(Store *s) {
 }
 
 const char *store_local_ip(const Store *s) { return s->local_ip; }
+const uint8_t *store_secret(const Store *s, size_t *len) {
+    *len = s->secret_len;
+    return s->secret;
+}
 int store_sequence(Store *s) { return s->sequence++; }
 int store_rank(const Store *s) { return s->rank; }
 int store_world(const Store *s) { return s->world; }

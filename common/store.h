@@ -54,6 +54,9 @@ void store_barrier(Store *s, const char *what);
 /* The local IP address this rank uses to reach the store — the interface its peers can reach too
  * (the host ring listens there). */
 const char *store_local_ip(const Store *s);
+/* The job's secret (auth.h) this rank proved to the store; the host ring's handshake uses it too.
+ * Never empty: store_open refuses to start without one. */
+const uint8_t *store_secret(const Store *s, size_t *len);
 /* 0, 1, 2, … on successive calls: ranks that call it in the same order get the same numbers
  * (communicators name their keys with it). */
 int store_sequence(Store *s);

@@ -1,6 +1,7 @@
 /* test_store.c — the rendezvous store against strangers and bad clients (issue 13): a process without
  * the job's secret is refused while the job trains on, a wrong secret or a lax secret file is refused,
- * and a client that does not read, pipelines requests or idles cannot stall, grow or hold the store. */
+ * and a client that does not read, pipelines requests or idles cannot stall, grow or hold the store.
+ * The host ring's ports likewise: a stranger can neither take a neighbour's place nor hold it up. */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -11,10 +12,13 @@
 #include <sys/wait.h>
 #include <pthread.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "auth.h"
 #include "clock.h"
+#include "comm.h"
+#include "device.h"
 #include "net.h"
 #include "store.h"
 
@@ -31,14 +35,17 @@ static void put_req(uint8_t *h, int op, uint32_t klen, uint32_t vlen) {
     memcpy(h + 4, &k, 4), memcpy(h + 8, &v, 4);
 }
 
-/* 1 when the server closes fd (within 5 s) instead of answering. */
-static int closed_by_server(int fd) {
+/* 1 when the other end closes fd (within wait s of silence), whatever it sends first. */
+static int closed_within(int fd, double wait) {
     uint8_t b[64];
     for (;;) {
-        int r = net_recv_all(fd, b, 1, 5);
+        int r = net_recv_all(fd, b, 1, wait);
         if (r < 0) return errno != ETIMEDOUT;
     }
 }
+
+/* 1 when the server closes fd (within 5 s) instead of answering. */
+static int closed_by_server(int fd) { return closed_within(fd, 5); }
 
 /* A CPU job started by our launcher (its own random secret) trains while strangers knock: one sends
  * a forged handshake, one skips it and tries to claim rank 1, one knows a wrong secret. */
@@ -262,9 +269,9 @@ START_TEST(store_fuzz_entry_runs) {
 }
 END_TEST
 
-/* The handshake's MAC binds everything a replay could change: a MAC computed for one role, one pair
- * of nonces or one secret is no good for another (else a recorded exchange could be replayed, or a
- * client's MAC reflected back as the server's). */
+/* The handshake's MAC binds everything a replay could change: a MAC computed for one role (for the
+ * host ring: one pair of ranks), one pair of nonces or one secret is no good for another (else a
+ * recorded exchange could be replayed, or a client's MAC reflected back as the server's). */
 START_TEST(handshake_mac_binds_role_nonces_and_secret) {
     const uint8_t *secret = (const uint8_t *)TEST_SECRET, *other = (const uint8_t *)"another-secret-of-this-size!";
     size_t len = strlen(TEST_SECRET);
@@ -285,6 +292,13 @@ START_TEST(handshake_mac_binds_role_nonces_and_secret) {
     cn[AUTH_NONCE - 1] ^= 1;
     auth_mac(other, len, "client", sn, cn, mac);
     ck_assert_msg(!auth_equal(base, mac), "the MAC ignores the secret");
+    /* the host ring's roles (comm_host.c) name the communicator and the two ranks: each is its own */
+    const char *ring[] = {"ring0 client 0>1", "ring0 client 1>0", "ring1 client 0>1", "ring0 server 0>1"};
+    auth_mac(secret, len, ring[0], sn, cn, base);
+    for (int i = 1; i < 4; i++) {
+        auth_mac(secret, len, ring[i], sn, cn, mac);
+        ck_assert_msg(!auth_equal(base, mac), "'%s' and '%s' give the same MAC", ring[0], ring[i]);
+    }
 }
 END_TEST
 
@@ -395,6 +409,169 @@ START_TEST(short_secret_is_refused) {
 }
 END_TEST
 
+/* ---- the host ring's port ------------------------------------------------------------------- */
+
+/* Three ranks as threads; strangers knock on rank 1's ring port before its left neighbour, rank 0,
+ * builds its communicator. */
+#define RING_WORLD 3
+
+typedef struct RingJob RingJob;
+typedef struct RingRank {
+    RingJob *job;
+    int rank;
+    float x[4];
+} RingRank;
+struct RingJob {
+    int port;
+    double timeout; /* the communicators' */
+    atomic_int go;  /* rank 0 builds its communicator */
+    RingRank ranks[RING_WORLD];
+    pthread_t threads[RING_WORLD];
+};
+
+static void *ring_rank(void *p) {
+    RingRank *me = p;
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, me->rank, 0);
+    Store *s = store_open("127.0.0.1", me->job->port, me->rank, RING_WORLD, 30);
+    while (me->rank == 0 && !atomic_load(&me->job->go)) usleep(1000);
+    Comm *c = comm_create(COMM_HOST, s, &dev, me->job->timeout);
+    for (int i = 0; i < 4; i++) me->x[i] = (float)(me->rank + 1);
+    comm_allreduce_async(c, me->x, 4);
+    comm_wait(c);
+    comm_destroy(c);
+    store_close(s);
+    device_destroy(&dev);
+    return NULL;
+}
+
+static void ring_start(RingJob *job) {
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    for (int r = 0; r < RING_WORLD; r++) {
+        job->ranks[r] = (RingRank){.job = job, .rank = r};
+        pthread_create(&job->threads[r], NULL, ring_rank, &job->ranks[r]);
+    }
+}
+
+/* Rank 1's ring port as it published it in the store (a stranger on the machine sees it listening). */
+static int ring_port(int store_port) {
+    const char *why, *key = "comm0/ring/1";
+    int fd = store_dial("127.0.0.1", store_port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 20, &why);
+    uint8_t req[12 + 16], resp[8];
+    char val[128] = "";
+    put_req(req, 2, (uint32_t)strlen(key), 0);
+    memcpy(req + 12, key, strlen(key));
+    int port = -1;
+    if (fd >= 0 && net_send_all(fd, req, 12 + strlen(key), 20) == 0 && net_recv_all(fd, resp, 8, 20) == 0) {
+        uint32_t len;
+        memcpy(&len, resp + 4, 4);
+        len = ntohl(len);
+        if (len < sizeof val && net_recv_all(fd, val, len, 5) == 0) sscanf(val, "%*s %d", &port);
+    }
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* Let rank 0 in, wait for the ranks and print how long that took and what they summed. */
+static void ring_finish(RingJob *job) {
+    double t0 = time_now();
+    atomic_store(&job->go, 1);
+    for (int r = 0; r < RING_WORLD; r++) pthread_join(job->threads[r], NULL);
+    printf("ring done %.2f s after rank 0 came\n", time_now() - t0);
+    int exact = 1;
+    for (int r = 0; r < RING_WORLD; r++) {
+        const float *x = job->ranks[r].x;
+        printf("rank %d: %g %g %g %g\n", r, x[0], x[1], x[2], x[3]);
+        for (int i = 0; i < 4; i++) exact &= x[i] == RING_WORLD * (RING_WORLD + 1) / 2;
+    }
+    printf("%s\n", exact ? "sums exact" : "sums wrong");
+}
+
+static void ring_strangers_knock(void *p) {
+    RingJob job = {.port = *(int *)p, .timeout = 20 * test_time_scale()};
+    ring_start(&job);
+    int port = ring_port(job.port);
+    /* 1: what the ring took before it had a handshake: the left neighbour's rank id, then numbers to add */
+    int id = net_connect("127.0.0.1", port, 5);
+    int32_t left = 0;
+    float junk[64];
+    for (int i = 0; i < 64; i++) junk[i] = 1000;
+    net_send_all(id, &left, sizeof left, 5);
+    net_send_all(id, junk, sizeof junk, 5);
+    /* 2: the ring's handshake, the right ranks and a MAC made with a wrong secret */
+    int forged = net_connect("127.0.0.1", port, 5);
+    uint8_t hello[AUTH_HELLO + AUTH_NONCE], msg[AUTH_NONCE + 8 + AUTH_MAC];
+    if (net_recv_all(forged, hello, sizeof hello, 2) == 0) {
+        const char *wrong = "not-the-jobs-secret-at-all";
+        uint32_t ranks[2] = {htonl(0), htonl(1)};
+        auth_random(msg, AUTH_NONCE);
+        memcpy(msg + AUTH_NONCE, ranks, 8);
+        auth_mac((const uint8_t *)wrong, strlen(wrong), "ring0 client 0>1", hello + AUTH_HELLO, msg,
+                 msg + AUTH_NONCE + 8);
+        net_send_all(forged, msg, sizeof msg, 5);
+    }
+    ring_finish(&job);
+    printf("stranger 1 %s, stranger 2 %s\n", closed_within(id, 5) ? "closed" : "kept",
+           closed_within(forged, 5) ? "closed" : "kept");
+    close(id), close(forged);
+}
+
+/* Strangers on a ring port while the job builds its host ring: one sends the rank id the ring used
+ * to trust, then numbers to add; one answers the ring's handshake with a MAC made up without the
+ * secret. Both are refused with a warning, the real neighbour gets in, and the sum is exact (before
+ * the handshake the first one took rank 0's place: rank 1 summed 1000s, rank 0 was refused). */
+START_TEST(ring_port_refuses_strangers) {
+    int port = test_free_port();
+    char *out;
+    int rc = test_run_captured(ring_strangers_knock, &port, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "sums exact"), "exit %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "stranger 1 closed, stranger 2 closed"), "%s", out);
+    ck_assert_msg(strstr(out, "warning: rank 1: host ring: closed a connection from 127.0.0.1: it says it is rank"),
+                  "no warning about the rank id:\n%s", out);
+    ck_assert_msg(strstr(out, "warning: rank 1: host ring: closed a connection from 127.0.0.1: it does not know the "
+                              "job's rendezvous secret"), "no warning about the MAC:\n%s", out);
+    free(out);
+}
+END_TEST
+
+static void ring_idle_strangers(void *p) {
+    RingJob job = {.port = *(int *)p, .timeout = 6 * test_time_scale()};
+    ring_start(&job);
+    int port = ring_port(job.port);
+    int idle = net_connect("127.0.0.1", port, 5);
+    double t0 = time_now();
+    int closed = closed_within(idle, 4 * job.timeout);
+    printf("idle stranger 1 %s after %.1f s\n", closed ? "closed" : "kept", time_now() - t0);
+    int idle2 = net_connect("127.0.0.1", port, 5); /* still there when rank 0 comes */
+    ring_finish(&job);
+    printf("idle stranger 2 %s\n", closed_within(idle2, 5) ? "closed" : "kept");
+    close(idle), close(idle2);
+}
+
+/* Strangers that connect to a ring port and say nothing: one alone is closed after its turn (half
+ * the timeout, 3 s here), one that is there when the real neighbour comes does not hold it up (the
+ * ring used to wait for the first connection's rank id until the timeout, then fail). */
+START_TEST(ring_port_drops_idle_strangers) {
+    int port = test_free_port();
+    char *out;
+    double scale = test_time_scale();
+    int rc = test_run_captured(ring_idle_strangers, &port, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "sums exact"), "exit %d:\n%s", rc, out);
+    double after = -1, done = -1;
+    const char *p = strstr(out, "idle stranger 1 closed after ");
+    ck_assert_msg(p && sscanf(p, "idle stranger 1 closed after %lf", &after) == 1, "%s", out);
+    ck_assert_msg(after > 2.5 * scale && after < 5 * scale, "closed after %.1f s, its turn is %.0f s:\n%s", after,
+                  3 * scale, out);
+    ck_assert_msg((p = strstr(out, "ring done ")) && sscanf(p, "ring done %lf", &done) == 1, "%s", out);
+    ck_assert_msg(done < 2 * scale, "the idle stranger held the ring up for %.1f s:\n%s", done, out);
+    ck_assert_msg(strstr(out, "idle stranger 2 closed"), "%s", out);
+    char want[128];
+    snprintf(want, sizeof want, "closed a connection from 127.0.0.1: no handshake within %.0f s", 3 * scale);
+    ck_assert_msg(strstr(out, want), "no warning '%s':\n%s", want, out);
+    free(out);
+}
+END_TEST
+
 Suite *suite_store(void) {
     Suite *s = suite_create("store");
     TCase *tc = tcase_create("store");
@@ -409,6 +586,8 @@ Suite *suite_store(void) {
     tcase_add_test(tc, store_drops_idle_strangers_and_empty_keys);
     tcase_add_test(tc, get_wakes_when_add_zero_creates_the_key);
     tcase_add_test(tc, short_secret_is_refused);
+    tcase_add_test(tc, ring_port_refuses_strangers);
+    tcase_add_test(tc, ring_port_drops_idle_strangers);
     suite_add_tcase(s, tc);
     return s;
 }

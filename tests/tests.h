@@ -21,7 +21,7 @@ Suite *suite_gil(void);         /* stage 2: the GIL model */
 Suite *suite_dp(void);          /* stage 2: scatter / replicate / gather / reduce, DP ≡ one device */
 Suite *suite_dist(void);        /* stage 3: launcher, rendezvous store, communicators */
 Suite *suite_resume(void);      /* resuming under other flags: refused naming the flag, or exact */
-Suite *suite_store(void);       /* the store under attack: secret, limits, timeouts */
+Suite *suite_store(void);       /* the store and the host ring's ports under attack: secret, limits, timeouts */
 Suite *suite_ddp(void);         /* stage 3: buckets, DDP ≡ one device, faults */
 Suite *suite_accum(void);       /* stage 4: accumulation ≡ a K× batch, no_sync counts, resume */
 Suite *suite_adam(void);        /* --optimizer adam against torch.optim.Adam */
