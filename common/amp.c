@@ -266,10 +266,10 @@ void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64
         optim_step_unless(o, params, grads, lr, s->found_inf); /* skipped if found_inf */
     else
         optim_step(o, params, grads, lr);
-    s->steps++;
 }
 
 void scaler_update(GradScaler *s) {
+    s->steps++; /* here, not in scaler_step: DDP's per-bucket optimizer (--optimizer-overlap) skips that */
     if (!s->enabled) return;
     amp_update_scale(s->dev, s->scale, s->inv_scale, s->growth_tracker, s->found_inf, s->skipped,
                      s->growth_factor, s->backoff_factor, s->growth_interval);

@@ -80,7 +80,7 @@ typedef struct GradScaler {
     float *scale, *inv_scale, *found_inf;
     int32_t *growth_tracker;
     int64_t *skipped;
-    int64_t steps;             /* scaler_step calls (optimizer steps) in this run */
+    int64_t steps;             /* optimizer steps in this run (scaler_update calls) */
     int64_t first_step;        /* optimizer steps done before it (a resumed checkpoint's) */
     /* per-step gradient statistics (AmpConfig.grad_stats): device int64 pairs (zero, non-finite) */
     int64_t *stats;

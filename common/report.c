@@ -100,8 +100,8 @@ static void fmt_duration(char *buf, size_t len, double s) {
     else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
 }
 
-void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches,
-                     double elapsed_s, float loss) {
+void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches, int64_t done,
+                     double elapsed_s, const float *loss) {
     if (!r->active || !r->progress) return;
     double t = now_s();
     if (t - r->bar_last < 0.1 && batch < batches) return; /* ~10 redraws/s; always draw the last */
@@ -113,10 +113,10 @@ void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t ba
     if (filled > 0 && filled < BAR_CELLS) cells[filled - 1] = '>';
     cells[BAR_CELLS] = 0;
     char eta[32];
-    double left = batch > 0 ? elapsed_s / (double)batch * (double)(batches - batch) : 0;
+    double left = done > 0 ? elapsed_s / (double)done * (double)(batches - batch) : 0;
     fmt_duration(eta, sizeof eta, left);
     char line[256], lossbuf[16] = "–"; /* no loss read back yet (every --log-every steps): not a 0 */
-    if (!isnan(loss)) snprintf(lossbuf, sizeof lossbuf, "%.4f", (double)loss);
+    if (loss) snprintf(lossbuf, sizeof lossbuf, "%.4f", (double)*loss); /* "nan" once it diverges */
     int n = snprintf(line, sizeof line, "epoch %d/%d [%s] %lld/%lld  loss %s  ETA %s", epoch, epochs, cells,
                      (long long)batch, (long long)batches, lossbuf, eta);
     if (n < 0) return;

@@ -27,10 +27,11 @@ void report_close(Report *r);
 
 /* printf to stdout, clearing the progress bar first. */
 void report_printf(Report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* "epoch 2/5 [=====>     ] 120/390  loss 1.2345  ETA 0:12" on one line (\r), stdout only; a NAN loss
- * (none read back yet) shows as "loss –". */
-void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches,
-                     double elapsed_s, float loss);
+/* "epoch 2/5 [=====>     ] 120/390  loss 1.2345  ETA 0:12" on one line (\r), stdout only. `done` of
+ * the `batch` batches ran in elapsed_s (fewer in an epoch a resume entered midway): the ETA's rate.
+ * loss NULL: none read back yet ("loss –"); a diverged loss shows as "nan". */
+void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t batches, int64_t done,
+                     double elapsed_s, const float *loss);
 
 /* JSON-lines writer: begin an object of a given type, add fields, end (writes the line, flushes).
  * Calls are no-ops when there is no file. */

@@ -470,8 +470,8 @@ static void resume(Run *r) {
     device_sync(m->dev);
     r->opt->steps = got.momentum_valid ? got.step : 0;
     if (adam) optim_set_adam_steps(r->opt, got.adam_steps); /* its bias corrections continue */
-    r->step = got.step;
-    r->epoch = got.epoch;
+    r->step = r->resumed_at_step = got.step;
+    r->epoch = r->last_epoch_done = got.epoch; /* the epochs before it are done */
     r->start_batch = got.batch_in_epoch;
     r->resumed = got;
     r->resume_unchecked = 1;
@@ -576,6 +576,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         checkpoint_probe(cfg->save, r->epoch, last, inside, resumed);
     }
     r->t_start = r->epoch_t0 = time_now();
+    r->epoch_batch0 = r->start_batch; /* a resumed epoch's first batches ran before this run */
     char process[64]; /* --trace: one process track per rank */
     int procs = sum_across && world_size > 1 ? world_size : 1;
     if (procs > 1) snprintf(process, sizeof process, "rank %d (%s)", rank, stage);
@@ -611,8 +612,9 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
                           (long long)r->batches_per_epoch, loss);
         r->last_train_loss = loss, r->loss_read = 1;
     }
+    float loss = (float)r->last_train_loss;
     report_progress(&r->report, (int)r->epoch + 1, c->epochs, batch + 1, r->batches_per_epoch,
-                    time_now() - r->epoch_t0, r->loss_read ? (float)r->last_train_loss : NAN);
+                    batch + 1 - r->epoch_batch0, time_now() - r->epoch_t0, r->loss_read ? &loss : NULL);
     trace_step(r->step); /* opens / closes the --trace-steps window */
 }
 
@@ -722,6 +724,7 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
         save_checkpoint(r, r->epoch, r->start_batch, 0);
     }
     r->epoch_t0 = time_now();
+    r->epoch_batch0 = r->start_batch;
 }
 
 static void add_extra(Run *r, const char *key, double v, int integer) {
@@ -823,9 +826,13 @@ void run_finish(Run *r) {
     int n_peaks = peaks_of(r, peaks, PEAKS_LISTED, &max_peak);
     char timing[128];
     fmt_timing(timing, sizeof timing, med, ips, c->accum_steps > 0 ? "step" : "it", " (median) | ");
-    report_printf(&r->report, "summary: %lld %ssteps in %.1f s | final train loss %.4f | test acc "
+    char resumed[80] = ""; /* the wall time is this run's: say how many of the steps it took */
+    if (r->resumed_at_step > 0)
+        snprintf(resumed, sizeof resumed, " (%lld in this run, resumed at %lld)",
+                 (long long)(r->step - r->resumed_at_step), (long long)r->resumed_at_step);
+    report_printf(&r->report, "summary: %lld %ssteps%s in %.1f s | final train loss %.4f | test acc "
                               "%.2f%% | %s | data wait %.2f s\n",
-                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", wall, r->last_train_loss,
+                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", resumed, wall, r->last_train_loss,
                   100 * r->last_test_acc, timing, r->data_wait_s);
     Flops flops = run_flops(r, med);
     char mem[32];

@@ -121,6 +121,8 @@ typedef struct Run {
     double *times;                 /* step times (ms) after warm-up, whole run */
     int n_times, cap_times, seen_steps;
     double data_wait_s, t_start, epoch_t0;
+    int64_t resumed_at_step;       /* the step --resume continued from (0: a fresh run) */
+    int64_t epoch_batch0;          /* the batch of the epoch at epoch_t0: the progress bar's ETA counts from it */
     double last_train_loss, last_train_acc, last_test_acc;
     int loss_read;              /* a training loss has been read back: the progress bar shows it */
     int64_t last_epoch_done;

@@ -489,7 +489,7 @@ START_TEST(test_json_lines) {
     json_int(&r, "x", 1);
     json_end(&r);
     report_printf(&r, "not printed %d\n", 1);
-    report_progress(&r, 1, 1, 1, 1, 1.0, 1.0f);
+    report_progress(&r, 1, 1, 1, 1, 1, 1.0, &(float){1.0f});
     report_close(&r);
     ck_assert_int_ne(access(path, F_OK), 0);
     /* no path → no file, no crash */
@@ -574,26 +574,35 @@ START_TEST(test_median_and_bytes) {
 END_TEST
 
 static void progress_child(void *arg) {
+    const float one = 1.0f;
     Report r;
     report_open(&r, NULL, "on", 1);
-    report_progress(&r, 2, 5, 120, 390, 6.0, 1.2345f);
+    report_progress(&r, 2, 5, 120, 390, 120, 6.0, &(float){1.2345f});
     report_printf(&r, "epoch line\n");
-    report_progress(&r, 2, 5, 121, 390, 6.1, 1.0f); /* within 0.1 s: not redrawn */
-    report_progress(&r, 2, 5, 390, 390, 6.2, 1.0f); /* but the last always is */
+    report_progress(&r, 2, 5, 121, 390, 121, 6.1, &one); /* within 0.1 s: not redrawn */
+    report_progress(&r, 2, 5, 390, 390, 390, 6.2, &one); /* but the last always is */
     report_close(&r);
     Report hour; /* a fresh bar (not throttled): one batch of two took an hour, one is left */
     report_open(&hour, NULL, "on", 1);
-    report_progress(&hour, 3, 4, 1, 2, 3600.0, 1.0f);
+    report_progress(&hour, 3, 4, 1, 2, 1, 3600.0, &one);
     report_close(&hour);
     Report off;
     report_open(&off, NULL, "off", 1);
-    report_progress(&off, 1, 1, 1, 2, 1.0, 1.0f); /* bar disabled: nothing */
+    report_progress(&off, 1, 1, 1, 2, 1, 1.0, &one); /* bar disabled: nothing */
     report_printf(&off, "done\n");
     report_close(&off);
     Report first;
     report_open(&first, NULL, "on", 1);
-    report_progress(&first, 1, 3, 7, 390, 0.5, NAN); /* no loss read back yet */
+    report_progress(&first, 1, 3, 7, 390, 7, 0.5, NULL); /* no loss read back yet */
     report_close(&first);
+    Report nan_loss; /* a diverged loss is shown, not hidden as "not read yet" */
+    report_open(&nan_loss, NULL, "on", 1);
+    report_progress(&nan_loss, 1, 3, 8, 390, 8, 0.5, &(float){NAN});
+    report_close(&nan_loss);
+    Report resumed; /* resumed at batch 300 of 390: 10 batches in 1 s, 80 left — not 300 in 1 s */
+    report_open(&resumed, NULL, "on", 1);
+    report_progress(&resumed, 2, 3, 310, 390, 10, 1.0, &one);
+    report_close(&resumed);
 }
 
 START_TEST(test_progress_bar) {
@@ -614,6 +623,8 @@ START_TEST(test_progress_bar) {
     ck_assert_msg(!strstr(out, "121/390"), "bar redrawn faster than 10/s: %s", out);
     ck_assert_msg(strstr(out, "done\n") && !strstr(out, "epoch 1/1"), "off bar drawn: %s", out);
     ck_assert_msg(strstr(out, "] 7/390  loss –  ETA"), "a loss not yet read back is not shown as –: %s", out);
+    ck_assert_msg(strstr(out, "] 8/390  loss nan  ETA"), "a diverged loss is not shown: %s", out);
+    ck_assert_msg(strstr(out, "] 310/390  loss 1.0000  ETA 0:08"), "the ETA of a resumed epoch: %s", out);
     free(out);
 }
 END_TEST

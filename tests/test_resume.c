@@ -109,11 +109,19 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     run_ok("stage1", args);
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 12 --log-every 1 --resume %s --save %s/c "
              "--report %s/resumed.jsonl", ck, dir, dir);
-    ok_saying("stage1", args, "resumed from", NULL);
+    ok_saying("stage1", args, "resumed from", "summary: 12 steps (7 in this run, resumed at 5) in ");
     expect_continued_exactly(dir, 5, 12);
     /* a finished checkpoint says so (it used to print a summary of zeros) */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --resume %s/c/epoch001.ckpt", dir);
     expect_refused("stage1", args, "is a finished run: 1 epochs done (step 12)", "--epochs above 1");
+    /* resumed after that epoch and stopped inside the next: the report counts the epoch done before */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 14 --resume %s/c/epoch001.ckpt "
+             "--report %s/after_epoch.jsonl", dir, dir);
+    run_ok("stage1", args);
+    char rep[700];
+    snprintf(rep, sizeof rep, "%s/after_epoch.jsonl", dir);
+    ck_assert_int_eq((int)test_report_field(rep, "summary", "epochs"), 1);
+    ck_assert_int_eq((int)test_report_field(rep, "summary", "steps"), 14);
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 5 --resume %s", ck);
     expect_refused("stage1", args, "already at step 5", "--steps");
     free(dir);
