@@ -5,7 +5,7 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (5; version 1 ended the header at 128, versions 2–4 at 192)
+ *        8    4  u32 format version (6; version 1 ended the header at 128, versions 2–4 at 192)
  *       12    4  u32 header size in bytes (256; 128 in version 1, 192 in versions 2–4)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
@@ -15,13 +15,14 @@
  *      128    8  i64 batch_size    136  8  i64 train_size    144  8  i64 accum_steps
  *      152    8  i64 shuffle       160  8  i64 drop_last (version 3; zero in version 2)
  *      168    8  i64 data_source (version 4: 1 synthetic, 2 CIFAR-10; zero before)
- *      176   16  zero (reserved)
+ *      176    8  i64 schedule (version 6: 1 const, 2 cosine; zero before)
+ *      184    8  i64 the schedule's length in optimizer steps (version 6: --epochs × steps per epoch)
  *      192    8  f64 GradScaler scale (version 5)
  *      200    8  i64 growth tracker  208  8  f64 growth factor  216  8  f64 backoff factor
  *      224    8  i64 growth interval (≥ 1; all five 0: saved without a GradScaler)
  *      232    8  i64 optimizer (version 5: 0 SGD, 1 Adam; SGD before)
  *      240    8  i64 Adam's step count (the steps it took: its bias corrections' t; 0 for SGD)
- *      248    8  zero (reserved)
+ *      248    8  f64 the base learning rate, --lr (version 6)
  *      256       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
  *                and for Adam f32 exp_avg_sq[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
@@ -49,8 +50,8 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 5u
-#define CKPT_HEADER 256    /* version 5 */
+#define CKPT_VERSION 6u
+#define CKPT_HEADER 256    /* versions 5 and 6 */
 #define CKPT_HEADER_V2 192 /* versions 2 to 4 */
 #define CKPT_HEADER_V1 128
 #define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
@@ -103,6 +104,9 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 152, (uint64_t)m->shuffle);
     put_u64(h + 160, (uint64_t)m->drop_last);
     put_u64(h + 168, (uint64_t)m->data_source);
+    put_u64(h + 176, (uint64_t)m->schedule);
+    put_u64(h + 184, (uint64_t)m->schedule_steps);
+    put_f64(h + 248, m->lr);
     put_f64(h + 192, m->scaler_scale);
     put_u64(h + 200, (uint64_t)m->scaler_growth_tracker);
     put_f64(h + 208, m->scaler_growth_factor);
@@ -140,6 +144,11 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->scaler_growth_interval = (int64_t)get_u64(h + 224);
         m->optimizer = (int64_t)get_u64(h + 232);
         m->adam_steps = (int64_t)get_u64(h + 240);
+    }
+    if (m->version >= 6) {
+        m->schedule = (int64_t)get_u64(h + 176);
+        m->schedule_steps = (int64_t)get_u64(h + 184);
+        m->lr = get_f64(h + 248);
     }
 }
 
@@ -187,6 +196,9 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->version >= 5 && (m->optimizer == CKPT_OPT_SGD ? m->adam_steps != 0
                             : m->optimizer != CKPT_OPT_ADAM || m->adam_steps < 0 || m->adam_steps > m->step))
         return 0; /* Adam takes at most one step per optimizer step */
+    if (m->version >= 6 && (m->schedule < CKPT_SCHED_UNKNOWN || m->schedule > CKPT_SCHED_COSINE ||
+                            m->schedule_steps < 0 || m->schedule_steps > CKPT_HUGE || !isfinite(m->lr) || m->lr < 0))
+        return 0;
     return 1;
 }
 

@@ -58,11 +58,18 @@ typedef struct CheckpointMeta {
      * moment buffers (exp_avg in momentum's place, exp_avg_sq after it) and its step count */
     int64_t optimizer;              /* CKPT_OPT_SGD | CKPT_OPT_ADAM */
     int64_t adam_steps;             /* the steps Adam took (its bias corrections' t; 0 for SGD) */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 5) */
+    /* the learning-rate schedule (format version 6): what the scheduler's state_dict holds, so that a
+     * resume under another --schedule, --lr or --epochs can say where the learning rate jumps.
+     * schedule 0: unknown (an older version) */
+    int64_t schedule;               /* CKPT_SCHED_CONST | CKPT_SCHED_COSINE */
+    int64_t schedule_steps;         /* its length in optimizer steps (cosine's T_max) */
+    double lr;                      /* the base learning rate */
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 6) */
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };
 enum { CKPT_OPT_SGD = 0, CKPT_OPT_ADAM = 1 };
+enum { CKPT_SCHED_UNKNOWN = 0, CKPT_SCHED_CONST = 1, CKPT_SCHED_COSINE = 2 };
 
 /* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory);
  * exp_avg_sq (n_params floats) is given exactly when meta->optimizer is Adam (momentum is then its

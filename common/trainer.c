@@ -301,6 +301,9 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.shuffle = r->shuffle;
     meta.drop_last = r->drop_last;
     meta.data_source = data_source_opened;
+    meta.schedule = !strcmp(c->schedule, "cosine") ? CKPT_SCHED_COSINE : CKPT_SCHED_CONST;
+    meta.schedule_steps = r->total_steps;
+    meta.lr = c->lr;
     if (r->save_scaler) r->save_scaler(r->scaler_ctx, &meta);
     else if (c->resume[0] && !r->scaler_noted && checkpoint_has_scaler(&r->resumed)) { /* stages 1–4 */
         r->scaler_noted = 1;
@@ -364,6 +367,29 @@ static void sampler_check(Run *r, const CheckpointMeta *g) {
 /* A checkpoint's data position means "batch_in_epoch batches of world_size × batch_size samples of
  * epoch's permutation (or order: --no-shuffle) of train_size samples, K batches per optimizer step":
  * continue it only under the same meaning, else say which flag differs. */
+/* The learning-rate schedule is the one flag set a resume may change (PyTorch lets a script build a
+ * new scheduler, though loading the old one's state_dict restores its T_max): continue, but say where
+ * the learning rate now jumps, and how to continue the checkpoint's own schedule instead. */
+static void schedule_note(Run *r) {
+    const TrainConfig *c = r->cfg;
+    const CheckpointMeta *g = &r->resumed;
+    if (g->schedule == CKPT_SCHED_UNKNOWN) return; /* an older checkpoint: nothing to compare */
+    const char *was = g->schedule == CKPT_SCHED_COSINE ? "cosine" : "const";
+    int cosine_now = !strcmp(c->schedule, "cosine"), cosine_then = g->schedule == CKPT_SCHED_COSINE;
+    if (cosine_now == cosine_then && c->lr == g->lr && (!cosine_now || r->total_steps == g->schedule_steps)) return;
+    double then = lr_schedule(was, g->lr, g->step, g->schedule_steps);
+    double now = lr_schedule(c->schedule, c->lr, g->step, r->total_steps);
+    char epochs[64] = "";
+    if (cosine_then && g->schedule_steps % r->steps_per_epoch == 0)
+        snprintf(epochs, sizeof epochs, " --epochs %lld", (long long)(g->schedule_steps / r->steps_per_epoch));
+    report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld steps at --lr %g; this "
+                              "run has --schedule %s over %lld steps at --lr %g: at step %lld the learning rate is %g, "
+                              "not the %g that run would use (to continue its schedule, resume with --schedule %s%s "
+                              "--lr %g)\n",
+                  c->resume, was, (long long)g->schedule_steps, g->lr, c->schedule, (long long)r->total_steps, c->lr,
+                  (long long)g->step, now, then, was, epochs, g->lr);
+}
+
 static void resume_check(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
@@ -437,6 +463,7 @@ static void resume_check(Run *r) {
     r->resume_unchecked = 0;
     report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", path, (long long)g->step,
                   (long long)g->epoch + 1, (long long)g->batch_in_epoch);
+    schedule_note(r);
 }
 
 void run_sampler(Run *r, int shuffle, int drop_last) {

@@ -30,7 +30,7 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 256    /* format version 5 */
+#define HEADER 256    /* format versions 5 and 6 */
 #define HEADER_V2 192 /* format versions 2 to 4 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
@@ -73,6 +73,9 @@ static void fixture_setup(void) {
     g_meta.scaler_growth_factor = 2.0;
     g_meta.scaler_backoff_factor = 0.5;
     g_meta.scaler_growth_interval = 2000;
+    g_meta.schedule = CKPT_SCHED_COSINE; /* cosine over 11 epochs of 160 steps, --lr 0.05 */
+    g_meta.schedule_steps = 1760;
+    g_meta.lr = 0.05;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -142,7 +145,7 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 5 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 5, little-endian */
+    ck_assert(b[8] == 6 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 6, little-endian */
     ck_assert(b[12] == (HEADER & 0xff) && b[13] == HEADER >> 8);    /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
@@ -150,6 +153,9 @@ START_TEST(test_round_trip) {
     double scale;
     memcpy(&scale, b + 192, 8);                                     /* the scaler, f64 LE at 192 */
     ck_assert(scale == 32768.0 && b[200] == 7 && b[224] == (2000 & 0xff));
+    double lr;
+    memcpy(&lr, b + 248, 8);                                        /* the schedule: 176, 184, 248 */
+    ck_assert(b[176] == CKPT_SCHED_COSINE && b[184] == (1760 & 0xff) && b[185] == (1760 >> 8) && lr == 0.05);
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -181,7 +187,8 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.shuffle, 0);
     ck_assert_int_eq(got.drop_last, 1);
     ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
-    ck_assert_int_eq(got.version, 5);
+    ck_assert_int_eq(got.version, 6);
+    ck_assert(got.schedule == CKPT_SCHED_COSINE && got.schedule_steps == 1760 && got.lr == 0.05);
     ck_assert(got.scaler_scale == 32768.0 && got.scaler_growth_tracker == 7);
     ck_assert(got.scaler_growth_factor == 2.0 && got.scaler_backoff_factor == 0.5);
     ck_assert_int_eq(got.scaler_growth_interval, 2000);
@@ -326,9 +333,9 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 6;
+    b[8] = 7;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 6", "future version");
+    expect_load_refused(bad, &g_meta, "version 7", "future version");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
@@ -409,6 +416,10 @@ START_TEST(test_crafted_counters_refused) {
         {224, 0, "interval 0"},                      {224, (int64_t)1 << 31, "interval beyond int32"},
         {232, 2, "optimizer 2"},                     {232, -1, "optimizer -1"},
         {240, 5, "Adam steps in an SGD checkpoint"},
+        /* the schedule (version 6): a kind no save writes, a negative length, a learning rate no flag takes */
+        {176, 3, "schedule 3"},                      {176, -1, "schedule -1"},
+        {184, -1, "negative schedule length"},       {248, f64_bits(NAN), "NaN lr"},
+        {248, f64_bits(-0.1), "negative lr"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -519,6 +530,22 @@ START_TEST(test_version3_still_loads) {
     ck_assert_int_eq(got.data_source, CKPT_DATA_UNKNOWN);
     put64(b + 168, 7); /* reserved in version 3: not read */
     ck_assert_int_eq(load_resealed("v3.ckpt", b, n).data_source, CKPT_DATA_UNKNOWN);
+    free(b);
+}
+END_TEST
+
+/* A version 5 file (the same header, zeros where version 6 records the schedule) still loads, its
+ * schedule unknown (so a resume says nothing about it) — and those bytes are not read. */
+START_TEST(test_version5_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    size_t n;
+    unsigned char *b = read_bytes(g_path, &n);
+    b[8] = 5;
+    put64(b + 176, 7), put64(b + 184, -1), put64(b + 248, f64_bits(NAN)); /* reserved in version 5: not read */
+    CheckpointMeta got = load_resealed("v5.ckpt", b, n);
+    ck_assert_int_eq(got.version, 5);
+    ck_assert(got.schedule == CKPT_SCHED_UNKNOWN && got.schedule_steps == 0 && got.lr == 0);
+    ck_assert(got.scaler_scale == 32768.0 && got.scaler_growth_interval == 2000);
     free(b);
 }
 END_TEST
@@ -764,6 +791,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_version2_still_loads);
     tcase_add_test(tc, test_version3_still_loads);
     tcase_add_test(tc, test_version4_still_loads);
+    tcase_add_test(tc, test_version5_still_loads);
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);

@@ -109,11 +109,22 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     run_ok("stage1", args);
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 12 --log-every 1 --resume %s --save %s/c "
              "--report %s/resumed.jsonl", ck, dir, dir);
-    ok_saying("stage1", args, "resumed from", "summary: 12 steps (7 in this run, resumed at 5) in ");
+    char *same;
+    ck_assert_int_eq(run("stage1", args, &same), 0);
+    ck_assert_msg(strstr(same, "resumed from") && strstr(same, "summary: 12 steps (7 in this run, resumed at 5) in ") &&
+                      !strstr(same, "--schedule"), "%s", same); /* the same schedule: no note */
+    free(same);
     expect_continued_exactly(dir, 5, 12);
     /* a finished checkpoint says so (it used to print a summary of zeros) */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --resume %s/c/epoch001.ckpt", dir);
     expect_refused("stage1", args, "is a finished run: 1 epochs done (step 12)", "--epochs above 1");
+    /* another --epochs stretches the cosine schedule: the run goes on, saying where the learning rate
+     * jumps and how to continue the checkpoint's own schedule (the same flags say nothing, above) */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 4 --steps 7 --resume %s", ck);
+    ok_saying("stage1", args, "was trained with --schedule cosine over 24 steps at --lr 0.1; this run has --schedule "
+              "cosine over 48 steps", "resume with --schedule cosine --epochs 2 --lr 0.1)");
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 7 --lr 0.05 --resume %s", ck);
+    ok_saying("stage1", args, "at --lr 0.05: at step 5 the learning rate is", NULL);
     /* resumed after that epoch and stopped inside the next: the report counts the epoch done before */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 14 --resume %s/c/epoch001.ckpt "
              "--report %s/after_epoch.jsonl", dir, dir);
@@ -180,9 +191,10 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     long n5;
     unsigned char *b5 = (unsigned char *)test_slurp(ck, &n5);
     ck_assert_ptr_nonnull(b5);
-    ck_assert_int_eq(b5[8], 5);
+    ck_assert_int_eq(b5[8], 6);
     /* version 2's layout: a 192-byte header (version 5 adds the GradScaler's 64 bytes), and zeros
-     * where versions 3 and 4 record the sampler and the data */
+     * where versions 3 and 4 record the sampler and the data (what version 6 puts in 176–191, the
+     * schedule, version 2 does not read) */
     long n = n5 - 64;
     unsigned char *b = malloc((size_t)n);
     memcpy(b, b5, 192);
