@@ -130,6 +130,20 @@ void report_progress(Report *r, int epoch, int epochs, int64_t batch, int64_t ba
 
 static int json_on(const Report *r) { return r->active && r->json; }
 
+/* The length of the well-formed UTF-8 sequence at p (1–4), or 0: a stray continuation byte, a
+ * truncated sequence, an overlong form, a surrogate or a code point past U+10FFFF. */
+static int utf8_len(const unsigned char *p) {
+    if (p[0] < 0x80) return 1;
+    int n = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 0;
+    if (!n || p[0] > 0xf4 || p[0] == 0xc0 || p[0] == 0xc1) return 0;
+    for (int i = 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80) return 0; /* the NUL that ends the string fails here too */
+    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0) || (p[0] == 0xf0 && p[1] < 0x90) ||
+        (p[0] == 0xf4 && p[1] >= 0x90))
+        return 0;
+    return n;
+}
+
 static void json_write_str(FILE *f, const char *s) {
     if (!s) {
         fputs("null", f);
@@ -137,6 +151,12 @@ static void json_write_str(FILE *f, const char *s) {
     }
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p >= 0x80) { /* UTF-8 passes through; a byte that is not (a Latin-1 path) becomes U+FFFD */
+            int n = utf8_len(p);
+            if (n) fwrite(p, 1, (size_t)n, f), p += n - 1;
+            else fputs("\\ufffd", f);
+            continue;
+        }
         switch (*p) {
         case '"': fputs("\\\"", f); break;
         case '\\': fputs("\\\\", f); break;
@@ -147,7 +167,7 @@ static void json_write_str(FILE *f, const char *s) {
         case '\f': fputs("\\f", f); break;
         default:
             if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-            else fputc(*p, f); /* UTF-8 bytes pass through unchanged */
+            else fputc(*p, f);
         }
     }
     fputc('"', f);
