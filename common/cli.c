@@ -694,10 +694,11 @@ void config_resolve(TrainConfig *c, int cuda) {
     /* DDP's optimizer overlap steps each bucket as its all-reduce lands: it needs the buckets and the
      * one all-reduce per optimizer step that no_sync gives (stages 3–5's flags). */
     const char *optimizer_overlap = cli_choice("optimizer-overlap");
-    if (optimizer_overlap && strcmp(optimizer_overlap, "off") && cli_given("no-overlap"))
+    const int stepping_per_bucket = optimizer_overlap && strcmp(optimizer_overlap, "off");
+    if (stepping_per_bucket && cli_given("no-overlap"))
         die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
                  "buckets: drop one of the two");
-    if (optimizer_overlap && strcmp(optimizer_overlap, "off") && cli_given("sync-each-micro-step"))
+    if (stepping_per_bucket && cli_given("sync-each-micro-step"))
         die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
                  "micro-batch (every backward all-reduces): drop one of the two");
     if (cli_given("trace-steps") && !(c->trace && c->trace[0]))

@@ -102,8 +102,8 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
                  w->launcher, cfg->nproc_per_node);
     if (cfg->nnodes > 1 && cfg->nnodes * w->local_world_size != w->world_size)
         die_user("the job has %d worker%s (from %s's variables), but --nnodes %d × %d per node says %d — the "
-                 "launcher decides: drop --nnodes", w->world_size, w->world_size == 1 ? "" : "s", w->launcher, cfg->nnodes, w->local_world_size,
-                 cfg->nnodes * w->local_world_size);
+                 "launcher decides: drop --nnodes", w->world_size, w->world_size == 1 ? "" : "s", w->launcher,
+                 cfg->nnodes, w->local_world_size, cfg->nnodes * w->local_world_size);
     if (cli_given("node-rank") && cfg->node_rank != w->node_rank)
         die_user("this is node %d (from %s's variables), but --node-rank says %d — the launcher decides: drop "
                  "--node-rank", w->node_rank, w->launcher, cfg->node_rank);
