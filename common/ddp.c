@@ -420,6 +420,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
                             "(the experiment)"
                           : "no_sync for all but the last micro-step of each optimizer step: one all-reduce "
                             "per optimizer step");
+    else if (f->sync_each_micro_step) /* a note, not an error: a sweep over K includes K = 1, as PyTorch allows */
+        report_printf(&run->report, "ddp: note: --sync-each-micro-step changes nothing with --accum-steps 1 (every "
+                                    "micro-step is an optimizer step, so no_sync has nothing to skip) — give "
+                                    "--accum-steps K (K > 1) for the experiment\n");
 }
 
 void ddp_destroy(Ddp *d) {

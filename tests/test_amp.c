@@ -643,6 +643,18 @@ START_TEST(stage5_grad_stats_count_each_step_taken) {
 }
 END_TEST
 
+/* A --test-inf-step the run never reaches (here --steps 3 stops it first) injects nothing, and says so
+ * instead of leaving the student to wonder why no step was skipped. */
+START_TEST(stage5_test_inf_step_past_the_end_says_so) {
+    char *dir = test_tmpdir(), *out, *rep = report_path(dir, "late");
+    ck_assert_msg(run_stage5("--nproc-per-node 1 --accum-steps 1 --steps 3 --epochs 2 --amp fp16 --test-inf-step 5",
+                             rep, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "--test-inf-step 5 is after step 3, this run's last: no inf is injected") &&
+                      strstr(out, "0 of 3 optimizer steps skipped"), "%s", out);
+    free(out), free(rep), free(dir);
+}
+END_TEST
+
 /* --amp off is stage 4 exactly (stage 5 builds on it): the AMP lines are pass-throughs when disabled. */
 START_TEST(stage5_amp_off_is_stage4) {
     char *dir = test_tmpdir(), *out, cmd[2048];
@@ -754,6 +766,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, stage5_learns_in_fp16_and_bf16);
     tcase_add_test(tc, stage5_forced_overflow_every_rank_skips);
     tcase_add_test(tc, stage5_grad_stats_count_each_step_taken);
+    tcase_add_test(tc, stage5_test_inf_step_past_the_end_says_so);
     tcase_add_test(tc, stage5_amp_off_is_stage4);
     tcase_add_test(tc, stage5_grad_comm_halves_the_bytes);
     tcase_add_test(tc, stage5_rejects_bad_amp_flags);
