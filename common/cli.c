@@ -666,12 +666,9 @@ void config_resolve(TrainConfig *c, int cuda) {
     /* --deterministic with --cudnn-benchmark is allowed, as in PyTorch: the search then only
      * considers deterministic algorithms. */
     struct stat st;
-    if (!synthetic) {
-        if (stat(c->data, &st) != 0)
-            die_user("--data '%s': %s (give the directory that holds data_batch_1.bin … test_batch.bin)",
-                     c->data, errno_string());
-        if (!S_ISDIR(st.st_mode))
-            die_user("--data '%s' is not a directory (give the directory that holds data_batch_1.bin …)", c->data);
+    if (!synthetic) { /* every file there, of a sane size, and enough samples: before any worker starts */
+        cifar10_check(c->data, 1, c->train_size > 0 ? c->train_size : 0);
+        cifar10_check(c->data, 0, c->test_size > 0 ? c->test_size : 0);
     }
     if (c->resume && c->resume[0]) {
         if (stat(c->resume, &st) != 0)

@@ -199,9 +199,12 @@ static FILE *cifar_open(const char *path, int64_t *records) {
      * before the first read. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
-        if (errno == ENOENT)
-            die_user("CIFAR-10 file '%s' not found — download it with docs/get_cifar10.sh, or drop --data "
-                     "to use the synthetic set", path);
+        if (errno == ENOENT) {
+            const char *slash = strrchr(path, '/');
+            die_user("CIFAR-10 file '%s' not found — download the set there with docs/get_cifar10.sh %.*s, or "
+                     "drop --data to use the synthetic set", path, slash ? (int)(slash - path) : 1,
+                     slash ? path : ".");
+        }
         die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
     }
     struct stat st;
@@ -219,29 +222,56 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     return f;
 }
 
-void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
-    memset(ds, 0, sizeof *ds);
+/* The directory --data names, as the user will look for it: missing (with the command that fills it),
+ * not a directory, or the folder above the unpacked archive's. */
+static void cifar_dir_check(const char *dir) {
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        die_user("CIFAR-10 directory '%s' not found — download it with docs/get_cifar10.sh, or drop --data to "
-                 "use the synthetic set", dir);
-    const char *const *names = train ? CIFAR_TRAIN_FILES : CIFAR_TEST_FILES;
-    int n_files = train ? 5 : 1;
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT)
+            die_user("--data '%s': no such directory — download CIFAR-10 into it with docs/get_cifar10.sh %s "
+                     "(or give the directory that holds data_batch_1.bin … test_batch.bin), or drop --data to "
+                     "use the synthetic set", dir, dir);
+        die_user("--data '%s': %s (give the directory that holds data_batch_1.bin … test_batch.bin)", dir,
+                 strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        die_user("--data '%s' is not a directory (give the directory that holds data_batch_1.bin … "
+                 "test_batch.bin)", dir);
+    char first[4096], below[4096];
+    snprintf(first, sizeof first, "%s/%s", dir, cifar10_file_names[0]);
+    snprintf(below, sizeof below, "%s/cifar-10-batches-bin/%s", dir, cifar10_file_names[0]);
+    if (access(first, F_OK) != 0 && stat(below, &st) == 0 && S_ISREG(st.st_mode))
+        die_user("--data '%s' holds the unpacked archive's folder, not its files: give --data "
+                 "%s/cifar-10-batches-bin", dir, dir);
+}
 
-    /* First pass: every file exists and has a sane size, so a broken download is reported before
-     * we spend time reading (and whatever the limit). */
-    char paths[5][4096];
-    int64_t records[5], total = 0;
-    for (int k = 0; k < n_files; k++) {
-        snprintf(paths[k], sizeof paths[k], "%s/%s", dir, names[k]);
-        FILE *f = cifar_open(paths[k], &records[k]);
-        fclose(f);
-        total += records[k];
+int64_t cifar10_check(const char *dir, int train, int64_t limit) {
+    cifar_dir_check(dir);
+    const char *const *names = train ? CIFAR_TRAIN_FILES : CIFAR_TEST_FILES;
+    int64_t total = 0;
+    for (int k = 0; k < (train ? 5 : 1); k++) {
+        char path[4096];
+        int64_t records;
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        fclose(cifar_open(path, &records));
+        total += records;
     }
     if (limit > total)
         die_user("asked for %lld %s samples but '%s' holds only %lld (%s%s): lower --%s-size", (long long)limit,
                  train ? "training" : "test", dir, (long long)total, names[0], train ? " .. data_batch_5.bin" : "",
                  train ? "train" : "test");
+    return total;
+}
+
+void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
+    memset(ds, 0, sizeof *ds);
+    const char *const *names = train ? CIFAR_TRAIN_FILES : CIFAR_TEST_FILES;
+    int n_files = train ? 5 : 1;
+    /* Every file exists and has a sane size, so a broken download is reported before we spend time
+     * reading (and whatever the limit). */
+    int64_t total = cifar10_check(dir, train, limit);
+    char paths[5][4096];
+    for (int k = 0; k < n_files; k++) snprintf(paths[k], sizeof paths[k], "%s/%s", dir, names[k]);
     int64_t n = limit > 0 ? limit : total;
 
     ds->n = n;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "data.h"
 #include "report.h"
 #include "rng.h"
 #include "tests.h"
@@ -231,6 +232,26 @@ START_TEST(test_help) {
 END_TEST
 
 /* Defaults as documented in cli.h. */
+/* A CIFAR-10 directory that --data accepts: the six files, `records` records each (label 0). */
+static void write_cifar_dir(const char *dir, int records) {
+    for (int k = 0; k < CIFAR10_FILES; k++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, cifar10_file_names[k]);
+        FILE *g = fopen(path, "wb");
+        ck_assert_ptr_nonnull(g);
+        for (long b = 0; b < 3073L * records; b++) fputc(0, g);
+        fclose(g);
+    }
+}
+
+static void remove_cifar_dir(const char *dir) {
+    for (int k = 0; k < CIFAR10_FILES; k++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, cifar10_file_names[k]);
+        unlink(path);
+    }
+}
+
 START_TEST(test_defaults_and_resolve) {
     TrainConfig c;
     config_defaults(&c);
@@ -273,13 +294,17 @@ START_TEST(test_defaults_and_resolve) {
     config_defaults(&c);
     c.model = "tiny";
     c.epochs = 3;
-    c.data = "/tmp";
+    char *data = test_tmpdir();
+    write_cifar_dir(data, 7);
+    c.data = data;
     c.test_size = 7;
     config_resolve(&c, 1);
     ck_assert_str_eq(c.model, "tiny");
     ck_assert_int_eq(c.epochs, 3);
     ck_assert_int_eq(c.train_size, -1);
     ck_assert_int_eq(c.test_size, 7);
+    remove_cifar_dir(data);
+    free(data);
 }
 END_TEST
 
@@ -300,7 +325,7 @@ START_TEST(test_resolve_paths) {
     REFUSED(A("--resume", "/dev/null"), "--resume '/dev/null' is not a regular file", "device"); /* not "directory" */
     REFUSED(A("--optimizer", "adam", "--momentum", "0.5"), "--momentum is SGD's", "drop --momentum");
     REFUSED(A("--keep-last", "2"), "--keep-last 2", "give --save DIR too"); /* else silently nothing */
-    REFUSED(A("--data", missing), "--data", missing);
+    REFUSED(A("--data", missing), "--data", missing, "docs/get_cifar10.sh", "drop --data to use the synthetic set");
     /* a path of 5000 characters: the message still reaches its fix (it used to stop at 4 KiB) */
     char *long_path = malloc(5001);
     memset(long_path, 'd', 5000);
@@ -312,8 +337,16 @@ START_TEST(test_resolve_paths) {
     REFUSED(A("--report", dir), "--report", "is a directory");
     REFUSED(A("--save", file), "--save", "not a directory");
 
-    /* the good versions pass */
-    const char *ok[] = {"--resume", file, "--data", dir, "--report", report_ok, "--save", dir, NULL};
+    /* --data: a directory without the files, refused once here (not once per worker), naming the file */
+    char data[160], batch1[200];
+    snprintf(data, sizeof data, "%s/data", dir);
+    ck_assert_int_eq(mkdir(data, 0755), 0);
+    snprintf(batch1, sizeof batch1, "%s/data_batch_1.bin", data);
+    REFUSED(A("--data", data), batch1, "not found");
+    /* the good versions pass: --data with six one-record files */
+    write_cifar_dir(data, 1);
+    REFUSED(A("--data", data, "--test-size", "2"), "asked for 2 test samples", "lower --test-size");
+    const char *ok[] = {"--resume", file, "--data", data, "--report", report_ok, "--save", dir, NULL};
     ParseJob j = {ok, 1, 0};
     char *out = NULL;
     int st = test_run_captured(parse_child, &j, &out);
@@ -325,6 +358,8 @@ START_TEST(test_resolve_paths) {
     ck_assert_msg(st == 0, "a report in the current directory refused (%d): %s", st, out);
     free(out);
 
+    remove_cifar_dir(data);
+    rmdir(data);
     unlink(file);
     rmdir(dir);
 }
@@ -401,8 +436,9 @@ START_TEST(test_resolve_output_files) {
     snprintf(out, sizeof out, "%s/report.jsonl", sub);
     ACCEPTED("--save", sub, "--report", out);             /* beside the checkpoints is fine */
     /* a file --data reads: emptying or replacing it used to destroy the dataset */
+    write_cifar_dir(sub, 1);
+    write_cifar_dir(dir, 1);
     snprintf(out, sizeof out, "%s/test_batch.bin", sub);
-    write_text(out, "records");
     REFUSED(A("--data", sub, "--report", out), "--report", "which --data reads", "destroy the dataset");
     snprintf(same, sizeof same, "%s/data_batch_3.bin", sub);
     REFUSED(A("--data", sub, "--trace", same), "--trace", "which --data reads");

@@ -224,8 +224,20 @@ static void expect_user_error(const char *dir, int train, int64_t limit, const c
 
 START_TEST(cifar_missing_directory_or_file) {
     char dir[64], path[512];
-    expect_user_error("/nonexistent/cifar-10-batches-bin", 1, 0, "/nonexistent/cifar-10-batches-bin", "get_cifar10.sh");
+    /* missing: the message is the command that fills it */
+    expect_user_error("/nonexistent/cifar-10-batches-bin", 1, 0, "/nonexistent/cifar-10-batches-bin",
+                      "docs/get_cifar10.sh /nonexistent/cifar-10-batches-bin");
     make_cifar(dir);
+    /* the folder above the unpacked archive's: the message names the one to give */
+    char above[] = "/tmp/test_cifar_above_XXXXXX", inner[128];
+    ck_assert_ptr_nonnull(mkdtemp(above));
+    snprintf(inner, sizeof inner, "%s/cifar-10-batches-bin", above);
+    ck_assert_int_eq(rename(dir, inner), 0);
+    snprintf(path, sizeof path, "give --data %s/cifar-10-batches-bin", above);
+    expect_user_error(above, 1, 0, path, NULL);
+    expect_user_error(above, 0, 0, path, NULL);
+    ck_assert_int_eq(rename(inner, dir), 0);
+    rmdir(above);
     snprintf(path, sizeof path, "%s/data_batch_3.bin", dir);
     unlink(path);
     expect_user_error(dir, 1, 0, path, "get_cifar10.sh");
