@@ -506,17 +506,39 @@ static void resume(Run *r) {
     free(p), free(mom), free(buf), free(sq);
 }
 
-/* Stages 2–5 on the CPU backend: one line on what their timings can and cannot show, so that a CPU
- * run does not teach the opposite of the GPU lesson (DataParallel "beating" one device, say). */
-static void cpu_timing_note(Run *r) {
-    if (r->devs[0]->kind != DEV_CPU || !strcmp(r->stage, "stage1")) return;
+/* The CPU backend: what its numbers can and cannot show, so that a CPU run does not teach the
+ * opposite of the GPU lesson — DataParallel "beating" one device (stages 2–5), fp16 using more memory
+ * than fp32 (stage 5), or a GPU flag that changed nothing without saying so. */
+static void cpu_notes(Run *r) {
+    if (r->devs[0]->kind != DEV_CPU) return;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    report_printf(&r->report,
-                  "note: CPU backend — counts, bytes, memory accounting and equivalence with one device are "
-                  "real; the times are not a scaling result (the %s share %ld CPU core%s, and there are no GPU "
-                  "streams to overlap)\n",
-                  r->world_size > 1 && r->sum_across ? "worker processes" : "device threads", cores,
-                  cores == 1 ? "" : "s");
+    if (strcmp(r->stage, "stage1"))
+        report_printf(&r->report,
+                      "note: CPU backend — counts, bytes, memory accounting and equivalence with one device are "
+                      "real; the times are not a scaling result (the %s share %ld CPU core%s, and there are no "
+                      "GPU streams to overlap)\n",
+                      r->world_size > 1 && r->sum_across ? "worker processes" : "device threads", cores,
+                      cores == 1 ? "" : "s");
+    if (r->model->prec != PREC_FP32)
+        report_printf(&r->report,
+                      "note: CPU backend — %s is emulated: values are rounded to %s where autocast stores them, "
+                      "so the GradScaler, overflow and underflow are real; but they are kept in 4-byte floats and "
+                      "the rounding costs time, so memory and speed show nothing of what %s saves on a GPU\n",
+                      precision_name(r->model->prec), precision_name(r->model->prec),
+                      precision_name(r->model->prec));
+    /* GPU-only flags stay accepted (a GPU command runs unchanged on a laptop), but are named. */
+    static const char *const gpu_only[] = {"cudnn-benchmark", "no-tf32", "no-cuda-graph", "layout",
+                                           "channels-last", "pin-memory"};
+    char names[160] = "";
+    int n = 0;
+    for (size_t i = 0; i < sizeof gpu_only / sizeof gpu_only[0]; i++)
+        if (cli_given(gpu_only[i]))
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s--%s", n++ ? ", " : "", gpu_only[i]);
+    if (n)
+        report_printf(&r->report,
+                      "note: %s change%s only GPU runs: the CPU backend has no cuDNN, TF32, CUDA graphs or pinned "
+                      "copies, and keeps NCHW — this run is what it would be without %s\n",
+                      names, n == 1 ? "s" : "", n == 1 ? "it" : "them");
 }
 
 void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs, int n_devs,
@@ -570,7 +592,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
-    cpu_timing_note(r);
+    cpu_notes(r);
     peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS is refused now, not after the run */
     if (cfg->accum_steps > batches_per_epoch)
         report_printf(&r->report,

@@ -639,6 +639,9 @@ START_TEST(stage5_grad_stats_count_each_step_taken) {
     ck_assert_msg(bad[0] == 0 && bad[1] > 0 && bad[2] == 0, "non-finite per step %g %g %g", bad[0], bad[1], bad[2]);
     ck_assert_msg(strstr(out, "1 of 3 optimizer steps skipped") && strstr(out, "gradient elements per step: zero first"),
                   "%s", out);
+    /* the CPU backend says what its fp16 can show (the scaler) and what it cannot (memory, speed) */
+    ck_assert_msg(strstr(out, "note: CPU backend — fp16 is emulated") &&
+                      strstr(out, "memory and speed show nothing of what fp16 saves on a GPU"), "%s", out);
     free(out), free(rep), free(dir);
 }
 END_TEST
@@ -660,6 +663,7 @@ START_TEST(stage5_amp_off_is_stage4) {
     char *dir = test_tmpdir(), *out, cmd[2048];
     char *a = report_path(dir, "s5"), *b = report_path(dir, "s4");
     ck_assert_msg(run_stage5("--nproc-per-node 1 --steps 5 --accum-steps 2 --amp off", a, &out) == 0, "%s", out);
+    ck_assert_msg(!strstr(out, "is emulated"), "%s", out); /* fp32: nothing emulated to warn about */
     free(out);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL "--nproc-per-node 1 --steps 5 --accum-steps 2 --master-port %d --report %s",
              test_root(), test_free_port(), b);

@@ -159,6 +159,28 @@ START_TEST(stage1_report_says_where_the_run_is) {
 }
 END_TEST
 
+/* GPU-only flags on the CPU backend are accepted (a GPU command runs unchanged on a laptop) but named,
+ * and the run is exactly the run without them: the same losses, bit for bit in the report. */
+START_TEST(stage1_cpu_names_gpu_only_flags) {
+    char *dir = test_tmpdir(), args[2048], a[512], b[512], *out;
+    snprintf(a, sizeof a, "%s/a.jsonl", dir), snprintf(b, sizeof b, "%s/b.jsonl", dir);
+    snprintf(args, sizeof args, SMALL " --epochs 1 --steps 4 --log-every 1 --no-tf32 --pin-memory --layout nchw "
+             "--cudnn-benchmark --no-cuda-graph --report %s", a);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "note: --cudnn-benchmark, --no-tf32, --no-cuda-graph, --layout, --pin-memory change "
+                              "only GPU runs") && strstr(out, "what it would be without them"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, SMALL " --epochs 1 --steps 4 --log-every 1 --report %s", b);
+    ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+    ck_assert_msg(!strstr(out, "change only GPU runs") && !strstr(out, "changes only GPU runs"), "%s", out);
+    double la[8], lb[8];
+    ck_assert_int_eq(test_read_losses(a, la, 8), 4);
+    ck_assert_int_eq(test_read_losses(b, lb, 8), 4);
+    for (int i = 0; i < 4; i++) ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i + 1, la[i], lb[i]);
+    free(out), free(dir);
+}
+END_TEST
+
 /* The first WARMUP_STEPS (5) steps are not timed, nor is an epoch's last (what follows it is the
  * evaluation): a one-epoch run of 6 steps has no step time (null, never 0 or a negative figure), one of
  * 7 steps has one, and the images per second follow from it. */
@@ -414,6 +436,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_same_bits_on_any_cpu_thread_count);
     tcase_add_test(tc, stage1_odd_omp_num_threads_warns);
     tcase_add_test(tc, stage1_report_says_where_the_run_is);
+    tcase_add_test(tc, stage1_cpu_names_gpu_only_flags);
     tcase_add_test(tc, stage1_warmup_and_last_step_untimed);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
