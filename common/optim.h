@@ -50,7 +50,8 @@ int64_t optim_adam_steps(Optimizer *o);
 void optim_set_adam_steps(Optimizer *o, int64_t n);
 
 /* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
- * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). */
+ * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration; `step` is the number of
+ * optimizer steps already taken, so step 0 runs at lr — checked against torch: tests/fixtures/schedule.txt). */
 double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps);
 
 #endif

@@ -130,8 +130,10 @@ START_TEST(stage1_report_says_where_the_run_is) {
     ck_assert_int_eq(test_report_series(path, "step", "epoch", v, 16), 4);
     for (int i = 0; i < 4; i++) ck_assert_msg(v[i] == epochs[i], "step %g: epoch %g, expected %g", steps[i], v[i], epochs[i]);
     ck_assert_int_eq(test_report_series(path, "step", "lr", v, 16), 4);
-    for (int i = 0; i < 4; i++) { /* cosine over the schedule's 3 × 3 steps, at the step's start */
-        double want = lr_schedule("cosine", 0.1, (int64_t)steps[i] - 1, 9);
+    double torch_lr[16]; /* CosineAnnealingLR(T_max = the schedule's 3 × 3 steps): tests/fixtures/schedule.txt */
+    ck_assert_int_eq(test_torch_schedule("cosine", 9, 0.1, torch_lr, 16), 10);
+    for (int i = 0; i < 4; i++) { /* the lr of the step, set at its start: PyTorch's lr for that step */
+        double want = torch_lr[(int)steps[i] - 1];
         ck_assert_msg(fabs(v[i] - want) <= 1e-8 * want, "step %g: lr %.9g, expected %.9g", steps[i], v[i], want);
     }
     const double ends[] = {3, 6, 7};

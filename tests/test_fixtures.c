@@ -425,6 +425,27 @@ START_TEST(sampler_matches_torch) {
 }
 END_TEST
 
+/* --schedule against torch.optim.lr_scheduler.CosineAnnealingLR (and no scheduler for const): the lr
+ * of every optimizer step of each case of tests/fixtures/schedule.txt. PyTorch updates the cosine
+ * recursively and optim.c evaluates the closed form, so they agree to rounding (1e-12 of the base lr),
+ * and a schedule shifted by one step — both directions — is far outside that. */
+START_TEST(schedule_matches_torch) {
+    static const struct { const char *schedule; int total; double lr; } cases[] = {
+        {"cosine", 9, 0.1}, {"cosine", 7, 0.3}, {"cosine", 391, 0.1}, {"const", 5, 0.05}};
+    static double want[512];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int n = test_torch_schedule(cases[c].schedule, cases[c].total, cases[c].lr, want, 512);
+        ck_assert_msg(n == cases[c].total + 1, "%s %d %g: %d values in tests/fixtures/schedule.txt (regenerate it "
+                      "with python3 tests/torch/schedule_fixture.py)", cases[c].schedule, cases[c].total, cases[c].lr, n);
+        for (int s = 0; s < n; s++) {
+            double got = lr_schedule(cases[c].schedule, cases[c].lr, s, cases[c].total);
+            ck_assert_msg(fabs(got - want[s]) <= 1e-12 * cases[c].lr, "%s over %d steps, step %d: lr %.17g, torch %.17g",
+                          cases[c].schedule, cases[c].total, s, got, want[s]);
+        }
+    }
+}
+END_TEST
+
 /* Every committed fixture has a script that makes it (tests/torch/regen_fixtures.sh, which runs them
  * all again on a machine with PyTorch and compares byte for byte): no file in tests/fixtures/ that
  * nobody can regenerate, and no listed script that is missing. */
@@ -471,6 +492,7 @@ Suite *suite_fixtures(void) {
     tcase_add_test(tc, conversions_match_torch);
     tcase_add_test(tc, bf16_cpu_autocast_matches_torch);
     tcase_add_test(tc, cuda_autocast_matches_torch);
+    tcase_add_test(tc, schedule_matches_torch);
     tcase_add_test(tc, every_fixture_has_a_generator);
     suite_add_tcase(s, tc);
     return s;

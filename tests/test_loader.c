@@ -113,6 +113,29 @@ START_TEST(eval_sample_is_normalised_image) {
 }
 END_TEST
 
+/* The constants themselves, written out here: the CIFAR-10 training set's per-channel mean and
+ * standard deviation on the 0..1 scale, to 4 digits as most PyTorch CIFAR-10 code writes them. The
+ * test above builds its expectation from DATA_MEAN and DATA_STD, so a digit typed wrong there passed
+ * it (a mutation audit found that); this one pins them, through the loader, for a black and a white
+ * pixel of each channel. */
+START_TEST(normalisation_constants_are_cifar10s) {
+    static const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
+    Dataset ds = small_set(2);
+    memset(ds.images, 0, IMG_PIXELS);                   /* image 0: every pixel 0 */
+    memset(ds.images + IMG_PIXELS, 255, IMG_PIXELS);    /* image 1: every pixel 255 */
+    float out[IMG_PIXELS];
+    for (int i = 0; i < 2; i++) {
+        loader_make_sample(&ds, i, 0, 0, 0, out);
+        for (int c = 0; c < IMG_C; c++) {
+            float want = ((float)(i ? 255 : 0) / 255.0f - mean[c]) / std[c];
+            ck_assert_msg(out[c * IMG_H * IMG_W + 17] == want, "pixel %d, channel %d: %.9g, expected %.9g",
+                          i ? 255 : 0, c, out[c * IMG_H * IMG_W + 17], want);
+        }
+    }
+    dataset_free(&ds);
+}
+END_TEST
+
 /* The augmentation, written out independently: pad the uint8 image with 4 zero pixels on every
  * side, cut the 32×32 window at (ox, oy), mirror it if flip, then normalise. One output pixel: */
 static float reference_pixel(const uint8_t *img, int ox, int oy, int flip, int c, int y, int x) {
@@ -437,6 +460,7 @@ Suite *suite_loader(void) {
     tcase_set_timeout(tc, 60); /* a deadlocked loader fails here instead of hanging the run */
     tcase_add_test(tc, epoch_order_is_seeded_permutation);
     tcase_add_test(tc, eval_sample_is_normalised_image);
+    tcase_add_test(tc, normalisation_constants_are_cifar10s);
     tcase_add_test(tc, augmentation_is_crop_and_flip);
     tcase_add_test(tc, padding_is_zero_before_normalisation);
     tcase_add_test(tc, same_batches_for_any_worker_count);

@@ -257,3 +257,24 @@ const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype) {
     ck_abort_msg("fixture record '%s' not found", name);
     return NULL;
 }
+
+int test_torch_schedule(const char *schedule, int total, double lr, double *out, int max) {
+    char path[1200], head[128];
+    snprintf(path, sizeof path, "%s/tests/fixtures/schedule.txt", test_root());
+    char *text = test_slurp(path, NULL);
+    if (!text) return -1;
+    snprintf(head, sizeof head, "\n%s %d %g: ", schedule, total, lr); /* the script writes repr(lr) */
+    char *p = strstr(text, head);
+    int n = -1;
+    if (p) {
+        p += strlen(head);
+        for (n = 0; n < max && *p && *p != '\n'; n++) {
+            char *end;
+            out[n] = strtod(p, &end);
+            if (end == p) break;
+            p = end;
+        }
+    }
+    free(text);
+    return n;
+}

@@ -60,6 +60,9 @@ double test_report_field(const char *path, const char *type, const char *key);
 /* The numbers of list `key` ("key":[a,b,…]) of the last {"type":"<type>"} record of a report, into
  * out (at most max); returns how many, or -1 without such a record or key. */
 int test_report_list(const char *path, const char *type, const char *key, double *out, int max);
+/* PyTorch's lr for optimizer steps 0..total of one case of tests/fixtures/schedule.txt (made by
+ * tests/torch/schedule_fixture.py), e.g. ("cosine", 9, 0.1); returns how many, or -1 without the case. */
+int test_torch_schedule(const char *schedule, int total, double lr, double *out, int max);
 /* A whole file as a malloc'd NUL-terminated string (NULL if missing); *len gets its size. */
 char *test_slurp(const char *path, long *len);
 /* A fresh directory under /tmp (malloc'd path). */

@@ -22,6 +22,7 @@ GENERATORS=(
     "adam.bin|cpu|python3 $T/make_adam_fixture.py @/adam.bin"
     "adam_scaler.bin|cuda|python3 $T/adam_scaler_fixture.py @/adam_scaler.bin"
     "scaler.txt|cpu|python3 $T/scaler_fixture.py > @/scaler.txt"
+    "schedule.txt|cpu|python3 $T/schedule_fixture.py > @/schedule.txt"
     "flops.txt|cpu|python3 $T/flop_count.py @/flops.txt"
     "ddp_nosync.txt|cpu|python3 $T/ddp_nosync_fixture.py @/ddp_nosync.txt"
     "ddp_unused.txt|cpu|python3 $T/ddp_unused_fixture.py @/ddp_unused.txt"
