@@ -206,7 +206,7 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     /* Step 2 rebuilds in that order, the first bucket closed at 1 MiB. */
     ddp_forward_begin(&d);
     ck_assert(d.rebuilt);
-    check_plan(&d, order, DDP_FIRST_BUCKET_BYTES, cap);
+    check_plan(&d, order, (size_t)1 << 20, cap); /* torch: _DEFAULT_FIRST_BUCKET_BYTES = 1 MiB */
     /* the first bucket is closed at 1 MiB: the classifier, the last BN and the last conv (9 MiB) */
     ck_assert_int_eq(d.bucket_of[order[0]], 0);
     ck_assert_int_eq(d.buckets[0].n_params, 5);
@@ -272,7 +272,7 @@ START_TEST(find_unused_plans_first_bucket_at_1mib) {
     free(ddp_options(&f, NULL));
     f.find_unused = 1;
     ddp_init(&d, &o.run, o.comm, &f);
-    check_plan(&d, reverse, DDP_FIRST_BUCKET_BYTES, (size_t)25 << 20);
+    check_plan(&d, reverse, (size_t)1 << 20, (size_t)25 << 20);
     ck_assert_msg((size_t)d.buckets[0].count * 4 < ((size_t)25 << 20), "first bucket %lld bytes",
                   (long long)d.buckets[0].count * 4);
     ddp_destroy(&d);
@@ -312,7 +312,7 @@ START_TEST(small_last_bucket) {
     ddp_backward_end(&d);
     ddp_forward_begin(&d); /* rebuilt in ready order: first at 1 MiB, last the smallest ≥ 1 MiB */
     ck_assert(d.rebuilt);
-    check_plan_tail(&d, order, DDP_FIRST_BUCKET_BYTES, cap, last);
+    check_plan_tail(&d, order, (size_t)1 << 20, cap, last);
     int64_t small = d.buckets[d.n_buckets - 1].count;
     ck_assert_msg(small * 4 < 2 * (1 << 20) && small * 4 < default_last * 4,
                   "last bucket %lld bytes (default plan: %lld)", (long long)small * 4, (long long)default_last * 4);

@@ -465,7 +465,8 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
     ck_assert(strstr(rep, "\"type\":\"gil_thread\""));
     /* new threads every step: each plans tiny's 7 forward convolutions, every step */
     ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 7, "%s", out);
-    ck_assert(json_field(rep, "phases", "plan_ms_per_thread") >= 7 * dp_config_defaults().plan_us / 1e3 * 0.999);
+    /* 7 × the calibrated 0.983 ms a cold thread's plan costs (dp_python.c, docs/stage2.md), written out */
+    ck_assert(json_field(rep, "phases", "plan_ms_per_thread") >= 7 * 0.983 * 0.999);
     free(rep);
     check_report(path, 1);
     free(out), free(dir);

@@ -308,6 +308,16 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     device_init(&d, kind, 0, 0);
     const double total = (double)d.mem_total;
     device_destroy(&d);
+    /* The fraction is of the total — never of what is free (torch: total_memory) — read here
+     * independently: the kernel's MemTotal on the CPU backend (the same pages sysconf counts). */
+    FILE *mi = kind == DEV_CPU ? fopen("/proc/meminfo", "r") : NULL;
+    long long kib = 0;
+    if (mi) {
+        ck_assert_int_eq(fscanf(mi, "MemTotal: %lld kB", &kib), 1);
+        fclose(mi);
+        ck_assert_msg(fabs(total - 1024.0 * (double)kib) <= 1048576.0, "CPU total %.0f bytes, MemTotal %lld kB",
+                      total, kib);
+    }
     char *dir = test_tmpdir(), args[2048], rep[512], *out;
     snprintf(rep, sizeof rep, "%s/r.jsonl", dir);
     snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --report %s", base, rep);

@@ -388,6 +388,7 @@ static void secret_from_env(void *p) {
 /* A secret too short to resist guessing is refused, from the environment as from a file; the
  * shortest allowed is taken; two secrets (the variable and a file) are refused. */
 START_TEST(short_secret_is_refused) {
+    ck_assert_int_eq(AUTH_MIN_SECRET, 16); /* 128 bits, the floor auth.h promises: a typo must not lower it */
     char *out, s[AUTH_MIN_SECRET + 1];
     memset(s, 'k', AUTH_MIN_SECRET - 1);
     s[AUTH_MIN_SECRET - 1] = 0;
