@@ -431,6 +431,12 @@ START_TEST(per_rank_times_are_reported) {
         ck_assert_msg(ex[r] >= 0 && ex[r] < step[0] && bc[r] >= 0 && bc[r] < step[0], "rank %d: waits %.3f, %.3f ms", r,
                       ex[r], bc[r]);
     }
+    /* the run's comm summary is those medians averaged over the ranks (not summed: a mutation audit) */
+    double ex_all = test_report_field(path, "comm_summary", "exposed_backward_ms_median"),
+           bc_all = test_report_field(path, "comm_summary", "bcast_ms_median");
+    ck_assert_msg(fabs(ex_all - (ex[0] + ex[1]) / 2) <= 1e-6 * (ex[0] + ex[1]) + 1e-9 &&
+                      fabs(bc_all - (bc[0] + bc[1]) / 2) <= 1e-6 * (bc[0] + bc[1]) + 1e-9,
+                  "summary %.9g, %.9g; ranks %.9g %.9g, %.9g %.9g", ex_all, bc_all, ex[0], ex[1], bc[0], bc[1]);
     /* a run too short to time (its one step is a warm-up step): n/a and JSON null, not medians of 0 ms */
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage3 --device cpu --model tiny --train-size 640 --test-size 64 --batch-size 16 --steps 1 "
