@@ -226,14 +226,10 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run 
     if (run && s->test_inf_step > 0 && s->test_inf_step <= s->first_step)
         report_printf(&run->report, "note: --test-inf-step %lld is at or before step %lld, where this run resumes: no "
                                     "inf is injected\n", (long long)s->test_inf_step, (long long)s->first_step);
-    if (run && s->test_inf_step > 0) { /* the step is counted like --steps: optimizer steps from the start */
-        int64_t last = run->total_steps;
-        if (run->cfg->steps > 0 && run->cfg->steps < last) last = run->cfg->steps;
-        if (s->test_inf_step > last)
-            report_printf(&run->report, "note: --test-inf-step %lld is after step %lld, this run's last: no inf is "
-                                        "injected — give a step from %lld to %lld\n", (long long)s->test_inf_step,
-                          (long long)last, (long long)s->first_step + 1, (long long)last);
-    }
+    if (run && s->test_inf_step > run_last_step(run)) /* counted like --steps: optimizer steps from the start */
+        report_printf(&run->report, "note: --test-inf-step %lld is after step %lld, this run's last: no inf is "
+                                    "injected — give a step from %lld to %lld\n", (long long)s->test_inf_step,
+                      (long long)run_last_step(run), (long long)s->first_step + 1, (long long)run_last_step(run));
     float inv = (float)(1.0 / (double)scale);
     memcpy(init + ST_SCALE, &scale, 4);
     memcpy(init + ST_INV, &inv, 4);

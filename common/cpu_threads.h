@@ -4,8 +4,9 @@
  * What you will learn: how a CPU framework uses every core without giving up reproducibility. A
  * convolution is split into independent pieces — the images of a batch for the forward pass and the
  * input gradient, the columns of the weight gradient; batch norm by channel, ReLU by block — and a
- * small pool of persistent threads runs the pieces side by side. No output element is summed by two threads, and each is summed in the
- * same order whatever the thread count, so one thread and eight give the same bits (tested).
+ * small pool of persistent threads runs the pieces side by side. No output element is summed by two
+ * threads, and each is summed in the same order whatever the thread count, so one thread and eight
+ * give the same bits (tested).
  *
  * How many threads: --cpu-threads, else OMP_NUM_THREADS (PyTorch reads it too), else the host's
  * cores shared out among the workers on it — LOCAL_WORLD_SIZE processes (stages 3–5), or the replica

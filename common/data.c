@@ -270,8 +270,6 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
     /* Every file exists and has a sane size, so a broken download is reported before we spend time
      * reading (and whatever the limit). */
     int64_t total = cifar10_check(dir, train, limit);
-    char paths[5][4096];
-    for (int k = 0; k < n_files; k++) snprintf(paths[k], sizeof paths[k], "%s/%s", dir, names[k]);
     int64_t n = limit > 0 ? limit : total;
 
     ds->n = n;
@@ -280,16 +278,18 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
     uint8_t record[CIFAR_RECORD];
     int64_t i = 0;
     for (int k = 0; k < n_files && i < n; k++) {
+        char path[4096];
         int64_t recs;
-        FILE *f = cifar_open(paths[k], &recs);
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        FILE *f = cifar_open(path, &recs);
         for (int64_t r = 0; r < recs && i < n; r++, i++) {
             if (fread(record, 1, CIFAR_RECORD, f) != CIFAR_RECORD)
-                die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", paths[k], (long long)r,
+                die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", path, (long long)r,
                          ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
             if (record[0] >= NUM_CLASSES) {
                 fclose(f); /* for the fuzzer (tests/fuzz/), which goes on after the error */
                 die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
-                         "CIFAR-100 format?", paths[k], (long long)r, record[0]);
+                         "CIFAR-100 format?", path, (long long)r, record[0]);
             }
             ds->labels[i] = record[0];
             memcpy(ds->images + (size_t)i * IMG_PIXELS, record + 1, IMG_PIXELS);

@@ -519,13 +519,13 @@ static void cpu_notes(Run *r) {
                       "GPU streams to overlap)\n",
                       r->world_size > 1 && r->sum_across ? "worker processes" : "device threads", cores,
                       cores == 1 ? "" : "s");
+    const char *low = precision_name(r->model->prec);
     if (r->model->prec != PREC_FP32)
         report_printf(&r->report,
                       "note: CPU backend — %s is emulated: values are rounded to %s where autocast stores them, "
                       "so the GradScaler, overflow and underflow are real; but they are kept in 4-byte floats and "
                       "the rounding costs time, so memory and speed show nothing of what %s saves on a GPU\n",
-                      precision_name(r->model->prec), precision_name(r->model->prec),
-                      precision_name(r->model->prec));
+                      low, low, low);
     /* GPU-only flags stay accepted (a GPU command runs unchanged on a laptop), but are named. */
     static const char *const gpu_only[] = {"cudnn-benchmark", "no-tf32", "no-cuda-graph", "layout",
                                            "channels-last", "pin-memory"};
@@ -635,6 +635,10 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
 }
 
 int run_done(const Run *r) { return r->cfg->steps > 0 && r->step >= r->cfg->steps; }
+
+int64_t run_last_step(const Run *r) {
+    return r->cfg->steps > 0 && r->cfg->steps < r->total_steps ? r->cfg->steps : r->total_steps;
+}
 
 double run_lr(const Run *r) {
     return lr_schedule(r->cfg->schedule, r->cfg->lr, r->step, r->total_steps);

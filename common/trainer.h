@@ -158,6 +158,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
  * one saved under another setting is refused — its position would mean other samples. */
 void run_sampler(Run *r, int shuffle, int drop_last);
 int run_done(const Run *r); /* --steps reached */
+int64_t run_last_step(const Run *r); /* the optimizer step this run ends at: --steps, else the schedule's end */
 double run_lr(const Run *r); /* learning rate for the next step */
 /* After each optimizer step (slot: its last entry; batch: the loader batch it ended with): logging
  * (every --log-every steps), progress bar. */

@@ -231,7 +231,6 @@ START_TEST(test_help) {
 }
 END_TEST
 
-/* Defaults as documented in cli.h. */
 /* A CIFAR-10 directory that --data accepts: the six files, `records` records each (label 0). */
 static void write_cifar_dir(const char *dir, int records) {
     for (int k = 0; k < CIFAR10_FILES; k++) {
@@ -252,6 +251,7 @@ static void remove_cifar_dir(const char *dir) {
     }
 }
 
+/* Defaults as documented in cli.h. */
 START_TEST(test_defaults_and_resolve) {
     TrainConfig c;
     config_defaults(&c);

@@ -2,11 +2,11 @@
  * refuses bad input with a clear message, runs out of memory with one, and its JSON report has what
  * scripts rely on. */
 #include <math.h>
-#include <sys/sysinfo.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include "device.h"
@@ -314,8 +314,9 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
      * lxcfs may rewrite to its own limit). */
     struct sysinfo si;
     if (kind == DEV_CPU && sysinfo(&si) == 0)
-        ck_assert_msg(fabs(total - (double)si.totalram * si.mem_unit) < (double)sysconf(_SC_PAGESIZE), "CPU total %.0f bytes, the kernel's %.0f (free %.0f)",
-                      total, (double)si.totalram * si.mem_unit, (double)si.freeram * si.mem_unit);
+        ck_assert_msg(fabs(total - (double)si.totalram * si.mem_unit) < (double)sysconf(_SC_PAGESIZE),
+                      "CPU total %.0f bytes, the kernel's %.0f (free %.0f)", total, (double)si.totalram * si.mem_unit,
+                      (double)si.freeram * si.mem_unit);
     char *dir = test_tmpdir(), args[2048], rep[512], *out;
     snprintf(rep, sizeof rep, "%s/r.jsonl", dir);
     snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --report %s", base, rep);

@@ -436,11 +436,13 @@ START_TEST(schedule_matches_torch) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int n = test_torch_schedule(cases[c].schedule, cases[c].total, cases[c].lr, want, 512);
         ck_assert_msg(n == cases[c].total + 1, "%s %d %g: %d values in tests/fixtures/schedule.txt (regenerate it "
-                      "with python3 tests/torch/schedule_fixture.py)", cases[c].schedule, cases[c].total, cases[c].lr, n);
+                      "with python3 tests/torch/schedule_fixture.py)", cases[c].schedule, cases[c].total,
+                      cases[c].lr, n);
         for (int s = 0; s < n; s++) {
             double got = lr_schedule(cases[c].schedule, cases[c].lr, s, cases[c].total);
-            ck_assert_msg(fabs(got - want[s]) <= 1e-12 * cases[c].lr, "%s over %d steps, step %d: lr %.17g, torch %.17g",
-                          cases[c].schedule, cases[c].total, s, got, want[s]);
+            ck_assert_msg(fabs(got - want[s]) <= 1e-12 * cases[c].lr,
+                          "%s over %d steps, step %d: lr %.17g, torch %.17g", cases[c].schedule, cases[c].total, s,
+                          got, want[s]);
         }
     }
 }
