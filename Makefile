@@ -11,7 +11,7 @@ CC       ?= gcc
 CFLAGS   ?= -O3 -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -Icommon \
              $(CUDA_CFLAGS) -MMD -MP $(CFLAGS)
-LDLIBS   := -lm -lpthread
+LDLIBS    = -lm -lpthread
 CUDA_HOME ?= /usr/local/cuda
 NVCC     := $(CUDA_HOME)/bin/nvcc
 
@@ -74,19 +74,23 @@ DEPS      := $(COMMON_O:.o=.d) $(TEST_O:.o=.d) $(STAGE_O:.o=.d)
 # Check (the C unit-test framework) is found through pkg-config, else in the usual directories. It
 # is linked statically whenever its archive exists, so the test runner also runs on machines
 # without Check (the GPU box); without the archive, pkg-config's (shared) libraries are used.
-CHECK_PC  := $(shell pkg-config --exists check 2>/dev/null && echo 1)
-CHECK_CFLAGS := $(if $(CHECK_PC),$(shell pkg-config --cflags check))
-CHECK_A   := $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variable=libdir check)/libcheck.a) \
+# Recursive (=), not :=, so that they are looked up when a recipe needs them — after check-dep has
+# installed Check on a fresh machine; read when the Makefile is parsed, they would find nothing there
+# and the first build would link Check's shared libraries (a runner that fails on the GPU box).
+CHECK_PC   = $(shell pkg-config --exists check 2>/dev/null && echo 1)
+CHECK_CFLAGS = $(if $(CHECK_PC),$(shell pkg-config --cflags check))
+CHECK_A    = $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variable=libdir check)/libcheck.a) \
                /usr/lib/x86_64-linux-gnu/libcheck.a /usr/lib/aarch64-linux-gnu/libcheck.a /usr/lib64/libcheck.a \
                /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
-SUBUNIT_A := $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
+SUBUNIT_A  = $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
 # OpenSSL's libcrypto (HMAC-SHA256 for the rendezvous store's handshake, common/auth.h): linked
 # statically when its archive exists, so the binaries carry it (like Check); else libcrypto.so.3.
-CRYPTO_A  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
+# Recursive like Check's, for the same reason (crypto-dep may install it during the build).
+CRYPTO_A   = $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
                /usr/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
-CRYPTO_LIBS := $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
+CRYPTO_LIBS = $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
 .PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
@@ -145,7 +149,7 @@ define STAGE_RULE
 $(1): $(BUILD)/$(1)
 	@cp $(BUILD)/$(1) ./$(1)
 $(BUILD)/$(1): $(BUILD)/$(2)/main.o $(LIBCOMMON)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $$@ $$^ $(LDLIBS)
+	$(CC) $$(ALL_CFLAGS) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS)
 endef
 $(foreach d,$(STAGE_DIRS),$(eval $(call STAGE_RULE,$(firstword $(subst _, ,$(notdir $(d)))),$(d))))
 
