@@ -466,9 +466,27 @@ static void resume_check(Run *r) {
     schedule_note(r);
 }
 
+/* In a job of processes every rank reads --resume's file (as every PyTorch rank calls torch.load),
+ * so a file they all refuse would print the same error once per rank. Rank 0 checks first; the
+ * others wait for it here, in a one-value sum, and check after it: when rank 0 refuses the file it
+ * exits, the launcher stops the others where they wait, and the error is printed once. A problem
+ * of one rank's own (the file missing on its node) is still its own error. Every rank calls this at
+ * the same two points, resumed or not, so the sums pair up; the first says whether every rank was
+ * given a --resume. */
+static void resume_gate(Run *r, int rank0_done) {
+    if (!r->sum_across || r->world_size <= 1 || (r->rank == 0) != rank0_done) return;
+    double resuming = r->cfg->resume[0] != 0;
+    r->sum_across(r->sum_ctx, &resuming, 1);
+    if (resuming != 0 && resuming != r->world_size)
+        die_user("rank %d: --resume is given to %.0f of the %d ranks — give every rank the same --resume, or "
+                 "none", r->rank, resuming, r->world_size);
+}
+
 void run_sampler(Run *r, int shuffle, int drop_last) {
     r->shuffle = shuffle, r->drop_last = drop_last;
+    resume_gate(r, 0);
     if (r->resume_unchecked) resume_check(r);
+    resume_gate(r, 1);
 }
 
 static void resume(Run *r) {
@@ -611,7 +629,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         json_int(&r->report, "effective_batch", k * cfg->batch_size * world_size);
     }
     json_end(&r->report);
+    resume_gate(r, 0);
     if (cfg->resume[0]) resume(r);
+    resume_gate(r, 1);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
         /* The names this run writes: the ends of the epochs it completes — up to --epochs, or to where
          * --steps S stops — and stepS where S stops inside an epoch. Resumed into its own run's

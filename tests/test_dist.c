@@ -662,6 +662,22 @@ START_TEST(two_nodes_and_mismatched_flags) {
 }
 END_TEST
 
+/* --resume given to one node only: its rank would continue at step 3 while the other starts at step 0
+ * (a path may differ between the ranks, but not whether there is one). Both stop, saying so. */
+START_TEST(resume_on_one_node_only_is_refused) {
+    char *dir = test_tmpdir(), args[1024], *out;
+    snprintf(args, sizeof args, "--steps 3 --nproc-per-node 1 --save %s/n", dir);
+    run_two_nodes("stage3", args, "stage3", "--steps 3 --nproc-per-node 1", &out);
+    ck_assert_msg(strstr(out, "exit codes 0 0"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--steps 5 --nproc-per-node 1 --resume %s/n/step00000003.ckpt", dir);
+    run_two_nodes("stage3", args, "stage3", "--steps 5 --nproc-per-node 1", &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "--resume is given to 1 of the 2 ranks"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 /* Node 1 started with another --nproc-per-node than node 0: the ranks disagree on the world size.
  * Node 1's ranks see it at once; node 0's rank 0 must not wait --rdzv-timeout for a rank 1 that never
  * comes, but stop with the real cause, which node 1 left in the store. */
@@ -939,6 +955,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
+    tcase_add_test(tc, resume_on_one_node_only_is_refused);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
     tcase_add_test(tc, launcher_names_one_first_failure);
     tcase_add_test(tc, barrier_waits_for_every_rank);

@@ -337,6 +337,38 @@ START_TEST(resume_in_the_wrong_stage_names_the_right_one) {
 }
 END_TEST
 
+/* A job of processes refuses a bad --resume once, not once per rank: rank 0 checks the file first and
+ * the other ranks wait for it (trainer.c's resume_gate) — at the file's own checks (run_begin) and at
+ * those against the sampler's flags (run_sampler). A waiting rank may say that rank 0 went away. */
+START_TEST(a_refused_resume_is_reported_once_per_job) {
+    char *dir = test_tmpdir(), args[2048], path[700], *out;
+    const char *t = TINY " --train-size 96 --batch-size 8 --nproc-per-node 2";
+    snprintf(args, sizeof args, "%s --epochs 1 --save %s/j", t, dir);
+    run_ok("stage3", args);
+    snprintf(path, sizeof path, "%s/not_a_checkpoint", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("not a checkpoint at all\n", f);
+    fclose(f);
+    static const struct { const char *flags, *file, *said; } cases[] = {
+        {"--epochs 2", "not_a_checkpoint", "is not a checkpoint of this trainer"}, /* checkpoint_load */
+        {"--epochs 2 --seed 7", "j/epoch001.ckpt", "trained with --seed 0, this run has --seed 7"},
+        {"--epochs 1", "j/epoch001.ckpt", "is a finished run"},                        /* resume_check */
+        {"--epochs 2 --drop-last --train-size 95", "j/epoch001.ckpt", "--train-size"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        snprintf(args, sizeof args, "%s %s --resume %s/%s", t, cases[k].flags, dir, cases[k].file);
+        int rc = run("stage3", args, &out);
+        int n = 0;
+        for (const char *p = out; (p = strstr(p, cases[k].said)); p++) n++;
+        ck_assert_msg(rc == 2 && n == 1 && !strstr(out, "this is a bug"), "%s: exit %d, '%s' said %d times:\n%s",
+                      cases[k].flags, rc, cases[k].said, n, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* One file under two flags used to be destroyed: --report or --trace on the --resume checkpoint
  * emptied it before it was read (and then blamed the checkpoint); --report F --trace F interleaved
  * both into one corrupt file with exit 0. Refused up front, the checkpoint untouched. */
@@ -556,6 +588,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
+    tcase_add_test(tc, a_refused_resume_is_reported_once_per_job);
     tcase_add_test(tc, fp16_resume_continues_the_scaler);
     tcase_add_test(tc, fp16_resume_continues_the_scaler_on_gpu);
     tcase_add_test(tc, adam_resume_is_exact);
