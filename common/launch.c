@@ -19,10 +19,10 @@
 #include "errors.h"
 #include "net.h"
 
-/* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
 /* The launcher speaks as the program it launches ("stage3", "stage4", …). */
 static char prog[64] = "stage3";
 
+/* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     if (!v || !v[0]) return dflt;
@@ -36,13 +36,45 @@ static int env_int(const char *name, int dflt) {
 
 /* ---- the worker side ------------------------------------------------------------------------- */
 
-/* SLURM_TASKS_PER_NODE looks like "4(x2),3": the first count is this node's on a regular layout. */
-static int slurm_local_world(int world) {
+/* srun's variables, the step's own first: srun --export=… or -E (--preserve-env) keeps the
+ * allocation's SLURM_NTASKS and SLURM_TASKS_PER_NODE, while SLURM_STEP_* are always this step's. */
+static const char *slurm_env(const char *step, const char *job) {
+    const char *v = getenv(step);
+    return v && v[0] ? v : getenv(job);
+}
+
+/* A task of an srun step — not the batch script of an sbatch job, nor an salloc shell: those carry
+ * SLURM_PROCID=0, SLURM_LOCALID=0 and the allocation's SLURM_NTASKS too, but no step id (srun sets
+ * SLURM_STEP_ID, and SLURM_STEPID for older scripts). A step of one task (srun -n 1, or the shell of
+ * srun --pty bash) is not a job to join either: our own launcher decides, as torchrun run inside
+ * one would. */
+static int slurm_step_tasks(void) {
+    if (!getenv("SLURM_PROCID") || !getenv("SLURM_LOCALID") || !(getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")))
+        return 0;
+    const char *n = slurm_env("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
+    return n && atoi(n) > 1 ? atoi(n) : 0;
+}
+
+/* This node's task count: the tasks-per-node list ("4(x2),3": two nodes of 4, then one of 3)
+ * expanded and read at SLURM_NODEID; SLURM_NTASKS_PER_NODE (a job's --ntasks-per-node) when
+ * there is no list. The whole world when neither says. */
+static int slurm_local_world(int world, int node) {
+    const char *t = slurm_env("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
+    for (int i = 0; t && *t;) {
+        char *end;
+        long count = strtol(t, &end, 10), times = 1;
+        if (end == t || count < 1) break;
+        if (!strncmp(end, "(x", 2)) {
+            times = strtol(end + 2, &end, 10);
+            if (times < 1 || *end != ')') break;
+            end++;
+        }
+        if (node < i + times) return (int)count;
+        i += (int)times;
+        t = *end == ',' ? end + 1 : end;
+    }
     int n = env_int("SLURM_NTASKS_PER_NODE", 0);
-    if (n > 0) return n;
-    const char *t = getenv("SLURM_TASKS_PER_NODE");
-    if (t && atoi(t) > 0) return atoi(t);
-    return world;
+    return n > 0 ? n : world;
 }
 
 /* Fill w from the launcher's variables; 0 when there are none (we are to launch). */
@@ -65,12 +97,12 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
          * we speak our own protocol, so ours goes next door. */
         const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
         if (agent && !strcmp(agent, "True")) w->master_port++;
-    } else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && getenv("SLURM_LOCALID")) {
+    } else if (slurm_step_tasks()) {
         w->rank = env_int("SLURM_PROCID", 0);
-        w->world_size = env_int("SLURM_NTASKS", 1);
+        w->world_size = slurm_step_tasks();
         w->local_rank = env_int("SLURM_LOCALID", 0);
-        w->local_world_size = slurm_local_world(w->world_size);
         w->node_rank = env_int("SLURM_NODEID", 0);
+        w->local_world_size = slurm_local_world(w->world_size, w->node_rank);
         w->launcher = "srun";
     } else if (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) {
         w->rank = env_int("OMPI_COMM_WORLD_RANK", 0);
@@ -80,6 +112,10 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
         w->launcher = "mpirun";
     } else {
+        int tasks = env_int("SLURM_NTASKS", 0);
+        if (getenv("SLURM_PROCID") && tasks > 1 && !(getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")))
+            printf("%s: note: a Slurm job of %d tasks, but this is its batch script, not an srun task: the job "
+                   "runs on this node only — start it with srun (srun ./%s …) to use every task\n", prog, tasks, prog);
         return 0;
     }
     if (w->world_size < 1 || w->rank >= w->world_size)

@@ -10,7 +10,8 @@
  * launcher (PR_SET_PDEATHSIG), so none is ever orphaned.
  *
  * The same binary is a worker when started by torchrun --no-python (RANK, …), srun (SLURM_PROCID,
- * SLURM_LOCALID, SLURM_NTASKS) or mpirun (OMPI_COMM_WORLD_RANK, _LOCAL_RANK, _SIZE).
+ * SLURM_LOCALID, SLURM_NTASKS, in a step of two or more tasks: SLURM_STEP_ID) or mpirun
+ * (OMPI_COMM_WORLD_RANK, _LOCAL_RANK, _SIZE); an sbatch script or a one-task step launches here.
  * Under torchrun, its agent already holds MASTER_PORT for its own store (TORCHELASTIC_USE_AGENT_STORE
  * = True), so rank 0 hosts ours on MASTER_PORT + 1.
  *

@@ -597,8 +597,8 @@ START_TEST(workers_under_torchrun_and_srun_variables) {
 
     port = test_free_port();
     snprintf(cmd, sizeof cmd,
-             "(SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s --report %s/srun.jsonl & "
-             "SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s; r1=$?; wait $!; r0=$?; "
+             "(SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s --report %s/srun.jsonl & "
+             "SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2 MASTER_PORT=%d " LIMIT "%s/stage3 %s; r1=$?; wait $!; r0=$?; "
              "exit $((r0 | r1)))",
              port, test_root(), common, dir, port, test_root(), common);
     ck_assert_msg(test_run(cmd, &out) == 0, "srun-style workers failed:\n%s", out);
@@ -827,7 +827,7 @@ END_TEST
 START_TEST(worker_variables_out_of_range_are_refused) {
     static const struct { const char *env, *args, *says; } cases[] = {
         {"RANK=2 WORLD_SIZE=2", "", "rank 2 of a world of 2"},
-        {"SLURM_PROCID=3 SLURM_LOCALID=0 SLURM_NTASKS=3", "", "rank 3 of a world of 3"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=3 SLURM_LOCALID=0 SLURM_NTASKS=3", "", "rank 3 of a world of 3"},
         {"RANK=0 WORLD_SIZE=3 LOCAL_WORLD_SIZE=1", "--nnodes 2 --nproc-per-node 1", "the job has 3 workers"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -878,7 +878,8 @@ END_TEST
 static void print_worker_view(void *env) {
     static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                                       "TORCHELASTIC_USE_AGENT_STORE", "STAGE3_STATUS_FD", "SLURM_PROCID",
+                                       "TORCHELASTIC_USE_AGENT_STORE", "STAGE3_STATUS_FD", "SLURM_PROCID", "SLURM_STEP_ID",
+                                       "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
                                        "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
                                        "SLURM_TASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                                        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
@@ -903,9 +904,15 @@ START_TEST(worker_view_from_launcher_variables) {
         {"RANK=1 WORLD_SIZE=2", "rank 1 local 1/2 world 2 node 0 port 29500 via environment"},
         {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 MASTER_PORT=1234 TORCHELASTIC_RUN_ID=x "
          "TORCHELASTIC_USE_AGENT_STORE=True", "rank 3 local 1/2 world 4 node 1 port 1235 via torchrun"},
-        {"SLURM_PROCID=5 SLURM_NTASKS=8 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_TASKS_PER_NODE=4(x2)",
+        {"SLURM_STEP_ID=0 SLURM_PROCID=5 SLURM_NTASKS=8 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_TASKS_PER_NODE=4(x2)",
          "rank 5 local 1/4 world 8 node 1 port 29500 via srun"},
-        {"SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=2", "rank 2 local 2/3 world 3 node 0 port 29500 via srun"},
+        {"SLURM_STEPID=0 SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=2", "rank 2 local 2/3 world 3 node 0 port 29500 via srun"},
+        /* an irregular layout: node 2 holds the last 3 of 4 + 4 + 3 tasks */
+        {"SLURM_STEP_ID=1 SLURM_PROCID=9 SLURM_STEP_NUM_TASKS=11 SLURM_LOCALID=1 SLURM_NODEID=2 "
+         "SLURM_STEP_TASKS_PER_NODE=4(x2),3", "rank 9 local 1/3 world 11 node 2 port 29500 via srun"},
+        /* srun -E keeps the allocation's counts: the step's own say what this step is */
+        {"SLURM_STEP_ID=2 SLURM_PROCID=1 SLURM_NTASKS=8 SLURM_TASKS_PER_NODE=8 SLURM_STEP_NUM_TASKS=2 "
+         "SLURM_STEP_TASKS_PER_NODE=2 SLURM_LOCALID=1", "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
         {"OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=6 OMPI_COMM_WORLD_LOCAL_RANK=2 OMPI_COMM_WORLD_LOCAL_SIZE=3",
          "rank 5 local 2/3 world 6 node 1 port 29500 via mpirun"},
         {"RANK=0 WORLD_SIZE=1 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=3",
@@ -916,6 +923,30 @@ START_TEST(worker_view_from_launcher_variables) {
         int rc = test_run_captured(print_worker_view, (void *)cases[i].env, &out);
         ck_assert_msg(rc == 0 && strstr(out, cases[i].view), "%s: exit %d, expected '%s':\n%s", cases[i].env, rc,
                       cases[i].view, out);
+        free(out);
+    }
+}
+END_TEST
+
+/* What is not a task of an srun step launches here: an sbatch script (SLURM_PROCID=0 and the job's
+ * SLURM_NTASKS, but no step id) used to make ./stage3 rank 0 of the job's tasks, waiting
+ * --rdzv-timeout for ranks that never start; the shell of srun --pty bash (a step of one task) used
+ * to refuse --nproc-per-node. Both now run our own launcher; the batch script says how to use every
+ * task. */
+START_TEST(slurm_batch_script_and_one_task_step_launch_here) {
+    static const struct { const char *env; int note; } cases[] = {
+        {"SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_NTASKS=4", 1},
+        {"SLURM_JOB_ID=7 SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_STEP_NUM_TASKS=1", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[512], *out;
+        snprintf(args, sizeof args, TINY " --steps 2 --nproc-per-node 2 --rdzv-timeout 20 --master-port %d",
+                 test_free_port());
+        int rc = stage3(cases[i].env, args, &out);
+        ck_assert_msg(rc == 0 && strstr(out, "launching 2 workers on this node (ranks 0-1 of 2") &&
+                          strstr(out, "summary:") &&
+                          !strstr(out, "this is its batch script, not an srun task") == !cases[i].note,
+                      "%s: exit %d\n%s", cases[i].env, rc, out);
         free(out);
     }
 }
@@ -965,6 +996,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, worker_variables_out_of_range_are_refused);
     tcase_add_test(tc, per_task_gpu_under_srun_and_mpirun);
     tcase_add_test(tc, worker_view_from_launcher_variables);
+    tcase_add_test(tc, slurm_batch_script_and_one_task_step_launch_here);
     tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
     suite_add_tcase(s, tc);
     return s;
