@@ -95,6 +95,27 @@ void comm_wait_done(Comm *c, int64_t upto) {
 
 /* ---- the interface: each call through the backend's table --------------------------------------- */
 
+/* Every rank must build the same kind of communicator: an NCCL rank and a host-ring rank would each
+ * wait for the other's half of a different handshake, and nothing compares the ranks' flags before
+ * there is a communicator to compare them over (ddp.c). So each rank leaves its kind in the store
+ * and reads everyone's first. A difference comes from --device (auto: NCCL for GPU workers, the
+ * host ring for CPU ones) or --comm given differently on different nodes or under torchrun. */
+static void agree_on_kind(Comm *c, int seq) {
+    static const char *const what[] = {[COMM_NCCL] = "NCCL (a GPU worker)",
+                                       [COMM_HOST] = "the host ring (a CPU worker, or --comm host)"};
+    char key[64], mine = (char)c->kind, theirs;
+    snprintf(key, sizeof key, "comm%d/kind/%d", seq, c->rank);
+    store_set(c->store, key, &mine, 1);
+    for (int r = 0; r < c->world; r++) {
+        snprintf(key, sizeof key, "comm%d/kind/%d", seq, r);
+        store_get(c->store, key, &theirs, 1);
+        if (theirs != mine)
+            die_user("rank %d communicates over %s, but rank %d over %s — start every rank with the same "
+                     "--device and --comm", c->rank, what[(int)mine], r,
+                     theirs == COMM_NCCL || theirs == COMM_HOST ? what[(int)theirs] : "a kind this build lacks");
+    }
+}
+
 Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s) {
     Comm *c = xcalloc(1, sizeof *c);
     c->kind = kind, c->store = store, c->dev = dev, c->timeout = timeout_s;
@@ -110,7 +131,9 @@ Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s) {
                  "rebuild, or use --comm host");
     c->be = &comm_host_ops;
 #endif
-    c->be->create(c, store_sequence(store)); /* the sequence number names this communicator's keys */
+    int seq = store_sequence(store); /* names this communicator's keys */
+    agree_on_kind(c, seq);
+    c->be->create(c, seq);
     return c;
 }
 

@@ -18,13 +18,31 @@ static void say(const char *msg) {
     }
 }
 
+/* exit() called by two threads at once is undefined: both run the libraries' exit handlers (cuBLAS's
+ * crashed when two ranks in one test process failed together; stage 2's device threads can fail
+ * together too). The first failure exits; one from another thread, already printed, waits for that
+ * exit. A failure inside the exit itself (an exit handler's) ends the process at once. */
+static _Noreturn void leave(int code) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static int leaving;
+    static pthread_t leaver;
+    pthread_mutex_lock(&mu);
+    int first = !leaving, again = leaving && pthread_equal(leaver, pthread_self());
+    if (first) leaving = 1, leaver = pthread_self();
+    pthread_mutex_unlock(&mu);
+    if (again) _exit(code);
+    if (!first)
+        for (;;) pause();
+    exit(code);
+}
+
 void die_at(const char *file, int line, const char *call, const char *why, const char *hint) {
     fflush(stdout);
     char msg[4096];
     int k = snprintf(msg, sizeof msg, "%s:%d: %s failed: %s\n", file, line, call, why ? why : "(no reason given)");
     if (hint && hint[0] && k >= 0 && (size_t)k < sizeof msg) snprintf(msg + k, sizeof msg - k, "  hint: %s\n", hint);
     say(msg);
-    exit(1);
+    leave(1);
 }
 
 static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
@@ -44,7 +62,7 @@ static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
     }
     va_end(copy);
     free(body), free(msg);
-    exit(code);
+    leave(code);
 }
 
 void (*die_user_hook)(void);

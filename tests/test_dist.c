@@ -373,6 +373,47 @@ START_TEST(host_ring_allreduce_is_exact) {
 }
 END_TEST
 
+/* Rank 1 asks for an NCCL communicator while rank 0 builds a host ring (--device or --comm given
+ * differently on two nodes): each used to wait for the other's half of a different handshake.
+ * comm_create compares the kinds first and refuses, naming both (the dying thread ends the child). */
+static void *kind_rank_main(void *p) {
+    RankArg *a = p;
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, a->rank, 0);
+    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
+    comm_create(a->rank == 0 ? COMM_HOST : COMM_NCCL, s, &dev, 20);
+    return NULL;
+}
+
+static void two_kinds(void *arg) {
+    (void)arg;
+    pthread_t t[2];
+    RankArg a[2];
+    int port = test_free_port();
+    for (int r = 0; r < 2; r++) {
+        a[r] = (RankArg){.rank = r, .world = 2, .port = port};
+        pthread_create(&t[r], NULL, kind_rank_main, &a[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+}
+
+START_TEST(ranks_on_different_communicators_are_refused) {
+#ifdef USE_NCCL
+    char *out;
+    double t0 = time_now();
+    int rc = test_run_captured(two_kinds, NULL, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "communicates over") && strstr(out, "NCCL (a GPU worker)") &&
+                      strstr(out, "the host ring (a CPU worker, or --comm host)") &&
+                      strstr(out, "start every rank with the same --device and --comm"),
+                  "exit %d:\n%s", rc, out);
+    ck_assert_msg(time_now() - t0 < 15 * test_time_scale(), "took %.1f s", time_now() - t0);
+    free(out);
+#else
+    printf("SKIP: dist: an NCCL rank beside a host-ring rank — this build has no NCCL\n");
+#endif
+}
+END_TEST
+
 /* ---- the launcher ---------------------------------------------------------------------------- */
 
 #define TINY "--device cpu --model tiny --train-size 256 --test-size 64 --batch-size 16 --progress off"
@@ -980,6 +1021,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
+    tcase_add_test(tc, ranks_on_different_communicators_are_refused);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
     tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
