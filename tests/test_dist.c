@@ -719,6 +719,20 @@ START_TEST(resume_on_one_node_only_is_refused) {
 }
 END_TEST
 
+/* The same on real nodes (GPU only): node 0's worker on the GPU over NCCL, node 1's on the CPU over
+ * the host ring. Both stop at once, naming the two kinds. */
+START_TEST(gpu_and_cpu_nodes_are_refused) {
+    if (!test_have_gpu("dist: a GPU node beside a CPU node")) return;
+    char *out;
+    double t0 = time_now();
+    run_two_nodes("stage3", "--steps 2 --nproc-per-node 1 --device cuda", "stage3", "--steps 2 --nproc-per-node 1", &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "start every rank with the same --device and --comm"),
+                  "%s", out);
+    ck_assert_msg(time_now() - t0 < 60 * test_time_scale(), "took %.1f s:\n%s", time_now() - t0, out);
+    free(out);
+}
+END_TEST
+
 /* Node 1 started with another --nproc-per-node than node 0: the ranks disagree on the world size.
  * Node 1's ranks see it at once; node 0's rank 0 must not wait --rdzv-timeout for a rank 1 that never
  * comes, but stop with the real cause, which node 1 left in the store. */
@@ -1029,6 +1043,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
+    tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
     tcase_add_test(tc, launcher_names_one_first_failure);
     tcase_add_test(tc, barrier_waits_for_every_rank);
