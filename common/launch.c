@@ -51,8 +51,9 @@ static const char *slurm_env(const char *step, const char *job) {
 static int slurm_step_tasks(void) {
     if (!getenv("SLURM_PROCID") || !getenv("SLURM_LOCALID") || !(getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")))
         return 0;
-    const char *n = slurm_env("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
-    return n && atoi(n) > 1 ? atoi(n) : 0;
+    const char *step = getenv("SLURM_STEP_NUM_TASKS");
+    int n = env_int(step && step[0] ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS", 0);
+    return n > 1 ? n : 0;
 }
 
 /* This node's task count: the tasks-per-node list ("4(x2),3": two nodes of 4, then one of 3)
