@@ -97,23 +97,33 @@ void comm_wait_done(Comm *c, int64_t upto) {
 
 /* Every rank must build the same kind of communicator: an NCCL rank and a host-ring rank would each
  * wait for the other's half of a different handshake, and nothing compares the ranks' flags before
- * there is a communicator to compare them over (ddp.c). So each rank leaves its kind in the store
- * and reads everyone's first. A difference comes from --device (auto: NCCL for GPU workers, the
- * host ring for CPU ones) or --comm given differently on different nodes or under torchrun. */
+ * there is a communicator to compare them over (ddp.c). So each rank leaves its kind in the store,
+ * rank 0 reads them all and leaves its verdict, and every rank reads that (2 requests a rank, not
+ * one per pair). A difference comes from --device (auto: NCCL for GPU workers, the host ring for
+ * CPU ones) or --comm given differently on different nodes or under torchrun. */
 static void agree_on_kind(Comm *c, int seq) {
     static const char *const what[] = {[COMM_NCCL] = "NCCL (a GPU worker)",
                                        [COMM_HOST] = "the host ring (a CPU worker, or --comm host)"};
-    char key[64], mine = (char)c->kind, theirs;
+    char key[64], mine = (char)c->kind, verdict[512] = "";
     snprintf(key, sizeof key, "comm%d/kind/%d", seq, c->rank);
     store_set(c->store, key, &mine, 1);
-    for (int r = 0; r < c->world; r++) {
-        snprintf(key, sizeof key, "comm%d/kind/%d", seq, r);
-        store_get(c->store, key, &theirs, 1);
-        if (theirs != mine)
-            die_user("rank %d communicates over %s, but rank %d over %s — start every rank with the same "
-                     "--device and --comm", c->rank, what[(int)mine], r,
-                     theirs == COMM_NCCL || theirs == COMM_HOST ? what[(int)theirs] : "a kind this build lacks");
+    snprintf(key, sizeof key, "comm%d/kind/verdict", seq);
+    if (c->rank == 0) {
+        for (int r = 1; r < c->world && !verdict[0]; r++) {
+            char theirs = 0, rkey[64];
+            snprintf(rkey, sizeof rkey, "comm%d/kind/%d", seq, r);
+            store_get(c->store, rkey, &theirs, 1);
+            if (theirs != mine)
+                snprintf(verdict, sizeof verdict, "rank 0 communicates over %s, but rank %d over %s — start every "
+                         "rank with the same --device and --comm", what[(int)mine], r,
+                         theirs == COMM_NCCL || theirs == COMM_HOST ? what[(int)theirs] : "a kind this build lacks");
+        }
+        store_set(c->store, key, verdict, strlen(verdict));
+    } else {
+        size_t n = store_get(c->store, key, verdict, sizeof verdict - 1);
+        verdict[n < sizeof verdict ? n : sizeof verdict - 1] = 0;
     }
+    if (verdict[0]) die_user("%s", verdict);
 }
 
 Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s) {

@@ -33,8 +33,13 @@ static _Noreturn void leave(int code) {
     if (again) _exit(code);
     if (!first)
         for (;;) pause();
+    void (*last)(void) = die_last_words;
+    die_last_words = NULL;
+    if (last) last();
     exit(code);
 }
+
+void (*die_last_words)(void);
 
 void die_at(const char *file, int line, const char *call, const char *why, const char *hint) {
     fflush(stdout);

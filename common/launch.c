@@ -36,14 +36,9 @@ static int env_int(const char *name, int dflt) {
 
 /* ---- the worker side ------------------------------------------------------------------------- */
 
-/* srun's variables, the step's own first: srun --export=… or -E (--preserve-env) keeps the
- * allocation's SLURM_NTASKS and SLURM_TASKS_PER_NODE, while SLURM_STEP_* are always this step's. */
-static const char *slurm_env(const char *step, const char *job) {
-    const char *v = getenv(step);
-    return v && v[0] ? v : getenv(job);
-}
-
-/* A task of an srun step — not the batch script of an sbatch job, nor an salloc shell: those carry
+/* srun's variables are read the step's own first: srun --export=… or -E (--preserve-env) keeps the
+ * allocation's SLURM_NTASKS and SLURM_TASKS_PER_NODE, while SLURM_STEP_* are always this step's.
+ * A task of an srun step — not the batch script of an sbatch job, nor an salloc shell: those carry
  * SLURM_PROCID=0, SLURM_LOCALID=0 and the allocation's SLURM_NTASKS too, but no step id (srun sets
  * SLURM_STEP_ID, and SLURM_STEPID for older scripts). A step of one task (srun -n 1, or the shell of
  * srun --pty bash) is not a job to join either: our own launcher decides, as torchrun run inside
@@ -58,21 +53,32 @@ static int slurm_step_tasks(void) {
 
 /* This node's task count: the tasks-per-node list ("4(x2),3": two nodes of 4, then one of 3)
  * expanded and read at SLURM_NODEID; SLURM_NTASKS_PER_NODE (a job's --ntasks-per-node) when
- * there is no list. The whole world when neither says. */
+ * there is no list. The whole world when neither says. A list we cannot read is an error naming it,
+ * as for every other launcher variable. */
 static int slurm_local_world(int world, int node) {
-    const char *t = slurm_env("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
-    for (int i = 0; t && *t;) {
-        char *end;
-        long count = strtol(t, &end, 10), times = 1;
-        if (end == t || count < 1) break;
-        if (!strncmp(end, "(x", 2)) {
-            times = strtol(end + 2, &end, 10);
-            if (times < 1 || *end != ')') break;
-            end++;
+    const char *name = getenv("SLURM_STEP_TASKS_PER_NODE") && getenv("SLURM_STEP_TASKS_PER_NODE")[0]
+                           ? "SLURM_STEP_TASKS_PER_NODE"
+                           : "SLURM_TASKS_PER_NODE";
+    const char *list = getenv(name), *t = list;
+    if (list && list[0]) {
+        for (long first = 0;;) {
+            char *end;
+            errno = 0;
+            long count = strtol(t, &end, 10), times = 1;
+            int ok = end != t && count >= 1 && count <= INT_MAX && !errno;
+            if (ok && !strncmp(end, "(x", 2)) {
+                times = strtol(end + 2, &end, 10);
+                ok = times >= 1 && times <= INT_MAX && !errno && *end++ == ')';
+            }
+            if (!ok || (*end && *end != ','))
+                die_user("environment variable %s='%s' is not a tasks-per-node list like 4(x2),3", name, list);
+            if (node < first + times) return (int)count;
+            first += times;
+            if (!*end)
+                die_user("environment variable %s='%s' lists %ld nodes, but this is node %d (SLURM_NODEID)", name,
+                         list, first, node);
+            t = end + 1;
         }
-        if (node < i + times) return (int)count;
-        i += (int)times;
-        t = *end == ',' ? end + 1 : end;
     }
     int n = env_int("SLURM_NTASKS_PER_NODE", 0);
     return n > 0 ? n : world;

@@ -468,25 +468,57 @@ static void resume_check(Run *r) {
 
 /* In a job of processes every rank reads --resume's file (as every PyTorch rank calls torch.load),
  * so a file they all refuse would print the same error once per rank. Rank 0 checks first; the
- * others wait for it here, in a one-value sum, and check after it: when rank 0 refuses the file it
- * exits, the launcher stops the others where they wait, and the error is printed once. A problem
- * of one rank's own (the file missing on its node) is still its own error. Every rank calls this at
- * the same two points, resumed or not, so the sums pair up; the first says whether every rank was
- * given a --resume. */
-static void resume_gate(Run *r, int rank0_done) {
-    if (!r->sum_across || r->world_size <= 1 || (r->rank == 0) != rank0_done) return;
-    double resuming = r->cfg->resume[0] != 0;
-    r->sum_across(r->sum_ctx, &resuming, 1);
-    if (resuming != 0 && resuming != r->world_size)
+ * others wait for its verdict in a two-value sum, and check after it. When rank 0 refuses the file,
+ * its error is printed and its last words (die_last_words) put a large negative number into that
+ * sum: the others stop at once with one line pointing at it — not at a timeout, also under srun or
+ * mpirun, where no launcher of ours stops them. Every rank sums once at each of two points
+ * (run_begin's file checks, run_sampler's checks against the sampler flags), resumed or not, so the
+ * sums pair up. They also count the ranks given a --resume and, at the second, add the steps the
+ * ranks resumed at (a stale file of the same name on one node would put that rank at another). */
+#define GATE_REFUSED (-1e9)
+static Run *gate_run;         /* rank 0, inside its checks: whom the last words speak for */
+static pthread_t gate_thread; /* …and the thread they run on (the one that uses the communicator) */
+
+static void gate_refused(void) {
+    if (!gate_run || !pthread_equal(gate_thread, pthread_self())) return;
+    Run *r = gate_run;
+    gate_run = NULL;
+    double v[2] = {GATE_REFUSED, 0};
+    r->sum_across(r->sum_ctx, v, 2);
+}
+
+/* The sum and what every rank reads from it. */
+static void gate_sum(Run *r, int second) {
+    double v[2] = {r->cfg->resume[0] != 0, (double)r->step};
+    r->sum_across(r->sum_ctx, v, 2);
+    if (v[0] < 0)
+        die_user("rank %d: rank 0 refused the --resume checkpoint — see its error", r->rank);
+    if (v[0] != 0 && v[0] != r->world_size)
         die_user("rank %d: --resume is given to %.0f of the %d ranks — give every rank the same --resume, or "
-                 "none", r->rank, resuming, r->world_size);
+                 "none", r->rank, v[0], r->world_size);
+    if (second && v[1] != (double)r->step * r->world_size)
+        die_user("rank %d: the ranks resumed at different steps (this one at step %lld) — give every rank the "
+                 "same checkpoint", r->rank, (long long)r->step);
+}
+
+/* Around the checks of a --resume: rank 0 checks, then sums; the others sum, then check. */
+static int gated(const Run *r) { return r->sum_across && r->world_size > 1; }
+static void gate_before_checks(Run *r, int second) {
+    if (!gated(r)) return;
+    if (r->rank == 0) gate_run = r, gate_thread = pthread_self(), die_last_words = gate_refused;
+    else gate_sum(r, second);
+}
+static void gate_after_checks(Run *r, int second) {
+    if (!gated(r) || r->rank != 0) return;
+    gate_run = NULL, die_last_words = NULL;
+    gate_sum(r, second);
 }
 
 void run_sampler(Run *r, int shuffle, int drop_last) {
     r->shuffle = shuffle, r->drop_last = drop_last;
-    resume_gate(r, 0);
+    gate_before_checks(r, 1);
     if (r->resume_unchecked) resume_check(r);
-    resume_gate(r, 1);
+    gate_after_checks(r, 1);
 }
 
 static void resume(Run *r) {
@@ -629,9 +661,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         json_int(&r->report, "effective_batch", k * cfg->batch_size * world_size);
     }
     json_end(&r->report);
-    resume_gate(r, 0);
+    gate_before_checks(r, 0);
     if (cfg->resume[0]) resume(r);
-    resume_gate(r, 1);
+    gate_after_checks(r, 0);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
         /* The names this run writes: the ends of the epochs it completes — up to --epochs, or to where
          * --steps S stops — and stepS where S stops inside an epoch. Resumed into its own run's

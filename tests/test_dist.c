@@ -733,6 +733,51 @@ START_TEST(gpu_and_cpu_nodes_are_refused) {
 }
 END_TEST
 
+/* Two workers as srun starts them (no launcher of ours to stop the rest): rank 0 with ARGS0, rank 1
+ * with ARGS1. OUT ends with "exit codes R0 R1". */
+static void run_srun_pair(const char *args0, const char *args1, char **out) {
+    int port = test_free_port();
+    char cmd[4096];
+    const char *env = "SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2";
+    snprintf(cmd, sizeof cmd,
+             "(%s SLURM_PROCID=0 SLURM_LOCALID=0 MASTER_PORT=%d " LIMIT "%s/stage3 " TINY " %s & %s SLURM_PROCID=1 "
+             "SLURM_LOCALID=1 MASTER_PORT=%d " LIMIT "%s/stage3 " TINY " %s; r1=$?; wait $!; r0=$?; "
+             "echo \"exit codes $r0 $r1\")",
+             env, port, test_root(), args0, env, port, test_root(), args1);
+    ck_assert_int_eq(test_run(cmd, out), 0);
+}
+
+/* Under srun a refused --resume stops rank 1 through the gate's sum (rank 0's last words), with one
+ * line pointing at rank 0's error — over NCCL it used to wait --comm-timeout for a rank that had
+ * left. Two ranks given checkpoints of different steps (a stale file on one node) are refused. */
+START_TEST(srun_ranks_agree_on_the_resume) {
+    char *dir = test_tmpdir(), a0[1024], a1[1024], *out;
+    snprintf(a0, sizeof a0, TINY " --epochs 2 --nproc-per-node 2 --master-port %d --save %s/s", test_free_port(), dir);
+    ck_assert_int_eq(stage3(NULL, a0, &out), 0);
+    free(out);
+    snprintf(a0, sizeof a0, "%s/bad", dir);
+    FILE *f = fopen(a0, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("not a checkpoint\n", f);
+    fclose(f);
+    snprintf(a0, sizeof a0, "--epochs 3 --comm-timeout 60 --resume %s/bad", dir);
+    double t0 = time_now();
+    run_srun_pair(a0, a0, &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "rank 1: rank 0 refused the --resume checkpoint") &&
+                      strstr(out, "is not a checkpoint of this trainer") &&
+                      strstr(strstr(out, "is not a checkpoint of this trainer") + 1, "is not a checkpoint") == NULL,
+                  "%s", out);
+    ck_assert_msg(time_now() - t0 < 30 * test_time_scale(), "took %.1f s:\n%s", time_now() - t0, out);
+    free(out);
+    snprintf(a0, sizeof a0, "--epochs 3 --comm-timeout 60 --resume %s/s/epoch001.ckpt", dir);
+    snprintf(a1, sizeof a1, "--epochs 3 --comm-timeout 60 --resume %s/s/epoch002.ckpt", dir);
+    run_srun_pair(a0, a1, &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks resumed at different steps"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 /* Node 1 started with another --nproc-per-node than node 0: the ranks disagree on the world size.
  * Node 1's ranks see it at once; node 0's rank 0 must not wait --rdzv-timeout for a rank 1 that never
  * comes, but stop with the real cause, which node 1 left in the store. */
@@ -883,6 +928,10 @@ START_TEST(worker_variables_out_of_range_are_refused) {
     static const struct { const char *env, *args, *says; } cases[] = {
         {"RANK=2 WORLD_SIZE=2", "", "rank 2 of a world of 2"},
         {"SLURM_STEP_ID=0 SLURM_PROCID=3 SLURM_LOCALID=0 SLURM_NTASKS=3", "", "rank 3 of a world of 3"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2x", "",
+         "SLURM_TASKS_PER_NODE='2x' is not a tasks-per-node list"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=11 SLURM_NODEID=3 SLURM_TASKS_PER_NODE='4(x2),3'", "",
+         "lists 3 nodes, but this is node 3"},
         {"RANK=0 WORLD_SIZE=3 LOCAL_WORLD_SIZE=1", "--nnodes 2 --nproc-per-node 1", "the job has 3 workers"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1044,6 +1093,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
+    tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
     tcase_add_test(tc, launcher_names_one_first_failure);
     tcase_add_test(tc, barrier_waits_for_every_rank);

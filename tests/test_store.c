@@ -438,6 +438,7 @@ static void *ring_rank(void *p) {
     if (me->rank == 0) { /* rank 0 has agreed on the communicator's kind (comm.c), then is slow to build its ring */
         char kind = COMM_HOST;
         store_set(s, "comm0/kind/0", &kind, 1);
+        store_set(s, "comm0/kind/verdict", "", 0); /* no difference */
     }
     while (me->rank == 0 && !atomic_load(&me->job->go)) usleep(1000);
     Comm *c = comm_create(COMM_HOST, s, &dev, me->job->timeout);
