@@ -36,18 +36,23 @@ static int env_int(const char *name, int dflt) {
 
 /* ---- the worker side ------------------------------------------------------------------------- */
 
-/* srun's variables are read the step's own first: srun --export=… or -E (--preserve-env) keeps the
- * allocation's SLURM_NTASKS and SLURM_TASKS_PER_NODE, while SLURM_STEP_* are always this step's.
- * A task of an srun step — not the batch script of an sbatch job, nor an salloc shell: those carry
- * SLURM_PROCID=0, SLURM_LOCALID=0 and the allocation's SLURM_NTASKS too, but no step id (srun sets
- * SLURM_STEP_ID, and SLURM_STEPID for older scripts). A step of one task (srun -n 1, or the shell of
- * srun --pty bash) is not a job to join either: our own launcher decides, as torchrun run inside
- * one would. */
+/* Started by srun (not the batch script of an sbatch job, nor an salloc shell: those carry
+ * SLURM_PROCID=0, SLURM_LOCALID=0 and the allocation's SLURM_NTASKS too, but no step id; srun sets
+ * SLURM_STEP_ID, and SLURM_STEPID for older scripts). */
+static int slurm_in_step(void) { return getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID"); }
+
+/* The variable to read, the step's own first: srun --export=… or -E (--preserve-env) keeps the
+ * allocation's SLURM_NTASKS and SLURM_TASKS_PER_NODE, while SLURM_STEP_* are always this step's. */
+static const char *slurm_name(const char *step, const char *job) {
+    const char *v = getenv(step);
+    return v && v[0] ? step : job;
+}
+
+/* The tasks of this srun step, when it is a job to join; 0 otherwise. A step of one task (srun -n 1,
+ * or the shell of srun --pty bash) is not: our own launcher decides, as torchrun run inside one would. */
 static int slurm_step_tasks(void) {
-    if (!getenv("SLURM_PROCID") || !getenv("SLURM_LOCALID") || !(getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")))
-        return 0;
-    const char *step = getenv("SLURM_STEP_NUM_TASKS");
-    int n = env_int(step && step[0] ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS", 0);
+    if (!getenv("SLURM_PROCID") || !getenv("SLURM_LOCALID") || !slurm_in_step()) return 0;
+    int n = env_int(slurm_name("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), 0);
     return n > 1 ? n : 0;
 }
 
@@ -56,9 +61,7 @@ static int slurm_step_tasks(void) {
  * there is no list. The whole world when neither says. A list we cannot read is an error naming it,
  * as for every other launcher variable. */
 static int slurm_local_world(int world, int node) {
-    const char *name = getenv("SLURM_STEP_TASKS_PER_NODE") && getenv("SLURM_STEP_TASKS_PER_NODE")[0]
-                           ? "SLURM_STEP_TASKS_PER_NODE"
-                           : "SLURM_TASKS_PER_NODE";
+    const char *name = slurm_name("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
     const char *list = getenv(name), *t = list;
     if (list && list[0]) {
         for (long first = 0;;) {
@@ -104,9 +107,8 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
          * we speak our own protocol, so ours goes next door. */
         const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
         if (agent && !strcmp(agent, "True")) w->master_port++;
-    } else if (slurm_step_tasks()) {
+    } else if ((w->world_size = slurm_step_tasks()) > 0) {
         w->rank = env_int("SLURM_PROCID", 0);
-        w->world_size = slurm_step_tasks();
         w->local_rank = env_int("SLURM_LOCALID", 0);
         w->node_rank = env_int("SLURM_NODEID", 0);
         w->local_world_size = slurm_local_world(w->world_size, w->node_rank);
@@ -120,7 +122,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->launcher = "mpirun";
     } else {
         int tasks = env_int("SLURM_NTASKS", 0);
-        if (getenv("SLURM_PROCID") && tasks > 1 && !(getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")))
+        if (getenv("SLURM_PROCID") && tasks > 1 && !slurm_in_step())
             printf("%s: note: a Slurm job of %d tasks, but this is its batch script, not an srun task: the job "
                    "runs on this node only — start it with srun (srun ./%s …) to use every task\n", prog, tasks, prog);
         return 0;
