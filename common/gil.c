@@ -55,6 +55,13 @@ uint64_t gil_holder(Gil *g) {
     return h;
 }
 
+int gil_waiting(Gil *g) {
+    CHECK_PT(pthread_mutex_lock(&g->mutex));
+    int w = g->waiting;
+    CHECK_PT(pthread_mutex_unlock(&g->mutex));
+    return w;
+}
+
 static struct timespec deadline_after(double s) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -73,7 +80,9 @@ void gil_acquire(Gil *g, GilThread *t) {
         blocked = 1;
         uint64_t saved_switchnum = g->switch_number;
         struct timespec dl = deadline_after(g->interval_s);
+        g->waiting++;
         int rc = pthread_cond_timedwait(&g->cond, &g->mutex, &dl);
+        g->waiting--;
         if (rc != 0 && rc != ETIMEDOUT) die_at(__FILE__, __LINE__, "pthread_cond_timedwait", strerror(rc), NULL);
         /* Timed out and nobody else got the lock meanwhile: ask the holder to drop it. */
         if (rc == ETIMEDOUT && g->locked && g->switch_number == saved_switchnum) {

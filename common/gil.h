@@ -46,6 +46,7 @@ typedef struct Gil {
     pthread_cond_t switch_cond;  /* signalled when a thread takes the lock (forced switching) */
     double interval_s;           /* the switch interval */
     int locked;
+    int waiting;                 /* threads in take_gil's timed wait now (gil_waiting, for tests) */
     uint64_t last_holder;        /* id of the thread that last took the lock */
     uint64_t switch_number;      /* how many times the lock changed hands */
     atomic_int drop_request;     /* CPython's gil_drop_request (eval_breaker bit) */
@@ -75,5 +76,7 @@ void gil_hold_for(Gil *g, GilThread *t, double us);
 
 /* The id of the thread holding the lock now, 0 if free (for tests). */
 uint64_t gil_holder(Gil *g);
+/* How many threads are blocked in gil_acquire's timed wait now (for tests). */
+int gil_waiting(Gil *g);
 
 #endif

@@ -166,6 +166,76 @@ START_TEST(gil_forced_switch_dropper_does_not_reacquire_first) {
 }
 END_TEST
 
+/* The other half of the drop-request rule: a waiter whose timed wait expires after the lock
+ * changed hands does not ask the new holder to drop — it waits one more interval, so a thread that
+ * just got the lock keeps it for a whole interval. Two waiters (b, c), one voluntary release by a:
+ * the release wakes one of them (the winner), which takes the lock and holds it; the other (the
+ * loser) saw that switch during its first wait, so only its second timeout may ask for the lock. */
+typedef struct Racer {
+    Gil *g;
+    GilThread t;
+    atomic_int *order; /* how many racers have had the lock so far */
+    int place;         /* 0: had it first (the winner) */
+    double hold_us;    /* how long the winner holds it */
+} Racer;
+
+static void *race(void *arg) {
+    Racer *r = arg;
+    gil_acquire(r->g, &r->t);
+    r->place = atomic_fetch_add(r->order, 1);
+    if (r->place == 0) gil_hold_for(r->g, &r->t, r->hold_us);
+    gil_release(r->g, &r->t);
+    return NULL;
+}
+
+START_TEST(gil_no_drop_request_after_a_switch_during_the_wait) {
+    const double interval_ms = 100;
+    Gil g;
+    gil_init(&g, interval_ms);
+    GilThread a;
+    gil_thread_init(&a, "a");
+    gil_thread_start(&g, &a);
+    gil_acquire(&g, &a);
+    atomic_int order = 0;
+    Racer r[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        r[i] = (Racer){.g = &g, .order = &order, .hold_us = 6 * interval_ms * 1e3};
+        gil_thread_init(&r[i].t, i ? "c" : "b");
+        gil_thread_start(&g, &r[i].t);
+        ck_assert_int_eq(pthread_create(&th[i], NULL, race, &r[i]), 0);
+    }
+    double t0 = time_now(); /* both in their first timed wait before the lock changes hands */
+    while (gil_waiting(&g) < 2) {
+        ck_assert_msg(time_now() - t0 < 5 * test_time_scale(), "the two waiters never blocked on the lock");
+        sched_yield();
+    }
+    gil_release(&g, &a);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    Racer *loser = r[0].place == 1 ? &r[0] : &r[1], *winner = loser == r ? &r[1] : &r[0];
+    ck_assert_int_eq(winner->place + loser->place, 1);
+    if (a.forced_drops) { /* a waiter's first wait ran out before both were waiting: another test */
+        printf("note: gil: a waiter timed out before the switch this run (machine busy), rule not exercised\n");
+        gil_destroy(&g);
+        return;
+    }
+    /* The loser's first timeout came after the switch: no request. Its second asked the winner to
+     * drop (once), and it got the lock then — two intervals after it began to wait, not one (the
+     * rule broken), nor at the end of the winner's six (never asking). */
+    double waited_ms = 1e3 * loser->t.waited_s;
+    ck_assert_msg(waited_ms >= 1.5 * interval_ms && waited_ms < 4 * interval_ms * test_time_scale(),
+                  "the waiter that saw the lock change hands waited %.1f ms for it (two %.0f ms intervals expected)",
+                  waited_ms, interval_ms);
+    ck_assert_int_eq(loser->t.drop_requests, 1);
+    ck_assert_int_eq(winner->t.drop_requests, 0);
+    /* the winner dropped the lock for it once and took it back; whether it had to wait for the
+     * switch is the race test above describes */
+    ck_assert_int_eq(winner->t.acquires, 2);
+    ck_assert_int_le(winner->t.forced_drops, 1);
+    gil_destroy(&g);
+}
+END_TEST
+
 /* Voluntary release just signals: with no drop request pending, the releaser does not wait. */
 START_TEST(gil_voluntary_release_does_not_wait) {
     Gil g;
@@ -248,6 +318,7 @@ Suite *suite_gil(void) {
     tcase_add_test(tc, gil_mutual_exclusion_under_contention);
     tcase_add_test(tc, gil_waiter_gets_lock_within_one_switch_interval);
     tcase_add_test(tc, gil_forced_switch_dropper_does_not_reacquire_first);
+    tcase_add_test(tc, gil_no_drop_request_after_a_switch_during_the_wait);
     tcase_add_test(tc, gil_voluntary_release_does_not_wait);
     tcase_add_test(tc, gil_statistics_add_up);
     suite_add_tcase(s, tc);
