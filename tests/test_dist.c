@@ -19,6 +19,7 @@
 
 #include "clock.h"
 #include "comm.h"
+#include "comm_internal.h" /* OPS: how many operations the ring of slots holds */
 #include "device.h"
 #include "launch.h"
 #include "rng.h"
@@ -370,6 +371,65 @@ START_TEST(host_ring_allreduce_is_exact) {
             for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
             for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
         }
+}
+END_TEST
+
+/* A communicator remembers its last OPS operations in a ring of slots. When a peer stalls, a rank
+ * can issue OPS operations ahead of it; the next one must wait for the oldest to finish, not reuse
+ * its slot while it is still in flight. Rank 1 starts 0.5 s late; rank 0 issues OPS + 8 small
+ * all-reduces at once. Its first OPS issues return at once, the next blocks until rank 1 arrives,
+ * and every sum comes out exact. */
+enum { SLOT_EXTRA = 8, SLOT_FLOATS = 4 };
+static const double SLOT_LATE_S = 0.5;
+
+static void *slot_rank_main(void *p) {
+    RankArg *a = p;
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, a->rank, 0);
+    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
+    Comm *c = comm_create(COMM_HOST, s, &dev, 20);
+    const int n_ops = OPS + SLOT_EXTRA;
+    float *x = malloc((size_t)n_ops * SLOT_FLOATS * sizeof(float));
+    for (int64_t i = 0; i < (int64_t)n_ops * SLOT_FLOATS; i++) x[i] = exact_input(a->rank, i);
+    if (a->rank == 1) usleep((useconds_t)(SLOT_LATE_S * 1e6));
+    double t0 = time_now(), t_full = 0, t_next = 0;
+    for (int k = 0; k < n_ops; k++) {
+        comm_allreduce_async(c, x + (int64_t)k * SLOT_FLOATS, SLOT_FLOATS);
+        if (k == OPS - 1) t_full = time_now() - t0;
+        if (k == OPS) t_next = time_now() - t0;
+    }
+    comm_wait(c);
+    if (a->rank == 0 && (t_full > 0.5 * SLOT_LATE_S || t_next < 0.5 * SLOT_LATE_S)) {
+        snprintf(a->msg, sizeof a->msg, "rank 0 issued %d operations in %.3f s and the next at %.3f s: the next "
+                 "should wait for the late rank (%.1f s), the first ones not", OPS, t_full, t_next, SLOT_LATE_S);
+        return NULL;
+    }
+    for (int64_t i = 0; i < (int64_t)n_ops * SLOT_FLOATS; i++) {
+        float want = exact_input(0, i) + exact_input(1, i);
+        if (x[i] != want) {
+            snprintf(a->msg, sizeof a->msg, "rank %d: operation %lld, element %lld = %g, expected %g", a->rank,
+                     (long long)(i / SLOT_FLOATS), (long long)(i % SLOT_FLOATS), x[i], want);
+            return NULL;
+        }
+    }
+    comm_destroy(c);
+    store_close(s);
+    device_destroy(&dev);
+    free(x);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(host_ring_issue_waits_for_a_free_slot) {
+    int port = test_free_port();
+    pthread_t t[2];
+    RankArg a[2];
+    for (int r = 0; r < 2; r++) {
+        a[r] = (RankArg){.rank = r, .world = 2, .port = port};
+        pthread_create(&t[r], NULL, slot_rank_main, &a[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < 2; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
 }
 END_TEST
 
@@ -1084,6 +1144,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
+    tcase_add_test(tc, host_ring_issue_waits_for_a_free_slot);
     tcase_add_test(tc, ranks_on_different_communicators_are_refused);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
