@@ -40,7 +40,7 @@ typedef struct GilThread {
 } GilThread;
 
 typedef struct Gil {
-    pthread_mutex_t mutex;       /* guards locked, last_holder, switch_number */
+    pthread_mutex_t mutex;       /* guards locked, waiting, last_holder, switch_number */
     pthread_cond_t cond;         /* signalled on every release */
     pthread_mutex_t switch_mutex;
     pthread_cond_t switch_cond;  /* signalled when a thread takes the lock (forced switching) */
