@@ -300,12 +300,31 @@ END_TEST
 /* Inputs whose sums are exact in float (small integers), so every rank must get exactly Σ. */
 static float exact_input(int rank, int64_t i) { return (float)((rank * 7 + i * 3) % 17) - 8.0f; }
 
+/* One rank of a host ring, as a thread: a CPU device, the store, the communicator. */
+typedef struct HostRank {
+    Device dev;
+    Store *s;
+    Comm *c;
+} HostRank;
+
+static void host_rank_open(HostRank *h, const RankArg *a) {
+    *h = (HostRank){0};
+    device_init(&h->dev, DEV_CPU, a->rank, 0);
+    h->s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
+    h->c = comm_create(COMM_HOST, h->s, &h->dev, 20);
+}
+
+static void host_rank_close(HostRank *h) {
+    comm_destroy(h->c);
+    store_close(h->s);
+    device_destroy(&h->dev);
+}
+
 static void *ring_rank_main(void *p) {
     RankArg *a = p;
-    Device dev = {0};
-    device_init(&dev, DEV_CPU, a->rank, 0);
-    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
-    Comm *c = comm_create(COMM_HOST, s, &dev, 20);
+    HostRank hr;
+    host_rank_open(&hr, a);
+    Comm *c = hr.c;
     int64_t n = a->count;
     float *x = malloc((size_t)(n + 1) * sizeof(float)), *y = malloc((size_t)(n + 1) * sizeof(float));
     for (int64_t i = 0; i < n; i++) x[i] = exact_input(a->rank, i);
@@ -348,9 +367,7 @@ static void *ring_rank_main(void *p) {
                      a->rank, (long long)i, x[i]);
             return NULL;
         }
-    comm_destroy(c);
-    store_close(s);
-    device_destroy(&dev);
+    host_rank_close(&hr);
     free(x), free(y);
     a->ok = 1;
     return NULL;
@@ -384,10 +401,9 @@ static const double SLOT_LATE_S = 0.5;
 
 static void *slot_rank_main(void *p) {
     RankArg *a = p;
-    Device dev = {0};
-    device_init(&dev, DEV_CPU, a->rank, 0);
-    Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
-    Comm *c = comm_create(COMM_HOST, s, &dev, 20);
+    HostRank hr;
+    host_rank_open(&hr, a);
+    Comm *c = hr.c;
     const int n_ops = OPS + SLOT_EXTRA;
     float *x = malloc((size_t)n_ops * SLOT_FLOATS * sizeof(float));
     for (int64_t i = 0; i < (int64_t)n_ops * SLOT_FLOATS; i++) x[i] = exact_input(a->rank, i);
@@ -412,9 +428,7 @@ static void *slot_rank_main(void *p) {
             return NULL;
         }
     }
-    comm_destroy(c);
-    store_close(s);
-    device_destroy(&dev);
+    host_rank_close(&hr);
     free(x);
     a->ok = 1;
     return NULL;
