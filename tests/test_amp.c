@@ -130,13 +130,13 @@ static float *absdup(const float *x, int64_t n) {
 
 static double maxabs(const float *x, int64_t n) {
     double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    for (int64_t i = 0; i < n; i++) m = test_max_nan(m, fabs(x[i]));
     return m;
 }
 
 static double maxdiff(const float *a, const float *b, int64_t n) {
     double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    for (int64_t i = 0; i < n; i++) m = test_max_nan(m, fabs((double)a[i] - b[i]));
     return m;
 }
 

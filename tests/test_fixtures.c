@@ -58,8 +58,8 @@ static float *to_f32(const double *x, int64_t n) {
 static double rel_f64(const double *a, const double *b, int64_t n) {
     double num = 0, den = 1e-300;
     for (int64_t i = 0; i < n; i++) {
-        num = fmax(num, fabs(a[i] - b[i]));
-        den = fmax(den, fabs(b[i]));
+        num = test_max_nan(num, fabs(a[i] - b[i]));
+        den = test_max_nan(den, fabs(b[i]));
     }
     return num / den;
 }
@@ -67,8 +67,8 @@ static double rel_f64(const double *a, const double *b, int64_t n) {
 static double rel_f32_f64(const float *a, const double *b, int64_t n) {
     double num = 0, den = 1e-300;
     for (int64_t i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)a[i] - b[i]));
-        den = fmax(den, fabs(b[i]));
+        num = test_max_nan(num, fabs((double)a[i] - b[i]));
+        den = test_max_nan(den, fabs(b[i]));
     }
     return num / den;
 }

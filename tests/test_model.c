@@ -44,7 +44,7 @@ START_TEST(init_follows_pytorch_defaults) {
         if (p->ndim >= 2 || strstr(p->name, "linear.bias")) {
             int64_t fan_in = p->ndim >= 2 ? p->count / p->shape[0] : m->params[i - 1].count / p->count;
             double bound = 1.0 / sqrt((double)fan_in), mx = 0, mean = 0;
-            for (int64_t j = 0; j < p->count; j++) mx = fmax(mx, fabs(v[j])), mean += v[j];
+            for (int64_t j = 0; j < p->count; j++) mx = test_max_nan(mx, fabs(v[j])), mean += v[j];
             ck_assert_msg(mx <= bound && mx > 0.5 * bound, "%s: max |w| %g vs bound %g", p->name, mx, bound);
             ck_assert(fabs(mean / p->count) < 0.2 * bound + bound / sqrt((double)p->count) * 3);
         } else if (strstr(p->name, "weight")) { /* batch-norm γ */
@@ -914,7 +914,7 @@ START_TEST(cuda_channels_last_fp32_matches_nchw) {
     double el = test_rel_err(logits[1], logits[0], n * 10), eg = test_rel_err(grads[1], grads[0], np);
     double gmax = 0, pdiff = 0;
     for (int64_t i = 0; i < np; i++)
-        gmax = fmax(gmax, fabs(grads[0][i])), pdiff = fmax(pdiff, fabs((double)params[1][i] - params[0][i]));
+        gmax = test_max_nan(gmax, fabs(grads[0][i])), pdiff = test_max_nan(pdiff, fabs((double)params[1][i] - params[0][i]));
     printf("tiny fp32 channels-last vs NCHW on CUDA: logits %.2e, loss %.2e, OIHW gradients %.2e, parameters "
            "after SGD %.2e (of max|g| %.2e)\n", el, fabs(loss[1] - loss[0]) / loss[0], eg, pdiff, gmax);
     ck_assert_msg(fabsf(loss[1] - loss[0]) < 1e-5f * loss[0], "loss %g vs %g", loss[1], loss[0]);

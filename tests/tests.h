@@ -4,6 +4,7 @@
 #define TESTS_H
 
 #include <check.h>
+#include <math.h>
 #include <stdint.h>
 
 Suite *suite_rng(void);
@@ -35,6 +36,10 @@ Suite *suite_flops(void);       /* FLOPs per step (model_flops) against PyTorch;
 /* Uniform random floats in [lo, hi) from a fixed seed (test inputs). */
 void test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi);
 void test_fill_uniform_f64(double *x, int64_t n, uint64_t seed, double lo, double hi);
+/* The larger of m and v for a running maximum of errors: a NaN v wins and then stays, so a NaN output
+ * fails the bound it is checked against. fmax would drop it (and, over floats widened to double,
+ * crashes GCC 12 at -O3 on aarch64: an internal compiler error in vect_transform_reduction). */
+static inline double test_max_nan(double m, double v) { return v > m || isnan(v) ? v : m; }
 /* max |a−b| / max(1, max|b|) style relative error: ‖a−b‖∞ / max(‖b‖∞, tiny). */
 double test_rel_err(const float *a, const float *b, int64_t n);
 /* 1 if a CUDA device is visible; prints a visible SKIP line naming `what` otherwise (once per what). */
