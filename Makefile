@@ -8,6 +8,10 @@
 # CFLAGS / LDFLAGS are the user's (`make CFLAGS="-O0 -g -fsanitize=address"` replaces only them);
 # the flags the build needs live in ALL_CFLAGS, which always adds them first.
 CC       ?= gcc
+# The compiler's target (x86_64-linux-gnu, aarch64-linux-gnu, …): its library directory is searched
+# first for the static archives below, so that a cross build (CC=aarch64-linux-gnu-gcc) links its own.
+LIB_TRIPLE := $(shell $(CC) -dumpmachine 2>/dev/null)
+LIB_OWN    = $(if $(LIB_TRIPLE),/usr/lib/$(LIB_TRIPLE)/$(1))
 CFLAGS   ?= -O3 -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -pthread -Icommon \
              $(CUDA_CFLAGS) -MMD -MP $(CFLAGS)
@@ -79,7 +83,7 @@ DEPS      := $(COMMON_O:.o=.d) $(TEST_O:.o=.d) $(STAGE_O:.o=.d)
 # and the first build would link Check's shared libraries (a runner that fails on the GPU box).
 CHECK_PC   = $(shell pkg-config --exists check 2>/dev/null && echo 1)
 CHECK_CFLAGS = $(if $(CHECK_PC),$(shell pkg-config --cflags check))
-CHECK_A    = $(firstword $(wildcard $(if $(CHECK_PC),$(shell pkg-config --variable=libdir check)/libcheck.a) \
+CHECK_A    = $(firstword $(wildcard $(call LIB_OWN,libcheck.a) $(if $(CHECK_PC),$(shell pkg-config --variable=libdir check)/libcheck.a) \
                /usr/lib/x86_64-linux-gnu/libcheck.a /usr/lib/aarch64-linux-gnu/libcheck.a /usr/lib64/libcheck.a \
                /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
 SUBUNIT_A  = $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
@@ -88,7 +92,7 @@ CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --l
 # OpenSSL's libcrypto (HMAC-SHA256 for the rendezvous store's handshake, common/auth.h): linked
 # statically when its archive exists, so the binaries carry it (like Check); else libcrypto.so.3.
 # Recursive like Check's, for the same reason (crypto-dep may install it during the build).
-CRYPTO_A   = $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
+CRYPTO_A   = $(firstword $(wildcard $(call LIB_OWN,libcrypto.a) /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
                /usr/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
 CRYPTO_LIBS = $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)

@@ -447,6 +447,7 @@ START_TEST(host_ring_issue_waits_for_a_free_slot) {
 }
 END_TEST
 
+#ifdef USE_NCCL /* the helpers of the test below, which needs a build with NCCL */
 /* Rank 1 asks for an NCCL communicator while rank 0 builds a host ring (--device or --comm given
  * differently on two nodes): each used to wait for the other's half of a different handshake.
  * comm_create compares the kinds first and refuses, naming both (the dying thread ends the child). */
@@ -470,6 +471,7 @@ static void two_kinds(void *arg) {
     }
     for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
 }
+#endif
 
 START_TEST(ranks_on_different_communicators_are_refused) {
 #ifdef USE_NCCL

@@ -525,7 +525,7 @@ END_TEST
  * buffer) device 0 holds one more model-sized buffer — and Adam's step count, one 512-byte block (as
  * torch's fused Adam keeps `step` on the device) — and device 1 holds exactly as much as before. */
 START_TEST(stage2_adam_state_is_on_device0_only) {
-    char *dir = test_tmpdir(), args[1024], path[2][512], *out;
+    char *dir = test_tmpdir(), args[2048], path[2][512], *out;
     const char *opt[2] = {"--optimizer sgd", "--optimizer adam --lr 1e-3"};
     double p0[2], p1[2];
     for (int v = 0; v < 2; v++) {
