@@ -45,13 +45,12 @@ static void run_case(const Fx *fx, const char *cas, DeviceKind kind, float *out)
     device_destroy(&d);
 }
 
-/* Largest |a − b| in units of b's float32 spacing (ulp), over n values. */
+/* Largest |a − b| in units of b's float32 spacing (ulp), over n values (NaN if any value is NaN). */
 static double max_ulps(const float *a, const float *b, int64_t n) {
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
         double ulp = nextafterf(fabsf(b[i]), INFINITY) - fabsf(b[i]);
-        double e = fabs((double)a[i] - b[i]) / ulp;
-        if (e > worst) worst = e;
+        worst = test_max_nan(worst, fabs((double)a[i] - b[i]) / ulp);
     }
     return worst;
 }
