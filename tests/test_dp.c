@@ -521,6 +521,27 @@ START_TEST(stage2_cpu_variants_run) {
 }
 END_TEST
 
+/* The forward's GIL wait is the mean over the replica threads, not their sum. On the CPU each
+ * thread's wait lies inside the forward phase (both on the wall clock), so the mean can never
+ * exceed the phase, step by step and so in the median. With four threads whose forward is mostly
+ * modelled Python (1 ms an op, persistent threads: no planning), each waits for the other three's
+ * Python: measured 0.60-0.66 of the phase on 2 cores, idle or loaded, so their sum is ~2.5 phases. */
+START_TEST(stage2_cpu_gil_wait_is_per_thread) {
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --gpus 4 --model tiny --train-size 512 --test-size 64 --batch-size 4 "
+             "--steps 16 --progress off --gil-op-us 1000 --gil-switch-ms 0.5 --dp-thread-pool --report %s", path);
+    ck_assert_msg(run_stage2(args, &out) == 0, "%s", out);
+    char *rep = test_slurp(path, NULL);
+    double fwd = json_field(rep, "phases", "forward_ms"), wait = json_field(rep, "phases", "forward_gil_wait_ms");
+    ck_assert_msg(wait <= fwd * 1.001 + 0.01, "GIL wait %.3f ms per thread > forward %.3f ms: summed over threads?\n%s",
+                  wait, fwd, out);
+    ck_assert_msg(wait >= 0.3 * fwd, "GIL wait %.3f ms per thread < 0.3 x forward %.3f ms: four threads of Python "
+                  "barely waited?\n%s", wait, fwd, out);
+    free(rep), free(out), free(dir);
+}
+END_TEST
+
 /* --optimizer adam: its two state buffers live on device 0 only. Against SGD (one momentum
  * buffer) device 0 holds one more model-sized buffer — and Adam's step count, one 512-byte block (as
  * torch's fused Adam keeps `step` on the device) — and device 1 holds exactly as much as before. */
@@ -623,6 +644,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_learns_and_phases_add_up);
     tcase_add_test(e2e, stage2_cpu_short_last_batch_matches_stage1);
     tcase_add_test(e2e, stage2_cpu_variants_run);
+    tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
