@@ -250,7 +250,7 @@ _Noreturn static void save_fail_at(int line, const char *tmp, int fd, const char
 /* fsync the directory holding path, so the rename itself is durable. */
 static void fsync_dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    char *dir = slash ? xstrndup(path, slash == path ? 1 : (size_t)(slash - path)) : xstrdup(".");
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         /* some filesystems cannot fsync a directory (EINVAL); the data itself is already synced */
@@ -487,7 +487,7 @@ _Noreturn static void mkdir_failed(const char *dir, const char *at) {
 
 /* mkdir -p: create every missing component of dir. */
 static void mkdir_p(const char *dir) {
-    char *p = strdup(dir);
+    char *p = xstrdup(dir);
     for (char *s = p + 1; *s; s++) {
         if (*s != '/') continue;
         *s = 0;

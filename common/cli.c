@@ -543,10 +543,10 @@ Option *config_options(TrainConfig *c, const Option *extra) {
 /* The directory part of a path ("a/b/c" → "a/b", "c" → ".", "/c" → "/"), malloc'd. */
 static char *path_dir(const char *path) {
     const char *slash = strrchr(path, '/');
-    if (!slash) return strdup(".");
+    if (!slash) return xstrdup(".");
     size_t len = (size_t)(slash - path);
     while (len > 0 && path[len - 1] == '/') len--;
-    if (len == 0) return strdup("/");
+    if (len == 0) return xstrdup("/");
     char *d = xmalloc(len + 1);
     memcpy(d, path, len);
     d[len] = 0;

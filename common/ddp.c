@@ -86,8 +86,7 @@ enum { T_BWD_END, T_AFTER_WAIT, T_PRE_BCAST, T_FWD_BEGIN, T_WAIT_BEGIN, N_MARKS 
 static void series_push(DdpSeries *s, double v) {
     if (s->n == s->cap) {
         s->cap = s->cap ? 2 * s->cap : 256;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof(double));
-        ASSERT(s->v);
+        s->v = xrealloc(s->v, (size_t)s->cap * sizeof(double));
     }
     s->v[s->n++] = v;
 }

@@ -88,17 +88,13 @@ void dp_epoch_end(DataParallel *dp) {
     if (dp->n_samples + steps > dp->cap_samples) {
         dp->cap_samples = 2 * (dp->n_samples + steps);
         for (int p = 0; p < DP_PHASES; p++) {
-            dp->ph_ms[p] = realloc(dp->ph_ms[p], (size_t)dp->cap_samples * sizeof(double));
-            dp->ph_py_ms[p] = realloc(dp->ph_py_ms[p], (size_t)dp->cap_samples * sizeof(double));
-            ASSERT(dp->ph_ms[p] && dp->ph_py_ms[p]);
+            dp->ph_ms[p] = xrealloc(dp->ph_ms[p], (size_t)dp->cap_samples * sizeof(double));
+            dp->ph_py_ms[p] = xrealloc(dp->ph_py_ms[p], (size_t)dp->cap_samples * sizeof(double));
         }
-        dp->step_ms = realloc(dp->step_ms, (size_t)dp->cap_samples * sizeof(double));
-        dp->step_wait_ms = realloc(dp->step_wait_ms, (size_t)dp->cap_samples * sizeof(double));
-        ASSERT(dp->step_ms && dp->step_wait_ms);
-        for (int j = 0; j < 3; j++) {
-            dp->step_plan[j] = realloc(dp->step_plan[j], (size_t)dp->cap_samples * sizeof(double));
-            ASSERT(dp->step_plan[j]);
-        }
+        dp->step_ms = xrealloc(dp->step_ms, (size_t)dp->cap_samples * sizeof(double));
+        dp->step_wait_ms = xrealloc(dp->step_wait_ms, (size_t)dp->cap_samples * sizeof(double));
+        for (int j = 0; j < 3; j++)
+            dp->step_plan[j] = xrealloc(dp->step_plan[j], (size_t)dp->cap_samples * sizeof(double));
     }
     for (int s = 1; s < steps; s++) { /* step 0 of an epoch has no previous step to measure input from */
         if (dp->steps_seen + s < WARMUP_STEPS) continue;

@@ -114,3 +114,15 @@ void *xcalloc_at(const char *file, int line, size_t n, size_t size) {
     if (!p) out_of_host_memory(file, line, "calloc", (double)n * (double)size);
     return p;
 }
+
+void *xrealloc_at(const char *file, int line, void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) out_of_host_memory(file, line, "realloc", (double)bytes);
+    return q;
+}
+
+char *xstrndup_at(const char *file, int line, const char *s, size_t n) {
+    char *p = strndup(s, n);
+    if (!p) out_of_host_memory(file, line, "strndup", (double)strnlen(s, n) + 1);
+    return p;
+}

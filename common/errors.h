@@ -48,11 +48,16 @@ void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn
 #define xmutex_init(mutex) CHECK_PT(pthread_mutex_init((mutex), NULL))
 #define xcond_init(cond) CHECK_PT(pthread_cond_init((cond), NULL))
 
-/* malloc that never returns NULL. */
+/* malloc, calloc, realloc and strndup that never return NULL. */
 #define xmalloc(bytes) xmalloc_at(__FILE__, __LINE__, (bytes))
 #define xcalloc(n, size) xcalloc_at(__FILE__, __LINE__, (n), (size))
+#define xrealloc(p, bytes) xrealloc_at(__FILE__, __LINE__, (p), (bytes))
+#define xstrndup(s, n) xstrndup_at(__FILE__, __LINE__, (s), (n))
+#define xstrdup(s) xstrndup_at(__FILE__, __LINE__, (s), (size_t)-1)
 void *xmalloc_at(const char *file, int line, size_t bytes);
 void *xcalloc_at(const char *file, int line, size_t n, size_t size);
+void *xrealloc_at(const char *file, int line, void *p, size_t bytes);
+char *xstrndup_at(const char *file, int line, const char *s, size_t n);
 const char *errno_string(void);
 
 /* ASSERT for invariants of our own code: a failure is a bug in this project, not bad input. */

@@ -33,8 +33,7 @@ void plan_cache_conv_forward(PlanCache *pc, Device *d, Conv *c, int n, const flo
     } else {
         if (pc->count == pc->cap) {
             pc->cap = pc->cap ? 2 * pc->cap : 32;
-            pc->slot = realloc(pc->slot, (size_t)pc->cap * sizeof *pc->slot);
-            ASSERT(pc->slot);
+            pc->slot = xrealloc(pc->slot, (size_t)pc->cap * sizeof *pc->slot);
         }
         s = &pc->slot[pc->count++];
         *s = (PlanSlot){.conv = c, .n = n, .algo = {.algo = -1}};

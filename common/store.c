@@ -112,12 +112,10 @@ static Entry *kv_put(Server *sv, const char *key, const uint8_t *val, uint32_t l
     if (!e) {
         if (sv->n_kv == sv->cap_kv) {
             sv->cap_kv = sv->cap_kv ? 2 * sv->cap_kv : 64;
-            sv->kv = realloc(sv->kv, (size_t)sv->cap_kv * sizeof *sv->kv);
-            ASSERT(sv->kv);
+            sv->kv = xrealloc(sv->kv, (size_t)sv->cap_kv * sizeof *sv->kv);
         }
         e = &sv->kv[sv->n_kv++];
-        e->key = strdup(key);
-        ASSERT(e->key);
+        e->key = xstrdup(key);
         e->val = NULL;
     }
     free(e->val);
@@ -210,8 +208,7 @@ static void handle(Server *sv, Conn *c, int op, const char *key, const uint8_t *
     case OP_GET:
         if ((e = kv_find(sv, key))) reply(sv, c, 1, e->val, e->len);
         else {
-            c->waiting = strdup(key);
-            ASSERT(c->waiting);
+            c->waiting = xstrdup(key);
         }
         break;
     case OP_ADD: {
@@ -293,8 +290,7 @@ static void conn_input(Server *sv, Conn *c, const uint8_t *data, size_t n) {
                 conn_close(sv, c);
                 return;
             }
-            c->in = realloc(c->in, need);
-            ASSERT(c->in);
+            c->in = xrealloc(c->in, need);
             sv->buffered += need - c->in_cap;
             c->in_cap = need;
         }
@@ -357,8 +353,7 @@ static void conn_accept(Server *sv) {
     net_nodelay(fd);
     if (sv->n_conns == sv->cap_conns) {
         sv->cap_conns = sv->cap_conns ? 2 * sv->cap_conns : 16;
-        sv->conns = realloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
-        ASSERT(sv->conns);
+        sv->conns = xrealloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
     }
     Conn *c = &sv->conns[sv->n_conns++];
     *c = (Conn){.fd = fd, .since = time_now()};
@@ -383,8 +378,7 @@ static void *server_main(void *arg) {
         int n = sv->n_conns;
         if (cap_pf < n + 2) {
             cap_pf = 2 * (n + 2);
-            pf = realloc(pf, (size_t)cap_pf * sizeof *pf);
-            ASSERT(pf);
+            pf = xrealloc(pf, (size_t)cap_pf * sizeof *pf);
         }
         pf[0] = (struct pollfd){.fd = sv->fd, .events = POLLIN};
         pf[1] = (struct pollfd){.fd = sv->wake[0], .events = POLLIN};

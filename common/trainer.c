@@ -268,9 +268,8 @@ static void prune_checkpoints(int keep, const char *just_saved) {
             n_kept--;
             break;
         }
-    kept = realloc(kept, (size_t)(n_kept + 1) * sizeof *kept);
-    ASSERT(kept);
-    kept[n_kept++] = strdup(just_saved);
+    kept = xrealloc(kept, (size_t)(n_kept + 1) * sizeof *kept);
+    kept[n_kept++] = xstrdup(just_saved);
     while (n_kept > keep) {
         if (unlink(kept[0]) != 0 && errno != ENOENT)
             fprintf(stderr, "warning: --keep-last: cannot remove %s: %s\n", kept[0], errno_string());
@@ -780,8 +779,7 @@ static void collect_times(Run *r, StepLog *log, double *loss, double *acc) {
         if (r->seen_steps < WARMUP_STEPS) continue;
         if (r->n_times == r->cap_times) {
             r->cap_times *= 2;
-            r->times = realloc(r->times, (size_t)r->cap_times * sizeof(double));
-            ASSERT(r->times);
+            r->times = xrealloc(r->times, (size_t)r->cap_times * sizeof(double));
         }
         r->times[r->n_times++] = t[i];
     }

@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "data.h"
+#include "errors.h"
 #include "report.h"
 #include "rng.h"
 #include "tests.h"
@@ -693,6 +694,37 @@ START_TEST(test_report_open_fails) {
 }
 END_TEST
 
+/* The allocators that never return NULL (errors.h): xstrndup copies as strndup does; a request no
+ * machine can meet ends the run with one error naming the call, its caller's file:line and the
+ * bytes — not a NULL dereferenced later (device.c's allocation table grew with an unchecked realloc,
+ * the checkpoint's and --keep-last's paths with an unchecked strdup). Under a sanitizer its own
+ * allocator reports the request instead, so only the copies are checked there. */
+static void huge_realloc_child(void *arg) {
+    (void)arg;
+    volatile size_t bytes = (size_t)1 << 62; /* past any x86-64 or aarch64 address space */
+    char *p = xrealloc(NULL, bytes);
+    p[0] = 1; /* not reached */
+}
+
+START_TEST(test_allocators_never_return_null) {
+    char *a = xstrndup("abcdef", 3), *b = xstrdup("xyz"), *c = xstrndup("ab", 10);
+    ck_assert_str_eq(a, "abc");
+    ck_assert_str_eq(b, "xyz");
+    ck_assert_str_eq(c, "ab");
+    free(a), free(b), free(c);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    printf("SKIP: cli: an impossible xrealloc — the sanitizer's allocator reports it itself\n");
+#else
+    char *out = NULL;
+    int st = test_run_captured(huge_realloc_child, NULL, &out);
+    ck_assert_msg(st == 1 && strstr(out, "out of host memory (4611686018427387904 bytes asked for)") &&
+                      strstr(out, "test_cli.c:") && strstr(out, "realloc"),
+                  "exit %d: %s", st, out);
+    free(out);
+#endif
+}
+END_TEST
+
 /* More ranks than the report lists one by one (64): ranks 64 and up used to be added into rank 0's
  * peak memory, so the epoch lines' "peak mem" read 4× any rank's. Every rank holds the same model and
  * batch here, so every peak is about the same; the ranks not listed are counted in a line of their own,
@@ -786,6 +818,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_median_and_bytes);
     tcase_add_test(tr, test_progress_bar);
     tcase_add_test(tr, test_report_open_fails);
+    tcase_add_test(tr, test_allocators_never_return_null);
     suite_add_tcase(s, tr);
     TCase *tm = tcase_create("report_ranks"); /* 67 worker processes on the CPU */
     tcase_set_timeout(tm, 300);
