@@ -17,7 +17,7 @@
 # nchw; docs/logs/initcheck_model_nhwc_H200_2026-12-02.txt).
 # SANITIZE_TOOLS picks some ("memcheck racecheck"); logs go to SANITIZE_OUT (runs/gpu_sanitize).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${SANITIZE_OUT:-runs/gpu_sanitize}
 TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -51,7 +51,7 @@ fail=0
 name=${md#$here/}
 
 # Run the CPU blocks.
-cd "$here"
+cd "$here" || exit 1
 ran=0 pending=0
 for i in $(seq 1 "$n"); do
     tag=$(cat "$tmp/en/$i.tag") line=$(cat "$tmp/en/$i.line")
