@@ -78,7 +78,12 @@ int net_listen(const char *addr, int port, int *bound) {
     if (bound) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
-        getsockname(fd, (struct sockaddr *)&ss, &len);
+        if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) { /* the port the kernel gave us */
+            err = errno;
+            close(fd);
+            errno = err;
+            return -1;
+        }
         *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                 : ((struct sockaddr_in *)&ss)->sin_port);
     }

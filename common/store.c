@@ -696,7 +696,8 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("rank %d: the rendezvous store at %s:%d did not accept the handshake: %s", rank, addr, port, why);
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    getsockname(s->fd, (struct sockaddr *)&ss, &len);
+    if (getsockname(s->fd, (struct sockaddr *)&ss, &len) != 0) /* the address peers reach this rank at */
+        die_at(__FILE__, __LINE__, "getsockname(rendezvous store connection)", errno_string(), NULL);
     if (ss.ss_family == AF_INET6)
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, s->local_ip, sizeof s->local_ip);
     else
