@@ -139,7 +139,7 @@ help:
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
 	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
 	@echo "make gpu-sanitize  the CUDA op tests under compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)"
-	@echo "make fuzz       libFuzzer on the checkpoint loader, CIFAR reader and store (FUZZ_SECONDS=60 each)"
+	@echo "make fuzz       libFuzzer on the checkpoint loader, CIFAR reader, store and command line (FUZZ_SECONDS=60 each)"
 	@echo "make clean      remove build/ and the stage binaries"
 	@echo "variables: CUDA_HOME CUDNN_HOME NCCL_HOME CUDA_ARCH=\"80 90\" CPU_ONLY=1 CFLAGS=..."
 
@@ -305,7 +305,7 @@ tsan: check-dep
 
 # libFuzzer (clang): installed through apt-get when missing and we are root, like Check.
 FUZZ_SECONDS ?= 60
-FUZZERS     := checkpoint cifar store
+FUZZERS     := checkpoint cifar store cli
 FUZZ_FLAGS  := -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fsanitize=address,undefined
 clang-dep:
 	@if ! command -v clang >/dev/null; then \
