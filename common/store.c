@@ -534,7 +534,8 @@ static int request(Store *s, int op, const char *key, const void *val, uint32_t 
     if (net_recv_all(s->fd, r, 8, timeout) < 0) {
         if (errno == ETIMEDOUT && op == OP_GET)
             die_runtime("rank %d: waited %.0f s for '%s' in the rendezvous store — the rank that should "
-                       "publish it (usually rank 0) is slow, hung or failed: see its error",
+                       "publish it (usually rank 0) is slow, hung or failed: see its error; or it runs another "
+                       "build of this program, which never publishes that key (every rank needs the same one)",
                        s->rank, timeout, key);
         lost(s, key);
     }

@@ -379,6 +379,30 @@ START_TEST(get_wakes_when_add_zero_creates_the_key) {
 }
 END_TEST
 
+/* A GET that times out names the key and both causes: the rank that should publish it is slow, hung
+ * or failed — or it runs another build, whose rendezvous never publishes that key (a rank from an
+ * older build beside a newer one waits exactly so). */
+static void get_never_set(void *arg) {
+    (void)arg;
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    Store *s = store_open("127.0.0.1", test_free_port(), 0, 1, 10);
+    store_set_timeout(s, 1);
+    uint8_t b[8];
+    store_get(s, "rdzv/never/published", b, sizeof b);
+}
+
+START_TEST(a_get_that_times_out_names_the_key_and_the_causes) {
+    char *out;
+    double t0 = time_now();
+    int st = test_run_captured(get_never_set, NULL, &out);
+    ck_assert_msg(st == 1 && strstr(out, "rank 0: waited 1 s for 'rdzv/never/published'") &&
+                      strstr(out, "slow, hung or failed") && strstr(out, "another build of this program"),
+                  "exit %d: %s", st, out);
+    ck_assert_msg(time_now() - t0 < 10 * test_time_scale(), "took %.1f s", time_now() - t0);
+    free(out);
+}
+END_TEST
+
 static void secret_from_env(void *p) {
     setenv("STAGE_RDZV_SECRET", p, 1);
     uint8_t b[AUTH_MAX_SECRET];
@@ -591,6 +615,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, client_refuses_a_store_that_does_not_know_the_secret);
     tcase_add_test(tc, store_drops_idle_strangers_and_empty_keys);
     tcase_add_test(tc, get_wakes_when_add_zero_creates_the_key);
+    tcase_add_test(tc, a_get_that_times_out_names_the_key_and_the_causes);
     tcase_add_test(tc, short_secret_is_refused);
     tcase_add_test(tc, ring_port_refuses_strangers);
     tcase_add_test(tc, ring_port_drops_idle_strangers);
