@@ -135,7 +135,8 @@ help:
 	@echo "make compare    every stage (and its lesson variants) side by side: table + chart in runs/compare/"
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR, new or empty)"
 	@echo "make doc-check  every relative link of the Markdown resolves; each X.zh-CN.md keeps its English page's"
-	@echo "                headings, code and tables (tests/doc_check.py; make test runs it, and the tutorial's commands)"
+	@echo "                headings, code and tables; every ./stageN command and \`--flag\` names a real flag"
+	@echo "                (tests/doc_check.py; make test runs it, and the tutorial's commands)"
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
 	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
 	@echo "make gpu-sanitize  the CUDA op tests under compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)"
@@ -212,8 +213,8 @@ bench3: stage1 stage3
 bench3-variants: stage1 stage3 stage5
 	bash tests/bench_stage3_variants.sh
 
-doc-check:
-	python3 tests/doc_check.py
+doc-check: $(STAGES)
+	python3 tests/doc_check.py --stages .
 
 bench4: stage1 stage3 stage4
 	bash tests/bench_stage4.sh

@@ -2,7 +2,7 @@
 """doc_check.py — the Markdown cannot rot: every relative link resolves, and every translation
 holds the same skeleton as the page it translates.
 
-    python3 tests/doc_check.py [ROOT]        (default: the repository this script is in)
+    python3 tests/doc_check.py [ROOT] [--stages DIR]   (default ROOT: the repository this script is in)
 
 It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and checks:
 
@@ -15,6 +15,11 @@ It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and check
    or "  # ..." after a command) are translated; the same number of table rows; and each page links
    to the other. The tutorial test (tests/tutorial_test.sh) runs the tutorial's commands; this keeps
    every translation's commands, code and output in step with the English it came from.
+3. Flags (with --stages DIR, the folder of the built ./stage1 … ./stage5). Every `./stageN` command
+   on a page, in a code block or a code span, gives only flags that stage's --help lists, and every
+   code span that starts with a flag (`--name`, `--name VALUE`) names a flag of some stage: a flag
+   renamed or removed cannot live on in the lessons. A span like `--gil-*` names a family, and
+   FOREIGN lists the other programs' flags the pages quote.
 
 It prints one line per problem, naming the file and line, and exits 1 if there is any.
 """
@@ -28,6 +33,13 @@ FENCE = re.compile(r"^(```+|~~~+)(.*)$")
 LINK = re.compile(r"(?<!\!)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]*(?:\([^()]*\)[^()\s]*)*)(?:\s+\"[^\"]*\")?\)")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^()\s]+)\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+# A stage's command, to the end of its line (a trailing backslash continues it) or a |, ;, && or `.
+STAGE_CMD = re.compile(r"\./stage([1-5])(?![\w.])((?:[^\n`|;&\\]|\\\n|\\)*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+SPAN_FLAG = re.compile(r"`(--[a-z][a-z0-9-]*)")
+HELP_FLAG = re.compile(r"^\s+(--[a-z][a-z0-9-]*)", re.M)
+# Flags of other programs that the pages quote in a code span of their own.
+FOREIGN = {"--kernel-name-exclude": "compute-sanitizer"}
 
 
 def md_files(root):
@@ -168,11 +180,55 @@ def check_twin(root, en, zh, pages, problems):
         problems.append(f"{zr}: does not link back to {os.path.basename(en)}")
 
 
+def stage_flags(stages):
+    """Each stage's flags, from its --help (None when a stage is not built there)."""
+    import subprocess
+    flags = {}
+    for n in range(1, 6):
+        exe = os.path.join(stages, f"stage{n}")
+        if not os.access(exe, os.X_OK):
+            return None
+        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60).stdout
+        flags[n] = set(HELP_FLAG.findall(out)) | {"--help"}
+        if len(flags[n]) < 10:
+            raise SystemExit(f"doc_check: {exe} --help listed {len(flags[n])} flags: not a stage's help")
+    return flags
+
+
+def check_flags(root, path, flags, problems):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    rel = os.path.relpath(path, root)
+    every = set().union(*flags.values())
+    for m in STAGE_CMD.finditer(text):
+        n = int(m.group(1))
+        for fm in FLAG.finditer(m.group(2)):
+            if fm.group(1) not in flags[n]:
+                line = text.count("\n", 0, m.start(2) + fm.start()) + 1
+                problems.append(f"{rel}:{line}: ./stage{n} has no flag {fm.group(1)} (./stage{n} --help lists them)")
+    for m in SPAN_FLAG.finditer(text):
+        flag = m.group(1)
+        if flag not in every and flag not in FOREIGN and not flag.endswith("-"):
+            line = text.count("\n", 0, m.start()) + 1
+            problems.append(f"{rel}:{line}: `{flag}` is no stage's flag")
+
+
 def main():
     # The default is the checkout this script is in, found through links (the sanitizer builds run the
     # tests from a folder that links to tests/, stages/ and docs/ but holds no README.md).
     here = os.path.dirname(os.path.realpath(__file__))
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, ".."))
+    args = sys.argv[1:]
+    stages = None
+    if "--stages" in args:
+        i = args.index("--stages")
+        if i + 1 >= len(args):
+            raise SystemExit("doc_check: --stages needs the folder that holds ./stage1 … ./stage5")
+        stages = args[i + 1]
+        del args[i : i + 2]
+    root = os.path.abspath(args[0] if args else os.path.join(here, ".."))
+    flags = stage_flags(stages) if stages else None
+    if stages and flags is None:
+        raise SystemExit(f"doc_check: --stages {stages}: ./stage1 … ./stage5 are not all built there (make all)")
     problems, pages = [], {}
     for path in md_files(root):
         try:
@@ -183,6 +239,8 @@ def main():
         pages[path] = (prose, headings, blocks, tables, anchors(headings))
     for path, page in pages.items():
         check_links(root, path, page[0], pages, problems)
+        if flags:
+            check_flags(root, path, flags, problems)
     twins = 0
     for path in pages:
         if path.endswith(".zh-CN.md"):
@@ -195,7 +253,8 @@ def main():
             twins += 1
     for p in problems:
         print("FAIL:", p)
-    print(f"doc_check: {len(pages)} pages, {twins} translations, {len(problems)} problems")
+    checked = ", flags checked against ./stage1 … ./stage5 --help" if flags else ""
+    print(f"doc_check: {len(pages)} pages, {twins} translations, {len(problems)} problems{checked}")
     return 1 if problems else 0
 
 

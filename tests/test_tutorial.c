@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tests.h"
 
@@ -71,22 +72,25 @@ START_TEST(tutorial_test_fails_on_a_broken_command) {
 END_TEST
 
 /* tests/doc_check.py on a folder (NULL: the checkout the script is in — not test_root(), which under the
- * sanitizers is a folder of links without the README). 77 when python3 is missing. */
-static int run_doc_check(const char *root, char **out) {
+ * sanitizers is a folder of links without the README), with the flags checked against the built stages
+ * (test_root()'s) when `flags` is set. 77 when python3 is missing. */
+static int run_doc_check(const char *root, int flags, char **out) {
     if (system("python3 -c 'import unicodedata' >/dev/null 2>&1") != 0) {
         printf("SKIP doc_check: python3 is missing (tests/doc_check.py checks the links and translations)\n");
         return 77;
     }
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "python3 %s/tests/doc_check.py %s", test_root(), root ? root : "");
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/doc_check.py %s%s%s", test_root(), root ? root : "",
+             flags ? " --stages " : "", flags ? test_root() : "");
     return test_run(cmd, out);
 }
 
 START_TEST(docs_links_resolve_and_translations_match) {
     char *out = NULL;
-    int rc = run_doc_check(NULL, &out);
+    int rc = run_doc_check(NULL, 1, &out);
     if (rc == 77) return;
-    ck_assert_msg(rc == 0, "a dead link or a drifted translation in the docs:\n%s", out);
+    ck_assert_msg(rc == 0, "a dead link, a drifted translation or a flag no stage has in the docs:\n%s", out);
+    ck_assert_msg(strstr(out, "flags checked against ./stage1"), "the flags were not checked:\n%s", out);
     /* It read the pages: the README, docs/ and every stage's lesson, and all seven translations. */
     int pages = 0, twins = 0;
     const char *last = strstr(out, "doc_check:");
@@ -118,7 +122,7 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     /* Good: translated comments and prose only. */
     write_file(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
                    "```sh\n# 一条注释\n./stage1 --help   # 所有参数\n```\n\n```text\nloss 2.30\n```\n");
-    int rc = run_doc_check(dir, &out);
+    int rc = run_doc_check(dir, 0, &out);
     if (rc == 77) { free(dir); return; }
     ck_assert_msg(rc == 1, "broken links passed doc_check:\n%s", out);
     ck_assert_msg(strstr(out, "sub/other.md:7: link to ../gone.md: gone.md does not exist"), "dead link not named:\n%s", out);
@@ -131,7 +135,7 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     /* The translation drifts: a heading level, a command, an output line, a table row, the link back. */
     write_file(zh, "# 页\n\n### 两步\n\n| a | b |\n|---|---|\n\n"
                    "```sh\n./stage1 --help --x   # 所有参数\n```\n\n```text\nloss 2.31\n```\n");
-    rc = run_doc_check(dir, &out);
+    rc = run_doc_check(dir, 0, &out);
     ck_assert_msg(rc == 1, "a drifted translation passed doc_check:\n%s", out);
     const char *must[] = {"page.zh-CN.md: headings differ from page.md at heading 2",
                           "page.zh-CN.md:8: code block differs from page.md:11 in its commands",
@@ -145,10 +149,31 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     /* A block's marker changed (the tutorial test would run it in one language only), and one missing. */
     write_file(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
                    "```sh cpu-test\n./stage1 --help\n```\n");
-    rc = run_doc_check(dir, &out);
+    rc = run_doc_check(dir, 0, &out);
     ck_assert_msg(rc == 1 && strstr(out, "page.zh-CN.md: 1 code blocks, page.md has 2") &&
                       strstr(out, "page.zh-CN.md:11: code block opens ```sh cpu-test, page.md:11 opens ```sh"),
                   "a changed marker or a missing block passed doc_check:\n%s", out);
+    free(out);
+
+    /* Flags: a stage's command with a flag it lacks (one another stage has, one no stage has, one on a
+     * continued line), a span naming no stage's flag; a family, another program's flag and good
+     * commands pass. */
+    const char *block = "```sh\n./stage1 --epochs 1 --nproc-per-node 2\n./stage3 --epochs 1 \\\n"
+                        "    --no-such-flag 3 | tail -1\n```\n\n";
+    ck_assert_int_eq(unlink(other), 0);
+    char page[1024];
+    snprintf(page, sizeof page, "# 页\n\n[English](page.md)\n\n%s", block);
+    write_file(zh, page); /* the translation holds the same block: its three problems are reported too */
+    snprintf(page, sizeof page, "# Page\n\n[中文](page.zh-CN.md)\n\n%s"
+                   "`./stage5 --amp bf16` and `--grad-com fp16`, the `--gil-*` family, `--kernel-name-exclude`, "
+                   "`--grad-comm fp16`; torchrun --nproc-per-node 2 ./stage3 --epochs 1\n", block);
+    write_file(en, page);
+    rc = run_doc_check(dir, 1, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "page.md:6: ./stage1 has no flag --nproc-per-node") &&
+                      strstr(out, "page.md:8: ./stage3 has no flag --no-such-flag") &&
+                      strstr(out, "page.md:11: `--grad-com` is no stage's flag") &&
+                      strstr(out, "page.zh-CN.md:6: ./stage1 has no flag --nproc-per-node") && strstr(out, "5 problems"),
+                  "a flag no stage has passed doc_check (or a good one was flagged):\n%s", out);
     free(out), free(dir);
 }
 END_TEST
