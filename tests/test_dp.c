@@ -536,8 +536,11 @@ START_TEST(stage2_cpu_gil_wait_is_per_thread) {
     double fwd = json_field(rep, "phases", "forward_ms"), wait = json_field(rep, "phases", "forward_gil_wait_ms");
     ck_assert_msg(wait <= fwd * 1.001 + 0.01, "GIL wait %.3f ms per thread > forward %.3f ms: summed over threads?\n%s",
                   wait, fwd, out);
-    ck_assert_msg(wait >= 0.3 * fwd, "GIL wait %.3f ms per thread < 0.3 x forward %.3f ms: four threads of Python "
-                  "barely waited?\n%s", wait, fwd, out);
+    /* Under a sanitizer (test_time_scale() > 1) the compute runs 5-15x slower and the modelled Python
+     * does not, so the waits shrink to ~0.1 of the phase (ThreadSanitizer): only the bound above holds. */
+    if (test_time_scale() == 1)
+        ck_assert_msg(wait >= 0.3 * fwd, "GIL wait %.3f ms per thread < 0.3 x forward %.3f ms: four threads of "
+                      "Python barely waited?\n%s", wait, fwd, out);
     free(rep), free(out), free(dir);
 }
 END_TEST
