@@ -209,7 +209,6 @@ void *device_alloc(Device *d, size_t bytes, const char *what) {
     if (d->n_allocs == d->cap_allocs) {
         d->cap_allocs = d->cap_allocs ? 2 * d->cap_allocs : 64;
         d->allocs = xrealloc(d->allocs, (size_t)d->cap_allocs * sizeof *d->allocs);
-        if (!d->allocs) die_at(__FILE__, __LINE__, "realloc", "out of host memory", NULL);
     }
     d->allocs[d->n_allocs++] = (AllocRecord){p, rounded};
     d->mem_cur += rounded;

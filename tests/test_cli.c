@@ -696,8 +696,8 @@ END_TEST
 
 /* The allocators that never return NULL (errors.h): xstrndup copies as strndup does; a request no
  * machine can meet ends the run with one error naming the call, its caller's file:line and the
- * bytes — not a NULL dereferenced later (device.c's allocation table grew with an unchecked realloc,
- * the checkpoint's and --keep-last's paths with an unchecked strdup). Under a sanitizer its own
+ * bytes — not a NULL dereferenced later (the checkpoint's, --keep-last's and --trace's paths were
+ * copied with an unchecked strdup). Under a sanitizer its own
  * allocator reports the request instead, so only the copies are checked there. */
 static void huge_realloc_child(void *arg) {
     (void)arg;
