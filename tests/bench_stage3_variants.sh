@@ -36,7 +36,8 @@
 # (launcher_run, common/launch.c) fork()s and execv()s its workers, which keep its whole environment
 # (it only sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT,
 # STAGE3_STATUS_FD, STAGE_RDZV_SECRET and unsets TORCHELASTIC_USE_AGENT_STORE), and each worker's
-# ncclCommInitRank (no config struct) reads the NCCL_* variables. Logs and JSON under $BENCH_OUT (default
+# ncclCommInitRank (no config struct) reads the NCCL_* variables (NCCL 2.28.3 on the H200 hosts says
+# "NCCL_CTA_POLICY set by environment to 1" and the same of NCCL_MAX_CTAS: docs/logs/nccl_env_H200_2026-12-03.txt). Logs and JSON under $BENCH_OUT (default
 # runs/bench_stage3_variants: a new or empty folder, or one this script wrote before); the table is
 # printed last. STEPS (default 300) timed steps per run; ROUNDS (default 2) passes over the rows; 52 runs,
 # 8-10 minutes. ONLY="key ..." runs those rows alone (keys: the first field of ROWS below, e.g.
