@@ -25,6 +25,7 @@ It prints one line per problem, naming the file and line, and exits 1 if there i
 """
 import os
 import re
+import subprocess
 import sys
 import unicodedata
 
@@ -182,7 +183,6 @@ def check_twin(root, en, zh, pages, problems):
 
 def stage_flags(stages):
     """Each stage's flags, from its --help (None when a stage is not built there)."""
-    import subprocess
     flags = {}
     for n in range(1, 6):
         exe = os.path.join(stages, f"stage{n}")

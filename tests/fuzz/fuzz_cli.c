@@ -1,11 +1,11 @@
 /* fuzz_cli.c — libFuzzer harness: the stages' command lines through what each runs before it
- * starts a worker: stage 5's, the largest option table (every common flag, DDP's, accumulation's and
- * AMP's), through cli_parse, amp_check, the scaler lesson and config_resolve; or, when the first line
- * is "stage2", stage 2's (DataParallel's and the modelled GIL's flags) through cli_parse,
- * config_resolve and dp_config_resolve. The input is an argument list, one argument per line. A refusal (die_user) is an answer; anything else that exits, aborts or trips a
- * sanitizer is a finding. Two things are left out on purpose: --help / -h (they print and exit 0 by
- * design) and the sampler lesson (it prints a line per index, up to --dataset-size of them). Seeds in
- * tests/fuzz/cli/. */
+ * starts a worker. By default stage 5's, the largest option table (every common flag, DDP's,
+ * accumulation's and AMP's), through cli_parse, amp_check, the scaler lesson and config_resolve;
+ * when the first line is "stage2", stage 2's (DataParallel's and the modelled GIL's flags) through
+ * cli_parse, config_resolve and dp_config_resolve. The input is an argument list, one argument per
+ * line. A refusal (die_user) is an answer; anything else that exits, aborts or trips a sanitizer is a
+ * finding. Left out on purpose: --help / -h (they print and exit 0 by design) and the sampler lesson
+ * (it prints a line per index, up to --dataset-size of them). Seeds in tests/fuzz/cli/. */
 #include <fcntl.h>
 #include <string.h>
 
@@ -48,26 +48,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     static AmpConfig amp;
     config_defaults(&cfg);
     amp_defaults(&amp, "fp16");
-    cfg.accum_steps = 1;
+    cfg.accum_steps = 1; /* as stages/stage5_amp/main.c, whose own rows these are */
     const Option accum[] = {{"accum-steps", OPT_INT, &cfg.accum_steps, 1, 65536, NULL, "micro-batches"},
                             {"sync-each-micro-step", OPT_FLAG, &f.sync_each_micro_step, 0, 0, NULL, "the experiment"},
                             {NULL, 0, NULL, 0, 0, NULL, NULL}};
-    /* a stage builds its table once; here each input does, so the last input's tables go first */
+    /* a stage builds its tables once; here each input does, so the last input's go first */
     static Option *tables[3];
-    for (int i = 0; i < 3; i++) free(tables[i]);
-    tables[0] = ddp_options(&f, accum);
-    tables[1] = amp_options(&amp, tables[0]);
-    tables[2] = config_options(&cfg, tables[1]);
+    for (int i = 0; i < 3; i++) free(tables[i]), tables[i] = NULL;
     die_user_hook = fuzz_rejected;
     if (!setjmp(fuzz_back)) {
         if (stage2) {
             DpConfig dpc = dp_config_defaults();
-            free(tables[2]);
-            tables[2] = config_options(&cfg, dp_options(&dpc));
-            cli_parse(argc - 1, argv + 1, tables[2], "stage2", "fuzz");
+            tables[0] = config_options(&cfg, dp_options(&dpc));
+            cli_parse(argc - 1, argv + 1, tables[0], "stage2", "fuzz");
             config_resolve(&cfg, 0);
             dp_config_resolve(&dpc, DEV_CPU);
         } else {
+            tables[0] = ddp_options(&f, accum);
+            tables[1] = amp_options(&amp, tables[0]);
+            tables[2] = config_options(&cfg, tables[1]);
             cli_parse(argc, argv, tables[2], "stage5", "fuzz");
             amp_check(&amp);
             if (amp.show_scaler[0]) amp_show_scaler(&amp);
