@@ -264,6 +264,12 @@ static void opt_set(const Option *o, const char *v) {
     }
     case OPT_STR: /* an empty value would read as "not given" (--resume "" trains from scratch) */
         if (v[0] == 0) die_user("--%s got an empty value: give it %s, or leave the flag out", o->name, opt_metavar(o));
+        /* The shell expands ~ only at the start of a word: --save=~/ck reaches us as a folder named "~"
+         * in the current one, which a later `rm -rf ~` to clean it up would make a disaster. */
+        if (v[0] == '~')
+            die_user("--%s '%s' starts with '~', which the shell did not expand (it does only at the start of a "
+                     "word: not after '=' or inside quotes) — write --%s %s with a space, or use $HOME; for a name "
+                     "that really starts with '~', write ./%s", o->name, v, o->name, v, v);
         *(const char **)o->dst = v;
         break;
     case OPT_CHOICE:
@@ -648,6 +654,12 @@ static void check_not_clobbering(const TrainConfig *c, const char *flag, const c
                      "file name", flag, path, input, flag);
         free(input);
     }
+    /* Without --data too: a run on synthetic data, pointed by a slip of the shell's completion at the
+     * real set's folder, would leave the next --data run a "truncated download". */
+    for (int i = 0; i < CIFAR10_FILES; i++)
+        if (!strcmp(name, cifar10_file_names[i]))
+            die_user("%s '%s' has the name of a CIFAR-10 file: writing it would destroy the dataset if it is "
+                     "one — give %s another file name", flag, path, flag);
 }
 
 void config_resolve(TrainConfig *c, int cuda) {

@@ -187,6 +187,9 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--data"), "--data needs a value");
     REFUSED(A("--resume", ""), "--resume got an empty value", "leave the flag out"); /* not "no checkpoint" */
     REFUSED(A("--data="), "--data got an empty value");
+    /* the shell leaves ~ after '=' alone: --save=~/ck used to create a folder named "~" here */
+    REFUSED(A("--save=~/ck"), "--save '~/ck' starts with '~'", "did not expand", "--save ~/ck with a space", "./~/ck");
+    REFUSED(A("--data", "~"), "--data '~' starts with '~'");
     REFUSED(A("--deterministic=1"), "--deterministic is a flag", "'1'");
     REFUSED(A("--pin-memory=true"), "--pin-memory");
     REFUSED(A("train"), "unexpected argument 'train'");
@@ -443,7 +446,11 @@ START_TEST(test_resolve_output_files) {
     REFUSED(A("--data", sub, "--report", out), "--report", "which --data reads", "destroy the dataset");
     snprintf(same, sizeof same, "%s/data_batch_3.bin", sub);
     REFUSED(A("--data", sub, "--trace", same), "--trace", "which --data reads");
-    ACCEPTED("--data", dir, "--report", out);             /* the same name in another directory */
+    /* the name of one anywhere, with --data elsewhere or none: a synthetic run used to overwrite the set */
+    REFUSED(A("--data", dir, "--report", out), "--report", "name of a CIFAR-10 file", "another file name");
+    REFUSED(A("--trace", same), "--trace", "name of a CIFAR-10 file");
+    snprintf(out, sizeof out, "%s/test_batch.bin.json", sub);
+    ACCEPTED("--report", out);
     free(dir);
 }
 END_TEST
