@@ -240,9 +240,23 @@ static void cifar_dir_check(const char *dir) {
     char first[4096], below[4096];
     snprintf(first, sizeof first, "%s/%s", dir, cifar10_file_names[0]);
     snprintf(below, sizeof below, "%s/cifar-10-batches-bin/%s", dir, cifar10_file_names[0]);
-    if (access(first, F_OK) != 0 && stat(below, &st) == 0 && S_ISREG(st.st_mode))
+    if (access(first, F_OK) == 0) return;
+    if (stat(below, &st) == 0 && S_ISREG(st.st_mode))
         die_user("--data '%s' holds the unpacked archive's folder, not its files: give --data "
                  "%s/cifar-10-batches-bin", dir, dir);
+    /* The two other downloads on the same page, which a "file not found" would leave a puzzle. */
+    static const char *const python[] = {"data_batch_1", "cifar-10-batches-py/data_batch_1"};
+    static const char *const c100[] = {"train.bin", "cifar-100-binary/train.bin"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(below, sizeof below, "%s/%s", dir, python[i]);
+        if (access(below, F_OK) == 0)
+            die_user("--data '%s' holds CIFAR-10's python version (pickled %s): the stages read the binary "
+                     "version — download it with docs/get_cifar10.sh DIR and give --data DIR", dir, python[i]);
+        snprintf(below, sizeof below, "%s/%s", dir, c100[i]);
+        if (access(below, F_OK) == 0)
+            die_user("--data '%s' holds CIFAR-100 (%s): the stages train on CIFAR-10's 10 classes — download "
+                     "it with docs/get_cifar10.sh DIR and give --data DIR", dir, c100[i]);
+    }
 }
 
 int64_t cifar10_check(const char *dir, int train, int64_t limit) {

@@ -237,6 +237,25 @@ START_TEST(cifar_missing_directory_or_file) {
     expect_user_error(above, 1, 0, path, NULL);
     expect_user_error(above, 0, 0, path, NULL);
     ck_assert_int_eq(rename(inner, dir), 0);
+    /* the python and CIFAR-100 downloads, unpacked or their folder: named, not "data_batch_1.bin not found" */
+    const char *others[4] = {"data_batch_1", "cifar-10-batches-py/data_batch_1", "train.bin",
+                             "cifar-100-binary/train.bin"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(inner, sizeof inner, "%s/%s", above, others[i]);
+        char *slash = strchr(inner + strlen(above) + 1, '/');
+        if (slash) {
+            *slash = 0;
+            ck_assert_int_eq(mkdir(inner, 0700), 0);
+            *slash = '/';
+        }
+        FILE *f = fopen(inner, "w");
+        ck_assert_ptr_nonnull(f);
+        fclose(f);
+        expect_user_error(above, i & 1 ? 0 : 1, 0, i < 2 ? "CIFAR-10's python version" : "holds CIFAR-100",
+                          "docs/get_cifar10.sh DIR");
+        unlink(inner);
+        if (slash) *slash = 0, rmdir(inner);
+    }
     rmdir(above);
     snprintf(path, sizeof path, "%s/data_batch_3.bin", dir);
     unlink(path);
