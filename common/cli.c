@@ -359,11 +359,29 @@ const char *cli_choice(const char *name) {
     return o && (o->kind == OPT_CHOICE || o->kind == OPT_STR) ? *(const char *const *)o->dst : NULL;
 }
 
+/* The line a closed stdout gets, built before any signal can come (snprintf is not signal-safe). */
+static char broken_pipe_note[320];
+
+/* Standard output's reader went away (`| head`, or `| tee` in an ssh session that dropped): the next
+ * write raises SIGPIPE, whose default ends the process without a word — a run that vanished. Say why,
+ * then die of the same signal, so the exit status (141) and a launcher's report stay what they were. */
+static void on_broken_pipe(int sig) {
+    ssize_t w = write(STDERR_FILENO, broken_pipe_note, strlen(broken_pipe_note));
+    (void)w; /* stderr may be the same closed pipe: nothing more to do */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
     /* Every stage starts here. A file-size limit (ulimit -f) would kill the process in the middle of
      * a write with SIGXFSZ, silently; ignored, the write fails with EFBIG, and the writer's own error
      * (checkpoint, report, trace) names the file and the fix. */
     signal(SIGXFSZ, SIG_IGN);
+    snprintf(broken_pipe_note, sizeof broken_pipe_note,
+             "%s: stopped — the program reading its output went away (SIGPIPE: `| head` ended, or a dropped "
+             "ssh session under `| tee`); the checkpoints already saved are intact. To train on after the "
+             "terminal goes, write the output to a file (> log 2>&1) under nohup, tmux or screen\n", prog);
+    signal(SIGPIPE, on_broken_pipe);
     parsed = opts;
     free(given);
     n_given = 0;

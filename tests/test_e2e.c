@@ -208,6 +208,22 @@ START_TEST(stage1_warmup_and_last_step_untimed) {
 }
 END_TEST
 
+/* Its output's reader gone (`| head`, a dropped ssh under `| tee`): SIGPIPE used to end the run
+ * without a word. It still dies of SIGPIPE (141, what a launcher or shell expects), after saying why. */
+START_TEST(stage1_says_why_a_closed_pipe_stopped_it) {
+    char cmd[2048], *out;
+    /* stdout into `true`, which exits at once; stderr and the exit status to the captured fd 3 */
+    snprintf(cmd, sizeof cmd, "{ { %s/stage1 " SMALL " --epochs 2 --log-every 1 2>&3; echo \"exit $?\" >&3; } | true; } 3>&1",
+             test_root());
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "exit 141"), "not ended by SIGPIPE:\n%s", out);
+    ck_assert_msg(strstr(out, "stage1: stopped — the program reading its output went away (SIGPIPE") &&
+                      strstr(out, "nohup"),
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
 typedef struct BadCase {
     const char *args, *expect;
 } BadCase;
@@ -450,6 +466,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_cpu_names_gpu_only_flags);
     tcase_add_test(tc, stage1_warmup_and_last_step_untimed);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
+    tcase_add_test(tc, stage1_says_why_a_closed_pipe_stopped_it);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
