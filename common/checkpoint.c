@@ -396,6 +396,11 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     if (strcmp(m.norm, expect->norm) != 0)
         die_user("checkpoint '%s' was saved with --norm %s, but this run uses --norm %s (pass --norm %s "
                  "to resume it)", path, norm, expect->norm, norm);
+    if (m.n_params != expect->n_params && expect->head_params &&
+        llabs(m.n_params - expect->n_params) == expect->head_params)
+        die_user("checkpoint '%s' has %lld parameters, this %s model %lld: the difference is the extra head of "
+                 "--unused-param (stages 3–5) — %s it to resume this checkpoint", path, (long long)m.n_params,
+                 expect->arch, (long long)expect->n_params, m.n_params > expect->n_params ? "pass" : "drop");
     if (m.n_params != expect->n_params)
         die_user("checkpoint '%s' has %lld parameters, but this %s model has %lld (saved by a different "
                  "model definition)", path, (long long)m.n_params, expect->arch, (long long)expect->n_params);

@@ -65,6 +65,8 @@ typedef struct CheckpointMeta {
     int64_t schedule_steps;         /* its length in optimizer steps (cosine's T_max) */
     double lr;                      /* the base learning rate */
     uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 6) */
+    int64_t head_params;    /* in an expectation only, never saved: the floats --unused-param's extra
+                             * head has in this model, so a count off by exactly that names the flag */
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };

@@ -766,6 +766,12 @@ void model_set_hook_after_layer(Model *m, int on) {
     graph_clear(&m->graphs); /* the stretches changed */
 }
 
+int64_t model_head_floats(const Model *m) {
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].kind == LAYER_LINEAR) return m->params[m->layers[i].p0].count + m->params[m->layers[i].p1].count;
+    return 0;
+}
+
 int model_hook_point(const Model *m, int p) {
     int point = 0;
     for (int l = m->n_layers - 1; l >= 0; l--) {

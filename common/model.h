@@ -198,6 +198,8 @@ void model_set_hook_after_layer(Model *m, int on);
 /* The ready point at which backward reports parameter p: 0 for the first layer backward reaches
  * that has parameters, 1 for the next, …; −1 if no layer produces p (fc_unused). */
 int model_hook_point(const Model *m, int p);
+/* The classifier head's floats (weight + bias): what --unused-param's second head adds. */
+int64_t model_head_floats(const Model *m);
 void model_zero_grad(Model *m);
 
 /* ---- The public order: the one seam between the model's storage and everyone else ------------

@@ -529,6 +529,7 @@ static void resume(Run *r) {
     expect.n_params = m->n_param_floats;
     expect.n_buffers = m->n_buffer_floats;
     expect.shape_hash = m->shape_hash;
+    expect.head_params = model_head_floats(m);
     Adam *adam = r->opt->adam;
     expect.optimizer = adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);

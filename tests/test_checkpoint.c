@@ -364,6 +364,15 @@ START_TEST(test_wrong_model) {
     e = g_meta;
     e.n_params = NP - 1;
     expect_load_refused(g_path, &e, "this tiny model has 999", "n_params smaller");
+    /* off by exactly --unused-param's head: the flag is named, passed or dropped */
+    e = g_meta;
+    e.n_params = NP + 16, e.head_params = 16; /* the run has the head, the checkpoint not */
+    expect_load_refused(g_path, &e, "extra head of --unused-param (stages 3–5) — drop it", "head in the run");
+    e = g_meta;
+    e.n_params = NP - 10, e.head_params = 10;
+    expect_load_refused(g_path, &e, "extra head of --unused-param (stages 3–5) — pass it", "head in the file");
+    e.head_params = 11;
+    expect_load_refused(g_path, &e, "saved by a different model definition", "off by another count");
     e = g_meta;
     e.n_buffers = NB + 1;
     expect_load_refused(g_path, &e, "buffer", "n_buffers");

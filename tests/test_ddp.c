@@ -538,6 +538,8 @@ START_TEST(unused_param_without_ddp) {
     ck_assert(b->shape_hash != a->shape_hash); /* a checkpoint of one does not load into the other */
     int64_t n = a->n_param_floats, extra = b->n_param_floats - n;
     ck_assert_int_eq(extra, 10 * 64 + 10);
+    ck_assert_int_eq(model_head_floats(a), extra); /* what a resume's message names the flag by */
+    ck_assert_int_eq(model_head_floats(b), extra);
     /* every other parameter keeps its initial value; the head is nn.Linear's U(±1/√64), not zero */
     ck_assert(!memcmp(a->param_flat, b->param_flat, (size_t)n * sizeof(float)));
     double mx = 0;
