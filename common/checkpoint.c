@@ -572,3 +572,80 @@ char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_e
     if (len == 1 && dir[0] == '/') memmove(out, out + 1, strlen(out)); /* "/" → "/epoch003.ckpt" */
     return out;
 }
+
+/* ----------------------------------------------------------------------------------------------
+ * the --save directory's lock (checkpoint.h) */
+
+#define CKPT_LOCK_NAME ".lock"
+
+static int lock_fd = -1; /* the lock this process holds, open until it ends */
+static dev_t lock_dev;
+static ino_t lock_ino;
+
+static char *lock_path(const char *dir) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--; /* as checkpoint_path */
+    char *out = NULL;
+    if (asprintf(&out, "%.*s%s" CKPT_LOCK_NAME, (int)len, dir, len == 1 && dir[0] == '/' ? "" : "/") < 0)
+        die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    return out;
+}
+
+/* fd is this process's own lock file (its own lock is no other run's). */
+static int lock_is_ours(int fd) {
+    struct stat st;
+    return lock_fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == lock_dev && st.st_ino == lock_ino;
+}
+
+/* Another process holds the lock on fd's file: name it from what it wrote there. */
+_Noreturn static void lock_taken(const char *dir, const char *path, int fd) {
+    char who[256] = "", shown[4 * sizeof who + 8];
+    ssize_t n = pread(fd, who, sizeof who - 1, 0);
+    who[n > 0 ? n : 0] = 0;
+    who[strcspn(who, "\n")] = 0;
+    checkpoint_escape(who, sizeof who, shown, sizeof shown);
+    die_user("--save '%s' is in use by another run: %s holds its lock (%s) — give each run its own --save "
+             "directory, or wait for that run to finish", dir,
+             shown[0] ? shown : "a process that has not written its name yet", path);
+}
+
+void checkpoint_lock(const char *dir) {
+    mkdir_p(dir);
+    char *path = lock_path(dir);
+    /* O_NOFOLLOW | O_NONBLOCK: a symlink or FIFO put there is refused, not written through or waited on */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        die_user("--save '%s': cannot use its lock file '%s' (%s) — give --save a directory you can write, or "
+                 "remove '%s' if it is not a file", dir, path, fd < 0 ? errno_string() : "not a regular file", path);
+    if (lock_is_ours(fd)) { /* taken already (a second call for the same directory) */
+        close(fd);
+        free(path);
+        return;
+    }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET}; /* the whole file */
+    if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+        if (errno == EAGAIN || errno == EACCES) lock_taken(dir, path, fd);
+        die_user("--save '%s': cannot lock '%s' (%s) — give --save a directory on a filesystem that supports "
+                 "locks (a local disk)", dir, path, errno_string());
+    }
+    ASSERT(lock_fd < 0); /* one --save directory per process */
+    /* Who holds it, for the message of a run that finds it taken. Best effort: a write that fails
+     * (a full disk) leaves the lock held and only its holder unnamed. */
+    char host[256] = "", who[512];
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(who, sizeof who, "%s (pid %d on host %s)\n", program_invocation_short_name, (int)getpid(), host);
+    if (ftruncate(fd, 0) == 0) write_all(fd, who, (size_t)len, NULL);
+    lock_fd = fd, lock_dev = st.st_dev, lock_ino = st.st_ino;
+    free(path);
+}
+
+void checkpoint_lock_check(const char *dir) {
+    char *path = lock_path(dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET}; /* could we take it? */
+    if (fd >= 0 && !lock_is_ours(fd) && fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
+        lock_taken(dir, path, fd);
+    if (fd >= 0) close(fd);
+    free(path);
+}

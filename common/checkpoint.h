@@ -101,6 +101,20 @@ char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_e
 void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step,
                       const char *resumed_from);
 
+/* One run at a time saves into a directory: two runs writing the same epochNNN.ckpt names would
+ * overwrite each other's checkpoints, and the check of what a --save directory holds (cli.c) sees only
+ * what is there when a run starts. The process that saves takes an exclusive lock on DIR/.lock — an
+ * open-file-description lock (fcntl F_OFD_SETLK), so that others can test it without taking it — and
+ * holds it until it ends; the kernel drops it however the process ends, so a crashed run never blocks
+ * the next. The file stays (taking a lock on a file another run may be unlinking is a race), holding
+ * the last holder's name, pid and host for the message of a run that finds it taken.
+ * checkpoint_lock creates dir if needed and takes the lock (again for the same dir: nothing); held by
+ * another process, or impossible to take, it is a user error that names the holder and the fix.
+ * checkpoint_lock_check only refuses as checkpoint_lock would when another process holds it: it takes
+ * nothing and creates nothing. Neither ever counts this process's own lock as another run's. */
+void checkpoint_lock(const char *dir);
+void checkpoint_lock_check(const char *dir);
+
 /* 1 if path is a regular file that starts with a checkpoint's magic (whatever its version or state):
  * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */
 int checkpoint_is_one(const char *path);

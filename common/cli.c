@@ -680,7 +680,7 @@ static void check_not_clobbering(const TrainConfig *c, const char *flag, const c
                      "one — give %s another file name", flag, path, flag);
 }
 
-void config_resolve(TrainConfig *c, int cuda) {
+void config_resolve(TrainConfig *c, int cuda, int saver) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
     if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
@@ -789,11 +789,16 @@ void config_resolve(TrainConfig *c, int cuda) {
              device_oom_smaller_model ? ", or use --model tiny" : "", more);
     /* A fresh run into a --save directory that holds another run's checkpoints would overwrite them (every
      * run writes the same epochNNN.ckpt names); continuing one of them there is the resume flow. Decided
-     * here, before stages 3–5 start their workers, so every rank agrees. */
+     * here, before stages 3–5 start their workers, so every rank agrees. The saver locks the directory
+     * first, so that no other run writes there from this check on. The checkpoints of a run refused here
+     * may be those of one still saving: its lock says so (asked only then — a rank of this job may find
+     * its own rank 0's lock, which is no other run's). */
     if (c->save && c->save[0]) {
+        if (saver) checkpoint_lock(c->save);
         char *newest = NULL;
-        int n = checkpoint_list(c->save, &newest);
-        if (n > 0 && !(c->resume && c->resume[0]))
+        int n = checkpoint_list(c->save, &newest), resumed = c->resume && c->resume[0];
+        if (n > 0 && (!resumed || !in_dir(c->resume, c->save))) checkpoint_lock_check(c->save);
+        if (n > 0 && !resumed)
             die_user("--save '%s' already holds %d checkpoint%s of an earlier run (newest: %s), which this run would "
                      "overwrite — continue that run with --resume %s, give --save another directory, or delete them",
                      c->save, n, n == 1 ? "" : "s", newest, newest);

@@ -93,7 +93,10 @@ void config_defaults(TrainConfig *c);
  * terminated table. */
 Option *config_options(TrainConfig *c, const Option *extra);
 /* Fill "auto" values for the device kind (cuda = 1 / cpu = 0) and check cross-flag rules and paths
- * (e.g. --keep-last without --save, --momentum with --optimizer adam, a missing --data directory). */
-void config_resolve(TrainConfig *c, int cuda);
+ * (e.g. --keep-last without --save, --momentum with --optimizer adam, a missing --data directory).
+ * saver: this process writes --save's checkpoints (stages 1 and 2; rank 0 of stages 3–5, never their
+ * launcher): it takes the directory's lock for the rest of its life (checkpoint_lock), before it
+ * checks what the directory holds. */
+void config_resolve(TrainConfig *c, int cuda, int saver);
 
 #endif

@@ -56,7 +56,7 @@ static void parse_child(void *arg) {
     ParseJob *j = arg;
     TrainConfig c;
     parse_into(&c, j->args);
-    if (j->resolve) config_resolve(&c, j->resolve_cuda);
+    if (j->resolve) config_resolve(&c, j->resolve_cuda, 0);
 }
 
 /* Expect `args` to be refused: exit status 2 and every one of the NULL-terminated `want` fragments
@@ -279,7 +279,7 @@ START_TEST(test_defaults_and_resolve) {
     ck_assert_str_eq(c.report, "");
     ck_assert_str_eq(c.progress, "auto");
 
-    config_resolve(&c, 1);
+    config_resolve(&c, 1, 0);
     ck_assert_str_eq(c.model, "resnet18");
     ck_assert_int_eq(c.epochs, 5);
     ck_assert_int_eq(c.train_size, 50000);
@@ -287,7 +287,7 @@ START_TEST(test_defaults_and_resolve) {
     ck_assert_str_eq(c.device, "cuda");
 
     config_defaults(&c);
-    config_resolve(&c, 0);
+    config_resolve(&c, 0, 0);
     ck_assert_str_eq(c.model, "tiny");
     ck_assert_int_eq(c.epochs, 4);
     ck_assert_int_eq(c.train_size, 8192);
@@ -302,7 +302,7 @@ START_TEST(test_defaults_and_resolve) {
     write_cifar_dir(data, 7);
     c.data = data;
     c.test_size = 7;
-    config_resolve(&c, 1);
+    config_resolve(&c, 1, 0);
     ck_assert_str_eq(c.model, "tiny");
     ck_assert_int_eq(c.epochs, 3);
     ck_assert_int_eq(c.train_size, -1);

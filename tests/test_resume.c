@@ -4,12 +4,18 @@
  * a run with another --batch-size, --train-size, rank count, --gpus, --accum-steps, --no-shuffle or
  * --drop-last (where it changes the shards) is refused naming the flag, the same flags continue bit
  * for bit, and a finished checkpoint says so. */
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
+#include "clock.h"
 #include "hash.h"
 #include "tests.h"
 
@@ -450,6 +456,92 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
 }
 END_TEST
 
+/* Wait until the file at path says what (up to secs seconds, times the build's slowness). */
+static int wait_for_text(const char *path, const char *what, double secs) {
+    for (double t0 = time_now(); time_now() - t0 < secs * test_time_scale(); usleep(20000)) {
+        char *text = test_slurp(path, NULL);
+        int found = text && strstr(text, what);
+        free(text);
+        if (found) return 1;
+    }
+    return 0;
+}
+
+/* Refused (exit 2) before training, saying want1 and want2. */
+static void refused_untrained(const char *stage, const char *args, const char *want1, const char *want2) {
+    char *out;
+    int rc = run(stage, args, &out);
+    ck_assert_msg(rc == 2 && strstr(out, want1) && strstr(out, want2) && !strstr(out, "epoch 1/") &&
+                      !strstr(out, "saved checkpoint"), "%s %s: exit %d, want '%s' and '%s' before any epoch:\n%s",
+                  stage, args, rc, want1, want2, out);
+    free(out);
+}
+
+/* Two runs saving into one --save directory at once wrote the same epochNNN.ckpt names over each
+ * other, and both exited 0: the check of what the directory holds ran only at start-up. The run that
+ * saves holds the directory's lock for its whole life: a second one stops before training, naming the
+ * holder — fresh, before or after the holder's first save; stage 3's launcher, or its rank 0 resuming
+ * there — and the holder's checkpoints stay its own. Killed (no clean-up), the holder blocks no one:
+ * its checkpoints resume there, with --keep-last, beside the lock file it left. */
+START_TEST(two_runs_saving_into_one_directory) {
+    char *dir = test_tmpdir(), args[2048], log[700], cmd[2400], holder[96];
+    snprintf(log, sizeof log, "%s/a.log", dir);
+    snprintf(cmd, sizeof cmd, "exec %s/stage1 " TINY " --train-size 512 --batch-size 32 --epochs 1000 --save %s/s",
+             test_root(), dir); /* 16 steps an epoch, for as long as the test needs it */
+    pid_t a = fork();
+    ck_assert_int_ge(a, 0);
+    if (a == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* it never outlives the test */
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(127);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(holder, sizeof holder, "stage1 (pid %d on host ", (int)a); /* sh exec'd it: the same pid */
+    const char *fix = "give each run its own --save directory, or wait for that run to finish";
+    ck_assert_msg(wait_for_text(log, "stage1 | ", 60), "the first run did not start"); /* past its flags' checks */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 32 --epochs 1 --seed 7 --save %s/s", dir);
+    refused_untrained("stage1", args, holder, fix);
+    ck_assert_msg(wait_for_text(log, "saved checkpoint", 60), "the first run saved nothing");
+    refused_untrained("stage1", args, holder, fix); /* its lock, not "an earlier run" */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 32 --epochs 1 --seed 7 --nproc-per-node 2 --save %s/s",
+             dir);
+    refused_untrained("stage3", args, holder, "is in use by another run"); /* by the launcher */
+    snprintf(args, sizeof args, TINY " --train-size 512 --batch-size 32 --epochs 1000 --nproc-per-node 2 "
+             "--resume %s/s/epoch001.ckpt --save %s/s", dir, dir); /* rank 0 locks: the launcher passes it */
+    refused_untrained("stage3", args, holder, "job failed: rank 0 (local rank 0");
+    ck_assert_int_eq(kill(a, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(a, NULL, 0), a);
+    /* what the directory holds is the first run's (--seed 0 at header offset 104), the lock file unlisted */
+    char *newest = NULL, path[800];
+    int epochs = 0;
+    snprintf(path, sizeof path, "%s/s", dir);
+    int n = checkpoint_list(path, &newest);
+    ck_assert_msg(n >= 1 && newest && sscanf(strrchr(newest, '/'), "/epoch%d.ckpt", &epochs) == 1 && epochs == n,
+                  "%d checkpoints, newest %s", n, newest);
+    for (int e = 1; e <= n; e++) {
+        snprintf(path, sizeof path, "%s/s/epoch%03d.ckpt", dir, e);
+        long len;
+        char *ck = test_slurp(path, &len);
+        int64_t seed = -1;
+        ck_assert_msg(ck && len > 112, "%s", path);
+        memcpy(&seed, ck + 104, 8);
+        ck_assert_msg(seed == 0, "%s was written by the run with --seed %lld", path, (long long)seed);
+        free(ck);
+    }
+    /* it died holding the lock: resuming there goes on, and --keep-last 1 keeps the newest it wrote */
+    int64_t stop = 16 * (int64_t)epochs + 17;
+    snprintf(args, sizeof args, TINY " --train-size 512 --batch-size 32 --epochs 1000 --steps %lld --resume %s --save "
+             "%s/s --keep-last 1", (long long)stop, newest, dir);
+    run_ok("stage1", args);
+    snprintf(path, sizeof path, "%s/s/epoch%03d.ckpt", dir, epochs + 1);
+    ck_assert_msg(access(path, F_OK) != 0, "--keep-last 1 left %s", path);
+    snprintf(path, sizeof path, "%s/s/step%08lld.ckpt", dir, (long long)stop);
+    ck_assert_msg(access(path, F_OK) == 0, "%s missing", path);
+    free(newest), free(dir);
+}
+END_TEST
+
 /* The GradScaler's state rides in the checkpoint (format version 5), as scaler.state_dict() does in
  * PyTorch's recipe: an fp16 run that backed off (a forced overflow at step 2: scale 32768) and was
  * stopped continues at that scale, and ends bit-identical to the uninterrupted run (before, it began
@@ -587,6 +679,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, resume_on_other_data_is_refused);
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
+    tcase_add_test(tc, two_runs_saving_into_one_directory);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
     tcase_add_test(tc, a_refused_resume_is_reported_once_per_job);
     tcase_add_test(tc, fp16_resume_continues_the_scaler);

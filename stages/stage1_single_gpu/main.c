@@ -41,7 +41,7 @@ int main(int argc, char **argv) {
     Device dev = {.deterministic = cfg.deterministic, .benchmark = cfg.cudnn_benchmark,
                   .allow_tf32 = !cfg.no_tf32};
     DeviceKind kind = device_kind_from_flag(cfg.device, 0);
-    config_resolve(&cfg, kind == DEV_CUDA);
+    config_resolve(&cfg, kind == DEV_CUDA, 1); /* the one process: it saves */
     device_init(&dev, kind, 0, 0);
 
     /* Data, model, optimizer. */

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     Device opts = {.deterministic = cfg.deterministic, .benchmark = cfg.cudnn_benchmark,
                    .allow_tf32 = !cfg.no_tf32};
     DeviceKind kind = device_kind_from_flag(cfg.device, 0);
-    config_resolve(&cfg, kind == DEV_CUDA);
+    config_resolve(&cfg, kind == DEV_CUDA, 1); /* the one process: it saves */
     dp_config_resolve(&dpc, kind);
     int n = dpc.gpus;
     Device **devs = dp_devices_create(n, kind, &opts);

@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     cli_parse(argc, argv, config_options(&cfg, ddp_options(&f, accum)), "stage4", ABOUT);
     if (f.show.show) return sampler_show(&f.show, (uint64_t)cfg.seed, !f.no_shuffle, f.drop_last);
     TrainConfig check = cfg;
-    config_resolve(&check, 0); /* bad paths fail here, once, not in every worker */
+    config_resolve(&check, 0, 0); /* bad paths fail here, once, not in every worker */
 
     /* The job: one process per GPU. Without RANK & co. in the environment this call is the
      * launcher — it starts the workers (before any CUDA call) and never returns. */
@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     int gpus = strcmp(cfg.device, "cpu") ? device_cuda_count() : 0, cuda;
     CommKind comm_kind;
     launch_resolve(&lc, w.launcher, gpus, w.local_world_size, &cuda, &comm_kind);
-    config_resolve(&cfg, cuda);
+    config_resolve(&cfg, cuda, w.rank == 0); /* rank 0 saves */
     Device dev = {.deterministic = cfg.deterministic, .benchmark = cfg.cudnn_benchmark,
                   .allow_tf32 = !cfg.no_tf32};
     device_init(&dev, cuda ? DEV_CUDA : DEV_CPU, w.rank, cuda ? launch_gpu_of(&w, gpus) : 0);

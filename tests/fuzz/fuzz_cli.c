@@ -61,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
             DpConfig dpc = dp_config_defaults();
             tables[0] = config_options(&cfg, dp_options(&dpc));
             cli_parse(argc - 1, argv + 1, tables[0], "stage2", "fuzz");
-            config_resolve(&cfg, 0);
+            config_resolve(&cfg, 0, 0);
             dp_config_resolve(&dpc, DEV_CPU);
         } else {
             tables[0] = ddp_options(&f, accum);
@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
             if (amp.show_scaler[0]) amp_show_scaler(&amp);
             else {
                 TrainConfig check = cfg;
-                config_resolve(&check, 0);
+                config_resolve(&check, 0, 0);
             }
         }
     }
