@@ -136,6 +136,8 @@ typedef struct Run {
     void (*save_scaler)(void *ctx, CheckpointMeta *meta);
     void *scaler_ctx;
     int scaler_noted;      /* the resumed checkpoint's GradScaler state was taken, or its fate said */
+    char *last_saved;      /* the last checkpoint this run wrote (rank 0), named when the run diverges */
+    int64_t *state_counts; /* device: the divergence check's (zero, non-finite) counts, per part of the state */
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given
@@ -164,7 +166,9 @@ double run_lr(const Run *r); /* learning rate for the next step */
  * (every --log-every steps), progress bar. */
 void run_step_end(Run *r, StepLog *log, int slot, int64_t batch);
 /* After each epoch — or the part of one done when --steps stops the run inside it: statistics,
- * evaluation result, report line, checkpoint (--save; mid-epoch position kept for --resume). */
+ * evaluation result, report line, checkpoint (--save; mid-epoch position kept for --resume). A state
+ * that holds a NaN or an infinity (parameters, batch-norm statistics, the optimizer's) has diverged:
+ * the run stops there (exit 2), naming the last good checkpoint, and writes none of it. */
 void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, double data_wait_s);
 /* A field for the summary's JSON record (e.g. DDP's collective counts), before run_finish. */
 void run_summary_int(Run *r, const char *key, int64_t v);

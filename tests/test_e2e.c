@@ -417,6 +417,64 @@ START_TEST(stage1_memory_fraction_caps_the_account) {
 }
 END_TEST
 
+/* Every float of a checkpoint — parameters, buffers, optimizer state: from the end of its 256-byte
+ * header to its 8-byte checksum — is finite. */
+static int checkpoint_finite(const char *path) {
+    long len;
+    char *ck = test_slurp(path, &len);
+    ck_assert_msg(ck && len > 264, "%s", path);
+    int finite = 1;
+    for (long off = 256; off + 4 <= len - 8 && finite; off += 4) {
+        float v;
+        memcpy(&v, ck + off, 4);
+        finite = isfinite(v);
+    }
+    free(ck);
+    return finite;
+}
+
+/* A run whose state turns NaN or inf (an --lr far too high) used to train on, print "final train loss
+ * -nan" and exit 0, having saved the NaN state and let --keep-last 1 prune the good checkpoint for it.
+ * It stops at the end of the epoch it diverged in (exit 2), saying so and naming the last good
+ * checkpoint, which stays, alone; one that diverges in its first epoch saves nothing; without --save it
+ * stops too; in a job of two ranks rank 0 says why and the launcher names it. */
+START_TEST(stage1_divergence_stops_and_keeps_the_good_checkpoint) {
+    char *dir = test_tmpdir(), args[2048], path[700], want[800], *out;
+    const char *wild = "--device cpu --model tiny --train-size 256 --test-size 128 --epochs 3 --momentum 0.999 "
+                       "--weight-decay 1 --progress off --deterministic";
+    /* --lr 20: epoch 1 ends finite (a train loss of 1e19), epoch 2 does not */
+    for (int ddp = 0; ddp < 2; ddp++) {
+        snprintf(args, sizeof args, "%s --lr 20 --save %s/%s --keep-last 1 %s", wild, dir, ddp ? "c" : "a",
+                 ddp ? "--nproc-per-node 2 --batch-size 16" : "--batch-size 32"); /* 8 steps an epoch */
+        if (ddp) snprintf(args + strlen(args), sizeof args - strlen(args), " --master-port %d", test_free_port());
+        int rc = run_stage(ddp ? "stage3" : "stage1", args, &out);
+        snprintf(path, sizeof path, "%s/%s/epoch001.ckpt", dir, ddp ? "c" : "a");
+        snprintf(want, sizeof want, "the last good checkpoint, %s, is kept", path);
+        ck_assert_msg(rc == 2 && strstr(out, "training diverged in epoch 2 (step 16") && strstr(out, want) &&
+                          strstr(out, "lower --lr (now 20)") && !strstr(out, "summary:"), "exit %d:\n%s", rc, out);
+        ck_assert_msg(!ddp || (strstr(out, "job failed: rank 0 (local rank 0") &&
+                               strstr(out, "exited with code 2 at step 16 (first failure)") &&
+                               strstr(out, "rank 1: training diverged")), "%s", out);
+        free(out);
+        ck_assert_msg(checkpoint_finite(path), "%s holds a NaN or an inf", path);
+        snprintf(path, sizeof path, "%s/%s/epoch002.ckpt", dir, ddp ? "c" : "a");
+        ck_assert_msg(access(path, F_OK) != 0, "%s was written", path);
+    }
+    /* the audit's --lr 100: diverged in epoch 1, nothing saved */
+    snprintf(args, sizeof args, "%s --batch-size 32 --lr 100 --save %s/b --keep-last 1", wild, dir);
+    ck_assert_int_eq(run_stage("stage1", args, &out), 2);
+    ck_assert_msg(strstr(out, "training diverged in epoch 1") && strstr(out, "no checkpoint was before it"), "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/b/epoch001.ckpt", dir);
+    ck_assert_msg(access(path, F_OK) != 0, "%s was written", path);
+    /* without --save: the same stop, no checkpoint named */
+    snprintf(args, sizeof args, "%s --batch-size 32 --lr 20", wild);
+    ck_assert_int_eq(run_stage("stage1", args, &out), 2);
+    ck_assert_msg(strstr(out, "training diverged in epoch 2") && !strstr(out, "checkpoint"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* On CUDA, checkpoints are in PyTorch's order whatever --layout (model.h, "The public order"): a
  * channels-last run and an NCHW run save the same parameters after 5 steps, and a channels-last
  * checkpoint resumed with --layout nchw ends where the channels-last run does. Not bit for bit
@@ -469,6 +527,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_says_why_a_closed_pipe_stopped_it);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
+    tcase_add_test(tc, stage1_divergence_stops_and_keeps_the_good_checkpoint);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
     suite_add_tcase(s, tc);
     return s;
