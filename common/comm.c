@@ -123,7 +123,7 @@ static void agree_on_kind(Comm *c, int seq) {
         size_t n = store_get(c->store, key, verdict, sizeof verdict - 1);
         verdict[n < sizeof verdict ? n : sizeof verdict - 1] = 0;
     }
-    if (verdict[0]) die_user("%s", verdict);
+    if (verdict[0]) die_collateral(c->rank != 0, 2, "%s", verdict); /* rank 0's verdict */
 }
 
 Comm *comm_create(CommKind kind, Store *store, Device *dev, double timeout_s) {

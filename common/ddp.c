@@ -206,8 +206,9 @@ static void rebuild(Ddp *d) {
     for (int i = 0; i < m->n_params; i++) {
         int p = (int)v[i];
         if (v[i] != p || p < 0 || p >= m->n_params || seen[p]++)
-            die_runtime("rank %d: rank 0's gradient-ready order arrived garbled (entry %d is %g): the ranks issued "
-                        "different collectives — start every rank with the same binary and flags", d->rank, i, v[i]);
+            die_collateral(d->rank != 0, 1, "rank %d: rank 0's gradient-ready order arrived garbled (entry %d is %g): "
+                           "the ranks issued different collectives — start every rank with the same binary and flags",
+                           d->rank, i, v[i]);
         d->ready_order[i] = p;
     }
     d->rebuilt = 1;
@@ -310,14 +311,15 @@ static void check_job_flags(Ddp *d) {
     memcpy(all, mine, sizeof all);
     comm_sum_doubles(d->comm, all, CAP);
     if (all[0] != mine[0] * d->world || all[1] != mine[1] * d->world)
-        die_user("rank %d: the ranks run different programs (another stage, or another build of it) — start "
-                 "every rank from the same binary", d->rank);
+        die_collateral(d->rank != 0, 2, "rank %d: the ranks run different programs (another stage, or another build "
+                       "of it) — start every rank from the same binary", d->rank);
     for (int i = 2; i < n; i++)
         if (all[i] != mine[i] * d->world)
-            die_user("rank %d: the ranks were started with different --%s — start every rank with the same flags "
-                     "(only paths, --keep-last, --workers, --cpu-threads, --pin-memory, --progress, --node-rank, "
-                     "--master-addr, the timeouts, --no-cuda-graph, --cudnn-benchmark, --deterministic, "
-                     "--memory-fraction and --test-inf-step may differ; --trace only in its path)", d->rank, names[i]);
+            die_collateral(d->rank != 0, 2, "rank %d: the ranks were started with different --%s — start every rank "
+                           "with the same flags (only paths, --keep-last, --workers, --cpu-threads, --pin-memory, "
+                           "--progress, --node-rank, --master-addr, the timeouts, --no-cuda-graph, --cudnn-benchmark, "
+                           "--deterministic, --memory-fraction and --test-inf-step may differ; --trace only in its "
+                           "path)", d->rank, names[i]);
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */
@@ -355,14 +357,14 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     comm_sum_doubles(comm, all, 5);
     for (int i = 0; i < 3; i++)
         if (all[i] != mine[i] * d->world)
-            die_user("rank %d: the ranks built different models (architecture, --norm or parameter shapes "
-                     "differ) — start every rank with the same flags", d->rank);
+            die_collateral(d->rank != 0, 2, "rank %d: the ranks built different models (architecture, --norm or "
+                           "parameter shapes differ) — start every rank with the same flags", d->rank);
     for (int i = 3; i < 5; i++)
         if (all[i] != mine[i] * d->world)
-            die_user("rank %d: the ranks were started with different training flags (--batch-size, --epochs, "
-                     "--steps, --log-every, --train-size, --test-size, --seed, --bucket-mb, --no-overlap, "
-                     "--accum-steps, --sync-each-micro-step or --find-unused-parameters) — start every rank with "
-                     "the same flags", d->rank);
+            die_collateral(d->rank != 0, 2, "rank %d: the ranks were started with different training flags "
+                           "(--batch-size, --epochs, --steps, --log-every, --train-size, --test-size, --seed, "
+                           "--bucket-mb, --no-overlap, --accum-steps, --sync-each-micro-step or "
+                           "--find-unused-parameters) — start every rank with the same flags", d->rank);
     run_sampler(run, !f->no_shuffle, f->drop_last); /* DistributedSampler's flags: a --resume is checked now */
     /* …and makes every replica start from rank 0's parameters and buffers. */
     comm_broadcast_async(comm, m->param_flat, m->n_param_floats, 0);

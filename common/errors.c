@@ -50,7 +50,9 @@ void die_at(const char *file, int line, const char *call, const char *why, const
     leave(1);
 }
 
-static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
+void (*die_user_hook)(void);
+
+void die_vcode(int code, const char *fmt, va_list ap) {
     fflush(stdout);
     char *body = NULL, *msg = NULL;
     va_list copy;
@@ -70,19 +72,17 @@ static _Noreturn void die_message(int code, const char *fmt, va_list ap) {
     leave(code);
 }
 
-void (*die_user_hook)(void);
-
 void die_user(const char *fmt, ...) {
     if (die_user_hook) die_user_hook(); /* the fuzzers' way back (it must not return) */
     va_list ap;
     va_start(ap, fmt);
-    die_message(2, fmt, ap);
+    die_vcode(2, fmt, ap);
 }
 
 void die_runtime(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    die_message(1, fmt, ap);
+    die_vcode(1, fmt, ap);
 }
 
 void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn)(void *), void *arg) {

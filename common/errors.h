@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -27,6 +28,9 @@ extern void (*die_last_words)(void);
 /* A failure at run time that is nobody's bug (a peer process died, a timeout): "error: <message>"
  * and exit(1). printf-style. */
 _Noreturn void die_runtime(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* die_user (code 2, without its hook) or die_runtime (code 1), the code chosen by the caller: for
+ * wrappers that do something of their own first (worker_status.h's die_collateral). */
+_Noreturn void die_vcode(int code, const char *fmt, va_list ap);
 
 /* A system call that returns -1 / NULL on failure and sets errno. */
 #define CHECK_SYS(call)                                                                            \

@@ -455,7 +455,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         if (ch[i].sigstopped && !ch[i].reaped) stopped_root = i;
     /* Workers that fail together (the same bad flag in every rank) exit within milliseconds of each
      * other: collect those for up to 0.1 s — and up to 2 s for one that has called exit() but is still
-     * tearing down (a GPU context takes a while) — so both lines below name the same first failure. */
+     * tearing down (a GPU context takes a while), or while every failure so far is collateral (the
+     * rank that caused it is still on its way out) — so both lines below name the same first failure. */
     for (int64_t t0 = status_clock_ns();;) {
         int st, exiting = 0;
         pid_t pid = waitpid(-1, &st, WNOHANG);
@@ -464,8 +465,10 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             continue;
         }
         for (int i = 0; i < n; i++) exiting += !ch[i].reaped && __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
+        int root = first_failure(ch, slots, n);
+        int known = stopped_root >= 0 || (root >= 0 && !__atomic_load_n(&slots[root].collateral, __ATOMIC_RELAXED));
         int64_t waited = status_clock_ns() - t0;
-        if (pid < 0 || !unreaped(ch, n) || waited > 2000000000 || (waited > 100000000 && !exiting)) break;
+        if (pid < 0 || !unreaped(ch, n) || waited > 2000000000 || (waited > 100000000 && !exiting && known)) break;
         usleep(2000);
     }
     char msg[256];

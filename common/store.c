@@ -21,6 +21,7 @@
 #include "errors.h"
 #include "auth.h"
 #include "net.h"
+#include "worker_status.h" /* die_collateral */
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4 };
 enum { STATUS_OVERFLOW = 2 }; /* ADD would leave the int64 range */
@@ -513,9 +514,9 @@ struct Store {
 };
 
 _Noreturn static void lost(const Store *s, const char *what) {
-    die_runtime("rank %d: the rendezvous store at %s:%d stopped answering during %s (%s) — rank 0, which "
-               "hosts it, has probably exited: see its error", s->rank, s->addr, s->port, what,
-               errno_string());
+    die_collateral(1, 1, "rank %d: the rendezvous store at %s:%d stopped answering during %s (%s) — rank 0, "
+                   "which hosts it, has probably exited: see its error", s->rank, s->addr, s->port, what,
+                   errno_string());
 }
 
 /* One request and its response. Returns the status; *out gets at most cap value bytes. */
@@ -533,10 +534,10 @@ static int request(Store *s, int op, const char *key, const void *val, uint32_t 
     uint8_t r[8];
     if (net_recv_all(s->fd, r, 8, timeout) < 0) {
         if (errno == ETIMEDOUT && op == OP_GET)
-            die_runtime("rank %d: waited %.0f s for '%s' in the rendezvous store — the rank that should "
-                       "publish it (usually rank 0) is slow, hung or failed: see its error; or it runs another "
-                       "build of this program, which never publishes that key (every rank needs the same one)",
-                       s->rank, timeout, key);
+            die_collateral(1, 1, "rank %d: waited %.0f s for '%s' in the rendezvous store — the rank that should "
+                           "publish it (usually rank 0) is slow, hung or failed: see its error; or it runs another "
+                           "build of this program, which never publishes that key (every rank needs the same one)",
+                           s->rank, timeout, key);
         lost(s, key);
     }
     uint32_t len = get_u32(r + 4);
@@ -726,12 +727,12 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     store_add(s, "rdzv/joined", 1);
     char reason[256];
     int joined = wait_count(s, "rdzv/joined", world, timeout_s, reason, sizeof reason);
-    if (joined < 0) die_user("rank %d: the rendezvous stopped: %s", rank, reason);
+    if (joined < 0) die_collateral(1, 2, "rank %d: the rendezvous stopped: %s", rank, reason); /* another's reason */
     if (!joined) {
         char who[600];
         int n = missing_ranks(s, "rdzv/host/%d", who, sizeof who);
-        die_user("%s did not join within %.0f s — check --master-addr (and --master-port, --nnodes, "
-                 "--node-rank) on %s", who, timeout_s, n == 1 ? "its node" : "their nodes");
+        die_collateral(1, 2, "%s did not join within %.0f s — check --master-addr (and --master-port, --nnodes, "
+                       "--node-rank) on %s", who, timeout_s, n == 1 ? "its node" : "their nodes");
     }
     opening = NULL;
     return s;
@@ -750,8 +751,8 @@ void store_barrier(Store *s, const char *what) {
         char fmt[64], who[600];
         snprintf(fmt, sizeof fmt, "barrier/%lld/%%d", n);
         missing_ranks(s, fmt, who, sizeof who);
-        die_runtime("rank %d: %s did not reach the barrier (%s) within %.0f s — slow, hung or failed: see "
-                   "their errors", s->rank, who, what, s->timeout);
+        die_collateral(1, 1, "rank %d: %s did not reach the barrier (%s) within %.0f s — slow, hung or failed: "
+                       "see their errors", s->rank, who, what, s->timeout);
     }
 }
 

@@ -14,7 +14,7 @@
 #include "ops.h"
 #include "peak.h"
 #include "trace.h"
-#include "worker_status.h" /* launch_mark_collateral: a rank that stops because rank 0's state diverged */
+#include "worker_status.h" /* launch_mark_collateral, die_collateral: a rank that stops because of another */
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
@@ -549,13 +549,13 @@ static void gate_sum(Run *r, int second) {
     double v[2] = {r->cfg->resume[0] != 0, (double)r->step};
     r->sum_across(r->sum_ctx, v, 2);
     if (v[0] < 0)
-        die_user("rank %d: rank 0 refused the --resume checkpoint — see its error", r->rank);
+        die_collateral(1, 2, "rank %d: rank 0 refused the --resume checkpoint — see its error", r->rank);
     if (v[0] != 0 && v[0] != r->world_size)
-        die_user("rank %d: --resume is given to %.0f of the %d ranks — give every rank the same --resume, or "
-                 "none", r->rank, v[0], r->world_size);
+        die_collateral(r->rank != 0, 2, "rank %d: --resume is given to %.0f of the %d ranks — give every rank the "
+                       "same --resume, or none", r->rank, v[0], r->world_size);
     if (second && v[1] != (double)r->step * r->world_size)
-        die_user("rank %d: the ranks resumed at different steps (this one at step %lld) — give every rank the "
-                 "same checkpoint", r->rank, (long long)r->step);
+        die_collateral(r->rank != 0, 2, "rank %d: the ranks resumed at different steps (this one at step %lld) — "
+                       "give every rank the same checkpoint", r->rank, (long long)r->step);
 }
 
 /* Around the checks of a --resume: rank 0 checks, then sums; the others sum, then check. */

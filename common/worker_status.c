@@ -3,6 +3,7 @@
 #include "worker_status.h"
 
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,14 @@ void launch_step(int64_t step) {
 
 void launch_mark_collateral(void) {
     if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
+}
+
+void die_collateral(int collateral, int code, const char *fmt, ...) {
+    if (code == 2 && die_user_hook) die_user_hook();
+    if (collateral) launch_mark_collateral();
+    va_list ap;
+    va_start(ap, fmt);
+    die_vcode(code, fmt, ap);
 }
 
 void status_attach(int fd, int local_rank, int rank) {

@@ -32,6 +32,13 @@ void launch_step(int64_t step);
 /* Worker: the failure about to be reported is a consequence of another rank's (a closed
  * connection, a collective that timed out), so the launcher blames the other one. */
 void launch_mark_collateral(void);
+/* die_user (code 2) or die_runtime (code 1), marked collateral first when `collateral` is true: for
+ * a failure that follows from another rank's — its refusal, its loss, a verdict it left (pass 1) —
+ * and for a disagreement every rank finds at once (different flags, a --resume on some ranks),
+ * which the job reports as rank 0's (pass rank != 0), so that the launcher names one rank every
+ * time instead of whichever exited first. */
+_Noreturn void die_collateral(int collateral, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* CLOCK_MONOTONIC in ns (the clock of exit_ns). */
 int64_t status_clock_ns(void);

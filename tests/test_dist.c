@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -903,6 +904,78 @@ START_TEST(launcher_names_one_first_failure) {
 }
 END_TEST
 
+/* Two workers of `stage` as our launcher starts them (rank r with ARGS_r, both with ENV), beside the
+ * status page it reads after a failure: rc[r] is rank r's exit code, and collateral[r] whether it
+ * marked its failure as caused by another rank's. The launcher blames a non-collateral failure
+ * first; these marks are what makes its choice the same every time, whichever rank exits first. */
+static void run_marked_pair(const char *stage, const char *env, const char *args0, const char *args1, int rc[2],
+                            int collateral[2], char **out) {
+    int fd;
+    StatusSlot *slots = status_page_create(2, &fd);
+    const char *job = "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1";
+    int port = test_free_port();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "(%s RANK=0 LOCAL_RANK=0 %s MASTER_PORT=%d STAGE3_STATUS_FD=%d " LIMIT "%s/%s " TINY " %s & "
+             "%s RANK=1 LOCAL_RANK=1 %s MASTER_PORT=%d STAGE3_STATUS_FD=%d " LIMIT "%s/%s " TINY " %s; r1=$?; "
+             "wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
+             env, job, port, fd, test_root(), stage, args0, env, job, port, fd, test_root(), stage, args1);
+    ck_assert_int_eq(test_run(cmd, out), 0);
+    const char *codes = strstr(*out, "exit codes ");
+    ck_assert_msg(codes && sscanf(codes, "exit codes %d %d", &rc[0], &rc[1]) == 2, "%s", *out);
+    for (int r = 0; r < 2; r++) collateral[r] = (int)__atomic_load_n(&slots[r].collateral, __ATOMIC_RELAXED);
+    munmap(slots, 2 * sizeof *slots);
+    close(fd);
+}
+
+/* A rank that exits because of another rank — rank 0's refusal of the --resume, a peer gone, or a
+ * disagreement every rank finds at once, which is reported as rank 0's — marks its failure collateral,
+ * so the launcher names the rank that caused it. Rank 1 used to be blamed for rank 0's refusal about
+ * half the time on a busy machine ("job failed: rank 1 … (first failure)"), whichever exited first. */
+START_TEST(failures_caused_by_a_peer_are_marked_collateral) {
+    char *dir = test_tmpdir(), cmd[2048], a0[1024], a1[1024], *out;
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --batch-size 32 --epochs 1 --nproc-per-node 2 "
+             "--master-port %d --save %s/b32 && " LIMIT "%s/stage1 " TINY " --epochs 1 --save %s/one", test_root(),
+             test_free_port(), dir, test_root(), dir);
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* in each case rank 0's failure is the job's, rank 1's a consequence */
+    static const struct { const char *what, *env, *args0, *args1, *said; } cases[] = {
+        /* rank 0 refuses the file (another batch size, another world size); rank 1 learns it from the gate */
+        {"refused --batch-size", "", "--batch-size 64 --accum-steps 2 --epochs 2 --resume %s/b32/epoch001.ckpt",
+         "--batch-size 64 --accum-steps 2 --epochs 2 --resume %s/b32/epoch001.ckpt", "rank 1: rank 0 refused"},
+        {"refused world size", "", "--epochs 2 --resume %s/one/epoch001.ckpt",
+         "--epochs 2 --resume %s/one/epoch001.ckpt", "rank 1: rank 0 refused"},
+        /* found by both at once: reported as rank 0's */
+        {"--resume on rank 0 only", "", "--epochs 2 --resume %s/b32/epoch001.ckpt --batch-size 32",
+         "--epochs 2 --batch-size 32", "--resume is given to 1 of the 2 ranks"},
+        {"different --lr", "", "--steps 2", "--steps 2 --lr 0.05", "started with different --lr"},
+        /* rank 0 fails at step 2; rank 1 loses its ring neighbour */
+        {"rank 0 gone", "STAGE3_FAIL_AT=0:2", "--steps 4", "--steps 4", "it probably failed"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int rc[2], coll[2];
+        snprintf(a0, sizeof a0, cases[k].args0, dir);
+        snprintf(a1, sizeof a1, cases[k].args1, dir);
+        run_marked_pair("stage4", cases[k].env, a0, a1, rc, coll, &out);
+        ck_assert_msg(rc[0] && rc[1] && strstr(out, cases[k].said), "%s:\n%s", cases[k].what, out);
+        ck_assert_msg(coll[0] == 0 && coll[1] == 1, "%s: collateral marks %d %d, expected 0 1:\n%s", cases[k].what,
+                      coll[0], coll[1], out);
+        free(out);
+    }
+    /* and through the launcher itself, as it was seen: the job's failure is rank 0's refusal */
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --batch-size 64 --accum-steps 2 --epochs 2 "
+                 "--nproc-per-node 2 --master-port %d --resume %s/b32/epoch001.ckpt", test_root(), test_free_port(),
+                 dir);
+        ck_assert_int_eq(test_run(cmd, &out), 2);
+        ck_assert_msg(strstr(out, "job failed: rank 0 (local rank 0"), "%s", out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* Exactly one process may hold each rank: a second process claiming a rank already claimed is
  * refused at once, by name (not left to time out waiting for the rank that was never started). */
 static void open_rank1_of3(void *p) {
@@ -1173,6 +1246,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
     tcase_add_test(tc, launcher_names_one_first_failure);
+    tcase_add_test(tc, failures_caused_by_a_peer_are_marked_collateral);
     tcase_add_test(tc, barrier_waits_for_every_rank);
     tcase_add_test(tc, a_rank_claimed_twice_is_refused);
     tcase_add_test(tc, two_nodes_of_two_workers);
