@@ -475,17 +475,19 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int seen = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
     if (seen >= 0 && unreaped(ch, n)) {
         describe_exit(&ch[seen], &slots[seen], msg, sizeof msg);
-        fprintf(stderr, "%s: %s — stopping the other workers (SIGTERM, SIGKILL after %.0f s)\n", prog, msg,
-                LAUNCH_GRACE_S);
+        int itself = !ch[seen].reaped, others = unreaped(ch, n) - itself; /* a stopped root is stopped too */
+        fprintf(stderr, "%s: %s — stopping %s (SIGTERM, SIGKILL after %.0f s)\n", prog, msg,
+                !itself ? "the other workers" : others ? "it and the other workers" : "it", LAUNCH_GRACE_S);
     }
     stop_all(ch, n);
     int root = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
     if (root < 0) root = 0;
-    /* The others: stopped = ended by our SIGTERM/SIGKILL; failed after it = exited with an error on
-     * their own meanwhile (the same error, or a peer's loss noticed: see their lines). */
+    /* The others (never the root, which a stopped root is to our SIGTERM too): stopped = ended by our
+     * SIGTERM/SIGKILL; failed after it = exited with an error on their own meanwhile (the same error,
+     * or a peer's loss noticed: see their lines). */
     int stopped = 0, after = 0;
     for (int i = 0; i < n; i++)
-        stopped += killed_by_us(&ch[i]), after += i != root && !killed_by_us(&ch[i]) && failed(&ch[i]);
+        if (i != root) stopped += killed_by_us(&ch[i]), after += !killed_by_us(&ch[i]) && failed(&ch[i]);
     describe_exit(&ch[root], &slots[root], msg, sizeof msg);
     char others[96] = "";
     if (stopped) snprintf(others, sizeof others, "; %d other worker%s stopped", stopped, stopped == 1 ? "" : "s");
@@ -493,7 +495,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         snprintf(others + strlen(others), sizeof others - strlen(others), "; %d other worker%s failed too",
                  after, after == 1 ? "" : "s");
     fprintf(stderr, "%s: job failed: %s (first failure)%s\n", prog, msg, others);
-    int code = WIFEXITED(ch[root].status) ? WEXITSTATUS(ch[root].status) : 128 + WTERMSIG(ch[root].status);
+    /* The root's own code, or 128 + its signal; 1 for a stopped root, whose SIGTERM was ours (143 would
+     * say one came from outside). */
+    int code = killed_by_us(&ch[root])      ? 1
+               : WIFEXITED(ch[root].status) ? WEXITSTATUS(ch[root].status)
+                                            : 128 + WTERMSIG(ch[root].status);
     exit(code ? code : 1);
 }
 

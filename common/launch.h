@@ -6,7 +6,9 @@
  * LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR, MASTER_PORT — then waits. If any worker
  * exits non-zero or dies by a signal, it SIGTERMs the others, SIGKILLs them after a grace period,
  * and exits non-zero naming the root cause: the rank, its exit code or signal, and the step it was
- * in (workers publish their step in a shared page: worker_status.h). Workers also die with the
+ * in (workers publish their step in a shared page: worker_status.h). Its own exit code is the root's
+ * (128 + the signal for one killed), or 1 when the root was a stopped worker (SIGSTOP): that one ends
+ * by the launcher's SIGTERM, which is no cause of the job's. Workers also die with the
  * launcher (PR_SET_PDEATHSIG), so none is ever orphaned.
  *
  * The same binary is a worker when started by torchrun --no-python (RANK, …), srun (SLURM_PROCID,

@@ -242,17 +242,22 @@ START_TEST(store_survives_bad_clients) {
 END_TEST
 
 /* A rank stopped by SIGSTOP (hung, not dead): the others time out at --comm-timeout, and the
- * launcher and rank 0 name the stopped rank, not the healthy rank 0. */
+ * launcher and rank 0 name the stopped rank, not the healthy rank 0. The launcher's SIGTERM ends the
+ * stopped rank: the job exits 1, not 143 (as if a SIGTERM had come from outside), and the stopped
+ * rank is not counted among the "other" workers (it used to be: "1 other worker stopped; 1 other
+ * worker failed too" in a job of two). */
 START_TEST(a_stopped_rank_is_named) {
     char cmd[1024], *out;
     snprintf(cmd, sizeof cmd, "STAGE3_FAIL_AT=1:3:STOP " LIMIT "%s/stage3 " TINY " --train-size 256 --epochs 50 "
              "--nproc-per-node 2 --comm-timeout 3 --master-port %d", test_root(), test_free_port());
     double t0 = time_now();
     int rc = test_run(cmd, &out);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d:\n%s", rc, out);
+    ck_assert_msg(rc == 1, "exit %d, expected 1:\n%s", rc, out);
     ck_assert_msg(time_now() - t0 < 60 * test_time_scale(), "took %.0f s", time_now() - t0);
     ck_assert_msg(strstr(out, "job failed: rank 1 (local rank 1") && strstr(out, "stopped by SIGSTOP"),
                   "the stopped rank is not named as the failure:\n%s", out);
+    ck_assert_msg(strstr(out, "(first failure); 1 other worker failed too\n") && !strstr(out, "other worker stopped"),
+                  "the others miscounted:\n%s", out);
     ck_assert_msg(strstr(out, "rank 1 stopped answering") && !strstr(out, "ranks 1 and 1"), "%s", out);
     free(out);
 }
