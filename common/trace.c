@@ -247,7 +247,10 @@ static int out_open(Out *o, const char *name, const char **why) {
 }
 
 /* Flush, sync and rename into place: 0, or 1 when writing failed (the partial .tmp file removed), 2
- * when only the rename failed (the complete .tmp file kept), with *why. */
+ * when only the rename failed (the complete .tmp file kept), with *why. A write that fails is the
+ * machine's state — a full disk, ulimit -f — and exits 1, as --save and --report do (WRITE_FIX); a
+ * name that cannot take the file is the user's to change (exit 2). */
+#define WRITE_FIX "check free space (df -h) and the file-size limit (ulimit -f)"
 static int out_commit(Out *o, const char **why) {
     int bad = fflush(o->f) != 0 || (o->tmp[0] && fsync(fileno(o->f)) != 0);
     if (bad) *why = errno_string();
@@ -413,8 +416,7 @@ static void write_file(void) {
             (long long)g.a, (long long)g.b, atomic_load(&g.dropped));
     int failed = out_commit(&g.mine, &why);
     if (failed == 1) /* no temporary file when writing to a device (/dev/stdout) */
-        die_user("--trace %s: writing %s failed (%s): check free space (df -h) and the file-size limit (ulimit -f)",
-                 g.file, g.mine.at, why);
+        die_runtime("--trace %s: writing %s failed (%s): " WRITE_FIX, g.file, g.mine.at, why);
     if (failed)
         die_user("--trace %s: cannot replace %s with the finished trace (%s) — it is kept in %s: move it "
                  "where you want it; next time give --trace a regular file", g.file, g.mine.path, why, g.mine.tmp);
@@ -498,13 +500,15 @@ void trace_merge(void) {
     fprintf(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"ranks\":%d}}\n",
             (long long)g.a, (long long)g.b, g.world);
     int failed = out_commit(&g.merged, &why);
-    char kept[4400] = ""; /* the rank files are complete: each rank renamed its own before the barrier */
-    if (failed == 2) snprintf(kept, sizeof kept, "; it is complete in %s", g.merged.tmp);
+    /* the rank files are complete: each rank renamed its own before the barrier */
+    if (failed == 1)
+        die_runtime("--trace %s: writing the merged file failed (%s): " WRITE_FIX " — the ranks' timelines are "
+                    "kept in %s.rank0.json … %s.rank%d.json (open them one by one)", g.file, why, g.file, g.file,
+                    g.world - 1);
     if (failed)
-        die_user("--trace %s: %s the merged file (%s%s)%s — the ranks' timelines are kept in %s.rank0.json … "
-                 "%s.rank%d.json (open them one by one); next time give --trace a regular file in a writable "
-                 "directory", g.file, failed == 1 ? "writing" : "cannot write", why,
-                 failed == 1 ? ": is the disk full?" : "", kept, g.file, g.file, g.world - 1);
+        die_user("--trace %s: cannot write the merged file (%s); it is complete in %s — the ranks' timelines are "
+                 "kept in %s.rank0.json … %s.rank%d.json (open them one by one); next time give --trace a regular "
+                 "file in a writable directory", g.file, why, g.merged.tmp, g.file, g.file, g.world - 1);
     printf("trace: %d spans of steps %lld–%lld from %d ranks merged into %s (per rank: %s.rankN.json; open it "
            "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)\n",
            spans, (long long)g.a, (long long)g.b - 1, g.world, g.file, g.file, g.file);

@@ -223,7 +223,8 @@ END_TEST
 
 /* A FIFO as a data file or as --report used to hang forever; a failing --report write used to be a
  * warning with exit 0; --save into an impossible place (or onto a checkpoint name that is a directory)
- * used to fail only after an epoch. */
+ * used to fail only after an epoch. A full disk is the machine's state (exit 1) for --report and
+ * --trace alike — a failed trace write, a rank's file or the merged one, used to exit 2. */
 START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     char *dir = test_tmpdir(), path[700], args[2048], *out;
     snprintf(path, sizeof path, "%s/fifo", dir);
@@ -240,7 +241,19 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
         ck_assert_int_eq(run("stage1", TINY " --train-size 64 --steps 2 --report /dev/full", &out), 1);
         ck_assert_msg(strstr(out, "writing the --report file '/dev/full' failed"), "%s", out);
         free(out);
+        ck_assert_int_eq(run("stage1", TINY " --train-size 64 --steps 2 --trace /dev/full --trace-steps 0:2", &out), 1);
+        ck_assert_msg(strstr(out, "writing /dev/full failed (No space left on device): check free space"), "%s", out);
+        free(out);
     }
+    /* the merged trace of two ranks (~6 KB) over a 4 KB file-size limit that their own files (~3 KB) fit */
+    char cmd0[2400];
+    snprintf(cmd0, sizeof cmd0, "prlimit --fsize=4096 " LIMIT "%s/stage3 " TINY " --train-size 256 --batch-size 16 "
+             "--steps 3 --nproc-per-node 2 --master-port %d --trace %s/t.json --trace-steps 1:3", test_root(),
+             test_free_port(), dir);
+    ck_assert_int_eq(test_run(cmd0, &out), 1);
+    ck_assert_msg(strstr(out, "writing the merged file failed (File too large): check free space") &&
+                  strstr(out, "t.json.rank1.json (open them one by one)"), "%s", out);
+    free(out);
     snprintf(path, sizeof path, "%s/plain", dir);
     FILE *f = fopen(path, "w");
     fclose(f);
