@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,14 +88,97 @@ static int slurm_local_world(int world, int node) {
     return n > 0 ? n : world;
 }
 
+/* torchrun's and mpirun's variables (srun's are read by the step functions above); what a worker
+ * needs of each set is its first two. An empty variable counts as unset, as env_int reads it. */
+static const char *const TORCHRUN_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                            NULL};
+static const char *const MPIRUN_VARS[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                          "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+static const char *const SRUN_VARS[] = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID",
+                                        "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+                                        "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                                        NULL};
+
+static int is_set(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0];
+}
+
+/* Those of vars that are set, as "NAME=value NAME=value" (with_values) or "NAME NAME"; how many. */
+static int list_set(const char *const *vars, int with_values, char *out, size_t cap) {
+    size_t k = 0;
+    int n = 0;
+    out[0] = 0;
+    for (int i = 0; vars[i]; i++)
+        if (is_set(vars[i]) && k < cap)
+            n++, k += (size_t)snprintf(out + k, cap - k, "%s%s%s%s", k ? " " : "", vars[i], with_values ? "=" : "",
+                                       with_values ? getenv(vars[i]) : "");
+    return n;
+}
+
+/* What made this process a worker, for the messages that refuse it (set by worker_from_env):
+ * "torchrun's variables RANK=0 WORLD_SIZE=2 …", and for torchrun's names that no torchrun set — no
+ * TORCHELASTIC_RUN_ID, not our launcher's: launcher "environment", often left over in a shell —
+ * how to be rid of them. */
+static char origin[640], leftover[320];
+
+static void describe_origin(const Worker *w, const char *const *vars) {
+    char found[512];
+    list_set(vars, 1, found, sizeof found);
+    leftover[0] = 0;
+    if (strcmp(w->launcher, "environment")) {
+        snprintf(origin, sizeof origin, "from %s's variables %s", w->launcher, found);
+        return;
+    }
+    char names[256];
+    list_set(vars, 0, names, sizeof names);
+    snprintf(origin, sizeof origin, "from %s in the environment, torchrun's variables that no torchrun set: "
+             "TORCHELASTIC_RUN_ID is unset", found);
+    snprintf(leftover, sizeof leftover, "if they are left over in this shell, unset %s to let %s start its own "
+             "workers", names, prog);
+}
+
+/* The launcher's variables cannot describe this job (flag NULL), or launch flag --flag contradicts
+ * them: what is wrong, where it comes from, and the fix — for a leftover set, unsetting it (ours then
+ * starts the workers); for a flag under a launcher, the launcher decides. */
+_Noreturn __attribute__((format(printf, 2, 3))) static void refuse(const char *flag, const char *fmt, ...) {
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!flag) die_user("%s (%s)%s%s", what, origin, leftover[0] ? " — " : "", leftover);
+    if (leftover[0])
+        die_user("%s (%s) — %s; if a launcher of yours set them, drop --%s", what, origin, leftover, flag);
+    die_user("%s (%s) — the launcher decides: drop --%s", what, origin, flag);
+}
+
+/* A launcher's variables given in part are no job to join, and ignoring them would start workers
+ * the user did not ask for: name what is there and what is missing. */
+static void refuse_partial(const char *launcher, const char *const *vars) {
+    char found[512], names[256], missing[128] = "";
+    int n = list_set(vars, 1, found, sizeof found);
+    if (!n) return;
+    for (int i = 0; i < 2; i++)
+        if (!is_set(vars[i]))
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? " and " : "",
+                     vars[i]);
+    list_set(vars, 0, names, sizeof names);
+    die_user("%s %s set, but not %s: a worker needs both %s and %s (as %s sets them) — if %s left over in "
+             "this shell, unset %s to let %s start its own workers; as a worker of your own launcher, set %s too",
+             found, n == 1 ? "is" : "are", missing, vars[0], vars[1], launcher, n == 1 ? "it is" : "they are", names,
+             prog, missing);
+}
+
 /* Fill w from the launcher's variables; 0 when there are none (we are to launch). */
 static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     memset(w, 0, sizeof *w);
     const char *addr = getenv("MASTER_ADDR");
     snprintf(w->master_addr, sizeof w->master_addr, "%s", addr && addr[0] ? addr : cfg->master_addr);
     w->master_port = env_int("MASTER_PORT", cfg->master_port);
-    if (getenv("RANK")) {
-        if (!getenv("WORLD_SIZE")) die_user("RANK is set but WORLD_SIZE is not: set both (as torchrun does)");
+    const char *world_var = "WORLD_SIZE", *rank_var = "RANK";
+    if (is_set("RANK")) {
+        if (!is_set("WORLD_SIZE")) refuse_partial("torchrun", TORCHRUN_VARS);
         w->rank = env_int("RANK", 0);
         w->world_size = env_int("WORLD_SIZE", 1);
         w->local_rank = env_int("LOCAL_RANK", w->rank);
@@ -103,6 +187,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->launcher = getenv("STAGE3_STATUS_FD")      ? prog
                       : getenv("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                       : "environment";
+        describe_origin(w, TORCHRUN_VARS);
         /* torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers to share it;
          * we speak our own protocol, so ours goes next door. */
         const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
@@ -113,52 +198,63 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->node_rank = env_int("SLURM_NODEID", 0);
         w->local_world_size = slurm_local_world(w->world_size, w->node_rank);
         w->launcher = "srun";
-    } else if (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) {
+        rank_var = "SLURM_PROCID", world_var = slurm_name("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
+        describe_origin(w, SRUN_VARS);
+    } else if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE")) {
         w->rank = env_int("OMPI_COMM_WORLD_RANK", 0);
         w->world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
         w->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
         w->local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", w->world_size);
         w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
         w->launcher = "mpirun";
+        rank_var = "OMPI_COMM_WORLD_RANK", world_var = "OMPI_COMM_WORLD_SIZE";
+        describe_origin(w, MPIRUN_VARS);
     } else {
+        /* Complete sets of another launcher come first (an sbatch script often exports WORLD_SIZE
+         * for srun's tasks); a partial set alone is refused. */
+        refuse_partial("torchrun", TORCHRUN_VARS);
+        refuse_partial("mpirun", MPIRUN_VARS);
         int tasks = env_int("SLURM_NTASKS", 0);
         if (getenv("SLURM_PROCID") && tasks > 1 && !slurm_in_step())
             printf("%s: note: a Slurm job of %d tasks, but this is its batch script, not an srun task: the job "
                    "runs on this node only — start it with srun (srun ./%s …) to use every task\n", prog, tasks, prog);
         return 0;
     }
-    if (w->world_size < 1 || w->rank >= w->world_size)
-        die_user("rank %d of a world of %d (from %s's variables): the rank must be below the world size",
-                 w->rank, w->world_size, w->launcher);
+    if (w->world_size < 1)
+        refuse(NULL, "%s=%d: the world size must be at least 1", world_var, w->world_size);
+    if (w->rank >= w->world_size)
+        refuse(NULL, "rank %d of a world of %d: %s must be below %s", w->rank, w->world_size, rank_var, world_var);
     if (w->local_world_size < 1 || w->local_rank >= w->local_world_size)
-        die_user("local rank %d of %d workers per node (from %s's variables) is out of range", w->local_rank,
-                 w->local_world_size, w->launcher);
+        refuse(NULL, "local rank %d of %d workers per node is out of range", w->local_rank, w->local_world_size);
     if (w->local_world_size > w->world_size)
-        die_user("%d workers per node but %d in the whole job (from %s's variables): a node cannot hold more "
-                 "workers than the job — check LOCAL_WORLD_SIZE (or the launcher's own local size)",
-                 w->local_world_size, w->world_size, w->launcher);
+        refuse(NULL, "%d workers per node but %d in the whole job: a node cannot hold more workers than the job — "
+               "check LOCAL_WORLD_SIZE (or the launcher's own local size)", w->local_world_size, w->world_size);
     if (w->master_port < 1 || w->master_port > 65535)
         die_user("the rendezvous port %d is out of range (MASTER_PORT / --master-port)", w->master_port);
     /* Started by another launcher, our own launch flags would be silently ignored: say so when they
      * contradict it (our launcher passes the same argv on, with the same counts). */
     if (cfg->nproc_per_node > 0 && cfg->nproc_per_node != w->local_world_size)
-        die_user("this node runs %d worker%s (from %s's variables), but --nproc-per-node says %d — the launcher "
-                 "decides: drop --nproc-per-node", w->local_world_size, w->local_world_size == 1 ? "" : "s",
-                 w->launcher, cfg->nproc_per_node);
+        refuse("nproc-per-node", "this node runs %d worker%s, but --nproc-per-node says %d", w->local_world_size,
+               w->local_world_size == 1 ? "" : "s", cfg->nproc_per_node);
     if (cfg->nnodes > 1 && cfg->nnodes * w->local_world_size != w->world_size)
-        die_user("the job has %d worker%s (from %s's variables), but --nnodes %d × %d per node says %d — the "
-                 "launcher decides: drop --nnodes", w->world_size, w->world_size == 1 ? "" : "s", w->launcher,
-                 cfg->nnodes, w->local_world_size, cfg->nnodes * w->local_world_size);
+        refuse("nnodes", "the job has %d worker%s, but --nnodes %d × %d per node says %d", w->world_size,
+               w->world_size == 1 ? "" : "s", cfg->nnodes, w->local_world_size, cfg->nnodes * w->local_world_size);
     if (cli_given("node-rank") && cfg->node_rank != w->node_rank)
-        die_user("this is node %d (from %s's variables), but --node-rank says %d — the launcher decides: drop "
-                 "--node-rank", w->node_rank, w->launcher, cfg->node_rank);
+        refuse("node-rank", "this is node %d, but --node-rank says %d", w->node_rank, cfg->node_rank);
     const char *port = getenv("MASTER_PORT");
     if (port && cli_given("master-port") && env_int("MASTER_PORT", 0) != cfg->master_port)
-        die_user("the rendezvous port is %s (MASTER_PORT, from %s), but --master-port says %d — the launcher "
-                 "decides: drop --master-port", port, w->launcher, cfg->master_port);
+        refuse("master-port", "the rendezvous port is MASTER_PORT=%s, but --master-port says %d", port,
+               cfg->master_port);
     if (addr && addr[0] && cli_given("master-addr") && strcmp(addr, cfg->master_addr))
-        die_user("the rendezvous address is %s (MASTER_ADDR, from %s), but --master-addr says %s — the launcher "
-                 "decides: drop --master-addr", addr, w->launcher, cfg->master_addr);
+        refuse("master-addr", "the rendezvous address is MASTER_ADDR=%s, but --master-addr says %s", addr,
+               cfg->master_addr);
+    /* A job of workers started by hand needs its secret like any other (store.h); without one, a
+     * leftover set is the likelier story, so name it first. */
+    uint8_t secret[AUTH_MAX_SECRET];
+    if (leftover[0] && !auth_secret(secret, sizeof secret))
+        die_user("this process is rank %d of %d (%s), but has no rendezvous secret — %s; as a worker of your own "
+                 "launcher, export STAGE_RDZV_SECRET=$(openssl rand -hex 32) for every rank", w->rank, w->world_size,
+                 origin, leftover);
     return 1;
 }
 

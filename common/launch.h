@@ -14,6 +14,9 @@
  * The same binary is a worker when started by torchrun --no-python (RANK, …), srun (SLURM_PROCID,
  * SLURM_LOCALID, SLURM_NTASKS, in a step of two or more tasks: SLURM_STEP_ID) or mpirun
  * (OMPI_COMM_WORLD_RANK, _LOCAL_RANK, _SIZE); an sbatch script or a one-task step launches here.
+ * Part of torchrun's or mpirun's set without another launcher's complete one is refused, naming what
+ * is missing; torchrun's names that no torchrun set (no TORCHELASTIC_RUN_ID: launcher "environment",
+ * often left over in a shell) are named in every error they cause, with how to unset them.
  * Under torchrun, its agent already holds MASTER_PORT for its own store (TORCHELASTIC_USE_AGENT_STORE
  * = True), so rank 0 hosts ours on MASTER_PORT + 1.
  *

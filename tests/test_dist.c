@@ -523,7 +523,6 @@ START_TEST(launcher_refuses_bad_flags) {
         ck_assert_msg(!strstr(out, "launching"), "'%s' started workers before refusing:\n%s", cases[i].args, out);
         free(out);
     }
-    /* RANK without WORLD_SIZE is an incomplete torchrun environment */
     char *out;
     /* far more CPU workers than cores: refused before any starts (1000 on 2 cores all timed out) */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -534,12 +533,35 @@ START_TEST(launcher_refuses_bad_flags) {
         ck_assert_msg(strstr(out, "would starve one another") && !strstr(out, "launching"), "%s\n%s", many, out);
         free(out);
     }
-    ck_assert_int_eq(stage3("RANK=0", TINY, &out), 2);
-    ck_assert_msg(strstr(out, "WORLD_SIZE"), "%s", out);
-    free(out);
-    /* started by another launcher, a contradicting --nproc-per-node is named, not ignored */
+    /* RANK without WORLD_SIZE is an incomplete torchrun environment, and so is WORLD_SIZE without RANK
+     * (it used to be ignored: 2 workers started); each names what is missing */
+    static const struct { const char *env, *says; } partial[] = {
+        {"RANK=0", "RANK=0 is set, but not WORLD_SIZE"},
+        {"WORLD_SIZE=4", "WORLD_SIZE=4 is set, but not RANK: a worker needs both"},
+        {"LOCAL_RANK=1 GROUP_RANK=0", "are set, but not RANK and WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_SIZE=2", "is set, but not OMPI_COMM_WORLD_RANK"},
+    };
+    for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++) {
+        ck_assert_int_eq(stage3(partial[i].env, TINY, &out), 2);
+        ck_assert_msg(strstr(out, partial[i].says) && strstr(out, "to let stage3 start its own workers") &&
+                      !strstr(out, "launching"), "%s:\n%s", partial[i].env, out);
+        free(out);
+    }
+    /* started by another launcher, a contradicting --nproc-per-node is named, not ignored; the same
+     * variables left over in a shell, no launcher's, are named with how to be rid of them — with the
+     * flag, and without it (where the one-rank job lacked a secret, and the message said only that) */
     ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1", TINY " --nproc-per-node 4", &out), 2);
-    ck_assert_msg(strstr(out, "this node runs 1 worker") && strstr(out, "drop --nproc-per-node"), "%s", out);
+    ck_assert_msg(strstr(out, "this node runs 1 worker") && strstr(out, "drop --nproc-per-node") &&
+                  strstr(out, "from RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 in the environment") &&
+                  strstr(out, "unset RANK WORLD_SIZE LOCAL_WORLD_SIZE to let stage3 start its own workers"), "%s", out);
+    free(out);
+    ck_assert_int_eq(stage3("env -u STAGE_RDZV_SECRET RANK=0 WORLD_SIZE=1", TINY, &out), 2);
+    ck_assert_msg(strstr(out, "rank 0 of 1 (from RANK=0 WORLD_SIZE=1 in the environment") &&
+                  strstr(out, "no rendezvous secret") && strstr(out, "unset RANK WORLD_SIZE to let stage3"), "%s", out);
+    free(out);
+    ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=1 TORCHELASTIC_RUN_ID=x", TINY " --nproc-per-node 4", &out), 2);
+    ck_assert_msg(strstr(out, "from torchrun's variables RANK=0 WORLD_SIZE=1)") &&
+                  strstr(out, "the launcher decides: drop --nproc-per-node") && !strstr(out, "unset"), "%s", out);
     free(out);
     /* and so are the other launch flags it decides, and variables that contradict each other */
     struct { const char *env, *args, *expect; } env_cases[] = {
@@ -1075,7 +1097,8 @@ END_TEST
  * equal to the world size, and a world that --nnodes × --nproc-per-node contradicts. */
 START_TEST(worker_variables_out_of_range_are_refused) {
     static const struct { const char *env, *args, *says; } cases[] = {
-        {"RANK=2 WORLD_SIZE=2", "", "rank 2 of a world of 2"},
+        {"RANK=2 WORLD_SIZE=2", "", "rank 2 of a world of 2: RANK must be below WORLD_SIZE"},
+        {"RANK=0 WORLD_SIZE=0", "", "WORLD_SIZE=0: the world size must be at least 1"},
         {"SLURM_STEP_ID=0 SLURM_PROCID=3 SLURM_LOCALID=0 SLURM_NTASKS=3", "", "rank 3 of a world of 3"},
         {"SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2x", "",
          "SLURM_TASKS_PER_NODE='2x' is not a tasks-per-node list"},
@@ -1170,6 +1193,9 @@ START_TEST(worker_view_from_launcher_variables) {
          "rank 5 local 2/3 world 6 node 1 port 29500 via mpirun"},
         {"RANK=0 WORLD_SIZE=1 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=3",
          "rank 0 local 0/1 world 1 node 0 port 29500 via environment"},
+        /* an sbatch script's export WORLD_SIZE=… beside srun's complete set: srun's, as before */
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 WORLD_SIZE=2",
+         "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;

@@ -159,8 +159,8 @@ START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "--nnodes 2: every node's launcher needs the same rendezvous secret"), "%s", out);
     free(out);
-    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET RANK=0 WORLD_SIZE=1 " LIMIT "%s/stage3 " TINY
-             " --train-size 64 --master-port %d", test_root(), test_free_port());
+    snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET RANK=0 WORLD_SIZE=1 TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 "
+             TINY " --train-size 64 --master-port %d", test_root(), test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "rank 0 has no rendezvous secret") && strstr(out, "STAGE_RDZV_SECRET"), "%s", out);
     free(out);
