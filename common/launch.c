@@ -170,6 +170,25 @@ static void refuse_partial(const char *launcher, const char *const *vars) {
              prog, missing);
 }
 
+/* How to change the rendezvous port, in the terms of whoever chose it (store_port_fix): a MASTER_PORT
+ * that a launcher or a script set wins over --master-port (which is refused when it differs), and
+ * under torchrun's agent store ours is one past the port the user gave torchrun. Our launcher's
+ * workers keep the default: their MASTER_PORT is --master-port. */
+static void describe_port(const Worker *w, int agent) {
+    const char *port = getenv("MASTER_PORT");
+    if (!is_set("MASTER_PORT") || !strcmp(w->launcher, prog)) return;
+    if (agent)
+        snprintf(store_port_fix, sizeof store_port_fix, "torchrun's agent holds MASTER_PORT=%s for its own store, "
+                 "and ours takes the next port, %d: give torchrun a --master-port P below 65535 with P + 1 free too",
+                 port, w->master_port);
+    else if (!strcmp(w->launcher, "torchrun"))
+        snprintf(store_port_fix, sizeof store_port_fix, "the port is torchrun's MASTER_PORT=%s: give torchrun a free "
+                 "--master-port", port);
+    else
+        snprintf(store_port_fix, sizeof store_port_fix, "the port is MASTER_PORT=%s from the environment, which "
+                 "--master-port cannot override: export a free MASTER_PORT to every rank", port);
+}
+
 /* Fill w from the launcher's variables; 0 when there are none (we are to launch). */
 static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     memset(w, 0, sizeof *w);
@@ -177,6 +196,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     snprintf(w->master_addr, sizeof w->master_addr, "%s", addr && addr[0] ? addr : cfg->master_addr);
     w->master_port = env_int("MASTER_PORT", cfg->master_port);
     const char *world_var = "WORLD_SIZE", *rank_var = "RANK";
+    int agent = 0;
     if (is_set("RANK")) {
         if (!is_set("WORLD_SIZE")) refuse_partial("torchrun", TORCHRUN_VARS);
         w->rank = env_int("RANK", 0);
@@ -190,8 +210,9 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         describe_origin(w, TORCHRUN_VARS);
         /* torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers to share it;
          * we speak our own protocol, so ours goes next door. */
-        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-        if (agent && !strcmp(agent, "True")) w->master_port++;
+        const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        agent = store && !strcmp(store, "True");
+        w->master_port += agent;
     } else if ((w->world_size = slurm_step_tasks()) > 0) {
         w->rank = env_int("SLURM_PROCID", 0);
         w->local_rank = env_int("SLURM_LOCALID", 0);
@@ -220,6 +241,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
                    "runs on this node only — start it with srun (srun ./%s …) to use every task\n", prog, tasks, prog);
         return 0;
     }
+    describe_port(w, agent);
     if (w->world_size < 1)
         refuse(NULL, "%s=%d: the world size must be at least 1", world_var, w->world_size);
     if (w->rank >= w->world_size)
@@ -230,7 +252,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         refuse(NULL, "%d workers per node but %d in the whole job: a node cannot hold more workers than the job — "
                "check LOCAL_WORLD_SIZE (or the launcher's own local size)", w->local_world_size, w->world_size);
     if (w->master_port < 1 || w->master_port > 65535)
-        die_user("the rendezvous port %d is out of range (MASTER_PORT / --master-port)", w->master_port);
+        die_user("the rendezvous port %d is out of range (1–65535) — %s", w->master_port, store_port_fix);
     /* Started by another launcher, our own launch flags would be silently ignored: say so when they
      * contradict it (our launcher passes the same argv on, with the same counts). */
     if (cfg->nproc_per_node > 0 && cfg->nproc_per_node != w->local_world_size)

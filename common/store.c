@@ -438,8 +438,7 @@ static Server *server_start(const char *addr, int port, const uint8_t *secret, s
     if (fd < 0) {
         if (errno == EADDRINUSE)
             die_user("rank 0 cannot host the rendezvous store on %s:%d: the port is in use (another "
-                     "job, or one still shutting down) — pick a free one with --master-port",
-                     addr, port);
+                     "job, or one still shutting down) — %s", addr, port, store_port_fix);
         if (errno == ENOENT)
             die_user("rank 0 cannot listen on %s:%d: no such host name (it does not resolve) — check "
                      "--master-addr: a host name or address of the node that runs rank 0 (node 0)", addr, port);
@@ -512,6 +511,8 @@ struct Store {
     uint8_t secret[AUTH_MAX_SECRET]; /* the job's, for the host ring's handshake (store_secret) */
     size_t secret_len;
 };
+
+char store_port_fix[320] = "pick a free one with --master-port";
 
 _Noreturn static void lost(const Store *s, const char *what) {
     die_collateral(1, 1, "rank %d: the rendezvous store at %s:%d stopped answering during %s (%s) — rank 0, "
@@ -639,8 +640,11 @@ static int client_hello(int fd, const uint8_t *secret, size_t len, double timeou
     if (net_recv_all(fd, hello, sizeof hello, timeout) < 0 || memcmp(hello, "RDZ1", AUTH_HELLO)) return -1;
     auth_random(mine, AUTH_NONCE);
     auth_mac(secret, len, "client", hello + AUTH_HELLO, mine, mine + AUTH_NONCE);
-    *why = "it refused this rank's secret: the port belongs to another job (rank 0 could not host this job's store "
-           "there: give every rank a free --master-port), or the ranks were given different STAGE_RDZV_SECRETs";
+    static _Thread_local char refused[512];
+    snprintf(refused, sizeof refused, "it refused this rank's secret: the port belongs to another job (rank 0 could "
+             "not host this job's store there: %s), or the ranks were given different STAGE_RDZV_SECRETs",
+             store_port_fix);
+    *why = refused;
     if (net_send_all(fd, mine, sizeof mine, timeout) < 0 || net_recv_all(fd, theirs, sizeof theirs, timeout) < 0)
         return -1;
     auth_mac(secret, len, "server", hello + AUTH_HELLO, mine, want);

@@ -35,6 +35,10 @@ typedef struct Store Store;
  * retrying until timeout_s, claims its rank (two processes with one rank is an error) and waits
  * until all `world` ranks have joined; a rank missing after timeout_s is named in the error. */
 Store *store_open(const char *addr, int port, int rank, int world, double timeout_s);
+/* How to choose another port, in the words of whoever chose this one: "pick a free one with
+ * --master-port" unless the worker's launcher set it (launch.c), where --master-port is refused —
+ * then the MASTER_PORT to export, or torchrun's --master-port. Ends the port-in-use errors. */
+extern char store_port_fix[320];
 /* Rank 0 waits (bounded) until every other rank has disconnected, then stops the server. */
 void store_close(Store *s);
 /* Timeout for later gets and barriers (the job's collective timeout once training runs). */

@@ -285,10 +285,32 @@ START_TEST(store_port_in_use_is_clear) {
     ck_assert_msg(strstr(out, want) && !strstr(out, "launching"), "%s", out);
     ck_assert(time_now() - t0 < 10 * test_time_scale());
     free(out);
+    /* a worker's port comes from its launcher's MASTER_PORT, which --master-port cannot override: the
+     * advice names what to change (it used to say --master-port, which was then refused), and under
+     * torchrun's agent store why the port is one past torchrun's */
+    char env[256];
+    static const struct { const char *env; int minus; const char *says; } from_env[] = {
+        {"SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2", 0,
+         "the port is MASTER_PORT=%d from the environment, which --master-port cannot override: export a free"},
+        {"RANK=0 WORLD_SIZE=2 TORCHELASTIC_RUN_ID=x TORCHELASTIC_USE_AGENT_STORE=True", 1,
+         "torchrun's agent holds MASTER_PORT=%d for its own store, and ours takes the next port"},
+    };
+    for (size_t i = 0; i < sizeof from_env / sizeof from_env[0]; i++) {
+        snprintf(env, sizeof env, "%s MASTER_PORT=%d", from_env[i].env, port - from_env[i].minus);
+        snprintf(want, sizeof want, from_env[i].says, port - from_env[i].minus);
+        ck_assert_int_eq(stage3(env, "--device cpu --model tiny --train-size 256 --rdzv-timeout 20", &out), 2);
+        ck_assert_msg(strstr(out, "port is in use") && strstr(out, want) && !strstr(out, "with --master-port"),
+                      "%s:\n%s", env, out);
+        free(out);
+    }
     close(fd);
+    ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=2 TORCHELASTIC_RUN_ID=x TORCHELASTIC_USE_AGENT_STORE=True "
+                            "MASTER_PORT=65535", "--device cpu --model tiny", &out), 2);
+    ck_assert_msg(strstr(out, "port 65536 is out of range") && strstr(out, "MASTER_PORT=65535 for its own store") &&
+                  strstr(out, "--master-port P below 65535"), "%s", out);
+    free(out);
     /* and a worker whose peer never comes, started with torchrun's variables */
     snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --rdzv-timeout 1");
-    char env[128];
     snprintf(env, sizeof env, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d", test_free_port());
     ck_assert_int_eq(stage3(env, args, &out), 2);
     ck_assert_msg(strstr(out, "rank 1 did not join within 1 s — check --master-addr"), "%s", out);
