@@ -14,7 +14,7 @@
 #include "ops.h"
 #include "peak.h"
 #include "trace.h"
-#include "worker_status.h" /* launch_mark_collateral, die_collateral: a rank that stops because of another */
+#include "worker_status.h" /* die_collateral: a rank that stops because of another */
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
@@ -371,10 +371,9 @@ static const char *state_nonfinite(Run *r) {
  * others point to it and mark their failure as a consequence of its, so the launcher names rank 0. */
 _Noreturn static void diverged(Run *r, const char *what, double loss) {
     const TrainConfig *c = r->cfg;
-    if (r->rank != 0) {
-        launch_mark_collateral();
-        die_user("rank %d: training diverged (every rank holds rank 0's state) — see rank 0's error", r->rank);
-    }
+    if (r->rank != 0)
+        die_collateral(1, 2, "rank %d: training diverged (every rank holds rank 0's state) — see rank 0's error",
+                       r->rank);
     char *kept = NULL; /* what is left to resume from (with --save) */
     int n = 0;
     if (r->last_saved)
