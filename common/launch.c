@@ -265,11 +265,11 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         refuse("node-rank", "this is node %d, but --node-rank says %d", w->node_rank, cfg->node_rank);
     const char *port = getenv("MASTER_PORT");
     if (port && cli_given("master-port") && env_int("MASTER_PORT", 0) != cfg->master_port)
-        refuse("master-port", "the rendezvous port is MASTER_PORT=%s, but --master-port says %d", port,
-               cfg->master_port);
+        refuse("master-port", "the rendezvous port is MASTER_PORT=%s, which the launcher or your job script exported "
+               "to every rank (change the port there), but --master-port says %d", port, cfg->master_port);
     if (addr && addr[0] && cli_given("master-addr") && strcmp(addr, cfg->master_addr))
-        refuse("master-addr", "the rendezvous address is MASTER_ADDR=%s, but --master-addr says %s", addr,
-               cfg->master_addr);
+        refuse("master-addr", "the rendezvous address is MASTER_ADDR=%s, which the launcher or your job script "
+               "exported to every rank (change the address there), but --master-addr says %s", addr, cfg->master_addr);
     /* A job of workers started by hand needs its secret like any other (store.h); without one, a
      * leftover set is the likelier story, so name it first. */
     uint8_t secret[AUTH_MAX_SECRET];

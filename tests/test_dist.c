@@ -588,6 +588,9 @@ START_TEST(launcher_refuses_bad_flags) {
     /* and so are the other launch flags it decides, and variables that contradict each other */
     struct { const char *env, *args, *expect; } env_cases[] = {
         {"RANK=0 WORLD_SIZE=1 MASTER_PORT=29742", " --master-port 29743", "drop --master-port"},
+        /* srun sets no MASTER_PORT: the job script did, and the message says where to change it */
+        {"SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2 MASTER_PORT=29742",
+         " --master-port 29743", "your job script exported to every rank (change the port there)"},
         {"RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1", " --master-addr 127.0.0.2", "drop --master-addr"},
         {"RANK=0 WORLD_SIZE=1", " --nnodes 7", "drop --nnodes"},
         {"RANK=0 WORLD_SIZE=2 GROUP_RANK=0", " --node-rank 1", "drop --node-rank"},
