@@ -389,6 +389,50 @@ static void stop_all(Child *ch, int n) {
     }
 }
 
+/* Exited 128 + SIG after stopping early for it, saved (stop.h; launch_mark_stopped): no failure. */
+static int stopped_clean(const Child *c, const StatusSlot *slot) {
+    int64_t sig = __atomic_load_n(&slot->stopped, __ATOMIC_RELAXED);
+    return c->reaped && sig && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 128 + sig;
+}
+
+/* The launcher got SIGINT, SIGTERM or SIGHUP: send each worker the same once (SIGTERM for SIGHUP: a
+ * hung-up terminal is no reason to lose the run), then wait up to LAUNCH_STOP_S for them to exit — a
+ * run with --save stops at a step boundary and saves; one without dies of it at once. A second signal
+ * to the launcher is passed on too (it stops the workers at once, unsaved) and waits LAUNCH_GRACE_S
+ * more at most. Whatever is left then gets stop_all's SIGTERM and SIGKILL. Returns how many workers
+ * exited within the wait. */
+static int pass_signal_on(Child *ch, int n, int sig) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); /* a second signal must be seen while we wait */
+    got_signal = 0;
+    int fwd = sig == SIGHUP ? SIGTERM : sig;
+    for (int i = 0; i < n; i++)
+        if (!ch[i].reaped) kill(ch[i].pid, fwd), kill(ch[i].pid, SIGCONT);
+    int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_STOP_S * 1e9);
+    while (unreaped(ch, n) && status_clock_ns() < deadline) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            reap(ch, n, pid, st);
+            continue;
+        }
+        if (pid < 0 && errno == ECHILD) break;
+        if (got_signal) { /* again: the workers' second signal, which they do not catch */
+            int again = got_signal == SIGHUP ? SIGTERM : got_signal;
+            got_signal = 0;
+            for (int i = 0; i < n; i++)
+                if (!ch[i].reaped) kill(ch[i].pid, again);
+            int64_t soon = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
+            if (soon < deadline) deadline = soon;
+        }
+        usleep(5000);
+    }
+    int exited = n - unreaped(ch, n);
+    stop_all(ch, n);
+    return exited;
+}
+
 static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, size_t len) {
     char how[64], when[64];
     if (WIFEXITED(c->status)) snprintf(how, sizeof how, "exited with code %d", WEXITSTATUS(c->status));
@@ -410,7 +454,7 @@ static int first_failure(const Child *ch, const StatusSlot *slots, int n) {
     int root = -1, best_collateral = 1;
     int64_t best = INT64_MAX;
     for (int i = 0; i < n; i++) {
-        if (!failed(&ch[i]) || killed_by_us(&ch[i])) continue;
+        if (!failed(&ch[i]) || killed_by_us(&ch[i]) || stopped_clean(&ch[i], &slots[i])) continue;
         int coll = (int)__atomic_load_n(&slots[i].collateral, __ATOMIC_RELAXED);
         int64_t t = __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
         if (!t) t = ch[i].reap_ns;
@@ -518,6 +562,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             /* Die with the launcher, whatever kills it (even SIGKILL): no orphaned workers. */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != self) _exit(1);
+            /* A session of its own, as torchrun starts its workers: a terminal's Ctrl-C (sent to the
+             * foreground process group) reaches the launcher alone, which passes it on once below.
+             * Had the workers received it too, the launcher's copy would be their second signal —
+             * which stops a saving run at once, unsaved (stop.h). */
+            setsid();
             sigprocmask(SIG_SETMASK, &old_mask, NULL);
             set_env_int("RANK", first + i);
             set_env_int("LOCAL_RANK", i);
@@ -557,14 +606,29 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         reap(ch, n, pid, st);
         if (WIFSTOPPED(st) || WIFCONTINUED(st)) continue;
         alive--;
-        for (int i = 0; i < n; i++) failure |= ch[i].pid == pid && failed(&ch[i]);
+        for (int i = 0; i < n; i++) failure |= ch[i].pid == pid && failed(&ch[i]) && !stopped_clean(&ch[i], &slots[i]);
     }
-    if (!failure && !got_signal) exit(0);
+    if (!failure && !got_signal) {
+        int sig = 0; /* every worker exited 0, or stopped cleanly for a signal one of them was sent */
+        for (int i = 0; i < n; i++) sig = stopped_clean(&ch[i], &slots[i]) ? WEXITSTATUS(ch[i].status) - 128 : sig;
+        if (!sig) exit(0);
+        fprintf(stderr, "%s: every worker stopped early for a SIG%s, at the same step (saved: see rank 0's lines)\n",
+                prog, status_signal_name(sig));
+        exit(128 + sig);
+    }
 
-    if (got_signal) { /* Ctrl-C or a kill: the workers may have died of it first, which is no failure */
-        stop_all(ch, n);
-        fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(got_signal), n);
-        exit(128 + got_signal);
+    if (got_signal) { /* Ctrl-C or a kill: pass it on, and give a saving run time to stop cleanly */
+        int sig = got_signal;
+        int passed = pass_signal_on(ch, n, sig);
+        int clean = 0;
+        for (int i = 0; i < n; i++) clean += stopped_clean(&ch[i], &slots[i]);
+        if (clean)
+            fprintf(stderr, "%s: interrupted by SIG%s: %d of %d workers stopped at a step boundary (saved: see rank "
+                    "0's lines)%s\n", prog, status_signal_name(sig), clean, n,
+                    passed < n ? "; the others were stopped" : "");
+        else
+            fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(sig), n);
+        exit(128 + sig);
     }
     /* A failure: say so at once, then stop the others. A worker that is stopped (SIGSTOP) when the
      * others fail is the cause: they timed out waiting for it. */

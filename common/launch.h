@@ -30,7 +30,9 @@
 #include "comm.h"          /* CommKind: the backend is chosen by comm_choose */
 #include "worker_status.h" /* launch_step, launch_mark_collateral */
 
-#define LAUNCH_GRACE_S 5.0 /* SIGTERM → SIGKILL (torchrun waits 30 s; our workers hold no state) */
+#define LAUNCH_GRACE_S 5.0 /* after a failure: SIGTERM → SIGKILL (the others have nothing to save then) */
+#define LAUNCH_STOP_S 30.0 /* after a Ctrl-C or SIGTERM to the launcher: the workers' time to stop at a step
+                            * boundary and save (stop.h) before SIGKILL — torchrun's default wait */
 #define LAUNCH_CPU_WORKERS_PER_CORE 64 /* the most CPU workers per core the launcher starts: on 2 cores,
                                        * 128 tiny-model workers took 41 s to start and take 3 steps (the
                                        * rendezvous times out at 60 s); 1000 all timed out */

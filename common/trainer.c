@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "hash.h"
 #include "ops.h"
 #include "peak.h"
+#include "stop.h"
 #include "trace.h"
 #include "worker_status.h" /* die_collateral: a rank that stops because of another */
 
@@ -734,6 +736,16 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         const char *resumed = cfg->resume[0] && !(S > 0 && S <= r->step) ? cfg->resume : NULL;
         checkpoint_probe(cfg->save, r->epoch, last, inside, resumed);
     }
+    if (cfg->save[0]) { /* a signal now stops the run at a step boundary, saved (stop.h) */
+        char notice[400];
+        if (gated(r))
+            snprintf(notice, sizeof notice, "the %d ranks stop after the next step where they compare notes (every "
+                     "--log-every %d steps, and at an epoch's end), and rank 0 saves it into %s", world_size,
+                     cfg->log_every, cfg->save);
+        else
+            snprintf(notice, sizeof notice, "stopping after this step and saving it into %s", cfg->save);
+        stop_install(stage, rank == 0 ? notice : NULL);
+    }
     r->t_start = r->epoch_t0 = time_now();
     r->epoch_batch0 = r->start_batch; /* a resumed epoch's first batches ran before this run */
     char process[64]; /* --trace: one process track per rank */
@@ -744,7 +756,24 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     trace_step(r->step);
 }
 
-int run_done(const Run *r) { return r->cfg->steps > 0 && r->step >= r->cfg->steps; }
+int run_done(const Run *r) { return r->stop_sig || (r->cfg->steps > 0 && r->step >= r->cfg->steps); }
+
+/* A stop asked for by a signal (stop.h) becomes the run's only where every rank decides the same: in
+ * one process after any step; in a job at the points where the ranks already sum something (the loss
+ * every --log-every steps, an epoch's totals), the requests riding along as two more values — how many
+ * ranks got SIGINT, how many SIGTERM. So every rank stops after the same step, and rank 0 saves a step
+ * that all of them finished, without a collective of its own (one per step would make every step wait
+ * for the slowest rank's host). */
+static void stop_vote(double v[2]) {
+    int s = stop_requested();
+    v[0] = s == SIGINT, v[1] = s == SIGTERM;
+}
+
+static void stop_take(Run *r, const double v[2]) {
+    if (r->stop_sig || (v[0] <= 0 && v[1] <= 0)) return;
+    r->stop_sig = v[1] > 0 ? SIGTERM : SIGINT; /* a scheduler's SIGTERM outranks a Ctrl-C */
+    r->stop_ranks = (int)(v[0] + v[1]);
+}
 
 int64_t run_last_step(const Run *r) {
     return r->cfg->steps > 0 && r->cfg->steps < r->total_steps ? r->cfg->steps : r->total_steps;
@@ -759,10 +788,14 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     r->step++;
     r->start_batch = batch + 1; /* position in the epoch, for a mid-epoch checkpoint */
     const TrainConfig *c = r->cfg;
+    double vote[2];
+    stop_vote(vote);
+    if (!gated(r)) stop_take(r, vote); /* one process: nobody to agree with */
     if (r->step % c->log_every == 0 || run_done(r)) {
-        double loss = steplog_step_loss(log); /* the one synchronisation, every --log-every steps */
-        sum_over_ranks(r, &loss, 1);
-        loss /= r->world_size > 1 && r->sum_across ? r->world_size : 1;
+        double v[3] = {steplog_step_loss(log), vote[0], vote[1]}; /* the one synchronisation, every --log-every steps */
+        sum_over_ranks(r, v, 3);
+        stop_take(r, v + 1);
+        double loss = v[0] / (r->world_size > 1 && r->sum_across ? r->world_size : 1);
         json_begin(&r->report, "step");
         json_int(&r->report, "step", r->step);
         json_int(&r->report, "epoch", r->epoch + 1);
@@ -830,8 +863,10 @@ static void collect_times(Run *r, StepLog *log, double *loss, double *acc) {
     double n = 0;
     for (int i = 0; i < log->count; i++) n += log->n[i];
     int k = steplog_finish(log, loss, acc, t);
-    double v[3] = {*loss * n, *acc * n, n};
-    sum_over_ranks(r, v, 3);
+    double v[5] = {*loss * n, *acc * n, n};
+    stop_vote(v + 3); /* an epoch's end is a point every rank reaches too */
+    sum_over_ranks(r, v, 5);
+    stop_take(r, v + 3);
     *loss = v[2] > 0 ? v[0] / v[2] : NAN;
     *acc = v[2] > 0 ? v[1] / v[2] : NAN;
     for (int i = 0; i < k; i++, r->seen_steps++) {
@@ -1014,6 +1049,14 @@ void run_finish(Run *r) {
                       n_peaks - PEAKS_LISTED, PEAKS_LISTED, n_peaks - 1, n_peaks,
                       fmt_bytes(mem, sizeof mem, (double)max_peak));
     print_flops(r, &flops);
+    if (r->stop_sig) { /* rank 0 saved this step (run_epoch_end); say how to go on from it */
+        char who[64] = "";
+        if (gated(r)) snprintf(who, sizeof who, " (received by %d of %d ranks)", r->stop_ranks, r->world_size);
+        report_printf(&r->report, "stopped early by SIG%s%s after step %lld of %lld: continue with --resume %s\n",
+                      status_signal_name(r->stop_sig), who, (long long)r->step, (long long)run_last_step(r),
+                      r->last_saved ? r->last_saved : "(rank 0's last checkpoint)");
+        launch_mark_stopped(r->stop_sig);
+    }
     json_begin(&r->report, "summary");
     json_str(&r->report, "stage", r->stage);
     json_str(&r->report, "device", r->devs[0]->kind == DEV_CUDA ? "cuda" : "cpu");
@@ -1038,6 +1081,9 @@ void run_finish(Run *r) {
     json_num(&r->report, "peak_tflops", flops.peak); /* all devices of the job */
     json_num(&r->report, "peak_fraction", flops.achieved / flops.peak);
     json_int(&r->report, "peak_devices", flops.devices);
+    char stopped_by[16];
+    snprintf(stopped_by, sizeof stopped_by, "SIG%s", status_signal_name(r->stop_sig));
+    if (r->stop_sig) json_str(&r->report, "stopped_by", stopped_by); /* only then: the summary keeps its keys */
     json_str(&r->report, "peak_math", peak_math_name(flops.math));
     json_str(&r->report, "peak_source", flops.source);
     for (int i = 0; i < r->n_extras; i++) {
@@ -1049,3 +1095,5 @@ void run_finish(Run *r) {
     device_free(r->model->dev, r->state_counts);
     free(r->times), free(r->last_saved);
 }
+
+int run_exit_code(const Run *r) { return r->stop_sig ? 128 + r->stop_sig : 0; }

@@ -138,6 +138,8 @@ typedef struct Run {
     int scaler_noted;      /* the resumed checkpoint's GradScaler state was taken, or its fate said */
     char *last_saved;      /* the last checkpoint this run wrote (rank 0), named when the run diverges */
     int64_t *state_counts; /* device: the divergence check's (zero, non-finite) counts, per part of the state */
+    int stop_sig;          /* SIGINT or SIGTERM once every rank has agreed to stop early (stop.h), else 0 */
+    int stop_ranks;        /* how many ranks had received it then */
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given
@@ -159,7 +161,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
  * sampler flags, so its checkpoint is checked only here (ddp_init calls it, before the first step):
  * one saved under another setting is refused — its position would mean other samples. */
 void run_sampler(Run *r, int shuffle, int drop_last);
-int run_done(const Run *r); /* --steps reached */
+/* --steps reached, or a signal's stop agreed (stop.h: with --save, SIGINT or SIGTERM ends the run at a
+ * step boundary, where the usual end-of-run path saves it). */
+int run_done(const Run *r);
 int64_t run_last_step(const Run *r); /* the optimizer step this run ends at: --steps, else the schedule's end */
 double run_lr(const Run *r); /* learning rate for the next step */
 /* After each optimizer step (slot: its last entry; batch: the loader batch it ended with): logging
@@ -175,5 +179,9 @@ void run_summary_int(Run *r, const char *key, int64_t v);
 void run_summary_num(Run *r, const char *key, double v);
 /* Final summary (console + JSON); closes the report. */
 void run_finish(Run *r);
+/* The process's exit code: 0, or 128 + the signal that stopped the run early (130 for Ctrl-C, 143
+ * for SIGTERM), as a shell reports a process the signal killed — the run did not finish, and a script
+ * that chains the next command with && must not go on as if it had. */
+int run_exit_code(const Run *r);
 
 #endif

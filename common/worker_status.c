@@ -83,6 +83,10 @@ void launch_step(int64_t step) {
     exit(3);
 }
 
+void launch_mark_stopped(int sig) {
+    if (my_slot) __atomic_store_n(&my_slot->stopped, sig, __ATOMIC_RELAXED);
+}
+
 void launch_mark_collateral(void) {
     if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
 }

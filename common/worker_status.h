@@ -17,7 +17,8 @@ typedef struct StatusSlot {
     int64_t step;        /* step the worker is in (0: still setting up) */
     int64_t exit_ns;     /* status_clock_ns() when it called exit() (0: it did not, e.g. a signal) */
     int64_t collateral;  /* its failure was caused by another rank's */
-    int64_t pad[5];
+    int64_t stopped;     /* the signal it stopped early for, saved (stop.h): no failure, 0 if none */
+    int64_t pad[4];
 } StatusSlot;
 
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
@@ -32,6 +33,9 @@ void launch_step(int64_t step);
 /* Worker: the failure about to be reported is a consequence of another rank's (a closed
  * connection, a collective that timed out), so the launcher blames the other one. */
 void launch_mark_collateral(void);
+/* Worker: it is about to exit 128 + sig because a signal stopped the run cleanly (stop.h) — every
+ * rank at the same step — which the launcher reports as a stop, not as a failure to blame. */
+void launch_mark_stopped(int sig);
 /* die_user (code 2) or die_runtime (code 1), marked collateral first when `collateral` is true: for
  * a failure that follows from another rank's — its refusal, its loss, a verdict it left (pass 1) —
  * and for a disagreement every rank finds at once (different flags, a --resume on some ranks),

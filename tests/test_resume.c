@@ -555,6 +555,92 @@ START_TEST(two_runs_saving_into_one_directory) {
 }
 END_TEST
 
+/* The last name a run that stops after `step` writes (16 steps an epoch): epochNNN at an epoch's end. */
+static void final_checkpoint(char *buf, size_t len, const char *dir, long step) {
+    if (step % 16 == 0) snprintf(buf, len, "%.700s/epoch%03ld.ckpt", dir, step / 16);
+    else snprintf(buf, len, "%.700s/step%08ld.ckpt", dir, step);
+}
+
+/* With --save, Ctrl-C or a scheduler's SIGTERM stops the run at a step boundary (stop.h) instead of
+ * losing what it trained since its last checkpoint: rank 0 saves that step, the run exits 128 + the
+ * signal (so `./stage1 … && next` does not go on) and names the checkpoint to resume. Resumed, it ends
+ * bit for bit where a run that was never stopped ends. A second signal stops it at once, unsaved. In a
+ * job the ranks agree on the step first: a Ctrl-C to the launcher's process group (what a terminal
+ * sends) reaches the launcher alone, which passes it on once — had the workers got the terminal's
+ * too, the launcher's would have been their second — and a SIGTERM to one worker stops every rank. */
+START_TEST(a_signal_stops_at_a_step_and_saves_it) {
+    char *dir = test_tmpdir(), cmd[4096], args[2048], path[800], fresh[800], *out;
+    const char *s1 = TINY " --train-size 512 --batch-size 32 --epochs 1000"; /* 16 steps an epoch */
+    /* the wait: until the run has saved once (so it is training), then the signal */
+    const char *started = "while ! grep -q 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; ";
+    /* …and the end: its exit status, or a SIGKILL after 60 s (a signal that stopped nothing) */
+    const char *ended = "i=0; while kill -0 $run 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+                        "kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ";
+    snprintf(cmd, sizeof cmd, "D=%s; R=a; env --default-signal=INT %s/stage1 %s --save $D/a > $D/a.log 2>&1 & run=$!; %s"
+             "kill -INT $run; %s cat $D/a.log", dir, test_root(), s1, started, ended);
+    test_run(cmd, &out);
+    long step = 0;
+    const char *at = strstr(out, "stopped early by SIGINT after step ");
+    ck_assert_msg(at && sscanf(at, "stopped early by SIGINT after step %ld of", &step) == 1 && step > 16,
+                  "no clean stop:\n%s", out);
+    snprintf(path, sizeof path, "%s/a", dir);
+    final_checkpoint(fresh, sizeof fresh, path, step);
+    snprintf(path, sizeof path, "continue with --resume %.700s", fresh);
+    ck_assert_msg(strstr(out, "exit 130") && strstr(out, "SIGINT — stopping after this step") && strstr(out, path) &&
+                  strstr(out, "summary:"), "%s", out);
+    ck_assert_msg(access(fresh, F_OK) == 0, "%s was not saved:\n%s", fresh, out);
+    free(out);
+    /* resumed for 5 more steps, it ends where a run of those steps that was never stopped ends */
+    snprintf(args, sizeof args, "%s --steps %ld --resume %s --save %s/a", s1, step + 5, fresh, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --steps %ld --save %s/b", s1, step + 5, dir);
+    run_ok("stage1", args);
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/a", dir), snprintf(b, sizeof b, "%s/b", dir);
+    final_checkpoint(path, sizeof path, a, step + 5);
+    final_checkpoint(fresh, sizeof fresh, b, step + 5);
+    snprintf(cmd, sizeof cmd, "cmp %s %s", path, fresh);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stopped and resumed differs from never stopped: %s", out);
+    free(out);
+
+    /* a second signal: at once, unsaved (both arrive together while the run is stopped) */
+    snprintf(cmd, sizeof cmd, "D=%s; R=c; env --default-signal=INT %s/stage1 %s --save $D/c > $D/c.log 2>&1 & run=$!; %s"
+             "kill -STOP $run; kill -INT $run; kill -TERM $run; kill -CONT $run; %s cat $D/c.log", dir, test_root(), s1,
+             started, ended);
+    test_run(cmd, &out);
+    ck_assert_msg((strstr(out, "exit 130") || strstr(out, "exit 143")) && !strstr(out, "stopped early") &&
+                  !strstr(out, "summary:"), "two signals did not stop it at once:\n%s", out);
+    free(out);
+
+    /* a job: the terminal's Ctrl-C to the launcher's process group (setsid makes it a group's leader) */
+    const char *s3 = TINY " --train-size 512 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 4";
+    snprintf(cmd, sizeof cmd, "D=%s; R=d; setsid %s/stage3 %s --master-port %d --save $D/d > $D/d.log 2>&1 & "
+             "run=$!; %s kill -INT -$run; %s cat $D/d.log", dir, test_root(), s3, test_free_port(), started, ended);
+    test_run(cmd, &out);
+    at = strstr(out, "stopped early by SIGINT (received by 2 of 2 ranks) after step ");
+    ck_assert_msg(at && sscanf(at, "stopped early by SIGINT (received by 2 of 2 ranks) after step %ld", &step) == 1 &&
+                  step % 4 == 0 && strstr(out, "exit 130") &&
+                  strstr(out, "stage3: interrupted by SIGINT: 2 of 2 workers stopped at a step boundary") &&
+                  strstr(out, "the 2 ranks stop after the next step where they compare notes"), "%s", out);
+    snprintf(path, sizeof path, "%s/d", dir);
+    final_checkpoint(fresh, sizeof fresh, path, step);
+    ck_assert_msg(access(fresh, F_OK) == 0, "%s was not saved:\n%s", fresh, out);
+    free(out);
+    snprintf(args, sizeof args, "%s --steps %ld --resume %s --save %s/d", s3, step + 2, fresh, dir);
+    run_ok("stage3", args);
+
+    /* SIGTERM to one worker only (as a scheduler might): every rank stops at the same step */
+    snprintf(cmd, sizeof cmd, "D=%s; R=e; %s/stage3 %s --master-port %d --save $D/e > $D/e.log 2>&1 & run=$!; %s"
+             "for w in $(cat /proc/$run/task/$run/children); do :; done; kill -TERM $w; %s cat $D/e.log", dir, test_root(), s3,
+             test_free_port(), started, ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 1 of 2 ranks) after step ") &&
+                  strstr(out, "exit 143") && strstr(out, "every worker stopped early for a SIGTERM") &&
+                  !strstr(out, "job failed"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* The GradScaler's state rides in the checkpoint (format version 5), as scaler.state_dict() does in
  * PyTorch's recipe: an fp16 run that backed off (a forced overflow at step 2: scale 32768) and was
  * stopped continues at that scale, and ends bit-identical to the uninterrupted run (before, it began
@@ -693,6 +779,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, two_runs_saving_into_one_directory);
+    tcase_add_test(tc, a_signal_stops_at_a_step_and_saves_it);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
     tcase_add_test(tc, a_refused_resume_is_reported_once_per_job);
     tcase_add_test(tc, fp16_resume_continues_the_scaler);

@@ -106,5 +106,5 @@ int main(int argc, char **argv) {
     dataset_free(&train_set);
     dataset_free(&test_set);
     device_destroy(&dev);
-    return 0;
+    return run_exit_code(&run); /* 0, or 128 + the signal that stopped it early (--save) */
 }

@@ -198,5 +198,5 @@ int main(int argc, char **argv) {
     comm_destroy(comm);
     store_close(store);
     device_destroy(&dev);
-    return 0;
+    return run_exit_code(&run); /* 0, or 128 + the signal that stopped it early (--save) */
 }

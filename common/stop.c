@@ -1,0 +1,45 @@
+/* stop.c — the signal side of a clean stop (stop.h): a flag, and a line that says what happens next. */
+#include "stop.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t requested; /* the first signal, 0 before any */
+static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
+static size_t len_int, len_term;
+
+static void on_stop(int sig) {
+    /* exchanged, not tested then set: two signals that arrive together may run this on two threads */
+    if (__atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
+        signal(sig, SIG_DFL); /* the second: its default action, now — the process dies of it, unsaved */
+        raise(sig);
+        return;
+    }
+    int e = errno; /* the interrupted code may be about to read it */
+    ssize_t w = sig == SIGTERM ? write(2, notice_term, len_term) : write(2, notice_int, len_int);
+    (void)w;
+    errno = e;
+}
+
+void stop_install(const char *prog, const char *notice) {
+    if (notice) {
+        /* a leading newline: the progress bar may be half-way through its line */
+        snprintf(notice_int, sizeof notice_int, "\n%s: SIGINT — %s (press Ctrl-C again to stop at once, unsaved)\n",
+                 prog, notice);
+        snprintf(notice_term, sizeof notice_term, "\n%s: SIGTERM — %s (a second signal stops it at once, unsaved)\n",
+                 prog, notice);
+        len_int = strlen(notice_int), len_term = strlen(notice_term);
+    }
+    /* SA_RESTART: a read or write that the signal interrupts carries on (poll() loops retry on EINTR) */
+    struct sigaction sa = {.sa_handler = on_stop, .sa_flags = SA_RESTART}, old;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) /* one ignored by whoever started us stays ignored (as Python does): a */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) /* script's `cmd &`, nohup */
+            sigaction(sigs[i], &sa, NULL);
+}
+
+int stop_requested(void) { return requested; }

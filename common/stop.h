@@ -1,0 +1,25 @@
+/* stop.h — Ctrl-C, or a scheduler's SIGTERM, stops a run that saves (--save) cleanly: at a step
+ * boundary, with a checkpoint of that step, instead of losing everything since the last one.
+ *
+ * What you will learn:
+ *   - why a signal handler may only set a flag (the step in flight is a stream of GPU work and
+ *     half-written buffers; the loop, not the handler, decides where to stop);
+ *   - why a job of processes must agree on the step first: each rank gets the signal at a different
+ *     point of its loop, and rank 0 may only save a step that every rank has finished. The ranks
+ *     vote where they already sum something (trainer.c), so agreeing costs no collective of its own;
+ *   - the launcher's part: workers run in sessions of their own (as torchrun's do), so a terminal's
+ *     Ctrl-C reaches the launcher alone, which passes it on once and waits for them (launch.c).
+ *
+ * A second signal stops the process at once, without saving (the default action): the way out of a
+ * stop that takes too long. Without --save nothing is installed and a signal ends the run at once. */
+#ifndef STOP_H
+#define STOP_H
+
+/* Catch SIGINT and SIGTERM from now on — unless ignored when we started (a shell script's background
+ * job ignores SIGINT, so that the script's Ctrl-C spares it; that choice is kept). notice: a line the handler writes to stderr when the first
+ * one arrives (after "PROG: SIGxxx — "), or NULL to stay silent (ranks other than 0). */
+void stop_install(const char *prog, const char *notice);
+/* The first such signal received (SIGINT or SIGTERM), or 0. Async-signal-safe to read, cheap. */
+int stop_requested(void);
+
+#endif
