@@ -295,8 +295,14 @@ int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank %
 
 /* ---- the launcher ---------------------------------------------------------------------------- */
 
-static volatile sig_atomic_t got_signal;
-static void on_signal(int sig) { got_signal = sig; }
+static volatile sig_atomic_t got_signal, n_signals; /* the first signal; how many came (one thread) */
+static volatile sig_atomic_t got_tstp;               /* Ctrl-Z: pause the workers with us */
+static void on_signal(int sig) {
+    if (!got_signal) got_signal = sig;
+    n_signals++;
+}
+static void on_tstp(int sig) { (void)sig, got_tstp = 1; }
+static StatusSlot *page; /* the workers' status slots (worker_status.h) */
 static void on_child(int sig) { (void)sig; } /* only wakes sigsuspend: the wait loop reaps */
 
 /* How many GPUs are visible, asked in a child process: the launcher itself must never touch CUDA,
@@ -325,6 +331,7 @@ typedef struct Child {
     pid_t pid;
     int rank, local_rank;
     int status, reaped, stopped_by_us;
+    int passed;               /* the signal the launcher passed on to it (pass_signal_on), or 0 */
     int sigstopped, stop_sig; /* stopped now (SIGSTOP, SIGTSTP…): it answers no one, yet has not failed */
     int64_t reap_ns;
 } Child;
@@ -353,7 +360,7 @@ static int failed(const Child *c) {
 /* Ended by the SIGTERM or SIGKILL of stop_all, not by its own failure. */
 static int killed_by_us(const Child *c) {
     return c->stopped_by_us && WIFSIGNALED(c->status) &&
-           (WTERMSIG(c->status) == SIGTERM || WTERMSIG(c->status) == SIGKILL);
+           (WTERMSIG(c->status) == SIGTERM || WTERMSIG(c->status) == SIGKILL || WTERMSIG(c->status) == c->passed);
 }
 
 static int unreaped(const Child *ch, int n) {
@@ -364,6 +371,8 @@ static int unreaped(const Child *ch, int n) {
 
 /* SIGTERM every live worker, SIGKILL the ones still alive after the grace period, reap them all. */
 static void stop_all(Child *ch, int n) {
+    for (int i = 0; i < n; i++) /* abort first: a worker that saves must not take this SIGTERM as a request */
+        if (page) __atomic_store_n(&page[i].abort, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < n; i++)
         if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM), kill(ch[i].pid, SIGCONT);
     int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
@@ -395,42 +404,70 @@ static int stopped_clean(const Child *c, const StatusSlot *slot) {
     return c->reaped && sig && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 128 + sig;
 }
 
+/* Ctrl-Z: the workers are in sessions of their own (the terminal stops only the launcher's group), so
+ * the launcher stops them, then itself, as the terminal would have stopped them all; the shell's `fg`
+ * or `bg` continues the launcher, which continues them. */
+static void pause_with_workers(Child *ch, int n) {
+    got_tstp = 0;
+    for (int i = 0; i < n; i++)
+        if (!ch[i].reaped) kill(ch[i].pid, SIGSTOP);
+    raise(SIGSTOP); /* returns once we are continued */
+    for (int i = 0; i < n; i++)
+        if (!ch[i].reaped) kill(ch[i].pid, SIGCONT);
+}
+
+/* A failure of its own while the job stops for a signal: not a clean stop, not the passed signal's
+ * or our kill, not a consequence of another rank's going (collateral) — a crash, a full disk. */
+static int own_failure(const Child *c, const StatusSlot *slot) {
+    return failed(c) && !stopped_clean(c, slot) && !killed_by_us(c) &&
+           !__atomic_load_n(&slot->collateral, __ATOMIC_RELAXED);
+}
+
 /* The launcher got SIGINT, SIGTERM or SIGHUP: send each worker the same once (SIGTERM for SIGHUP: a
- * hung-up terminal is no reason to lose the run), then wait up to LAUNCH_STOP_S for them to exit — a
- * run with --save stops at a step boundary and saves; one without dies of it at once. A second signal
- * to the launcher is passed on too (it stops the workers at once, unsaved) and waits LAUNCH_GRACE_S
- * more at most. Whatever is left then gets stop_all's SIGTERM and SIGKILL. Returns how many workers
- * exited within the wait. */
+ * hung-up terminal is no reason to lose the run), then wait. A worker without --save dies of it at
+ * once; one with --save says it is on its way (its handler marks the status page) and stops at a step
+ * every rank agrees on, evaluates, saves: that takes what it takes (up to --log-every steps, then an
+ * evaluation and a write), so such workers are waited for without a limit — a second signal to the
+ * launcher stops them at once (passed on with the page's abort mark). A worker that never says so (still
+ * starting, or stuck) is stopped after LAUNCH_STOP_S, torchrun's wait. Returns 1 if a worker failed
+ * on its own meanwhile (the caller reports that failure), else 0, every worker reaped. */
 static int pass_signal_on(Child *ch, int n, int sig) {
+    int fwd = sig == SIGHUP ? SIGTERM : sig, handled = 1;
+    for (int i = 0; i < n; i++)
+        if (!ch[i].reaped) ch[i].stopped_by_us = 1, ch[i].passed = fwd, kill(ch[i].pid, fwd), kill(ch[i].pid, SIGCONT);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL); /* a second signal must be seen while we wait */
-    got_signal = 0;
-    int fwd = sig == SIGHUP ? SIGTERM : sig;
-    for (int i = 0; i < n; i++)
-        if (!ch[i].reaped) kill(ch[i].pid, fwd), kill(ch[i].pid, SIGCONT);
-    int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_STOP_S * 1e9);
-    while (unreaped(ch, n) && status_clock_ns() < deadline) {
+    int64_t t0 = status_clock_ns(), stop_s = (int64_t)(LAUNCH_STOP_S * 1e9);
+    while (unreaped(ch, n)) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             reap(ch, n, pid, st);
+            for (int i = 0; i < n; i++)
+                if (ch[i].pid == pid && own_failure(&ch[i], &page[i])) return 1;
             continue;
         }
         if (pid < 0 && errno == ECHILD) break;
-        if (got_signal) { /* again: the workers' second signal, which they do not catch */
-            int again = got_signal == SIGHUP ? SIGTERM : got_signal;
-            got_signal = 0;
+        if (n_signals > handled) { /* again: stop at once. The abort mark makes any delivery of the signal
+                                    * do it — a second kill of the same signal may merge with a first
+                                    * still pending, and then the worker would see only one */
+            handled = n_signals;
+            for (int i = 0; i < n; i++) __atomic_store_n(&page[i].abort, 1, __ATOMIC_RELAXED);
             for (int i = 0; i < n; i++)
-                if (!ch[i].reaped) kill(ch[i].pid, again);
-            int64_t soon = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
-            if (soon < deadline) deadline = soon;
+                if (!ch[i].reaped) kill(ch[i].pid, fwd);
+            stop_s = status_clock_ns() - t0 + (int64_t)(LAUNCH_GRACE_S * 1e9);
+            for (int i = 0; i < n; i++) __atomic_store_n(&page[i].stopping, 0, __ATOMIC_RELAXED);
         }
+        int silent = 0; /* alive, and not on its way to a clean stop */
+        for (int i = 0; i < n; i++) silent += !ch[i].reaped && !__atomic_load_n(&page[i].stopping, __ATOMIC_RELAXED);
+        if (silent && status_clock_ns() - t0 > stop_s) break;
         usleep(5000);
     }
-    int exited = n - unreaped(ch, n);
     stop_all(ch, n);
-    return exited;
+    for (int i = 0; i < n; i++)
+        if (own_failure(&ch[i], &page[i])) return 1;
+    return 0;
 }
 
 static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, size_t len) {
@@ -523,6 +560,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     /* The status page: one slot per local worker, inherited as a file descriptor across exec. */
     int status_fd;
     StatusSlot *slots = status_page_create(n, &status_fd);
+    page = slots;
 
     printf("%s: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d\n", prog, n,
            n == 1 ? "" : "s", first, first + n - 1, world, cuda ? "GPU" : "CPU",
@@ -533,19 +571,21 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     /* The signals the wait loop reacts to stay blocked except inside sigsuspend: one that arrives
      * between the loop's check of got_signal and its wait stays pending and ends that wait at once,
      * instead of being noticed only when some worker exits. The workers get the old mask back. */
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    struct sigaction sa = {.sa_handler = on_signal}, tstp = {.sa_handler = on_tstp}, was;
+    sigemptyset(&sa.sa_mask), sigemptyset(&tstp.sa_mask);
+    const int stops[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) /* one ignored by whoever started us (a script's `cmd &`, nohup) stays */
+        if (sigaction(stops[i], NULL, &was) == 0 && was.sa_handler != SIG_IGN) /* ignored, in the workers too */
+            sigaction(stops[i], &sa, NULL);
+    if (sigaction(SIGTSTP, NULL, &was) == 0 && was.sa_handler != SIG_IGN) sigaction(SIGTSTP, &tstp, NULL);
     sigset_t watched, old_mask, waiting;
     sigemptyset(&watched);
     sigaddset(&watched, SIGINT), sigaddset(&watched, SIGTERM), sigaddset(&watched, SIGHUP);
-    sigaddset(&watched, SIGCHLD);
+    sigaddset(&watched, SIGCHLD), sigaddset(&watched, SIGTSTP);
     sigprocmask(SIG_BLOCK, &watched, &old_mask);
     waiting = old_mask;
     sigdelset(&waiting, SIGINT), sigdelset(&waiting, SIGTERM), sigdelset(&waiting, SIGHUP);
-    sigdelset(&waiting, SIGCHLD);
+    sigdelset(&waiting, SIGCHLD), sigdelset(&waiting, SIGTSTP);
 
     pid_t self = getpid();
     Child *ch = xcalloc((size_t)n, sizeof *ch);
@@ -593,6 +633,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED); /* stops too: a stopped rank is blamed */
         if (pid == 0) { /* nothing yet: sleep until a worker changes state or a signal comes */
             sigsuspend(&waiting);
+            if (got_tstp) pause_with_workers(ch, n);
             continue;
         }
         if (pid < 0) {
@@ -617,18 +658,21 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         exit(128 + sig);
     }
 
-    if (got_signal) { /* Ctrl-C or a kill: pass it on, and give a saving run time to stop cleanly */
+    if (got_signal && !failure) { /* Ctrl-C or a kill: pass it on, and give a saving run time to stop cleanly */
         int sig = got_signal;
-        int passed = pass_signal_on(ch, n, sig);
-        int clean = 0;
-        for (int i = 0; i < n; i++) clean += stopped_clean(&ch[i], &slots[i]);
-        if (clean)
-            fprintf(stderr, "%s: interrupted by SIG%s: %d of %d workers stopped at a step boundary (saved: see rank "
-                    "0's lines)%s\n", prog, status_signal_name(sig), clean, n,
-                    passed < n ? "; the others were stopped" : "");
-        else
-            fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(sig), n);
-        exit(128 + sig);
+        failure = pass_signal_on(ch, n, sig);
+        int clean = 0, done = 0;
+        for (int i = 0; i < n; i++)
+            clean += stopped_clean(&ch[i], &slots[i]), done += WIFEXITED(ch[i].status) && !WEXITSTATUS(ch[i].status);
+        if (done == n) exit(0); /* it came at the run's last step: the run finished */
+        if (!failure) {
+            if (clean == n)
+                fprintf(stderr, "%s: interrupted by SIG%s: every worker stopped after the same step (saved: see rank "
+                        "0's lines)\n", prog, status_signal_name(sig));
+            else
+                fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(sig), n);
+            exit(128 + sig);
+        }
     }
     /* A failure: say so at once, then stop the others. A worker that is stopped (SIGSTOP) when the
      * others fail is the cause: they timed out waiting for it. */

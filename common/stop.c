@@ -7,17 +7,22 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "worker_status.h"
+
 static volatile sig_atomic_t requested; /* the first signal, 0 before any */
 static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
 static size_t len_int, len_term;
 
 static void on_stop(int sig) {
-    /* exchanged, not tested then set: two signals that arrive together may run this on two threads */
-    if (__atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
-        signal(sig, SIG_DFL); /* the second: its default action, now — the process dies of it, unsaved */
+    /* The second signal — exchanged, not tested then set: two that arrive together may run this on two
+     * threads — or our launcher's SIGTERM after a failure elsewhere: the default action, now (the
+     * process dies of it, unsaved). */
+    if (launch_abort_requested() || __atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
+        signal(sig, SIG_DFL);
         raise(sig);
         return;
     }
+    launch_mark_stopping(sig); /* our launcher waits for a worker on its way to a clean stop */
     int e = errno; /* the interrupted code may be about to read it */
     ssize_t w = sig == SIGTERM ? write(2, notice_term, len_term) : write(2, notice_int, len_int);
     (void)w;

@@ -770,7 +770,8 @@ static void stop_vote(double v[2]) {
 }
 
 static void stop_take(Run *r, const double v[2]) {
-    if (r->stop_sig || (v[0] <= 0 && v[1] <= 0)) return;
+    /* at the run's last step there is nothing to stop: it ends as it would have, exit 0 */
+    if (r->stop_sig || (v[0] <= 0 && v[1] <= 0) || r->step >= run_last_step(r)) return;
     r->stop_sig = v[1] > 0 ? SIGTERM : SIGINT; /* a scheduler's SIGTERM outranks a Ctrl-C */
     r->stop_ranks = (int)(v[0] + v[1]);
 }

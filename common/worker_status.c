@@ -87,6 +87,12 @@ void launch_mark_stopped(int sig) {
     if (my_slot) __atomic_store_n(&my_slot->stopped, sig, __ATOMIC_RELAXED);
 }
 
+void launch_mark_stopping(int sig) {
+    if (my_slot) __atomic_store_n(&my_slot->stopping, sig, __ATOMIC_RELAXED);
+}
+
+int launch_abort_requested(void) { return my_slot && __atomic_load_n(&my_slot->abort, __ATOMIC_RELAXED); }
+
 void launch_mark_collateral(void) {
     if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
 }

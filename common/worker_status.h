@@ -18,7 +18,9 @@ typedef struct StatusSlot {
     int64_t exit_ns;     /* status_clock_ns() when it called exit() (0: it did not, e.g. a signal) */
     int64_t collateral;  /* its failure was caused by another rank's */
     int64_t stopped;     /* the signal it stopped early for, saved (stop.h): no failure, 0 if none */
-    int64_t pad[4];
+    int64_t stopping;    /* a signal asked it to stop cleanly (set in its handler): it is on its way */
+    int64_t abort;       /* set by the launcher: its next SIGTERM is a failure's, stop at once */
+    int64_t pad[2];
 } StatusSlot;
 
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
@@ -36,6 +38,11 @@ void launch_mark_collateral(void);
 /* Worker: it is about to exit 128 + sig because a signal stopped the run cleanly (stop.h) — every
  * rank at the same step — which the launcher reports as a stop, not as a failure to blame. */
 void launch_mark_stopped(int sig);
+/* Worker, in its signal handler (both async-signal-safe): "a signal asked me to stop cleanly" — so
+ * the launcher waits for it instead of killing it after LAUNCH_STOP_S — and "has the launcher
+ * asked everyone to stop at once?" (a failure elsewhere: then a SIGTERM is no request to save). */
+void launch_mark_stopping(int sig);
+int launch_abort_requested(void);
 /* die_user (code 2) or die_runtime (code 1), marked collateral first when `collateral` is true: for
  * a failure that follows from another rank's — its refusal, its loss, a verdict it left (pass 1) —
  * and for a disagreement every rank finds at once (different flags, a --resume on some ranks),

@@ -574,8 +574,9 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     /* the wait: until the run has saved once (so it is training), then the signal */
     const char *started = "while ! grep -q 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; ";
     /* …and the end: its exit status, or a SIGKILL after 60 s (a signal that stopped nothing) */
-    const char *ended = "i=0; while kill -0 $run 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
-                        "kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ";
+    char ended[256];
+    snprintf(ended, sizeof ended, "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); "
+             "done; kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ", (int)(600 * test_time_scale()));
     snprintf(cmd, sizeof cmd, "D=%s; R=a; env --default-signal=INT %s/stage1 %s --save $D/a > $D/a.log 2>&1 & run=$!; %s"
              "kill -INT $run; %s cat $D/a.log", dir, test_root(), s1, started, ended);
     test_run(cmd, &out);
@@ -614,13 +615,13 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
 
     /* a job: the terminal's Ctrl-C to the launcher's process group (setsid makes it a group's leader) */
     const char *s3 = TINY " --train-size 512 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 4";
-    snprintf(cmd, sizeof cmd, "D=%s; R=d; setsid %s/stage3 %s --master-port %d --save $D/d > $D/d.log 2>&1 & "
+    snprintf(cmd, sizeof cmd, "D=%s; R=d; env --default-signal=INT setsid %s/stage3 %s --master-port %d --save $D/d > $D/d.log 2>&1 & "
              "run=$!; %s kill -INT -$run; %s cat $D/d.log", dir, test_root(), s3, test_free_port(), started, ended);
     test_run(cmd, &out);
     at = strstr(out, "stopped early by SIGINT (received by 2 of 2 ranks) after step ");
     ck_assert_msg(at && sscanf(at, "stopped early by SIGINT (received by 2 of 2 ranks) after step %ld", &step) == 1 &&
                   step % 4 == 0 && strstr(out, "exit 130") &&
-                  strstr(out, "stage3: interrupted by SIGINT: 2 of 2 workers stopped at a step boundary") &&
+                  strstr(out, "stage3: interrupted by SIGINT: every worker stopped after the same step") &&
                   strstr(out, "the 2 ranks stop after the next step where they compare notes"), "%s", out);
     snprintf(path, sizeof path, "%s/d", dir);
     final_checkpoint(fresh, sizeof fresh, path, step);
@@ -637,6 +638,27 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 1 of 2 ranks) after step ") &&
                   strstr(out, "exit 143") && strstr(out, "every worker stopped early for a SIGTERM") &&
                   !strstr(out, "job failed"), "%s", out);
+    free(out);
+
+    /* at the run's last step there is nothing to stop: the run finishes, exit 0 */
+    snprintf(cmd, sizeof cmd, "D=%s; R=f; env --default-signal=INT %s/stage1 " TINY " --train-size 512 --batch-size 32 "
+             "--steps 20 --log-every 1 --save $D/f > $D/f.log 2>&1 & run=$!; "
+             "while ! grep -q 'step     19 ' $D/f.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kill -INT $run; %s cat $D/f.log", dir, test_root(), ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "exit 0") && strstr(out, "summary: 20 steps") && !strstr(out, "stopped early"), "%s", out);
+    free(out);
+
+    /* a failure of its own while the job is on its way to a clean stop is reported as the failure */
+    snprintf(cmd, sizeof cmd, "D=%s; R=g; STAGE3_FAIL_AT=1:60 env --default-signal=INT setsid %s/stage3 " TINY
+             " --train-size 4096 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 1000 --master-port %d "
+             "--save $D/g > $D/g.log 2>&1 & run=$!; "
+             "while ! grep -q 'buckets rebuilt' $D/g.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kill -INT -$run; %s cat $D/g.log", dir, test_root(), test_free_port(), ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "SIGINT — the 2 ranks stop after") && strstr(out, "exit 3") &&
+                  strstr(out, "job failed: rank 1 (local rank 1") && strstr(out, "exited with code 3 at step 60") &&
+                  !strstr(out, "interrupted by"), "%s", out);
     free(out), free(dir);
 }
 END_TEST
