@@ -296,12 +296,14 @@ int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank %
 /* ---- the launcher ---------------------------------------------------------------------------- */
 
 static volatile sig_atomic_t got_signal, n_signals; /* the first signal; how many came (one thread) */
-static volatile sig_atomic_t got_tstp;               /* Ctrl-Z: pause the workers with us */
+static volatile sig_atomic_t got_tstp, n_cont;       /* Ctrl-Z: pause the workers with us; SIGCONTs seen */
+static sig_atomic_t cont_at_tstp;                    /* n_cont when the Ctrl-Z came */
 static void on_signal(int sig) {
     if (!got_signal) got_signal = sig;
     n_signals++;
 }
-static void on_tstp(int sig) { (void)sig, got_tstp = 1; }
+static void on_tstp(int sig) { (void)sig, got_tstp = 1, cont_at_tstp = n_cont; }
+static void on_cont(int sig) { (void)sig, n_cont++; }
 static StatusSlot *page; /* the workers' status slots (worker_status.h) */
 static void on_child(int sig) { (void)sig; } /* only wakes sigsuspend: the wait loop reaps */
 
@@ -359,8 +361,9 @@ static int failed(const Child *c) {
 
 /* Ended by the SIGTERM or SIGKILL of stop_all, not by its own failure. */
 static int killed_by_us(const Child *c) {
-    return c->stopped_by_us && WIFSIGNALED(c->status) &&
-           (WTERMSIG(c->status) == SIGTERM || WTERMSIG(c->status) == SIGKILL || WTERMSIG(c->status) == c->passed);
+    if (!WIFSIGNALED(c->status)) return 0;
+    int sig = WTERMSIG(c->status);
+    return (c->stopped_by_us && (sig == SIGTERM || sig == SIGKILL)) || (c->passed && sig == c->passed);
 }
 
 static int unreaped(const Child *ch, int n) {
@@ -411,7 +414,7 @@ static void pause_with_workers(Child *ch, int n) {
     got_tstp = 0;
     for (int i = 0; i < n; i++)
         if (!ch[i].reaped) kill(ch[i].pid, SIGSTOP);
-    raise(SIGSTOP); /* returns once we are continued */
+    if (n_cont == cont_at_tstp) raise(SIGSTOP); /* returns once we are continued (unless that came already) */
     for (int i = 0; i < n; i++)
         if (!ch[i].reaped) kill(ch[i].pid, SIGCONT);
 }
@@ -432,23 +435,35 @@ static int own_failure(const Child *c, const StatusSlot *slot) {
  * starting, or stuck) is stopped after LAUNCH_STOP_S, torchrun's wait. Returns 1 if a worker failed
  * on its own meanwhile (the caller reports that failure), else 0, every worker reaped. */
 static int pass_signal_on(Child *ch, int n, int sig) {
-    int fwd = sig == SIGHUP ? SIGTERM : sig, handled = 1;
+    int fwd = sig == SIGHUP ? SIGTERM : sig, handled = 1, broken = 0;
     for (int i = 0; i < n; i++)
-        if (!ch[i].reaped) ch[i].stopped_by_us = 1, ch[i].passed = fwd, kill(ch[i].pid, fwd), kill(ch[i].pid, SIGCONT);
+        if (!ch[i].reaped) {
+            __atomic_store_n(&page[i].passed, fwd, __ATOMIC_SEQ_CST); /* before the kill: see stop.c */
+            ch[i].passed = fwd, kill(ch[i].pid, fwd), kill(ch[i].pid, SIGCONT);
+        }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL); /* a second signal must be seen while we wait */
     int64_t t0 = status_clock_ns(), stop_s = (int64_t)(LAUNCH_STOP_S * 1e9);
     while (unreaped(ch, n)) {
         int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
+        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
         if (pid > 0) {
             reap(ch, n, pid, st);
-            for (int i = 0; i < n; i++)
-                if (ch[i].pid == pid && own_failure(&ch[i], &page[i])) return 1;
+            for (int i = 0; i < n; i++) {
+                if (ch[i].pid != pid || !ch[i].reaped) continue;
+                if (own_failure(&ch[i], &page[i])) return 1;
+                /* gone without a clean stop (the signal's default, a peer lost): the others cannot stop
+                 * cleanly any more (the vote needs every rank), so they get the grace period */
+                if (!stopped_clean(&ch[i], &page[i]) && !broken) {
+                    broken = 1;
+                    stop_s = status_clock_ns() - t0 + (int64_t)(LAUNCH_GRACE_S * 1e9);
+                }
+            }
             continue;
         }
         if (pid < 0 && errno == ECHILD) break;
+        if (got_tstp) pause_with_workers(ch, n);
         if (n_signals > handled) { /* again: stop at once. The abort mark makes any delivery of the signal
                                     * do it — a second kill of the same signal may merge with a first
                                     * still pending, and then the worker would see only one */
@@ -457,13 +472,16 @@ static int pass_signal_on(Child *ch, int n, int sig) {
             for (int i = 0; i < n; i++)
                 if (!ch[i].reaped) kill(ch[i].pid, fwd);
             stop_s = status_clock_ns() - t0 + (int64_t)(LAUNCH_GRACE_S * 1e9);
-            for (int i = 0; i < n; i++) __atomic_store_n(&page[i].stopping, 0, __ATOMIC_RELAXED);
+            broken = 1;
         }
-        int silent = 0; /* alive, and not on its way to a clean stop */
-        for (int i = 0; i < n; i++) silent += !ch[i].reaped && !__atomic_load_n(&page[i].stopping, __ATOMIC_RELAXED);
+        int silent = 0; /* alive, and not on its way to a clean stop (or no clean stop possible) */
+        for (int i = 0; i < n; i++)
+            silent += !ch[i].reaped && (broken || !__atomic_load_n(&page[i].stopping, __ATOMIC_RELAXED));
         if (silent && status_clock_ns() - t0 > stop_s) break;
         usleep(5000);
     }
+    for (int i = 0; i < n; i++) /* a worker stopped (SIGSTOP) while the others gave up on it: its failure */
+        if (!ch[i].reaped && ch[i].sigstopped) return 1;
     stop_all(ch, n);
     for (int i = 0; i < n; i++)
         if (own_failure(&ch[i], &page[i])) return 1;
@@ -577,7 +595,12 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     for (int i = 0; i < 3; i++) /* one ignored by whoever started us (a script's `cmd &`, nohup) stays */
         if (sigaction(stops[i], NULL, &was) == 0 && was.sa_handler != SIG_IGN) /* ignored, in the workers too */
             sigaction(stops[i], &sa, NULL);
-    if (sigaction(SIGTSTP, NULL, &was) == 0 && was.sa_handler != SIG_IGN) sigaction(SIGTSTP, &tstp, NULL);
+    if (sigaction(SIGTSTP, NULL, &was) == 0 && was.sa_handler != SIG_IGN) {
+        struct sigaction cont = {.sa_handler = on_cont};
+        sigemptyset(&cont.sa_mask);
+        sigaction(SIGTSTP, &tstp, NULL);
+        sigaction(SIGCONT, &cont, NULL); /* a `fg` that comes before we stop ourselves: then we do not */
+    }
     sigset_t watched, old_mask, waiting;
     sigemptyset(&watched);
     sigaddset(&watched, SIGINT), sigaddset(&watched, SIGTERM), sigaddset(&watched, SIGHUP);
@@ -663,7 +686,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         failure = pass_signal_on(ch, n, sig);
         int clean = 0, done = 0;
         for (int i = 0; i < n; i++)
-            clean += stopped_clean(&ch[i], &slots[i]), done += WIFEXITED(ch[i].status) && !WEXITSTATUS(ch[i].status);
+            clean += stopped_clean(&ch[i], &slots[i]),
+            done += ch[i].reaped && WIFEXITED(ch[i].status) && !WEXITSTATUS(ch[i].status);
         if (done == n) exit(0); /* it came at the run's last step: the run finished */
         if (!failure) {
             if (clean == n)

@@ -14,10 +14,18 @@ static char notice_int[600], notice_term[600]; /* written whole by the handler (
 static size_t len_int, len_term;
 
 static void on_stop(int sig) {
-    /* The second signal — exchanged, not tested then set: two that arrive together may run this on two
-     * threads — or our launcher's SIGTERM after a failure elsewhere: the default action, now (the
+    /* Our launcher's SIGTERM after a failure elsewhere, or the second signal — exchanged, not tested
+     * then set: two that arrive together may run this on two threads —: the default action, now (the
      * process dies of it, unsaved). */
-    if (launch_abort_requested() || __atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
+    if (launch_abort_requested()) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    if (__atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
+        /* A scheduler's SIGTERM to every process reaches us twice, in either order: from it, and
+         * passed on by our launcher. That pair is one request; the launcher's token says which. */
+        if (launch_take_passed(sig)) return;
         signal(sig, SIG_DFL);
         raise(sig);
         return;

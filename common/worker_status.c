@@ -91,6 +91,11 @@ void launch_mark_stopping(int sig) {
     if (my_slot) __atomic_store_n(&my_slot->stopping, sig, __ATOMIC_RELAXED);
 }
 
+int launch_take_passed(int sig) {
+    int64_t want = sig;
+    return my_slot && __atomic_compare_exchange_n(&my_slot->passed, &want, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
 int launch_abort_requested(void) { return my_slot && __atomic_load_n(&my_slot->abort, __ATOMIC_RELAXED); }
 
 void launch_mark_collateral(void) {

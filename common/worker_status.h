@@ -20,7 +20,9 @@ typedef struct StatusSlot {
     int64_t stopped;     /* the signal it stopped early for, saved (stop.h): no failure, 0 if none */
     int64_t stopping;    /* a signal asked it to stop cleanly (set in its handler): it is on its way */
     int64_t abort;       /* set by the launcher: its next SIGTERM is a failure's, stop at once */
-    int64_t pad[2];
+    int64_t passed;      /* set by the launcher before it passes a signal on: the same signal from
+                          * elsewhere too (a scheduler's SIGTERM to every process) is not a second */
+    int64_t pad[1];
 } StatusSlot;
 
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
@@ -43,6 +45,9 @@ void launch_mark_stopped(int sig);
  * asked everyone to stop at once?" (a failure elsewhere: then a SIGTERM is no request to save). */
 void launch_mark_stopping(int sig);
 int launch_abort_requested(void);
+/* Worker, in its handler: is this signal, arriving a second time, the launcher passing on the one
+ * already received (consumed once: yes)? */
+int launch_take_passed(int sig);
 /* die_user (code 2) or die_runtime (code 1), marked collateral first when `collateral` is true: for
  * a failure that follows from another rank's — its refusal, its loss, a verdict it left (pass 1) —
  * and for a disagreement every rank finds at once (different flags, a --resume on some ranks),

@@ -659,6 +659,30 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     ck_assert_msg(strstr(out, "SIGINT — the 2 ranks stop after") && strstr(out, "exit 3") &&
                   strstr(out, "job failed: rank 1 (local rank 1") && strstr(out, "exited with code 3 at step 60") &&
                   !strstr(out, "interrupted by"), "%s", out);
+    free(out);
+
+    /* a scheduler's SIGTERM to every process of the job (Slurm's time limit): each worker gets it twice,
+     * from the scheduler and passed on by the launcher, and still stops cleanly, saved */
+    snprintf(cmd, sizeof cmd, "D=%s; R=h; %s/stage3 %s --master-port %d --save $D/h > $D/h.log 2>&1 & run=$!; %s"
+             "kill -TERM $(cat /proc/$run/task/$run/children) $run; %s cat $D/h.log", dir, test_root(), s3,
+             test_free_port(), started, ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 2 of 2 ranks) after step ") &&
+                  strstr(out, "exit 143") && strstr(out, "interrupted by SIGTERM: every worker stopped after the same step"),
+                  "%s", out);
+    free(out);
+
+    /* a worker killed outright (the OOM killer) while the job stops: the job's failure, not an interruption */
+    snprintf(cmd, sizeof cmd, "D=%s; R=i; env --default-signal=INT setsid %s/stage3 " TINY
+             " --train-size 4096 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 1000 --master-port %d "
+             "--save $D/i > $D/i.log 2>&1 & run=$!; "
+             "while ! grep -q 'buckets rebuilt' $D/i.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kill -INT -$run; while ! grep -q 'SIGINT — ' $D/i.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "for w in $(cat /proc/$run/task/$run/children); do :; done; kill -KILL $w; %s cat $D/i.log",
+             dir, test_root(), test_free_port(), ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "exit 137") && strstr(out, "job failed: rank 1 (local rank 1") &&
+                  strstr(out, "was killed by signal 9 (SIGKILL)") && !strstr(out, "interrupted by"), "%s", out);
     free(out), free(dir);
 }
 END_TEST
