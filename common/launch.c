@@ -444,7 +444,8 @@ static int pass_signal_on(Child *ch, int n, int sig) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL); /* a second signal must be seen while we wait */
-    int64_t t0 = status_clock_ns(), stop_s = (int64_t)(LAUNCH_STOP_S * 1e9);
+    const int64_t grace = (int64_t)(LAUNCH_GRACE_S * 1e9);
+    int64_t give_up = status_clock_ns() + (int64_t)(LAUNCH_STOP_S * 1e9); /* on a silent worker */
     while (unreaped(ch, n)) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
@@ -455,10 +456,7 @@ static int pass_signal_on(Child *ch, int n, int sig) {
                 if (own_failure(&ch[i], &page[i])) return 1;
                 /* gone without a clean stop (the signal's default, a peer lost): the others cannot stop
                  * cleanly any more (the vote needs every rank), so they get the grace period */
-                if (!stopped_clean(&ch[i], &page[i]) && !broken) {
-                    broken = 1;
-                    stop_s = status_clock_ns() - t0 + (int64_t)(LAUNCH_GRACE_S * 1e9);
-                }
+                if (!stopped_clean(&ch[i], &page[i]) && !broken) broken = 1, give_up = status_clock_ns() + grace;
             }
             continue;
         }
@@ -471,13 +469,12 @@ static int pass_signal_on(Child *ch, int n, int sig) {
             for (int i = 0; i < n; i++) __atomic_store_n(&page[i].abort, 1, __ATOMIC_RELAXED);
             for (int i = 0; i < n; i++)
                 if (!ch[i].reaped) kill(ch[i].pid, fwd);
-            stop_s = status_clock_ns() - t0 + (int64_t)(LAUNCH_GRACE_S * 1e9);
-            broken = 1;
+            broken = 1, give_up = status_clock_ns() + grace;
         }
         int silent = 0; /* alive, and not on its way to a clean stop (or no clean stop possible) */
         for (int i = 0; i < n; i++)
             silent += !ch[i].reaped && (broken || !__atomic_load_n(&page[i].stopping, __ATOMIC_RELAXED));
-        if (silent && status_clock_ns() - t0 > stop_s) break;
+        if (silent && status_clock_ns() > give_up) break;
         usleep(5000);
     }
     for (int i = 0; i < n; i++) /* a worker stopped (SIGSTOP) while the others gave up on it: its failure */

@@ -13,21 +13,21 @@ static volatile sig_atomic_t requested; /* the first signal, 0 before any */
 static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
 static size_t len_int, len_term;
 
+static void die_of(int sig) { /* its default action, now: the process dies of it, unsaved */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static void on_stop(int sig) {
-    /* Our launcher's SIGTERM after a failure elsewhere, or the second signal — exchanged, not tested
-     * then set: two that arrive together may run this on two threads —: the default action, now (the
-     * process dies of it, unsaved). */
-    if (launch_abort_requested()) {
-        signal(sig, SIG_DFL);
-        raise(sig);
+    if (launch_abort_requested()) { /* our launcher's SIGTERM after a failure elsewhere */
+        die_of(sig);
         return;
     }
+    /* Exchanged, not tested then set: two signals that arrive together may run this on two threads. */
     if (__atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
-        /* A scheduler's SIGTERM to every process reaches us twice, in either order: from it, and
-         * passed on by our launcher. That pair is one request; the launcher's token says which. */
-        if (launch_take_passed(sig)) return;
-        signal(sig, SIG_DFL);
-        raise(sig);
+        /* The second — unless it is the pair a scheduler's SIGTERM to every process makes, in either
+         * order: from it, and passed on by our launcher; the launcher's token says so, once. */
+        if (!launch_take_passed(sig)) die_of(sig);
         return;
     }
     launch_mark_stopping(sig); /* our launcher waits for a worker on its way to a clean stop */

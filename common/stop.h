@@ -16,8 +16,9 @@
 #define STOP_H
 
 /* Catch SIGINT and SIGTERM from now on — unless ignored when we started (a shell script's background
- * job ignores SIGINT, so that the script's Ctrl-C spares it; that choice is kept). notice: a line the handler writes to stderr when the first
- * one arrives (after "PROG: SIGxxx — "), or NULL to stay silent (ranks other than 0). */
+ * job ignores SIGINT, so that the script's Ctrl-C spares it; that choice is kept). notice: a line the
+ * handler writes to stderr when the first one arrives (after "PROG: SIGxxx — "), or NULL to stay
+ * silent (ranks other than 0). */
 void stop_install(const char *prog, const char *notice);
 /* The first such signal received (SIGINT or SIGTERM), or 0. Async-signal-safe to read, cheap. */
 int stop_requested(void);

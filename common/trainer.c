@@ -1082,9 +1082,11 @@ void run_finish(Run *r) {
     json_num(&r->report, "peak_tflops", flops.peak); /* all devices of the job */
     json_num(&r->report, "peak_fraction", flops.achieved / flops.peak);
     json_int(&r->report, "peak_devices", flops.devices);
-    char stopped_by[16];
-    snprintf(stopped_by, sizeof stopped_by, "SIG%s", status_signal_name(r->stop_sig));
-    if (r->stop_sig) json_str(&r->report, "stopped_by", stopped_by); /* only then: the summary keeps its keys */
+    if (r->stop_sig) { /* only then: the summary keeps its keys */
+        char stopped_by[16];
+        snprintf(stopped_by, sizeof stopped_by, "SIG%s", status_signal_name(r->stop_sig));
+        json_str(&r->report, "stopped_by", stopped_by);
+    }
     json_str(&r->report, "peak_math", peak_math_name(flops.math));
     json_str(&r->report, "peak_source", flops.source);
     for (int i = 0; i < r->n_extras; i++) {
