@@ -222,7 +222,8 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run 
     unsigned char init[ST_BYTES] = {0};
     float scale = (float)a->init_scale;
     int32_t tracker = 0;
-    if (run && run->cfg->resume[0]) load_state(s, run, &scale, &tracker);
+    s->evaluating = run && run->cfg->evaluate;
+    if (run && run->cfg->resume[0] && !s->evaluating) load_state(s, run, &scale, &tracker);
     if (run && s->test_inf_step > 0 && s->test_inf_step <= s->first_step)
         report_printf(&run->report, "note: --test-inf-step %lld is at or before step %lld, where this run resumes: no "
                                     "inf is injected\n", (long long)s->test_inf_step, (long long)s->first_step);
@@ -310,6 +311,8 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
     int ranks = (int)v[0], agree = v[1] == ranks * (double)scale && v[2] == ranks * (double)skipped;
     if (p == PREC_FP32)
         report_printf(r, "amp: off (fp32)\n");
+    else if (s->evaluating) /* --evaluate: a forward under autocast, and no gradient to scale */
+        report_printf(r, "amp: %s autocast (evaluation: no gradients, so no GradScaler)\n", precision_name(p));
     else if (s->enabled)
         report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer steps %sskipped "
                       "(inf/NaN gradients)%s\n", precision_name(p), (double)scale, (long long)skipped,

@@ -82,6 +82,7 @@ typedef struct GradScaler {
     int64_t *skipped;
     int64_t steps;             /* optimizer steps in this run (scaler_update calls) */
     int64_t first_step;        /* optimizer steps done before it (a resumed checkpoint's) */
+    int evaluating;            /* --evaluate: nothing is trained, the checkpoint's scale is not taken */
     /* per-step gradient statistics (AmpConfig.grad_stats): device int64 pairs (zero, non-finite) */
     int64_t *stats;
     int64_t stats_cap;

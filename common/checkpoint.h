@@ -70,7 +70,8 @@ typedef struct CheckpointMeta {
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };
-enum { CKPT_OPT_SGD = 0, CKPT_OPT_ADAM = 1 };
+enum { CKPT_OPT_SGD = 0, CKPT_OPT_ADAM = 1, CKPT_OPT_ANY = -1 /* an expectation only: --evaluate reads the model
+                                                                 * whatever optimizer trained it */ };
 enum { CKPT_SCHED_UNKNOWN = 0, CKPT_SCHED_CONST = 1, CKPT_SCHED_COSINE = 2 };
 
 /* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory);
@@ -80,9 +81,10 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
                      const float *buffers, const float *momentum, const float *exp_avg_sq);
 
 /* Read and verify `path` against `expect` (arch, norm, n_params, n_buffers, shape_hash and the
- * optimizer must match; its counters are ignored). On success fills *meta with the file's meta and
- * the host arrays (sized as in expect; exp_avg_sq only for Adam, may be NULL for SGD). Any problem
- * is a user error (exit 2) that names the file and the fix. */
+ * optimizer must match, unless expect->optimizer is CKPT_OPT_ANY; its counters are ignored). On
+ * success fills *meta with the file's meta and the host arrays (sized as in expect; exp_avg_sq only
+ * for Adam, may be NULL for SGD; given whenever the optimizer is CKPT_OPT_ANY). Any problem is a user
+ * error (exit 2) that names the file and the fix. */
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum, float *exp_avg_sq);
 

@@ -451,6 +451,7 @@ void config_defaults(TrainConfig *c) {
     c->pin_memory = 0;
     c->save = "";
     c->resume = "";
+    c->evaluate = 0;
     c->report = "";
     c->progress = "auto";
     c->optimizer = "sgd";
@@ -544,6 +545,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"resume", OPT_STR, &c->resume, 0, 0, NULL,
          "continue training from checkpoint FILE: weights, optimizer state (SGD momentum, or Adam's moments and "
          "step), stage 5's GradScaler state and data position"},
+        {"evaluate", OPT_FLAG, &c->evaluate, 0, 0, NULL,
+         "with --resume FILE: test that checkpoint's model on the test set and exit, training nothing "
+         "(PyTorch examples' --evaluate)"},
         {"report", OPT_STR, &c->report, 0, 0, NULL,
          "write JSON lines (config, step, epoch, summary records, and each stage's own) to FILE, for scripts"},
         {"progress", OPT_CHOICE, &c->progress, 0, 0, "auto|on|off",
@@ -680,6 +684,41 @@ static void check_not_clobbering(const TrainConfig *c, const char *flag, const c
                      "one — give %s another file name", flag, path, flag);
 }
 
+/* --evaluate's view of every flag of every stage. Kept: what the model is and how its forward runs,
+ * the test data, where the job runs and how its ranks meet, what is reported. Training only: the
+ * schedule and the optimizer, the training data and its sampler, checkpoints written, DataParallel's
+ * modelled Python, DDP's gradient buckets, accumulation, the GradScaler — none of them touches a
+ * forward in eval mode, so a run that evaluates would silently ignore them. */
+static const char *const evaluate_keeps[] = {
+    "device", "model", "norm", "batch-size", "seed", "deterministic", "cudnn-benchmark", "no-tf32", "no-cuda-graph",
+    "memory-fraction", "layout", "data", "test-size", "workers", "cpu-threads", "pin-memory", "resume", "evaluate",
+    "report", "progress", "help", "gpus", "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
+    "comm", "rdzv-timeout", "comm-timeout", "unused-param", "amp", "channels-last", NULL};
+static const char *const evaluate_refuses[] = {
+    "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "log-every", "train-size", "save",
+    "keep-last", "trace", "trace-steps", "gil-switch-ms", "gil-op-us", "gil-host-call-us", "gil-host-module-us",
+    "gil-host-param-us", "gil-host-thread-us", "gil-host-us", "dp-plan-us", "dp-plan-bench-us", "no-python",
+    "dp-thread-pool", "p2p", "bucket-mb", "last-bucket-mb", "broadcast-buffers", "no-overlap", "optimizer-overlap",
+    "find-unused-parameters", "drop-last", "no-shuffle", "accum-steps", "sync-each-micro-step", "init-scale",
+    "growth-factor", "backoff-factor", "growth-interval", "no-grad-scaler", "grad-stats", "grad-comm",
+    "test-inf-step", "show-sampler", "dataset-size", "world-size", "rank", "epoch", "show-scaler", NULL};
+
+int cli_evaluate_keeps(const char *name) {
+    return listed(evaluate_keeps, name) ? 1 : listed(evaluate_refuses, name) ? 0 : -1;
+}
+
+/* --evaluate: a checkpoint to test, and no flag that only training would have read. */
+static void evaluate_check(const TrainConfig *c) {
+    if (!c->evaluate) return;
+    if (!c->resume || !c->resume[0])
+        die_user("--evaluate tests a checkpoint's model: give it one with --resume FILE (a file written by --save, "
+                 "e.g. DIR/epoch003.ckpt)");
+    for (int i = 0; i < n_given; i++)
+        if (cli_evaluate_keeps(given[i]->name) == 0)
+            die_user("--%s applies only to training, and --evaluate trains nothing: drop --%s (or drop --evaluate to "
+                     "train)", given[i]->name, given[i]->name);
+}
+
 void config_resolve(TrainConfig *c, int cuda, int saver) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
@@ -712,6 +751,18 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
                      "written by --save", c->resume);
         if (access(c->resume, R_OK) != 0) die_user("--resume '%s' is not readable: %s", c->resume, errno_string());
     }
+    /* The sampler lesson's flags (stages 3–5): --show-sampler returns before this, so a training run that
+     * has them would ignore them — --world-size 4 does not make four workers, --epoch 3 is not --epochs. */
+    static const char *const lesson_only[][2] = {
+        {"world-size", "the job's size comes from --nproc-per-node (× --nnodes) or the launcher"},
+        {"rank", "each worker's rank comes from the launcher"},
+        {"dataset-size", "the dataset's length comes from --train-size or --data"},
+        {"epoch", "to train for N epochs use --epochs N"}};
+    for (size_t i = 0; i < sizeof lesson_only / sizeof lesson_only[0]; i++)
+        if (cli_given(lesson_only[i][0]))
+            die_user("--%s only applies to --show-sampler (the sampler lesson): %s — drop --%s, or add "
+                     "--show-sampler", lesson_only[i][0], lesson_only[i][1], lesson_only[i][0]);
+    evaluate_check(c);
     if (!strcmp(c->optimizer, "adam") && cli_given("momentum"))
         die_user("--momentum is SGD's: --optimizer adam uses its betas (0.9, 0.999) instead — drop --momentum, "
                  "or train with --optimizer sgd");
@@ -731,17 +782,6 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
     if (cli_given("trace-steps") && !(c->trace && c->trace[0]))
         die_user("--trace-steps %s chooses the steps that --trace FILE records: give --trace FILE too, or drop it",
                  c->trace_steps);
-    /* The sampler lesson's flags (stages 3–5): --show-sampler returns before this, so a training run that
-     * has them would ignore them — --world-size 4 does not make four workers, --epoch 3 is not --epochs. */
-    static const char *const lesson_only[][2] = {
-        {"world-size", "the job's size comes from --nproc-per-node (× --nnodes) or the launcher"},
-        {"rank", "each worker's rank comes from the launcher"},
-        {"dataset-size", "the dataset's length comes from --train-size or --data"},
-        {"epoch", "to train for N epochs use --epochs N"}};
-    for (size_t i = 0; i < sizeof lesson_only / sizeof lesson_only[0]; i++)
-        if (cli_given(lesson_only[i][0]))
-            die_user("--%s only applies to --show-sampler (the sampler lesson): %s — drop --%s, or add "
-                     "--show-sampler", lesson_only[i][0], lesson_only[i][1], lesson_only[i][0]);
     if (c->save && c->save[0] && stat(c->save, &st) == 0 && !S_ISDIR(st.st_mode))
         die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", c->save);
     /* Two of --report, --trace and --resume naming one file: the report or the trace would empty the

@@ -75,6 +75,7 @@ typedef struct TrainConfig {
     const char *save;        /* "" = no checkpoints; else a directory */
     int keep_last;           /* 0 = keep every checkpoint this run writes; N = only the newest N */
     const char *resume;      /* "" or a checkpoint file */
+    int evaluate;            /* test --resume's model on the test set and train nothing */
     const char *report;      /* "" or a JSON-lines file */
     const char *progress;    /* auto | on | off */
     const char *optimizer;   /* sgd | adam (torch.optim.SGD / torch.optim.Adam) */
@@ -93,10 +94,15 @@ void config_defaults(TrainConfig *c);
  * terminated table. */
 Option *config_options(TrainConfig *c, const Option *extra);
 /* Fill "auto" values for the device kind (cuda = 1 / cpu = 0) and check cross-flag rules and paths
- * (e.g. --keep-last without --save, --momentum with --optimizer adam, a missing --data directory).
+ * (e.g. --keep-last without --save, --momentum with --optimizer adam, a missing --data directory,
+ * --evaluate without --resume or with a flag that only training reads).
  * saver: this process writes --save's checkpoints (stages 1 and 2; rank 0 of stages 3–5, never their
  * launcher): it takes the directory's lock for the rest of its life (checkpoint_lock), before it
  * checks what the directory holds. */
 void config_resolve(TrainConfig *c, int cuda, int saver);
+/* What --evaluate makes of a flag: 1 it still counts (what the model is, how its forward runs, the
+ * test data, where the job runs, what is reported), 0 only training reads it (refused with
+ * --evaluate), −1 a flag this list does not know yet (a test keeps every stage's table classified). */
+int cli_evaluate_keeps(const char *name);
 
 #endif

@@ -920,5 +920,6 @@ void ddp_finish(Ddp *d) {
         fprintf(stderr, "rank %d: warning: the last step's gradients were never all-reduced (a parameter got no "
                         "gradient); the next forward would have stopped — see --find-unused-parameters\n", d->rank);
     harvest_all(d);
-    report(d, "comm_summary", &d->ar_run, &d->exposed_run, &d->bcast_run);
+    if (!d->run->evaluated) /* --evaluate: no step to sum up */
+        report(d, "comm_summary", &d->ar_run, &d->exposed_run, &d->bcast_run);
 }

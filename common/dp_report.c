@@ -118,6 +118,7 @@ void dp_epoch_end(DataParallel *dp) {
 }
 
 void dp_report(DataParallel *dp, Run *run) {
+    if (run->evaluated) return; /* --evaluate: no step to sum up */
     Report *r = &run->report;
     int n = dp->n_samples;
     if (n == 0) {

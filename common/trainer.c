@@ -24,6 +24,8 @@
  * its data here before run_begin). */
 static int64_t train_size_opened;
 static int data_source_opened; /* CKPT_DATA_* */
+static int64_t test_size_opened;  /* …and the test set's, for what --evaluate reports */
+static char test_source_opened[sizeof ((Dataset *)0)->source];
 
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
     if (cfg->data[0]) {
@@ -35,6 +37,8 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
     }
     train_size_opened = train->n;
     data_source_opened = cfg->data[0] ? CKPT_DATA_CIFAR10 : CKPT_DATA_SYNTHETIC;
+    test_size_opened = test->n;
+    snprintf(test_source_opened, sizeof test_source_opened, "%s", test->source);
 }
 
 LoaderConfig loader_config(const TrainConfig *cfg, int batch_size, int train) {
@@ -579,6 +583,31 @@ void run_sampler(Run *r, int shuffle, int drop_last) {
     gate_after_checks(r, 1);
 }
 
+/* --evaluate: only the model is taken — weights and batch-norm statistics, whatever optimizer, batch
+ * size, world size or position trained it. Its test set must be the one it learned for: synthetic
+ * data is drawn from --seed (another seed is another task), and CIFAR-10 is not synthetic data. */
+static void evaluate_resumed(Run *r, const CheckpointMeta *g) {
+    const TrainConfig *c = r->cfg;
+    if (g->data_source != CKPT_DATA_UNKNOWN && g->data_source != data_source_opened)
+        die_user("checkpoint '%s' was trained on %s, and this run would test it on %s: %s", c->resume,
+                 g->data_source == CKPT_DATA_CIFAR10 ? "CIFAR-10" : "synthetic data",
+                 data_source_opened == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data (no --data)",
+                 g->data_source == CKPT_DATA_CIFAR10 ? "pass --data with the CIFAR-10 directory"
+                                                     : "drop --data to test it on its own synthetic test set");
+    if (data_source_opened == CKPT_DATA_SYNTHETIC && g->seed != c->seed)
+        die_user("checkpoint '%s' was trained with --seed %lld, and the synthetic test set is drawn from the seed "
+                 "(another seed is another task) — pass --seed %lld to test it", c->resume, (long long)g->seed,
+                 (long long)g->seed);
+    char when[96];
+    if (g->batch_in_epoch == 0)
+        snprintf(when, sizeof when, "epoch %lld (step %lld)", (long long)g->epoch, (long long)g->step);
+    else
+        snprintf(when, sizeof when, "step %lld (batch %lld of epoch %lld)", (long long)g->step,
+                 (long long)g->batch_in_epoch, (long long)g->epoch + 1);
+    report_printf(&r->report, "evaluating %s: the model after %s, trained by %lld rank%s — training nothing\n",
+                  c->resume, when, (long long)g->world_size, g->world_size == 1 ? "" : "s");
+}
+
 static void resume(Run *r) {
     const TrainConfig *c = r->cfg;
     Model *m = r->model;
@@ -590,11 +619,20 @@ static void resume(Run *r) {
     expect.shape_hash = m->shape_hash;
     expect.head_params = model_head_floats(m);
     Adam *adam = r->opt->adam;
-    expect.optimizer = adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
+    expect.optimizer = c->evaluate ? CKPT_OPT_ANY : adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
-    float *p = xmalloc(pb), *mom = xmalloc(pb), *sq = adam ? xmalloc(pb) : NULL;
+    float *p = xmalloc(pb), *mom = xmalloc(pb), *sq = adam || c->evaluate ? xmalloc(pb) : NULL;
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
     checkpoint_load(c->resume, &expect, &got, p, buf, mom, sq);
+    r->resumed = got;
+    if (c->evaluate) { /* the model alone: no optimizer state, no position */
+        evaluate_resumed(r, &got);
+        model_write_oihw(m, p, m->param_flat);
+        device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
+        device_sync(m->dev);
+        free(p), free(mom), free(buf), free(sq);
+        return;
+    }
     if (got.seed != c->seed)
         die_user("checkpoint '%s' was trained with --seed %lld, this run has --seed %lld — pass "
                  "--seed %lld to continue it", c->resume, (long long)got.seed, (long long)c->seed,
@@ -609,7 +647,6 @@ static void resume(Run *r) {
     r->step = r->resumed_at_step = got.step;
     r->epoch = r->last_epoch_done = got.epoch; /* the epochs before it are done */
     r->start_batch = got.batch_in_epoch;
-    r->resumed = got;
     r->resume_unchecked = 1;
     if (!r->sum_across) resume_check(r); /* stages 1, 2: no sampler flags to wait for (run_sampler) */
     free(p), free(mom), free(buf), free(sq);
@@ -682,7 +719,12 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         snprintf(optd, sizeof optd, "momentum %g", cfg->momentum);
     /* micro-batches in an optimizer step: K, or an epoch's when K is more (as PyTorch's loop would) */
     int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
-    if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
+    if (cfg->evaluate) /* no training: what is tested, how */
+        report_printf(&r->report, "data: test set %s, %lld images | batch %d × %d device(s) | seed %lld%s%s\n",
+                      test_source_opened, (long long)test_size_opened, cfg->batch_size, world_size,
+                      (long long)cfg->seed, cfg->deterministic ? " | deterministic" : "",
+                      cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    else if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
         char more[64] = "";
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
         report_printf(&r->report,
@@ -756,7 +798,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     trace_step(r->step);
 }
 
-int run_done(const Run *r) { return r->stop_sig || (r->cfg->steps > 0 && r->step >= r->cfg->steps); }
+int run_done(const Run *r) {
+    return r->evaluated || r->stop_sig || (r->cfg->steps > 0 && r->step >= r->cfg->steps);
+}
 
 /* A stop asked for by a signal (stop.h) becomes the run's only where every rank decides the same: in
  * one process after any step; in a job at the points where the ranks already sum something (the loss
@@ -1014,7 +1058,30 @@ static void print_flops(Run *r, const Flops *f) {
                   f->per_step / 1e9, rate, of);
 }
 
-void run_finish(Run *r) {
+void run_evaluated(Run *r, double test_acc, double test_loss) {
+    r->evaluated = 1;
+    r->last_test_acc = test_acc;
+    int64_t peaks[PEAKS_LISTED];
+    size_t max_peak;
+    peaks_of(r, peaks, PEAKS_LISTED, &max_peak);
+    char mem[32];
+    report_printf(&r->report, "evaluated %s: test loss %.4f acc %.2f%% over %lld images of %s | peak mem %s | %.1f s\n",
+                  r->cfg->resume, test_loss, 100 * test_acc, (long long)test_size_opened, test_source_opened,
+                  fmt_bytes(mem, sizeof mem, (double)max_peak), time_now() - r->t_start);
+    json_begin(&r->report, "evaluate");
+    json_str(&r->report, "stage", r->stage);
+    json_str(&r->report, "checkpoint", r->cfg->resume);
+    json_int(&r->report, "step", r->resumed.step); /* the optimizer steps that trained it */
+    json_int(&r->report, "world_size", r->world_size);
+    json_num(&r->report, "test_loss", test_loss);
+    json_num(&r->report, "test_acc", test_acc);
+    json_int(&r->report, "test_images", test_size_opened);
+    json_int(&r->report, "peak_mem_max_bytes", (int64_t)max_peak);
+    json_end(&r->report);
+}
+
+/* The training's summary: console lines and the "summary" JSON record. */
+static void summarize(Run *r) {
     const TrainConfig *c = r->cfg;
     trace_finish();
     if (trace_wants_merge()) { /* every rank's file is written once all have passed here */
@@ -1094,6 +1161,10 @@ void run_finish(Run *r) {
         else json_num(&r->report, r->extras[i].key, r->extras[i].v);
     }
     json_end(&r->report);
+}
+
+void run_finish(Run *r) {
+    if (!r->evaluated) summarize(r); /* --evaluate: run_evaluated said it all, and nothing was trained */
     report_close(&r->report);
     device_free(r->model->dev, r->state_counts);
     free(r->times), free(r->last_saved);

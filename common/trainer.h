@@ -140,6 +140,7 @@ typedef struct Run {
     int64_t *state_counts; /* device: the divergence check's (zero, non-finite) counts, per part of the state */
     int stop_sig;          /* SIGINT or SIGTERM once every rank has agreed to stop early (stop.h), else 0 */
     int stop_ranks;        /* how many ranks had received it then */
+    int evaluated;         /* --evaluate: run_evaluated has reported the test; the run trains nothing */
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given
@@ -161,7 +162,12 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
  * sampler flags, so its checkpoint is checked only here (ddp_init calls it, before the first step):
  * one saved under another setting is refused — its position would mean other samples. */
 void run_sampler(Run *r, int shuffle, int drop_last);
-/* --steps reached, or a signal's stop agreed (stop.h: with --save, SIGINT or SIGTERM ends the run at a
+/* --evaluate (PyTorch examples' `if args.evaluate: validate(...); return`): run_begin has loaded only
+ * --resume's model; the stage evaluates it as it would after an epoch and hands the result here, which
+ * reports it (console and an "evaluate" JSON record) and ends the run — run_done is then true, so the
+ * training loop never starts, and run_finish prints no training summary. */
+void run_evaluated(Run *r, double test_acc, double test_loss);
+/* --evaluate done, --steps reached, or a signal's stop agreed (stop.h: with --save, SIGINT or SIGTERM ends the run at a
  * step boundary, where the usual end-of-run path saves it). */
 int run_done(const Run *r);
 int64_t run_last_step(const Run *r); /* the optimizer step this run ends at: --steps, else the schedule's end */

@@ -455,6 +455,32 @@ START_TEST(test_resolve_output_files) {
 }
 END_TEST
 
+/* --evaluate refuses the flags only training reads: every flag of every stage must be in one of
+ * cli.c's two lists, so a new flag cannot slip past as silently ignored (the stages' own --help is
+ * the list of flags). */
+START_TEST(test_every_flag_is_classified_for_evaluate) {
+    int flags = 0;
+    for (int s = 1; s <= 5; s++) {
+        char cmd[600], *out;
+        snprintf(cmd, sizeof cmd, "%s/stage%d --help", test_root(), s);
+        ck_assert_int_eq(test_run(cmd, &out), 0);
+        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+            char name[64];
+            if (sscanf(line, "  --%63[a-z0-9-]", name) != 1) continue;
+            ck_assert_msg(cli_evaluate_keeps(name) >= 0, "stage%d's --%s is in neither of cli.c's --evaluate lists "
+                          "(evaluate_keeps: it changes the model, its forward or the test; evaluate_refuses: only "
+                          "training reads it)", s, name);
+            flags++;
+        }
+        free(out);
+    }
+    ck_assert_int_ge(flags, 5 * 30); /* the --help lines were read */
+    ck_assert_int_eq(cli_evaluate_keeps("lr"), 0);
+    ck_assert_int_eq(cli_evaluate_keeps("test-size"), 1);
+    ck_assert_int_eq(cli_evaluate_keeps("no-such-flag"), -1);
+}
+END_TEST
+
 /* A fresh run into a --save directory that holds another run's checkpoints used to overwrite them:
  * refused, naming the newest to --resume; resuming one of them there is fine, one from elsewhere not. */
 START_TEST(test_resolve_save_holding_checkpoints) {
@@ -817,6 +843,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_resolve_paths);
     tcase_add_test(tc, test_resolve_output_files);
     tcase_add_test(tc, test_resolve_save_holding_checkpoints);
+    tcase_add_test(tc, test_every_flag_is_classified_for_evaluate);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);

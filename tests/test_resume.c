@@ -16,7 +16,9 @@
 
 #include "checkpoint.h"
 #include "clock.h"
+#include "device.h"
 #include "hash.h"
+#include "model.h"
 #include "tests.h"
 
 #define LIMIT "timeout -k 5 120 "
@@ -813,6 +815,161 @@ START_TEST(adam_resume_is_exact) {
 }
 END_TEST
 
+/* --evaluate (PyTorch examples' --evaluate): the checkpoint's model on the test set, nothing trained
+ * and nothing written. It finds what the training run's own evaluation found at that epoch's end —
+ * the same loss bit for bit with the same batches, the same count of correct answers with any batch
+ * size or number of ranks —, whatever optimizer, world size or stage trained it; and it refuses a
+ * flag that only training reads, a missing --resume, and a test set that is not the checkpoint's. */
+START_TEST(evaluate_tests_the_checkpoint_and_trains_nothing) {
+    char *dir = test_tmpdir(), *cifar = make_cifar(), args[2048], ck[700], rep[700];
+    const char *t = TINY " --train-size 80 --batch-size 8";
+    snprintf(args, sizeof args, "%s --epochs 1 --save %s/a --report %s/train.jsonl", t, dir, dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/a/epoch001.ckpt", dir);
+    snprintf(rep, sizeof rep, "%s/train.jsonl", dir);
+    double acc = test_report_field(rep, "epoch", "test_acc"), loss = test_report_field(rep, "epoch", "test_loss");
+    ck_assert_msg(acc > 0 && loss > 0, "no test result in %s", rep);
+    struct { const char *stage, *flags; double loss_tol; } same[] = {
+        {"stage1", "--batch-size 8", 0},      /* the training run's batches: its very numbers */
+        {"stage1", "--batch-size 5", 1e-5},   /* other batches: each sample's loss is the same */
+        {"stage2", "--batch-size 8", 1e-5},   /* GPU0's replica evaluates */
+        {"stage3", "--nproc-per-node 2", 1e-5}, /* each rank its shard, the sums all-reduced */
+        {"stage5", "--amp off --nproc-per-node 2", 1e-5},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        snprintf(rep, sizeof rep, "%s/ev%zu.jsonl", dir, i);
+        snprintf(args, sizeof args, TINY " %s --evaluate --resume %s --report %s", same[i].flags, ck, rep);
+        ok_saying(same[i].stage, args, "evaluated ", "training nothing");
+        double a = test_report_field(rep, "evaluate", "test_acc"), l = test_report_field(rep, "evaluate", "test_loss");
+        ck_assert_msg(a == acc && fabs(l - loss) <= same[i].loss_tol * loss, "%s %s: acc %.9g loss %.9g, trained "
+                      "run's %.9g %.9g", same[i].stage, same[i].flags, a, l, acc, loss);
+        ck_assert_msg(test_report_field(rep, "evaluate", "step") == 10, "%s: step", same[i].stage);
+        ck_assert_msg(isnan(test_report_field(rep, "summary", "steps")), "%s: a training summary", same[i].stage);
+    }
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s", ck); /* autocast: a forward in fp16 */
+    ok_saying("stage5", args, "amp: fp16 autocast (evaluation: no gradients, so no GradScaler)", "evaluated ");
+    /* nothing was written: only the training run's checkpoint is in its directory */
+    char *newest = NULL;
+    snprintf(rep, sizeof rep, "%s/a", dir);
+    ck_assert_int_eq(checkpoint_list(rep, &newest), 1);
+    free(newest);
+    /* whatever optimizer trained it: an Adam checkpoint without --optimizer adam */
+    snprintf(args, sizeof args, "%s --epochs 1 --optimizer adam --lr 0.001 --save %s/adam", t, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s/adam/epoch001.ckpt", dir);
+    ok_saying("stage1", args, "evaluated ", "the model after epoch 1 (step 10)");
+    /* refused: what evaluation cannot use or would ignore */
+    snprintf(args, sizeof args, TINY " --evaluate");
+    expect_refused("stage1", args, "--evaluate tests a checkpoint's model", "--resume FILE");
+    const char *refused[][2] = {{"stage1", "--lr 0.01"}, {"stage1", "--save x"}, {"stage1", "--epochs 2"},
+                                {"stage2", "--gil-op-us 3"}, {"stage3", "--bucket-mb 1"},
+                                {"stage4", "--accum-steps 2"}, {"stage5", "--grad-comm fp16"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "drop %.*s", (int)strcspn(refused[i][1], " "), refused[i][1]);
+        snprintf(args, sizeof args, TINY " --evaluate --resume %s %s", ck, refused[i][1]);
+        expect_refused(refused[i][0], args, "applies only to training, and --evaluate trains nothing", flag);
+    }
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s --seed 3", ck);
+    expect_refused("stage1", args, "the synthetic test set is drawn from the seed", "pass --seed 0");
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s --data %s", ck, cifar);
+    expect_refused("stage1", args, "was trained on synthetic data, and this run would test it on CIFAR-10",
+                   "drop --data");
+    free(cifar), free(dir);
+}
+END_TEST
+
+/* tests/torch/checkpoint_to_torch.py reads a checkpoint with Python's standard library alone (so CI
+ * checks it): the header it prints is the one checkpoint_load reads, and a damaged or cut file is
+ * refused. Where torch is installed (the device machine), the weights go into models.py's twin of
+ * the model, and its eval-mode logits, in float64, are this model's — the checkpoint is a PyTorch
+ * state_dict, as the article's rank 0 saves one. */
+START_TEST(a_checkpoint_is_a_pytorch_model) {
+    static int have_python = -1, have_torch = -1;
+    if (have_python < 0) have_python = system("python3 -c 'import struct, array' >/dev/null 2>&1") == 0;
+    if (!have_python) {
+        printf("SKIP: resume: checkpoint_to_torch.py — python3 is missing\n");
+        return;
+    }
+    char *dir = test_tmpdir(), args[2048], ck[700], cmd[4096], *out;
+    snprintf(args, sizeof args, TINY " --train-size 80 --batch-size 8 --epochs 1 --steps 7 --save %s/a", dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/a/step00000007.ckpt", dir);
+    Device cpu = {0};
+    device_init(&cpu, DEV_CPU, 0, 0);
+    enum { N = 6 };
+    Model *m = model_create(&cpu, "tiny", 1, N, 0);
+    CheckpointMeta expect = {0}, got;
+    snprintf(expect.arch, sizeof expect.arch, "tiny");
+    snprintf(expect.norm, sizeof expect.norm, "bn");
+    expect.n_params = m->n_param_floats, expect.n_buffers = m->n_buffer_floats, expect.shape_hash = m->shape_hash;
+    size_t pb = (size_t)m->n_param_floats * sizeof(float);
+    float *p = malloc(pb), *mom = malloc(pb), *buf = malloc((size_t)m->n_buffer_floats * sizeof(float));
+    checkpoint_load(ck, &expect, &got, p, buf, mom, NULL);
+    char want[300];
+    snprintf(want, sizeof want, "format 6, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
+             "after batch 7 of epoch 1 | trained by 1 rank(s), batch 8, sgd, synthetic data, seed 0",
+             (long long)m->n_param_floats, (long long)m->n_buffer_floats);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), ck);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
+    free(out);
+    /* damaged: one flipped byte in the weights; cut: the last 100 bytes gone */
+    long len;
+    char *bytes = test_slurp(ck, &len), bad[720];
+    const char *what[2] = {"checksum mismatch", "is truncated"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(bad, sizeof bad, "%s/bad%d.ckpt", dir, k);
+        FILE *f = fopen(bad, "wb");
+        if (k == 0) bytes[1000] ^= 1;
+        fwrite(bytes, 1, (size_t)(k == 0 ? len : len - 100), f);
+        fclose(f);
+        if (k == 0) bytes[1000] ^= 1;
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
+        ck_assert_int_eq(test_run(cmd, &out), 1);
+        ck_assert_msg(strstr(out, what[k]), "want '%s' in:\n%s", what[k], out);
+        free(out);
+    }
+    free(bytes);
+    if (have_torch < 0) have_torch = system("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (!have_torch) {
+        printf("SKIP: resume: the checkpoint as a PyTorch model (its logits against models.py's) — needs torch "
+               "(python3 -c 'import torch')\n");
+    } else {
+        /* this model's eval-mode logits on N inputs, then torch's from the converted checkpoint */
+        model_write_oihw(m, p, m->param_flat);
+        device_copy_h2d(&cpu, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
+        float *x = malloc(N * 3 * 32 * 32 * sizeof(float)), theirs[N * 10];
+        test_fill_uniform(x, N * 3 * 32 * 32, 7, -2.0f, 2.0f);
+        model_forward(m, N, x, 0);
+        const float *ours = model_logits(m);
+        char in[720], lo[720], pt[720];
+        snprintf(in, sizeof in, "%s/x.f32", dir), snprintf(lo, sizeof lo, "%s/logits.f32", dir);
+        snprintf(pt, sizeof pt, "%s/model.pt", dir);
+        FILE *f = fopen(in, "wb");
+        ck_assert_int_eq(fwrite(x, sizeof(float), N * 3 * 32 * 32, f), N * 3 * 32 * 32);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s --out %s --logits %s %s 2>&1",
+                 test_root(), ck, pt, in, lo);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 0 && strstr(out, "saved "), "exit %d:\n%s", rc, out);
+        free(out);
+        f = fopen(lo, "rb");
+        ck_assert_msg(f && fread(theirs, sizeof(float), N * 10, f) == N * 10, "%s: not %d logits", lo, N * 10);
+        fclose(f);
+        double err = test_rel_err(ours, theirs, N * 10);
+        ck_assert_msg(err < 1e-5, "logits differ from torch's: relative error %.3g", err);
+        struct stat st;
+        ck_assert_msg(stat(pt, &st) == 0 && st.st_size > (off_t)pb, "%s: no state_dict saved", pt);
+        free(x);
+    }
+    free(p), free(mom), free(buf);
+    model_destroy(m);
+    device_destroy(&cpu);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_resume(void) {
     Suite *s = suite_create("resume");
     TCase *tc = tcase_create("resume");
@@ -831,6 +988,8 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, fp16_resume_continues_the_scaler);
     tcase_add_test(tc, fp16_resume_continues_the_scaler_on_gpu);
     tcase_add_test(tc, adam_resume_is_exact);
+    tcase_add_test(tc, evaluate_tests_the_checkpoint_and_trains_nothing);
+    tcase_add_test(tc, a_checkpoint_is_a_pytorch_model);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -71,6 +71,12 @@ int main(int argc, char **argv) {
     Run run;
     run_begin(&run, &cfg, "stage1", devs, 1, 1, 0, NULL, NULL, model, &opt, batches, train_set.source);
 
+    if (cfg.evaluate) { /* --evaluate: test the --resume checkpoint's model, train nothing */
+        double test_acc, test_loss;
+        evaluate(model, &test_in, &eval_log, &test_acc, &test_loss);
+        run_evaluated(&run, test_acc, test_loss);
+    }
+
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         loader_start_epoch(train_loader, run.epoch, run.start_batch, NULL, 0);
         float *x;

@@ -141,6 +141,12 @@ int main(int argc, char **argv) {
     scaler_init(&scaler, &dev, &amp, prec, &run); /* scaler.load_state_dict() when resuming */
     ddp_register_fused_optim(&ddp, &opt, scaler.enabled || scaler.stats); /* --optimizer-overlap: not under fp16's scaler */
 
+    if (cfg.evaluate) { /* --evaluate: test the --resume checkpoint's model, train nothing */
+        double test_acc, test_loss;
+        ddp_evaluate(&ddp, &test_in, test_set.n, &eval_log, &test_acc, &test_loss);
+        run_evaluated(&run, test_acc, test_loss);
+    }
+
     while (run.epoch < cfg.epochs && !run_done(&run)) {
         sampler_indices(train_set.n, w.world_size, w.rank, (uint64_t)cfg.seed, run.epoch, !f.no_shuffle,
                         f.drop_last, indices); /* sampler.set_epoch(epoch) */
