@@ -345,10 +345,13 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
     json_str(r, "activations", precision_name(p));
     json_str(r, "master_weights", "fp32");
     json_str(r, "grad_comm", a->grad_comm);
-    json_int(r, "grad_scaler", s->enabled);
-    json_num(r, "scale", scale);
-    json_int(r, "skipped_steps", skipped);
-    json_int(r, "optimizer_steps", s->steps);
+    json_int(r, "grad_scaler", s->enabled && !s->evaluating);
+    if (s->evaluating) json_int(r, "evaluating", 1); /* --evaluate: no scale, no steps */
+    else {
+        json_num(r, "scale", scale);
+        json_int(r, "skipped_steps", skipped);
+        json_int(r, "optimizer_steps", s->steps);
+    }
     json_int(r, "ranks", ranks);
     json_int(r, "ranks_agree", agree);
     if (n) {

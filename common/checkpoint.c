@@ -331,8 +331,9 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
         die_user("checkpoint '%s' is not a regular file (give --resume a .ckpt file)", path);
     const int64_t size = (int64_t)st.st_size;
     const int any_optimizer = expect->optimizer == CKPT_OPT_ANY;
-    /* ANY sizes as SGD. (Written as "any ? SGD : optimizer", GCC 12.2 at -O2 threaded the jumps of the two
-     * any_optimizer tests below away: --evaluate refused an SGD checkpoint as trained by another optimizer.) */
+    /* ANY sizes as SGD. (Written as "any ? SGD : optimizer", GCC 12.2 at -O2 dropped the two any_optimizer
+     * tests below — gone with -fno-tree-vrp, no undefined behaviour found —, and --evaluate refused an SGD
+     * checkpoint as trained by another optimizer.) */
     const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers, expect->optimizer);
 
     unsigned char hd[CKPT_HEADER] = {0}; /* the largest header */
@@ -365,7 +366,8 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
 
     /* Read (straight into the caller's arrays when the sizes agree) and verify the checksum before
      * judging the header's model description, so a flipped header byte reads as corruption. */
-    int fits = m.n_params == expect->n_params && m.n_buffers == expect->n_buffers &&
+    const int with_head = expect->head_hash && m.n_params == expect->n_params + expect->head_params;
+    int fits = (m.n_params == expect->n_params || with_head) && m.n_buffers == expect->n_buffers &&
                (any_optimizer || m.optimizer == expect->optimizer);
     uint64_t h = fnv1a64(FNV1A64_INIT, hd, hsize);
     size_t np = (size_t)m.n_params * sizeof(float), nb = (size_t)m.n_buffers * sizeof(float);
@@ -394,17 +396,24 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     char arch[4 * sizeof m.arch + 8], norm[4 * sizeof m.norm + 8]; /* the header's strings, printable */
     checkpoint_escape(m.arch, sizeof m.arch, arch, sizeof arch);
     checkpoint_escape(m.norm, sizeof m.norm, norm, sizeof norm);
+    const char *verb = expect->evaluating ? "evaluate" : "resume";
     if (strcmp(m.arch, expect->arch) != 0)
-        die_user("checkpoint '%s' was saved for model %s, but this run trains %s (pass --model %s to "
-                 "resume it)", path, arch, expect->arch, arch);
+        die_user("checkpoint '%s' was saved for model %s, but this run %s %s (pass --model %s to %s it%s)", path,
+                 arch, expect->evaluating ? "builds" : "trains", expect->arch, arch, verb,
+                 expect->evaluating ? ", or drop --model: --evaluate takes the checkpoint's" : "");
     if (strcmp(m.norm, expect->norm) != 0)
-        die_user("checkpoint '%s' was saved with --norm %s, but this run uses --norm %s (pass --norm %s "
-                 "to resume it)", path, norm, expect->norm, norm);
+        die_user("checkpoint '%s' was saved with --norm %s, but this run uses --norm %s (pass --norm %s to %s it%s)",
+                 path, norm, expect->norm, norm, verb,
+                 expect->evaluating ? ", or drop --norm: --evaluate takes the checkpoint's" : "");
+    if (with_head && m.shape_hash == expect->head_hash) {
+        *meta = m;
+        return;
+    }
     if (m.n_params != expect->n_params && expect->head_params &&
         llabs(m.n_params - expect->n_params) == expect->head_params)
         die_user("checkpoint '%s' has %lld parameters, this %s model %lld: the difference is the extra head of "
-                 "--unused-param (stages 3–5) — %s it to resume this checkpoint", path, (long long)m.n_params,
-                 expect->arch, (long long)expect->n_params, m.n_params > expect->n_params ? "pass" : "drop");
+                 "--unused-param (stages 3–5) — %s it to %s this checkpoint", path, (long long)m.n_params,
+                 expect->arch, (long long)expect->n_params, m.n_params > expect->n_params ? "pass" : "drop", verb);
     if (m.n_params != expect->n_params)
         die_user("checkpoint '%s' has %lld parameters, but this %s model has %lld (saved by a different "
                  "model definition)", path, (long long)m.n_params, expect->arch, (long long)expect->n_params);
@@ -421,6 +430,19 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
                  "parameter count but different layer shapes or names (saved by a different model "
                  "definition)", path, (unsigned long long)m.shape_hash, (unsigned long long)expect->shape_hash);
     *meta = m;
+}
+
+int checkpoint_peek_model(const char *path, char arch[32], char norm[8]) {
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) return 0;
+    struct stat st;
+    unsigned char h[56];
+    int ok = fstat(f, &st) == 0 && S_ISREG(st.st_mode) && read_full(f, h, sizeof h) == sizeof h &&
+             !memcmp(h, CKPT_MAGIC, 8) && memchr(h + 16, 0, 32) && memchr(h + 48, 0, 8);
+    close(f);
+    if (!ok) return 0;
+    memcpy(arch, h + 16, 32), memcpy(norm, h + 48, 8);
+    return 1;
 }
 
 int checkpoint_is_one(const char *path) {

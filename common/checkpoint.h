@@ -67,6 +67,10 @@ typedef struct CheckpointMeta {
     uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 6) */
     int64_t head_params;    /* in an expectation only, never saved: the floats --unused-param's extra
                              * head has in this model, so a count off by exactly that names the flag */
+    uint64_t head_hash;     /* in an expectation only (--evaluate): this model's fingerprint with that head
+                             * appended; a file that has it is taken, head and all — the caller's parameter
+                             * arrays then hold n_params + head_params floats, the head last. 0: never */
+    int evaluating;         /* in an expectation only: the errors say "evaluate it", not "resume it" */
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };
@@ -87,6 +91,11 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
  * error (exit 2) that names the file and the fix. */
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum, float *exp_avg_sq);
+
+/* The model a checkpoint was saved for (its header's arch and norm), so that --evaluate builds that
+ * model without being told. 0 when the file is no readable checkpoint (checkpoint_load then says
+ * what is wrong with it); arch and norm get NUL-terminated strings of at most 31 and 7 bytes. */
+int checkpoint_peek_model(const char *path, char arch[32], char norm[8]);
 
 /* "DIR/epoch003.ckpt" (end of an epoch) or "DIR/step00001234.ckpt" (inside one) for a save directory
  * (creates DIR if needed; a DIR that cannot be created is a user error). Returns a malloc'd string. */

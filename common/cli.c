@@ -686,21 +686,22 @@ static void check_not_clobbering(const TrainConfig *c, const char *flag, const c
 
 /* --evaluate's view of every flag of every stage. Kept: what the model is and how its forward runs,
  * the test data, where the job runs and how its ranks meet, what is reported. Training only: the
- * schedule and the optimizer, the training data and its sampler, checkpoints written, DataParallel's
- * modelled Python, DDP's gradient buckets, accumulation, the GradScaler — none of them touches a
- * forward in eval mode, so a run that evaluates would silently ignore them. */
+ * schedule and the optimizer, the training data and its sampler, checkpoints written, the trace,
+ * DataParallel's replicas and modelled Python (stage 2 evaluates on GPU0's replica, as after every
+ * epoch), DDP's gradient buckets, accumulation, the GradScaler — none of them touches a forward in
+ * eval mode, so a run that evaluates would silently ignore them. */
 static const char *const evaluate_keeps[] = {
     "device", "model", "norm", "batch-size", "seed", "deterministic", "cudnn-benchmark", "no-tf32", "no-cuda-graph",
     "memory-fraction", "layout", "data", "test-size", "workers", "cpu-threads", "pin-memory", "resume", "evaluate",
-    "report", "progress", "help", "gpus", "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
+    "report", "progress", "help", "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
     "comm", "rdzv-timeout", "comm-timeout", "unused-param", "amp", "channels-last", NULL};
 static const char *const evaluate_refuses[] = {
     "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "log-every", "train-size", "save",
-    "keep-last", "trace", "trace-steps", "gil-switch-ms", "gil-op-us", "gil-host-call-us", "gil-host-module-us",
-    "gil-host-param-us", "gil-host-thread-us", "gil-host-us", "dp-plan-us", "dp-plan-bench-us", "no-python",
-    "dp-thread-pool", "p2p", "bucket-mb", "last-bucket-mb", "broadcast-buffers", "no-overlap", "optimizer-overlap",
-    "find-unused-parameters", "drop-last", "no-shuffle", "accum-steps", "sync-each-micro-step", "init-scale",
-    "growth-factor", "backoff-factor", "growth-interval", "no-grad-scaler", "grad-stats", "grad-comm",
+    "keep-last", "trace", "trace-steps", "gpus", "gil-switch-ms", "gil-op-us", "gil-host-call-us",
+    "gil-host-module-us", "gil-host-param-us", "gil-host-thread-us", "gil-host-us", "dp-plan-us", "dp-plan-bench-us",
+    "no-python", "dp-thread-pool", "p2p", "bucket-mb", "last-bucket-mb", "broadcast-buffers", "no-overlap",
+    "optimizer-overlap", "find-unused-parameters", "drop-last", "no-shuffle", "accum-steps", "sync-each-micro-step",
+    "init-scale", "growth-factor", "backoff-factor", "growth-interval", "no-grad-scaler", "grad-stats", "grad-comm",
     "test-inf-step", "show-sampler", "dataset-size", "world-size", "rank", "epoch", "show-scaler", NULL};
 
 int cli_evaluate_keeps(const char *name) {
@@ -722,6 +723,13 @@ static void evaluate_check(const TrainConfig *c) {
 void config_resolve(TrainConfig *c, int cuda, int saver) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
+    if (c->evaluate && c->resume && c->resume[0]) { /* the checkpoint's model, unless the flags name one */
+        static char arch[32], norm[8];
+        if (checkpoint_peek_model(c->resume, arch, norm)) {
+            if (!cli_given("model") && (!strcmp(arch, "resnet18") || !strcmp(arch, "tiny"))) c->model = arch;
+            if (!cli_given("norm") && (!strcmp(norm, "bn") || !strcmp(norm, "none"))) c->norm = norm;
+        }
+    }
     if (!c->model[0]) c->model = cuda ? "resnet18" : "tiny";
     if (c->epochs < 0) c->epochs = cuda ? 5 : 4;
     if (strcmp(c->layout, "auto")) model_default_layout(!strcmp(c->layout, "nhwc"));
@@ -736,7 +744,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
      * considers deterministic algorithms. */
     struct stat st;
     if (!synthetic) { /* every file there, of a sane size, and enough samples: before any worker starts */
-        cifar10_check(c->data, 1, c->train_size > 0 ? c->train_size : 0);
+        if (!c->evaluate) cifar10_check(c->data, 1, c->train_size > 0 ? c->train_size : 0);
         cifar10_check(c->data, 0, c->test_size > 0 ? c->test_size : 0);
     }
     if (c->resume && c->resume[0]) {

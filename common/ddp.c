@@ -392,6 +392,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     free(reverse);
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);
+    if (c->evaluate) return; /* --evaluate: no backward, so no buckets, no_sync or hooks to describe */
     char desc[512], cap[32], last[64] = "";
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);

@@ -74,6 +74,7 @@ typedef struct DpConfig {
     int gpus;          /* --gpus: logical devices; 0 = auto */
     int no_python;     /* --no-python: op_us = host_us = 0 */
     const char *p2p_flag; /* --p2p on|off */
+    int evaluating;    /* --evaluate: one device, GPU0's replica, tests the checkpoint (set by dp_config_resolve) */
 } DpConfig;
 
 /* The calibrated defaults (see stages/stage2_data_parallel/README.md for where they come from). */
@@ -82,7 +83,8 @@ DpConfig dp_config_defaults(void);
  * --dp-plan-bench-us, --p2p) as option rows writing into *c: config_options(&cfg, dp_options(&c)). */
 const Option *dp_options(DpConfig *c);
 /* After cli_parse: apply --no-python and --p2p, pick the device count when --gpus is auto (every
- * visible GPU, or 2 virtual devices on the CPU backend), and set what DataParallel runs as PyTorch's
+ * visible GPU, or 2 virtual devices on the CPU backend; one with --evaluate, which tests the checkpoint
+ * on GPU0's replica as stage 2 does after every epoch), and set what DataParallel runs as PyTorch's
  * replicas do: NCHW (--layout nhwc is refused) and op by op, without CUDA graphs. */
 void dp_config_resolve(DpConfig *c, DeviceKind kind);
 

@@ -89,6 +89,8 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
         c->op_us = 0, c->host_us = 0;
     }
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
+    c->evaluating = cli_given("evaluate");
+    if (c->evaluating) c->gpus = 1; /* config_resolve refuses an explicit --gpus with it */
     if (!c->gpus) c->gpus = kind == DEV_CUDA ? device_cuda_count() : 2;
     /* The replica threads run the model one op at a time (dp_threads.c), as nn.DataParallel's
      * replicas do, on fp32 NCHW (PyTorch's default layout) — the typed channels-last walk casts

@@ -47,6 +47,7 @@ void dp_step_end(DataParallel *dp) {
 
 void dp_describe(const DataParallel *dp, Report *r) {
     const DpConfig *c = &dp->cfg;
+    if (c->evaluating) return; /* --evaluate: no replicas, no modelled Python, nothing of the step to describe */
     char names[512] = "";
     for (int i = 0; i < dp->n && strlen(names) < 400; i++)
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", dp->devs[i]->name);

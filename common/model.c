@@ -772,6 +772,23 @@ int64_t model_head_floats(const Model *m) {
     return 0;
 }
 
+uint64_t model_shape_hash_with_head(const Model *m) {
+    if (m->unused_params) return m->shape_hash; /* it has the head already */
+    const Layer *fc = NULL;
+    for (int i = 0; i < m->n_layers && !fc; i++)
+        if (m->layers[i].kind == LAYER_LINEAR) fc = &m->layers[i];
+    if (!fc) return 0;
+    /* what model_create's fingerprint adds for fc_unused: the linear head's shapes under its name */
+    uint64_t h = m->shape_hash;
+    const char *names[2] = {"fc_unused.weight", "fc_unused.bias"};
+    const Param *like[2] = {&m->params[fc->p0], &m->params[fc->p1]};
+    for (int i = 0; i < 2; i++) {
+        h = fnv1a64(h, names[i], strlen(names[i]));
+        h = fnv1a64(h, like[i]->shape, sizeof like[i]->shape);
+    }
+    return h;
+}
+
 int model_hook_point(const Model *m, int p) {
     int point = 0;
     for (int l = m->n_layers - 1; l >= 0; l--) {

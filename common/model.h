@@ -200,6 +200,9 @@ void model_set_hook_after_layer(Model *m, int on);
 int model_hook_point(const Model *m, int p);
 /* The classifier head's floats (weight + bias): what --unused-param's second head adds. */
 int64_t model_head_floats(const Model *m);
+/* The shape fingerprint this model would have with --unused-param's head (its own if it has one), so
+ * that --evaluate can take a checkpoint trained with it into a model without: the head is last. */
+uint64_t model_shape_hash_with_head(const Model *m);
 void model_zero_grad(Model *m);
 
 /* ---- The public order: the one seam between the model's storage and everyone else ------------

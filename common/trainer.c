@@ -28,13 +28,14 @@ static int64_t test_size_opened;  /* …and the test set's, for what --evaluate 
 static char test_source_opened[sizeof ((Dataset *)0)->source];
 
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
-    if (cfg->data[0]) {
+    if (cfg->evaluate) /* the loop never reads it: one synthetic sample stands in (CIFAR-10's test file suffices) */
+        dataset_synthetic(train, 1, (uint64_t)cfg->seed, 1);
+    else if (cfg->data[0])
         dataset_cifar10(train, cfg->data, 1, cfg->train_size > 0 ? cfg->train_size : 0);
-        dataset_cifar10(test, cfg->data, 0, cfg->test_size > 0 ? cfg->test_size : 0);
-    } else {
+    else
         dataset_synthetic(train, cfg->train_size, (uint64_t)cfg->seed, 1);
-        dataset_synthetic(test, cfg->test_size, (uint64_t)cfg->seed, 0);
-    }
+    if (cfg->data[0]) dataset_cifar10(test, cfg->data, 0, cfg->test_size > 0 ? cfg->test_size : 0);
+    else dataset_synthetic(test, cfg->test_size, (uint64_t)cfg->seed, 0);
     train_size_opened = train->n;
     data_source_opened = cfg->data[0] ? CKPT_DATA_CIFAR10 : CKPT_DATA_SYNTHETIC;
     test_size_opened = test->n;
@@ -620,14 +621,17 @@ static void resume(Run *r) {
     expect.head_params = model_head_floats(m);
     Adam *adam = r->opt->adam;
     expect.optimizer = c->evaluate ? CKPT_OPT_ANY : adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
-    size_t pb = (size_t)m->n_param_floats * sizeof(float);
+    expect.evaluating = c->evaluate;
+    /* --evaluate takes a checkpoint trained with --unused-param's head into a model without it */
+    if (c->evaluate && !m->unused_params) expect.head_hash = model_shape_hash_with_head(m);
+    size_t pb = (size_t)(m->n_param_floats + (expect.head_hash ? expect.head_params : 0)) * sizeof(float);
     float *p = xmalloc(pb), *mom = xmalloc(pb), *sq = adam || c->evaluate ? xmalloc(pb) : NULL;
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
     checkpoint_load(c->resume, &expect, &got, p, buf, mom, sq);
     r->resumed = got;
     if (c->evaluate) { /* the model alone: no optimizer state, no position */
         evaluate_resumed(r, &got);
-        model_write_oihw(m, p, m->param_flat);
+        model_write_oihw(m, p, m->param_flat); /* the head, if any, comes after the model's own */
         device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
         device_sync(m->dev);
         free(p), free(mom), free(buf), free(sq);
@@ -658,7 +662,7 @@ static void resume(Run *r) {
 static void cpu_notes(Run *r) {
     if (r->devs[0]->kind != DEV_CPU) return;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (strcmp(r->stage, "stage1"))
+    if (strcmp(r->stage, "stage1") && !r->cfg->evaluate) /* --evaluate times no step */
         report_printf(&r->report,
                       "note: CPU backend — counts, bytes, memory accounting and equivalence with one device are "
                       "real; the times are not a scaling result (the %s share %ld CPU core%s, and there are no "
@@ -669,9 +673,10 @@ static void cpu_notes(Run *r) {
     if (r->model->prec != PREC_FP32)
         report_printf(&r->report,
                       "note: CPU backend — %s is emulated: values are rounded to %s where autocast stores them, "
-                      "so the GradScaler, overflow and underflow are real; but they are kept in 4-byte floats and "
-                      "the rounding costs time, so memory and speed show nothing of what %s saves on a GPU\n",
-                      low, low, low);
+                      "so %s real; but they are kept in 4-byte floats and the rounding costs time, so memory and "
+                      "speed show nothing of what %s saves on a GPU\n", low, low,
+                      r->cfg->evaluate ? "the forward's rounding is" : "the GradScaler, overflow and underflow are",
+                      low);
     /* GPU-only flags stay accepted (a GPU command runs unchanged on a laptop), but are named. */
     static const char *const gpu_only[] = {"cudnn-benchmark", "no-tf32", "no-cuda-graph", "layout",
                                            "channels-last", "pin-memory"};
@@ -719,11 +724,11 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         snprintf(optd, sizeof optd, "momentum %g", cfg->momentum);
     /* micro-batches in an optimizer step: K, or an epoch's when K is more (as PyTorch's loop would) */
     int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
-    if (cfg->evaluate) /* no training: what is tested, how */
-        report_printf(&r->report, "data: test set %s, %lld images | batch %d × %d device(s) | seed %lld%s%s\n",
-                      test_source_opened, (long long)test_size_opened, cfg->batch_size, world_size,
-                      (long long)cfg->seed, cfg->deterministic ? " | deterministic" : "",
-                      cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    if (cfg->evaluate) /* no training: what is tested, how (a job of processes: each rank its shard) */
+        report_printf(&r->report, "data: test set %s, %lld images | batch %d%s | seed %lld%s%s\n",
+                      test_source_opened, (long long)test_size_opened, cfg->batch_size,
+                      gated(r) ? " on each rank, each its DistributedSampler shard" : "", (long long)cfg->seed,
+                      cfg->deterministic ? " | deterministic" : "", cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
     else if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
         char more[64] = "";
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
@@ -746,7 +751,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
     cpu_notes(r);
     peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS is refused now, not after the run */
-    if (cfg->accum_steps > batches_per_epoch)
+    if (cfg->accum_steps > batches_per_epoch && !cfg->evaluate)
         report_printf(&r->report,
                       "note: --accum-steps %d is more than the %lld micro-batches of an epoch: one optimizer step "
                       "per epoch, over all of them (its gradient still divided by %d)\n",
@@ -758,7 +763,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     json_int(&r->report, "params", m->n_param_floats);
     json_int(&r->report, "batch_size", cfg->batch_size);
     json_int(&r->report, "world_size", world_size);
-    if (cfg->accum_steps > 0) {
+    if (cfg->accum_steps > 0 && !cfg->evaluate) {
         json_int(&r->report, "accum_steps", r->accum);
         json_int(&r->report, "effective_batch", k * cfg->batch_size * world_size);
     }
@@ -1072,7 +1077,7 @@ void run_evaluated(Run *r, double test_acc, double test_loss) {
     json_str(&r->report, "stage", r->stage);
     json_str(&r->report, "checkpoint", r->cfg->resume);
     json_int(&r->report, "step", r->resumed.step); /* the optimizer steps that trained it */
-    json_int(&r->report, "world_size", r->world_size);
+    json_int(&r->report, "world_size", gated(r) ? r->world_size : 1); /* the processes that evaluated */
     json_num(&r->report, "test_loss", test_loss);
     json_num(&r->report, "test_acc", test_acc);
     json_int(&r->report, "test_images", test_size_opened);

@@ -846,8 +846,11 @@ START_TEST(evaluate_tests_the_checkpoint_and_trains_nothing) {
         ck_assert_msg(test_report_field(rep, "evaluate", "step") == 10, "%s: step", same[i].stage);
         ck_assert_msg(isnan(test_report_field(rep, "summary", "steps")), "%s: a training summary", same[i].stage);
     }
-    snprintf(args, sizeof args, TINY " --evaluate --resume %s", ck); /* autocast: a forward in fp16 */
+    snprintf(rep, sizeof rep, "%s/amp.jsonl", dir); /* autocast: a forward in fp16, and no GradScaler */
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s --report %s", ck, rep);
     ok_saying("stage5", args, "amp: fp16 autocast (evaluation: no gradients, so no GradScaler)", "evaluated ");
+    ck_assert_msg(test_report_field(rep, "amp", "grad_scaler") == 0 && isnan(test_report_field(rep, "amp", "scale")),
+                  "stage 5's amp record speaks of a GradScaler in an evaluation");
     /* nothing was written: only the training run's checkpoint is in its directory */
     char *newest = NULL;
     snprintf(rep, sizeof rep, "%s/a", dir);
@@ -875,7 +878,50 @@ START_TEST(evaluate_tests_the_checkpoint_and_trains_nothing) {
     snprintf(args, sizeof args, TINY " --evaluate --resume %s --data %s", ck, cifar);
     expect_refused("stage1", args, "was trained on synthetic data, and this run would test it on CIFAR-10",
                    "drop --data");
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s --gpus 2", ck); /* stage 2 tests on GPU0's replica */
+    expect_refused("stage2", args, "--gpus applies only to training", "drop --gpus");
+    /* CIFAR-10: the test file is all it reads */
+    snprintf(args, sizeof args, "%s --epochs 1 --data %s --save %s/c", t, cifar, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "mkdir %s/testonly && ln -s %s/test_batch.bin %s/testonly/", dir, cifar, dir);
+    ck_assert_int_eq(system(args), 0);
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s/c/epoch001.ckpt --data %s/testonly", dir, dir);
+    ok_saying("stage1", args, "evaluated ", "images of cifar10:test");
     free(cifar), free(dir);
+}
+END_TEST
+
+/* --evaluate builds the checkpoint's model (its --model and --norm, unless the flags name them: then
+ * they must agree), and takes one trained with --unused-param's extra head into any stage's model —
+ * the head is last and no layer uses it, as checkpoint_to_torch.py drops it too. */
+START_TEST(evaluate_takes_the_checkpoints_model) {
+    char *dir = test_tmpdir(), args[2048], rep[700];
+    const char *cpu = "--device cpu --test-size 32 --progress off --deterministic --batch-size 8";
+    snprintf(args, sizeof args, "%s --model tiny --norm none --train-size 80 --epochs 1 --save %s/n", cpu, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --evaluate --resume %s/n/epoch001.ckpt", cpu, dir);
+    ok_saying("stage1", args, "tiny (norm none)", "evaluated ");
+    snprintf(args, sizeof args, "%s --model resnet18 --evaluate --resume %s/n/epoch001.ckpt", cpu, dir);
+    expect_refused("stage1", args, "pass --model tiny to evaluate it", "drop --model");
+    snprintf(args, sizeof args, "%s --model tiny --norm bn --evaluate --resume %s/n/epoch001.ckpt", cpu, dir);
+    expect_refused("stage1", args, "pass --norm none to evaluate it", "drop --norm");
+    /* the extra head: trained in stage 3, tested everywhere with the training run's numbers */
+    snprintf(args, sizeof args, "%s --model tiny --train-size 80 --epochs 1 --unused-param --find-unused-parameters "
+             "--save %s/u --report %s/u.jsonl", cpu, dir, dir);
+    run_ok("stage3", args);
+    snprintf(rep, sizeof rep, "%s/u.jsonl", dir);
+    double acc = test_report_field(rep, "epoch", "test_acc"), loss = test_report_field(rep, "epoch", "test_loss");
+    const char *stages[][2] = {{"stage1", ""}, {"stage2", ""}, {"stage3", ""}, {"stage3", "--unused-param"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(rep, sizeof rep, "%s/ev%d.jsonl", dir, i);
+        snprintf(args, sizeof args, "%s %s --evaluate --resume %s/u/epoch001.ckpt --report %s", cpu, stages[i][1],
+                 dir, rep);
+        ok_saying(stages[i][0], args, "evaluated ", NULL);
+        double a = test_report_field(rep, "evaluate", "test_acc"), l = test_report_field(rep, "evaluate", "test_loss");
+        ck_assert_msg(a == acc && fabs(l - loss) <= 1e-5 * loss, "%s %s: acc %.9g loss %.9g, trained run's %.9g %.9g",
+                      stages[i][0], stages[i][1], a, l, acc, loss);
+    }
+    free(dir);
 }
 END_TEST
 
@@ -931,6 +977,12 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
         free(out);
     }
     free(bytes);
+    snprintf(bad, sizeof bad, "%s/fifo", dir); /* a FIFO would block a plain read forever */
+    ck_assert_int_eq(mkfifo(bad, 0600), 0);
+    snprintf(cmd, sizeof cmd, "timeout 20 python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
+    ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "is not a regular file"), "%s", out);
+    free(out);
     if (have_torch < 0) have_torch = system("python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (!have_torch) {
         printf("SKIP: resume: the checkpoint as a PyTorch model (its logits against models.py's) — needs torch "
@@ -989,6 +1041,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, fp16_resume_continues_the_scaler_on_gpu);
     tcase_add_test(tc, adam_resume_is_exact);
     tcase_add_test(tc, evaluate_tests_the_checkpoint_and_trains_nothing);
+    tcase_add_test(tc, evaluate_takes_the_checkpoints_model);
     tcase_add_test(tc, a_checkpoint_is_a_pytorch_model);
     suite_add_tcase(s, tc);
     return s;

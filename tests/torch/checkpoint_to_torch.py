@@ -24,6 +24,7 @@ checkpoint this model cannot hold, 3 torch is needed for what was asked and is n
 import argparse
 import array
 import os
+import stat
 import struct
 import sys
 
@@ -49,11 +50,13 @@ def read_checkpoint(path):
     """The header's fields and the float blobs, verified as common/checkpoint.c's checkpoint_load verifies
     them (magic, version, sizes, checksum)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+            fail(1, f"checkpoint '{path}' is not a regular file (give a .ckpt file written by --save)")
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
         fail(1, f"cannot read checkpoint '{path}': {e.strerror}")
-    if raw[:8] != MAGIC[:len(raw[:8])] or len(raw) < 8:
+    if raw[:8] != MAGIC[:len(raw[:8])]:  # a short prefix of the magic reads as truncated, as in C
         fail(1, f"'{path}' is not a checkpoint of this trainer (wrong magic; expected a file written by --save)")
     if len(raw) < 128:
         fail(1, f"checkpoint '{path}' is truncated ({len(raw)} bytes)")
