@@ -430,6 +430,13 @@ void model_check_layout(void) {
                  "--layout nhwc, is the default)");
 }
 
+/* The shape fingerprint (checkpoints refuse a mismatch): each parameter's name, then its shape as
+ * four ints (unused dimensions 0), in state_dict order. */
+static uint64_t shape_hash_add(uint64_t h, const char *name, const int shape[4]) {
+    h = fnv1a64(h, name, strlen(name));
+    return fnv1a64(h, shape, 4 * sizeof(int));
+}
+
 Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_batch, uint64_t seed,
                           Precision prec, int channels_last) {
     if (strcmp(arch, "resnet18") && strcmp(arch, "tiny"))
@@ -457,10 +464,7 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
     plan_gradient_accumulation(m);
 
     uint64_t h = FNV1A64_INIT;
-    for (int i = 0; i < m->n_params; i++) {
-        h = fnv1a64(h, m->params[i].name, strlen(m->params[i].name));
-        h = fnv1a64(h, m->params[i].shape, sizeof m->params[i].shape);
-    }
+    for (int i = 0; i < m->n_params; i++) h = shape_hash_add(h, m->params[i].name, m->params[i].shape);
     m->shape_hash = h;
 
     size_t pbytes = (size_t)m->n_param_floats * sizeof(float);
@@ -779,14 +783,8 @@ uint64_t model_shape_hash_with_head(const Model *m) {
         if (m->layers[i].kind == LAYER_LINEAR) fc = &m->layers[i];
     if (!fc) return 0;
     /* what model_create's fingerprint adds for fc_unused: the linear head's shapes under its name */
-    uint64_t h = m->shape_hash;
-    const char *names[2] = {"fc_unused.weight", "fc_unused.bias"};
-    const Param *like[2] = {&m->params[fc->p0], &m->params[fc->p1]};
-    for (int i = 0; i < 2; i++) {
-        h = fnv1a64(h, names[i], strlen(names[i]));
-        h = fnv1a64(h, like[i]->shape, sizeof like[i]->shape);
-    }
-    return h;
+    uint64_t h = shape_hash_add(m->shape_hash, "fc_unused.weight", m->params[fc->p0].shape);
+    return shape_hash_add(h, "fc_unused.bias", m->params[fc->p1].shape);
 }
 
 int model_hook_point(const Model *m, int p) {
