@@ -260,9 +260,16 @@ void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count) {
     if (s->enabled) scale_by_device(s->dev, count, dloss, s->scale);
 }
 
+void scaler_unscale(GradScaler *s, float *grads, int64_t count) {
+    if (!s->enabled) return;
+    ASSERT(!s->unscaled); /* torch: "unscale_() has already been called on this optimizer since the last update()" */
+    amp_unscale_check(s->dev, count, grads, s->inv_scale, s->found_inf);
+    s->unscaled = 1;
+}
+
 void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64_t count,
                  double lr) {
-    if (s->enabled) {
+    if (s->enabled && !s->unscaled) {
         amp_unscale_check(s->dev, count, grads, s->inv_scale, s->found_inf); /* unscale_ */
     }
     if (s->stats && s->steps < s->stats_cap)
@@ -275,6 +282,7 @@ void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64
 
 void scaler_update(GradScaler *s) {
     s->steps++; /* here, not in scaler_step: DDP's per-bucket optimizer (--optimizer-overlap) skips that */
+    s->unscaled = 0;
     if (!s->enabled) return;
     amp_update_scale(s->dev, s->scale, s->inv_scale, s->growth_tracker, s->found_inf, s->skipped,
                      s->growth_factor, s->backoff_factor, s->growth_interval);

@@ -5,6 +5,8 @@
  *
  *     scaler.scale(loss).backward()  scaler_scale_loss: the loss gradient is multiplied by the
  *                                    scale S (init 2^16), so small gradients survive fp16;
+ *     scaler.unscale_(optimizer)     scaler_unscale: the unscale_ below, done early for code that
+ *                                    reads the gradients first (clip_grad_norm_: clip.h);
  *     scaler.step(optimizer)         scaler_step: unscale_ (grads ·= 1/S, the reciprocal taken in
  *                                    double and rounded to float, as torch does) while checking for
  *                                    inf/NaN; a non-finite gradient anywhere skips the step;
@@ -83,6 +85,7 @@ typedef struct GradScaler {
     int64_t steps;             /* optimizer steps in this run (scaler_update calls) */
     int64_t first_step;        /* optimizer steps done before it (a resumed checkpoint's) */
     int evaluating;            /* --evaluate: nothing is trained, the checkpoint's scale is not taken */
+    int unscaled;              /* scaler_unscale ran for this optimizer step: scaler_step does not unscale */
     /* per-step gradient statistics (AmpConfig.grad_stats): device int64 pairs (zero, non-finite) */
     int64_t *stats;
     int64_t stats_cap;
@@ -101,8 +104,12 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, stru
 void scaler_destroy(GradScaler *s);
 /* scaler.scale(loss).backward(): dloss (count fp32 values, the loss gradient) *= S. */
 void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count);
-/* scaler.step(optimizer): unscale and check grads (count fp32 values), then the optimizer step
- * unless a gradient was inf/NaN. Disabled: optimizer step as usual. */
+/* scaler.unscale_(optimizer): grads ·= 1/S while checking for inf/NaN, now instead of inside
+ * scaler_step — for whatever reads or changes the gradients before the step: clip_grad_norm_ must see
+ * the true gradients, not S times them. Once per optimizer step. Disabled: nothing. */
+void scaler_unscale(GradScaler *s, float *grads, int64_t count);
+/* scaler.step(optimizer): unscale and check grads (count fp32 values) unless scaler_unscale already
+ * did, then the optimizer step unless a gradient was inf/NaN. Disabled: optimizer step as usual. */
 void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64_t count,
                  double lr);
 /* scaler.update(): the new scale on the device. */

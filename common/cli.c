@@ -502,6 +502,10 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"schedule", OPT_CHOICE, &c->schedule, 0, 0, "const|cosine",
          "learning rate over the whole run: constant, or cosine decay "
          "(lr_scheduler.CosineAnnealingLR with T_max = total steps)"},
+        {"clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, 0, 1e30, NULL,
+         "before each optimizer step, scale the gradients down so that their total 2-norm is at most this "
+         "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)); the norm before clipping is "
+         "reported every --log-every steps. 0 = no clipping"},
         {"seed", OPT_INT64, &c->seed, 0, 4294967295.0, NULL,
          "seeds weights, data order and augmentation (torch.manual_seed; 32 bits, as mt19937 uses)"},
         {"log-every", OPT_INT, &c->log_every, 1, 1e9, NULL, "record a step line every N optimizer steps"},
@@ -696,7 +700,8 @@ static const char *const evaluate_keeps[] = {
     "report", "progress", "help", "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
     "comm", "rdzv-timeout", "comm-timeout", "unused-param", "amp", "channels-last", NULL};
 static const char *const evaluate_refuses[] = {
-    "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "log-every", "train-size", "save",
+    "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "clip-grad-norm", "log-every",
+    "train-size", "save",
     "keep-last", "trace", "trace-steps", "gpus", "gil-switch-ms", "gil-op-us", "gil-host-call-us",
     "gil-host-module-us", "gil-host-param-us", "gil-host-thread-us", "gil-host-us", "dp-plan-us", "dp-plan-bench-us",
     "no-python", "dp-thread-pool", "p2p", "bucket-mb", "last-bucket-mb", "broadcast-buffers", "no-overlap",
@@ -784,6 +789,10 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
     if (stepping_per_bucket && cli_given("no-overlap"))
         die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
                  "buckets: drop one of the two");
+    if (stepping_per_bucket && c->clip_grad_norm > 0)
+        die_user("--clip-grad-norm scales every gradient by the norm of all of them, and --optimizer-overlap steps "
+                 "each bucket before the last gradient exists (PyTorch's _register_fused_optim cannot clip "
+                 "either): drop one of the two");
     if (stepping_per_bucket && cli_given("sync-each-micro-step"))
         die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
                  "micro-batch (every backward all-reduces): drop one of the two");

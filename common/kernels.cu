@@ -961,6 +961,18 @@ __global__ void bn_apply_grad_vec_kernel(uint32_t nvec, int c, const T *x, const
 __global__ void scale_by_device_kernel(int64_t count, float *x, const float *alpha) {
     GRID_STRIDE(i, count) x[i] *= *alpha;
 }
+/* The same, 16 bytes a thread (the same products: the same bits): clipping scales the whole gradient. */
+__global__ void scale_by_device_vec_kernel(int64_t count, float *x, const float *alpha) {
+    const float a = *alpha;
+    GRID_STRIDE(v, count / 4) {
+        float f[4];
+        vload(x + 4 * v, f);
+#pragma unroll
+        for (int j = 0; j < 4; j++) f[j] *= a;
+        vstore(x + 4 * v, f);
+    }
+    VEC_TAIL(k, count, 4) x[k] *= a;
+}
 
 /* As torch's _amp_non_finite_check_and_unscale_: the check is on the scaled value; every thread
  * that sees one writes the same 1.0 (a benign race, no atomics needed). */
@@ -1029,6 +1041,58 @@ __global__ void count_zero_nonfinite_kernel(int64_t count, const float *x,
         atomicAdd(&counts[0], (unsigned long long)zero);
         atomicAdd(&counts[1], (unsigned long long)bad);
     }
+}
+
+/* Σ v over the block in double, in a fixed tree (block_sum's twin). */
+__device__ double block_sum_d(double v, double *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? sh[lane] : 0.0;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+/* clip_grad_norm_'s first pass: a fixed number of blocks (ops.h: CLIP_PARTS), each the sum of its
+ * grid-stride share of g², in double (a float sum of 11 M squares would lose digits; fp64 costs
+ * nothing in a kernel that waits for memory), 16 bytes a load where g is aligned (the flat gradient
+ * buffer is). No atomics: the partial sums are added in one fixed order by the next kernel, so the
+ * norm's bits never change from run to run (--deterministic needs nothing more). */
+__global__ void clip_sumsq_kernel(int64_t count, const float *g, int vec, double *partials) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    if (vec) {
+        GRID_STRIDE(v, count / 4) {
+            float f[4];
+            vload(g + 4 * v, f);
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc += (double)f[j] * (double)f[j];
+        }
+        VEC_TAIL(k, count, 4) acc += (double)g[k] * (double)g[k];
+    } else {
+        GRID_STRIDE(i, count) acc += (double)g[i] * (double)g[i];
+    }
+    acc = block_sum_d(acc, sh);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+/* One thread: the norm, and torch's coefficient, op for op — clip_coef = max_norm / (total_norm + 1e-6)
+ * is Tensor.__rtruediv__, i.e. reciprocal() * max_norm, in fp32; clamp(max=1) keeps a NaN. */
+__global__ void clip_coef_kernel(const double *partials, int parts, float max_norm, float *norm,
+                                 float *coef, int64_t *clipped) {
+    double s = 0.0;
+    for (int i = 0; i < parts; i++) s += partials[i];
+    const float n = (float)sqrt(s);
+    float c = (1.0f / (n + 1e-6f)) * max_norm;
+    if (c > 1.0f) c = 1.0f;
+    *norm = n;
+    *coef = c;
+    if (c < 1.0f && isfinite(n)) *clipped += 1; /* an inf norm (a step the GradScaler skips) is not counted */
 }
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -1359,7 +1423,10 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
 
 void launch_scale_by_device(cudaStream_t s, int64_t count, float *x, const float *alpha) {
     if (count <= 0) return;
-    scale_by_device_kernel<<<blocks_for(count), THREADS, 0, s>>>(count, x, alpha);
+    if (aligned16({x}))
+        scale_by_device_vec_kernel<<<vec_blocks(count, 0), THREADS, 0, s>>>(count, x, alpha);
+    else
+        scale_by_device_kernel<<<blocks_for(count), THREADS, 0, s>>>(count, x, alpha);
 }
 
 void launch_amp_unscale_check(cudaStream_t s, int64_t count, float *grads, const float *inv_scale,
@@ -1379,6 +1446,12 @@ void launch_count_zero_nonfinite(cudaStream_t s, int64_t count, const float *x, 
     if (count <= 0) return;
     count_zero_nonfinite_kernel<<<blocks_for(count), THREADS, 0, s>>>(
         count, x, (unsigned long long *)counts);
+}
+
+void launch_clip_norm_coef(cudaStream_t s, int64_t count, const float *g, double *partials, int parts,
+                           float max_norm, float *norm, float *coef, int64_t *clipped) {
+    clip_sumsq_kernel<<<parts, THREADS, 0, s>>>(count, g, aligned16({g}), partials);
+    clip_coef_kernel<<<1, 1, 0, s>>>(partials, parts, max_norm, norm, coef, clipped);
 }
 
 } /* extern "C" */

@@ -101,6 +101,10 @@ void launch_amp_update_scale(cudaStream_t s, float *scale, float *inv_scale, int
                              int interval);
 void launch_count_zero_nonfinite(cudaStream_t s, int64_t count, const float *x, int64_t *counts);
 
+/* ---- gradient clipping (ops.h: clip_norm_coef; parts = CLIP_PARTS, the doubles in partials) ---- */
+void launch_clip_norm_coef(cudaStream_t s, int64_t count, const float *g, double *partials, int parts,
+                           float max_norm, float *norm, float *coef, int64_t *clipped);
+
 #ifdef __cplusplus
 }
 #endif

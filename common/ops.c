@@ -376,3 +376,9 @@ void count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *cou
     DISPATCH(d, ref_count_zero_nonfinite(count, x, counts),
              cuda_count_zero_nonfinite(d, count, x, counts));
 }
+
+void clip_norm_coef(Device *d, int64_t count, const float *g, double *partials, float max_norm,
+                    float *norm, float *coef, int64_t *clipped) {
+    DISPATCH(d, ref_clip_norm_coef(count, g, max_norm, norm, coef, clipped),
+             cuda_clip_norm_coef(d, count, g, partials, max_norm, norm, coef, clipped));
+}

@@ -810,6 +810,12 @@ void cuda_sgd_step_unless(Device *d, int64_t count, float *params, const float *
     CHECK_LAUNCH();
 }
 
+void cuda_clip_norm_coef(Device *d, int64_t count, const float *g, double *partials, float max_norm,
+                         float *norm, float *coef, int64_t *clipped) {
+    launch_clip_norm_coef(d->stream, count, g, partials, CLIP_PARTS, max_norm, norm, coef, clipped);
+    CHECK_LAUNCH();
+}
+
 void cuda_count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts) {
     launch_count_zero_nonfinite(d->stream, count, x, counts);
     CHECK_LAUNCH();

@@ -106,6 +106,8 @@ void cuda_sgd_step_unless(Device *d, int64_t count, float *params, const float *
                           float *momentum_buf, float lr, float momentum, float weight_decay,
                           int first, const float *skip);
 void cuda_count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts);
+void cuda_clip_norm_coef(Device *d, int64_t count, const float *g, double *partials, float max_norm,
+                         float *norm, float *coef, int64_t *clipped);
 
 #endif /* USE_CUDA */
 

@@ -202,3 +202,17 @@ void ref_count_zero_nonfinite(int64_t count, const float *x, int64_t *counts) {
     counts[0] += zero;
     counts[1] += bad;
 }
+
+void ref_clip_norm_coef(int64_t count, const float *g, float max_norm, float *norm, float *coef,
+                        int64_t *clipped) {
+    double s = 0.0;
+    for (int64_t i = 0; i < count; i++) s += (double)g[i] * (double)g[i];
+    const float n = (float)sqrt(s);
+    /* torch: max_norm / (total_norm + 1e-6) is Tensor.__rtruediv__ = reciprocal() * max_norm, in fp32;
+     * clamp(max=1.0) lets a NaN through */
+    float c = (1.0f / (n + 1e-6f)) * max_norm;
+    if (c > 1.0f) c = 1.0f;
+    *norm = n;
+    *coef = c;
+    if (c < 1.0f && isfinite(n)) *clipped += 1; /* an inf norm (a step the GradScaler skips) is not counted */
+}

@@ -93,5 +93,8 @@ void ref_amp_update_scale(float *scale, float *inv_scale, int32_t *growth_tracke
                           int64_t *skipped, double growth_factor, double backoff_factor,
                           int growth_interval);
 void ref_count_zero_nonfinite(int64_t count, const float *x, int64_t *counts);
+/* ops.h's clip_norm_coef: the squares summed in double, in index order. */
+void ref_clip_norm_coef(int64_t count, const float *g, float max_norm, float *norm, float *coef,
+                        int64_t *clipped);
 
 #endif

@@ -708,6 +708,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     r->cap_times = 1024;
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     r->state_counts = device_alloc(m->dev, 2 * RUN_STATE_PARTS * sizeof(int64_t), "divergence check");
+    clip_init(&r->clip, m->dev, m->n_param_floats, cfg->evaluate ? 0 : cfg->clip_grad_norm);
     report_open(&r->report, cfg->report, cfg->progress, rank == 0);
     char desc[128], optd[96];
     char where[sizeof devs[0]->name + 32];
@@ -749,6 +750,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    if (r->clip.max_norm > 0)
+        report_printf(&r->report, "clip: before each optimizer step the gradients are scaled to a total norm of at "
+                      "most %g (clip_grad_norm_)\n", r->clip.max_norm);
     cpu_notes(r);
     peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS is refused now, not after the run */
     if (cfg->accum_steps > batches_per_epoch && !cfg->evaluate)
@@ -767,6 +771,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         json_int(&r->report, "accum_steps", r->accum);
         json_int(&r->report, "effective_batch", k * cfg->batch_size * world_size);
     }
+    if (r->clip.max_norm > 0) json_num(&r->report, "clip_grad_norm", r->clip.max_norm);
     json_end(&r->report);
     gate_before_checks(r, 0);
     if (cfg->resume[0]) resume(r);
@@ -846,16 +851,23 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
         sum_over_ranks(r, v, 3);
         stop_take(r, v + 1);
         double loss = v[0] / (r->world_size > 1 && r->sum_across ? r->world_size : 1);
+        /* the step's total gradient norm before clipping (clip_grad_norm_'s return value): the same on
+         * every rank, which all clip the same all-reduced gradient */
+        const int clipping = r->clip.steps > 0;
+        double norm = clipping ? clip_last_norm(&r->clip) : 0;
+        char norm_text[40] = "";
+        if (clipping) snprintf(norm_text, sizeof norm_text, "  grad norm %.4g", norm);
         json_begin(&r->report, "step");
         json_int(&r->report, "step", r->step);
         json_int(&r->report, "epoch", r->epoch + 1);
         json_num(&r->report, "loss", loss);
         json_num(&r->report, "lr", lr_schedule(c->schedule, c->lr, r->step - 1, r->total_steps));
+        if (clipping) json_num(&r->report, "grad_norm", norm);
         json_end(&r->report);
         if (!r->report.progress)
-            report_printf(&r->report, "  step %6lld  epoch %lld  batch %5lld/%lld  loss %.4f\n",
+            report_printf(&r->report, "  step %6lld  epoch %lld  batch %5lld/%lld  loss %.4f%s\n",
                           (long long)r->step, (long long)r->epoch + 1, (long long)batch + 1,
-                          (long long)r->batches_per_epoch, loss);
+                          (long long)r->batches_per_epoch, loss, norm_text);
         r->last_train_loss = loss, r->loss_read = 1;
     }
     float loss = (float)r->last_train_loss;
@@ -1122,6 +1134,11 @@ static void summarize(Run *r) {
                       n_peaks - PEAKS_LISTED, PEAKS_LISTED, n_peaks - 1, n_peaks,
                       fmt_bytes(mem, sizeof mem, (double)max_peak));
     print_flops(r, &flops);
+    int64_t clipped = r->clip.max_norm > 0 ? clip_clipped_steps(&r->clip) : 0;
+    if (r->clip.max_norm > 0)
+        report_printf(&r->report, "  gradient clipping: %lld of %lld optimizer steps%s had a total norm above %g and "
+                      "were scaled down\n", (long long)clipped, (long long)r->clip.steps,
+                      r->resumed_at_step > 0 ? " in this run" : "", r->clip.max_norm);
     if (r->stop_sig) { /* rank 0 saved this step (run_epoch_end); say how to go on from it */
         char who[64] = "";
         if (gated(r)) snprintf(who, sizeof who, " (received by %d of %d ranks)", r->stop_ranks, r->world_size);
@@ -1159,6 +1176,10 @@ static void summarize(Run *r) {
         snprintf(stopped_by, sizeof stopped_by, "SIG%s", status_signal_name(r->stop_sig));
         json_str(&r->report, "stopped_by", stopped_by);
     }
+    if (r->clip.max_norm > 0) { /* only then, as stopped_by */
+        json_num(&r->report, "clip_grad_norm", r->clip.max_norm);
+        json_int(&r->report, "clipped_steps", clipped);
+    }
     json_str(&r->report, "peak_math", peak_math_name(flops.math));
     json_str(&r->report, "peak_source", flops.source);
     for (int i = 0; i < r->n_extras; i++) {
@@ -1172,6 +1193,7 @@ void run_finish(Run *r) {
     if (!r->evaluated) summarize(r); /* --evaluate: run_evaluated said it all, and nothing was trained */
     report_close(&r->report);
     device_free(r->model->dev, r->state_counts);
+    clip_destroy(&r->clip);
     free(r->times), free(r->last_saved);
 }
 

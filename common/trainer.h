@@ -21,6 +21,7 @@
 
 #include "checkpoint.h"
 #include "cli.h"
+#include "clip.h"
 #include "data.h"
 #include "device.h"
 #include "loader.h"
@@ -141,6 +142,7 @@ typedef struct Run {
     int stop_sig;          /* SIGINT or SIGTERM once every rank has agreed to stop early (stop.h), else 0 */
     int stop_ranks;        /* how many ranks had received it then */
     int evaluated;         /* --evaluate: run_evaluated has reported the test; the run trains nothing */
+    GradClip clip;         /* --clip-grad-norm: the stage calls clip_grad_norm(&run.clip, grads) before its step */
 } Run;
 
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given

@@ -524,6 +524,23 @@ static void count_setup(Case &k) {
     k.t[1].want[0] = (float)counts[0], k.t[1].want[1] = (float)counts[1];
 }
 
+/* ---- gradient clipping ------------------------------------------------------------------------------ */
+
+/* grads (small values and one spike) → norm, coef, clipped: clip_grad_norm_'s sum of squares (a fixed
+ * grid of CLIP_PARTS blocks, partial sums in double, in WS) and its one-thread coefficient; the
+ * multiply that follows is scale_by_device's row. A double sum in another order: the norm may round
+ * to a neighbouring float. */
+static void clip_setup(Case &k) {
+    Tensor &g = add(k, "grads", F32, IN, k.count, -0.01f, 0.01f);
+    g.h[k.count / 2] = 3.0f;
+    add(k, "norm", F32, OUT, 1, 0, 0, 1e-6);
+    add(k, "coef", F32, OUT, 1, 0, 0, 1e-6);
+    add(k, "clipped", I64, INOUT, 1, 0, 0);
+    int64_t clipped = 0;
+    ref_clip_norm_coef(k.count, k.H(0), 1.0f, k.W(1), k.W(2), &clipped);
+    k.t[3].want[0] = (float)clipped;
+}
+
 /* ================================================================================================
  * The rows. Shapes are ResNet-18's at batch 128 (CIFAR): ACT is the largest activation (layer 1,
  * 128 × 64 × 32 × 32), POOL the last one (128 × 512 × 4 × 4), HEAD the classifier (128 × 10),
@@ -641,6 +658,10 @@ static const Row ROWS[] = {
     {"amp_update_scale", "back off", update_scale_setup,
      L(launch_amp_update_scale(S, k.f(0), k.f(1), k.i32(2), k.f(3), k.i64(4), 2.0, 0.5, 2000)), 1, 1, 1, 0, 0, 0, 1},
     {"count_zero_nonfinite", "", count_setup, L(launch_count_zero_nonfinite(S, k.count, k.f(0), k.i64(1))), PARAMS},
+
+    /* gradient clipping (--clip-grad-norm: the whole gradient) */
+    {"clip_norm_coef", "", clip_setup,
+     L(launch_clip_norm_coef(S, k.count, k.f(0), (double *)WS, CLIP_PARTS, 1.0f, k.f(1), k.f(2), k.i64(3))), PARAMS},
 };
 
 /* ================================================================================================

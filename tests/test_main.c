@@ -32,6 +32,7 @@ static Ran run_suites(const char *filter) {
         suite_ddp,
         suite_accum,
         suite_adam,
+        suite_clip,
         suite_amp,
         suite_trace,
         suite_compare,

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
                                   1.0f / (float)b->n, &log.loss[slot], &log.correct[slot],
                                   model_dlogits(model));
             model_backward(model, b->n, NULL, NULL);
+            clip_grad_norm(&run.clip, model->grad_flat); /* --clip-grad-norm: nn.utils.clip_grad_norm_ */
             optim_step(&opt, model->param_flat, model->grad_flat, run_lr(&run));
             run_step_end(&run, &log, slot, b->index);
         }

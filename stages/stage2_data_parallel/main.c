@@ -113,6 +113,7 @@ int main(int argc, char **argv) {
                                   dp.dlogits);
             dp_backward(&dp);           /* the logits' gradient scattered back; backward everywhere */
             dp_reduce_add(&dp);         /* every replica's gradients summed into device 0's */
+            clip_grad_norm(&run.clip, model->grad_flat); /* --clip-grad-norm: nn.utils.clip_grad_norm_ */
             optim_step(&opt, model->param_flat, model->grad_flat, run_lr(&run));
             dp_step_end(&dp);           /* closes this step's phase timing */
             run_step_end(&run, &log, slot, b->index);

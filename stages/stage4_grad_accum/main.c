@@ -158,6 +158,7 @@ int main(int argc, char **argv) {
             model_backward(model, b->n, ddp_grad_ready, &ddp);
             ddp_backward_end(&ddp); /* the optimizer waits for the averaged gradients */
             if (!last) continue;
+            clip_grad_norm(&run.clip, model->grad_flat); /* --clip-grad-norm: nn.utils.clip_grad_norm_ */
             if (!ddp.fused_optim) optim_step(&opt, model->param_flat, model->grad_flat, run_lr(&run));
             run_step_end(&run, &log, slot, b->index);
         }

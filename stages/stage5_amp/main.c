@@ -14,12 +14,15 @@
  *             with torch.autocast("cuda", dtype=torch.float16):
  *                 loss = F.cross_entropy(ddp_model(x), y) / K
  *             scaler.scale(loss).backward()
- *         if last: scaler.step(optimizer); scaler.update(); optimizer.zero_grad()
+ *         if last:
+ *             scaler.unscale_(optimizer)       # the true gradients, before anything reads them:
+ *             clip_grad_norm_(model.parameters(), max_norm)        # (--clip-grad-norm) clips these
+ *             scaler.step(optimizer); scaler.update(); optimizer.zero_grad()
  * Compared with stage 4 (diff the two files): the model is created under autocast
  * (model_create_mixed: conv/linear in the low type, fp32 master weights), each micro-batch's loss
- * gradient is scaled before backward (scaler_scale_loss), and the optimizer step goes through the
- * scaler once per optimizer step (scaler_step: unscale, skip on inf/NaN; scaler_update: the new
- * scale). Everything else is stage 4. */
+ * gradient is scaled before backward (scaler_scale_loss), and once per optimizer step the gradients
+ * are unscaled (scaler_unscale: ·1/S, inf/NaN checked) and the step goes through the scaler
+ * (scaler_step: skipped on inf/NaN; scaler_update: the new scale). Everything else is stage 4. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,7 +174,10 @@ int main(int argc, char **argv) {
             model_backward(model, b->n, ddp_grad_ready, &ddp);
             ddp_backward_end(&ddp); /* the optimizer waits for the averaged gradients */
             if (!last) continue;
-            /* scaler.step(optimizer): unscale, skip if any (all-reduced) gradient is inf/NaN; scaler.update() */
+            /* scaler.unscale_(optimizer): ·1/S and the inf/NaN check, before clipping reads the norm */
+            scaler_unscale(&scaler, model->grad_flat, model->n_param_floats);
+            clip_grad_norm(&run.clip, model->grad_flat); /* --clip-grad-norm: nn.utils.clip_grad_norm_ */
+            /* scaler.step(optimizer): skipped if any (all-reduced) gradient was inf/NaN; scaler.update() */
             if (!ddp.fused_optim)
                 scaler_step(&scaler, &opt, model->param_flat, model->grad_flat, model->n_param_floats, run_lr(&run));
             scaler_update(&scaler);

@@ -20,6 +20,7 @@ GENERATORS=(
     "amp.bin|cpu|python3 $T/amp_fixtures.py --out @"
     "amp_cuda.bin|cuda|python3 $T/amp_fixtures.py --device cuda --out @"
     "adam.bin|cpu|python3 $T/make_adam_fixture.py @/adam.bin"
+    "clip.bin|cpu|python3 $T/clip_fixture.py @/clip.bin"
     "adam_scaler.bin|cuda|python3 $T/adam_scaler_fixture.py @/adam_scaler.bin"
     "scaler.txt|cpu|python3 $T/scaler_fixture.py > @/scaler.txt"
     "schedule.txt|cpu|python3 $T/schedule_fixture.py > @/schedule.txt"
