@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "trace.h"
 
 /* The device block: CLIP_PARTS doubles, norm and coef (floats), the clipped-steps counter (int64). */
 #define OFF_NORM ((size_t)CLIP_PARTS * sizeof(double))
@@ -33,8 +34,10 @@ void clip_destroy(GradClip *c) {
 
 void clip_grad_norm(GradClip *c, float *grads) {
     if (c->max_norm <= 0) return;
+    TraceDev span = trace_dev_begin(c->dev, TRACE_COMPUTE, NULL, "clip grad norm", "optimizer", -1);
     clip_norm_coef(c->dev, c->count, grads, c->partials, (float)c->max_norm, c->norm, c->coef, c->clipped);
     scale_by_device(c->dev, c->count, grads, c->coef); /* grads ·= min(1, max_norm / (norm + 1e-6)) */
+    trace_dev_end(span);
     c->steps++;
 }
 

@@ -99,12 +99,14 @@ START_TEST(stage2_trace) {
 }
 END_TEST
 
-/* DDP: one process track per rank, merged; the buckets' all-reduces on the communication thread. */
+/* DDP: one process track per rank, merged; the buckets' all-reduces on the communication thread; with
+ * --clip-grad-norm, its span on each compute stream. */
 START_TEST(stage3_trace) {
     if (!have_python()) return;
     char args[256];
-    snprintf(args, sizeof args, "--nproc-per-node 2 --steps 4 --bucket-mb 0.03 --master-port %d", test_free_port());
-    trace_and_check("stage3", args, "1:3", 2, 2, "forward backward optimizer all-reduce 'bucket launch'");
+    snprintf(args, sizeof args, "--nproc-per-node 2 --steps 4 --bucket-mb 0.03 --clip-grad-norm 1 --master-port %d",
+             test_free_port());
+    trace_and_check("stage3", args, "1:3", 2, 2, "forward backward 'clip grad norm' optimizer all-reduce 'bucket launch'");
 }
 END_TEST
 
