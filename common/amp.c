@@ -261,19 +261,16 @@ void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count) {
 }
 
 void scaler_unscale(GradScaler *s, float *grads, int64_t count) {
-    if (!s->enabled) return;
     ASSERT(!s->unscaled); /* torch: "unscale_() has already been called on this optimizer since the last update()" */
-    amp_unscale_check(s->dev, count, grads, s->inv_scale, s->found_inf);
+    if (s->enabled) amp_unscale_check(s->dev, count, grads, s->inv_scale, s->found_inf);
+    /* --grad-stats counts the gradients backward produced (unscaled), before clipping changes them */
+    if (s->stats && s->steps < s->stats_cap) count_zero_nonfinite(s->dev, count, grads, s->stats + 2 * s->steps);
     s->unscaled = 1;
 }
 
 void scaler_step(GradScaler *s, Optimizer *o, float *params, float *grads, int64_t count,
                  double lr) {
-    if (s->enabled && !s->unscaled) {
-        amp_unscale_check(s->dev, count, grads, s->inv_scale, s->found_inf); /* unscale_ */
-    }
-    if (s->stats && s->steps < s->stats_cap)
-        count_zero_nonfinite(s->dev, count, grads, s->stats + 2 * s->steps);
+    if (!s->unscaled) scaler_unscale(s, grads, count);
     if (s->enabled)
         optim_step_unless(o, params, grads, lr, s->found_inf); /* skipped if found_inf */
     else

@@ -106,7 +106,8 @@ void scaler_destroy(GradScaler *s);
 void scaler_scale_loss(GradScaler *s, float *dloss, int64_t count);
 /* scaler.unscale_(optimizer): grads ·= 1/S while checking for inf/NaN, now instead of inside
  * scaler_step — for whatever reads or changes the gradients before the step: clip_grad_norm_ must see
- * the true gradients, not S times them. Once per optimizer step. Disabled: nothing. */
+ * the true gradients, not S times them. --grad-stats counts them here too, before they are clipped.
+ * Once per optimizer step. Disabled: no unscaling (the counting still happens). */
 void scaler_unscale(GradScaler *s, float *grads, int64_t count);
 /* scaler.step(optimizer): unscale and check grads (count fp32 values) unless scaler_unscale already
  * did, then the optimizer step unless a gradient was inf/NaN. Disabled: optimizer step as usual. */

@@ -5,8 +5,8 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (6; version 1 ended the header at 128, versions 2–4 at 192)
- *       12    4  u32 header size in bytes (256; 128 in version 1, 192 in versions 2–4)
+ *        8    4  u32 format version (7; version 1 ended the header at 128, versions 2–4 at 192, 5–6 at 256)
+ *       12    4  u32 header size in bytes (272; 128 in version 1, 192 in versions 2–4, 256 in 5–6)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
  *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
@@ -23,7 +23,9 @@
  *      232    8  i64 optimizer (version 5: 0 SGD, 1 Adam; SGD before)
  *      240    8  i64 Adam's step count (the steps it took: its bias corrections' t; 0 for SGD)
  *      248    8  f64 the base learning rate, --lr (version 6)
- *      256       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
+ *      256    8  i64 warm-up steps, --warmup-steps (version 7: 0 = none)
+ *      264    8  f64 the warm-up's start factor, --warmup-start-factor (version 7; 0 without a warm-up)
+ *      272       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
  *                and for Adam f32 exp_avg_sq[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
@@ -50,8 +52,9 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 6u
-#define CKPT_HEADER 256    /* versions 5 and 6 */
+#define CKPT_VERSION 7u
+#define CKPT_HEADER 272    /* version 7 */
+#define CKPT_HEADER_V5 256 /* versions 5 and 6 */
 #define CKPT_HEADER_V2 192 /* versions 2 to 4 */
 #define CKPT_HEADER_V1 128
 #define CKPT_HUGE ((int64_t)1 << 53) /* no count or position in a real checkpoint comes near it */
@@ -84,7 +87,7 @@ static double get_f64(const unsigned char *p) {
     return v;
 }
 static uint32_t header_size(uint32_t version) {
-    return version == 1 ? CKPT_HEADER_V1 : version <= 4 ? CKPT_HEADER_V2 : CKPT_HEADER;
+    return version == 1 ? CKPT_HEADER_V1 : version <= 4 ? CKPT_HEADER_V2 : version <= 6 ? CKPT_HEADER_V5 : CKPT_HEADER;
 }
 
 static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m) {
@@ -114,6 +117,8 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 224, (uint64_t)m->scaler_growth_interval);
     put_u64(h + 232, (uint64_t)m->optimizer);
     put_u64(h + 240, (uint64_t)m->adam_steps);
+    put_u64(h + 256, (uint64_t)m->warmup_steps);
+    put_f64(h + 264, m->warmup_start_factor);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -149,6 +154,10 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->schedule = (int64_t)get_u64(h + 176);
         m->schedule_steps = (int64_t)get_u64(h + 184);
         m->lr = get_f64(h + 248);
+    }
+    if (m->version >= 7) {
+        m->warmup_steps = (int64_t)get_u64(h + 256);
+        m->warmup_start_factor = get_f64(h + 264);
     }
 }
 
@@ -199,6 +208,10 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->version >= 6 && (m->schedule < CKPT_SCHED_UNKNOWN || m->schedule > CKPT_SCHED_COSINE ||
                             m->schedule_steps < 0 || m->schedule_steps > CKPT_HUGE || !isfinite(m->lr) || m->lr < 0))
         return 0;
+    if (m->version >= 7 && (m->warmup_steps < 0 || m->warmup_steps > CKPT_HUGE ||
+                            (m->warmup_steps == 0 ? m->warmup_start_factor != 0.0
+                                                  : !(m->warmup_start_factor > 0.0 && m->warmup_start_factor <= 1.0))))
+        return 0; /* a warm-up's factor is in (0, 1], and there is none without a warm-up */
     return 1;
 }
 

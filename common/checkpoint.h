@@ -64,7 +64,10 @@ typedef struct CheckpointMeta {
     int64_t schedule;               /* CKPT_SCHED_CONST | CKPT_SCHED_COSINE */
     int64_t schedule_steps;         /* its length in optimizer steps (cosine's T_max) */
     double lr;                      /* the base learning rate */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 6) */
+    /* its linear warm-up (format version 7; none before): SequentialLR's LinearLR */
+    int64_t warmup_steps;           /* 0: none */
+    double warmup_start_factor;     /* LinearLR's start_factor (0 when there is no warm-up) */
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 7) */
     int64_t head_params;    /* in an expectation only, never saved: the floats --unused-param's extra
                              * head has in this model, so a count off by exactly that names the flag */
     uint64_t head_hash;     /* in an expectation only (--evaluate): this model's fingerprint with that head

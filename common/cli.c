@@ -437,6 +437,7 @@ void config_defaults(TrainConfig *c) {
     c->momentum = 0.9;
     c->weight_decay = 5e-4;
     c->schedule = "cosine";
+    c->warmup_start_factor = 0.01;
     c->seed = 0;
     c->log_every = 50;
     c->deterministic = 0;
@@ -502,6 +503,13 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"schedule", OPT_CHOICE, &c->schedule, 0, 0, "const|cosine",
          "learning rate over the whole run: constant, or cosine decay "
          "(lr_scheduler.CosineAnnealingLR with T_max = total steps)"},
+        {"warmup-steps", OPT_INT64, &c->warmup_steps, 0, 1e12, NULL,
+         "raise the learning rate linearly over the first N optimizer steps, from --warmup-start-factor × lr to "
+         "lr, then follow --schedule over the steps left (SequentialLR([LinearLR(start_factor, total_iters=N), "
+         "main], milestones=[N]), as torchvision's reference scripts warm up); 0 = no warm-up"},
+        {"warmup-start-factor", OPT_FLOAT, &c->warmup_start_factor, above0, 1, NULL,
+         "with --warmup-steps: the first step's learning rate as a fraction of --lr (LinearLR start_factor; "
+         "torchvision's lr_warmup_decay)"},
         {"clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, 0, 1e30, NULL,
          "before each optimizer step, scale the gradients down so that their total 2-norm is at most this "
          "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)); the norm before clipping is "
@@ -700,8 +708,8 @@ static const char *const evaluate_keeps[] = {
     "report", "progress", "help", "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
     "comm", "rdzv-timeout", "comm-timeout", "unused-param", "amp", "channels-last", NULL};
 static const char *const evaluate_refuses[] = {
-    "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "clip-grad-norm", "log-every",
-    "train-size", "save",
+    "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "warmup-steps",
+    "warmup-start-factor", "clip-grad-norm", "log-every", "train-size", "save",
     "keep-last", "trace", "trace-steps", "gpus", "gil-switch-ms", "gil-op-us", "gil-host-call-us",
     "gil-host-module-us", "gil-host-param-us", "gil-host-thread-us", "gil-host-us", "dp-plan-us", "dp-plan-bench-us",
     "no-python", "dp-thread-pool", "p2p", "bucket-mb", "last-bucket-mb", "broadcast-buffers", "no-overlap",
@@ -789,10 +797,13 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
     if (stepping_per_bucket && cli_given("no-overlap"))
         die_user("--optimizer-overlap steps each bucket as its all-reduce is done, and --no-overlap has no "
                  "buckets: drop one of the two");
+    if (cli_given("warmup-start-factor") && c->warmup_steps == 0)
+        die_user("--warmup-start-factor %g sets where --warmup-steps N starts: give --warmup-steps N too, or drop it",
+                 c->warmup_start_factor);
     if (stepping_per_bucket && c->clip_grad_norm > 0)
-        die_user("--clip-grad-norm scales every gradient by the norm of all of them, and --optimizer-overlap steps "
-                 "each bucket before the last gradient exists (PyTorch's _register_fused_optim cannot clip "
-                 "either): drop one of the two");
+        die_user("--clip-grad-norm scales every gradient by the norm of the whole averaged gradient, and "
+                 "--optimizer-overlap steps each bucket as soon as its own all-reduce is done, before that norm "
+                 "exists (PyTorch's _register_fused_optim cannot clip either): drop one of the two");
     if (stepping_per_bucket && cli_given("sync-each-micro-step"))
         die_user("--optimizer-overlap with --sync-each-micro-step would step the optimizer after every "
                  "micro-batch (every backward all-reduces): drop one of the two");

@@ -1081,12 +1081,17 @@ __global__ void clip_sumsq_kernel(int64_t count, const float *g, int vec, double
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-/* One thread: the norm, and torch's coefficient, op for op — clip_coef = max_norm / (total_norm + 1e-6)
- * is Tensor.__rtruediv__, i.e. reciprocal() * max_norm, in fp32; clamp(max=1) keeps a NaN. */
+/* One block: the partial sums added in a fixed order (each thread its strided share, then the block's
+ * tree), then, on thread 0, the norm and torch's coefficient, op for op — clip_coef = max_norm /
+ * (total_norm + 1e-6) is Tensor.__rtruediv__, i.e. reciprocal() * max_norm, in fp32; clamp(max=1) keeps
+ * a NaN. */
 __global__ void clip_coef_kernel(const double *partials, int parts, float max_norm, float *norm,
                                  float *coef, int64_t *clipped) {
+    __shared__ double sh[32];
     double s = 0.0;
-    for (int i = 0; i < parts; i++) s += partials[i];
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
+    s = block_sum_d(s, sh);
+    if (threadIdx.x != 0) return;
     const float n = (float)sqrt(s);
     float c = (1.0f / (n + 1e-6f)) * max_norm;
     if (c > 1.0f) c = 1.0f;
@@ -1451,7 +1456,7 @@ void launch_count_zero_nonfinite(cudaStream_t s, int64_t count, const float *x, 
 void launch_clip_norm_coef(cudaStream_t s, int64_t count, const float *g, double *partials, int parts,
                            float max_norm, float *norm, float *coef, int64_t *clipped) {
     clip_sumsq_kernel<<<parts, THREADS, 0, s>>>(count, g, aligned16({g}), partials);
-    clip_coef_kernel<<<1, 1, 0, s>>>(partials, parts, max_norm, norm, coef, clipped);
+    clip_coef_kernel<<<1, THREADS, 0, s>>>(partials, parts, max_norm, norm, coef, clipped);
 }
 
 } /* extern "C" */

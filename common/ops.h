@@ -237,13 +237,15 @@ void sgd_step_unless(Device *d, int64_t count, float *params, const float *grads
 void count_zero_nonfinite(Device *d, int64_t count, const float *x, int64_t *counts);
 
 /* ---- gradient clipping (clip.h) --------------------------------------------------------------- */
-/* Blocks of the norm's first pass on a GPU, and so the doubles of its partial sums: a fixed number,
- * so that the sum is taken in the same order on every run and every GPU. */
-#define CLIP_PARTS 512
+/* Blocks of the norm's first pass on a GPU, and so the doubles of its partial sums: a fixed number
+ * (enough threads to fill an H200's 132 SMs), so that the sum is taken in the same order on every run
+ * and every GPU. */
+#define CLIP_PARTS 1024
 /* torch.nn.utils.clip_grad_norm_'s arithmetic, on the device: *norm = ‖g‖₂ (squares summed in double
  * in a fixed order: partials is CLIP_PARTS doubles of scratch on a GPU, unused on the CPU), *coef =
  * min(1, max_norm · 1/(*norm + 1e-6)) in fp32 as torch computes it (a NaN norm gives a NaN coef), and
- * *clipped += 1 when *coef < 1 and the norm is finite. Multiplying g by *coef (scale_by_device) is the clipping itself. */
+ * *clipped += 1 when *coef < 1 and the norm is finite. Multiplying g by *coef (scale_by_device) is the
+ * clipping itself. */
 void clip_norm_coef(Device *d, int64_t count, const float *g, double *partials, float max_norm,
                     float *norm, float *coef, int64_t *clipped);
 

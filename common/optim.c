@@ -65,7 +65,11 @@ void optim_step_unless(Optimizer *o, float *params, const float *grads, double l
     o->steps++;
 }
 
-double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps) {
+double lr_schedule(const char *schedule, double lr, int64_t warmup, double start_factor, int64_t step,
+                   int64_t total_steps) {
+    if (warmup > 0 && step < warmup) /* LinearLR: start_factor → 1 over the warm-up */
+        return lr * (start_factor + (1.0 - start_factor) * (double)step / (double)warmup);
+    if (warmup > 0) step -= warmup, total_steps -= warmup; /* the main schedule starts at the milestone */
     if (!strcmp(schedule, "cosine") && total_steps > 0)
         return lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps));
     return lr;

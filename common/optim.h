@@ -49,9 +49,15 @@ void optim_init_named(Optimizer *o, const char *name, Device *dev, int64_t count
 int64_t optim_adam_steps(Optimizer *o);
 void optim_set_adam_steps(Optimizer *o, int64_t n);
 
-/* schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over
- * the run (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration; `step` is the number of
- * optimizer steps already taken, so step 0 runs at lr — checked against torch: tests/fixtures/schedule.txt). */
-double lr_schedule(const char *schedule, double lr, int64_t step, int64_t total_steps);
+/* The learning rate of optimizer step `step` (the number of steps already taken, so step 0 runs first).
+ * schedule "const": lr. "cosine": lr · ½(1 + cos(π · step / total_steps)), annealed to 0 over the run
+ * (torch.optim.lr_scheduler.CosineAnnealingLR stepped per iteration). With warmup W > 0 the first W
+ * steps ramp linearly from start_factor · lr towards lr — lr · (f + (1 − f) · step / W) — and the
+ * schedule then runs over the remaining total_steps − W steps, counted from W: PyTorch's
+ * SequentialLR([LinearLR(start_factor=f, total_iters=W), main], milestones=[W]), main being
+ * CosineAnnealingLR(T_max = total_steps − W) or nothing for const (torchvision's --lr-warmup-*
+ * recipe). Checked against torch: tests/fixtures/schedule.txt. */
+double lr_schedule(const char *schedule, double lr, int64_t warmup, double start_factor, int64_t step,
+                   int64_t total_steps);
 
 #endif

@@ -311,6 +311,8 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.schedule = !strcmp(c->schedule, "cosine") ? CKPT_SCHED_COSINE : CKPT_SCHED_CONST;
     meta.schedule_steps = r->total_steps;
     meta.lr = c->lr;
+    meta.warmup_steps = c->warmup_steps;
+    meta.warmup_start_factor = c->warmup_steps > 0 ? c->warmup_start_factor : 0.0;
     if (r->save_scaler) r->save_scaler(r->scaler_ctx, &meta);
     else if (c->resume[0] && !r->scaler_noted && checkpoint_has_scaler(&r->resumed)) { /* stages 1–4 */
         r->scaler_noted = 1;
@@ -439,18 +441,35 @@ static void schedule_note(Run *r) {
     if (g->schedule == CKPT_SCHED_UNKNOWN) return; /* an older checkpoint: nothing to compare */
     const char *was = g->schedule == CKPT_SCHED_COSINE ? "cosine" : "const";
     int cosine_now = !strcmp(c->schedule, "cosine"), cosine_then = g->schedule == CKPT_SCHED_COSINE;
-    if (cosine_now == cosine_then && c->lr == g->lr && (!cosine_now || r->total_steps == g->schedule_steps)) return;
-    double then = lr_schedule(was, g->lr, g->step, g->schedule_steps);
-    double now = lr_schedule(c->schedule, c->lr, g->step, r->total_steps);
-    char epochs[64] = "";
+    /* a version 6 checkpoint has no warm-up fields: it had none */
+    const double factor_now = c->warmup_steps > 0 ? c->warmup_start_factor : 0.0;
+    const int same_warmup = c->warmup_steps == g->warmup_steps && factor_now == g->warmup_start_factor;
+    if (cosine_now == cosine_then && c->lr == g->lr && same_warmup &&
+        (!cosine_now || r->total_steps == g->schedule_steps))
+        return;
+    double then = lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, g->step, g->schedule_steps);
+    double now = lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, g->step, r->total_steps);
+    char epochs[64] = "", warm_then[96] = "", warm_now[96] = "", warm_fix[96] = "";
     if (cosine_then && g->schedule_steps % r->steps_per_epoch == 0)
         snprintf(epochs, sizeof epochs, " --epochs %lld", (long long)(g->schedule_steps / r->steps_per_epoch));
-    report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld steps at --lr %g; this "
-                              "run has --schedule %s over %lld steps at --lr %g: at step %lld the learning rate is %g, "
-                              "not the %g that run would use (to continue its schedule, resume with --schedule %s%s "
-                              "--lr %g)\n",
-                  c->resume, was, (long long)g->schedule_steps, g->lr, c->schedule, (long long)r->total_steps, c->lr,
-                  (long long)g->step, now, then, was, epochs, g->lr);
+    if (g->warmup_steps > 0) {
+        snprintf(warm_then, sizeof warm_then, " after %lld warm-up steps from %g × lr", (long long)g->warmup_steps,
+                 g->warmup_start_factor);
+        snprintf(warm_fix, sizeof warm_fix, " --warmup-steps %lld --warmup-start-factor %g", (long long)g->warmup_steps,
+                 g->warmup_start_factor);
+    }
+    else if (c->warmup_steps > 0)
+        snprintf(warm_fix, sizeof warm_fix, " --warmup-steps 0");
+    if (c->warmup_steps > 0)
+        snprintf(warm_now, sizeof warm_now, " after %lld warm-up steps from %g × lr", (long long)c->warmup_steps,
+                 c->warmup_start_factor);
+    report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld steps at --lr %g%s; "
+                              "this run has --schedule %s over %lld steps at --lr %g%s: at step %lld the learning rate "
+                              "is %g, not the %g that run would use (to continue its schedule, resume with --schedule "
+                              "%s%s --lr %g%s)\n",
+                  c->resume, was, (long long)g->schedule_steps, g->lr, warm_then, c->schedule,
+                  (long long)r->total_steps, c->lr, warm_now, (long long)g->step, now, then, was, epochs, g->lr,
+                  warm_fix);
 }
 
 static void resume_check(Run *r) {
@@ -555,7 +574,8 @@ static void gate_sum(Run *r, int second) {
     double v[2] = {r->cfg->resume[0] != 0, (double)r->step};
     r->sum_across(r->sum_ctx, v, 2);
     if (v[0] < 0)
-        die_collateral(1, 2, "rank %d: rank 0 refused the --resume checkpoint — see its error", r->rank);
+        die_collateral(1, 2, "rank %d: rank 0 refused %s — see its error", r->rank,
+                       r->cfg->resume[0] ? "the --resume checkpoint" : "this run's flags");
     if (v[0] != 0 && v[0] != r->world_size)
         die_collateral(r->rank != 0, 2, "rank %d: --resume is given to %.0f of the %d ranks — give every rank the "
                        "same --resume, or none", r->rank, v[0], r->world_size);
@@ -750,9 +770,15 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+    if (cfg->warmup_steps > 0 && cfg->warmup_steps < r->total_steps && !cfg->evaluate) {
+        report_printf(&r->report, "warm-up: the learning rate rises linearly from %g × %g over the first %lld optimizer "
+                      "steps, then follows --schedule %s over the other %lld (LinearLR, then the schedule: SequentialLR)\n",
+                      cfg->warmup_start_factor, cfg->lr, (long long)cfg->warmup_steps, cfg->schedule,
+                      (long long)(r->total_steps - cfg->warmup_steps));
+    }
     if (r->clip.max_norm > 0)
-        report_printf(&r->report, "clip: before each optimizer step the gradients are scaled to a total norm of at "
-                      "most %g (clip_grad_norm_)\n", r->clip.max_norm);
+        report_printf(&r->report, "clip: before each optimizer step, gradients whose total norm is above %g are scaled "
+                      "down to it (clip_grad_norm_)\n", r->clip.max_norm);
     cpu_notes(r);
     peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS is refused now, not after the run */
     if (cfg->accum_steps > batches_per_epoch && !cfg->evaluate)
@@ -773,7 +799,11 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     }
     if (r->clip.max_norm > 0) json_num(&r->report, "clip_grad_norm", r->clip.max_norm);
     json_end(&r->report);
-    gate_before_checks(r, 0);
+    gate_before_checks(r, 0); /* a job's rank 0 checks alone; the others wait for its verdict */
+    if (cfg->warmup_steps >= r->total_steps && !cfg->evaluate)
+        die_user("--warmup-steps %lld leaves no step for --schedule %s: this run has %lld optimizer steps (--epochs "
+                 "%d × %lld an epoch) — warm up over fewer steps, or train more epochs", (long long)cfg->warmup_steps,
+                 cfg->schedule, (long long)r->total_steps, cfg->epochs, (long long)r->steps_per_epoch);
     if (cfg->resume[0]) resume(r);
     gate_after_checks(r, 0);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
@@ -835,7 +865,8 @@ int64_t run_last_step(const Run *r) {
 }
 
 double run_lr(const Run *r) {
-    return lr_schedule(r->cfg->schedule, r->cfg->lr, r->step, r->total_steps);
+    const TrainConfig *c = r->cfg;
+    return lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, r->step, r->total_steps);
 }
 
 void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
@@ -856,12 +887,15 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
         const int clipping = r->clip.steps > 0;
         double norm = clipping ? clip_last_norm(&r->clip) : 0;
         char norm_text[40] = "";
-        if (clipping) snprintf(norm_text, sizeof norm_text, "  grad norm %.4g", norm);
+        if (clipping) /* an inf/NaN gradient (a step the GradScaler skips): "inf" or "nan", never "-nan" */
+            snprintf(norm_text, sizeof norm_text, isfinite(norm) ? "  grad norm %.4g" : isnan(norm) ? "  grad norm nan"
+                     : "  grad norm inf", norm);
         json_begin(&r->report, "step");
         json_int(&r->report, "step", r->step);
         json_int(&r->report, "epoch", r->epoch + 1);
         json_num(&r->report, "loss", loss);
-        json_num(&r->report, "lr", lr_schedule(c->schedule, c->lr, r->step - 1, r->total_steps));
+        json_num(&r->report, "lr", lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, r->step - 1,
+                                               r->total_steps));
         if (clipping) json_num(&r->report, "grad_norm", norm);
         json_end(&r->report);
         if (!r->report.progress)
@@ -1134,11 +1168,12 @@ static void summarize(Run *r) {
                       n_peaks - PEAKS_LISTED, PEAKS_LISTED, n_peaks - 1, n_peaks,
                       fmt_bytes(mem, sizeof mem, (double)max_peak));
     print_flops(r, &flops);
-    int64_t clipped = r->clip.max_norm > 0 ? clip_clipped_steps(&r->clip) : 0;
-    if (r->clip.max_norm > 0)
-        report_printf(&r->report, "  gradient clipping: %lld of %lld optimizer steps%s had a total norm above %g and "
-                      "were scaled down\n", (long long)clipped, (long long)r->clip.steps,
-                      r->resumed_at_step > 0 ? " in this run" : "", r->clip.max_norm);
+    const int clipping = r->clip.max_norm > 0;
+    int64_t clipped = clipping ? clip_clipped_steps(&r->clip) : 0;
+    if (clipping)
+        report_printf(&r->report, "  gradient clipping: %lld of %lld optimizer step%s%s had a total norm above %g and "
+                      "%s scaled down\n", (long long)clipped, (long long)r->clip.steps, r->clip.steps == 1 ? "" : "s",
+                      r->resumed_at_step > 0 ? " in this run" : "", r->clip.max_norm, clipped == 1 ? "was" : "were");
     if (r->stop_sig) { /* rank 0 saved this step (run_epoch_end); say how to go on from it */
         char who[64] = "";
         if (gated(r)) snprintf(who, sizeof who, " (received by %d of %d ranks)", r->stop_ranks, r->world_size);
@@ -1176,8 +1211,9 @@ static void summarize(Run *r) {
         snprintf(stopped_by, sizeof stopped_by, "SIG%s", status_signal_name(r->stop_sig));
         json_str(&r->report, "stopped_by", stopped_by);
     }
-    if (r->clip.max_norm > 0) { /* only then, as stopped_by */
+    if (clipping) { /* only then, as stopped_by; clip_steps: this run's (a resumed run's "steps" counts them all) */
         json_num(&r->report, "clip_grad_norm", r->clip.max_norm);
+        json_int(&r->report, "clip_steps", r->clip.steps);
         json_int(&r->report, "clipped_steps", clipped);
     }
     json_str(&r->report, "peak_math", peak_math_name(flops.math));

@@ -30,7 +30,8 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 256    /* format versions 5 and 6 */
+#define HEADER 272    /* format version 7 */
+#define HEADER_V5 256 /* format versions 5 and 6 */
 #define HEADER_V2 192 /* format versions 2 to 4 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
 
@@ -76,6 +77,8 @@ static void fixture_setup(void) {
     g_meta.schedule = CKPT_SCHED_COSINE; /* cosine over 11 epochs of 160 steps, --lr 0.05 */
     g_meta.schedule_steps = 1760;
     g_meta.lr = 0.05;
+    g_meta.warmup_steps = 40; /* warmed up from 0.1 × lr over 40 steps */
+    g_meta.warmup_start_factor = 0.1;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -145,7 +148,7 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 6 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 6, little-endian */
+    ck_assert(b[8] == 7 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 7, little-endian */
     ck_assert(b[12] == (HEADER & 0xff) && b[13] == HEADER >> 8);    /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
@@ -187,8 +190,9 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.shuffle, 0);
     ck_assert_int_eq(got.drop_last, 1);
     ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
-    ck_assert_int_eq(got.version, 6);
+    ck_assert_int_eq(got.version, 7);
     ck_assert(got.schedule == CKPT_SCHED_COSINE && got.schedule_steps == 1760 && got.lr == 0.05);
+    ck_assert(got.warmup_steps == 40 && got.warmup_start_factor == 0.1);
     ck_assert(got.scaler_scale == 32768.0 && got.scaler_growth_tracker == 7);
     ck_assert(got.scaler_growth_factor == 2.0 && got.scaler_backoff_factor == 0.5);
     ck_assert_int_eq(got.scaler_growth_interval, 2000);
@@ -333,15 +337,18 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 7;
+    b[8] = 8;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 7", "future version");
+    expect_load_refused(bad, &g_meta, "version 8", "future version");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
-    b[8] = 4; /* version 4 with version 5's header size */
+    b[8] = 4; /* version 4 with version 7's header size */
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "header size 256, expected 192", "version 4, 256-byte header");
+    expect_load_refused(bad, &g_meta, "header size 272, expected 192", "version 4, 272-byte header");
+    b[8] = 6; /* version 6 with version 7's header size */
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "header size 272, expected 256", "version 6, 272-byte header");
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -429,6 +436,9 @@ START_TEST(test_crafted_counters_refused) {
         {176, 3, "schedule 3"},                      {176, -1, "schedule -1"},
         {184, -1, "negative schedule length"},       {248, f64_bits(NAN), "NaN lr"},
         {248, f64_bits(-0.1), "negative lr"},
+        /* the warm-up (version 7): a negative length, a factor LinearLR refuses, a factor without a warm-up */
+        {256, -1, "negative warm-up"},               {264, 0, "warm-up factor 0"},
+        {264, f64_bits(1.5), "warm-up factor above 1"}, {264, f64_bits(NAN), "NaN warm-up factor"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -462,7 +472,31 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     return got;
 }
 
-/* b (n bytes, version 5) rewritten in version 4's layout (192-byte header, no scaler state): a
+/* b (n bytes, version 7) rewritten in version 6's layout (256-byte header, no warm-up): a malloc'd
+ * copy, its length in *n6. */
+static unsigned char *as_version6(const unsigned char *b, size_t n, size_t *n6) {
+    *n6 = n - (HEADER - HEADER_V5);
+    unsigned char *v6 = malloc(*n6);
+    memcpy(v6, b, HEADER_V5);
+    memcpy(v6 + HEADER_V5, b + HEADER, n - HEADER);
+    v6[8] = 6, v6[12] = HEADER_V5 & 0xff, v6[13] = HEADER_V5 >> 8;
+    return v6;
+}
+
+/* A version 6 file (a 256-byte header: no warm-up) still loads, with no warm-up. */
+START_TEST(test_version6_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    size_t n, n6;
+    unsigned char *b = read_bytes(g_path, &n), *v6 = as_version6(b, n, &n6);
+    CheckpointMeta got = load_resealed("v6.ckpt", v6, n6);
+    ck_assert_int_eq(got.version, 6);
+    ck_assert(got.schedule == CKPT_SCHED_COSINE && got.lr == 0.05);
+    ck_assert(got.warmup_steps == 0 && got.warmup_start_factor == 0);
+    free(b), free(v6);
+}
+END_TEST
+
+/* b (n bytes, version 7) rewritten in version 4's layout (192-byte header, no scaler state): a
  * malloc'd copy, its length in *n4. */
 static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) {
     *n4 = n - (HEADER - HEADER_V2);
@@ -547,8 +581,9 @@ END_TEST
  * schedule unknown (so a resume says nothing about it) — and those bytes are not read. */
 START_TEST(test_version5_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
-    size_t n;
-    unsigned char *b = read_bytes(g_path, &n);
+    size_t n7, n;
+    unsigned char *b7 = read_bytes(g_path, &n7), *b = as_version6(b7, n7, &n);
+    free(b7);
     b[8] = 5;
     put64(b + 176, 7), put64(b + 184, -1), put64(b + 248, f64_bits(NAN)); /* reserved in version 5: not read */
     CheckpointMeta got = load_resealed("v5.ckpt", b, n);
@@ -801,6 +836,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_version3_still_loads);
     tcase_add_test(tc, test_version4_still_loads);
     tcase_add_test(tc, test_version5_still_loads);
+    tcase_add_test(tc, test_version6_still_loads);
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);

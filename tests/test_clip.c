@@ -38,14 +38,19 @@ START_TEST(clip_closed_form) {
     ck_assert(coef == 1.0f && clipped == 1);
     ref_clip_norm_coef(2, g, 5.0f, &norm, &coef, &clipped); /* at the threshold the 1e-6 still clips */
     ck_assert(coef < 1.0f && coef > 0.999999f && clipped == 2);
+    /* torch's reciprocal-then-multiply, not a division: here the two differ in the last bit */
+    const float m = 0.18219997f;
+    volatile float den = 5.0f + 1e-6f;
+    ref_clip_norm_coef(2, g, m, &norm, &coef, &clipped);
+    ck_assert(coef == (1.0f / den) * m && coef != m / den && clipped == 3);
     const float z[3] = {0, 0, 0};
     ref_clip_norm_coef(3, z, 1.0f, &norm, &coef, &clipped);
-    ck_assert(norm == 0.0f && coef == 1.0f && clipped == 2);
+    ck_assert(norm == 0.0f && coef == 1.0f && clipped == 3);
     const float inf[3] = {1, INFINITY, 2}, nan[3] = {1, NAN, 2};
     ref_clip_norm_coef(3, inf, 1.0f, &norm, &coef, &clipped); /* a step the GradScaler skips */
-    ck_assert(isinf(norm) && coef == 0.0f && clipped == 2);
+    ck_assert(isinf(norm) && coef == 0.0f && clipped == 3);
     ref_clip_norm_coef(3, nan, 1.0f, &norm, &coef, &clipped); /* clamp(NaN, max=1) is NaN, as in torch */
-    ck_assert(isnan(norm) && isnan(coef) && clipped == 2);
+    ck_assert(isnan(norm) && isnan(coef) && clipped == 3);
 
     /* GradClip on the CPU backend: clips in place, reports the norm before, counts, and does
      * nothing at all when off */
@@ -232,6 +237,7 @@ START_TEST(stage1_a_clipped_step_has_length_lr_times_max_norm) {
     const double norm = test_report_field(path, "step", "grad_norm");
     ck_assert_msg(norm > 10 * max_norm, "the first step's gradient norm %.6g is not far above %g", norm, max_norm);
     ck_assert(test_report_field(path, "summary", "clipped_steps") == 1);
+    ck_assert(test_report_field(path, "summary", "clip_steps") == 1);
     ck_assert(test_report_field(path, "summary", "clip_grad_norm") == max_norm);
     int64_t n;
     float *p0 = initial_params(&n);
@@ -318,33 +324,70 @@ END_TEST
 
 /* ---- stage 5: unscale first ---------------------------------------------------------------------- */
 
-/* Under fp16 the gradients carry the GradScaler's 65536: clipping must read them unscaled. The norm
- * stage 5 reports under fp16 is the fp32 run's (to fp16's rounding), not 65536 times it. A step with
- * an inf gradient reports no norm (JSON null), is not counted as clipped, and is skipped. */
+/* ||p − p0|| after a run saved in dir/name (tiny, --norm bn, seed 0). */
+static double moved(const char *dir, const char *name, int steps) {
+    char path[700];
+    int64_t n;
+    float *p0 = initial_params(&n);
+    snprintf(path, sizeof path, "%s/%s/step%08d.ckpt", dir, name, steps);
+    float *p = test_load_params(path, "tiny", 1);
+    double len = 0;
+    for (int64_t i = 0; i < n; i++) len += ((double)p[i] - p0[i]) * ((double)p[i] - p0[i]);
+    free(p0), free(p);
+    return sqrt(len);
+}
+
+/* Under fp16 the gradients carry the GradScaler's 65536: clipping must read them unscaled, and the
+ * step must not unscale them again. The norm stage 5 reports under fp16 and bf16 is the fp32 run's
+ * (to 16-bit rounding), not 65536 times it, and the parameters move as far as fp32's do. A step with
+ * an inf gradient reports no norm (JSON null), is not counted as clipped, and is skipped; the
+ * gradient statistics count what backward produced, the same with clipping as without. */
 START_TEST(amp_clips_the_unscaled_gradients) {
     char *dir = test_tmpdir(), cmd[2048], path[600];
     const char *amps[] = {"off", "fp16", "bf16"};
-    double first[3];
+    double first[3], dist[3];
     for (int k = 0; k < 3; k++) {
         snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 " TINY " --nproc-per-node 1 --train-size 256 --test-size 32 "
-                 "--steps 3 --amp %s --clip-grad-norm 0.1 --master-port %d --report %s/%s.jsonl%s", test_root(),
-                 amps[k], test_free_port(), dir, amps[k], k == 1 ? " --test-inf-step 2" : "");
+                 "--steps 3 --amp %s --clip-grad-norm 0.1 --master-port %d --save %s/%s --report %s/%s.jsonl",
+                 test_root(), amps[k], test_free_port(), dir, amps[k], dir, amps[k]);
         run_ok(cmd, amps[k]);
         snprintf(path, sizeof path, "%s/%s.jsonl", dir, amps[k]);
         double norms[8];
         ck_assert_int_eq(test_report_series(path, "step", "grad_norm", norms, 8), 3);
+        ck_assert(test_report_field(path, "summary", "clipped_steps") == 3);
         first[k] = norms[0];
-        if (k == 1) { /* step 2's inf: norm null, not counted, the step skipped */
-            ck_assert_msg(isnan(norms[1]), "fp16: the inf step's norm is %g, not null", norms[1]);
-            ck_assert(test_report_field(path, "summary", "clipped_steps") == 2);
-            ck_assert(test_report_field(path, "amp", "skipped_steps") == 1);
-        } else {
-            ck_assert(test_report_field(path, "summary", "clipped_steps") == 3);
-        }
+        dist[k] = moved(dir, amps[k], 3);
     }
-    for (int k = 1; k < 3; k++)
+    for (int k = 1; k < 3; k++) {
         ck_assert_msg(fabs(first[k] - first[0]) <= 0.02 * first[0], "--amp %s: the first step's norm %.6g, fp32's %.6g "
                       "(a scaled gradient's norm is 65536 times larger)", amps[k], first[k], first[0]);
+        ck_assert_msg(fabs(dist[k] - dist[0]) <= 0.02 * dist[0], "--amp %s: 3 clipped steps moved the parameters by "
+                      "%.6g, fp32's by %.6g", amps[k], dist[k], dist[0]);
+    }
+    /* a forced overflow at step 2, with and without clipping */
+    double counts[2][8];
+    for (int clip = 0; clip < 2; clip++) {
+        snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 " TINY " --nproc-per-node 1 --train-size 256 --test-size 32 "
+                 "--steps 3 --amp fp16 --grad-stats --test-inf-step 2%s --master-port %d --report %s/inf%d.jsonl",
+                 test_root(), clip ? " --clip-grad-norm 0.1" : "", test_free_port(), dir, clip);
+        run_ok(cmd, "fp16 with an inf step");
+        snprintf(path, sizeof path, "%s/inf%d.jsonl", dir, clip);
+        ck_assert(test_report_field(path, "amp", "skipped_steps") == 1);
+        ck_assert_int_eq(test_report_list(path, "amp", "grad_nonfinite_per_step", counts[clip], 8), 3);
+        if (clip) {
+            double norms[8];
+            ck_assert_int_eq(test_report_series(path, "step", "grad_norm", norms, 8), 3);
+            ck_assert_msg(isnan(norms[1]), "the inf step's norm is %g, not null", norms[1]);
+            ck_assert(test_report_field(path, "summary", "clipped_steps") == 2);
+        }
+    }
+    int64_t n_params;
+    free(initial_params(&n_params)); /* with batch norm's */
+    ck_assert_msg(counts[0][1] > 0 && counts[0][1] < n_params, "the inf step: %g of %lld gradients non-finite",
+                  counts[0][1], (long long)n_params);
+    for (int s = 0; s < 3; s++)
+        ck_assert_msg(counts[1][s] == counts[0][s], "--grad-stats at step %d: %g non-finite with clipping, %g without "
+                      "(it must count before clipping)", s + 1, counts[1][s], counts[0][s]);
     free(dir);
 }
 END_TEST

@@ -425,24 +425,28 @@ START_TEST(sampler_matches_torch) {
 }
 END_TEST
 
-/* --schedule against torch.optim.lr_scheduler.CosineAnnealingLR (and no scheduler for const): the lr
- * of every optimizer step of each case of tests/fixtures/schedule.txt. PyTorch updates the cosine
+/* --schedule against torch.optim.lr_scheduler.CosineAnnealingLR (and no scheduler for const), and
+ * --warmup-steps against SequentialLR([LinearLR, CosineAnnealingLR]) (LinearLR alone for const): the
+ * lr of every optimizer step of each case of tests/fixtures/schedule.txt. PyTorch updates both
  * recursively and optim.c evaluates the closed form, so they agree to rounding (1e-12 of the base lr),
  * and a schedule shifted by one step — both directions — is far outside that. */
 START_TEST(schedule_matches_torch) {
-    static const struct { const char *schedule; int total; double lr; } cases[] = {
-        {"cosine", 9, 0.1}, {"cosine", 7, 0.3}, {"cosine", 391, 0.1}, {"const", 5, 0.05}};
+    static const struct { const char *schedule; int total; double lr; int warmup; double factor; } cases[] = {
+        {"cosine", 9, 0.1, 0, 0},         {"cosine", 7, 0.3, 0, 0},       {"cosine", 391, 0.1, 0, 0},
+        {"const", 5, 0.05, 0, 0},         {"cosine", 9, 0.1, 3, 0.25},    {"cosine", 391, 0.4, 50, 0.01},
+        {"const", 6, 0.05, 2, 0.5}};
     static double want[512];
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int n = test_torch_schedule(cases[c].schedule, cases[c].total, cases[c].lr, want, 512);
+        char key[96];
+        if (cases[c].warmup) snprintf(key, sizeof key, "%s+warmup=%d,%g", cases[c].schedule, cases[c].warmup, cases[c].factor);
+        else snprintf(key, sizeof key, "%s", cases[c].schedule);
+        int n = test_torch_schedule(key, cases[c].total, cases[c].lr, want, 512);
         ck_assert_msg(n == cases[c].total + 1, "%s %d %g: %d values in tests/fixtures/schedule.txt (regenerate it "
-                      "with python3 tests/torch/schedule_fixture.py)", cases[c].schedule, cases[c].total,
-                      cases[c].lr, n);
+                      "with python3 tests/torch/schedule_fixture.py)", key, cases[c].total, cases[c].lr, n);
         for (int s = 0; s < n; s++) {
-            double got = lr_schedule(cases[c].schedule, cases[c].lr, s, cases[c].total);
-            ck_assert_msg(fabs(got - want[s]) <= 1e-12 * cases[c].lr,
-                          "%s over %d steps, step %d: lr %.17g, torch %.17g", cases[c].schedule, cases[c].total, s,
-                          got, want[s]);
+            double got = lr_schedule(cases[c].schedule, cases[c].lr, cases[c].warmup, cases[c].factor, s, cases[c].total);
+            ck_assert_msg(fabs(got - want[s]) <= 1e-12 * cases[c].lr, "%s over %d steps, step %d: lr %.17g, torch %.17g",
+                          key, cases[c].total, s, got, want[s]);
         }
     }
 }

@@ -85,6 +85,49 @@ static void expect_continued_exactly(const char *dir, int skip, int total) {
         ck_assert_msg(a[i + skip] == b[i], "step %d: %.9g vs %.9g", i + skip + 1, a[i + skip], b[i]);
 }
 
+/* --warmup-steps: every step's lr is torch's SequentialLR([LinearLR, CosineAnnealingLR]) (the fixture's
+ * "cosine+warmup=3,0.25" case: 3 epochs of 3 steps); a run stopped inside the warm-up and resumed ends
+ * where the uninterrupted one ends, bit for bit; a resume under another warm-up continues, saying where
+ * the learning rate jumps and which flags continue the checkpoint's own; a warm-up as long as the run,
+ * or a start factor without a warm-up, is refused. */
+START_TEST(warmup_follows_torch_and_resumes_exactly) {
+    char *dir = test_tmpdir(), args[2048], path[700], *out;
+    const char *flags = TINY " --train-size 96 --batch-size 32 --epochs 3 --log-every 1 --lr 0.1 --schedule cosine "
+                        "--warmup-steps 3 --warmup-start-factor 0.25";
+    snprintf(args, sizeof args, "%s --report %s/whole.jsonl", flags, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "warm-up: the learning rate rises linearly from 0.25 × 0.1 over the first 3 optimizer "
+                              "steps, then follows --schedule cosine over the other 6"), "%s", out);
+    free(out);
+    double lr[16], torch_lr[16];
+    snprintf(path, sizeof path, "%s/whole.jsonl", dir);
+    ck_assert_int_eq(test_report_series(path, "step", "lr", lr, 16), 9);
+    ck_assert_int_eq(test_torch_schedule("cosine+warmup=3,0.25", 9, 0.1, torch_lr, 16), 10);
+    for (int i = 0; i < 9; i++)
+        ck_assert_msg(fabs(lr[i] - torch_lr[i]) <= 1e-8 * torch_lr[i], "step %d: lr %.9g, torch %.9g", i + 1, lr[i],
+                      torch_lr[i]);
+    ck_assert(lr[0] == 0.025 && lr[3] == 0.1); /* 0.25 × lr first; lr at the milestone */
+    snprintf(args, sizeof args, "%s --steps 2 --save %s/a", flags, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --resume %s/a/step00000002.ckpt --report %s/resumed.jsonl", flags, dir, dir);
+    ok_saying("stage1", args, "resumed from", NULL);
+    expect_continued_exactly(dir, 2, 9);
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --epochs 3 --lr 0.1 --steps 3 --resume "
+             "%s/a/step00000002.ckpt", dir);
+    ok_saying("stage1", args, "after 3 warm-up steps from 0.25 × lr; this run has --schedule cosine over 9 steps at "
+              "--lr 0.1: at step 2 the learning rate is", "--warmup-steps 3 --warmup-start-factor 0.25)");
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --epochs 3 --warmup-steps 9");
+    expect_refused("stage1", args, "--warmup-steps 9 leaves no step for --schedule cosine: this run has 9 optimizer "
+                   "steps", "warm up over fewer steps");
+    /* in a job, rank 0 says it once and the others say why they stop */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 16 --epochs 3 --nproc-per-node 2 --warmup-steps 9");
+    expect_refused("stage3", args, "--warmup-steps 9 leaves no step", "rank 1: rank 0 refused this run's flags");
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --warmup-start-factor 0.1");
+    expect_refused("stage1", args, "--warmup-start-factor 0.1", "give --warmup-steps N too");
+    free(dir);
+}
+END_TEST
+
 START_TEST(resume_under_other_flags_is_refused_or_exact) {
     char *dir = test_tmpdir(), args[2048], ck[700];
     /* stage 1: 96 samples, batch 8 → 12 steps an epoch; stop after 5 */
@@ -199,14 +242,14 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     long n5;
     unsigned char *b5 = (unsigned char *)test_slurp(ck, &n5);
     ck_assert_ptr_nonnull(b5);
-    ck_assert_int_eq(b5[8], 6);
-    /* version 2's layout: a 192-byte header (version 5 adds the GradScaler's 64 bytes), and zeros
-     * where versions 3 and 4 record the sampler and the data (what version 6 puts in 176–191, the
-     * schedule, version 2 does not read) */
-    long n = n5 - 64;
+    ck_assert_int_eq(b5[8], 7);
+    /* version 2's layout: a 192-byte header (versions 5 and 7 add the GradScaler's 64 bytes and the
+     * warm-up's 16), and zeros where versions 3 and 4 record the sampler and the data (what version 6
+     * puts in 176–191, the schedule, version 2 does not read) */
+    long n = n5 - 80;
     unsigned char *b = malloc((size_t)n);
     memcpy(b, b5, 192);
-    memcpy(b + 192, b5 + 256, (size_t)(n5 - 256));
+    memcpy(b + 192, b5 + 272, (size_t)(n5 - 272));
     free(b5);
     b[8] = 2, b[12] = 192, b[13] = 0;
     memset(b + 152, 0, 24);
@@ -953,7 +996,7 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
     float *p = malloc(pb), *mom = malloc(pb), *buf = malloc((size_t)m->n_buffer_floats * sizeof(float));
     checkpoint_load(ck, &expect, &got, p, buf, mom, NULL);
     char want[300];
-    snprintf(want, sizeof want, "format 6, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
+    snprintf(want, sizeof want, "format 7, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
              "after batch 7 of epoch 1 | trained by 1 rank(s), batch 8, sgd, synthetic data, seed 0",
              (long long)m->n_param_floats, (long long)m->n_buffer_floats);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), ck);
@@ -1027,6 +1070,7 @@ Suite *suite_resume(void) {
     TCase *tc = tcase_create("resume");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, resume_under_other_flags_is_refused_or_exact);
+    tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
     tcase_add_test(tc, version2_checkpoint_resumes_with_a_note);
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);

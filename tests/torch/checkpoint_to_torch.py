@@ -29,7 +29,7 @@ import struct
 import sys
 
 MAGIC = b"DPDDPCKP"
-HEADER_SIZE = {1: 128, 2: 192, 3: 192, 4: 192, 5: 256, 6: 256}
+HEADER_SIZE = {1: 128, 2: 192, 3: 192, 4: 192, 5: 256, 6: 256, 7: 272}
 FNV_INIT, FNV_PRIME, MASK64 = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
 OPTIMIZERS = {0: "sgd", 1: "adam"}
 DATA = {0: "unknown", 1: "synthetic", 2: "cifar10"}
@@ -65,7 +65,7 @@ def read_checkpoint(path):
         fail(1, f"checkpoint '{path}' has format version {version}; this script reads 1 to {max(HEADER_SIZE)}")
     if hsize != HEADER_SIZE[version] or len(raw) < hsize:
         fail(1, f"checkpoint '{path}' is corrupt or truncated: header size {hsize}")
-    h = raw[:hsize] + bytes(256 - hsize)  # later versions' fields read as 0, as the C reader does
+    h = raw[:hsize] + bytes(max(HEADER_SIZE.values()) - hsize)  # later versions' fields read as 0, as the C reader does
     i64 = lambda off: struct.unpack_from("<q", h, off)[0]  # noqa: E731
     f64 = lambda off: struct.unpack_from("<d", h, off)[0]  # noqa: E731
     meta = {
@@ -76,7 +76,7 @@ def read_checkpoint(path):
         "step": i64(80), "epoch": i64(88), "batch_in_epoch": i64(96), "seed": i64(104),
         "world_size": i64(120), "batch_size": i64(128), "train_size": i64(136), "accum_steps": i64(144),
         "data_source": DATA.get(i64(168), "unknown"), "optimizer": OPTIMIZERS.get(i64(232), "?"),
-        "scaler_scale": f64(192), "lr": f64(248),
+        "scaler_scale": f64(192), "lr": f64(248), "warmup_steps": i64(256),
     }
     n_p, n_b = meta["n_params"], meta["n_buffers"]
     if not (0 < n_p < 1 << 40 and 0 <= n_b < 1 << 40) or meta["optimizer"] == "?":
