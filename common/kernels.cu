@@ -1008,19 +1008,19 @@ __global__ void amp_update_scale_kernel(float *scale, float *inv_scale, int32_t 
     *found_inf = 0.f;
 }
 
-/* Σ v over the block, in a fixed tree. */
-__device__ float block_sum(float v, float *sh) {
+/* Σ v over the block, in a fixed tree (float counts, or the clip norm's double partial sums). */
+template <typename T> __device__ T block_sum(T v, T *sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (lane == 0) sh[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < warps ? sh[lane] : 0.f;
+        v = lane < warps ? sh[lane] : T(0);
         for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
         if (lane == 0) sh[0] = v;
     }
     __syncthreads();
-    float total = sh[0];
+    T total = sh[0];
     __syncthreads(); /* sh is reused by the next call */
     return total;
 }
@@ -1043,21 +1043,6 @@ __global__ void count_zero_nonfinite_kernel(int64_t count, const float *x,
     }
 }
 
-/* Σ v over the block in double, in a fixed tree (block_sum's twin). */
-__device__ double block_sum_d(double v, double *sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < warps ? sh[lane] : 0.0;
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) sh[0] = v;
-    }
-    __syncthreads();
-    return sh[0];
-}
-
 /* clip_grad_norm_'s first pass: a fixed number of blocks (ops.h: CLIP_PARTS), each the sum of its
  * grid-stride share of g², in double (a float sum of 11 M squares would lose digits; fp64 costs
  * nothing in a kernel that waits for memory), 16 bytes a load where g is aligned (the flat gradient
@@ -1077,7 +1062,7 @@ __global__ void clip_sumsq_kernel(int64_t count, const float *g, int vec, double
     } else {
         GRID_STRIDE(i, count) acc += (double)g[i] * (double)g[i];
     }
-    acc = block_sum_d(acc, sh);
+    acc = block_sum(acc, sh);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
@@ -1090,7 +1075,7 @@ __global__ void clip_coef_kernel(const double *partials, int parts, float max_no
     __shared__ double sh[32];
     double s = 0.0;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
-    s = block_sum_d(s, sh);
+    s = block_sum(s, sh);
     if (threadIdx.x != 0) return;
     const float n = (float)sqrt(s);
     float c = (1.0f / (n + 1e-6f)) * max_norm;

@@ -472,16 +472,18 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     return got;
 }
 
-/* b (n bytes, version 7) rewritten in version 6's layout (256-byte header, no warm-up): a malloc'd
- * copy, its length in *n6. */
-static unsigned char *as_version6(const unsigned char *b, size_t n, size_t *n6) {
-    *n6 = n - (HEADER - HEADER_V5);
-    unsigned char *v6 = malloc(*n6);
-    memcpy(v6, b, HEADER_V5);
-    memcpy(v6 + HEADER_V5, b + HEADER, n - HEADER);
-    v6[8] = 6, v6[12] = HEADER_V5 & 0xff, v6[13] = HEADER_V5 >> 8;
-    return v6;
+/* b (n bytes, version 7) rewritten as an older version whose header ends at `header`: the fields
+ * after it dropped, the blobs moved up. A malloc'd copy, its length in *n_old. */
+static unsigned char *as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old) {
+    *n_old = n - (HEADER - header);
+    unsigned char *old = malloc(*n_old);
+    memcpy(old, b, header);
+    memcpy(old + header, b + HEADER, n - HEADER);
+    old[8] = (unsigned char)version, old[12] = header & 0xff, old[13] = (unsigned char)(header >> 8);
+    return old;
 }
+/* version 6's layout (256-byte header, no warm-up) */
+static unsigned char *as_version6(const unsigned char *b, size_t n, size_t *n6) { return as_version(6, HEADER_V5, b, n, n6); }
 
 /* A version 6 file (a 256-byte header: no warm-up) still loads, with no warm-up. */
 START_TEST(test_version6_still_loads) {
@@ -496,16 +498,8 @@ START_TEST(test_version6_still_loads) {
 }
 END_TEST
 
-/* b (n bytes, version 7) rewritten in version 4's layout (192-byte header, no scaler state): a
- * malloc'd copy, its length in *n4. */
-static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) {
-    *n4 = n - (HEADER - HEADER_V2);
-    unsigned char *v4 = malloc(*n4);
-    memcpy(v4, b, HEADER_V2);
-    memcpy(v4 + HEADER_V2, b + HEADER, n - HEADER);
-    v4[8] = 4, v4[12] = HEADER_V2, v4[13] = 0;
-    return v4;
-}
+/* version 4's layout (192-byte header, no scaler state) */
+static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) { return as_version(4, HEADER_V2, b, n, n4); }
 
 /* A version 4 file (a 192-byte header: no GradScaler state) still loads, its scaler fields zero. */
 START_TEST(test_version4_still_loads) {
@@ -523,13 +517,8 @@ END_TEST
 /* A version 1 file (128-byte header, no batch size / data size / K) still loads. */
 START_TEST(test_version1_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
-    size_t n;
-    unsigned char *b = read_bytes(g_path, &n);
-    size_t n1 = n - (HEADER - 128);
-    unsigned char *v1 = malloc(n1);
-    memcpy(v1, b, 128);
-    memcpy(v1 + 128, b + HEADER, n - HEADER);
-    v1[8] = 1, v1[12] = 128, v1[13] = 0;
+    size_t n, n1;
+    unsigned char *b = read_bytes(g_path, &n), *v1 = as_version(1, 128, b, n, &n1);
     CheckpointMeta got = load_resealed("v1.ckpt", v1, n1);
     ck_assert_int_eq(got.version, 1);
     ck_assert_int_eq(got.step, g_meta.step);

@@ -12,27 +12,18 @@ with torch's defaults (norm_type 2, foreach where supported, error_if_nonfinite 
   inf      one gradient +inf: norm inf, the coefficient 0 (finite values become 0, the inf NaN)
 Records: CASE.grads [n] f32 (before, the tensors concatenated), CASE.max_norm [1] f64,
 CASE.norm [1] f32 (clip_grad_norm_'s return value: the norm before clipping), CASE.out [n] f32.
-Same container as fixtures.py, written with struct (no numpy needed).
+Written by fixtures.py (the container tests/test_util.c reads).
 """
 import os
-import struct
 import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixtures  # noqa: E402
+
 SIZES = [432, 16, 16, 2304, 16, 16, 1152, 32, 32, 320, 10, 7]  # a small CNN's shapes: convs, norms, a head
 N = sum(SIZES)
-DTYPE = {torch.float32: (0, "f"), torch.float64: (1, "d")}
-
-
-def record(f, name, t):
-    t = t.contiguous().cpu()
-    code, fmt = DTYPE[t.dtype]
-    nb = name.encode()
-    f.write(struct.pack("<I", len(nb)) + nb)
-    f.write(struct.pack("<II", code, t.dim()))
-    f.write(struct.pack("<%dI" % t.dim(), *t.shape))
-    f.write(struct.pack("<%d%s" % (t.numel(), fmt), *t.flatten().tolist()))
 
 
 def draw(seed, scale):
@@ -40,7 +31,7 @@ def draw(seed, scale):
     return (torch.randn(N, generator=g) * scale).float()
 
 
-def case(f, name, flat, max_norm):
+def case(records, name, flat, max_norm):
     params = []
     at = 0
     for n in SIZES:
@@ -50,26 +41,26 @@ def case(f, name, flat, max_norm):
         at += n
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     out = torch.cat([p.grad for p in params])
-    record(f, name + ".grads", flat)
-    record(f, name + ".max_norm", torch.tensor([max_norm], dtype=torch.float64))
-    record(f, name + ".norm", norm.reshape(1).float())
-    record(f, name + ".out", out)
+    records[name + ".grads"] = flat.numpy()
+    records[name + ".max_norm"] = torch.tensor([max_norm], dtype=torch.float64).numpy()
+    records[name + ".norm"] = norm.reshape(1).float().numpy()
+    records[name + ".out"] = out.detach().numpy()
     print(f"{name}: norm {norm.item():.9g}, max_norm {max_norm:g}", file=sys.stderr)
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures", "clip.bin")
-    with open(out, "wb") as f:
-        f.write(b"FIXT0001")
-        case(f, "clipped", draw(1, 0.5), 1.0)
-        case(f, "below", draw(2, 1e-3), 5.0)
-        eps = draw(3, 1.0)
-        eps = (eps / eps.double().norm().float() * 1e-5).float()  # norm 1e-5 (to float rounding)
-        case(f, "eps", eps, 1e-5)
-        case(f, "zero", torch.zeros(N), 1.0)
-        inf = draw(4, 0.1)
-        inf[1234] = float("inf")
-        case(f, "inf", inf, 1.0)
+    records = {}
+    case(records, "clipped", draw(1, 0.5), 1.0)
+    case(records, "below", draw(2, 1e-3), 5.0)
+    eps = draw(3, 1.0)
+    eps = (eps / eps.double().norm().float() * 1e-5).float()  # norm 1e-5 (to float rounding)
+    case(records, "eps", eps, 1e-5)
+    case(records, "zero", torch.zeros(N), 1.0)
+    inf = draw(4, 0.1)
+    inf[1234] = float("inf")
+    case(records, "inf", inf, 1.0)
+    fixtures.write(out, records)
     print(f"wrote {out} (torch {torch.__version__})", file=sys.stderr)
 
 
