@@ -209,6 +209,7 @@ static int counters_possible(const CheckpointMeta *m) {
                             m->schedule_steps < 0 || m->schedule_steps > CKPT_HUGE || !isfinite(m->lr) || m->lr < 0))
         return 0;
     if (m->version >= 7 && (m->warmup_steps < 0 || m->warmup_steps > CKPT_HUGE ||
+                            (m->warmup_steps > 0 && m->warmup_steps >= m->schedule_steps) || /* a run refuses it */
                             (m->warmup_steps == 0 ? m->warmup_start_factor != 0.0
                                                   : !(m->warmup_start_factor > 0.0 && m->warmup_start_factor <= 1.0))))
         return 0; /* a warm-up's factor is in (0, 1], and there is none without a warm-up */

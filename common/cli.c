@@ -506,7 +506,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"warmup-steps", OPT_INT64, &c->warmup_steps, 0, 1e12, NULL,
          "raise the learning rate linearly over the first N optimizer steps, from --warmup-start-factor × lr to "
          "lr, then follow --schedule over the steps left (SequentialLR([LinearLR(start_factor, total_iters=N), "
-         "main], milestones=[N]), as torchvision's reference scripts warm up); 0 = no warm-up"},
+         "main], milestones=[N]): torchvision's warm-up, stepped per optimizer step where it steps per epoch); "
+         "0 = no warm-up"},
         {"warmup-start-factor", OPT_FLOAT, &c->warmup_start_factor, above0, 1, NULL,
          "with --warmup-steps: the first step's learning rate as a fraction of --lr (LinearLR start_factor; "
          "torchvision's lr_warmup_decay)"},

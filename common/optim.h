@@ -55,8 +55,8 @@ void optim_set_adam_steps(Optimizer *o, int64_t n);
  * steps ramp linearly from start_factor · lr towards lr — lr · (f + (1 − f) · step / W) — and the
  * schedule then runs over the remaining total_steps − W steps, counted from W: PyTorch's
  * SequentialLR([LinearLR(start_factor=f, total_iters=W), main], milestones=[W]), main being
- * CosineAnnealingLR(T_max = total_steps − W) or nothing for const (torchvision's --lr-warmup-*
- * recipe). Checked against torch: tests/fixtures/schedule.txt. */
+ * CosineAnnealingLR(T_max = total_steps − W) or nothing for const (torchvision's reference scripts build
+ * the same, stepped per epoch). Checked against torch: tests/fixtures/schedule.txt. */
 double lr_schedule(const char *schedule, double lr, int64_t warmup, double start_factor, int64_t step,
                    int64_t total_steps);
 

@@ -435,30 +435,55 @@ static void sampler_check(Run *r, const CheckpointMeta *g) {
 /* The learning-rate schedule is the one flag set a resume may change (PyTorch lets a script build a
  * new scheduler, though loading the old one's state_dict restores its T_max): continue, but say where
  * the learning rate now jumps, and how to continue the checkpoint's own schedule instead. */
+/* v as the shortest %g text that reads back as v: a flag the note suggests must give the same double. */
+static const char *exact_g(double v, char buf[32]) {
+    for (int p = 6; p < 17; p++) {
+        snprintf(buf, 32, "%.*g", p, v);
+        if (strtod(buf, NULL) == v) return buf;
+    }
+    snprintf(buf, 32, "%.17g", v);
+    return buf;
+}
+
+/* The first optimizer step, from the resumed one on, at which this run's learning rate is not the one the
+ * checkpoint's schedule gives; −1 when the two agree wherever both run. A checkpoint at or past either
+ * end (more --epochs after a finished run) differs wherever its flags do: the base rate, the kind, a
+ * cosine's length, or the warm-up. */
+static int64_t schedule_differs_at(const Run *r, const CheckpointMeta *g, const char *was) {
+    const TrainConfig *c = r->cfg;
+    const int64_t end = r->total_steps < g->schedule_steps ? r->total_steps : g->schedule_steps;
+    for (int64_t s = g->step; s < end; s++)
+        if (lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, s, r->total_steps) !=
+            lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, s, g->schedule_steps))
+            return s;
+    const double factor_now = c->warmup_steps > 0 ? c->warmup_start_factor : 0.0;
+    if (g->step >= end && (c->lr != g->lr || strcmp(c->schedule, was) ||
+                           (!strcmp(was, "cosine") && r->total_steps != g->schedule_steps) ||
+                           c->warmup_steps != g->warmup_steps || factor_now != g->warmup_start_factor))
+        return g->step;
+    return -1;
+}
+
 static void schedule_note(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
     if (g->schedule == CKPT_SCHED_UNKNOWN) return; /* an older checkpoint: nothing to compare */
     const char *was = g->schedule == CKPT_SCHED_COSINE ? "cosine" : "const";
-    int cosine_now = !strcmp(c->schedule, "cosine"), cosine_then = g->schedule == CKPT_SCHED_COSINE;
-    /* a version 6 checkpoint has no warm-up fields: it had none */
-    const double factor_now = c->warmup_steps > 0 ? c->warmup_start_factor : 0.0;
-    const int same_warmup = c->warmup_steps == g->warmup_steps && factor_now == g->warmup_start_factor;
-    if (cosine_now == cosine_then && c->lr == g->lr && same_warmup &&
-        (!cosine_now || r->total_steps == g->schedule_steps))
-        return;
-    double then = lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, g->step, g->schedule_steps);
-    double now = lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, g->step, r->total_steps);
-    char epochs[64] = "", warm_then[96] = "", warm_now[96] = "", warm_fix[96] = "";
-    if (cosine_then && g->schedule_steps % r->steps_per_epoch == 0)
+    /* a version 6 checkpoint has no warm-up fields: it had none. Flags that differ only where the run no
+     * longer goes (another warm-up, once past both) change nothing, and say nothing. */
+    const int64_t at = schedule_differs_at(r, g, was);
+    if (at < 0) return;
+    double then = lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, at, g->schedule_steps);
+    double now = lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, at, r->total_steps);
+    char epochs[64] = "", warm_then[96] = "", warm_now[96] = "", warm_fix[96] = "", lr_text[32], factor_text[32];
+    if (g->schedule == CKPT_SCHED_COSINE && g->schedule_steps % r->steps_per_epoch == 0)
         snprintf(epochs, sizeof epochs, " --epochs %lld", (long long)(g->schedule_steps / r->steps_per_epoch));
     if (g->warmup_steps > 0) {
         snprintf(warm_then, sizeof warm_then, " after %lld warm-up steps from %g × lr", (long long)g->warmup_steps,
                  g->warmup_start_factor);
-        snprintf(warm_fix, sizeof warm_fix, " --warmup-steps %lld --warmup-start-factor %g", (long long)g->warmup_steps,
-                 g->warmup_start_factor);
-    }
-    else if (c->warmup_steps > 0)
+        snprintf(warm_fix, sizeof warm_fix, " --warmup-steps %lld --warmup-start-factor %s", (long long)g->warmup_steps,
+                 exact_g(g->warmup_start_factor, factor_text));
+    } else if (c->warmup_steps > 0)
         snprintf(warm_fix, sizeof warm_fix, " --warmup-steps 0");
     if (c->warmup_steps > 0)
         snprintf(warm_now, sizeof warm_now, " after %lld warm-up steps from %g × lr", (long long)c->warmup_steps,
@@ -466,10 +491,10 @@ static void schedule_note(Run *r) {
     report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld steps at --lr %g%s; "
                               "this run has --schedule %s over %lld steps at --lr %g%s: at step %lld the learning rate "
                               "is %g, not the %g that run would use (to continue its schedule, resume with --schedule "
-                              "%s%s --lr %g%s)\n",
+                              "%s%s --lr %s%s)\n",
                   c->resume, was, (long long)g->schedule_steps, g->lr, warm_then, c->schedule,
-                  (long long)r->total_steps, c->lr, warm_now, (long long)g->step, now, then, was, epochs, g->lr,
-                  warm_fix);
+                  (long long)r->total_steps, c->lr, warm_now, (long long)at, now, then, was, epochs,
+                  exact_g(g->lr, lr_text), warm_fix);
 }
 
 static void resume_check(Run *r) {
@@ -557,15 +582,17 @@ static void resume_check(Run *r) {
  * (run_begin's file checks, run_sampler's checks against the sampler flags), resumed or not, so the
  * sums pair up. They also count the ranks given a --resume and, at the second, add the steps the
  * ranks resumed at (a stale file of the same name on one node would put that rank at another). */
-#define GATE_REFUSED (-1e9)
+#define GATE_REFUSED (-1e9)       /* rank 0 refused the --resume checkpoint (the others add at most 2^24) */
+#define GATE_REFUSED_FLAGS (-3e9) /* …or this run's flags (run_begin's own checks, before the resume) */
 static Run *gate_run;         /* rank 0, inside its checks: whom the last words speak for */
 static pthread_t gate_thread; /* …and the thread they run on (the one that uses the communicator) */
+static int gate_flags;        /* rank 0 is checking the flags, not yet the checkpoint */
 
 static void gate_refused(void) {
     if (!gate_run || !pthread_equal(gate_thread, pthread_self())) return;
     Run *r = gate_run;
     gate_run = NULL;
-    double v[2] = {GATE_REFUSED, 0};
+    double v[2] = {gate_flags ? GATE_REFUSED_FLAGS : GATE_REFUSED, 0};
     r->sum_across(r->sum_ctx, v, 2);
 }
 
@@ -575,7 +602,7 @@ static void gate_sum(Run *r, int second) {
     r->sum_across(r->sum_ctx, v, 2);
     if (v[0] < 0)
         die_collateral(1, 2, "rank %d: rank 0 refused %s — see its error", r->rank,
-                       r->cfg->resume[0] ? "the --resume checkpoint" : "this run's flags");
+                       v[0] < (GATE_REFUSED + GATE_REFUSED_FLAGS) / 2 ? "this run's flags" : "the --resume checkpoint");
     if (v[0] != 0 && v[0] != r->world_size)
         die_collateral(r->rank != 0, 2, "rank %d: --resume is given to %.0f of the %d ranks — give every rank the "
                        "same --resume, or none", r->rank, v[0], r->world_size);
@@ -771,10 +798,11 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       cfg->deterministic ? " | deterministic" : "",
                       cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
     if (cfg->warmup_steps > 0 && cfg->warmup_steps < r->total_steps && !cfg->evaluate) {
+        const int64_t rest = r->total_steps - cfg->warmup_steps;
         report_printf(&r->report, "warm-up: the learning rate rises linearly from %g × %g over the first %lld optimizer "
-                      "steps, then follows --schedule %s over the other %lld (LinearLR, then the schedule: SequentialLR)\n",
-                      cfg->warmup_start_factor, cfg->lr, (long long)cfg->warmup_steps, cfg->schedule,
-                      (long long)(r->total_steps - cfg->warmup_steps));
+                      "step%s, then follows --schedule %s over the other %lld (LinearLR, then the schedule: "
+                      "SequentialLR)\n", cfg->warmup_start_factor, cfg->lr, (long long)cfg->warmup_steps,
+                      cfg->warmup_steps == 1 ? "" : "s", cfg->schedule, (long long)rest);
     }
     if (r->clip.max_norm > 0)
         report_printf(&r->report, "clip: before each optimizer step, gradients whose total norm is above %g are scaled "
@@ -800,10 +828,13 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     if (r->clip.max_norm > 0) json_num(&r->report, "clip_grad_norm", r->clip.max_norm);
     json_end(&r->report);
     gate_before_checks(r, 0); /* a job's rank 0 checks alone; the others wait for its verdict */
+    gate_flags = 1;
     if (cfg->warmup_steps >= r->total_steps && !cfg->evaluate)
         die_user("--warmup-steps %lld leaves no step for --schedule %s: this run has %lld optimizer steps (--epochs "
-                 "%d × %lld an epoch) — warm up over fewer steps, or train more epochs", (long long)cfg->warmup_steps,
-                 cfg->schedule, (long long)r->total_steps, cfg->epochs, (long long)r->steps_per_epoch);
+                 "%d × %lld an epoch), and the warm-up must end inside it — warm up over fewer steps, or train more "
+                 "epochs", (long long)cfg->warmup_steps, cfg->schedule, (long long)r->total_steps, cfg->epochs,
+                 (long long)r->steps_per_epoch);
+    gate_flags = 0;
     if (cfg->resume[0]) resume(r);
     gate_after_checks(r, 0);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */

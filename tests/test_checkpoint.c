@@ -439,6 +439,7 @@ START_TEST(test_crafted_counters_refused) {
         /* the warm-up (version 7): a negative length, a factor LinearLR refuses, a factor without a warm-up */
         {256, -1, "negative warm-up"},               {264, 0, "warm-up factor 0"},
         {264, f64_bits(1.5), "warm-up factor above 1"}, {264, f64_bits(NAN), "NaN warm-up factor"},
+        {256, 0, "a factor without a warm-up"},      {256, 1760, "a warm-up as long as the schedule"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);

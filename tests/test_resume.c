@@ -119,8 +119,24 @@ START_TEST(warmup_follows_torch_and_resumes_exactly) {
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --epochs 3 --warmup-steps 9");
     expect_refused("stage1", args, "--warmup-steps 9 leaves no step for --schedule cosine: this run has 9 optimizer "
                    "steps", "warm up over fewer steps");
+    /* past the warm-up, another start factor changes no step's lr: no note; another warm-up length
+     * moves the cosine (T_max = total − W): a note, at the first step whose lr differs */
+    snprintf(args, sizeof args, "%s --steps 5 --save %s/b", flags, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --epochs 3 --lr 0.1 --warmup-steps 3 "
+             "--warmup-start-factor 0.5 --steps 7 --resume %s/b/step00000005.ckpt", dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "note: checkpoint"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --epochs 3 --lr 0.1 --warmup-steps 2 "
+             "--warmup-start-factor 0.25 --steps 7 --resume %s/b/step00000005.ckpt", dir);
+    ok_saying("stage1", args, "at step 5 the learning rate is", "--warmup-steps 3 --warmup-start-factor 0.25)");
     /* in a job, rank 0 says it once and the others say why they stop */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 16 --epochs 3 --nproc-per-node 2 --warmup-steps 9");
+    expect_refused("stage3", args, "--warmup-steps 9 leaves no step", "rank 1: rank 0 refused this run's flags");
+    /* …also when it has a --resume to check after them */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 16 --epochs 3 --nproc-per-node 2 --warmup-steps 9 "
+             "--resume %s/a/step00000002.ckpt", dir);
     expect_refused("stage3", args, "--warmup-steps 9 leaves no step", "rank 1: rank 0 refused this run's flags");
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 32 --warmup-start-factor 0.1");
     expect_refused("stage1", args, "--warmup-start-factor 0.1", "give --warmup-steps N too");
