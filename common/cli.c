@@ -801,6 +801,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
     if (cli_given("warmup-start-factor") && c->warmup_steps == 0)
         die_user("--warmup-start-factor %g sets where --warmup-steps N starts: give --warmup-steps N too, or drop it",
                  c->warmup_start_factor);
+    if (c->warmup_steps == 0) c->warmup_start_factor = 0; /* no warm-up has no start: as a checkpoint records it */
     if (stepping_per_bucket && c->clip_grad_norm > 0)
         die_user("--clip-grad-norm scales every gradient by the norm of the whole averaged gradient, and "
                  "--optimizer-overlap steps each bucket as soon as its own all-reduce is done, before that norm "

@@ -60,7 +60,7 @@ typedef struct TrainConfig {
     double lr, momentum, weight_decay;
     const char *schedule;    /* const | cosine (over the whole run) */
     int64_t warmup_steps;    /* linear warm-up over this many optimizer steps first (0: none) */
-    double warmup_start_factor; /* the warm-up's first lr, as a fraction of lr */
+    double warmup_start_factor; /* the warm-up's first lr, as a fraction of lr (0 once resolved without one) */
     double clip_grad_norm;   /* > 0: clip_grad_norm_(parameters, this) before each optimizer step (clip.h) */
     int64_t seed;
     int log_every;

@@ -312,7 +312,7 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     meta.schedule_steps = r->total_steps;
     meta.lr = c->lr;
     meta.warmup_steps = c->warmup_steps;
-    meta.warmup_start_factor = c->warmup_steps > 0 ? c->warmup_start_factor : 0.0;
+    meta.warmup_start_factor = c->warmup_start_factor;
     if (r->save_scaler) r->save_scaler(r->scaler_ctx, &meta);
     else if (c->resume[0] && !r->scaler_noted && checkpoint_has_scaler(&r->resumed)) { /* stages 1–4 */
         r->scaler_noted = 1;
@@ -449,17 +449,18 @@ static const char *exact_g(double v, char buf[32]) {
  * checkpoint's schedule gives; −1 when the two agree wherever both run. A checkpoint at or past either
  * end (more --epochs after a finished run) differs wherever its flags do: the base rate, the kind, a
  * cosine's length, or the warm-up. */
+static double checkpoint_lr_at(const CheckpointMeta *g, const char *was, int64_t step) {
+    return lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, step, g->schedule_steps);
+}
+
 static int64_t schedule_differs_at(const Run *r, const CheckpointMeta *g, const char *was) {
     const TrainConfig *c = r->cfg;
     const int64_t end = r->total_steps < g->schedule_steps ? r->total_steps : g->schedule_steps;
     for (int64_t s = g->step; s < end; s++)
-        if (lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, s, r->total_steps) !=
-            lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, s, g->schedule_steps))
-            return s;
-    const double factor_now = c->warmup_steps > 0 ? c->warmup_start_factor : 0.0;
+        if (run_lr_at(r, s) != checkpoint_lr_at(g, was, s)) return s;
     if (g->step >= end && (c->lr != g->lr || strcmp(c->schedule, was) ||
                            (!strcmp(was, "cosine") && r->total_steps != g->schedule_steps) ||
-                           c->warmup_steps != g->warmup_steps || factor_now != g->warmup_start_factor))
+                           c->warmup_steps != g->warmup_steps || c->warmup_start_factor != g->warmup_start_factor))
         return g->step;
     return -1;
 }
@@ -473,8 +474,7 @@ static void schedule_note(Run *r) {
      * longer goes (another warm-up, once past both) change nothing, and say nothing. */
     const int64_t at = schedule_differs_at(r, g, was);
     if (at < 0) return;
-    double then = lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, at, g->schedule_steps);
-    double now = lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, at, r->total_steps);
+    double then = checkpoint_lr_at(g, was, at), now = run_lr_at(r, at);
     char epochs[64] = "", warm_then[96] = "", warm_now[96] = "", warm_fix[96] = "", lr_text[32], factor_text[32];
     if (g->schedule == CKPT_SCHED_COSINE && g->schedule_steps % r->steps_per_epoch == 0)
         snprintf(epochs, sizeof epochs, " --epochs %lld", (long long)(g->schedule_steps / r->steps_per_epoch));
@@ -895,10 +895,12 @@ int64_t run_last_step(const Run *r) {
     return r->cfg->steps > 0 && r->cfg->steps < r->total_steps ? r->cfg->steps : r->total_steps;
 }
 
-double run_lr(const Run *r) {
+double run_lr_at(const Run *r, int64_t step) {
     const TrainConfig *c = r->cfg;
-    return lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, r->step, r->total_steps);
+    return lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, step, r->total_steps);
 }
+
+double run_lr(const Run *r) { return run_lr_at(r, r->step); }
 
 void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
     ASSERT(!r->resume_unchecked); /* a job of processes calls run_sampler (ddp_init) before its first step */
@@ -915,18 +917,17 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
         double loss = v[0] / (r->world_size > 1 && r->sum_across ? r->world_size : 1);
         /* the step's total gradient norm before clipping (clip_grad_norm_'s return value): the same on
          * every rank, which all clip the same all-reduced gradient */
-        const int clipping = r->clip.steps > 0;
+        const int clipping = r->clip.max_norm > 0;
         double norm = clipping ? clip_last_norm(&r->clip) : 0;
         char norm_text[40] = "";
-        if (clipping) /* an inf/NaN gradient (a step the GradScaler skips): "inf" or "nan", never "-nan" */
-            snprintf(norm_text, sizeof norm_text, isfinite(norm) ? "  grad norm %.4g" : isnan(norm) ? "  grad norm nan"
-                     : "  grad norm inf", norm);
+        if (clipping && isfinite(norm)) snprintf(norm_text, sizeof norm_text, "  grad norm %.4g", norm);
+        else if (clipping) /* an inf/NaN gradient (a step the GradScaler skips): "inf" or "nan", never "-nan" */
+            snprintf(norm_text, sizeof norm_text, "  grad norm %s", isnan(norm) ? "nan" : "inf");
         json_begin(&r->report, "step");
         json_int(&r->report, "step", r->step);
         json_int(&r->report, "epoch", r->epoch + 1);
         json_num(&r->report, "loss", loss);
-        json_num(&r->report, "lr", lr_schedule(c->schedule, c->lr, c->warmup_steps, c->warmup_start_factor, r->step - 1,
-                                               r->total_steps));
+        json_num(&r->report, "lr", run_lr_at(r, r->step - 1)); /* the lr this step used */
         if (clipping) json_num(&r->report, "grad_norm", norm);
         json_end(&r->report);
         if (!r->report.progress)

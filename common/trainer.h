@@ -174,6 +174,7 @@ void run_evaluated(Run *r, double test_acc, double test_loss);
 int run_done(const Run *r);
 int64_t run_last_step(const Run *r); /* the optimizer step this run ends at: --steps, else the schedule's end */
 double run_lr(const Run *r); /* learning rate for the next step */
+double run_lr_at(const Run *r, int64_t step); /* …for optimizer step `step` (0: the run's first) */
 /* After each optimizer step (slot: its last entry; batch: the loader batch it ended with): logging
  * (every --log-every steps), progress bar. */
 void run_step_end(Run *r, StepLog *log, int slot, int64_t batch);
