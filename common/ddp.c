@@ -57,6 +57,11 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
         {"unused-param", OPT_FLAG, &model_unused_param, 0, 0, NULL,
          "the pitfall: give the model a second classifier head, fc_unused, that the forward never uses (DDP "
          "stops at the next step unless --find-unused-parameters)"},
+        {"sync-bn", OPT_FLAG, &f->sync_bn, 0, 0, NULL,
+         "nn.SyncBatchNorm.convert_sync_batchnorm(model): batch norm's training statistics over every rank's "
+         "batch, so R ranks at batch B normalise like one device at batch R·B (without it, each rank over its "
+         "own B). The price: two small collectives per batch-norm layer and step that the compute waits for, "
+         "and no CUDA graphs"},
         {"drop-last", OPT_FLAG, &f->drop_last, 0, 0, NULL,
          "DistributedSampler(drop_last=True): drop the tail instead of padding every rank to the same length"},
         {"rdzv-timeout", OPT_FLOAT, &f->rdzv_timeout, 1, 3600, NULL, "seconds to wait for every rank to join"},
@@ -274,7 +279,7 @@ static void harvest(Ddp *d, DdpStep *s) {
     if (!s->pending) return;
     s->pending = 0;
     double ar = 0, exposed = 0;
-    for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->first_op + i);
+    for (int64_t i = 0; i < s->n_ops; i++) ar += comm_op_ms(d->comm, s->ops[i]);
     double fb = 0;
     int wait_from = steps_after_backward(d) ? T_WAIT_BEGIN : T_BWD_END;
     /* forward + backward of every micro-step, so an optimizer step's is the same with or without
@@ -392,6 +397,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     free(reverse);
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);
+    for (int s = 0; s <= DDP_STATS_LAG; s++) d->steps[s].ops = xmalloc(((size_t)m->n_params + 2) * sizeof(int64_t));
     if (c->evaluate) return; /* --evaluate: no backward, so no buckets, no_sync or hooks to describe */
     char desc[512], cap[32], last[64] = "";
     describe(d, desc, sizeof desc);
@@ -431,6 +437,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
 void ddp_destroy(Ddp *d) {
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_destroy(&d->steps[s].at[i]);
+    for (int s = 0; s <= DDP_STATS_LAG; s++) free(d->steps[s].ops);
     DdpSeries *all[] = {&d->ar,          &d->exposed,     &d->bcast,     &d->ar_run,
                         &d->exposed_run, &d->bcast_run,   &d->search_ms, &d->fb_run};
     for (int i = 0; i < 8; i++) free(all[i]->v);
@@ -535,7 +542,7 @@ void ddp_forward_begin(Ddp *d) {
     DdpStep *s = step_of(d, d->iteration);
     ASSERT(!s->pending);
     s->step = d->group_step;
-    s->first_op = -1, s->n_ops = 0, s->bytes = 0;
+    s->n_ops = 0, s->bytes = 0;
     s->synced = d->sync;
     s->bcast_op = forward_buffers(d, s, d->sync); /* after-forward: -1 now, set by the first hook */
     if (s->bcast_op >= 0) d->bcasts++;
@@ -558,9 +565,8 @@ static void launch(Ddp *d, float *g, int64_t count) {
         bytes = count * 2;
     }
     trace_end(span);
-    if (s->first_op < 0) s->first_op = id;
-    ASSERT(id == s->first_op + s->n_ops); /* nothing else is issued during backward */
-    s->n_ops++;
+    ASSERT(s->n_ops < d->m->n_params + 2); /* at most a bucket per parameter, and the used map */
+    s->ops[s->n_ops++] = id;
     s->bytes += bytes;
     d->allreduce_calls++;
     d->allreduce_bytes += bytes;
@@ -604,7 +610,7 @@ static void step_bucket(Ddp *d, const DdpBucket *b, int64_t op) {
 static void step_in_backward(Ddp *d, const DdpBucket *b) {
     DdpStep *s = step_of(d, d->iteration);
     side_stream_enter(&d->optim_stream);
-    step_bucket(d, b, s->first_op + s->n_ops - 1); /* the all-reduce just launched */
+    step_bucket(d, b, s->ops[s->n_ops - 1]); /* the all-reduce just launched */
     side_stream_leave(&d->optim_stream);
 }
 
@@ -692,9 +698,8 @@ static void used_map_allreduce(Ddp *d, DdpStep *s) {
     const Model *m = d->m;
     device_copy_h2d(d->dev, d->used_dev, used_host(d), (size_t)m->n_params * sizeof(float));
     int64_t id = comm_allreduce_async(d->comm, d->used_dev, m->n_params);
-    if (s->first_op < 0) s->first_op = id;
-    ASSERT(id == s->first_op + s->n_ops);
-    s->n_ops++; /* its time is communication of this step */
+    ASSERT(s->n_ops < d->m->n_params + 2);
+    s->ops[s->n_ops++] = id; /* its time is communication of this step */
     d->used_map_calls++;
 }
 
@@ -721,17 +726,17 @@ void ddp_backward_end(Ddp *d) {
     d->unfinished = d->n_got < m->n_params;
     if (!d->overlap && !d->unfinished) launch(d, m->grad_flat, m->n_param_floats);
     if (d->find_unused && !d->unfinished) used_map_allreduce(d, s);
-    /* after-backward: the buckets in order, each once its own all-reduce is done (bucket b is op
-     * first_op + b: they launch in index order) — all but the last beside the last all-reduce; the
+    /* after-backward: the buckets in order, each once its own all-reduce is done (bucket b's is
+     * ops[b]: they launch in index order) — all but the last beside the last all-reduce; the
      * wait for it, not their steps, is the exposed communication */
     int after = steps_after_backward(d), last = d->next - 1;
-    for (int b = 0; after && b < last; b++) step_bucket(d, &d->buckets[b], s->first_op + b);
+    for (int b = 0; after && b < last; b++) step_bucket(d, &d->buckets[b], s->ops[b]);
     if (after) mark(d, s, T_WAIT_BEGIN);
     /* The optimizer must see the averaged gradients: the compute stream waits for every bucket. */
     comm_wait(d->comm);
     mark(d, s, T_AFTER_WAIT);
     if (d->fused_optim) { /* …and for every bucket's step: then the optimizer step is done */
-        if (after && last >= 0) step_bucket(d, &d->buckets[last], s->first_op + last);
+        if (after && last >= 0) step_bucket(d, &d->buckets[last], s->ops[last]);
         if (d->overlap_optim == DDP_OPTIM_IN_BACKWARD) side_stream_join(&d->optim_stream);
         if (d->next) optim_slices_done(d->fused_optim); /* every launched bucket was stepped */
     }

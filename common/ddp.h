@@ -108,6 +108,7 @@ typedef struct DdpFlags {
     int no_overlap;
     const char *optimizer_overlap;                      /* off | in-backward (_register_fused_optim) | after-backward */
     int find_unused;                                    /* find_unused_parameters=True */
+    int sync_bn;                                        /* nn.SyncBatchNorm (syncbn.h) */
     int sync_each_micro_step; /* stages 4–5: the experiment of forgetting no_sync (no row here) */
     int drop_last, no_shuffle;                          /* DistributedSampler */
     SamplerShow show;                                   /* --show-sampler */
@@ -125,7 +126,9 @@ typedef struct DdpBucket {
 
 typedef struct DdpStep { /* one micro-step's measurements, until read back */
     int64_t step;        /* the optimizer step it belongs to */
-    int64_t first_op, n_ops, bytes, bcast_op;
+    int64_t *ops, n_ops; /* its all-reduces' ids, in launch order (bucket b's is ops[b]); not contiguous:
+                          * SyncBatchNorm's exchanges come between them */
+    int64_t bytes, bcast_op;
     int synced;          /* its backward all-reduced */
     TimeMark at[5];      /* backward end, after the wait, before the broadcast, forward start, wait start */
     int pending;

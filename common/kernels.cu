@@ -638,10 +638,35 @@ static dim3 bn_fin_block(uint32_t chunks) {
 }
 static dim3 bn_fin_grid(int c, dim3 block) { return dim3((c + block.y - 1) / block.y); }
 
+/* SyncBatchNorm (kernels.h): channel ch's triple goes to this rank's slot of the exchange buffer, and
+ * the other ranks' slots are zeroed, so that the sum over ranks is an all-gather. */
+__device__ __forceinline__ void bn_exchange_put(const BnExchange &x, int c, int ch, float a, float b, float d) {
+    for (int r = 0; r < x.world; r++) {
+        float *t = x.buf + ((size_t)r * c + ch) * 3;
+        const bool mine = r == x.rank;
+        t[0] = mine ? a : 0.f, t[1] = mine ? b : 0.f, t[2] = mine ? d : 0.f;
+    }
+}
+
+/* A channel's statistics (n values, their mean and M2) made into what the rest of the pass reads. */
+__device__ __forceinline__ void bn_stats_out(int c, int ch, float n, float mean, float m2, float momentum, float eps,
+                                             float *running_mean, float *running_var, float *save_mean,
+                                             float *save_invstd, const float *gamma, const float *beta, float *vec) {
+    const float var = m2 / n; /* biased: what normalises */
+    save_mean[ch] = mean;
+    save_invstd[ch] = 1.f / sqrtf(var + eps);
+    if (vec) /* the vector apply's operands, channel-contiguous */
+        vec[ch] = mean, vec[c + ch] = save_invstd[ch] * gamma[ch], vec[2 * c + ch] = beta[ch];
+    running_mean[ch] = (1.f - momentum) * running_mean[ch] + momentum * mean;
+    running_var[ch] = (1.f - momentum) * running_var[ch] + momentum * var * n / (n - 1.f);
+}
+
+/* Without an exchange (x.buf null) the statistics are this batch's; with one, this rank's go to the
+ * exchange, and the sync kernel below finishes the pass once the ranks' are summed. */
 __global__ void __launch_bounds__(BN_FIN_THREADS)
     bn_finalize_stats_kernel(BnPlan pl, int c, const float *part, float momentum, float eps, float *running_mean,
                              float *running_var, float *save_mean, float *save_invstd, const float *gamma,
-                             const float *beta, float *vec) {
+                             const float *beta, float *vec, BnExchange x) {
     __shared__ float sn[BN_FIN_THREADS], sm[BN_FIN_THREADS], s2[BN_FIN_THREADS];
     const uint32_t L = blockDim.x, lane = threadIdx.x;
     const int ch = blockIdx.x * blockDim.y + threadIdx.y, t = threadIdx.y * L + lane;
@@ -653,14 +678,24 @@ __global__ void __launch_bounds__(BN_FIN_THREADS)
     sn[t] = n, sm[t] = mean, s2[t] = m2;
     BN_TREE(false, lane, L, t, chan_merge(sn[t], sm[t], s2[t], sn[o_], sm[o_], s2[o_]));
     if (ch >= c || lane != 0) return;
-    n = sn[t], mean = sm[t], m2 = s2[t];
-    const float var = m2 / n; /* biased: what normalises */
-    save_mean[ch] = mean;
-    save_invstd[ch] = 1.f / sqrtf(var + eps);
-    if (vec) /* the vector apply's operands, channel-contiguous */
-        vec[ch] = mean, vec[c + ch] = save_invstd[ch] * gamma[ch], vec[2 * c + ch] = beta[ch];
-    running_mean[ch] = (1.f - momentum) * running_mean[ch] + momentum * mean;
-    running_var[ch] = (1.f - momentum) * running_var[ch] + momentum * var * n / (n - 1.f);
+    if (x.buf) bn_exchange_put(x, c, ch, sn[t], sm[t], s2[t]);
+    else bn_stats_out(c, ch, sn[t], sm[t], s2[t], momentum, eps, running_mean, running_var, save_mean, save_invstd,
+                      gamma, beta, vec);
+}
+
+/* SyncBatchNorm: every rank's (n, mean, M2) merged in rank order — the same bits on every rank. */
+__global__ void bn_sync_stats_kernel(int c, BnExchange x, float momentum, float eps, float *running_mean,
+                                     float *running_var, float *save_mean, float *save_invstd, const float *gamma,
+                                     const float *beta, float *vec) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
+    for (int r = 0; r < x.world; r++) {
+        const float *t = x.buf + ((size_t)r * c + ch) * 3;
+        chan_merge(n, mean, m2, t[0], t[1], t[2]);
+    }
+    bn_stats_out(c, ch, n, mean, m2, momentum, eps, running_mean, running_var, save_mean, save_invstd, gamma, beta,
+                 vec);
 }
 
 /* The channel of flat index i (32-bit: the launcher checks the count). */
@@ -716,11 +751,24 @@ __global__ void __launch_bounds__(BN_THREADS)
     if (lane == 0 && ch >= 0) part[((size_t)g * c + ch) * 2] = sa[slot], part[((size_t)g * c + ch) * 2 + 1] = sb[slot];
 }
 
+/* What the elementwise pass needs of channel ch: coef = the means of g and g·x̂ over the n values. */
+__device__ __forceinline__ void bn_grad_out(int c, int ch, float n, float sdy, float sdyx, float *coef,
+                                            const float *gamma, const float *save_mean, const float *save_invstd,
+                                            float *vec) {
+    coef[2 * ch] = sdy / n;
+    coef[2 * ch + 1] = sdyx / n;
+    if (vec) /* the vector apply's operands, channel-contiguous */
+        vec[ch] = save_mean[ch], vec[c + ch] = save_invstd[ch], vec[2 * c + ch] = gamma[ch] * save_invstd[ch],
+        vec[3 * c + ch] = coef[2 * ch], vec[4 * c + ch] = coef[2 * ch + 1];
+}
+
 /* Σ over chunks (lanes per channel as above); dγ, dβ accumulate (parameter gradients always do);
- * coef = the two means the elementwise pass needs. */
+ * coef = the two means the elementwise pass needs — or, under SyncBatchNorm, this rank's sums go to
+ * the exchange and the sync kernel below makes coef from every rank's. dγ, dβ stay this rank's. */
 __global__ void __launch_bounds__(BN_FIN_THREADS)
     bn_finalize_grad_kernel(BnPlan pl, int c, const float *part, float *dgamma, float *dbeta, float *coef,
-                            const float *gamma, const float *save_mean, const float *save_invstd, float *vec) {
+                            const float *gamma, const float *save_mean, const float *save_invstd, float *vec,
+                            BnExchange x) {
     __shared__ float sa[BN_FIN_THREADS], sb[BN_FIN_THREADS];
     const uint32_t L = blockDim.x, lane = threadIdx.x;
     const int ch = blockIdx.x * blockDim.y + threadIdx.y, t = threadIdx.y * L + lane;
@@ -734,11 +782,21 @@ __global__ void __launch_bounds__(BN_FIN_THREADS)
     sdy = sa[t], sdyx = sb[t];
     dbeta[ch] += sdy;
     dgamma[ch] += sdyx;
-    coef[2 * ch] = sdy / (float)pl.rows;
-    coef[2 * ch + 1] = sdyx / (float)pl.rows;
-    if (vec) /* the vector apply's operands, channel-contiguous */
-        vec[ch] = save_mean[ch], vec[c + ch] = save_invstd[ch], vec[2 * c + ch] = gamma[ch] * save_invstd[ch],
-        vec[3 * c + ch] = coef[2 * ch], vec[4 * c + ch] = coef[2 * ch + 1];
+    if (x.buf) bn_exchange_put(x, c, ch, (float)pl.rows, sdy, sdyx);
+    else bn_grad_out(c, ch, (float)pl.rows, sdy, sdyx, coef, gamma, save_mean, save_invstd, vec);
+}
+
+/* SyncBatchNorm: the ranks' counts and sums added in rank order. */
+__global__ void bn_sync_grad_kernel(int c, BnExchange x, float *coef, const float *gamma, const float *save_mean,
+                                    const float *save_invstd, float *vec) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    float n = 0.f, sdy = 0.f, sdyx = 0.f;
+    for (int r = 0; r < x.world; r++) {
+        const float *t = x.buf + ((size_t)r * c + ch) * 3;
+        n += t[0], sdy += t[1], sdyx += t[2];
+    }
+    bn_grad_out(c, ch, n, sdy, sdyx, coef, gamma, save_mean, save_invstd, vec);
 }
 
 template <typename T, bool NHWC>
@@ -1332,10 +1390,37 @@ static bool bn_vec_ok(int nhwc, int p, int c, std::initializer_list<const void *
 #define BN_PARTIAL_GRID(pl, nhwc, c) dim3((pl).chunks, (nhwc) ? ((c) + 31) / 32 : (c))
 #define BN_PARTIAL_BLOCK(nhwc) ((nhwc) ? dim3(32, BN_ROWS_NHWC) : dim3(BN_THREADS))
 
+/* The finalize kernel of each pass and, under SyncBatchNorm, the exchange and the merge after it. */
+static BnExchange bn_no_exchange() { return BnExchange{nullptr, nullptr, 0, 1, nullptr}; }
+
+static void bn_finish_stats(cudaStream_t s, const BnPlan &pl, int c, const float *part, float momentum, float eps,
+                            float *running_mean, float *running_var, float *save_mean, float *save_invstd,
+                            const float *gamma, const float *beta, float *vec, const BnExchange *sync) {
+    const dim3 fb = bn_fin_block(pl.chunks);
+    bn_finalize_stats_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, part, momentum, eps, running_mean, running_var,
+                                                               save_mean, save_invstd, gamma, beta, vec,
+                                                               sync ? *sync : bn_no_exchange());
+    if (!sync) return;
+    sync->sum(sync->ctx, sync->buf, (int64_t)sync->world * 3 * c);
+    bn_sync_stats_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, *sync, momentum, eps, running_mean, running_var,
+                                                         save_mean, save_invstd, gamma, beta, vec);
+}
+
+static void bn_finish_grad(cudaStream_t s, const BnPlan &pl, int c, const float *part, float *dgamma, float *dbeta,
+                           float *coef, const float *gamma, const float *save_mean, const float *save_invstd,
+                           float *vec, const BnExchange *sync) {
+    const dim3 fb = bn_fin_block(pl.chunks);
+    bn_finalize_grad_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, part, dgamma, dbeta, coef, gamma, save_mean,
+                                                              save_invstd, vec, sync ? *sync : bn_no_exchange());
+    if (!sync) return;
+    sync->sum(sync->ctx, sync->buf, (int64_t)sync->world * 3 * c);
+    bn_sync_grad_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, *sync, coef, gamma, save_mean, save_invstd, vec);
+}
+
 void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
-                                float *save_invstd, void *y, int relu, float *scratch) {
+                                float *save_invstd, void *y, int relu, float *scratch, const BnExchange *sync) {
     const uint32_t count = (uint32_t)n * c * hw; /* ops_cuda.c checks it fits */
     if (c <= 0 || count == 0) return;
     if (bn_vec_ok(nhwc, p, c, {x, y, scratch})) {
@@ -1345,9 +1430,8 @@ void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, i
         const dim3 grid(pl.chunks, (c / V + block.x - 1) / block.x);
         float *vec = scratch + (size_t)pl.chunks * c * 2 + (size_t)c * 2;
         TYPED(p, bn_partial_stats_vec_kernel<T><<<grid, block, 0, s>>>(pl, c, PCT(x), scratch));
-        const dim3 fb = bn_fin_block(pl.chunks);
-        bn_finalize_stats_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, momentum, eps, running_mean,
-                                                                   running_var, save_mean, save_invstd, gamma, beta, vec);
+        bn_finish_stats(s, pl, c, scratch, momentum, eps, running_mean, running_var, save_mean, save_invstd, gamma,
+                        beta, vec, sync);
         const uint32_t nvec = count / V;
         TYPED(p, bn_apply_vec_kernel<T><<<blocks_for(nvec), THREADS, 0, s>>>(nvec, c, PCT(x), vec, relu, PT(y)));
         return;
@@ -1356,9 +1440,8 @@ void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, i
     const dim3 grid = BN_PARTIAL_GRID(pl, nhwc, c), block = BN_PARTIAL_BLOCK(nhwc);
     if (nhwc) TYPED(p, bn_partial_stats_kernel<T, true><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), scratch));
     else TYPED(p, bn_partial_stats_kernel<T, false><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), scratch));
-    const dim3 fb = bn_fin_block(pl.chunks);
-    bn_finalize_stats_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, momentum, eps, running_mean, running_var,
-                                                               save_mean, save_invstd, gamma, beta, nullptr);
+    bn_finish_stats(s, pl, c, scratch, momentum, eps, running_mean, running_var, save_mean, save_invstd, gamma, beta,
+                    nullptr, sync);
     const int g = blocks_for(count);
     if (nhwc) TYPED(p, bn_apply_kernel<T, true><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), gamma, beta, save_mean, save_invstd, relu, PT(y)));
     else TYPED(p, bn_apply_kernel<T, false><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), gamma, beta, save_mean, save_invstd, relu, PT(y)));
@@ -1377,7 +1460,7 @@ void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, in
 void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                            const void *y, const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
-                           int accumulate, int relu, float *scratch) {
+                           int accumulate, int relu, float *scratch, const BnExchange *sync) {
     const uint32_t count = (uint32_t)n * c * hw;
     if (c <= 0 || count == 0) return;
     if (bn_vec_ok(nhwc, p, c, {x, relu ? y : nullptr, dy, dx, scratch})) {
@@ -1388,9 +1471,7 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
         float *coef = scratch + (size_t)pl.chunks * c * 2, *vec = coef + (size_t)c * 2;
         TYPED(p, bn_partial_grad_vec_kernel<T><<<grid, block, 0, s>>>(pl, c, PCT(x), PCT(y), PCT(dy), save_mean,
                                                                       save_invstd, relu, scratch));
-        const dim3 fb = bn_fin_block(pl.chunks);
-        bn_finalize_grad_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, dgamma, dbeta, coef, gamma,
-                                                                  save_mean, save_invstd, vec);
+        bn_finish_grad(s, pl, c, scratch, dgamma, dbeta, coef, gamma, save_mean, save_invstd, vec, sync);
         const uint32_t nvec = count / V;
         TYPED(p, bn_apply_grad_vec_kernel<T><<<blocks_for(nvec), THREADS, 0, s>>>(nvec, c, PCT(x), PCT(y), PCT(dy), vec,
                                                                                 relu, PT(dx), accumulate));
@@ -1401,9 +1482,7 @@ void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw
     float *coef = scratch + (size_t)pl.chunks * c * 2;
     if (nhwc) TYPED(p, bn_partial_grad_kernel<T, true><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), PCT(y), PCT(dy), save_mean, save_invstd, relu, scratch));
     else TYPED(p, bn_partial_grad_kernel<T, false><<<grid, block, 0, s>>>(pl, c, hw, PCT(x), PCT(y), PCT(dy), save_mean, save_invstd, relu, scratch));
-    const dim3 fb = bn_fin_block(pl.chunks);
-    bn_finalize_grad_kernel<<<bn_fin_grid(c, fb), fb, 0, s>>>(pl, c, scratch, dgamma, dbeta, coef, gamma, save_mean,
-                                                              save_invstd, nullptr);
+    bn_finish_grad(s, pl, c, scratch, dgamma, dbeta, coef, gamma, save_mean, save_invstd, nullptr, sync);
     const int g = blocks_for(count);
     if (nhwc) TYPED(p, bn_apply_grad_kernel<T, true><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), PCT(y), PCT(dy), gamma, save_mean, save_invstd, coef, relu, PT(dx), accumulate));
     else TYPED(p, bn_apply_grad_kernel<T, false><<<g, THREADS, 0, s>>>(count, c, hw, PCT(x), PCT(y), PCT(dy), gamma, save_mean, save_invstd, coef, relu, PT(dx), accumulate));

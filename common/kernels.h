@@ -80,17 +80,28 @@ void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, 
  * output, whose sign masks the gradient). scratch: launch_bn_scratch_floats() device floats that
  * no other stream uses meanwhile. */
 size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw);
+/* SyncBatchNorm (ops.h's BnSync): between its partial sums and the rest, each pass writes this
+ * rank's per-channel triples into its slot of buf (world · 3c floats), calls sum(ctx, buf, world · 3c)
+ * from the host — the all-gather; the kernels after it wait for it — and merges the slots in rank
+ * order. NULL: a plain batch norm. */
+typedef struct BnExchange {
+    void (*sum)(void *ctx, float *buf, int64_t count);
+    void *ctx;
+    int rank, world;
+    float *buf;
+} BnExchange;
 void launch_bn_forward_train_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                 const float *gamma, const float *beta, float *running_mean,
                                 float *running_var, float momentum, float eps, float *save_mean,
-                                float *save_invstd, void *y, int relu, float *scratch);
+                                float *save_invstd, void *y, int relu, float *scratch,
+                                const BnExchange *sync);
 void launch_bn_forward_eval_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                                const float *gamma, const float *beta, const float *running_mean,
                                const float *running_var, float eps, void *y);
 void launch_bn_backward_lp(cudaStream_t s, int p, int nhwc, int n, int c, int hw, const void *x,
                            const void *y, const void *dy, const float *gamma, const float *save_mean,
                            const float *save_invstd, void *dx, float *dgamma, float *dbeta,
-                           int accumulate, int relu, float *scratch);
+                           int accumulate, int relu, float *scratch, const BnExchange *sync);
 
 /* ---- GradScaler (ops.h): scalars in device memory ------------------------------------------- */
 void launch_scale_by_device(cudaStream_t s, int64_t count, float *x, const float *alpha);

@@ -533,6 +533,7 @@ void model_destroy(Model *m) {
         if (L->kind == LAYER_CONV) conv_release(d, &L->conv);
         if (L->kind == LAYER_BN) device_free(d, L->save_mean), device_free(d, L->save_invstd);
     }
+    if (m->bn_sync.buf) device_free(d, m->bn_sync.buf);
     device_free(d, m->arena);
     device_free(d, m->acts[m->n_acts - 1].x), device_free(d, m->acts[m->n_acts - 1].dx);
     if (typed(m)) {
@@ -633,7 +634,11 @@ static void forward_plain(Model *m, int n, int train) {
         switch (L->kind) {
         case LAYER_CONV: conv_forward(d, &L->conv, n, in->x, P(m, L->p0), out->x); break;
         case LAYER_BN:
-            if (train)
+            if (train && m->bn_sync.sum) /* SyncBatchNorm: the same op across the ranks */
+                bn_forward_train_sync(d, PREC_FP32, 0, n, in->c, in->h * in->w, in->x, P(m, L->p0),
+                                      P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS,
+                                      L->save_mean, L->save_invstd, out->x, 0, &m->bn_sync);
+            else if (train)
                 bn_forward_train(d, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
                                  B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS, L->save_mean,
                                  L->save_invstd, out->x);
@@ -684,8 +689,13 @@ static void backward_half(Model *m, int n, int l, int half) {
         conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0), !m->grad_fresh);
         break;
     case LAYER_BN:
-        bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean, L->save_invstd,
-                    BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
+        if (m->bn_sync.sum)
+            bn_backward_sync(d, PREC_FP32, 0, n, in->c, in->h * in->w, in->x, NULL, out->dx, P(m, L->p0),
+                             L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in, 0,
+                             &m->bn_sync);
+        else
+            bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean, L->save_invstd,
+                        BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
         break;
     case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
     case LAYER_ADD: /* d(in) may BE d(out) (the plan's alias): then there is nothing to copy */
@@ -764,6 +774,19 @@ void model_set_hook_stops(Model *m, const unsigned char *stop) {
     graph_clear(&m->graphs); /* the stretches changed */
 }
 
+void model_set_bn_sync(Model *m, const BnSync *s) {
+    ASSERT(!m->bn_sync.sum && s->sum && s->world >= 1);
+    int most = 0; /* the exchange holds every rank's triples of the widest batch-norm layer */
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind == LAYER_BN && m->acts[m->layers[l].in].c > most) most = m->acts[m->layers[l].in].c;
+    m->bn_sync = *s;
+    m->bn_sync.buf = device_alloc(m->dev, (size_t)s->world * 3 * (size_t)(most ? most : 1) * sizeof(float),
+                                  "SyncBatchNorm exchange");
+    /* each exchange is a host call between two kernels, which a replayed graph would skip */
+    graph_clear(&m->graphs);
+    m->graphs.enabled = 0;
+}
+
 void model_set_hook_after_layer(Model *m, int on) {
     if (m->hook_after_layer == (on != 0)) return;
     m->hook_after_layer = on != 0;
@@ -830,7 +853,12 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
         switch (L->kind) {
         case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PW(m, L->p0), out->x); break;
         case LAYER_BN: /* half in, half out; fp32 weight, bias and statistics */
-            if (train)
+            if (train && m->bn_sync.sum) /* SyncBatchNorm: the same op across the ranks */
+                bn_forward_train_sync(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
+                                      P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
+                                      BN_EPS, L->save_mean, L->save_invstd, out->x, L->fuse_relu,
+                                      &m->bn_sync);
+            else if (train)
                 bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
                                     P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
                                     BN_EPS, L->save_mean, L->save_invstd, out->x, L->fuse_relu);
@@ -923,9 +951,14 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
         }
         break;
     case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
-        bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
-                       L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
-                       L->acc_in, L->fuse_relu);
+        if (m->bn_sync.sum)
+            bn_backward_sync(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
+                             L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
+                             L->acc_in, L->fuse_relu, &m->bn_sync);
+        else
+            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
+                           L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
+                           L->acc_in, L->fuse_relu);
         break;
     case LAYER_RELU:
         if (!L->fused) relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0);
@@ -1038,8 +1071,8 @@ const char *model_describe(const Model *m, char *buf, int len) {
         if ((nl - i - 1) % 3 == 0 && i != nl - 1) sep[j++] = ',';
     }
     sep[j] = 0;
-    snprintf(buf, len, "%s (norm %s): %s parameters%s, %d layers%s%s%s, activations %.1f MiB %s%s",
-             m->arch, m->norm_bn ? "bn" : "none", sep, m->unused_params ? " (with fc_unused, never used)" : "",
+    snprintf(buf, len, "%s (norm %s%s): %s parameters%s, %d layers%s%s%s, activations %.1f MiB %s%s",
+             m->arch, m->norm_bn ? "bn" : "none", m->bn_sync.sum ? ", SyncBatchNorm" : "", sep, m->unused_params ? " (with fc_unused, never used)" : "",
              m->n_layers,
              m->prec != PREC_FP32 ? ", autocast " : "",
              m->prec != PREC_FP32 ? precision_name(m->prec) : "",

@@ -117,6 +117,7 @@ typedef struct Model {
     GraphCache graphs;       /* CUDA graphs of the training forward and backward stretches (graph.h) */
     unsigned char *hook_stop; /* model_set_hook_stops; NULL: stop at every parameter */
     int hook_after_layer;     /* model_set_hook_after_layer */
+    BnSync bn_sync;           /* model_set_bn_sync (SyncBatchNorm); .sum NULL: plain batch norm */
 } Model;
 
 /* GraphKey.part of the forward, and of a backward run without a hook (one stretch); with a hook,
@@ -195,6 +196,11 @@ void model_set_hook_stops(Model *m, const unsigned char *stop);
  * updates a parameter in the hook (DDP's --optimizer-overlap in-backward) needs that; an all-reduce, which
  * only reads the gradient, does not, and starts earlier without it (0, the default). */
 void model_set_hook_after_layer(Model *m, int on);
+/* nn.SyncBatchNorm.convert_sync_batchnorm (syncbn.h does it for a job): from now on every training
+ * forward and backward of a batch-norm layer takes its statistics over the ranks of s (ops.h; the
+ * exchange buffer is allocated here, s->buf ignored). Evaluation is unchanged (running statistics).
+ * Turns CUDA graphs off: each exchange is a host call between two kernels. */
+void model_set_bn_sync(Model *m, const BnSync *s);
 /* The ready point at which backward reports parameter p: 0 for the first layer backward reaches
  * that has parameters, 1 for the next, …; −1 if no layer produces p (fc_unused). */
 int model_hook_point(const Model *m, int p);

@@ -250,7 +250,7 @@ void bn_forward_train_lp(Device *d, Precision p, int channels_last, int n, int c
                                       momentum, eps, save_mean, save_invstd, y),
               relu ? ref_relu_forward_f32((int64_t)n * c * hw, y, y) : (void)0),
              cuda_bn_forward_train_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
-                                      running_var, momentum, eps, save_mean, save_invstd, y, relu));
+                                      running_var, momentum, eps, save_mean, save_invstd, y, relu, NULL));
 }
 
 
@@ -274,7 +274,33 @@ void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int
               ref_bn_backward_relu_lp(p, n, c, hw, x, y, dy, gamma, save_mean, save_invstd, eps, dx,
                                  dgamma, dbeta, accumulate, relu)),
              cuda_bn_backward_lp(d, p, channels_last, n, c, hw, x, y, dy, gamma, save_mean,
-                                 save_invstd, eps, dx, dgamma, dbeta, accumulate, relu));
+                                 save_invstd, eps, dx, dgamma, dbeta, accumulate, relu, NULL));
+}
+
+void bn_forward_train_sync(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                           const void *x, const float *gamma, const float *beta,
+                           float *running_mean, float *running_var, float momentum, float eps,
+                           float *save_mean, float *save_invstd, void *y, int relu, const BnSync *s) {
+    ASSERT(s && s->world >= 1 && s->rank >= 0 && s->rank < s->world);
+    DISPATCH(d,
+             (cpu_is_nchw(channels_last),
+              ref_bn_forward_train_sync(p, n, c, hw, x, gamma, beta, running_mean, running_var, momentum,
+                                        eps, save_mean, save_invstd, y, relu, s)),
+             cuda_bn_forward_train_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean,
+                                      running_var, momentum, eps, save_mean, save_invstd, y, relu, s));
+}
+
+void bn_backward_sync(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
+                      const void *y, const void *dy, const float *gamma, const float *save_mean,
+                      const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
+                      int accumulate, int relu, const BnSync *s) {
+    ASSERT(s && s->world >= 1 && s->rank >= 0 && s->rank < s->world);
+    DISPATCH(d,
+             (cpu_is_nchw(channels_last),
+              ref_bn_backward_sync(p, n, c, hw, x, y, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                                   dbeta, accumulate, relu, s)),
+             cuda_bn_backward_lp(d, p, channels_last, n, c, hw, x, y, dy, gamma, save_mean,
+                                 save_invstd, eps, dx, dgamma, dbeta, accumulate, relu, s));
 }
 
 void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y) {

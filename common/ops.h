@@ -189,6 +189,31 @@ void bn_backward_lp(Device *d, Precision p, int channels_last, int n, int c, int
                     const void *y, const void *dy, const float *gamma, const float *save_mean,
                     const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
                     int accumulate, int relu);
+/* ---- SyncBatchNorm (syncbn.h): batch norm whose training statistics span every rank's batch -------
+ * Each pass splits where the per-channel sums are complete: forward, every rank's (count, mean, M2)
+ * of its own batch; backward, its (count, Σ g, Σ g·x̂), g the incoming gradient (ReLU-masked when
+ * fused). A rank writes its c triples into its slot of buf, zeroes the others, and sum() adds buf
+ * over the ranks — the zeros make that sum an exact all-gather — and returns once work issued next on
+ * the compute stream will see the result. Every rank then merges the slots in rank order (Chan's
+ * formula forward, plain sums backward), so all ranks get the same bits on any backend. What
+ * follows is batch norm with those global statistics: normalise by them, running statistics from
+ * the unbiased variance over the global count, dx from the global means of g and g·x̂. dgamma and
+ * dbeta stay this rank's own sums, as PyTorch's SyncBatchNorm leaves them (DDP averages them). */
+typedef struct BnSync {
+    void (*sum)(void *ctx, float *buf, int64_t count); /* in-place SUM over the ranks */
+    void *ctx;
+    int rank, world;
+    float *buf; /* the device's floats: world · 3 · (the most channels of any layer) */
+} BnSync;
+/* bn_forward_train_lp / bn_backward_lp across the ranks of s. */
+void bn_forward_train_sync(Device *d, Precision p, int channels_last, int n, int c, int hw,
+                           const void *x, const float *gamma, const float *beta,
+                           float *running_mean, float *running_var, float momentum, float eps,
+                           float *save_mean, float *save_invstd, void *y, int relu, const BnSync *s);
+void bn_backward_sync(Device *d, Precision p, int channels_last, int n, int c, int hw, const void *x,
+                      const void *y, const void *dy, const float *gamma, const float *save_mean,
+                      const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
+                      int accumulate, int relu, const BnSync *s);
 void relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y);
 void relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
                       void *dx, int accumulate);

@@ -522,12 +522,19 @@ static float *bn_scratch(Device *d, int nhwc, int n, int c, int hw) {
     return (float *)d->bn_scratch;
 }
 
+/* SyncBatchNorm's exchange as the launchers take it (kernels.h), or NULL (a plain batch norm). */
+static const BnExchange *bn_exchange(BnExchange *x, const BnSync *s) {
+    if (!s) return NULL;
+    *x = (BnExchange){.sum = s->sum, .ctx = s->ctx, .rank = s->rank, .world = s->world, .buf = s->buf};
+    return x;
+}
+
 void cuda_bn_forward_train(Device *d, int n, int c, int hw, const float *x, const float *gamma,
                            const float *beta, float *running_mean, float *running_var,
                            float momentum, float eps, float *save_mean, float *save_invstd,
                            float *y) {
     cuda_bn_forward_train_lp(d, PREC_FP32, 0, n, c, hw, x, gamma, beta, running_mean, running_var,
-                             momentum, eps, save_mean, save_invstd, y, 0);
+                             momentum, eps, save_mean, save_invstd, y, 0, NULL);
 }
 
 void cuda_bn_forward_eval(Device *d, int n, int c, int hw, const float *x, const float *gamma,
@@ -541,7 +548,7 @@ void cuda_bn_backward(Device *d, int n, int c, int hw, const float *x, const flo
                       const float *gamma, const float *save_mean, const float *save_invstd,
                       float eps, float *dx, float *dgamma, float *dbeta, int accumulate) {
     cuda_bn_backward_lp(d, PREC_FP32, 0, n, c, hw, x, NULL, dy, gamma, save_mean, save_invstd, eps,
-                        dx, dgamma, dbeta, accumulate, 0);
+                        dx, dgamma, dbeta, accumulate, 0, NULL);
 }
 
 /* ================================================================================================
@@ -676,11 +683,12 @@ void cuda_cast_to_nhwc(Device *d, Precision p, int n, int c, int hw, const float
 void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,
-                              float *save_invstd, void *y, int relu) {
+                              float *save_invstd, void *y, int relu, const BnSync *sync) {
     ASSERT((int64_t)n * hw > 1); /* the unbiased variance divides by n·hw − 1 */
+    BnExchange xch;
     launch_bn_forward_train_lp(d->stream, (int)p, nhwc, n, c, hw, x, gamma, beta, running_mean,
                                running_var, momentum, eps, save_mean, save_invstd, y, relu,
-                               bn_scratch(d, nhwc, n, c, hw));
+                               bn_scratch(d, nhwc, n, c, hw), bn_exchange(&xch, sync));
     CHECK_LAUNCH();
 }
 
@@ -695,11 +703,13 @@ void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int
 void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                          const void *y, const void *dy, const float *gamma, const float *save_mean,
                          const float *save_invstd, float eps, void *dx, float *dgamma,
-                         float *dbeta, int accumulate, int relu) {
+                         float *dbeta, int accumulate, int relu, const BnSync *sync) {
     (void)eps; /* already inside save_invstd */
     ASSERT(!relu || y);
+    BnExchange xch;
     launch_bn_backward_lp(d->stream, (int)p, nhwc, n, c, hw, x, y, dy, gamma, save_mean, save_invstd,
-                          dx, dgamma, dbeta, accumulate, relu, bn_scratch(d, nhwc, n, c, hw));
+                          dx, dgamma, dbeta, accumulate, relu, bn_scratch(d, nhwc, n, c, hw),
+                          bn_exchange(&xch, sync));
     CHECK_LAUNCH();
 }
 

@@ -68,14 +68,14 @@ void cuda_bn_prepare(Device *d, int nhwc, int n, int c, int hw);
 void cuda_bn_forward_train_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                               const float *gamma, const float *beta, float *running_mean,
                               float *running_var, float momentum, float eps, float *save_mean,
-                              float *save_invstd, void *y, int relu);
+                              float *save_invstd, void *y, int relu, const BnSync *sync);
 void cuda_bn_forward_eval_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                              const float *gamma, const float *beta, const float *running_mean,
                              const float *running_var, float eps, void *y);
 void cuda_bn_backward_lp(Device *d, Precision p, int nhwc, int n, int c, int hw, const void *x,
                          const void *y, const void *dy, const float *gamma, const float *save_mean,
                          const float *save_invstd, float eps, void *dx, float *dgamma,
-                         float *dbeta, int accumulate, int relu);
+                         float *dbeta, int accumulate, int relu, const BnSync *sync);
 void cuda_relu_forward_lp(Device *d, Precision p, int64_t count, const void *x, void *y);
 void cuda_relu_backward_lp(Device *d, Precision p, int64_t count, const void *y, const void *dy,
                            void *dx, int accumulate);

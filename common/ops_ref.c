@@ -105,6 +105,94 @@ void ref_bn_backward_relu_lp(Precision p, int n, int c, int hw, const float *x, 
     free(masked);
 }
 
+/* ---- SyncBatchNorm (ops.h): the CPU backend's, and the oracle of the CUDA kernels' ---------------
+ * The same exchange as the GPU's — each rank's per-channel triple in float, summed over the ranks
+ * into an all-gather — with this reference's double arithmetic on either side of it. */
+
+/* Channel ch of an NCHW tensor, visited image by image. */
+#define BN_EACH(n, c, hw, ch, off, BODY)                                                           \
+    for (int i_ = 0; i_ < (n); i_++)                                                               \
+        for (int64_t off = ((int64_t)i_ * (c) + (ch)) * (hw), e_ = off + (hw); off < e_; off++) BODY
+
+static float *exchange_slot(const BnSync *s, int c) {
+    memset(s->buf, 0, (size_t)s->world * 3 * (size_t)c * sizeof(float));
+    return s->buf + (size_t)s->rank * 3 * (size_t)c;
+}
+
+void ref_bn_forward_train_sync(Precision p, int n, int c, int hw, const float *x, const float *gamma,
+                               const float *beta, float *running_mean, float *running_var,
+                               float momentum, float eps, float *save_mean, float *save_invstd,
+                               float *y, int relu, const BnSync *s) {
+    const double rows = (double)n * hw;
+    float *mine = exchange_slot(s, c);
+    for (int ch = 0; ch < c; ch++) { /* this rank's count, mean and M2, two passes */
+        double sum = 0, m2 = 0;
+        BN_EACH(n, c, hw, ch, o, { sum += x[o]; });
+        const double mean = sum / rows;
+        BN_EACH(n, c, hw, ch, o, { m2 += ((double)x[o] - mean) * ((double)x[o] - mean); });
+        mine[3 * ch] = (float)rows, mine[3 * ch + 1] = (float)mean, mine[3 * ch + 2] = (float)m2;
+    }
+    s->sum(s->ctx, s->buf, (int64_t)s->world * 3 * c);
+    for (int ch = 0; ch < c; ch++) {
+        double N = 0, mean = 0, m2 = 0; /* Chan et al., rank by rank */
+        for (int r = 0; r < s->world; r++) {
+            const float *t = s->buf + ((size_t)r * c + ch) * 3;
+            double nb = t[0], delta = (double)t[1] - mean;
+            if (nb == 0) continue;
+            mean += delta * nb / (N + nb);
+            m2 += (double)t[2] + delta * delta * N * nb / (N + nb);
+            N += nb;
+        }
+        ASSERT(N > 1); /* the unbiased variance divides by N − 1 */
+        const double var = m2 / N, invstd = 1.0 / sqrt(var + (double)eps), mo = (double)momentum;
+        running_mean[ch] = (float)((1.0 - mo) * (double)running_mean[ch] + mo * mean);
+        running_var[ch] = (float)((1.0 - mo) * (double)running_var[ch] + mo * m2 / (N - 1));
+        save_mean[ch] = (float)mean, save_invstd[ch] = (float)invstd;
+        const float mu = (float)mean, scale = (float)(invstd * (double)gamma[ch]), shift = beta[ch];
+        BN_EACH(n, c, hw, ch, o, {
+            float v = (x[o] - mu) * scale + shift;
+            y[o] = relu && v < 0.f ? 0.f : v;
+        });
+    }
+    ROUND(p, (int64_t)n * c * hw, y);
+}
+
+void ref_bn_backward_sync(Precision p, int n, int c, int hw, const float *x, const float *y,
+                          const float *dy, const float *gamma, const float *save_mean,
+                          const float *save_invstd, float *dx, float *dgamma, float *dbeta,
+                          int accumulate, int relu, const BnSync *s) {
+#define G(o) (relu && !(y[o] > 0.f) ? 0.0 : (double)dy[o]) /* the fused ReLU's mask first */
+    float *mine = exchange_slot(s, c);
+    for (int ch = 0; ch < c; ch++) { /* this rank's count, Σ g and Σ g·x̂ */
+        const double mean = save_mean[ch], invstd = save_invstd[ch];
+        double sdy = 0, sdyx = 0;
+        BN_EACH(n, c, hw, ch, o, {
+            sdy += G(o);
+            sdyx += G(o) * (((double)x[o] - mean) * invstd);
+        });
+        dbeta[ch] = (float)((double)dbeta[ch] + sdy); /* this rank's, as PyTorch's SyncBatchNorm */
+        dgamma[ch] = (float)((double)dgamma[ch] + sdyx);
+        mine[3 * ch] = (float)((double)n * hw), mine[3 * ch + 1] = (float)sdy, mine[3 * ch + 2] = (float)sdyx;
+    }
+    s->sum(s->ctx, s->buf, (int64_t)s->world * 3 * c);
+    for (int ch = 0; ch < c; ch++) {
+        double N = 0, sdy = 0, sdyx = 0;
+        for (int r = 0; r < s->world; r++) {
+            const float *t = s->buf + ((size_t)r * c + ch) * 3;
+            N += t[0], sdy += t[1], sdyx += t[2];
+        }
+        const double mean = save_mean[ch], invstd = save_invstd[ch], k = (double)gamma[ch] * invstd;
+        const double mdy = sdy / N, mdyx = sdyx / N;
+        BN_EACH(n, c, hw, ch, o, {
+            const double xhat = ((double)x[o] - mean) * invstd;
+            const float g = (float)(k * (G(o) - mdy - xhat * mdyx));
+            dx[o] = accumulate ? dx[o] + g : g;
+        });
+    }
+    ROUND(p, (int64_t)n * c * hw, dx);
+#undef G
+}
+
 /* The end of a residual block backward: ReLU's mask, then the add's two gradient copies. */
 void ref_add_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *da,
                               int acc_a, float *db, int acc_b) {

@@ -72,6 +72,15 @@ void ref_bn_backward_relu_lp(Precision p, int n, int c, int hw, const float *x, 
                              const float *dy, const float *gamma, const float *save_mean,
                              const float *save_invstd, float eps, float *dx, float *dgamma,
                              float *dbeta, int accumulate, int relu);
+/* SyncBatchNorm (ops.h): relu = 1 fuses the ReLU after it, as the CUDA kernels do. */
+void ref_bn_forward_train_sync(Precision p, int n, int c, int hw, const float *x, const float *gamma,
+                               const float *beta, float *running_mean, float *running_var,
+                               float momentum, float eps, float *save_mean, float *save_invstd,
+                               float *y, int relu, const BnSync *s);
+void ref_bn_backward_sync(Precision p, int n, int c, int hw, const float *x, const float *y,
+                          const float *dy, const float *gamma, const float *save_mean,
+                          const float *save_invstd, float *dx, float *dgamma, float *dbeta,
+                          int accumulate, int relu, const BnSync *s);
 void ref_add_relu_backward_lp(Precision p, int64_t count, const float *y, const float *dy, float *da,
                               int acc_a, float *db, int acc_b);
 void ref_add_forward_lp(Precision p, int64_t count, const float *a, const float *b, float *y);

@@ -625,11 +625,11 @@ static const Row ROWS[] = {
      * many values each) and layer 4's (many channels, 2,048 values each), NCHW and NHWC; NHWC also
      * in fp32, stage 1's batch norm (the same kernels, T = float). */
 #define BN_TRAIN L(launch_bn_forward_train_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.f(1), k.f(2), k.f(3), k.f(4), \
-                                                BN_MOMENTUM, BN_EPS, k.f(5), k.f(6), k.v(7), k.relu, (float *)WS))
+                                                BN_MOMENTUM, BN_EPS, k.f(5), k.f(6), k.v(7), k.relu, (float *)WS, nullptr))
 #define BN_EVAL L(launch_bn_forward_eval_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.f(1), k.f(2), k.f(3), k.f(4), \
                                               BN_EPS, k.v(5)))
 #define BN_BWD L(launch_bn_backward_lp(S, k.p, k.nhwc, k.n, k.c, k.hw, k.v(0), k.relu ? k.v(9) : nullptr, k.v(3), \
-                                         k.f(1), k.f(4), k.f(5), k.v(6), k.f(7), k.f(8), k.acc, k.relu, (float *)WS))
+                                         k.f(1), k.f(4), k.f(5), k.v(6), k.f(7), k.f(8), k.acc, k.relu, (float *)WS, nullptr))
     {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, ACT, BOTH, 0},
     {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, ACT, ALL, 1},
     {"bn_forward_train_lp", "", bn_train_setup, BN_TRAIN, POOL, BOTH, 0},

@@ -26,7 +26,10 @@
 #   23 stage 5 fp16, 2 GPUs, --broadcast-buffers after-forward --last-bucket-mb 1 (fp16's scaler: no 15/16)
 #   24 stage 1 on the second GPU                a slower second GPU (DDP goes at the slower one's pace)
 #   25 stage 1 on both GPUs at once, two independent runs (the slower counts): two busy GPUs, no comm
-# Rows 2-25 run in two rounds (two passes over the list) and report the faster of their two medians:
+#   26 stage 3 --no-cuda-graph                  eager, as PyTorch runs: what 27 is to be read against
+#   27 --sync-bn                                SyncBatchNorm (graphs off): 40 small all-reduces per step,
+#                                               each waited for by the compute — its price is 27 against 26
+# Rows 2-27 run in two rounds (two passes over the list) and report the faster of their two medians:
 # one-GPU step times vary by a few percent from run to run. Reading the table: scaling = reference ms
 # / row ms (rows 20-21 and 23 against row 22, the others against row 1): a variant that lifts it toward 97%
 # names a cause. Exposed = the compute stream's wait for communication per step; algbw = gradient bytes
@@ -39,8 +42,8 @@
 # ncclCommInitRank (no config struct) reads the NCCL_* variables (NCCL 2.28.3 on the H200 hosts says
 # "NCCL_CTA_POLICY set by environment to 1" and the same of NCCL_MAX_CTAS: docs/logs/nccl_env_H200_2026-12-03.txt). Logs and JSON under $BENCH_OUT (default
 # runs/bench_stage3_variants: a new or empty folder, or one this script wrote before); the table is
-# printed last. STEPS (default 300) timed steps per run; ROUNDS (default 2) passes over the rows; 52 runs,
-# 8-10 minutes. ONLY="key ..." runs those rows alone (keys: the first field of ROWS below, e.g.
+# printed last. STEPS (default 300) timed steps per run; ROUNDS (default 2) passes over the rows; 56 runs,
+# 9-11 minutes. ONLY="key ..." runs those rows alone (keys: the first field of ROWS below, e.g.
 # ONLY="s3 bafter last1 afterbwd all3 one"), with their references; a device allowing 10 minutes a
 # command can split the list over calls, each with its own BENCH_OUT. Needs 2 GPUs (on one: `make bench3`).
 # BENCH_FLAGS is appended to every run's flags; with --device cpu in it, the CPU smoke test of this script
@@ -76,7 +79,7 @@ second=$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f2)
 C=nccl
 [ -z "$CPU" ] || C=host
 D="--nproc-per-node 2 --comm $C"
-# key|reference key|label|[VAR=value ...] binary flags... (rows 2-18; "both" runs stage 1 on each GPU)
+# key|reference key|label|[VAR=value ...] binary flags... (rows 2-27; "both" runs stage 1 on each GPU)
 ROWS=("s3|s1|stage 3 default|stage3 $D"
       "cta1|s1|NCCL_CTA_POLICY=1|NCCL_CTA_POLICY=1 stage3 $D"
       "ctas4|s1|NCCL_MAX_CTAS=4|NCCL_MAX_CTAS=4 stage3 $D"
@@ -100,7 +103,9 @@ ROWS=("s3|s1|stage 3 default|stage3 $D"
       "s5one|-|stage 5 fp16, one GPU (ref. of 20, 21, 23)|CUDA_VISIBLE_DEVICES=$first stage5 --nproc-per-node 1"
       "s5exp|s5one|stage 5 fp16, after-forward + last 1 MiB|stage5 --nproc-per-node 2 --broadcast-buffers after-forward --last-bucket-mb 1"
       "gpu1|s1|stage 1 on the second GPU ($second)|CUDA_VISIBLE_DEVICES=$second stage1"
-      "both|s1|stage 1 on both GPUs at once (slower)|both")
+      "both|s1|stage 1 on both GPUs at once (slower)|both"
+      "eager|s1|stage 3 --no-cuda-graph (eager)|stage3 $D --no-cuda-graph"
+      "syncbn|s1|--sync-bn (eager: against 26)|stage3 $D --sync-bn")
 
 declare -A NUM # each row's number in the table, whatever ONLY keeps
 for i in "${!ROWS[@]}"; do NUM[${ROWS[$i]%%|*}]=$((i + 2)); done

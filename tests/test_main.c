@@ -33,6 +33,7 @@ static Ran run_suites(const char *filter) {
         suite_accum,
         suite_adam,
         suite_clip,
+        suite_syncbn,
         suite_amp,
         suite_trace,
         suite_compare,

@@ -1385,8 +1385,9 @@ START_TEST(test_bn_scratch_bounds) {
                 float *scratch = device_alloc(&d, (fl + GUARD) * sizeof(float), "test scratch");
                 device_copy_h2d(&d, scratch + fl, sentinel, GUARD * sizeof(float));
                 launch_bn_forward_train_lp(d.stream, (int)p, nhwc, n, c, hw, x, g, b, rm, rv, BN_MOMENTUM, BN_EPS, sm,
-                                           si, y, 1, scratch);
-                launch_bn_backward_lp(d.stream, (int)p, nhwc, n, c, hw, x, y, dy, g, sm, si, dx, dg, db, 0, 1, scratch);
+                                           si, y, 1, scratch, NULL);
+                launch_bn_backward_lp(d.stream, (int)p, nhwc, n, c, hw, x, y, dy, g, sm, si, dx, dg, db, 0, 1, scratch,
+                                      NULL);
                 float *guard = hzeros(GUARD);
                 device_copy_d2h(&d, guard, scratch + fl, GUARD * sizeof(float));
                 ck_assert_msg(memcmp(guard, sentinel, GUARD * sizeof(float)) == 0,

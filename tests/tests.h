@@ -26,6 +26,7 @@ Suite *suite_store(void);       /* the store and the host ring's ports under att
 Suite *suite_ddp(void);         /* stage 3: buckets, DDP ≡ one device, faults */
 Suite *suite_accum(void);       /* stage 4: accumulation ≡ a K× batch, no_sync counts, resume */
 Suite *suite_adam(void);        /* --optimizer adam against torch.optim.Adam */
+Suite *suite_syncbn(void);       /* --sync-bn: SyncBatchNorm's ops against plain batch norm; stages 3–5 */
 Suite *suite_clip(void);        /* --clip-grad-norm against clip_grad_norm_; where each stage clips */
 /* Stage 5. */
 Suite *suite_amp(void);         /* mixed precision: conversions, autocast ops, GradScaler, ./stage5 */

@@ -39,6 +39,7 @@
 #include "optim.h"
 #include "sampler.h"
 #include "store.h"
+#include "syncbn.h"
 #include "trainer.h"
 
 static const char *ABOUT =
@@ -108,6 +109,7 @@ int main(int argc, char **argv) {
     data_open(&cfg, &train_set, &test_set);
     Model *model = model_create_mixed(&dev, cfg.model, !strcmp(cfg.norm, "bn"), cfg.batch_size, cfg.seed, prec,
                                       amp.channels_last);
+    if (f.sync_bn) sync_batchnorm_convert(model, comm, w.rank, w.world_size); /* nn.SyncBatchNorm */
     Optimizer opt;
     optim_init_named(&opt, cfg.optimizer, &dev, model->n_param_floats, cfg.lr, cfg.momentum, cfg.weight_decay);
 

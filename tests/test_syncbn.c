@@ -1,0 +1,457 @@
+/* test_syncbn.c — --sync-bn (syncbn.h): SyncBatchNorm's ops, and the stages that have it.
+ *
+ * What it promises, and how each test checks it:
+ * - The ops: two ranks, each with half of a batch (two threads whose exchange is a real sum over
+ *   both, through a barrier), normalise, update the running statistics and back-propagate as plain
+ *   batch norm does on the whole batch; both ranks get the same statistics bit for bit, and their
+ *   dγ, dβ add up to the whole batch's. On the CPU reference, and on the GPU for each kernel path
+ *   (NCHW, the NHWC vector path, 16-bit with the fused ReLU). One rank's sync op is the plain op:
+ *   to the bit on the GPU (the same kernels, a merge of one), to rounding on the CPU.
+ * - End to end: stage 3 with R ranks at batch B and --sync-bn trains like stage 1 at batch R·B with
+ *   batch norm (losses and final parameters to 1e-5), where without it the ranks' own statistics
+ *   make the runs differ; stage 4 with accumulation likewise against one rank at R·B per
+ *   micro-batch; stage 5's autocast runs learn; one rank or --norm none is a note, not an error. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "errors.h"
+#include "model.h"
+#include "ops.h"
+#include "tests.h"
+
+#define LIMIT "timeout -k 5 300 "
+
+/* ---- two ranks in one process ------------------------------------------------------------------ */
+
+typedef struct Pair {
+    pthread_barrier_t bar;
+    float *slot[2];
+} Pair;
+
+typedef struct Rank {
+    Pair *pair; /* NULL: one rank, nothing to add */
+    Device *dev;
+    int r;
+} Rank;
+
+/* BnSync.sum over the two threads of a Pair: each copies its buffer out, both add the two copies in
+ * rank order, each copies the sum back (a real exchange, as the communicator's). */
+static void pair_sum(void *ctx, float *buf, int64_t count) {
+    Rank *k = ctx;
+    if (!k->pair) return;
+    Pair *p = k->pair;
+    size_t bytes = (size_t)count * sizeof(float);
+    float *mine = xmalloc(bytes), *sum = xmalloc(bytes);
+    device_copy_d2h(k->dev, mine, buf, bytes);
+    p->slot[k->r] = mine;
+    pthread_barrier_wait(&p->bar);
+    for (int64_t i = 0; i < count; i++) sum[i] = p->slot[0][i] + p->slot[1][i];
+    pthread_barrier_wait(&p->bar); /* both have read both slots */
+    device_copy_h2d(k->dev, buf, sum, bytes);
+    device_sync(k->dev);
+    free(mine), free(sum);
+}
+
+/* A batch-norm layer's inputs (logical NCHW fp32 values) and what one rank's passes gave back. */
+typedef struct Case {
+    DeviceKind kind;
+    Precision p;
+    int nhwc, relu, n, c, hw; /* n: this rank's images */
+} Case;
+
+typedef struct Out {
+    float *y, *dx;                          /* n·c·hw, NCHW */
+    float mean[64], invstd[64], rm[64], rv[64], dg[64], db[64];
+} Out;
+
+typedef struct Job {
+    Case cs;
+    const float *x, *dy, *gamma, *beta; /* this rank's images of x and dy; c values each */
+    Pair *pair;
+    int r, world, sync;
+    Out out;
+} Job;
+
+/* fp32 NCHW host values → the device's tensor of c.p (16 bits on CUDA), NHWC when c.nhwc. */
+static void *upload(Device *d, const Case *c, const float *src) {
+    int64_t cnt = (int64_t)c->n * c->c * c->hw;
+    float *t = xmalloc((size_t)cnt * sizeof(float));
+    for (int i = 0; i < c->n; i++)
+        for (int ch = 0; ch < c->c; ch++)
+            for (int j = 0; j < c->hw; j++) {
+                int64_t from = ((int64_t)i * c->c + ch) * c->hw + j;
+                t[c->nhwc ? ((int64_t)i * c->hw + j) * c->c + ch : from] = precision_round(c->p, src[from]);
+            }
+    size_t esz = precision_bytes(d, c->p);
+    void *dev = device_alloc(d, (size_t)cnt * esz, "test tensor");
+    if (esz == 2) {
+        uint16_t *h = xmalloc((size_t)cnt * 2);
+        precision_pack(c->p, cnt, t, h);
+        device_copy_h2d(d, dev, h, (size_t)cnt * 2);
+        device_sync(d);
+        free(h);
+    } else {
+        device_copy_h2d(d, dev, t, (size_t)cnt * sizeof(float));
+        device_sync(d);
+    }
+    free(t);
+    return dev;
+}
+
+static float *download(Device *d, const Case *c, const void *src) {
+    int64_t cnt = (int64_t)c->n * c->c * c->hw;
+    float *t = xmalloc((size_t)cnt * sizeof(float)), *out = xmalloc((size_t)cnt * sizeof(float));
+    if (precision_bytes(d, c->p) == 2) {
+        uint16_t *h = xmalloc((size_t)cnt * 2);
+        device_copy_d2h(d, h, src, (size_t)cnt * 2);
+        precision_unpack(c->p, cnt, h, t);
+        free(h);
+    } else {
+        device_copy_d2h(d, t, src, (size_t)cnt * sizeof(float));
+    }
+    for (int i = 0; i < c->n; i++)
+        for (int ch = 0; ch < c->c; ch++)
+            for (int j = 0; j < c->hw; j++) {
+                int64_t to = ((int64_t)i * c->c + ch) * c->hw + j;
+                out[to] = t[c->nhwc ? ((int64_t)i * c->hw + j) * c->c + ch : to];
+            }
+    free(t);
+    return out;
+}
+
+static float *dfloats(Device *d, const float *h, int n) {
+    float *p = device_alloc(d, (size_t)n * sizeof(float), "test vector");
+    device_copy_h2d(d, p, h, (size_t)n * sizeof(float));
+    device_sync(d);
+    return p;
+}
+
+/* One rank: forward (training) and backward of one batch-norm layer, synchronised or plain. */
+static void *run_rank(void *arg) {
+    Job *j = arg;
+    const Case *c = &j->cs;
+    Device d = {0};
+    device_init(&d, c->kind, j->r, 0);
+    device_bind(&d);
+    const float zeros[64] = {0}, ones[64] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                             1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                             1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    void *x = upload(&d, c, j->x), *dy = upload(&d, c, j->dy);
+    size_t bytes = (size_t)c->n * c->c * c->hw * precision_bytes(&d, c->p);
+    void *y = device_alloc(&d, bytes, "test y"), *dx = device_alloc(&d, bytes, "test dx");
+    float *g = dfloats(&d, j->gamma, c->c), *b = dfloats(&d, j->beta, c->c), *rm = dfloats(&d, zeros, c->c),
+          *rv = dfloats(&d, ones, c->c), *sm = dfloats(&d, zeros, c->c), *si = dfloats(&d, zeros, c->c),
+          *dg = dfloats(&d, zeros, c->c), *db = dfloats(&d, zeros, c->c);
+    bn_prepare(&d, c->nhwc, c->n, c->c, c->hw);
+    Rank k = {.pair = j->pair, .dev = &d, .r = j->r};
+    BnSync s = {.sum = pair_sum, .ctx = &k, .rank = j->r, .world = j->world};
+    if (j->sync) s.buf = device_alloc(&d, (size_t)j->world * 3 * c->c * sizeof(float), "test exchange");
+    if (j->sync) {
+        bn_forward_train_sync(&d, c->p, c->nhwc, c->n, c->c, c->hw, x, g, b, rm, rv, 0.1f, 1e-5f, sm, si, y, c->relu,
+                              &s);
+        bn_backward_sync(&d, c->p, c->nhwc, c->n, c->c, c->hw, x, y, dy, g, sm, si, 1e-5f, dx, dg, db, 0, c->relu, &s);
+    } else {
+        bn_forward_train_lp(&d, c->p, c->nhwc, c->n, c->c, c->hw, x, g, b, rm, rv, 0.1f, 1e-5f, sm, si, y, c->relu);
+        bn_backward_lp(&d, c->p, c->nhwc, c->n, c->c, c->hw, x, y, dy, g, sm, si, 1e-5f, dx, dg, db, 0, c->relu);
+    }
+    j->out.y = download(&d, c, y);
+    j->out.dx = download(&d, c, dx);
+    size_t cb = (size_t)c->c * sizeof(float);
+    device_copy_d2h(&d, j->out.mean, sm, cb), device_copy_d2h(&d, j->out.invstd, si, cb);
+    device_copy_d2h(&d, j->out.rm, rm, cb), device_copy_d2h(&d, j->out.rv, rv, cb);
+    device_copy_d2h(&d, j->out.dg, dg, cb), device_copy_d2h(&d, j->out.db, db, cb);
+    void *all[] = {x, dy, y, dx, g, b, rm, rv, sm, si, dg, db, s.buf};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) device_free(&d, all[i]);
+    device_destroy(&d);
+    return NULL;
+}
+
+/* The inputs of a case: `total` images of c channels and hw positions, values with a mean of their
+ * own per channel (so a rank's mean differs from the batch's). */
+typedef struct Data {
+    float *x, *dy, gamma[64], beta[64];
+} Data;
+
+static Data make_data(int total, int c, int hw, uint64_t seed) {
+    Data t;
+    int64_t cnt = (int64_t)total * c * hw;
+    t.x = xmalloc((size_t)cnt * sizeof(float)), t.dy = xmalloc((size_t)cnt * sizeof(float));
+    test_fill_uniform(t.x, cnt, seed, -1.0f, 1.0f);
+    test_fill_uniform(t.dy, cnt, seed + 1, -1.0f, 1.0f);
+    for (int i = 0; i < total; i++) /* the second half of the batch is shifted and wider */
+        for (int j = 0; j < c * hw; j++) t.x[(int64_t)i * c * hw + j] = t.x[(int64_t)i * c * hw + j] * (i < total / 2 ? 1.f : 3.f) + (i < total / 2 ? 0.f : 2.f);
+    test_fill_uniform(t.gamma, c, seed + 2, 0.5f, 1.5f);
+    test_fill_uniform(t.beta, c, seed + 3, -0.5f, 0.5f);
+    return t;
+}
+
+/* world ranks (1 or 2) over the images of d: rank r holds images [r·n, (r+1)·n). */
+static void run_ranks(const Case *c, const Data *d, int world, int sync, Job *jobs) {
+    Pair pair;
+    if (world > 1) pthread_barrier_init(&pair.bar, NULL, (unsigned)world);
+    pthread_t th[2];
+    for (int r = 0; r < world; r++) {
+        int64_t off = (int64_t)r * c->n * c->c * c->hw;
+        jobs[r] = (Job){.cs = *c, .x = d->x + off, .dy = d->dy + off, .gamma = d->gamma, .beta = d->beta,
+                        .pair = world > 1 ? &pair : NULL, .r = r, .world = world, .sync = sync};
+        ck_assert(pthread_create(&th[r], NULL, run_rank, &jobs[r]) == 0);
+    }
+    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    if (world > 1) pthread_barrier_destroy(&pair.bar);
+}
+
+static void free_out(Out *o) { free(o->y), free(o->dx); }
+
+/* Two ranks with --sync-bn against one device with the whole batch (plain batch norm), within tol
+ * (relative to each tensor's largest value). */
+static void check_two_ranks(Case c, const char *what, double tol) {
+    const int half = c.n;
+    Data d = make_data(2 * half, c.c, c.hw, 777);
+    Job two[2], one[1];
+    run_ranks(&c, &d, 2, 1, two);
+    Case whole = c;
+    whole.n = 2 * half;
+    run_ranks(&whole, &d, 1, 0, one);
+    int64_t per = (int64_t)half * c.c * c.hw;
+    for (int r = 0; r < 2; r++) {
+        double ey = test_rel_err(two[r].out.y, one[0].out.y + r * per, per),
+               edx = test_rel_err(two[r].out.dx, one[0].out.dx + r * per, per);
+        ck_assert_msg(ey <= tol && edx <= tol, "%s: rank %d: y off by %.3g, dx by %.3g (tolerance %.3g)", what, r, ey,
+                      edx, tol);
+    }
+    /* the same statistics on both ranks, to the bit, and the whole batch's */
+    size_t cb = (size_t)c.c * sizeof(float);
+    ck_assert_msg(!memcmp(two[0].out.mean, two[1].out.mean, cb) && !memcmp(two[0].out.invstd, two[1].out.invstd, cb) &&
+                      !memcmp(two[0].out.rm, two[1].out.rm, cb) && !memcmp(two[0].out.rv, two[1].out.rv, cb),
+                  "%s: the ranks' statistics differ", what);
+    const double stat_tol = 2e-6;
+    ck_assert_msg(test_rel_err(two[0].out.mean, one[0].out.mean, c.c) <= stat_tol &&
+                      test_rel_err(two[0].out.invstd, one[0].out.invstd, c.c) <= stat_tol &&
+                      test_rel_err(two[0].out.rm, one[0].out.rm, c.c) <= stat_tol &&
+                      test_rel_err(two[0].out.rv, one[0].out.rv, c.c) <= stat_tol,
+                  "%s: statistics differ from the whole batch's", what);
+    /* dγ and dβ: each rank's own; their sum is the whole batch's */
+    float dg[64], db[64];
+    for (int ch = 0; ch < c.c; ch++) dg[ch] = two[0].out.dg[ch] + two[1].out.dg[ch], db[ch] = two[0].out.db[ch] + two[1].out.db[ch];
+    double eg = test_rel_err(dg, one[0].out.dg, c.c), eb = test_rel_err(db, one[0].out.db, c.c);
+    ck_assert_msg(eg <= 1e-5 && eb <= 1e-5, "%s: dgamma off by %.3g, dbeta by %.3g", what, eg, eb);
+    ck_assert_msg(test_rel_err(two[0].out.dg, one[0].out.dg, c.c) > 1e-3, "%s: rank 0's dgamma is the whole batch's",
+                  what);
+    /* and the ranks' own statistics (plain batch norm on each half) are not the whole batch's */
+    Job own[1];
+    run_ranks(&c, &d, 1, 0, own);
+    ck_assert_msg(test_rel_err(own[0].out.mean, one[0].out.mean, c.c) > 1e-2, "%s: the test data cannot tell", what);
+    free_out(&own[0].out);
+    for (int r = 0; r < 2; r++) free_out(&two[r].out);
+    free_out(&one[0].out);
+    free(d.x), free(d.dy);
+}
+
+/* One rank's sync op against the plain op: bitwise (exact = 1) or within 1e-6. */
+static void check_one_rank(Case c, const char *what, int exact) {
+    Data d = make_data(c.n, c.c, c.hw, 99);
+    Job s[1], p[1];
+    run_ranks(&c, &d, 1, 1, s);
+    run_ranks(&c, &d, 1, 0, p);
+    int64_t cnt = (int64_t)c.n * c.c * c.hw;
+    size_t cb = (size_t)c.c * sizeof(float);
+    if (exact)
+        ck_assert_msg(!memcmp(s[0].out.y, p[0].out.y, (size_t)cnt * 4) && !memcmp(s[0].out.dx, p[0].out.dx, (size_t)cnt * 4) &&
+                          !memcmp(s[0].out.mean, p[0].out.mean, cb) && !memcmp(s[0].out.rv, p[0].out.rv, cb) &&
+                          !memcmp(s[0].out.dg, p[0].out.dg, cb) && !memcmp(s[0].out.db, p[0].out.db, cb),
+                      "%s: one rank's SyncBatchNorm is not the plain kernels' bits", what);
+    else
+        ck_assert_msg(test_rel_err(s[0].out.y, p[0].out.y, cnt) <= 1e-6 && test_rel_err(s[0].out.dx, p[0].out.dx, cnt) <= 1e-6 &&
+                          test_rel_err(s[0].out.rv, p[0].out.rv, c.c) <= 1e-6,
+                      "%s: one rank's SyncBatchNorm is not plain batch norm", what);
+    free_out(&s[0].out), free_out(&p[0].out);
+    free(d.x), free(d.dy);
+}
+
+START_TEST(sync_op_cpu) {
+    check_two_ranks((Case){DEV_CPU, PREC_FP32, 0, 0, 3, 5, 7}, "CPU fp32", 1e-5);
+    check_two_ranks((Case){DEV_CPU, PREC_FP32, 0, 1, 4, 8, 9}, "CPU fp32, fused ReLU", 1e-5);
+    check_two_ranks((Case){DEV_CPU, PREC_BF16, 0, 1, 4, 8, 9}, "CPU bf16 (emulated), fused ReLU", 8e-3);
+    check_one_rank((Case){DEV_CPU, PREC_FP32, 0, 0, 4, 6, 10}, "CPU fp32", 0);
+}
+END_TEST
+
+START_TEST(sync_op_cuda) {
+    if (!test_have_gpu("SyncBatchNorm's kernels")) return;
+    /* NCHW (the scalar kernels), NHWC fp32 and bf16 (the vector path: 4 | c), NHWC with c = 6 (scalar) */
+    check_two_ranks((Case){DEV_CUDA, PREC_FP32, 0, 0, 4, 5, 49}, "CUDA fp32 NCHW", 1e-5);
+    check_two_ranks((Case){DEV_CUDA, PREC_FP32, 1, 1, 8, 64, 16}, "CUDA fp32 NHWC vector, fused ReLU", 1e-5);
+    check_two_ranks((Case){DEV_CUDA, PREC_FP32, 1, 0, 8, 6, 16}, "CUDA fp32 NHWC scalar", 1e-5);
+    check_two_ranks((Case){DEV_CUDA, PREC_BF16, 1, 1, 8, 64, 16}, "CUDA bf16 NHWC vector, fused ReLU", 8e-3);
+    check_two_ranks((Case){DEV_CUDA, PREC_FP16, 0, 0, 4, 5, 49}, "CUDA fp16 NCHW", 1e-3);
+    check_one_rank((Case){DEV_CUDA, PREC_FP32, 0, 0, 4, 5, 49}, "CUDA fp32 NCHW", 1);
+    check_one_rank((Case){DEV_CUDA, PREC_BF16, 1, 1, 8, 64, 16}, "CUDA bf16 NHWC vector", 1);
+}
+END_TEST
+
+/* ---- end to end -------------------------------------------------------------------------------- */
+
+static void run_ok(const char *cmd, const char *what, char **out) {
+    char *o;
+    int rc = test_run(cmd, &o);
+    ck_assert_msg(rc == 0, "%s: exit %d\n%s\n%s", what, rc, cmd, o);
+    if (out) *out = o;
+    else free(o);
+}
+
+static int64_t n_params_bn(const char *arch) {
+    Device cpu = {0};
+    device_init(&cpu, DEV_CPU, 0, 0);
+    Model *m = model_create(&cpu, arch, 1, 1, 0);
+    int64_t n = m->n_param_floats;
+    model_destroy(m);
+    device_destroy(&cpu);
+    return n;
+}
+
+/* Largest relative difference of the step losses of two reports (n steps each). */
+static double loss_diff(const char *a_path, const char *b_path, int n) {
+    double a[64], b[64], worst = 0;
+    ck_assert_int_eq(test_read_losses(a_path, a, 64), n);
+    ck_assert_int_eq(test_read_losses(b_path, b, 64), n);
+    for (int i = 0; i < n; i++) worst = test_max_nan(worst, fabs(a[i] - b[i]) / fabs(a[i]));
+    return worst;
+}
+
+/* `ref` (a whole command but its --save and --report) against `ddp` with and without --sync-bn:
+ * equal with it (losses and final parameters to tol), unequal without. */
+static void check_against(const char *ref, const char *ddp, const char *arch, int steps, double tol,
+                          const char *what) {
+    char *dir = test_tmpdir(), cmd[4096], pa[600], pb[600];
+    snprintf(cmd, sizeof cmd, LIMIT "%s --save %s/one --report %s/one.jsonl", ref, dir, dir);
+    run_ok(cmd, what, NULL);
+    snprintf(cmd, sizeof cmd, LIMIT "%s --sync-bn --master-port %d --save %s/sync --report %s/sync.jsonl", ddp,
+             test_free_port(), dir, dir);
+    char *out;
+    run_ok(cmd, what, &out);
+    ck_assert_msg(strstr(out, "SyncBatchNorm"), "%s: the header does not say SyncBatchNorm\n%s", what, out);
+    free(out);
+    snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
+    snprintf(pb, sizeof pb, "%s/sync.jsonl", dir);
+    double e = loss_diff(pa, pb, steps), e_sync = e;
+    ck_assert_msg(e <= tol, "%s: --sync-bn losses differ by %.3g from one device's", what, e);
+    snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, steps);
+    snprintf(pb, sizeof pb, "%s/sync/step%08d.ckpt", dir, steps);
+    float *p1 = test_load_params(pa, arch, 1), *p2 = test_load_params(pb, arch, 1);
+    double ep = test_rel_err(p2, p1, n_params_bn(arch));
+    ck_assert_msg(ep <= tol, "%s: --sync-bn final parameters differ by %.3g", what, ep);
+    free(p1), free(p2);
+    /* without --sync-bn each rank normalises over its own batch: not one device's training */
+    snprintf(cmd, sizeof cmd, LIMIT "%s --master-port %d --report %s/own.jsonl", ddp, test_free_port(), dir);
+    run_ok(cmd, what, NULL);
+    snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
+    snprintf(pb, sizeof pb, "%s/own.jsonl", dir);
+    e = loss_diff(pa, pb, steps);
+    printf("syncbn: %s: step losses against one device's: %.2g with --sync-bn, %.2g without\n", what, e_sync, e);
+    ck_assert_msg(e > 10 * tol, "%s: without --sync-bn the losses still agree (%.3g): the test cannot tell", what, e);
+    free(dir);
+}
+
+#define TINY_BN "--device cpu --model tiny --norm bn --deterministic --progress off --log-every 1 --workers 1 " \
+                "--test-size 64 --epochs 1 --lr 0.05"
+
+START_TEST(sync_bn_stage3_matches_one_device) {
+    char ref[1024], ddp[1024];
+    snprintf(ref, sizeof ref, "%s/stage1 " TINY_BN " --train-size 256 --batch-size 32 --steps 6", test_root());
+    snprintf(ddp, sizeof ddp, "%s/stage3 " TINY_BN " --train-size 256 --batch-size 16 --steps 6 --nproc-per-node 2",
+             test_root());
+    check_against(ref, ddp, "tiny", 6, 1e-5, "stage 3, 2 ranks");
+    snprintf(ref, sizeof ref, "%s/stage1 " TINY_BN " --train-size 288 --batch-size 48 --steps 5", test_root());
+    snprintf(ddp, sizeof ddp,
+             "%s/stage3 " TINY_BN " --train-size 288 --batch-size 16 --steps 5 --nproc-per-node 3 --bucket-mb 0.01",
+             test_root());
+    check_against(ref, ddp, "tiny", 5, 1e-5, "stage 3, 3 ranks, small buckets");
+}
+END_TEST
+
+/* Accumulation: batch norm works per micro-batch, so the reference is one rank whose micro-batch
+ * is the R ranks' together. */
+START_TEST(sync_bn_stage4_matches_one_rank) {
+    char ref[1024], ddp[1024];
+    snprintf(ref, sizeof ref,
+             "%s/stage4 " TINY_BN " --train-size 256 --batch-size 32 --accum-steps 2 --steps 3 --nproc-per-node 1 --master-port %d",
+             test_root(), test_free_port());
+    snprintf(ddp, sizeof ddp, "%s/stage4 " TINY_BN " --train-size 256 --batch-size 16 --accum-steps 2 --steps 3 --nproc-per-node 2",
+             test_root());
+    check_against(ref, ddp, "tiny", 3, 1e-5, "stage 4, 2 ranks × 2 micro-batches");
+}
+END_TEST
+
+START_TEST(sync_bn_stage5_learns_and_notes) {
+    char *dir = test_tmpdir(), cmd[2048], path[600], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(cmd, sizeof cmd,
+             LIMIT "%s/stage5 " TINY_BN " --train-size 1024 --batch-size 32 --nproc-per-node 2 --amp fp16 --sync-bn "
+                   "--lr 0.1 --master-port %d --report %s",
+             test_root(), test_free_port(), path);
+    run_ok(cmd, "stage 5 fp16 --sync-bn", &out);
+    ck_assert_msg(strstr(out, "SyncBatchNorm"), "%s", out);
+    free(out);
+    double loss[64];
+    int n = test_read_losses(path, loss, 64);
+    ck_assert_msg(n == 16 && loss[n - 1] < loss[0] - 0.05, "stage 5 fp16 --sync-bn: %d steps, loss %.4f → %.4f", n,
+                  loss[0], loss[n - 1]);
+    /* nothing to synchronise: a note, and plain batch norm */
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 " TINY_BN " --train-size 256 --steps 2 --nproc-per-node 1 --sync-bn "
+             "--master-port %d", test_root(), test_free_port());
+    run_ok(cmd, "one rank", &out);
+    ck_assert_msg(strstr(out, "note: --sync-bn changes nothing here: one rank") && !strstr(out, ", SyncBatchNorm)"), "%s",
+                  out);
+    free(out);
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 --device cpu --model tiny --norm none --train-size 256 --test-size 64 "
+             "--steps 2 --progress off --nproc-per-node 2 --sync-bn --master-port %d", test_root(), test_free_port());
+    run_ok(cmd, "--norm none", &out);
+    ck_assert_msg(strstr(out, "note: --sync-bn changes nothing here: the model has no batch norm"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
+/* Two workers sharing the GPU (--comm host): the CUDA kernels' exchange inside a real job; and
+ * with two GPUs, over NCCL. */
+#define GPU_BN "--device cuda --model tiny --norm bn --deterministic --no-tf32 --progress off --log-every 1 " \
+               "--test-size 64 --epochs 1 --lr 0.05 --train-size 512"
+
+START_TEST(sync_bn_gpu_matches_one_gpu) {
+    if (!test_have_gpu("--sync-bn on a GPU")) return;
+    char ref[1024], ddp[1024];
+    setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+    snprintf(ref, sizeof ref, "%s/stage1 " GPU_BN " --batch-size 32 --steps 6", test_root());
+    snprintf(ddp, sizeof ddp, "%s/stage3 " GPU_BN " --batch-size 16 --steps 6 --nproc-per-node 2 --comm host",
+             test_root());
+    check_against(ref, ddp, "tiny", 6, 1e-4, "stage 3, 2 workers sharing GPU 0");
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    if (device_cuda_count() < 2) {
+        printf("SKIP: --sync-bn over NCCL — needs 2 GPUs, %d visible (the --comm host run covers the kernels)\n",
+               device_cuda_count());
+        return;
+    }
+    snprintf(ddp, sizeof ddp, "%s/stage3 " GPU_BN " --batch-size 16 --steps 6 --nproc-per-node 2 --comm nccl",
+             test_root());
+    check_against(ref, ddp, "tiny", 6, 1e-4, "stage 3, 2 GPUs, NCCL");
+}
+END_TEST
+
+Suite *suite_syncbn(void) {
+    Suite *s = suite_create("syncbn");
+    TCase *tc = tcase_create("syncbn");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, sync_op_cpu);
+    tcase_add_test(tc, sync_op_cuda);
+    tcase_add_test(tc, sync_bn_stage3_matches_one_device);
+    tcase_add_test(tc, sync_bn_stage4_matches_one_rank);
+    tcase_add_test(tc, sync_bn_stage5_learns_and_notes);
+    tcase_add_test(tc, sync_bn_gpu_matches_one_gpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
