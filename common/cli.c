@@ -714,8 +714,9 @@ static const char *const evaluate_refuses[] = {
     "keep-last", "trace", "trace-steps", "gpus", "gil-switch-ms", "gil-op-us", "gil-host-call-us",
     "gil-host-module-us", "gil-host-param-us", "gil-host-thread-us", "gil-host-us", "dp-plan-us", "dp-plan-bench-us",
     "no-python", "dp-thread-pool", "p2p", "bucket-mb", "last-bucket-mb", "broadcast-buffers", "no-overlap",
-    "optimizer-overlap", "find-unused-parameters", "drop-last", "no-shuffle", "accum-steps", "sync-each-micro-step",
-    "init-scale", "growth-factor", "backoff-factor", "growth-interval", "no-grad-scaler", "grad-stats", "grad-comm",
+    "optimizer-overlap", "find-unused-parameters", "sync-bn", "drop-last", "no-shuffle", "accum-steps",
+    "sync-each-micro-step", "init-scale", "growth-factor", "backoff-factor", "growth-interval", "no-grad-scaler",
+    "grad-stats", "grad-comm",
     "test-inf-step", "show-sampler", "dataset-size", "world-size", "rank", "epoch", "show-scaler", NULL};
 
 int cli_evaluate_keeps(const char *name) {

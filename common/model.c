@@ -1072,7 +1072,8 @@ const char *model_describe(const Model *m, char *buf, int len) {
     }
     sep[j] = 0;
     snprintf(buf, len, "%s (norm %s%s): %s parameters%s, %d layers%s%s%s, activations %.1f MiB %s%s",
-             m->arch, m->norm_bn ? "bn" : "none", m->bn_sync.sum ? ", SyncBatchNorm" : "", sep, m->unused_params ? " (with fc_unused, never used)" : "",
+             m->arch, m->norm_bn ? "bn" : "none", m->bn_sync.sum ? ", SyncBatchNorm" : "", sep,
+             m->unused_params ? " (with fc_unused, never used)" : "",
              m->n_layers,
              m->prec != PREC_FP32 ? ", autocast " : "",
              m->prec != PREC_FP32 ? precision_name(m->prec) : "",

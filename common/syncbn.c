@@ -28,10 +28,12 @@ void sync_batchnorm_convert(Model *m, Comm *comm, int rank, int world) {
     int layers = 0;
     double bytes = 0; /* per training step: each layer's exchange forward and backward */
     for (int l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind == LAYER_BN) layers++, bytes += 2.0 * world * 3 * m->acts[m->layers[l].in].c * sizeof(float);
+        if (m->layers[l].kind == LAYER_BN)
+            layers++, bytes += 2.0 * world * 3 * m->acts[m->layers[l].in].c * sizeof(float);
     char b[32];
     printf("syncbn: SyncBatchNorm over %d ranks: %d layers, each exchanging its per-channel statistics in forward "
            "(count, mean, M2) and its gradient sums in backward (count, Σg, Σg·x̂) — %d small all-reduces (%s) per "
-           "micro-step, each on the compute's critical path%s\n", world, layers, 2 * layers, fmt_bytes(b, sizeof b, bytes),
+           "micro-step, each on the compute's critical path%s\n",
+           world, layers, 2 * layers, fmt_bytes(b, sizeof b, bytes),
            m->dev->kind == DEV_CUDA ? "; CUDA graphs off" : "");
 }
