@@ -216,6 +216,36 @@ static const Option *find_option(const Option *opts, const char *name, size_t le
     return NULL;
 }
 
+/* The flags only some stages have (each stage adds its idea's flags to stage 1's): an unknown flag
+ * found here is named with the stages that have it — `./stage1 --amp bf16` is a flag of stage 5, not
+ * a typo to correct. tests/test_cli.c checks the table against every stage's --help, both ways. */
+static const struct {
+    const char *stages, *idea, *flags; /* flags: space-separated, with a space at each end */
+} other_stages[] = {
+    {"2", "DataParallel", " gpus gil-switch-ms gil-op-us gil-host-call-us gil-host-module-us gil-host-param-us gil-host-thread-us "
+          "gil-host-us dp-plan-us dp-plan-bench-us dp-thread-pool no-python p2p "},
+    {"3–5", "DDP", " nproc-per-node nnodes node-rank master-addr master-port comm bucket-mb last-bucket-mb broadcast-buffers "
+            "no-overlap optimizer-overlap find-unused-parameters unused-param sync-bn drop-last rdzv-timeout "
+            "comm-timeout show-sampler dataset-size world-size rank epoch no-shuffle "},
+    {"4–5", "gradient accumulation", " accum-steps sync-each-micro-step "},
+    {"5", "mixed precision", " amp channels-last init-scale growth-factor backoff-factor growth-interval no-grad-scaler grad-stats "
+          "grad-comm show-scaler test-inf-step "},
+};
+
+const char *cli_flag_stages(const char *name, const char **idea) {
+    char key[130];
+    if (strlen(name) > 120 || strchr(name, ' ')) return NULL;
+    snprintf(key, sizeof key, " %s ", name);
+    for (size_t i = 0; i < sizeof other_stages / sizeof other_stages[0]; i++)
+        if (strstr(other_stages[i].flags, key)) {
+            if (idea) *idea = other_stages[i].idea;
+            return other_stages[i].stages;
+        }
+    return NULL;
+}
+
+static const char *parsing_prog = "this stage"; /* cli_parse's prog, for die_unknown */
+
 _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     if (arg[0] == '-' && arg[1] != '-' && strcspn(arg + 1, "=") == 1) /* -b: one letter says nothing of which flag */
         die_user("unknown option '%.*s': options are long (--name VALUE; only -h is short) — see --help for the "
@@ -225,6 +255,10 @@ _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     char buf[128];
     size_t len = strcspn(name, "=");
     snprintf(buf, sizeof buf, "%.*s", (int)(len < 120 ? len : 120), name);
+    const char *idea, *stages = cli_flag_stages(buf, &idea);
+    if (stages) /* known, but not here: say where it lives */
+        die_user("--%s is a flag of stage%s %s (%s), not of %s: run ./stage%.1s (see ./stage%.1s --help)", buf,
+                 strstr(stages, "–") ? "s" : "", stages, idea, parsing_prog, stages, stages);
     const char *s = suggest(opts, buf);
     if (s) die_user("unknown option '%.*s' (did you mean --%s?)", (int)strcspn(arg, "="), arg, s);
     die_user("unknown option '%.*s' (see --help for the list)", (int)strcspn(arg, "="), arg);
@@ -383,6 +417,7 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
              "terminal goes, write the output to a file (> log 2>&1) under nohup, tmux or screen\n", prog);
     signal(SIGPIPE, on_broken_pipe);
     parsed = opts;
+    parsing_prog = prog;
     free(given);
     n_given = 0;
     given = xcalloc((size_t)argc + 1, sizeof *given);

@@ -107,5 +107,9 @@ void config_resolve(TrainConfig *c, int cuda, int saver);
  * test data, where the job runs, what is reported), 0 only training reads it (refused with
  * --evaluate), −1 a flag this list does not know yet (a test keeps every stage's table classified). */
 int cli_evaluate_keeps(const char *name);
+/* The stages that have flag `name` when not all do ("2", "3–5", "4–5", "5"; *idea, when idea is not
+ * NULL: what they add, e.g. "DDP"), or NULL (every stage's, or no stage's): how an unknown option is
+ * explained. */
+const char *cli_flag_stages(const char *name, const char **idea);
 
 #endif

@@ -481,6 +481,58 @@ START_TEST(test_every_flag_is_classified_for_evaluate) {
 }
 END_TEST
 
+/* An unknown flag that another stage has is named with that stage (cli_flag_stages): the table in
+ * cli.c must be exactly the stages' --help, both ways — every flag some stages lack is in it, under
+ * the stages that have it — and each stage refuses another stage's flag naming where it lives. */
+START_TEST(test_other_stages_flags_are_named) {
+    enum { MAXF = 256 };
+    char names[MAXF][64];
+    int has[MAXF] = {0}, n = 0; /* has[i]: bit s set when stage s lists names[i] */
+    for (int s = 1; s <= 5; s++) {
+        char cmd[600], *out;
+        snprintf(cmd, sizeof cmd, "%s/stage%d --help", test_root(), s);
+        ck_assert_int_eq(test_run(cmd, &out), 0);
+        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+            char name[64]; /* a flag's row: two spaces, then --name (not a continuation line's --word) */
+            if (strncmp(line, "  --", 4) || sscanf(line + 4, "%63[a-z0-9-]", name) != 1) continue;
+            int i = 0;
+            while (i < n && strcmp(names[i], name)) i++;
+            if (i == n) ck_assert(n < MAXF), snprintf(names[n++], 64, "%s", name);
+            has[i] |= 1 << s;
+        }
+        free(out);
+    }
+    ck_assert_int_ge(n, 60);
+    int others = 0;
+    for (int i = 0; i < n; i++) {
+        char want[16] = "";
+        int lo = 0, hi = 0;
+        for (int s = 1; s <= 5; s++)
+            if (has[i] >> s & 1) hi = s, lo = lo ? lo : s;
+        if (has[i] != 0x3e) { /* not every stage's: the stages that have it, one or a run */
+            ck_assert_msg(has[i] == ((1 << (hi + 1)) - (1 << lo)), "--%s: its stages are not a run", names[i]);
+            snprintf(want, sizeof want, lo == hi ? "%d" : "%d–%d", lo, hi);
+            others++;
+        }
+        const char *got = cli_flag_stages(names[i], NULL);
+        ck_assert_msg(want[0] ? got && !strcmp(got, want) : got == NULL, "--%s: cli.c says stages %s, --help says %s",
+                      names[i], got ? got : "(all)", want[0] ? want : "(all)");
+        if (!want[0]) continue;
+        int other = lo > 1 ? 1 : hi + 1; /* a stage without it */
+        char cmd[600], *out;
+        snprintf(cmd, sizeof cmd, "%s/stage%d --%s 1", test_root(), other, names[i]);
+        ck_assert_int_eq(test_run(cmd, &out), 2);
+        char expect[200];
+        snprintf(expect, sizeof expect, "error: --%s is a flag of stage%s %s (", names[i], lo == hi ? "" : "s", want);
+        ck_assert_msg(strstr(out, expect) && strstr(out, "not of stage"), "%s\n%s", cmd, out);
+        free(out);
+    }
+    ck_assert_int_ge(others, 40);
+    ck_assert_ptr_null(cli_flag_stages("lr", NULL));
+    ck_assert_ptr_null(cli_flag_stages("no-such-flag", NULL));
+}
+END_TEST
+
 /* A fresh run into a --save directory that holds another run's checkpoints used to overwrite them:
  * refused, naming the newest to --resume; resuming one of them there is fine, one from elsewhere not. */
 START_TEST(test_resolve_save_holding_checkpoints) {
@@ -844,6 +896,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_resolve_output_files);
     tcase_add_test(tc, test_resolve_save_holding_checkpoints);
     tcase_add_test(tc, test_every_flag_is_classified_for_evaluate);
+    tcase_add_test(tc, test_other_stages_flags_are_named);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);

@@ -342,10 +342,12 @@ float *test_load_params(const char *path, const char *arch, int norm_bn) {
     return p;
 }
 
-int64_t test_n_params(const char *arch) {
+int64_t test_n_params(const char *arch) { return test_n_params_norm(arch, 0); }
+
+int64_t test_n_params_norm(const char *arch, int norm_bn) {
     Device cpu = {0};
     device_init(&cpu, DEV_CPU, 0, 0);
-    Model *m = model_create(&cpu, arch, 0, 1, 0);
+    Model *m = model_create(&cpu, arch, norm_bn, 1, 0);
     int64_t n = m->n_param_floats;
     model_destroy(m);
     device_destroy(&cpu);

@@ -307,16 +307,6 @@ static void run_ok(const char *cmd, const char *what, char **out) {
     else free(o);
 }
 
-static int64_t n_params_bn(const char *arch) {
-    Device cpu = {0};
-    device_init(&cpu, DEV_CPU, 0, 0);
-    Model *m = model_create(&cpu, arch, 1, 1, 0);
-    int64_t n = m->n_param_floats;
-    model_destroy(m);
-    device_destroy(&cpu);
-    return n;
-}
-
 /* Largest relative difference of the step losses of two reports (n steps each). */
 static double loss_diff(const char *a_path, const char *b_path, int n) {
     double a[64], b[64], worst = 0;
@@ -346,7 +336,7 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
     snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, steps);
     snprintf(pb, sizeof pb, "%s/sync/step%08d.ckpt", dir, steps);
     float *p1 = test_load_params(pa, arch, 1), *p2 = test_load_params(pb, arch, 1);
-    double ep = test_rel_err(p2, p1, n_params_bn(arch));
+    double ep = test_rel_err(p2, p1, test_n_params_norm(arch, 1));
     ck_assert_msg(ep <= tol, "%s: --sync-bn final parameters differ by %.3g", what, ep);
     free(p1), free(p2);
     /* without --sync-bn each rank normalises over its own batch: not one device's training */

@@ -92,6 +92,7 @@ const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype);
 void *fx_keep(void *p);
 /* (test_ddp.c) A checkpoint's parameters (malloc'd), and a model's parameter count. */
 float *test_load_params(const char *path, const char *arch, int norm_bn);
-int64_t test_n_params(const char *arch);
+int64_t test_n_params(const char *arch); /* without batch norm (--norm none) */
+int64_t test_n_params_norm(const char *arch, int norm_bn);
 
 #endif
