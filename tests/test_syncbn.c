@@ -1,6 +1,8 @@
 /* test_syncbn.c — --sync-bn (syncbn.h): SyncBatchNorm's ops, and the stages that have it.
  *
  * What it promises, and how each test checks it:
+ * - PyTorch's SyncBatchNorm on two ranks (tests/fixtures/syncbn.bin, made by
+ *   tests/torch/syncbn_fixture.py): the same y, dx, running statistics and per-rank dγ, dβ.
  * - The ops: two ranks, each with half of a batch (two threads whose exchange is a real sum over
  *   both, through a barrier), normalise, update the running statistics and back-propagate as plain
  *   batch norm does on the whole batch; both ranks get the same statistics bit for bit, and their
@@ -297,6 +299,48 @@ START_TEST(sync_op_cuda) {
 }
 END_TEST
 
+/* PyTorch's SyncBatchNorm: tests/fixtures/syncbn.bin holds what torch 2.11's batch_norm_stats,
+ * batch_norm_gather_stats_with_counts, batch_norm_elemt, batch_norm_backward_reduce and
+ * batch_norm_backward_elemt give two ranks (tests/torch/syncbn_fixture.py, the calls of
+ * torch/nn/modules/_functions.py with the all_gather and all_reduce done in one process). Our two
+ * ranks on the same inputs: y, dx, the running statistics and each rank's own dγ, dβ. */
+static void check_against_torch(DeviceKind kind, int nhwc, const char *what) {
+    Fx fx = fx_open("syncbn.bin", "tests/torch/syncbn_fixture.py");
+    int64_t cnt;
+    int dt;
+    const int n = 3, c = 5, hw = 24;
+    const int64_t per = (int64_t)n * c * hw;
+    Data d;
+    d.x = (float *)fx_get(&fx, "x", &cnt, &dt);
+    ck_assert(cnt == 2 * per && dt == 0);
+    d.dy = (float *)fx_get(&fx, "dy", &cnt, &dt);
+    memcpy(d.gamma, fx_get(&fx, "weight", &cnt, &dt), (size_t)c * sizeof(float));
+    memcpy(d.beta, fx_get(&fx, "bias", &cnt, &dt), (size_t)c * sizeof(float));
+    const float *y = fx_get(&fx, "y", &cnt, &dt), *dx = fx_get(&fx, "dx", &cnt, &dt),
+                *rm = fx_get(&fx, "running_mean", &cnt, &dt), *rv = fx_get(&fx, "running_var", &cnt, &dt),
+                *gw = fx_get(&fx, "grad_weight", &cnt, &dt), *gb = fx_get(&fx, "grad_bias", &cnt, &dt);
+    Case cs = {kind, PREC_FP32, nhwc, 0, n, c, hw};
+    Job two[2];
+    run_ranks(&cs, &d, 2, 1, two);
+    for (int r = 0; r < 2; r++) {
+        double ey = test_rel_err(two[r].out.y, y + r * per, per), edx = test_rel_err(two[r].out.dx, dx + r * per, per),
+               erm = test_rel_err(two[r].out.rm, rm, c), erv = test_rel_err(two[r].out.rv, rv, c),
+               eg = test_rel_err(two[r].out.dg, gw + r * c, c), eb = test_rel_err(two[r].out.db, gb + r * c, c);
+        ck_assert_msg(ey <= 1e-5 && edx <= 1e-5 && erm <= 1e-6 && erv <= 1e-6 && eg <= 1e-5 && eb <= 1e-5,
+                      "%s, rank %d against torch's SyncBatchNorm: y %.3g, dx %.3g, running mean %.3g, var %.3g, "
+                      "dgamma %.3g, dbeta %.3g", what, r, ey, edx, erm, erv, eg, eb);
+        free_out(&two[r].out);
+    }
+}
+
+START_TEST(sync_op_matches_torch) {
+    check_against_torch(DEV_CPU, 0, "CPU");
+    if (!test_have_gpu("SyncBatchNorm's kernels against torch")) return;
+    check_against_torch(DEV_CUDA, 0, "CUDA NCHW");
+    check_against_torch(DEV_CUDA, 1, "CUDA NHWC");
+}
+END_TEST
+
 /* ---- end to end -------------------------------------------------------------------------------- */
 
 static void run_ok(const char *cmd, const char *what, char **out) {
@@ -442,6 +486,7 @@ Suite *suite_syncbn(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, sync_op_cpu);
     tcase_add_test(tc, sync_op_cuda);
+    tcase_add_test(tc, sync_op_matches_torch);
     tcase_add_test(tc, sync_bn_stage3_matches_one_device);
     tcase_add_test(tc, sync_bn_stage4_matches_one_rank);
     tcase_add_test(tc, sync_bn_stage5_learns_and_notes);
