@@ -271,7 +271,7 @@ compare: $(STAGES)
 # (compare and tutorial, which run every stage end to end, were left out while the GEMM was
 # instrumented: they outlasted their time limits; now they take ~40 and ~200 s.)
 SAN_SUITES  ?= $(shell sed -n 's/^ *suite_\([a-z0-9_]*\),$$/\1/p' tests/test_main.c)
-TSAN_SUITES ?= ops_ref loader gil dp dist ddp store
+TSAN_SUITES ?= ops_ref loader gil dp dist ddp store syncbn
 SUITES      ?=
 # -O2, not the customary -O1: the CPU reference ops dominate these suites, and -O2 ran the e2e suite
 # in 445 s against 673 s under ASan (2 cores, 2026-12-01); the frame pointer keeps the reports' stacks.
