@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_stage3.sh — stage 1 vs stage 3 (overlap, --no-overlap) vs PyTorch DDP, in one run:
+# bench_stage3.sh — stage 1 vs stage 3 (overlap, --no-overlap, --sync-bn) vs PyTorch DDP (and with SyncBatchNorm), in one run:
 #   bash tests/bench_stage3.sh          (./stage1 and ./stage3 built; PyTorch for its rows)
 #
 # All train ResNet-18 (CIFAR layout) at batch 128 per GPU, SGD(momentum 0.9, wd 5e-4), fp32 with
@@ -48,6 +48,8 @@ run_stage() {
 log "stage 1, one GPU";            run_stage stage1 stage1
 log "stage 3, $MODE, --comm $COMM, overlap"; run_stage stage3 stage3 --nproc-per-node 2 --comm "$COMM"
 log "stage 3, $MODE, --comm $COMM, --no-overlap"; run_stage stage3_nooverlap stage3 --nproc-per-node 2 --comm "$COMM" --no-overlap
+# SyncBatchNorm's price: two waited-for collectives per batch-norm layer, and no CUDA graphs
+log "stage 3, $MODE, --comm $COMM, --sync-bn"; run_stage stage3_syncbn stage3 --nproc-per-node 2 --comm "$COMM" --sync-bn
 # One-GPU step times vary by several percent from run to run on a shared machine, so stage 1 is
 # measured twice, before and after stage 3, and the FASTER run is the reference: scaling is then
 # never flattered by one slow single-GPU measurement.
@@ -78,6 +80,11 @@ if [ "$HAVE_TORCH" = 1 ]; then
     timeout -k 10 240 $TORCHRUN --nproc-per-node 2 --master-port "$PORT" tests/torch/bench_ddp.py --model resnet18 \
         --batch 128 --steps "$STEPS" --warmup 20 --backend "$BACKEND" > "$OUT/pytorch_ddp.json" 2> "$OUT/pytorch_ddp.log" \
         || echo "PyTorch DDP run FAILED: see $OUT/pytorch_ddp.log"
+    log "PyTorch DDP + SyncBatchNorm, $MODE ($BACKEND)"
+    next_port
+    timeout -k 10 240 $TORCHRUN --nproc-per-node 2 --master-port "$PORT" tests/torch/bench_ddp.py --model resnet18 \
+        --batch 128 --steps "$STEPS" --warmup 20 --backend "$BACKEND" --sync-bn > "$OUT/pytorch_ddp_syncbn.json" \
+        2> "$OUT/pytorch_ddp_syncbn.log" || echo "PyTorch DDP + SyncBatchNorm run FAILED: see $OUT/pytorch_ddp_syncbn.log"
 fi
 
 # The same 20 deterministic steps, launched by ./stage3 itself and by torchrun --no-python.
@@ -121,7 +128,8 @@ if s1 and s1b:
           "the faster is the scaling reference")
     s1 = min(s1, s1b, key=lambda r: r["ms_per_iter_median"])
 c3, c3n = last(f"{out}/stage3.jsonl", "comm_summary"), last(f"{out}/stage3_nooverlap.jsonl", "comm_summary")
-pt1, ptd = last(f"{out}/pytorch1.json"), last(f"{out}/pytorch_ddp.json")
+s3s, c3s = last(f"{out}/stage3_syncbn.jsonl"), last(f"{out}/stage3_syncbn.jsonl", "comm_summary")
+pt1, ptd, ptds = last(f"{out}/pytorch1.json"), last(f"{out}/pytorch_ddp.json"), last(f"{out}/pytorch_ddp_syncbn.json")
 
 def mem(r):
     p = r["peak_mem_bytes"]
@@ -147,12 +155,16 @@ def exposed(c):
 comm = "nccl" if not shared else "host"
 rows = [("stage 1, one GPU", s1, None, None),
         (f"stage 3, {mode}, {comm}, overlap", s3, s1, c3),
-        (f"stage 3, {mode}, {comm}, --no-overlap", s3n, s1, c3n)]
+        (f"stage 3, {mode}, {comm}, --no-overlap", s3n, s1, c3n),
+        (f"stage 3, {mode}, {comm}, --sync-bn", s3s, s1, c3s)]
 if pt1:
     rows.append((f"PyTorch {pt1['torch']}, one GPU", pt1, None, None))
 if ptd:
     ptd.setdefault("world_size", len(ptd["peak_mem_bytes"]))
     rows.append((f"PyTorch DDP, {mode}, {ptd['backend']}", ptd, pt1, None))
+if ptds:
+    ptds.setdefault("world_size", len(ptds["peak_mem_bytes"]))
+    rows.append((f"PyTorch DDP + SyncBatchNorm, {ptds['backend']}", ptds, pt1, None))
 
 # torchrun --no-python ./stage3 against ./stage3's own launcher
 a, b = records(f"{out}/check_launcher.jsonl", "step"), records(f"{out}/check_torchrun.jsonl", "step")
@@ -178,6 +190,13 @@ print("TFLOP/s: model FLOPs per step (conv + linear, forward + backward) over th
       "dense peak for the convolutions' math (tests/bench_flops.py)" + (f", {s1['peak_tflops']} TFLOP/s per GPU "
       f"({s1['peak_math']}, {s1['peak_source']})" if s1 and s1.get("peak_tflops") else ""))
 print(check)
+if s3 and s3s:
+    line = (f"SyncBatchNorm's price: stage 3 {s3['ms_per_iter_median']:.2f} -> {s3s['ms_per_iter_median']:.2f} ms/iter "
+            f"({s3s['ms_per_iter_median'] / s3['ms_per_iter_median']:.2f}x: the exchanges, and no CUDA graphs)")
+    if ptd and ptds:
+        line += (f"; PyTorch DDP {ptd['ms_per_iter_median']:.2f} -> {ptds['ms_per_iter_median']:.2f} ms/iter "
+                 f"({ptds['ms_per_iter_median'] / ptd['ms_per_iter_median']:.2f}x)")
+    print(line)
 s1g1, pr = last(f"{out}/stage1_gpu1.jsonl"), last(f"{out}/stage3.jsonl", "comm_per_rank")
 if s1g1 and s1:
     print(f"stage 1 on the second GPU: {s1g1['ms_per_iter_median']:.2f} ms/iter (on the first: "

@@ -15,6 +15,8 @@ ms_per_iter_median, img_per_s (all ranks together), peak_mem_bytes (one entry pe
 stages/stage4_grad_accum: the first K−1 forward/backward passes inside ddp_model.no_sync(), each loss
 divided by K, then optimizer.step() and zero_grad(); img_per_s then counts K × batch × world images
 per step. --sync-each-micro-step leaves no_sync out (every backward all-reduces: the experiment).
+--sync-bn converts the model with nn.SyncBatchNorm.convert_sync_batchnorm before DDP (stage 3's
+--sync-bn): the price of batch-norm statistics over every rank's batch.
 """
 import argparse
 import json
@@ -59,6 +61,7 @@ def main():
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--accum-steps", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     ap.add_argument("--sync-each-micro-step", action="store_true", help="accumulate without no_sync")
+    ap.add_argument("--sync-bn", action="store_true", help="nn.SyncBatchNorm.convert_sync_batchnorm before DDP")
     ap.add_argument("--cudnn-benchmark", default="on", choices=["on", "off"],
                     help="torch.backends.cudnn.benchmark (make compare: off, as the stages' default)")
     args = ap.parse_args()
@@ -72,7 +75,10 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     torch.manual_seed(0)
-    model = DDP(ResNet(args.model).to(dev), device_ids=[dev.index])
+    net = ResNet(args.model).to(dev)
+    if args.sync_bn:
+        net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    model = DDP(net, device_ids=[dev.index])
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     gen = torch.Generator(device=dev).manual_seed(1000 + rank)  # each rank its own batch
     K = args.accum_steps
@@ -88,7 +94,8 @@ def main():
     if rank == 0:
         print(json.dumps({"type": "summary", "who": "pytorch_ddp", "backend": args.backend, "world_size": world,
                           "model": args.model, "batch_size": args.batch, "accum_steps": K,
-                          "sync_each_micro_step": args.sync_each_micro_step, "cudnn_benchmark": args.cudnn_benchmark, "ms_per_iter_median": med,
+                          "sync_each_micro_step": args.sync_each_micro_step, "sync_bn": args.sync_bn,
+                          "cudnn_benchmark": args.cudnn_benchmark, "ms_per_iter_median": med,
                           "img_per_s": 1000.0 * world * args.batch * K / med, "peak_mem_bytes": peaks,
                           "torch": torch.__version__, "loss": loss}), flush=True)
     dist.destroy_process_group()
