@@ -13,6 +13,7 @@
 #include "launch.h"
 #include "ops.h"
 #include "report.h"
+#include "syncbn.h"
 #include "trace.h"
 
 /* ---- the flags ------------------------------------------------------------------------------- */
@@ -843,14 +844,21 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                       pieces, algbw, algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
     }
     if (summary && d->world <= DDP_PER_RANK_MAX) per_rank(d);
+    int64_t sb_calls, sb_bytes;
+    syncbn_counts(&sb_calls, &sb_bytes);
     if (summary && (accum || d->world > 1)) {
-        char total[32];
+        char total[32], sb[160] = "";
         fmt_bytes(total, sizeof total, (double)d->allreduce_bytes);
+        if (sb_calls) { /* --sync-bn: waited for inside forward and backward, so not in "exposed" above */
+            char b[32];
+            snprintf(sb, sizeof sb, " | %lld SyncBatchNorm exchanges (%s), waited for inside forward+backward",
+                     (long long)sb_calls, fmt_bytes(b, sizeof b, (double)sb_bytes));
+        }
         report_printf(&r->report,
                       "  counts: %lld optimizer steps, %lld micro-steps | %lld gradient all-reduces (%s) | %lld "
-                      "buffer broadcasts in training, %lld in evaluation\n",
+                      "buffer broadcasts in training, %lld in evaluation%s\n",
                       (long long)d->opt_steps, (long long)d->iteration, (long long)d->allreduce_calls, total,
-                      (long long)d->bcasts, (long long)d->eval_bcasts);
+                      (long long)d->bcasts, (long long)d->eval_bcasts, sb);
     }
     if (summary && d->find_unused) { /* what find_unused_parameters cost */
         char zeros[32], map[32], search[48] = "n/a (no step after warm-up)";
@@ -885,6 +893,8 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     json_int(&r->report, "allreduce_bytes", d->allreduce_bytes);
     json_int(&r->report, "buffer_broadcasts", d->bcasts);
     json_int(&r->report, "eval_buffer_broadcasts", d->eval_bcasts);
+    json_int(&r->report, "syncbn_exchanges", sb_calls);
+    json_int(&r->report, "syncbn_bytes", sb_bytes);
     json_int(&r->report, "find_unused_parameters", d->find_unused);
     if (d->find_unused) {
         json_num(&r->report, "unused_search_ms_median", v[4]);

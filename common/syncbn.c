@@ -8,12 +8,17 @@
 
 /* The all-gather: an in-place SUM all-reduce (each rank's slot holds its values, every other slot
  * zeros), and the compute stream waits for it — on the host ring, the caller. */
+static int64_t exchanges, exchange_bytes; /* this process's, for DDP's counts (syncbn_counts) */
+
 static void exchange(void *ctx, float *buf, int64_t count) {
     Comm *c = ctx;
+    exchanges++, exchange_bytes += count * (int64_t)sizeof(float);
     TraceSpan span = trace_begin("syncbn exchange", "comm", count);
     comm_wait_op(c, comm_allreduce_async(c, buf, count));
     trace_end(span);
 }
+
+void syncbn_counts(int64_t *calls, int64_t *bytes) { *calls = exchanges, *bytes = exchange_bytes; }
 
 void sync_batchnorm_convert(Model *m, Comm *comm, int rank, int world) {
     if (!m->norm_bn || world < 2) { /* PyTorch: convert finds no layer / forward falls back to batch_norm */

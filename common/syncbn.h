@@ -27,5 +27,9 @@
 /* Converts m's batch norm layers to SyncBatchNorm over the job's world ranks of comm (rank is this
  * process's); a note instead when there is nothing to synchronise (one rank, or no batch norm). */
 void sync_batchnorm_convert(Model *m, Comm *comm, int rank, int world);
+/* The exchanges this process has made so far, and their bytes (each rank's whole buffer): DDP's
+ * counts line reports them, since their waits fall inside forward + backward, not in its exposed
+ * communication. */
+void syncbn_counts(int64_t *calls, int64_t *bytes);
 
 #endif

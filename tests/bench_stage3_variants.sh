@@ -31,7 +31,7 @@
 #                                               each waited for by the compute — its price is 27 against 26
 # Rows 2-27 run in two rounds (two passes over the list) and report the faster of their two medians:
 # one-GPU step times vary by a few percent from run to run. Reading the table: scaling = reference ms
-# / row ms (rows 20-21 and 23 against row 22, the others against row 1): a variant that lifts it toward 97%
+# / row ms (rows 20-21 and 23 against row 22, 27 against 26, the others against row 1): a variant that lifts it toward 97%
 # names a cause. Exposed = the compute stream's wait for communication per step; algbw = gradient bytes
 # / all-reduce time (a slow all-reduce that stays hidden costs nothing by itself); per rank = each
 # rank's forward+backward, wait after backward and wait for buffers (ms): the longer forward+backward
@@ -105,11 +105,11 @@ ROWS=("s3|s1|stage 3 default|stage3 $D"
       "gpu1|s1|stage 1 on the second GPU ($second)|CUDA_VISIBLE_DEVICES=$second stage1"
       "both|s1|stage 1 on both GPUs at once (slower)|both"
       "eager|s1|stage 3 --no-cuda-graph (eager)|stage3 $D --no-cuda-graph"
-      "syncbn|s1|--sync-bn (eager: against 26)|stage3 $D --sync-bn")
+      "syncbn|eager|--sync-bn (against 26)|stage3 $D --sync-bn")
 
 declare -A NUM # each row's number in the table, whatever ONLY keeps
 for i in "${!ROWS[@]}"; do NUM[${ROWS[$i]%%|*}]=$((i + 2)); done
-# ONLY: keep the rows it names and the rows they are measured against (row 22 for the stage 5 rows).
+# ONLY: keep the rows it names and the rows they are measured against (row 22 for the stage 5 rows, 26 for 27).
 if [ -n "${ONLY:-}" ]; then
     declare -A WANT
     for k in $ONLY; do
@@ -209,7 +209,7 @@ for row in "${ROWS[@]}"; do
         "${exposed:--}" "${algbw:--}" "${bkts:--}" "${ranks:--}"
 done
 echo "ms/step: median, the fastest round (rounds: each; row 1: first/last run) | scaling: reference ms / ms" \
-    "(20, 21, 23: row 22, others: row 1) | exposed: compute's wait for comm per step (% of it) | algbw: GB/s of" \
+    "(20, 21, 23: row 22, 27: row 26, others: row 1) | exposed: compute's wait for comm per step (% of it) | algbw: GB/s of" \
     "gradients per all-reduce time | bkts: buckets (1 piece: --no-overlap) | per rank: ms, rank 0/rank 1"
 # A failed run leaves its row "failed" above; the exit status says so too (the runs go on: one bad
 # variant should not cost a 2-GPU session the others).

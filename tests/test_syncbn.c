@@ -12,7 +12,8 @@
  * - End to end: stage 3 with R ranks at batch B and --sync-bn trains like stage 1 at batch R·B with
  *   batch norm (losses and final parameters to 1e-5), where without it the ranks' own statistics
  *   make the runs differ; stage 4 with accumulation likewise against one rank at R·B per
- *   micro-batch; stage 5's autocast runs learn; one rank or --norm none is a note, not an error. */
+ *   micro-batch; stage 5 under fp16 autocast to 1e-3; one rank or --norm none is a note, not an
+ *   error. Each sync run counts two exchanges per batch-norm layer and micro-step. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -361,8 +362,10 @@ static double loss_diff(const char *a_path, const char *b_path, int n) {
 }
 
 /* `ref` (a whole command but its --save and --report) against `ddp` with and without --sync-bn:
- * equal with it (losses and final parameters to tol), unequal without. */
-static void check_against(const char *ref, const char *ddp, const char *arch, int steps, double tol,
+ * equal with it (losses and final parameters to tol), unequal without (losses apart by more than
+ * contrast; 0: 10·tol). The sync run counts 2 exchanges per batch-norm layer (7 in tiny) and
+ * micro-step. */
+static void check_against(const char *ref, const char *ddp, const char *arch, int steps, double tol, double contrast,
                           const char *what) {
     char *dir = test_tmpdir(), cmd[4096], pa[600], pb[600];
     snprintf(cmd, sizeof cmd, LIMIT "%s --save %s/one --report %s/one.jsonl", ref, dir, dir);
@@ -377,6 +380,10 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
     snprintf(pb, sizeof pb, "%s/sync.jsonl", dir);
     double e = loss_diff(pa, pb, steps), e_sync = e;
     ck_assert_msg(e <= tol, "%s: --sync-bn losses differ by %.3g from one device's", what, e);
+    double ex = test_report_field(pb, "comm_summary", "syncbn_exchanges"),
+           micro = test_report_field(pb, "comm_summary", "micro_steps");
+    ck_assert_msg(ex == micro * 2 * 7 && micro >= steps, "%s: %g exchanges in %g micro-steps (tiny: 14 each)", what, ex,
+                  micro);
     snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, steps);
     snprintf(pb, sizeof pb, "%s/sync/step%08d.ckpt", dir, steps);
     float *p1 = test_load_params(pa, arch, 1), *p2 = test_load_params(pb, arch, 1);
@@ -390,7 +397,8 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
     snprintf(pb, sizeof pb, "%s/own.jsonl", dir);
     e = loss_diff(pa, pb, steps);
     printf("syncbn: %s: step losses against one device's: %.2g with --sync-bn, %.2g without\n", what, e_sync, e);
-    ck_assert_msg(e > 10 * tol, "%s: without --sync-bn the losses still agree (%.3g): the test cannot tell", what, e);
+    ck_assert_msg(e > (contrast > 0 ? contrast : 10 * tol), "%s: without --sync-bn the losses still agree (%.3g): the "
+                  "test cannot tell", what, e);
     free(dir);
 }
 
@@ -402,12 +410,18 @@ START_TEST(sync_bn_stage3_matches_one_device) {
     snprintf(ref, sizeof ref, "%s/stage1 " TINY_BN " --train-size 256 --batch-size 32 --steps 6", test_root());
     snprintf(ddp, sizeof ddp, "%s/stage3 " TINY_BN " --train-size 256 --batch-size 16 --steps 6 --nproc-per-node 2",
              test_root());
-    check_against(ref, ddp, "tiny", 6, 1e-5, "stage 3, 2 ranks");
+    check_against(ref, ddp, "tiny", 6, 1e-5, 0, "stage 3, 2 ranks");
+    /* the DDP paths that read each bucket's own all-reduce id, with exchanges between the buckets */
+    char ddp2[1200];
+    snprintf(ddp2, sizeof ddp2, "%s --bucket-mb 0.01 --optimizer-overlap after-backward", ddp);
+    check_against(ref, ddp2, "tiny", 6, 1e-5, 0, "stage 3, 2 ranks, small buckets, optimizer after backward");
+    snprintf(ddp2, sizeof ddp2, "%s --bucket-mb 0.01 --optimizer-overlap in-backward --broadcast-buffers after-forward", ddp);
+    check_against(ref, ddp2, "tiny", 6, 1e-5, 0, "stage 3, 2 ranks, optimizer in backward, buffers after forward");
     snprintf(ref, sizeof ref, "%s/stage1 " TINY_BN " --train-size 288 --batch-size 48 --steps 5", test_root());
     snprintf(ddp, sizeof ddp,
              "%s/stage3 " TINY_BN " --train-size 288 --batch-size 16 --steps 5 --nproc-per-node 3 --bucket-mb 0.01",
              test_root());
-    check_against(ref, ddp, "tiny", 5, 1e-5, "stage 3, 3 ranks, small buckets");
+    check_against(ref, ddp, "tiny", 5, 1e-5, 0, "stage 3, 3 ranks, small buckets");
 }
 END_TEST
 
@@ -421,24 +435,20 @@ START_TEST(sync_bn_stage4_matches_one_rank) {
     snprintf(ddp, sizeof ddp,
              "%s/stage4 " TINY_BN " --train-size 256 --batch-size 16 --accum-steps 2 --steps 3 --nproc-per-node 2",
              test_root());
-    check_against(ref, ddp, "tiny", 3, 1e-5, "stage 4, 2 ranks × 2 micro-batches");
+    check_against(ref, ddp, "tiny", 3, 1e-5, 0, "stage 4, 2 ranks × 2 micro-batches");
 }
 END_TEST
 
-START_TEST(sync_bn_stage5_learns_and_notes) {
-    char *dir = test_tmpdir(), cmd[2048], path[600], *out;
-    snprintf(path, sizeof path, "%s/r.jsonl", dir);
-    snprintf(cmd, sizeof cmd,
-             LIMIT "%s/stage5 " TINY_BN " --train-size 1024 --batch-size 32 --nproc-per-node 2 --amp fp16 --sync-bn "
-                   "--lr 0.1 --master-port %d --report %s",
-             test_root(), test_free_port(), path);
-    run_ok(cmd, "stage 5 fp16 --sync-bn", &out);
-    ck_assert_msg(strstr(out, "SyncBatchNorm"), "%s", out);
-    free(out);
-    double loss[64];
-    int n = test_read_losses(path, loss, 64);
-    ck_assert_msg(n == 16 && loss[n - 1] < loss[0] - 0.05, "stage 5 fp16 --sync-bn: %d steps, loss %.4f → %.4f", n,
-                  loss[0], loss[n - 1]);
+START_TEST(sync_bn_stage5_and_notes) {
+    char *dir = test_tmpdir(), cmd[2048], ref[1024], ddp[1024], *out;
+    /* autocast: fp16 activations round where the statistics differ by a last bit, so the match is
+     * looser than fp32's (measured: 1.4e-4 with --sync-bn, 3.8e-3 without) */
+    snprintf(ref, sizeof ref,
+             "%s/stage5 " TINY_BN " --train-size 256 --batch-size 32 --steps 6 --amp fp16 --nproc-per-node 1 "
+             "--master-port %d", test_root(), test_free_port());
+    snprintf(ddp, sizeof ddp, "%s/stage5 " TINY_BN " --train-size 256 --batch-size 16 --steps 6 --amp fp16 "
+             "--nproc-per-node 2", test_root());
+    check_against(ref, ddp, "tiny", 6, 1e-3, 2e-3, "stage 5 fp16, 2 ranks");
     /* nothing to synchronise: a note, and plain batch norm */
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 " TINY_BN " --train-size 256 --steps 2 --nproc-per-node 1 --sync-bn "
              "--master-port %d", test_root(), test_free_port());
@@ -467,7 +477,7 @@ START_TEST(sync_bn_gpu_matches_one_gpu) {
     snprintf(ref, sizeof ref, "%s/stage1 " GPU_BN " --batch-size 32 --steps 6", test_root());
     snprintf(ddp, sizeof ddp, "%s/stage3 " GPU_BN " --batch-size 16 --steps 6 --nproc-per-node 2 --comm host",
              test_root());
-    check_against(ref, ddp, "tiny", 6, 1e-5, "stage 3, 2 workers sharing GPU 0");
+    check_against(ref, ddp, "tiny", 6, 1e-5, 0, "stage 3, 2 workers sharing GPU 0");
     unsetenv("CUDA_VISIBLE_DEVICES");
     if (device_cuda_count() < 2) {
         printf("SKIP: --sync-bn over NCCL — needs 2 GPUs, %d visible (the --comm host run covers the kernels)\n",
@@ -476,7 +486,7 @@ START_TEST(sync_bn_gpu_matches_one_gpu) {
     }
     snprintf(ddp, sizeof ddp, "%s/stage3 " GPU_BN " --batch-size 16 --steps 6 --nproc-per-node 2 --comm nccl",
              test_root());
-    check_against(ref, ddp, "tiny", 6, 1e-5, "stage 3, 2 GPUs, NCCL");
+    check_against(ref, ddp, "tiny", 6, 1e-5, 0, "stage 3, 2 GPUs, NCCL");
 }
 END_TEST
 
@@ -489,7 +499,7 @@ Suite *suite_syncbn(void) {
     tcase_add_test(tc, sync_op_matches_torch);
     tcase_add_test(tc, sync_bn_stage3_matches_one_device);
     tcase_add_test(tc, sync_bn_stage4_matches_one_rank);
-    tcase_add_test(tc, sync_bn_stage5_learns_and_notes);
+    tcase_add_test(tc, sync_bn_stage5_and_notes);
     tcase_add_test(tc, sync_bn_gpu_matches_one_gpu);
     suite_add_tcase(s, tc);
     return s;
