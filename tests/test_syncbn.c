@@ -4,8 +4,8 @@
  * - PyTorch's SyncBatchNorm on two ranks (tests/fixtures/syncbn.bin, made by
  *   tests/torch/syncbn_fixture.py): the same y, dx, running statistics and per-rank dγ, dβ.
  * - The ops: two ranks, each with half of a batch (two threads whose exchange is a real sum over
- *   both, through a barrier), normalise, update the running statistics and back-propagate as plain
- *   batch norm does on the whole batch; both ranks get the same statistics bit for bit, and their
+ *   both, through a barrier) — and three ranks, and ranks with unequal batches — normalise, update the
+ *   running statistics and back-propagate as plain batch norm does on the whole batch; both ranks get the same statistics bit for bit, and their
  *   dγ, dβ add up to the whole batch's. On the CPU reference, and on the GPU for each kernel path
  *   (NCHW, the NHWC vector path, 16-bit with the fused ReLU). One rank's sync op is the plain op:
  *   to the bit on the GPU (the same kernels, a merge of one), to rounding on the CPU.
@@ -28,11 +28,13 @@
 
 #define LIMIT "timeout -k 5 300 "
 
-/* ---- two ranks in one process ------------------------------------------------------------------ */
+/* ---- ranks in one process ---------------------------------------------------------------------- */
 
-typedef struct Pair {
+#define MAX_RANKS 3
+typedef struct Pair { /* the ranks of one exchange (two, or up to MAX_RANKS) */
     pthread_barrier_t bar;
-    float *slot[2];
+    int world;
+    float *slot[MAX_RANKS];
 } Pair;
 
 typedef struct Rank {
@@ -41,8 +43,8 @@ typedef struct Rank {
     int r;
 } Rank;
 
-/* BnSync.sum over the two threads of a Pair: each copies its buffer out, both add the two copies in
- * rank order, each copies the sum back (a real exchange, as the communicator's). */
+/* BnSync.sum over the threads of a Pair: each copies its buffer out, all add the copies in rank
+ * order, each copies the sum back (a real exchange, as the communicator's). */
 static void pair_sum(void *ctx, float *buf, int64_t count) {
     Rank *k = ctx;
     if (!k->pair) return;
@@ -52,8 +54,11 @@ static void pair_sum(void *ctx, float *buf, int64_t count) {
     device_copy_d2h(k->dev, mine, buf, bytes);
     p->slot[k->r] = mine;
     pthread_barrier_wait(&p->bar);
-    for (int64_t i = 0; i < count; i++) sum[i] = p->slot[0][i] + p->slot[1][i];
-    pthread_barrier_wait(&p->bar); /* both have read both slots */
+    for (int64_t i = 0; i < count; i++) {
+        sum[i] = p->slot[0][i];
+        for (int r = 1; r < p->world; r++) sum[i] += p->slot[r][i];
+    }
+    pthread_barrier_wait(&p->bar); /* everyone has read every slot */
     device_copy_h2d(k->dev, buf, sum, bytes);
     device_sync(k->dev);
     free(mine), free(sum);
@@ -193,19 +198,29 @@ static Data make_data(int total, int c, int hw, uint64_t seed) {
     return t;
 }
 
-/* world ranks (1 or 2) over the images of d: rank r holds images [r·n, (r+1)·n). */
-static void run_ranks(const Case *c, const Data *d, int world, int sync, Job *jobs) {
-    Pair pair;
+/* world ranks (1 … MAX_RANKS) over the images of d, rank r holding ns[r] of them, in order (ns NULL:
+ * c->n each). */
+static void run_group(const Case *c, const Data *d, int world, const int *ns, int sync, Job *jobs) {
+    Pair pair = {.world = world};
+    ck_assert(world >= 1 && world <= MAX_RANKS);
     if (world > 1) pthread_barrier_init(&pair.bar, NULL, (unsigned)world);
-    pthread_t th[2];
+    pthread_t th[MAX_RANKS];
+    int64_t off = 0;
     for (int r = 0; r < world; r++) {
-        int64_t off = (int64_t)r * c->n * c->c * c->hw;
-        jobs[r] = (Job){.cs = *c, .x = d->x + off, .dy = d->dy + off, .gamma = d->gamma, .beta = d->beta,
+        Case mine = *c;
+        if (ns) mine.n = ns[r];
+        jobs[r] = (Job){.cs = mine, .x = d->x + off, .dy = d->dy + off, .gamma = d->gamma, .beta = d->beta,
                         .pair = world > 1 ? &pair : NULL, .r = r, .world = world, .sync = sync};
+        off += (int64_t)mine.n * c->c * c->hw;
         ck_assert(pthread_create(&th[r], NULL, run_rank, &jobs[r]) == 0);
     }
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
     if (world > 1) pthread_barrier_destroy(&pair.bar);
+}
+
+/* world ranks of c->n images each (rank r: images [r·n, (r+1)·n)). */
+static void run_ranks(const Case *c, const Data *d, int world, int sync, Job *jobs) {
+    run_group(c, d, world, NULL, sync, jobs);
 }
 
 static void free_out(Out *o) { free(o->y), free(o->dx); }
@@ -256,6 +271,38 @@ static void check_two_ranks(Case c, const char *what, double tol) {
     free(d.x), free(d.dy);
 }
 
+/* world ranks holding ns[r] images each (unequal counts: PyTorch's SyncBatchNorm weighs each rank's
+ * statistics by its count) against one device with all of them: y and dx of every rank, the
+ * statistics, and dγ summed over the ranks. */
+static void check_group(Case c, int world, const int *ns, const char *what, double tol) {
+    int total = 0;
+    for (int r = 0; r < world; r++) total += ns[r];
+    Data d = make_data(total, c.c, c.hw, 4242);
+    Job ranks[MAX_RANKS], one[1];
+    run_group(&c, &d, world, ns, 1, ranks);
+    Case whole = c;
+    whole.n = total;
+    run_ranks(&whole, &d, 1, 0, one);
+    int64_t off = 0;
+    float dg[64] = {0};
+    for (int r = 0; r < world; r++) {
+        int64_t cnt = (int64_t)ns[r] * c.c * c.hw;
+        double ey = test_rel_err(ranks[r].out.y, one[0].out.y + off, cnt),
+               edx = test_rel_err(ranks[r].out.dx, one[0].out.dx + off, cnt);
+        ck_assert_msg(ey <= tol && edx <= tol, "%s: rank %d (%d images): y off by %.3g, dx by %.3g", what, r, ns[r], ey,
+                      edx);
+        ck_assert_msg(test_rel_err(ranks[r].out.rv, one[0].out.rv, c.c) <= 2e-6 &&
+                          test_rel_err(ranks[r].out.mean, one[0].out.mean, c.c) <= 2e-6,
+                      "%s: rank %d's statistics are not the whole batch's", what, r);
+        for (int ch = 0; ch < c.c; ch++) dg[ch] += ranks[r].out.dg[ch];
+        off += cnt;
+    }
+    ck_assert_msg(test_rel_err(dg, one[0].out.dg, c.c) <= 1e-5, "%s: the ranks' dgamma do not add up", what);
+    for (int r = 0; r < world; r++) free_out(&ranks[r].out);
+    free_out(&one[0].out);
+    free(d.x), free(d.dy);
+}
+
 /* One rank's sync op against the plain op: bitwise (exact = 1) or within 1e-6. */
 static void check_one_rank(Case c, const char *what, int exact) {
     Data d = make_data(c.n, c.c, c.hw, 99);
@@ -284,6 +331,8 @@ START_TEST(sync_op_cpu) {
     check_two_ranks((Case){DEV_CPU, PREC_FP32, 0, 1, 4, 8, 9}, "CPU fp32, fused ReLU", 1e-5);
     check_two_ranks((Case){DEV_CPU, PREC_BF16, 0, 1, 4, 8, 9}, "CPU bf16 (emulated), fused ReLU", 8e-3);
     check_one_rank((Case){DEV_CPU, PREC_FP32, 0, 0, 4, 6, 10}, "CPU fp32", 0);
+    check_group((Case){DEV_CPU, PREC_FP32, 0, 0, 0, 6, 10}, 2, (const int[]){2, 5}, "CPU, 2 and 5 images", 1e-5);
+    check_group((Case){DEV_CPU, PREC_FP32, 0, 1, 0, 6, 10}, 3, (const int[]){3, 1, 4}, "CPU, 3 ranks", 1e-5);
 }
 END_TEST
 
@@ -296,6 +345,9 @@ START_TEST(sync_op_cuda) {
     check_two_ranks((Case){DEV_CUDA, PREC_BF16, 1, 1, 8, 64, 16}, "CUDA bf16 NHWC vector, fused ReLU", 8e-3);
     check_two_ranks((Case){DEV_CUDA, PREC_FP16, 0, 0, 4, 5, 49}, "CUDA fp16 NCHW", 1e-3);
     check_one_rank((Case){DEV_CUDA, PREC_FP32, 0, 0, 4, 5, 49}, "CUDA fp32 NCHW", 1);
+    check_group((Case){DEV_CUDA, PREC_FP32, 0, 0, 0, 5, 49}, 2, (const int[]){2, 5}, "CUDA NCHW, 2 and 5 images", 1e-5);
+    check_group((Case){DEV_CUDA, PREC_FP32, 1, 1, 0, 64, 16}, 3, (const int[]){3, 1, 4}, "CUDA NHWC vector, 3 ranks",
+                1e-5);
     check_one_rank((Case){DEV_CUDA, PREC_BF16, 1, 1, 8, 64, 16}, "CUDA bf16 NHWC vector", 1);
 }
 END_TEST
