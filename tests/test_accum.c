@@ -29,15 +29,6 @@
 #define LIMIT "timeout -k 5 300 "
 #define TINY "--device cpu --model tiny --deterministic --progress off --log-every 1 --workers 1"
 
-/* Run a command that must succeed; its output is returned (malloc'd) when out is given. */
-static void run_ok(const char *cmd, const char *what, char **out) {
-    char *o;
-    int rc = test_run(cmd, &o);
-    ck_assert_msg(rc == 0, "%s: exit %d\n%s\n%s", what, rc, cmd, o);
-    if (out) *out = o;
-    else free(o);
-}
-
 /* ---- accumulation ≡ one device at the K× batch ----------------------------------------------- */
 
 /* R ranks × K micro-batches of B against stage 1 at batch R·K·B, one epoch of `groups` optimizer
@@ -48,12 +39,12 @@ static void check_equivalence(int world, int K, int B, int groups, int J, const 
     snprintf(common, sizeof common, TINY " --norm none --train-size %d --test-size 67 --epochs 1 --lr 0.05 %s", n, opt);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --batch-size %d --save %s/one --report %s/one.jsonl", test_root(),
              common, big, dir, dir);
-    run_ok(cmd, what, NULL);
+    test_run_ok(cmd, what, NULL);
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage4 %s --nproc-per-node %d --batch-size %d --accum-steps %d --master-port %d --save %s/acc "
                    "--report %s/acc.jsonl",
              test_root(), common, world, B, K, test_free_port(), dir, dir);
-    run_ok(cmd, what, NULL);
+    test_run_ok(cmd, what, NULL);
     double a[64], b[64];
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/acc.jsonl", dir);
@@ -86,7 +77,7 @@ static void check_equivalence(int world, int K, int B, int groups, int J, const 
         /* stage 1's parameters before its last step */
         snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --batch-size %d --steps %d --save %s/prev", test_root(), common,
                  big, groups - 1, dir);
-        run_ok(cmd, what, NULL);
+        test_run_ok(cmd, what, NULL);
         snprintf(pa, sizeof pa, "%s/prev/step%08d.ckpt", dir, groups - 1);
         float *prev = test_load_params(pa, "tiny", 0), *expect = malloc((size_t)np * sizeof(float));
         for (int64_t i = 0; i < np; i++) expect[i] = prev[i] + (float)J / (float)K * (one[i] - prev[i]);
@@ -130,7 +121,7 @@ START_TEST(sync_each_micro_step_same_params_k_times_the_calls) {
                        "--report %s/r%d.jsonl",
                  test_root(), R * K * B * steps, R, B, K, mode[i], test_free_port(), dir, i, dir, i);
         char *out;
-        run_ok(cmd, mode[i], &out);
+        test_run_ok(cmd, mode[i], &out);
         ck_assert_msg(strstr(out, "effective batch 24"), "the header names the effective batch K × B × R:\n%s", out);
         free(out);
         snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
@@ -166,10 +157,10 @@ START_TEST(accum_one_is_stage3_bit_for_bit) {
     const char *common = TINY " --norm bn --train-size 200 --test-size 50 --epochs 2 --batch-size 16 --nproc-per-node 2";
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 %s --master-port %d --save %s/s3 --report %s/s3.jsonl", test_root(),
              common, test_free_port(), dir, dir);
-    run_ok(cmd, "stage3", NULL);
+    test_run_ok(cmd, "stage3", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 %s --accum-steps 1 --master-port %d --save %s/s4 --report %s/s4.jsonl",
              test_root(), common, test_free_port(), dir, dir);
-    run_ok(cmd, "stage4 --accum-steps 1", NULL);
+    test_run_ok(cmd, "stage4 --accum-steps 1", NULL);
     double a[64], b[64];
     snprintf(pa, sizeof pa, "%s/s3.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/s4.jsonl", dir);
@@ -232,7 +223,7 @@ START_TEST(collectives_per_step_match_pytorch) {
                  test_root(), 2 * 4 * micro, 2 * 4 * eval_batches, epochs, K, sync_each ? "--sync-each-micro-step" : "",
                  test_free_port(), rep);
         char *out;
-        run_ok(cmd, line, &out);
+        test_run_ok(cmd, line, &out);
         /* K = 1 has no micro-step for no_sync to skip: the flag changes nothing, and the run says so */
         ck_assert_msg(!strstr(out, "--sync-each-micro-step changes nothing") == !(sync_each && K == 1), "%s", out);
         free(out);
@@ -278,7 +269,7 @@ START_TEST(buffers_broadcast_after_forward_same_values) {
                            "--nproc-per-node 2 --accum-steps %d --broadcast-buffers %s --master-port %d --save %s/k%d_%s "
                            "--report %s",
                      test_root(), K, mode[a], test_free_port(), dir, K, mode[a], rep[a]);
-            run_ok(cmd, mode[a], NULL);
+            test_run_ok(cmd, mode[a], NULL);
         }
         double la[64], lb[64], ea[4], eb[4];
         int n = test_read_losses(rep[0], la, 64);
@@ -314,16 +305,16 @@ START_TEST(resume_at_optimizer_step_is_bit_identical) {
                          "--accum-steps 3";
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 %s --master-port %d --save %s/whole --report %s/whole.jsonl", test_root(),
              common, test_free_port(), dir, dir);
-    run_ok(cmd, "uninterrupted", NULL);
+    test_run_ok(cmd, "uninterrupted", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 %s --steps 2 --master-port %d --save %s/part", test_root(), common,
              test_free_port(), dir);
-    run_ok(cmd, "stopped after 2 optimizer steps", NULL);
+    test_run_ok(cmd, "stopped after 2 optimizer steps", NULL);
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage4 %s --resume %s/part/step00000002.ckpt --master-port %d --save %s/resumed --report "
                    "%s/resumed.jsonl",
              test_root(), common, dir, test_free_port(), dir, dir);
     char *out;
-    run_ok(cmd, "resumed", &out);
+    test_run_ok(cmd, "resumed", &out);
     ck_assert_msg(strstr(out, "resumed from") && strstr(out, "batch 6"), "%s", out);
     free(out);
     double a[16], b[16];
@@ -380,7 +371,7 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
              LIMIT "%s/stage4 " TINY " --norm bn --train-size 48 --test-size 16 --epochs 2 --batch-size 8 "
                    "--nproc-per-node 2 --accum-steps 5 --master-port %d --report %s",
              test_root(), test_free_port(), rep);
-    run_ok(cmd, "K beyond an epoch", &out);
+    test_run_ok(cmd, "K beyond an epoch", &out);
     ck_assert_msg(strstr(out, "note: --accum-steps 5 is more than the 3 micro-batches of an epoch"), "%s", out);
     /* the header's effective batch is the step's real one: the epoch's 3 micro-batches, not 5 */
     ck_assert_msg(strstr(out, "batch 8 × 3 micro-batches (all of an epoch's: --accum-steps 5 is more) × 2 device(s) "
@@ -391,7 +382,7 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage4 " TINY " --train-size 48 --test-size 16 --steps 2 --batch-size 8 --nproc-per-node 2 "
                    "--accum-steps 1 --master-port %d", test_root(), test_free_port());
-    run_ok(cmd, "K = 1", &out);
+    test_run_ok(cmd, "K = 1", &out);
     ck_assert_msg(strstr(out, "= effective batch 16 ") && !strstr(out, "no_sync"), "%s", out);
     free(out);
     /* --drop-last leaving a rank nothing: refused, naming the fix */
@@ -420,12 +411,12 @@ START_TEST(accum_gpu_matches_one_gpu) {
                          "--train-size 768 --test-size 64 --epochs 1 --lr 0.05";
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --batch-size 128 --save %s/one --report %s/one.jsonl", test_root(),
              common, dir, dir);
-    run_ok(cmd, "stage1 on a GPU", NULL);
+    test_run_ok(cmd, "stage1 on a GPU", NULL);
     snprintf(cmd, sizeof cmd,
              LIMIT "%s/stage4 %s --nproc-per-node 2 --comm %s --batch-size 32 --accum-steps 2 --master-port %d --save "
                    "%s/acc --report %s/acc.jsonl",
              test_root(), common, two ? "nccl" : "host", test_free_port(), dir, dir);
-    run_ok(cmd, "stage4 on GPUs", NULL);
+    test_run_ok(cmd, "stage4 on GPUs", NULL);
     double a[16], b[16];
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/acc.jsonl", dir);

@@ -205,12 +205,6 @@ END_TEST
 
 /* ---- stage 1: what clipping does to a step ------------------------------------------------------- */
 
-static void run_ok(const char *cmd, const char *what) {
-    char *out;
-    int rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 0, "%s: exit %d\n%s\n%s", what, rc, cmd, out);
-    free(out);
-}
 
 static float *initial_params(int64_t *n) {
     Device d = cpu_device();
@@ -232,7 +226,7 @@ START_TEST(stage1_a_clipped_step_has_length_lr_times_max_norm) {
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 " TINY " --train-size 256 --test-size 32 --steps 1 --lr %g "
              "--momentum 0 --weight-decay 0 --schedule const --clip-grad-norm %g --save %s/a --report %s/a.jsonl",
              test_root(), lr, max_norm, dir, dir);
-    run_ok(cmd, "stage 1 clipped");
+    test_run_ok(cmd, "stage 1 clipped", NULL);
     snprintf(path, sizeof path, "%s/a.jsonl", dir);
     const double norm = test_report_field(path, "step", "grad_norm");
     ck_assert_msg(norm > 10 * max_norm, "the first step's gradient norm %.6g is not far above %g", norm, max_norm);
@@ -254,10 +248,10 @@ START_TEST(stage1_a_clipped_step_has_length_lr_times_max_norm) {
     /* never reached: the same bits as no clipping, and nothing counted */
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 " TINY " --train-size 256 --test-size 32 --steps 3 --save %s/off",
              test_root(), dir);
-    run_ok(cmd, "stage 1 unclipped");
+    test_run_ok(cmd, "stage 1 unclipped", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 " TINY " --train-size 256 --test-size 32 --steps 3 --clip-grad-norm 1e30 "
              "--save %s/huge --report %s/huge.jsonl", test_root(), dir, dir);
-    run_ok(cmd, "stage 1 with an unreachable threshold");
+    test_run_ok(cmd, "stage 1 with an unreachable threshold", NULL);
     snprintf(path, sizeof path, "%s/off/step%08d.ckpt", dir, 3);
     float *off = test_load_params(path, "tiny", 1);
     snprintf(path, sizeof path, "%s/huge/step%08d.ckpt", dir, 3);
@@ -295,16 +289,16 @@ START_TEST(parallel_stages_clip_the_reduced_gradient) {
              "--clip-grad-norm 0.02", steps);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --batch-size 32 --save %s/one --report %s/one.jsonl", test_root(),
              common, dir, dir);
-    run_ok(cmd, "stage 1");
+    test_run_ok(cmd, "stage 1", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage2 %s --gpus 2 --batch-size 16 --save %s/dp --report %s/dp.jsonl",
              test_root(), common, dir, dir);
-    run_ok(cmd, "stage 2");
+    test_run_ok(cmd, "stage 2", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 %s --nproc-per-node 2 --batch-size 16 --master-port %d --save %s/ddp "
              "--report %s/ddp.jsonl", test_root(), common, test_free_port(), dir, dir);
-    run_ok(cmd, "stage 3");
+    test_run_ok(cmd, "stage 3", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 %s --nproc-per-node 2 --batch-size 8 --accum-steps 2 --master-port %d "
              "--save %s/acc --report %s/acc.jsonl", test_root(), common, test_free_port(), dir, dir);
-    run_ok(cmd, "stage 4");
+    test_run_ok(cmd, "stage 4", NULL);
     float *one, *other;
     double lone[16], l[16];
     read_params_losses(dir, "one", steps, &one, lone);
@@ -350,7 +344,7 @@ START_TEST(amp_clips_the_unscaled_gradients) {
         snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 " TINY " --nproc-per-node 1 --train-size 256 --test-size 32 "
                  "--steps 3 --amp %s --clip-grad-norm 0.1 --master-port %d --save %s/%s --report %s/%s.jsonl",
                  test_root(), amps[k], test_free_port(), dir, amps[k], dir, amps[k]);
-        run_ok(cmd, amps[k]);
+        test_run_ok(cmd, amps[k], NULL);
         snprintf(path, sizeof path, "%s/%s.jsonl", dir, amps[k]);
         double norms[8];
         ck_assert_int_eq(test_report_series(path, "step", "grad_norm", norms, 8), 3);
@@ -370,7 +364,7 @@ START_TEST(amp_clips_the_unscaled_gradients) {
         snprintf(cmd, sizeof cmd, LIMIT "%s/stage5 " TINY " --nproc-per-node 1 --train-size 256 --test-size 32 "
                  "--steps 3 --amp fp16 --grad-stats --test-inf-step 2%s --master-port %d --report %s/inf%d.jsonl",
                  test_root(), clip ? " --clip-grad-norm 0.1" : "", test_free_port(), dir, clip);
-        run_ok(cmd, "fp16 with an inf step");
+        test_run_ok(cmd, "fp16 with an inf step", NULL);
         snprintf(path, sizeof path, "%s/inf%d.jsonl", dir, clip);
         ck_assert(test_report_field(path, "amp", "skipped_steps") == 1);
         ck_assert_int_eq(test_report_list(path, "amp", "grad_nonfinite_per_step", counts[clip], 8), 3);
@@ -409,7 +403,7 @@ START_TEST(clip_bad_flags_refused) {
     char *dir = test_tmpdir();
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 " TINY " --train-size 64 --test-size 32 --steps 1 --save %s", test_root(),
              dir);
-    run_ok(cmd, "a checkpoint to evaluate");
+    test_run_ok(cmd, "a checkpoint to evaluate", NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 --device cpu --clip-grad-norm 1 --evaluate --resume %s/epoch001.ckpt",
              test_root(), dir);
     ck_assert(test_run(cmd, &out) != 0);

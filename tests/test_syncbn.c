@@ -396,13 +396,6 @@ END_TEST
 
 /* ---- end to end -------------------------------------------------------------------------------- */
 
-static void run_ok(const char *cmd, const char *what, char **out) {
-    char *o;
-    int rc = test_run(cmd, &o);
-    ck_assert_msg(rc == 0, "%s: exit %d\n%s\n%s", what, rc, cmd, o);
-    if (out) *out = o;
-    else free(o);
-}
 
 /* Largest relative difference of the step losses of two reports (n steps each). */
 static double loss_diff(const char *a_path, const char *b_path, int n) {
@@ -421,11 +414,11 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
                           const char *what) {
     char *dir = test_tmpdir(), cmd[4096], pa[600], pb[600];
     snprintf(cmd, sizeof cmd, LIMIT "%s --save %s/one --report %s/one.jsonl", ref, dir, dir);
-    run_ok(cmd, what, NULL);
+    test_run_ok(cmd, what, NULL);
     snprintf(cmd, sizeof cmd, LIMIT "%s --sync-bn --master-port %d --save %s/sync --report %s/sync.jsonl", ddp,
              test_free_port(), dir, dir);
     char *out;
-    run_ok(cmd, what, &out);
+    test_run_ok(cmd, what, &out);
     ck_assert_msg(strstr(out, "SyncBatchNorm"), "%s: the header does not say SyncBatchNorm\n%s", what, out);
     free(out);
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
@@ -444,7 +437,7 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
     free(p1), free(p2);
     /* without --sync-bn each rank normalises over its own batch: not one device's training */
     snprintf(cmd, sizeof cmd, LIMIT "%s --master-port %d --report %s/own.jsonl", ddp, test_free_port(), dir);
-    run_ok(cmd, what, NULL);
+    test_run_ok(cmd, what, NULL);
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/own.jsonl", dir);
     e = loss_diff(pa, pb, steps);
@@ -504,13 +497,13 @@ START_TEST(sync_bn_stage5_and_notes) {
     /* nothing to synchronise: a note, and plain batch norm */
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 " TINY_BN " --train-size 256 --steps 2 --nproc-per-node 1 --sync-bn "
              "--master-port %d", test_root(), test_free_port());
-    run_ok(cmd, "one rank", &out);
+    test_run_ok(cmd, "one rank", &out);
     ck_assert_msg(strstr(out, "note: --sync-bn changes nothing here: one rank") && !strstr(out, ", SyncBatchNorm)"),
                   "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 --device cpu --model tiny --norm none --train-size 256 --test-size 64 "
              "--steps 2 --progress off --nproc-per-node 2 --sync-bn --master-port %d", test_root(), test_free_port());
-    run_ok(cmd, "--norm none", &out);
+    test_run_ok(cmd, "--norm none", &out);
     ck_assert_msg(strstr(out, "note: --sync-bn changes nothing here: the model has no batch norm"), "%s", out);
     free(out);
     free(dir);

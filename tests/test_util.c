@@ -57,6 +57,14 @@ const char *test_root(void) {
     return r && r[0] ? r : ".";
 }
 
+void test_run_ok(const char *cmd, const char *what, char **out) {
+    char *o;
+    int rc = test_run(cmd, &o);
+    ck_assert_msg(rc == 0, "%s: exit %d\n%s\n%s", what, rc, cmd, o);
+    if (out) *out = o;
+    else free(o);
+}
+
 int test_run(const char *cmd, char **output) {
     char *full = NULL;
     if (asprintf(&full, "%s 2>&1", cmd) < 0) abort();

@@ -76,6 +76,9 @@ char *test_slurp(const char *path, long *len);
 char *test_tmpdir(void);
 /* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
 int test_run(const char *cmd, char **output);
+/* test_run for a command that must succeed (exit 0; else the test fails, naming `what`, the command
+ * and its output); the output is returned (malloc'd) when out is not NULL. */
+void test_run_ok(const char *cmd, const char *what, char **out);
 /* PyTorch fixtures: tests/fixtures/NAME, a "FIXT0001" file of named records (the format in
  * tests/torch/fixtures.py). Their memory lives until the test process ends and stays reachable
  * (fx_keep), so that leak checks pass without a close. */
