@@ -620,6 +620,9 @@ void model_forward(Model *m, int n, const float *x, int train) {
     graph_run(&m->graphs, (GraphKey){x, n, GRAPH_FORWARD, 0}, forward_train, &a);
 }
 
+/* The exchange a training batch norm runs across the ranks (model_set_bn_sync), or NULL: its own batch. */
+static const BnSync *bn_sync(const Model *m) { return m->bn_sync.sum ? &m->bn_sync : NULL; }
+
 /* The plain walk reads its input as m->acts[0].x (set by model_forward). */
 static void forward_plain(Model *m, int n, int train) {
     Device *d = m->dev;
@@ -634,14 +637,10 @@ static void forward_plain(Model *m, int n, int train) {
         switch (L->kind) {
         case LAYER_CONV: conv_forward(d, &L->conv, n, in->x, P(m, L->p0), out->x); break;
         case LAYER_BN:
-            if (train && m->bn_sync.sum) /* SyncBatchNorm: the same op across the ranks */
+            if (train) /* fp32, NCHW: bn_forward_train's arithmetic, across the ranks under SyncBatchNorm */
                 bn_forward_train_sync(d, PREC_FP32, 0, n, in->c, in->h * in->w, in->x, P(m, L->p0),
                                       P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS,
-                                      L->save_mean, L->save_invstd, out->x, 0, &m->bn_sync);
-            else if (train)
-                bn_forward_train(d, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
-                                 B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM, BN_EPS, L->save_mean,
-                                 L->save_invstd, out->x);
+                                      L->save_mean, L->save_invstd, out->x, 0, bn_sync(m));
             else
                 bn_forward_eval(d, n, in->c, in->h * in->w, in->x, P(m, L->p0), P(m, L->p1),
                                 B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
@@ -689,13 +688,8 @@ static void backward_half(Model *m, int n, int l, int half) {
         conv_backward_filter(d, &L->conv, n, in->x, out->dx, G(m, L->p0), !m->grad_fresh);
         break;
     case LAYER_BN:
-        if (m->bn_sync.sum)
-            bn_backward_sync(d, PREC_FP32, 0, n, in->c, in->h * in->w, in->x, NULL, out->dx, P(m, L->p0),
-                             L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in, 0,
-                             &m->bn_sync);
-        else
-            bn_backward(d, n, in->c, in->h * in->w, in->x, out->dx, P(m, L->p0), L->save_mean, L->save_invstd,
-                        BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in);
+        bn_backward_sync(d, PREC_FP32, 0, n, in->c, in->h * in->w, in->x, NULL, out->dx, P(m, L->p0), L->save_mean,
+                         L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1), L->acc_in, 0, bn_sync(m));
         break;
     case LAYER_RELU: relu_backward(d, numel(out, n), out->x, out->dx, dx, 0); break;
     case LAYER_ADD: /* d(in) may BE d(out) (the plan's alias): then there is nothing to copy */
@@ -853,15 +847,11 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
         switch (L->kind) {
         case LAYER_CONV: conv_forward_lp(d, &L->conv, p, n, in->x, PW(m, L->p0), out->x); break;
         case LAYER_BN: /* half in, half out; fp32 weight, bias and statistics */
-            if (train && m->bn_sync.sum) /* SyncBatchNorm: the same op across the ranks */
+            if (train)
                 bn_forward_train_sync(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
                                       P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
                                       BN_EPS, L->save_mean, L->save_invstd, out->x, L->fuse_relu,
-                                      &m->bn_sync);
-            else if (train)
-                bn_forward_train_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
-                                    P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_MOMENTUM,
-                                    BN_EPS, L->save_mean, L->save_invstd, out->x, L->fuse_relu);
+                                      bn_sync(m));
             else /* evaluation leaves the fused ReLU to its own layer */
                 bn_forward_eval_lp(d, p, cl, n, in->c, in->h * in->w, in->x, P(m, L->p0),
                                    P(m, L->p1), B(m, L->b0), B(m, L->b0 + 1), BN_EPS, out->x);
@@ -951,14 +941,9 @@ static void backward_half_typed(Model *m, int n, int l, int half) {
         }
         break;
     case LAYER_BN: /* dgamma, dbeta are fp32 already; a fused ReLU masks out->dx by out->x */
-        if (m->bn_sync.sum)
-            bn_backward_sync(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
-                             L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
-                             L->acc_in, L->fuse_relu, &m->bn_sync);
-        else
-            bn_backward_lp(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
-                           L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
-                           L->acc_in, L->fuse_relu);
+        bn_backward_sync(d, p, cl, n, in->c, in->h * in->w, in->x, out->x, out->dx, P(m, L->p0),
+                         L->save_mean, L->save_invstd, BN_EPS, dx, G(m, L->p0), G(m, L->p1),
+                         L->acc_in, L->fuse_relu, bn_sync(m));
         break;
     case LAYER_RELU:
         if (!L->fused) relu_backward_lp(d, p, numel(out, n), out->x, out->dx, dx, 0);

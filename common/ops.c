@@ -281,7 +281,12 @@ void bn_forward_train_sync(Device *d, Precision p, int channels_last, int n, int
                            const void *x, const float *gamma, const float *beta,
                            float *running_mean, float *running_var, float momentum, float eps,
                            float *save_mean, float *save_invstd, void *y, int relu, const BnSync *s) {
-    ASSERT(s && s->world >= 1 && s->rank >= 0 && s->rank < s->world);
+    if (!s) {
+        bn_forward_train_lp(d, p, channels_last, n, c, hw, x, gamma, beta, running_mean, running_var, momentum, eps,
+                            save_mean, save_invstd, y, relu);
+        return;
+    }
+    ASSERT(s->world >= 1 && s->rank >= 0 && s->rank < s->world);
     DISPATCH(d,
              (cpu_is_nchw(channels_last),
               ref_bn_forward_train_sync(p, n, c, hw, x, gamma, beta, running_mean, running_var, momentum,
@@ -294,7 +299,12 @@ void bn_backward_sync(Device *d, Precision p, int channels_last, int n, int c, i
                       const void *y, const void *dy, const float *gamma, const float *save_mean,
                       const float *save_invstd, float eps, void *dx, float *dgamma, float *dbeta,
                       int accumulate, int relu, const BnSync *s) {
-    ASSERT(s && s->world >= 1 && s->rank >= 0 && s->rank < s->world);
+    if (!s) {
+        bn_backward_lp(d, p, channels_last, n, c, hw, x, y, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta,
+                       accumulate, relu);
+        return;
+    }
+    ASSERT(s->world >= 1 && s->rank >= 0 && s->rank < s->world);
     DISPATCH(d,
              (cpu_is_nchw(channels_last),
               ref_bn_backward_sync(p, n, c, hw, x, y, dy, gamma, save_mean, save_invstd, dx, dgamma,

@@ -205,7 +205,8 @@ typedef struct BnSync {
     int rank, world;
     float *buf; /* the device's floats: world · 3 · (the most channels of any layer) */
 } BnSync;
-/* bn_forward_train_lp / bn_backward_lp across the ranks of s. Every rank calls them with n·hw > 1
+/* bn_forward_train_lp / bn_backward_lp across the ranks of s (s NULL: this rank's batch alone, exactly
+ * those two — the model calls these either way). Every rank calls them with n·hw > 1
  * (PyTorch needs only the total above 1; the stages' equal shards always give each rank a batch). */
 void bn_forward_train_sync(Device *d, Precision p, int channels_last, int n, int c, int hw,
                            const void *x, const float *gamma, const float *beta,

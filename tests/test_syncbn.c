@@ -5,9 +5,10 @@
  *   tests/torch/syncbn_fixture.py): the same y, dx, running statistics and per-rank dγ, dβ.
  * - The ops: two ranks, each with half of a batch (two threads whose exchange is a real sum over
  *   both, through a barrier) — and three ranks, and ranks with unequal batches — normalise, update the
- *   running statistics and back-propagate as plain batch norm does on the whole batch; both ranks get the same statistics bit for bit, and their
- *   dγ, dβ add up to the whole batch's. On the CPU reference, and on the GPU for each kernel path
- *   (NCHW, the NHWC vector path, 16-bit with the fused ReLU). One rank's sync op is the plain op:
+ *   running statistics and back-propagate as plain batch norm does on the whole batch; every rank
+ *   gets the same statistics bit for bit, and their dγ, dβ add up to the whole batch's. On the CPU
+ *   reference, and on the GPU for each kernel path (NCHW, the NHWC vector path, 16-bit with the
+ *   fused ReLU). One rank's sync op is the plain op:
  *   to the bit on the GPU (the same kernels, a merge of one), to rounding on the CPU.
  * - End to end: stage 3 with R ranks at batch B and --sync-bn trains like stage 1 at batch R·B with
  *   batch norm (losses and final parameters to 1e-5), where without it the ranks' own statistics
@@ -225,82 +226,55 @@ static void run_ranks(const Case *c, const Data *d, int world, int sync, Job *jo
 
 static void free_out(Out *o) { free(o->y), free(o->dx); }
 
-/* Two ranks with --sync-bn against one device with the whole batch (plain batch norm), within tol
- * (relative to each tensor's largest value). */
-static void check_two_ranks(Case c, const char *what, double tol) {
-    const int half = c.n;
-    Data d = make_data(2 * half, c.c, c.hw, 777);
-    Job two[2], one[1];
-    run_ranks(&c, &d, 2, 1, two);
-    Case whole = c;
-    whole.n = 2 * half;
-    run_ranks(&whole, &d, 1, 0, one);
-    int64_t per = (int64_t)half * c.c * c.hw;
-    for (int r = 0; r < 2; r++) {
-        double ey = test_rel_err(two[r].out.y, one[0].out.y + r * per, per),
-               edx = test_rel_err(two[r].out.dx, one[0].out.dx + r * per, per);
-        ck_assert_msg(ey <= tol && edx <= tol, "%s: rank %d: y off by %.3g, dx by %.3g (tolerance %.3g)", what, r, ey,
-                      edx, tol);
-    }
-    /* the same statistics on both ranks, to the bit, and the whole batch's */
-    size_t cb = (size_t)c.c * sizeof(float);
-    ck_assert_msg(!memcmp(two[0].out.mean, two[1].out.mean, cb) && !memcmp(two[0].out.invstd, two[1].out.invstd, cb) &&
-                      !memcmp(two[0].out.rm, two[1].out.rm, cb) && !memcmp(two[0].out.rv, two[1].out.rv, cb),
-                  "%s: the ranks' statistics differ", what);
-    const double stat_tol = 2e-6;
-    ck_assert_msg(test_rel_err(two[0].out.mean, one[0].out.mean, c.c) <= stat_tol &&
-                      test_rel_err(two[0].out.invstd, one[0].out.invstd, c.c) <= stat_tol &&
-                      test_rel_err(two[0].out.rm, one[0].out.rm, c.c) <= stat_tol &&
-                      test_rel_err(two[0].out.rv, one[0].out.rv, c.c) <= stat_tol,
-                  "%s: statistics differ from the whole batch's", what);
-    /* dγ and dβ: each rank's own; their sum is the whole batch's */
-    float dg[64], db[64];
-    for (int ch = 0; ch < c.c; ch++)
-        dg[ch] = two[0].out.dg[ch] + two[1].out.dg[ch], db[ch] = two[0].out.db[ch] + two[1].out.db[ch];
-    double eg = test_rel_err(dg, one[0].out.dg, c.c), eb = test_rel_err(db, one[0].out.db, c.c);
-    ck_assert_msg(eg <= 1e-5 && eb <= 1e-5, "%s: dgamma off by %.3g, dbeta by %.3g", what, eg, eb);
-    ck_assert_msg(test_rel_err(two[0].out.dg, one[0].out.dg, c.c) > 1e-3, "%s: rank 0's dgamma is the whole batch's",
-                  what);
-    /* and the ranks' own statistics (plain batch norm on each half) are not the whole batch's */
-    Job own[1];
-    run_ranks(&c, &d, 1, 0, own);
-    ck_assert_msg(test_rel_err(own[0].out.mean, one[0].out.mean, c.c) > 1e-2, "%s: the test data cannot tell", what);
-    free_out(&own[0].out);
-    for (int r = 0; r < 2; r++) free_out(&two[r].out);
-    free_out(&one[0].out);
-    free(d.x), free(d.dy);
-}
-
 /* world ranks holding ns[r] images each (unequal counts: PyTorch's SyncBatchNorm weighs each rank's
- * statistics by its count) against one device with all of them: y and dx of every rank, the
- * statistics, and dγ summed over the ranks. */
+ * statistics by its count), with --sync-bn, against one device with all of them (plain batch norm):
+ * every rank's y and dx within tol (relative to each tensor's largest value); the same statistics on
+ * every rank, to the bit, and the whole batch's; dγ, dβ each rank's own, adding up to the whole
+ * batch's. And the data can tell: rank 0's own statistics are not the whole batch's. */
 static void check_group(Case c, int world, const int *ns, const char *what, double tol) {
     int total = 0;
     for (int r = 0; r < world; r++) total += ns[r];
-    Data d = make_data(total, c.c, c.hw, 4242);
-    Job ranks[MAX_RANKS], one[1];
+    Data d = make_data(total, c.c, c.hw, 777);
+    Job ranks[MAX_RANKS], one[1], own[1];
     run_group(&c, &d, world, ns, 1, ranks);
-    Case whole = c;
-    whole.n = total;
+    Case whole = c, first = c;
+    whole.n = total, first.n = ns[0];
     run_ranks(&whole, &d, 1, 0, one);
+    run_ranks(&first, &d, 1, 0, own);
+    const size_t cb = (size_t)c.c * sizeof(float);
+    const double stat_tol = 2e-6;
     int64_t off = 0;
-    float dg[64] = {0};
+    float dg[64] = {0}, db[64] = {0};
     for (int r = 0; r < world; r++) {
+        const Out *o = &ranks[r].out, *w = &one[0].out;
         int64_t cnt = (int64_t)ns[r] * c.c * c.hw;
-        double ey = test_rel_err(ranks[r].out.y, one[0].out.y + off, cnt),
-               edx = test_rel_err(ranks[r].out.dx, one[0].out.dx + off, cnt);
-        ck_assert_msg(ey <= tol && edx <= tol, "%s: rank %d (%d images): y off by %.3g, dx by %.3g", what, r, ns[r], ey,
-                      edx);
-        ck_assert_msg(test_rel_err(ranks[r].out.rv, one[0].out.rv, c.c) <= 2e-6 &&
-                          test_rel_err(ranks[r].out.mean, one[0].out.mean, c.c) <= 2e-6,
-                      "%s: rank %d's statistics are not the whole batch's", what, r);
-        for (int ch = 0; ch < c.c; ch++) dg[ch] += ranks[r].out.dg[ch];
+        double ey = test_rel_err(o->y, w->y + off, cnt), edx = test_rel_err(o->dx, w->dx + off, cnt);
+        ck_assert_msg(ey <= tol && edx <= tol, "%s: rank %d (%d images): y off by %.3g, dx by %.3g (tolerance %.3g)",
+                      what, r, ns[r], ey, edx, tol);
+        ck_assert_msg(!memcmp(o->mean, ranks[0].out.mean, cb) && !memcmp(o->invstd, ranks[0].out.invstd, cb) &&
+                          !memcmp(o->rm, ranks[0].out.rm, cb) && !memcmp(o->rv, ranks[0].out.rv, cb),
+                      "%s: rank %d's statistics differ from rank 0's", what, r);
+        for (int ch = 0; ch < c.c; ch++) dg[ch] += o->dg[ch], db[ch] += o->db[ch];
         off += cnt;
     }
-    ck_assert_msg(test_rel_err(dg, one[0].out.dg, c.c) <= 1e-5, "%s: the ranks' dgamma do not add up", what);
+    const Out *o = &ranks[0].out, *w = &one[0].out;
+    ck_assert_msg(test_rel_err(o->mean, w->mean, c.c) <= stat_tol &&
+                      test_rel_err(o->invstd, w->invstd, c.c) <= stat_tol &&
+                      test_rel_err(o->rm, w->rm, c.c) <= stat_tol && test_rel_err(o->rv, w->rv, c.c) <= stat_tol,
+                  "%s: statistics differ from the whole batch's", what);
+    double eg = test_rel_err(dg, w->dg, c.c), eb = test_rel_err(db, w->db, c.c);
+    ck_assert_msg(eg <= 1e-5 && eb <= 1e-5, "%s: summed over the ranks, dgamma off by %.3g, dbeta by %.3g", what, eg,
+                  eb);
+    ck_assert_msg(test_rel_err(o->dg, w->dg, c.c) > 1e-3, "%s: rank 0's dgamma is the whole batch's", what);
+    ck_assert_msg(test_rel_err(own[0].out.mean, w->mean, c.c) > 1e-2, "%s: the test data cannot tell", what);
     for (int r = 0; r < world; r++) free_out(&ranks[r].out);
-    free_out(&one[0].out);
+    free_out(&one[0].out), free_out(&own[0].out);
     free(d.x), free(d.dy);
+}
+
+/* Two ranks of c.n images each. */
+static void check_two_ranks(Case c, const char *what, double tol) {
+    check_group(c, 2, (const int[]){c.n, c.n}, what, tol);
 }
 
 /* One rank's sync op against the plain op: bitwise (exact = 1) or within 1e-6. */
@@ -460,7 +434,8 @@ START_TEST(sync_bn_stage3_matches_one_device) {
     char ddp2[1200];
     snprintf(ddp2, sizeof ddp2, "%s --bucket-mb 0.01 --optimizer-overlap after-backward", ddp);
     check_against(ref, ddp2, "tiny", 6, 1e-5, 0, "stage 3, 2 ranks, small buckets, optimizer after backward");
-    snprintf(ddp2, sizeof ddp2, "%s --bucket-mb 0.01 --optimizer-overlap in-backward --broadcast-buffers after-forward", ddp);
+    snprintf(ddp2, sizeof ddp2, "%s --bucket-mb 0.01 --optimizer-overlap in-backward --broadcast-buffers after-forward",
+             ddp);
     check_against(ref, ddp2, "tiny", 6, 1e-5, 0, "stage 3, 2 ranks, optimizer in backward, buffers after forward");
     snprintf(ref, sizeof ref, "%s/stage1 " TINY_BN " --train-size 288 --batch-size 48 --steps 5", test_root());
     snprintf(ddp, sizeof ddp,
