@@ -6,7 +6,8 @@
 #   initcheck  reads of device memory nothing has written              → must report 0 errors
 #   synccheck  invalid __syncthreads / warp-sync use                  → must report 0 errors
 # run on `CK_FORK=no ./tests/run_tests ops_cuda` (every kernel of common/kernels.cu against the C
-# reference). racecheck also instruments cuDNN's kernels: its Hopper ones (sm90_xmma_*) use an
+# reference) and on the syncbn suite's op checks (SyncBatchNorm's exchange and merge kernels, ranks
+# as threads). racecheck also instruments cuDNN's kernels: its Hopper ones (sm90_xmma_*) use an
 # asynchronous shared-memory pipeline that racecheck does not model, and it reports hazards inside
 # them (4 on an H200, in the f16 and bf16 dgrad_implicit_gemm_indexed kernels). Those are listed,
 # not counted; every hazard in another kernel fails. (Leaving them out by name instead,
@@ -26,22 +27,28 @@ if ! nvidia-smi -L >/dev/null 2>&1; then echo "SKIP: gpu-sanitize — no GPU vis
 [ -x tests/run_tests ] || make tests/run_tests >/dev/null || exit 1
 mkdir -p "$OUT"
 fails=0
+# Each tool on two runs: every op of common/kernels.cu (ops_cuda), and SyncBatchNorm's kernels with
+# ranks as threads on one GPU (the syncbn suite's op checks, CK_RUN_CASE=ops).
 for tool in $TOOLS; do
-    args=(--tool "$tool")
-    CK_FORK=no timeout 900 "$CS" "${args[@]}" ./tests/run_tests ops_cuda > "$OUT/$tool.log" 2>&1
+  for target in ops_cuda syncbn:ops; do
+    suite=${target%%:*}
+    case_=${target#*:}; [ "$case_" = "$target" ] && case_=
+    log="$OUT/$tool.$suite.log"
+    env CK_FORK=no ${case_:+CK_RUN_CASE=$case_} timeout 900 "$CS" --tool "$tool" ./tests/run_tests "$suite" > "$log" 2>&1
     rc=$?
-    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)
-    tests=$(grep -E "^[0-9]+%: Checks" "$OUT/$tool.log" | tail -1)
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+    tests=$(grep -E "^[0-9]+%: Checks" "$log" | tail -1)
     if [ "$tool" = racecheck ]; then
-        ours=$(grep -E "Race reported" "$OUT/$tool.log" | grep -vc "xmma" || true)
-        theirs=$(grep -E "Race reported" "$OUT/$tool.log" | grep -c "xmma" || true)
-        echo "racecheck: $tests | $summary | in our kernels: $ours, inside cuDNN's sm90_xmma kernels: $theirs"
-        grep -E "Race reported" "$OUT/$tool.log" | sed 's/+0x[0-9a-f]*//g; s/^=* *//' | sort | uniq -c | sed 's/^/    /'
+        ours=$(grep -E "Race reported" "$log" | grep -vc "xmma" || true)
+        theirs=$(grep -E "Race reported" "$log" | grep -c "xmma" || true)
+        echo "racecheck $target: $tests | $summary | in our kernels: $ours, inside cuDNN's sm90_xmma kernels: $theirs"
+        grep -E "Race reported" "$log" | sed 's/+0x[0-9a-f]*//g; s/^=* *//' | sort | uniq -c | sed 's/^/    /'
         echo "$tests" | grep -q "^100%" && [ "$ours" = 0 ] && [ $rc -ne 124 ] || fails=$((fails + 1))
     else
-        echo "$tool: $tests | $summary"
+        echo "$tool $target: $tests | $summary"
         echo "$summary" | grep -q " 0 errors" && [ $rc -eq 0 ] || fails=$((fails + 1))
     fi
+  done
 done
-echo "gpu-sanitize: $fails tool(s) failed (logs in $OUT)"
+echo "gpu-sanitize: $fails run(s) failed (logs in $OUT)"
 [ $fails -eq 0 ]

@@ -512,11 +512,15 @@ END_TEST
 
 Suite *suite_syncbn(void) {
     Suite *s = suite_create("syncbn");
-    TCase *tc = tcase_create("syncbn");
+    /* The op checks alone (CK_RUN_CASE=ops): what `make gpu-sanitize` runs under compute-sanitizer. */
+    TCase *ops = tcase_create("ops");
+    tcase_set_timeout(ops, 600);
+    tcase_add_test(ops, sync_op_cpu);
+    tcase_add_test(ops, sync_op_cuda);
+    tcase_add_test(ops, sync_op_matches_torch);
+    suite_add_tcase(s, ops);
+    TCase *tc = tcase_create("stages");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, sync_op_cpu);
-    tcase_add_test(tc, sync_op_cuda);
-    tcase_add_test(tc, sync_op_matches_torch);
     tcase_add_test(tc, sync_bn_stage3_matches_one_device);
     tcase_add_test(tc, sync_bn_stage4_matches_one_rank);
     tcase_add_test(tc, sync_bn_stage5_and_notes);
