@@ -47,10 +47,14 @@ int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count);
  * hooks). 16-bit buffers hold real 16-bit values (2 bytes each) on every backend; their sums are
  * rounded to the type at every addition, as NCCL's ncclHalf / ncclBfloat16 sums are. */
 typedef enum { COMM_F32 = 0, COMM_F16 = 1, COMM_BF16 = 2 } CommDtype;
-/* The mean over ranks, the way DDP averages gradients: each rank's values multiplied by 1/world,
- * then summed (PyTorch's "divide, then SUM"). NCCL: ncclAvg, whose all-reduce kernel does the
- * multiply as it reads (no pass of its own over the buffer); host ring: the multiply on the host
- * copy, before the ring. */
+/* The mean over ranks, the way DDP averages gradients: each rank's values multiplied by fp32's
+ * 1/world and rounded once to the element type, then summed — PyTorch's arithmetic, bit for bit per
+ * contribution: DDP's reducer multiplies fp32 gradients by 1/world (gradient_as_bucket_view=False,
+ * the default; with True it divides, which can differ by an ulp when world is not a power of two),
+ * and the compression hooks' div_(world) on a CUDA fp16/bf16 tensor is a multiply by the fp32
+ * reciprocal. NCCL: ncclAvg, whose kernel multiplies as it reads (no pass of its own), wherever its
+ * factor is that one (comm_internal.h: fp32, or a power-of-two world); else a multiply pass on the
+ * communication stream and a SUM. Host ring: the multiply on the host copy, before the ring. */
 int64_t comm_allreduce_mean_async(Comm *c, void *buf, int64_t count, CommDtype type);
 int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root);
 /* Work issued on the compute stream from now on runs after every operation issued so far. */

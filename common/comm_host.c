@@ -24,6 +24,7 @@
 #include "errors.h"
 #include "precision.h"
 #include "trace.h"
+_Static_assert((int)COMM_F16 == (int)PREC_FP16 && (int)COMM_BF16 == (int)PREC_BF16, "CommDtype is a Precision");
 #include "net.h"
 
 static size_t chunk_len(int64_t count, int world, int i) {
@@ -145,18 +146,6 @@ static void ring_broadcast(Comm *c, void *x, size_t bytes, int root) {
     }
 }
 
-/* x *= 1/world, in the all-reduce's element type: a mean all-reduce's contribution (what ncclAvg
- * does on the device). */
-static void premultiply(void *x, int64_t count, CommDtype type, int world) {
-    const float s = 1.0f / (float)world;
-    if (type == COMM_F32)
-        for (int64_t i = 0; i < count; i++) ((float *)x)[i] *= s;
-    else if (type == COMM_F16)
-        for (int64_t i = 0; i < count; i++) ((uint16_t *)x)[i] = f32_to_f16(f16_to_f32(((uint16_t *)x)[i]) * s);
-    else
-        for (int64_t i = 0; i < count; i++) ((uint16_t *)x)[i] = f32_to_bf16(bf16_to_f32(((uint16_t *)x)[i]) * s);
-}
-
 /* One operation on the ring thread: GPU buffers go device → host → ring → device. */
 static void host_run(Comm *c, Op *op) {
     size_t bytes = (size_t)op->count * comm_op_elem(op);
@@ -175,7 +164,9 @@ static void host_run(Comm *c, Op *op) {
         x = c->staging;
     }
 #endif
-    if (op->kind == OP_ALLREDUCE_MEAN && c->world > 1) premultiply(x, op->count, op->type, c->world);
+    /* a mean's contribution: x · fp32(1/world), rounded once to the element type (comm.h) */
+    if (op->kind == OP_ALLREDUCE_MEAN && c->world > 1)
+        precision_scale_stored((Precision)op->type, op->count, x, 1.0f / (float)c->world);
     if (op->kind == OP_BROADCAST) ring_broadcast(c, x, bytes, op->root);
     else ring_allreduce(c, x, op->count, op);
 #ifdef USE_CUDA

@@ -19,6 +19,12 @@
 /* OP_ALLREDUCE_MEAN: each rank's values times 1/world, then summed (comm_allreduce_mean_async) */
 typedef enum { OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_BROADCAST, OP_SUM_F64 } OpKind;
 
+/* Does NCCL's ncclAvg do a mean all-reduce's arithmetic (comm.h)? It multiplies each contribution
+ * by 1/world rounded to the element type: fp32's 1/world for fp32, PyTorch's own factor; in 16 bits
+ * a factor that is exact only for a power-of-two world — bf16(1/3) is 0.2% high, fp16(1/3) 0.02%
+ * low, which would bias every averaged gradient of a 3-, 5-, 6- or 7-rank job. */
+static inline int comm_avg_is_exact(int world, CommDtype t) { return t == COMM_F32 || (world & (world - 1)) == 0; }
+
 typedef struct Op {
     OpKind kind;
     void *buf;      /* device memory (host memory on the CPU backend and for OP_SUM_F64) */

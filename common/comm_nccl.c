@@ -12,6 +12,7 @@
 
 #include "comm_internal.h"
 #include "errors.h"
+#include "kernels.h" /* launch_scale_lp */
 #include "trace.h"
 #include "worker_status.h" /* launch_mark_collateral */
 
@@ -156,9 +157,15 @@ static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
     TraceDev span = trace_dev_begin(d, TRACE_COMM, c->stream, kind == OP_BROADCAST ? "broadcast" : "all-reduce",
                                     "comm", count);
-    /* ncclAvg on floats: each contribution times 1/world, then the sum. One rank: the mean is the
-     * buffer itself, and NCCL's one-rank ncclAvg would still run a multiply-by-1 kernel over it. */
-    ncclRedOp_t red = kind == OP_ALLREDUCE_MEAN && c->world > 1 ? ncclAvg : ncclSum;
+    /* A mean: each contribution times 1/world, then the sum. ncclAvg does the multiply as it reads,
+     * where its factor is exact; otherwise (16 bits, world not a power of two) a pass of our own on
+     * this stream multiplies in fp32, as PyTorch's hook's div_ does, and the all-reduce sums. One
+     * rank: the mean is the buffer itself (NCCL's one-rank ncclAvg would still run a kernel). */
+    ncclRedOp_t red = ncclSum;
+    if (kind == OP_ALLREDUCE_MEAN && c->world > 1) {
+        if (comm_avg_is_exact(c->world, type)) red = ncclAvg;
+        else launch_scale_lp(c->stream, (int)type, count, buf, 1.0f / (float)c->world);
+    }
     if (kind != OP_BROADCAST)
         CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, red, c->nccl, c->stream));
     else

@@ -61,8 +61,8 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
         {"sync-bn", OPT_FLAG, &f->sync_bn, 0, 0, NULL,
          "nn.SyncBatchNorm.convert_sync_batchnorm(model): batch norm's training statistics over every rank's "
          "batch, so R ranks at batch B normalise like one device at batch R·B (without it, each rank over its "
-         "own B). The price: two small collectives per batch-norm layer and step that the compute waits for, "
-         "and no CUDA graphs"},
+         "own B). The price: two small collectives per batch-norm layer and forward + backward that the compute "
+         "waits for, and no CUDA graphs. Unlike PyTorch's, it also runs on CPU workers"},
         {"drop-last", OPT_FLAG, &f->drop_last, 0, 0, NULL,
          "DistributedSampler(drop_last=True): drop the tail instead of padding every rank to the same length"},
         {"rdzv-timeout", OPT_FLOAT, &f->rdzv_timeout, 1, 3600, NULL, "seconds to wait for every rank to join"},

@@ -199,10 +199,10 @@ typedef struct Ddp {
 void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f);
 /* ddp_model.register_comm_hook(None, fp16_compress_hook | bf16_compress_hook) for p = PREC_FP16 |
  * PREC_BF16 (PREC_FP32: nothing, DDP's default fp32 all-reduce). Each bucket is cast to 16 bits into
- * a 16-bit copy of the gradient buffer, averaged over the ranks in 16 bits inside the all-reduce
- * (1/world applied as it reads; half the bytes), and cast back into the fp32 bucket before the
- * optimizer reads it — cast first, then divided, as fp16_compress_hook does. Call once, after
- * ddp_init. */
+ * a 16-bit copy of the gradient buffer, averaged over the ranks in 16 bits by the all-reduce (each
+ * value times fp32's 1/world and rounded once, as the hook's div_ on CUDA; half the bytes), and
+ * cast back into the fp32 bucket before the optimizer reads it — cast first, then divided, as the
+ * hook does. Call once, after ddp_init. */
 void ddp_register_comm_hook(Ddp *d, Precision p);
 /* --optimizer-overlap: DDP takes the optimizer step over, bucket by bucket, each a slice of the step
  * (optim_step_slice), and the caller does NOT call optim_step (d->fused_optim says so); the same

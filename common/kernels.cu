@@ -322,6 +322,11 @@ template <typename T> __global__ void cast_from_kernel(int64_t count, const T *s
     GRID_STRIDE(i, count) dst[i] = to_f(src[i]);
 }
 
+/* x = round(x · alpha), the product in fp32 (precision_scale_stored's rule). */
+template <typename T> __global__ void scale_lp_kernel(int64_t count, T *x, float alpha) {
+    GRID_STRIDE(i, count) x[i] = from_f<T>(to_f(x[i]) * alpha);
+}
+
 /* The same, 16 bytes of T a thread (launch_cast_*: when the tensors are 16-byte aligned): the whole
  * weight buffer's cast once a forward, and DDP's 16-bit gradients back to fp32. */
 template <typename T> __global__ void cast_to_vec_kernel(int64_t count, const float *src, T *dst) {
@@ -1257,6 +1262,11 @@ void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void
     }
     int g = blocks_for(count);
     TYPED(p, cast_to_kernel<T><<<g, THREADS, 0, s>>>(count, src, PT(dst)));
+}
+
+void launch_scale_lp(cudaStream_t s, int p, int64_t count, void *x, float alpha) {
+    if (count <= 0) return;
+    TYPED(p, scale_lp_kernel<T><<<blocks_for(count), THREADS, 0, s>>>(count, PT(x), alpha));
 }
 
 void launch_cast_add_clear(cudaStream_t s, int p, int64_t count, void *src, float *dst) {

@@ -53,6 +53,8 @@ void launch_sgd_step_unless(cudaStream_t s, int64_t count, float *params, const 
 void launch_cast_to(cudaStream_t s, int p, int64_t count, const float *src, void *dst);
 void launch_cast_add_clear(cudaStream_t s, int p, int64_t count, void *src, float *dst);
 void launch_cast_from(cudaStream_t s, int p, int64_t count, const void *src, float *dst);
+/* x = round_p(x · alpha) in place, the product in fp32: precision_scale_stored on the device. */
+void launch_scale_lp(cudaStream_t s, int p, int64_t count, void *x, float alpha);
 void launch_relu_forward_lp(cudaStream_t s, int p, int64_t count, const void *x, void *y);
 void launch_relu_backward_lp(cudaStream_t s, int p, int64_t count, const void *y, const void *dy,
                              void *dx, int accumulate);

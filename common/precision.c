@@ -115,3 +115,13 @@ void precision_unpack(Precision p, int64_t n, const uint16_t *src, float *dst) {
     ASSERT(p == PREC_FP16 || p == PREC_BF16);
     for (int64_t i = 0; i < n; i++) dst[i] = p == PREC_FP16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
 }
+
+void precision_scale_stored(Precision p, int64_t n, void *x, float alpha) {
+    uint16_t *h = x;
+    if (p == PREC_FP32)
+        for (int64_t i = 0; i < n; i++) ((float *)x)[i] *= alpha;
+    else if (p == PREC_FP16)
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_f16(f16_to_f32(h[i]) * alpha);
+    else
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(bf16_to_f32(h[i]) * alpha);
+}

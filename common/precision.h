@@ -45,5 +45,9 @@ void precision_round_array(Precision p, int64_t n, float *x);
  * staging buffer on the host. */
 void precision_pack(Precision p, int64_t n, const float *src, uint16_t *dst);
 void precision_unpack(Precision p, int64_t n, const uint16_t *src, float *dst);
+/* x = round_p(x · alpha) in place, x in p's own storage (floats, or packed 16-bit values), the
+ * product taken in fp32: what PyTorch's CUDA tensor.div_(world) does to an fp16 / bf16 tensor (a
+ * multiply by the fp32 reciprocal, then one rounding) — DDP's compression hooks' divide. */
+void precision_scale_stored(Precision p, int64_t n, void *x, float alpha);
 
 #endif

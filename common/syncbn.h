@@ -11,13 +11,20 @@
  * each rank's two gradient sums (ops.h, BnSync). R ranks × batch B then train like one device at
  * batch R·B, batch norm included.
  *
- * The price: two small collectives per batch-norm layer per step (ResNet-18: 40), each on the
- * critical path. The forward waits for its gather, and so does backward, which runs it on the same
- * stream as the gradient buckets (like PyTorch, whose process group has one NCCL stream): a
- * gather queues behind the bucket all-reduces issued before it. Each exchange is a host call between
- * two kernels, so CUDA graphs are off (PyTorch's eager mode has none either). Evaluation uses the running statistics,
- * with no collective. One rank has no one to synchronise with: like PyTorch, its batch norm stays
- * a plain one. */
+ * The price: two small collectives per batch-norm layer per micro-step, i.e. per forward +
+ * backward (ResNet-18: 40; with --accum-steps K, 40·K an optimizer step), each on the critical
+ * path. The forward waits for its gather, and so does backward, which runs it on the same stream
+ * as the gradient buckets (like PyTorch, whose process group has one NCCL stream): a gather queues
+ * behind the bucket all-reduces issued before it. Both are latency-bound (a few KiB each), and ours
+ * move more bytes than PyTorch's: each is a SUM all-reduce of an R-slot buffer of 3 floats per
+ * channel per rank, where PyTorch's forward all-gathers 2c+1 floats a rank and its backward
+ * all-reduces just the 2c sums — the price of every rank merging every slot in rank order, so that
+ * all ranks get the same bits on NCCL and on the host ring. Our exchange is a host call between two
+ * kernels (the host ring needs one), so CUDA graphs are off; PyTorch's SyncBatchNorm can be
+ * captured. Evaluation uses the running statistics, with no collective. One rank has no one to
+ * synchronise with: like PyTorch, its batch norm stays a plain one. Unlike PyTorch, whose
+ * SyncBatchNorm refuses CPU tensors, ours also runs on CPU workers over the host ring, so a laptop
+ * can run the lesson. */
 #ifndef SYNCBN_H
 #define SYNCBN_H
 

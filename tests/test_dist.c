@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 #include "rng.h"
 #include "sampler.h"
 #include "net.h"
+#include "precision.h"
 #include "store.h"
 #include "worker_status.h"
 
@@ -411,6 +413,77 @@ START_TEST(host_ring_allreduce_is_exact) {
             for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
             for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
         }
+}
+END_TEST
+
+/* The mean all-reduce in 16 bits (DDP's --grad-comm fp16 | bf16): each contribution is rounded once
+ * from x · fp32(1/world), PyTorch's CUDA div_(world), then summed. Rank 0 holds x and the others
+ * negative zeros, so the sum adds nothing and every rank must end with exactly precision_scale_stored(x) —
+ * for world 3, where NCCL's own ncclAvg factor (1/3 rounded to 16 bits) would give other bits for
+ * some elements: the test checks that its data has such elements, so it can tell the two apart. */
+enum { MEAN16_N = 4096 };
+
+static uint16_t mean16_input(int rank, int i, Precision p) {
+    if (rank != 0) return 0x8000; /* -0 in both types: x + -0 is x for every x, +0 and -0 included */
+    float v = (float)ldexp(1.0 + (double)((i * 2654435761u) % 1000) / 1000.0, (i % 40) - 30); /* 2^-30 … 2^9 */
+    if (i % 2) v = -v;
+    return p == PREC_FP16 ? f32_to_f16(v) : f32_to_bf16(v); /* fp16: subnormals below 2^-14 too */
+}
+
+static void *mean16_rank_main(void *p) {
+    RankArg *a = p;
+    HostRank hr;
+    host_rank_open(&hr, a);
+    for (int t = 0; t < 2; t++) {
+        Precision prec = t ? PREC_BF16 : PREC_FP16;
+        uint16_t x[MEAN16_N], want[MEAN16_N];
+        for (int i = 0; i < MEAN16_N; i++) x[i] = want[i] = mean16_input(a->rank, i, prec);
+        for (int i = 0; i < MEAN16_N; i++) want[i] = mean16_input(0, i, prec);
+        precision_scale_stored(prec, MEAN16_N, want, 1.0f / (float)a->world);
+        comm_allreduce_mean_async(hr.c, x, MEAN16_N, prec == PREC_FP16 ? COMM_F16 : COMM_BF16);
+        comm_wait(hr.c);
+        for (int i = 0; i < MEAN16_N; i++)
+            if (x[i] != want[i]) {
+                snprintf(a->msg, sizeof a->msg, "%s, world %d, rank %d: element %d is 0x%04x, expected 0x%04x",
+                         precision_name(prec), a->world, a->rank, i, x[i], want[i]);
+                return NULL;
+            }
+    }
+    host_rank_close(&hr);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(host_ring_16bit_mean_is_pytorchs) {
+    /* which factor ncclAvg may keep: fp32 always; 16 bits only where 1/world is exact */
+    ck_assert(comm_avg_is_exact(3, COMM_F32) && comm_avg_is_exact(2, COMM_BF16) && comm_avg_is_exact(8, COMM_F16));
+    ck_assert(!comm_avg_is_exact(3, COMM_BF16) && !comm_avg_is_exact(6, COMM_F16) && !comm_avg_is_exact(7, COMM_BF16));
+    for (int t = 0; t < 2; t++) { /* the data tells the rounded factor apart from fp32's */
+        Precision prec = t ? PREC_BF16 : PREC_FP16;
+        float f16 = precision_round(prec, 1.0f / 3.0f);
+        int differ = 0;
+        for (int i = 0; i < MEAN16_N; i++) {
+            uint16_t h = mean16_input(0, i, prec), ours = h, nccl;
+            precision_scale_stored(prec, 1, &ours, 1.0f / 3.0f);
+            float v = (prec == PREC_FP16 ? f16_to_f32(h) : bf16_to_f32(h)) * f16;
+            nccl = prec == PREC_FP16 ? f32_to_f16(v) : f32_to_bf16(v);
+            differ += ours != nccl;
+        }
+        ck_assert_msg(differ > 100, "%s: only %d of %d elements tell 1/3 in fp32 from 1/3 rounded to 16 bits",
+                      precision_name(prec), differ, MEAN16_N);
+    }
+    const int worlds[] = {2, 3, 5};
+    for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+        int world = worlds[w], port = test_free_port();
+        pthread_t t[5];
+        RankArg a[5];
+        for (int r = 0; r < world; r++) {
+            a[r] = (RankArg){.rank = r, .world = world, .port = port};
+            pthread_create(&t[r], NULL, mean16_rank_main, &a[r]);
+        }
+        for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
+        for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
+    }
 }
 END_TEST
 
@@ -1284,6 +1357,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
+    tcase_add_test(tc, host_ring_16bit_mean_is_pytorchs);
     tcase_add_test(tc, host_ring_issue_waits_for_a_free_slot);
     tcase_add_test(tc, ranks_on_different_communicators_are_refused);
     tcase_add_test(tc, launcher_refuses_bad_flags);

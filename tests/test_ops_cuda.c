@@ -1094,6 +1094,43 @@ END_TEST
  * type, in the three ways a call can fall:
  * a count of whole vectors, a count with a rest (block 0 does it element by element), and tensors
  * one element off 16-byte alignment (the scalar kernels). */
+/* launch_scale_lp — a 16-bit mean all-reduce's contribution over NCCL when ncclAvg's rounded 1/world
+ * would bias it (comm_nccl.c) — gives precision_scale_stored's bits, the host ring's rule: every
+ * finite 16-bit pattern, subnormals and both zeros included, times 1/3, 1/5, 1/6, 1/7 and 1/2. */
+START_TEST(test_scale_lp_matches_host) {
+    if (!test_have_gpu("ops_cuda: the 16-bit mean's multiply (launch_scale_lp)")) return;
+#ifdef USE_CUDA
+    Device d;
+    gpu_open(&d, 0, 0);
+    Precision ps[2];
+    int np = lp_types(&d, ps);
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * sizeof *h), *want = malloc(N * sizeof *want), *got = malloc(N * sizeof *got);
+    void *x = device_alloc(&d, N * sizeof(uint16_t), "test scale_lp");
+    const float alphas[] = {1.f / 3, 1.f / 5, 1.f / 6, 1.f / 7, 0.5f};
+    for (int t = 0; t < np; t++)
+        for (size_t k = 0; k < sizeof alphas / sizeof alphas[0]; k++) {
+            int n = 0;
+            for (uint32_t b = 0; b < N; b++) { /* the finite patterns only: NaN payloads are not ours to pin */
+                float v = ps[t] == PREC_FP16 ? f16_to_f32((uint16_t)b) : bf16_to_f32((uint16_t)b);
+                if (isfinite(v)) h[n++] = (uint16_t)b;
+            }
+            memcpy(want, h, (size_t)n * sizeof *h);
+            precision_scale_stored(ps[t], n, want, alphas[k]);
+            device_copy_h2d(&d, x, h, (size_t)n * sizeof *h);
+            launch_scale_lp(d.stream, (int)ps[t], n, x, alphas[k]);
+            device_copy_d2h(&d, got, x, (size_t)n * sizeof *h);
+            for (int i = 0; i < n; i++)
+                ck_assert_msg(got[i] == want[i], "%s × %g: 0x%04x gives 0x%04x on the GPU, 0x%04x on the host",
+                              precision_name(ps[t]), alphas[k], h[i], got[i], want[i]);
+        }
+    device_free(&d, x);
+    free(h), free(want), free(got);
+    device_destroy(&d);
+#endif
+}
+END_TEST
+
 START_TEST(test_add_relu_and_casts_exact) {
     if (!test_have_gpu("ops_cuda: add + fused ReLU and the casts, fp32/fp16/bf16, vector and scalar")) return;
     Device d;
@@ -1458,6 +1495,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_conv_fp32_channels_last_matches_reference);
     tcase_add_test(tc, test_bn_fused_relu_matches_emulation);
     tcase_add_test(tc, test_add_relu_and_casts_exact);
+    tcase_add_test(tc, test_scale_lp_matches_host);
     tcase_add_test(tc, test_scaler_ops_match_reference);
     tcase_add_test(tc, test_bn_scratch_bounds);
     suite_add_tcase(s, tc);
