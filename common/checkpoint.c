@@ -567,8 +567,34 @@ static void probe_name(const char *dir, char *name, const char *what, const char
     free(name);
 }
 
+/* A resumed run's later step checkpoints: stepN.ckpt with first_step < N <= last_step. A stop on a
+ * signal (Ctrl-C, SIGTERM, a scheduler's notice) saves stepN where it stops, which may be any of them. */
+static void probe_later_steps(const char *dir, const char *resumed_from, int64_t first_step, int64_t last_step) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long n;
+        char end[8];
+        if (!ckpt_name(e->d_name, "step", 8) || sscanf(e->d_name, "step%lld%7s", &n, end) != 2 || n <= first_step ||
+            n > last_step)
+            continue;
+        char *p = checkpoint_path(dir, 0, n, 0);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+            closedir(d);
+            die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s': a stop on a signal "
+                     "(Ctrl-C, SIGTERM) at step %lld would write over it — resume from a later one (e.g. --resume "
+                     "%s), give --save another directory, or move the later checkpoints away",
+                     dir, p, resumed_from, n, p);
+        }
+        free(p);
+    }
+    closedir(d);
+}
+
 void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step,
-                      const char *resumed_from) {
+                      const char *resumed_from, int64_t first_step, int64_t last_step) {
     char *path = checkpoint_path(dir, 0, 0, 0); /* creates dir, or fails naming the mkdir */
     char *probe = NULL, *moved = NULL, what[64];
     if (asprintf(&probe, "%s.probe%d", path, (int)getpid()) < 0 || asprintf(&moved, "%s.renamed", probe) < 0)
@@ -598,6 +624,7 @@ void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, 
         snprintf(what, sizeof what, "of --steps %lld (inside an epoch)", (long long)stop_step);
         probe_name(dir, checkpoint_path(dir, 0, stop_step, 0), what, resumed_from);
     }
+    if (resumed_from) probe_later_steps(dir, resumed_from, first_step, last_step);
 }
 
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {

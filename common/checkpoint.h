@@ -110,10 +110,11 @@ char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_e
  * one where --steps stop_step stops (if > 0), and their .tmp — is already something other than a
  * file (a directory there would fail the save after an epoch of training). A run resumed from a
  * checkpoint (resumed_from; NULL for a fresh run) must find no file at those names either: it would
- * write over its run's later checkpoints. A failure is a user error naming the call or the path, and
- * the fix. */
+ * write over its run's later checkpoints — nor a step checkpoint of a step it will pass (first_step,
+ * last_step], since a stop on a signal saves at a step of its own (stop.h). A failure is a user
+ * error naming the call or the path, and the fix. */
 void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, int64_t stop_step,
-                      const char *resumed_from);
+                      const char *resumed_from, int64_t first_step, int64_t last_step);
 
 /* One run at a time saves into a directory: two runs writing the same epochNNN.ckpt names would
  * overwrite each other's checkpoints, and the check of what a --save directory holds (cli.c) sees only

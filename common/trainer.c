@@ -847,7 +847,8 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         int64_t last = S > 0 && S / spe < cfg->epochs ? S / spe : cfg->epochs;
         int64_t inside = S > 0 && S % spe && S / spe < cfg->epochs ? S : 0;
         const char *resumed = cfg->resume[0] && !(S > 0 && S <= r->step) ? cfg->resume : NULL;
-        checkpoint_probe(cfg->save, r->epoch, last, inside, resumed);
+        int64_t last_step = S > 0 && S < r->total_steps ? S : r->total_steps;
+        checkpoint_probe(cfg->save, r->epoch, last, inside, resumed, r->step, last_step);
     }
     if (cfg->save[0]) { /* a signal now stops the run at a step boundary, saved (stop.h) */
         char notice[400];

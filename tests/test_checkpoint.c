@@ -641,12 +641,12 @@ END_TEST
 
 /* ---- --save checked before training ---- */
 
-static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3, 7, NULL); }
+static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3, 7, NULL, 0, 0); }
 
 START_TEST(test_save_probe) {
     char sub[200], file[240], *out;
     snprintf(sub, sizeof sub, "%s/new/dir", g_dir);
-    checkpoint_probe(sub, 0, 3, 7, NULL); /* created, written, and left empty */
+    checkpoint_probe(sub, 0, 3, 7, NULL, 0, 0); /* created, written, and left empty */
     DIR *d = opendir(sub);
     ck_assert_ptr_nonnull(d);
     struct dirent *e;
@@ -693,14 +693,14 @@ START_TEST(test_save_probe) {
      * there fails the open, a FIFO would hang it; a regular file there (an earlier run's) is fine, and
      * so is anything under a name this run does not write */
     snprintf(sub, sizeof sub, "%s/names", g_dir);
-    checkpoint_probe(sub, 0, 3, 7, NULL);
+    checkpoint_probe(sub, 0, 3, 7, NULL, 0, 0);
     snprintf(file, sizeof file, "%s/epoch001.ckpt", sub);
     write_bytes(file, (const unsigned char *)"x", 1);
     snprintf(file, sizeof file, "%s/epoch004.ckpt", sub); /* after --epochs 3 */
     ck_assert_int_eq(mkdir(file, 0700), 0);
     snprintf(file, sizeof file, "%s/step00000006.ckpt", sub); /* not where --steps 7 stops */
     ck_assert_int_eq(mkdir(file, 0700), 0);
-    checkpoint_probe(sub, 0, 3, 7, NULL);
+    checkpoint_probe(sub, 0, 3, 7, NULL, 0, 0);
     snprintf(file, sizeof file, "%s/epoch003.ckpt.tmp", sub);
     ck_assert_int_eq(mkdir(file, 0700), 0);
     ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);

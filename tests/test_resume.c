@@ -515,6 +515,16 @@ START_TEST(save_into_another_runs_checkpoints_is_refused) {
      * so only step00000003.ckpt is written and epoch002/003 stay as they are */
     snprintf(args, sizeof args, "%s --epochs 3 --steps 3 --resume %s/d/epoch001.ckpt --save %s/d", t, dir, dir);
     keeps_file(ck, 0, "stage1", args, "resumed from", "step00000003.ckpt");
+    /* a later step checkpoint the run would pass is at risk too: a stop on a signal saves at a step
+     * of its own. f holds epoch001 and step00000003 (--steps 3 stopped inside epoch 2); resuming
+     * epoch001 into f passes step 3 — refused, the file kept; from step00000003 itself, nothing later */
+    snprintf(args, sizeof args, "%s --epochs 3 --steps 3 --save %s/f", t, dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/f/step00000003.ckpt", dir);
+    snprintf(args, sizeof args, "%s --epochs 3 --resume %s/f/epoch001.ckpt --save %s/f", t, dir, dir);
+    keeps_file(ck, 1, "stage1", args, "step00000003.ckpt, a later checkpoint", "a stop on a signal");
+    snprintf(args, sizeof args, "%s --epochs 3 --resume %s/f/step00000003.ckpt --save %s/f", t, dir, dir);
+    keeps_file(ck, 0, "stage1", args, "resumed from", "epoch003.ckpt");
     /* --steps already reached (epoch001 is step 2): the resume's own message, in stage 3 too, where
      * the position is checked after the overwrite check */
     snprintf(args, sizeof args, "%s --epochs 3 --steps 2 --nproc-per-node 1 --master-port %d --resume %s/d/epoch001.ckpt "
