@@ -396,6 +396,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
         die_user("checkpoint '%s' is corrupt: checksum mismatch (stored %016llx, computed %016llx) — the "
                  "file was damaged after it was written; use an earlier checkpoint", path,
                  (unsigned long long)get_u64(sum), (unsigned long long)h);
+    m.checksum = h;
 
     if (!counters_possible(&m))
         die_user("checkpoint '%s' is corrupt: counters no save writes (epoch %lld, step %lld, batch %lld, world size "

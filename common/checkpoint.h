@@ -74,6 +74,7 @@ typedef struct CheckpointMeta {
                              * appended; a file that has it is taken, head and all — the caller's parameter
                              * arrays then hold n_params + head_params floats, the head last. 0: never */
     int evaluating;         /* in an expectation only: the errors say "evaluate it", not "resume it" */
+    uint64_t checksum;      /* read back: the file's checksum, verified (the ranks of a job compare them) */
 } CheckpointMeta;
 
 enum { CKPT_DATA_UNKNOWN = 0, CKPT_DATA_SYNTHETIC = 1, CKPT_DATA_CIFAR10 = 2 };

@@ -581,7 +581,9 @@ static void resume_check(Run *r) {
  * mpirun, where no launcher of ours stops them. Every rank sums once at each of two points
  * (run_begin's file checks, run_sampler's checks against the sampler flags), resumed or not, so the
  * sums pair up. They also count the ranks given a --resume and, at the second, add the steps the
- * ranks resumed at (a stale file of the same name on one node would put that rank at another). */
+ * ranks resumed at (a stale file of the same name on one node would put that rank at another) and
+ * the files' checksums (another run's file at the same step would start the replicas apart:
+ * each rank takes its weights and momentum from its own file). */
 #define GATE_REFUSED (-1e9)       /* rank 0 refused the --resume checkpoint (the others add at most 2^24) */
 #define GATE_REFUSED_FLAGS (-3e9) /* …or this run's flags (run_begin's own checks, before the resume) */
 static Run *gate_run;         /* rank 0, inside its checks: whom the last words speak for */
@@ -592,23 +594,37 @@ static void gate_refused(void) {
     if (!gate_run || !pthread_equal(gate_thread, pthread_self())) return;
     Run *r = gate_run;
     gate_run = NULL;
-    double v[2] = {gate_flags ? GATE_REFUSED_FLAGS : GATE_REFUSED, 0};
-    r->sum_across(r->sum_ctx, v, 2);
+    double v[6] = {gate_flags ? GATE_REFUSED_FLAGS : GATE_REFUSED, 0, 0, 0, 0, 0};
+    r->sum_across(r->sum_ctx, v, 6);
 }
 
 /* The sum and what every rank reads from it. */
 static void gate_sum(Run *r, int second) {
-    double v[2] = {r->cfg->resume[0] != 0, (double)r->step};
-    r->sum_across(r->sum_ctx, v, 2);
+    /* the checksum in two 24-bit halves' worth of it (48 bits): sums of up to 2^29 ranks stay exact */
+    const uint64_t ck = r->resumed.checksum;
+    const double hi = (double)(ck >> 40), lo = (double)((ck >> 16) & 0xffffff);
+    /* and who has --save: only rank 0 saves, so a --save given to other ranks alone saves nothing */
+    const int save = r->cfg->save[0] != 0;
+    double v[6] = {r->cfg->resume[0] != 0, (double)r->step, hi, lo, save, save && r->rank == 0};
+    r->sum_across(r->sum_ctx, v, 6);
     if (v[0] < 0)
         die_collateral(1, 2, "rank %d: rank 0 refused %s — see its error", r->rank,
                        v[0] < (GATE_REFUSED + GATE_REFUSED_FLAGS) / 2 ? "this run's flags" : "the --resume checkpoint");
     if (v[0] != 0 && v[0] != r->world_size)
         die_collateral(r->rank != 0, 2, "rank %d: --resume is given to %.0f of the %d ranks — give every rank the "
                        "same --resume, or none", r->rank, v[0], r->world_size);
+    if (v[4] > 0 && v[5] == 0)
+        die_collateral(r->rank != 0, 2, "rank %d: --save is given to %.0f of the %d ranks, but not to rank 0, the "
+                       "one that saves: nothing would be saved — give rank 0 --save (best: every rank the same "
+                       "command line)", r->rank, v[4], r->world_size);
     if (second && v[1] != (double)r->step * r->world_size)
         die_collateral(r->rank != 0, 2, "rank %d: the ranks resumed at different steps (this one at step %lld) — "
                        "give every rank the same checkpoint", r->rank, (long long)r->step);
+    if (second && (v[2] != hi * r->world_size || v[3] != lo * r->world_size))
+        die_collateral(r->rank != 0, 2, "rank %d: the ranks resumed from different checkpoints at the same step "
+                       "(this one's '%s' has checksum %016llx) — each rank would start from its own weights and "
+                       "momentum: give every rank the same checkpoint (a copy of the same file on each node)",
+                       r->rank, r->cfg->resume, (unsigned long long)ck);
 }
 
 /* Around the checks of a --resume: rank 0 checks, then sums; the others sum, then check. */

@@ -901,7 +901,8 @@ START_TEST(two_nodes_and_mismatched_flags) {
 END_TEST
 
 /* --resume given to one node only: its rank would continue at step 3 while the other starts at step 0
- * (a path may differ between the ranks, but not whether there is one). Both stop, saying so. */
+ * (a path may differ between the ranks, but not whether there is one). Both stop, saying so. --save
+ * on node 0 alone is fine (rank 0 is the one that saves); on node 1 alone it would save nothing. */
 START_TEST(resume_on_one_node_only_is_refused) {
     char *dir = test_tmpdir(), args[1024], *out;
     snprintf(args, sizeof args, "--steps 3 --nproc-per-node 1 --save %s/n", dir);
@@ -911,6 +912,12 @@ START_TEST(resume_on_one_node_only_is_refused) {
     snprintf(args, sizeof args, "--steps 5 --nproc-per-node 1 --resume %s/n/step00000003.ckpt", dir);
     run_two_nodes("stage3", args, "stage3", "--steps 5 --nproc-per-node 1", &out);
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "--resume is given to 1 of the 2 ranks"), "%s", out);
+    free(out);
+    /* --save on node 1 alone: only rank 0 saves, so nothing would be — refused before training */
+    snprintf(args, sizeof args, "--steps 3 --nproc-per-node 1 --save %s/n1", dir);
+    run_two_nodes("stage3", "--steps 3 --nproc-per-node 1", "stage3", args, &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "--save is given to 1 of the 2 ranks, but not to rank 0"),
+                  "%s", out);
     free(out);
     free(dir);
 }
@@ -946,7 +953,8 @@ static void run_srun_pair(const char *args0, const char *args1, char **out) {
 
 /* Under srun a refused --resume stops rank 1 through the gate's sum (rank 0's last words), with one
  * line pointing at rank 0's error — over NCCL it used to wait --comm-timeout for a rank that had
- * left. Two ranks given checkpoints of different steps (a stale file on one node) are refused. */
+ * left. Two ranks given checkpoints of different steps (a stale file on one node), or of the same
+ * step of different runs, are refused; a copy of the same file is accepted. */
 START_TEST(srun_ranks_agree_on_the_resume) {
     char *dir = test_tmpdir(), a0[1024], a1[1024], *out;
     snprintf(a0, sizeof a0, TINY " --epochs 2 --nproc-per-node 2 --master-port %d --save %s/s", test_free_port(), dir);
@@ -970,6 +978,24 @@ START_TEST(srun_ranks_agree_on_the_resume) {
     snprintf(a1, sizeof a1, "--epochs 3 --comm-timeout 60 --resume %s/s/epoch002.ckpt", dir);
     run_srun_pair(a0, a1, &out);
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks resumed at different steps"), "%s", out);
+    free(out);
+    /* the same step of another run (here --lr 0.05): each rank would start from its own weights */
+    snprintf(a0, sizeof a0, TINY " --epochs 2 --lr 0.05 --nproc-per-node 2 --master-port %d --save %s/o",
+             test_free_port(), dir);
+    ck_assert_int_eq(stage3(NULL, a0, &out), 0);
+    free(out);
+    snprintf(a0, sizeof a0, "--epochs 3 --comm-timeout 60 --resume %s/s/epoch001.ckpt", dir);
+    snprintf(a1, sizeof a1, "--epochs 3 --comm-timeout 60 --resume %s/o/epoch001.ckpt", dir);
+    run_srun_pair(a0, a1, &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks resumed from different checkpoints"), "%s",
+                  out);
+    free(out);
+    /* a copy of the same file (as on another node's disk) is the same checkpoint */
+    snprintf(a1, sizeof a1, "cp %s/s/epoch001.ckpt %s/copy.ckpt", dir, dir);
+    ck_assert_int_eq(system(a1), 0);
+    snprintf(a1, sizeof a1, "--epochs 3 --comm-timeout 60 --resume %s/copy.ckpt", dir);
+    run_srun_pair(a0, a1, &out);
+    ck_assert_msg(strstr(out, "exit codes 0 0"), "%s", out);
     free(out);
     free(dir);
 }
