@@ -79,15 +79,21 @@ static int64_t now_ns(void) {
 
 /* ---- flags ------------------------------------------------------------------------------------ */
 
+#define TRACE_MAX_STEP 1000000000000LL /* 10^12 steps: beyond any run, and far from overflow */
+
 void trace_parse_steps(const char *flag, int64_t *a, int64_t *b) {
     char *end;
     const char *colon = strchr(flag, ':');
     long long x = -1, y = -1;
     if (colon) {
+        errno = 0;
         x = strtoll(flag, &end, 10);
         if (end != colon || colon == flag) x = -1;
         y = strtoll(colon + 1, &end, 10);
         if (*end || !colon[1]) y = -1;
+        if (errno == ERANGE || x > TRACE_MAX_STEP || y > TRACE_MAX_STEP)
+            die_user("--trace-steps %s: out of range — A and B are optimizer steps, at most %lld, e.g. "
+                     "--trace-steps %s", flag, (long long)TRACE_MAX_STEP, TRACE_DEFAULT_STEPS);
     }
     if (!colon || x < 0 || y < 0)
         die_user("--trace-steps %s: expected A:B, the optimizer steps A (first, counted from 0) to B "

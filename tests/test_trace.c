@@ -139,7 +139,8 @@ START_TEST(window_after_the_run) {
 END_TEST
 
 START_TEST(bad_trace_flags_refused) {
-    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000", "0:1001"}; /* 1000 steps at most */
+    const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000", "0:1001", /* 1000 steps at most */
+                         "99999999999999999999:1", "9223372036854775806:9223372036854775807"}; /* out of range */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[1024], *out;
         snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace /tmp/never.json --trace-steps '%s'",
@@ -148,6 +149,7 @@ START_TEST(bad_trace_flags_refused) {
         ck_assert_msg(rc == 2, "--trace-steps %s: exit %d, expected 2:\n%s", bad[i], rc, out);
         ck_assert_msg(strstr(out, "--trace-steps") && strstr(out, "error"), "%s", out);
         ck_assert_msg(!strstr(out, "summary:"), "--trace-steps %s: the run started:\n%s", bad[i], out);
+        ck_assert_msg(strlen(bad[i]) < 20 || strstr(out, "out of range"), "--trace-steps %s:\n%s", bad[i], out);
         free(out);
     }
     char cmd[1024], *out;
