@@ -371,10 +371,13 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
 /* ---- --show-scaler ----------------------------------------------------------------------------- */
 
 int amp_show_scaler(const AmpConfig *a) {
+    static const char *const uses[] = {"show-scaler", "amp", "init-scale", "growth-factor", "backoff-factor",
+                                       "growth-interval", NULL};
     const char *pat = a->show_scaler;
     if (!pat[0] || strspn(pat, "FI") != strlen(pat))
         die_user("--show-scaler wants a pattern of F (finite step) and I (inf gradient) letters, "
                  "e.g. FFIFF; got '%s'", pat);
+    cli_lesson_flags("show-scaler", "the scale after each update", uses);
     /* A real GradScaler on the CPU backend with one parameter whose gradient is 1 or inf. */
     Device d = {0};
     device_init(&d, DEV_CPU, 0, -1);

@@ -382,6 +382,16 @@ int cli_job_flags(double *v, int cap, const char **names) {
     return n;
 }
 
+void cli_lesson_flags(const char *lesson, const char *prints, const char *const *uses) {
+    /* where a job would run and how it shows progress: a lesson on the host, printing one line, has
+     * nothing to get wrong from them (scripts and the doc test pass --master-port to every run) */
+    static const char *const anywhere[] = {"device", "master-port", "master-addr", "progress", NULL};
+    for (int i = 0; i < n_given; i++)
+        if (!listed(uses, given[i]->name) && !listed(anywhere, given[i]->name))
+            die_user("--%s is not read by --%s, which prints %s and exits: drop --%s (or drop --%s to train)",
+                     given[i]->name, lesson, prints, given[i]->name, lesson);
+}
+
 int cli_given(const char *name) {
     for (int i = 0; i < n_given; i++)
         if (!strcmp(given[i]->name, name)) return 1;

@@ -46,6 +46,12 @@ const char *cli_choice(const char *name);
  * compares them across ranks at start-up. */
 int cli_job_flags(double *v, int cap, const char **names);
 
+/* A lesson that prints and exits (--show-sampler, --show-scaler) reads only its own flags (`uses`,
+ * NULL-terminated); any other flag on the command line would be silently ignored, so it is refused,
+ * naming it and what the lesson prints (`prints`) — all but --device, --master-port, --master-addr
+ * and --progress, which change nothing a lesson prints. */
+void cli_lesson_flags(const char *lesson, const char *prints, const char *const *uses);
+
 /* The configuration every stage shares. Defaults are applied by config_defaults; values that depend
  * on the device (model, dataset sizes, epochs) are left "auto" (empty string / −1) until
  * config_resolve, once the device kind is known. */

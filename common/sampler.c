@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cli.h"
 #include "errors.h"
 #include "rng.h"
 
@@ -41,6 +42,9 @@ int64_t sampler_num_real(int64_t n, int world, int rank) {
 }
 
 int sampler_show(const SamplerShow *s, uint64_t seed, int shuffle, int drop_last) {
+    static const char *const uses[] = {"show-sampler", "dataset-size", "world-size", "rank", "epoch", "seed",
+                                       "no-shuffle", "drop-last", NULL};
+    cli_lesson_flags("show-sampler", "one rank's sample indices", uses);
     if (s->dataset_size < 1) die_user("--show-sampler needs --dataset-size N (the length of the dataset)");
     if (s->rank >= s->world_size)
         die_user("--rank %d must be below --world-size %d (ranks are numbered from 0)", s->rank, s->world_size);

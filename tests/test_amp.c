@@ -729,6 +729,8 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         {"--amp bf16 --show-scaler FIF", "--show-scaler shows fp16's GradScaler: drop --amp bf16"},
         {"--amp fp16 --no-grad-scaler --show-scaler FIF", "GradScaler: drop --no-grad-scaler\n"}, /* not --amp */
         {"--show-scaler FIF --show-sampler --dataset-size 10", "run them one at a time"},
+        /* a flag the lesson does not read (here --nproc-per-node, given to every case) is refused */
+        {"--show-scaler FIF --growth-interval 1", "--nproc-per-node is not read by --show-scaler"},
         /* the scaler's knobs without a scaler: refused, not silently ignored */
         {"--amp off --init-scale 1024", "--init-scale tunes fp16's GradScaler, and --amp off runs without one"},
         {"--amp bf16 --backoff-factor 0.25", "--backoff-factor tunes fp16's GradScaler, and --amp bf16"},

@@ -601,6 +601,9 @@ START_TEST(launcher_refuses_bad_flags) {
         {"--device cpu --nnodes 2 --node-rank 2", "--node-rank"},
         {"--show-sampler --world-size 2 --rank 2 --dataset-size 5", "--rank"},
         {"--show-sampler --world-size 2", "--dataset-size"},
+        /* a flag the lesson does not read: refused, not silently ignored */
+        {"--show-sampler --dataset-size 10 --world-size 2 --rank 1 --resume /nonexistent",
+         "--resume is not read by --show-sampler"},
         {"--device cpu --report /nonexistent/dir/r.jsonl", "/nonexistent/dir"},
         /* the sampler lesson's flags in a training run: refused, where they used to be ignored */
         {"--device cpu --world-size 4", "--world-size only applies to --show-sampler"},
