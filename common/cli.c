@@ -156,7 +156,7 @@ static void cli_print_help(const Option *opts, const char *prog, const char *abo
     if (w_name > NAME_COLS) w_name = NAME_COLS;
     w_def += 8; /* "default " */
     if (w_def > DEFAULT_COLS) w_def = DEFAULT_COLS;
-    const int col = 2 + w_name + 2 + w_def + 1; /* where the help text starts */
+    const int col = 2 + w_name + 2 + w_def + 2; /* where the help text starts: two spaces after the default */
     for (const Option *o = opts; o->name; o++) {
         char head[256], dflt[300];
         snprintf(head, sizeof head, "--%s%s%s", o->name, o->kind == OPT_FLAG ? "" : " ", opt_metavar(o));
@@ -165,10 +165,10 @@ static void cli_print_help(const Option *opts, const char *prog, const char *abo
         if ((int)strlen(head) > w_name) printf("  %s\n  %-*s  ", head, w_name, ""); /* its own line */
         else printf("  %-*s  ", w_name, head);
         if ((int)strlen(dflt) > w_def) printf("%s\n%*s", dflt, col, "");
-        else printf("%-*s ", w_def, dflt);
+        else printf("%-*s  ", w_def, dflt);
         print_wrapped(o->help ? o->help : "", col);
     }
-    printf("  %-*s  %-*s %s\n", w_name, "--help, -h", w_def, "", "print this help and exit");
+    printf("  %-*s  %-*s  %s\n", w_name, "--help, -h", w_def, "", "print this help and exit");
 }
 
 /* ----------------------------------------------------------------------------------------------

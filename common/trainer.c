@@ -786,13 +786,15 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         snprintf(optd, sizeof optd, "adam (betas %g, %g, eps %g)", opt->adam->beta1, opt->adam->beta2, opt->adam->eps);
     else
         snprintf(optd, sizeof optd, "momentum %g", cfg->momentum);
+    /* cuDNN's search is a GPU run's: on the CPU backend the flag changes nothing (cpu_notes says so) */
+    const char *bench_tag = cfg->cudnn_benchmark && devs[0]->kind != DEV_CPU ? " | cudnn benchmark" : "";
     /* micro-batches in an optimizer step: K, or an epoch's when K is more (as PyTorch's loop would) */
     int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
     if (cfg->evaluate) /* no training: what is tested, how (a job of processes: each rank its shard) */
         report_printf(&r->report, "data: test set %s, %lld images | batch %d%s | seed %lld%s%s\n",
                       test_source_opened, (long long)test_size_opened, cfg->batch_size,
                       gated(r) ? " on each rank, each its DistributedSampler shard" : "", (long long)cfg->seed,
-                      cfg->deterministic ? " | deterministic" : "", cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+                      cfg->deterministic ? " | deterministic" : "", bench_tag);
     else if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
         char more[64] = "";
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
@@ -804,7 +806,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       (long long)k * cfg->batch_size * world_size, cfg->epochs,
                       (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
                       optd, cfg->weight_decay, (long long)cfg->seed,
-                      cfg->deterministic ? " | deterministic" : "", cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+                      cfg->deterministic ? " | deterministic" : "", bench_tag);
     } else
         report_printf(&r->report,
                       "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
@@ -812,7 +814,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                       data_desc, cfg->batch_size, world_size, cfg->epochs, (long long)batches_per_epoch,
                       cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
-                      cfg->cudnn_benchmark ? " | cudnn benchmark" : "");
+                      bench_tag);
     if (cfg->warmup_steps > 0 && cfg->warmup_steps < r->total_steps && !cfg->evaluate) {
         const int64_t rest = r->total_steps - cfg->warmup_steps;
         report_printf(&r->report, "warm-up: the learning rate rises linearly from %g × %g over the first %lld optimizer "

@@ -173,8 +173,22 @@ def markdown(t):
     return "\n".join(lines)
 
 
-def svg(rows, torch_rows, meta):
-    """Two panels: images/s per row (bars), peak memory per device per row (grouped bars)."""
+def wrap_words(text, chars):
+    """text in lines of at most `chars` characters, cut at spaces."""
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > chars:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + ([line] if line else [])
+
+
+def svg(rows, torch_rows, meta, notes=()):
+    """Two panels: images/s per row (bars), peak memory per device per row (grouped bars). notes: what
+    the times can and cannot show (the CPU backend's note, a one-GPU notice), drawn under the setting
+    in red, so that the chart does not travel without them."""
     allr = [r for r in rows + torch_rows if r.get("ok", True)]
     ndev = max([len(r["mem"]) for r in allr] or [1])
     unit = mem_unit(allr)
@@ -188,7 +202,8 @@ def svg(rows, torch_rows, meta):
         else:
             line = f"{line}, {part}" if line else part
     sub.append(line)
-    top = 50 + 14 * len(sub)
+    warn = [w for n in notes for w in wrap_words(n, (width - 20) // 6)]
+    top = 50 + 14 * (len(sub) + len(warn))
     height = top + rowh * max(len(allr), 1) + 60
     ipsmax = max([r["ips"] or 0 for r in allr] or [1]) or 1
     memmax = max([m for r in allr for m in r["mem"]] or [1]) or 1
@@ -197,6 +212,8 @@ def svg(rows, torch_rows, meta):
          f'<rect width="{width}" height="{height}" fill="white"/>',
          f'<text x="10" y="20" font-size="15" font-weight="bold">{escape("make compare: " + meta.get("mode", ""))}</text>',
          *(f'<text x="10" y="{38 + 14 * i}" font-size="11" fill="#444">{escape(t)}</text>' for i, t in enumerate(sub)),
+         *(f'<text x="10" y="{38 + 14 * (len(sub) + i)}" font-size="11" fill="#b22222">{escape(t)}</text>'
+           for i, t in enumerate(warn)),
          f'<text x="{left}" y="{top - 8}" font-weight="bold">images/s (all devices)</text>',
          f'<text x="{left + pw + gap}" y="{top - 8}" font-weight="bold">peak memory per device ({unit[0]})</text>']
     for j, r in enumerate(allr):
@@ -299,7 +316,7 @@ def main():
     with open(os.path.join(d, "compare.md"), "w") as f:
         f.write("\n".join(md))
     with open(os.path.join(d, "compare.svg"), "w") as f:
-        f.write(svg(rows, torch_rows, meta))
+        f.write(svg(rows, torch_rows, meta, [n for n in ("notice: " + meta["notice"] if meta.get("notice") else "", note) if n]))
     print(f"compare: table {os.path.join(d, 'compare.md')}, chart {os.path.join(d, 'compare.svg')} (opens in any browser), "
           f"logs and reports {d}/")
     return 0 if all(r["ok"] for r in rows) else 1
