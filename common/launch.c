@@ -426,8 +426,9 @@ static int own_failure(const Child *c, const StatusSlot *slot) {
            !__atomic_load_n(&slot->collateral, __ATOMIC_RELAXED);
 }
 
-/* The launcher got SIGINT, SIGTERM or SIGHUP: send each worker the same once (SIGTERM for SIGHUP: a
- * hung-up terminal is no reason to lose the run), then wait. A worker without --save dies of it at
+/* The launcher got SIGINT, SIGTERM, SIGHUP or SIGQUIT (the four torchrun's agent handles): send each
+ * worker the same once (SIGTERM for SIGHUP and SIGQUIT: a hung-up terminal or a Ctrl-\ is no reason
+ * to lose the run), then wait. A worker without --save dies of it at
  * once; one with --save says it is on its way (its handler marks the status page) and stops at a step
  * every rank agrees on, evaluates, saves: that takes what it takes (up to --log-every steps, then an
  * evaluation and a write), so such workers are waited for without a limit — a second signal to the
@@ -435,7 +436,7 @@ static int own_failure(const Child *c, const StatusSlot *slot) {
  * starting, or stuck) is stopped after LAUNCH_STOP_S, torchrun's wait. Returns 1 if a worker failed
  * on its own meanwhile (the caller reports that failure), else 0, every worker reaped. */
 static int pass_signal_on(Child *ch, int n, int sig) {
-    int fwd = sig == SIGHUP ? SIGTERM : sig, handled = 1, broken = 0;
+    int fwd = sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig, handled = 1, broken = 0;
     for (int i = 0; i < n; i++)
         if (!ch[i].reaped) {
             __atomic_store_n(&page[i].passed, fwd, __ATOMIC_SEQ_CST); /* before the kill: see stop.c */
@@ -588,8 +589,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
      * instead of being noticed only when some worker exits. The workers get the old mask back. */
     struct sigaction sa = {.sa_handler = on_signal}, tstp = {.sa_handler = on_tstp}, was;
     sigemptyset(&sa.sa_mask), sigemptyset(&tstp.sa_mask);
-    const int stops[] = {SIGINT, SIGTERM, SIGHUP};
-    for (int i = 0; i < 3; i++) /* one ignored by whoever started us (a script's `cmd &`, nohup) stays */
+    const int stops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (int i = 0; i < 4; i++) /* one ignored by whoever started us (a script's `cmd &`, nohup) stays */
         if (sigaction(stops[i], NULL, &was) == 0 && was.sa_handler != SIG_IGN) /* ignored, in the workers too */
             sigaction(stops[i], &sa, NULL);
     if (sigaction(SIGTSTP, NULL, &was) == 0 && was.sa_handler != SIG_IGN) {
@@ -600,11 +601,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     }
     sigset_t watched, old_mask, waiting;
     sigemptyset(&watched);
-    sigaddset(&watched, SIGINT), sigaddset(&watched, SIGTERM), sigaddset(&watched, SIGHUP);
+    sigaddset(&watched, SIGINT), sigaddset(&watched, SIGTERM), sigaddset(&watched, SIGHUP), sigaddset(&watched, SIGQUIT);
     sigaddset(&watched, SIGCHLD), sigaddset(&watched, SIGTSTP);
     sigprocmask(SIG_BLOCK, &watched, &old_mask);
     waiting = old_mask;
-    sigdelset(&waiting, SIGINT), sigdelset(&waiting, SIGTERM), sigdelset(&waiting, SIGHUP);
+    sigdelset(&waiting, SIGINT), sigdelset(&waiting, SIGTERM), sigdelset(&waiting, SIGHUP), sigdelset(&waiting, SIGQUIT);
     sigdelset(&waiting, SIGCHLD), sigdelset(&waiting, SIGTSTP);
 
     pid_t self = getpid();

@@ -711,6 +711,18 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
                   !strstr(out, "job failed"), "%s", out);
     free(out);
 
+    /* SIGQUIT (Ctrl-\\) to the launcher, which torchrun's agent also handles: passed on as a SIGTERM,
+     * every rank stops at the same step and rank 0 saves it (a script's `cmd &` ignores SIGQUIT, as
+     * SIGINT: env restores it) */
+    snprintf(cmd, sizeof cmd, "D=%s; R=q; env --default-signal=QUIT %s/stage3 %s --master-port %d --save $D/q > $D/q.log "
+             "2>&1 & run=$!; %s"
+             "kill -QUIT $run; %s cat $D/q.log", dir, test_root(), s3, test_free_port(), started, ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 2 of 2 ranks) after step ") &&
+                  strstr(out, "exit 131") && strstr(out, "interrupted by SIGQUIT: every worker stopped after the same step") &&
+                  !strstr(out, "job failed"), "%s", out);
+    free(out);
+
     /* at the run's last step there is nothing to stop: the run finishes, exit 0 */
     snprintf(cmd, sizeof cmd, "D=%s; R=f; env --default-signal=INT %s/stage1 " TINY " --train-size 512 --batch-size 32 "
              "--steps 20 --log-every 1 --save $D/f > $D/f.log 2>&1 & run=$!; "
