@@ -372,6 +372,12 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
                            "--bucket-mb, --no-overlap, --accum-steps, --sync-each-micro-step or "
                            "--find-unused-parameters) — start every rank with the same flags", d->rank);
     run_sampler(run, !f->no_shuffle, f->drop_last); /* DistributedSampler's flags: a --resume is checked now */
+    /* Test-only (STAGE3_TEST_SKEW_INIT): the other ranks start from other weights, so that only the
+     * broadcast below can make the replicas equal (every rank builds its model from the same --seed). */
+    if (d->rank != 0 && getenv("STAGE3_TEST_SKEW_INIT")) {
+        scale_inplace(d->dev, m->n_param_floats, m->param_flat, 1.5f);
+        if (m->n_buffer_floats) scale_inplace(d->dev, m->n_buffer_floats, m->buffer_flat, 3.0f);
+    }
     /* …and makes every replica start from rank 0's parameters and buffers. */
     comm_broadcast_async(comm, m->param_flat, m->n_param_floats, 0);
     if (m->n_buffer_floats) comm_broadcast_async(comm, m->buffer_flat, m->n_buffer_floats, 0);
