@@ -467,6 +467,22 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
     ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 7, "%s", out);
     /* 7 × the calibrated 0.983 ms a cold thread's plan costs (dp_python.c, docs/stage2.md), written out */
     ck_assert(json_field(rep, "phases", "plan_ms_per_thread") >= 7 * 0.983 * 0.999);
+    /* the phases partition each step, so they add up whatever each is charged: what pins where a
+     * phase's marks sit is its modelled Python, spent on the wall clock between them (the CPU backend
+     * times phases on the wall clock; a median of per-step times each ≥ its Python is ≥ theirs) */
+    int with_python = 0;
+    for (int p = 0; p < DP_PHASES; p++) {
+        char key[40], pkey[48];
+        snprintf(key, sizeof key, "%s_ms", dp_phase_name[p]);
+        snprintf(pkey, sizeof pkey, "%s_python_ms", dp_phase_name[p]);
+        double ms = json_field(rep, "phases", key), py = json_field(rep, "phases", pkey);
+        with_python += py > 0;
+        ck_assert_msg(ms >= 0.99 * py, "phase %s: %.3f ms measured, less than its %.3f ms of modelled Python — the "
+                      "time is charged to another phase", dp_phase_name[p], ms, py);
+    }
+    ck_assert_msg(with_python >= 4, "only %d phases model Python (scatter, replicate, gather, reduce at least)",
+                  with_python);
+    ck_assert_msg(json_field(rep, "summary", "ms_per_iter_median") > 0, "no timed step: the sum is compared with itself");
     free(rep);
     check_report(path, 1);
     free(out), free(dir);
