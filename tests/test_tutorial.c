@@ -41,7 +41,8 @@ START_TEST(tutorial_cpu_commands_run) {
 END_TEST
 
 /* A tutorial with a good block, a broken one and a pending one: the script fails and names block 2
- * and its line; the good block still reports ok; the pending block is not run. */
+ * and its line; the good block still reports ok; the pending block is not run. Then exit=N and
+ * '# expect:' lines, each enforced. */
 START_TEST(tutorial_test_fails_on_a_broken_command) {
     char *dir = test_tmpdir(), en[512], *out;
     snprintf(en, sizeof en, "%s/t.md", dir);
@@ -67,6 +68,17 @@ START_TEST(tutorial_test_fails_on_a_broken_command) {
     write_file(en, "```sh cpu-test exit=3\ntrue\n```\n");
     rc = run_doc_test(en, &out);
     ck_assert_msg(rc != 0 && strstr(out, "FAIL: block 1") && strstr(out, "expects 3"), "exit=3 not enforced:\n%s", out);
+    free(out);
+
+    /* '# expect: TEXT' lines: the output must hold each; the first missing one is named. */
+    write_file(en, "```sh cpu-test\necho 'lr 0.202'\n# expect: lr 0.202\n# expect: lr 0.334\n```\n");
+    rc = run_doc_test(en, &out);
+    ck_assert_msg(rc != 0 && strstr(out, "FAIL: block 1") && strstr(out, "printed no 'lr 0.334'") &&
+                      !strstr(out, "printed no 'lr 0.202'"), "'# expect:' not enforced:\n%s", out);
+    free(out);
+    write_file(en, "```sh cpu-test\necho 'lr 0.202, lr 0.334'\n# expect: lr 0.202\n# expect: lr 0.334\n```\n");
+    rc = run_doc_test(en, &out);
+    ck_assert_msg(rc == 0, "a block that prints what it expects failed:\n%s", out);
     free(out), free(dir);
 }
 END_TEST

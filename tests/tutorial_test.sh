@@ -11,6 +11,8 @@
 #   ```sh cpu-test-pending   a CPU command whose stage is not merged yet: listed, not run (flip it to
 #                            cpu-test once it is)
 #   ```sh                    shown, never run (GPU commands, `make`, long runs)
+# Inside a cpu-test block, a comment line `# expect: TEXT` says the block's output must contain TEXT
+# (a fixed string): what the page's prose quotes from that output, so the figures cannot drift.
 # That the Chinese translation holds the same blocks, markers and commands is tests/doc_check.py's
 # check (every translation's, this one's included).
 set -u
@@ -74,8 +76,13 @@ for i in $(seq 1 "$n"); do
     rc=$?
     dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     ran=$((ran + 1))
-    if [ "$rc" != "$expect" ]; then
+    missing=""
+    while IFS= read -r want; do
+        [ -z "$missing" ] && ! grep -qF -- "$want" "$tmp/out" && missing=$want
+    done < <(sed -n 's/^[[:space:]]*# expect: //p' "$tmp/en/$i.sh")
+    if [ "$rc" != "$expect" ] || [ -n "$missing" ]; then
         what="exited with code $rc (the tutorial expects $expect)"
+        [ "$rc" = "$expect" ] && what="printed no '$missing' (its '# expect:' line)"
         echo "FAIL: block $i ($name line $line) $what:"
         sed 's/^/    $ /' "$tmp/en/$i.sh"
         echo "  last lines of its output:"
