@@ -1,8 +1,9 @@
 /* gil.h — a model of CPython's global interpreter lock (the "new GIL" of CPython 3.2+), for stage 2.
  *
- * nn.DataParallel runs one Python thread per GPU, and those threads share one interpreter lock. The
- * lock is what makes DataParallel's forward slow, so stage 2 reproduces its rules exactly
- * (CPython's Python/ceval_gil.c, take_gil / drop_gil):
+ * nn.DataParallel runs one Python thread per GPU, and those threads share one interpreter lock, which
+ * serialises their Python (most of stage 2's loss is elsewhere: the per-thread plan caches, its
+ * README). Stage 2 reproduces the lock's rules exactly (CPython's Python/ceval_gil.c, take_gil /
+ * drop_gil):
  *  - a thread that wants the lock while another holds it does a timed wait of the switch interval
  *    (sys.getswitchinterval(), 5 ms); if it timed out and no switch happened meanwhile, it sets a
  *    *drop request*;
@@ -10,8 +11,11 @@
  *    the lock;
  *  - forced switching: a thread that drops the lock while a drop request is pending then waits until
  *    another thread has taken it, so it cannot grab it straight back;
- *  - a voluntary release (C code around blocking or GPU work: Py_BEGIN_ALLOW_THREADS) just signals
- *    one waiter; the releasing thread may well take the lock again before the waiter wakes up.
+ *  - a voluntary release (C code around blocking or GPU work: Py_BEGIN_ALLOW_THREADS) signals one
+ *    waiter (and, with a drop request pending, waits for the switch as above); the releasing thread
+ *    may well take the lock again before the waiter wakes up, and the waiter then starts a new full
+ *    wait — so threads that let go after every op are never asked to drop it, and lose their turns
+ *    to wake-up latency instead.
  *
  * What holds the lock is *interpreter time*: gil_hold_for spins (busy-waits) for the given time
  * while holding it, as the interpreter would be executing bytecode. Stage 2 charges the host-side
