@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -640,12 +641,25 @@ static char *path_dir(const char *path) {
 }
 
 /* Where a path leads: its directory's real path, then its name — what two spellings of one file that
- * does not exist yet ("r.json", "./a/../r.json") share. malloc'd; NULL if the directory cannot be resolved. */
+ * does not exist yet ("r.json", "./a/../r.json") share; a symlink to a file not yet there (a dangling
+ * link) leads to its target. malloc'd; NULL if the directory cannot be resolved. */
 static char *path_normal(const char *path) {
-    char *dir = path_dir(path), *real = realpath(dir, NULL), *out = NULL;
-    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    char *p = xstrdup(path), link[PATH_MAX];
+    struct stat st;
+    for (int hops = 0; hops < 40 && lstat(p, &st) == 0 && S_ISLNK(st.st_mode); hops++) {
+        ssize_t n = readlink(p, link, sizeof link - 1);
+        if (n <= 0) break;
+        link[n] = 0;
+        char *dir = path_dir(p), *next = NULL;
+        if (asprintf(&next, "%s%s%s", link[0] == '/' ? "" : dir, link[0] == '/' ? "" : "/", link) < 0) next = NULL;
+        free(dir), free(p);
+        if (!next) return NULL;
+        p = next;
+    }
+    char *dir = path_dir(p), *real = realpath(dir, NULL), *out = NULL;
+    const char *slash = strrchr(p, '/'), *name = slash ? slash + 1 : p;
     if (real && asprintf(&out, "%s%s%s", real, strcmp(real, "/") ? "/" : "", name) < 0) out = NULL;
-    free(dir), free(real);
+    free(dir), free(real), free(p);
     return out;
 }
 
@@ -678,6 +692,13 @@ static void check_output(const char *flag, const char *what, const char *path, c
     if (S_ISREG(st.st_mode) && checkpoint_is_one(path))
         die_user("%s '%s' is a checkpoint (written by --save): writing there would destroy it — give %s another "
                  "file name", what, path, flag);
+    /* /dev/stdout (or /dev/stderr) into a file: the report would write over the console's lines, the
+     * trace replace the file under them. A terminal or /dev/null takes any number of writers. */
+    struct stat fd_st;
+    for (int fd = 1; fd <= 2; fd++)
+        if (S_ISREG(st.st_mode) && fstat(fd, &fd_st) == 0 && fd_st.st_dev == st.st_dev && fd_st.st_ino == st.st_ino)
+            die_user("%s '%s' is where this run's %s goes: writing it there would destroy the console's lines — "
+                     "give %s a file of its own", what, path, fd == 1 ? "output" : "error output", flag);
 }
 
 /* Stages 3–5 write --trace FILE per rank into FILE.rankN.json first: any of those names already there
@@ -719,12 +740,13 @@ static int in_dir(const char *path, const char *dir) {
  * that are checkpoints already; these are not yet. */
 static void check_not_clobbering(const TrainConfig *c, const char *flag, const char *path) {
     const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
-    if (c->save && c->save[0] && checkpoint_name_is_one(name) && in_dir(path, c->save)) {
+    if (c->save && c->save[0] && (checkpoint_name_is_one(name) || !strcmp(name, ".lock")) && in_dir(path, c->save)) {
         int len = (int)strlen(c->save);
         while (len > 1 && c->save[len - 1] == '/') len--;
-        die_user("%s '%s' has the name of a checkpoint that --save '%s' writes: the save would replace it or write "
-                 "into it — give %s another file name (e.g. %.*s/%s)", flag, path, c->save, flag, len, c->save,
-                 !strcmp(flag, "--trace") ? "trace.json" : "report.jsonl");
+        die_user("%s '%s' has the name of a %s that --save '%s' writes: the save would replace it or write "
+                 "into it — give %s another file name (e.g. %.*s/%s)", flag, path,
+                 strcmp(name, ".lock") ? "checkpoint" : "lock file (the directory's owner, for other runs)", c->save,
+                 flag, len, c->save, !strcmp(flag, "--trace") ? "trace.json" : "report.jsonl");
     }
     for (int i = 0; c->data && c->data[0] && i < CIFAR10_FILES; i++) {
         char *input = NULL;

@@ -46,6 +46,13 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
         if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)))
             die_user("--report '%s' is not a regular file (a FIFO, socket or directory): give it a file path",
                      json_path);
+        /* One run writes a report at a time: a second run's lines would interleave with the first's
+         * and neither file would parse. An open-file-description lock, held until the run ends
+         * (the kernel drops it however the process ends), taken before emptying the file. */
+        struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES))
+            die_user("--report '%s' is being written by another run (it holds the file's lock): give this run "
+                     "another --report file, or wait for that one to end", json_path);
         if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
             die_user("cannot truncate --report file '%s': %s", json_path, errno_string());
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);

@@ -222,6 +222,14 @@ static FILE *open_out(const char *path, int truncate, const char **why) {
         close(fd);
         return NULL;
     }
+    /* one run writes a trace file at a time (two would share NAME.tmp, and one rename would take the
+     * other's file away): a lock held until this process ends, taken before emptying it */
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES)) {
+        *why = "another run is writing it now";
+        close(fd);
+        return NULL;
+    }
     FILE *f = NULL;
     if ((!truncate || !S_ISREG(st.st_mode) || ftruncate(fd, 0) == 0) &&
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0)

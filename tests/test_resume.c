@@ -451,7 +451,9 @@ END_TEST
 
 /* One file under two flags used to be destroyed: --report or --trace on the --resume checkpoint
  * emptied it before it was read (and then blamed the checkpoint); --report F --trace F interleaved
- * both into one corrupt file with exit 0. Refused up front, the checkpoint untouched. */
+ * both into one corrupt file with exit 0. Refused up front, the checkpoint untouched — and so are a
+ * symlink to the other flag's file, /dev/stdout into the console's file, the --save lock, and a
+ * report another run is writing. */
 START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
     char *dir = test_tmpdir(), args[2048], ck[700];
     long n0, n1;
@@ -471,6 +473,34 @@ START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
     free(before), free(after);
     snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --report %s/out --trace %s/out", dir, dir);
     expect_refused("stage1", args, "are the same file", "each corrupting the other");
+    /* …also through a symlink to a file not there yet (the trace's rename used to replace the report) */
+    char cmd[2600], *out;
+    snprintf(cmd, sizeof cmd, "ln -s %s/target.json %s/link.json", dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --report %s/target.json --trace %s/link.json", dir, dir);
+    expect_refused("stage1", args, "are the same file", "each corrupting the other");
+    /* /dev/stdout while the output goes to a file: the report would write over the console's lines */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " TINY " --train-size 64 --steps 1 --report /dev/stdout > %s/log.txt 2>&1; "
+             "echo \"exit $?\"; cat %s/log.txt", test_root(), dir, dir);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "exit 2") && strstr(out, "is where this run's output goes"), "%s", out);
+    free(out);
+    /* the --save directory's lock file is no report */
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --save %s --report %s/.lock", dir, dir);
+    expect_refused("stage1", args, "has the name of a lock file", "give --report another file name");
+    /* two runs, one report: the second is refused while the first holds it, and the file parses */
+    snprintf(cmd, sizeof cmd, "D=%s; %s/stage1 " TINY " --train-size 2048 --epochs 3 --report $D/shared.jsonl > $D/r1.log "
+             "2>&1 & run=$!; while ! [ -s $D/shared.jsonl ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "%s/stage1 " TINY " --train-size 64 --steps 1 --report $D/shared.jsonl 2>&1; echo \"second exit $?\"; "
+             "wait $run; echo \"first exit $?\"", dir, test_root(), test_root());
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "is being written by another run") &&
+                  strstr(out, "first exit 0"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/shared.jsonl", dir);
+    char *rep = test_slurp(cmd, NULL);
+    ck_assert_msg(rep && strstr(rep, "\"type\":\"summary\"") && !strstr(rep, "}{"), "the report was mixed:\n%s", rep);
+    free(rep);
     free(dir);
 }
 END_TEST
