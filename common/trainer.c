@@ -378,7 +378,7 @@ static const char *state_nonfinite(Run *r) {
  * and writes no checkpoint of it, for which --keep-last would have removed the good ones. Every rank
  * of a job holds the same state (DDP's replicas) and stops at the same point: rank 0 says why, the
  * others point to it and mark their failure as a consequence of its, so the launcher names rank 0. */
-_Noreturn static void diverged(Run *r, const char *what, double loss) {
+_Noreturn static void diverged(Run *r, const char *what, const char *why, double loss) {
     const TrainConfig *c = r->cfg;
     if (r->rank != 0)
         die_collateral(1, 2, "rank %d: training diverged (every rank holds rank 0's state) — see rank 0's error",
@@ -394,9 +394,9 @@ _Noreturn static void diverged(Run *r, const char *what, double loss) {
     else if (c->save[0])
         kept = xstrdup("; none of this state is saved, and no checkpoint was before it");
     if (n < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
-    die_user("training diverged in epoch %lld (step %lld, train loss %g): %s no longer finite (NaN or inf), which "
-             "training never recovers from — lower --lr (now %g)%s", (long long)r->epoch + 1, (long long)r->step,
-             loss, what, c->lr, kept ? kept : "");
+    die_user("training diverged in epoch %lld (step %lld, train loss %g): %s no longer finite (NaN or inf)%s, "
+             "which training never recovers from — lower --lr (now %g)%s", (long long)r->epoch + 1,
+             (long long)r->step, loss, what, why, c->lr, kept ? kept : "");
 }
 
 /* How to give a run a sampler flag's setting back: only stages 3–5 have the flags. */
@@ -1063,7 +1063,13 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
      * on purpose and skips those steps, leaving the state finite. Every rank checks, saving or not, at
      * every epoch end (and where --steps stops), before a checkpoint is written. */
     const char *bad = state_nonfinite(r);
-    if (bad) diverged(r, bad, loss);
+    if (bad) diverged(r, bad, "", loss);
+    /* …or a finite state whose forward overflows: weights grown to 1e34 give a NaN test loss, and so
+     * would every later epoch (a fp16 run then skips nearly every step); its checkpoint is no good
+     * either. The test loss is the same on every rank (summed over them), so all stop together. */
+    if (!isfinite(test_loss))
+        diverged(r, "the test loss is", ": the state is finite, but the weights have grown so large that the forward "
+                 "overflows", loss);
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
         r->epoch++;
         r->start_batch = 0;

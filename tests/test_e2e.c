@@ -437,7 +437,8 @@ static int checkpoint_finite(const char *path) {
  * -nan" and exit 0, having saved the NaN state and let --keep-last 1 prune the good checkpoint for it.
  * It stops at the end of the epoch it diverged in (exit 2), saying so and naming the last good
  * checkpoint, which stays, alone; one that diverges in its first epoch saves nothing; without --save it
- * stops too; in a job of two ranks rank 0 says why and the launcher names it. */
+ * stops too; in a job of two ranks rank 0 says why and the launcher names it; a finite state whose
+ * forward overflows (a NaN test loss) stops the same way. */
 START_TEST(stage1_divergence_stops_and_keeps_the_good_checkpoint) {
     char *dir = test_tmpdir(), args[2048], path[700], want[800], *out;
     const char *wild = "--device cpu --model tiny --train-size 256 --test-size 128 --epochs 3 --momentum 0.999 "
@@ -471,7 +472,19 @@ START_TEST(stage1_divergence_stops_and_keeps_the_good_checkpoint) {
     snprintf(args, sizeof args, "%s --batch-size 32 --lr 20", wild);
     ck_assert_int_eq(run_stage("stage1", args, &out), 2);
     ck_assert_msg(strstr(out, "training diverged in epoch 2") && !strstr(out, "checkpoint"), "%s", out);
-    free(out), free(dir);
+    free(out);
+    /* a finite state whose forward overflows (weights near 1e34, no batch norm to tame them): the test
+     * loss is NaN — the same stop, and no checkpoint of it (it used to be saved with exit 0, and a
+     * resume of it then blamed the new --lr) */
+    snprintf(args, sizeof args, "--device cpu --model tiny --norm none --train-size 64 --test-size 32 --batch-size 16 "
+             "--epochs 2 --lr 100 --steps 3 --progress off --save %s/d", dir);
+    ck_assert_int_eq(run_stage("stage1", args, &out), 2);
+    ck_assert_msg(strstr(out, "the test loss is no longer finite") && strstr(out, "weights have grown so large"), "%s",
+                  out);
+    free(out);
+    snprintf(path, sizeof path, "%s/d/step00000003.ckpt", dir);
+    ck_assert_msg(access(path, F_OK) != 0, "%s was written", path);
+    free(dir);
 }
 END_TEST
 
