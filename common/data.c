@@ -211,7 +211,10 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) die_user("CIFAR-10 file '%s' is not a regular file", path);
     int64_t size = (int64_t)st.st_size;
-    if (size == 0 || size % CIFAR_RECORD != 0)
+    if (size == 0)
+        die_user("CIFAR-10 file '%s' is empty (0 bytes; the official files have %d): an interrupted download? "
+                 "Re-run docs/get_cifar10.sh", path, CIFAR_RECORD * CIFAR_PER_FILE);
+    if (size % CIFAR_RECORD != 0)
         die_user("CIFAR-10 file '%s' has %lld bytes, which is not a whole number of %d-byte records "
                  "(1 label + 3072 pixels; the official files have %d bytes): truncated download, or not "
                  "the binary version? Re-run docs/get_cifar10.sh",

@@ -21,6 +21,8 @@
 #include "ops.h"
 #include "trace.h"
 
+_Static_assert(DP_MAX_DEVICES <= TRACE_MAX_DEVICES, "a --trace gives every replica its lanes");
+
 #define STAGING_BYTES ((size_t)4 << 20) /* --p2p off: each of the two host staging buffers */
 
 int dp_chunks(int batch, int n, int *sizes) {

@@ -53,7 +53,7 @@ typedef enum {
 } DpPhase;
 extern const char *const dp_phase_name[DP_PHASES];
 
-#define DP_MAX_DEVICES 64
+#define DP_MAX_DEVICES 64 /* every one gets its lanes in a --trace: TRACE_MAX_DEVICES (dp.c checks) */
 #define DP_BUCKET_BYTES ((size_t)10 << 20) /* broadcast_coalesced / reduce_add_coalesced buffer_size */
 
 typedef struct DpConfig {

@@ -19,7 +19,7 @@
 
 #define MAX_EVENTS (1 << 17) /* host and CPU-device spans of one window (~6 MiB) */
 #define MAX_LANES 256        /* named host threads */
-#define MAX_DEVS 16
+#define MAX_DEVS TRACE_MAX_DEVICES
 #define DEV_SPANS 4096       /* CUDA event pairs per device and window */
 #define DEV_TID 1000         /* device lanes: tid DEV_TID + 8 × device + lane, after the threads */
 

@@ -54,6 +54,7 @@ struct Device; /* device.h: not included, so that host-only code (the GIL) can t
 #endif
 
 #define TRACE_DEFAULT_STEPS "5:8"
+#define TRACE_MAX_DEVICES 64 /* devices that get lanes of their own (stage 2's --gpus at most) */
 
 extern atomic_int trace_active_; /* inside the window: the one flag every hook tests */
 static inline int trace_on(void) {

@@ -507,9 +507,9 @@ static void resume_check(Run *r) {
                         : !strcmp(r->stage, "stage2") ? "--gpus"
                                                       : "--nproc-per-node × --nnodes";
     if (g->world_size != r->world_size)
-        die_user("checkpoint '%s' was trained by %lld ranks/GPUs, this run has %d: its data position (epoch %lld, "
-                 "batch %lld) means other samples with another count — resume with %s giving %lld",
-                 path, (long long)g->world_size, r->world_size, (long long)g->epoch + 1, (long long)g->batch_in_epoch,
+        die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: its data "
+                 "position (epoch %lld, batch %lld) means other samples with another count — resume with %s giving %lld",
+                 path, (long long)g->world_size, g->world_size == 1 ? "" : "s", r->world_size, (long long)g->epoch + 1, (long long)g->batch_in_epoch,
                  ranks, (long long)g->world_size);
     /* The data source before the sizes: synthetic and CIFAR-10 sets of one size are other samples. */
     if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
@@ -668,7 +668,7 @@ static void evaluate_resumed(Run *r, const CheckpointMeta *g) {
     else
         snprintf(when, sizeof when, "step %lld (batch %lld of epoch %lld)", (long long)g->step,
                  (long long)g->batch_in_epoch, (long long)g->epoch + 1);
-    report_printf(&r->report, "evaluating %s: the model after %s, trained by %lld rank%s — training nothing\n",
+    report_printf(&r->report, "evaluating %s: the model after %s, trained on %lld device%s — training nothing\n",
                   c->resume, when, (long long)g->world_size, g->world_size == 1 ? "" : "s");
 }
 

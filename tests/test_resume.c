@@ -166,11 +166,11 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     run_ok("stage2", args);
     snprintf(args, sizeof args, TINY " --gpus 3 --train-size 96 --batch-size 8 --epochs 2 --resume %s/b/step00000003.ckpt",
              dir);
-    expect_refused("stage2", args, "trained by 2 ranks/GPUs", "--gpus");
+    expect_refused("stage2", args, "trained on 2 devices (ranks, or stage 2's GPUs)", "--gpus");
     /* stage 1's checkpoint under stage 3 with 2 ranks */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --nproc-per-node 2 --master-port %d "
              "--resume %s", test_free_port(), ck);
-    expect_refused("stage3", args, "trained by 1 ranks/GPUs", "--nproc-per-node");
+    expect_refused("stage3", args, "trained on 1 device (ranks", "--nproc-per-node");
     /* the same flags continue exactly: 5 + 7 steps equal 12 uninterrupted ones (the same --epochs: one schedule) */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 12 --log-every 1 --report %s/whole.jsonl", dir);
     run_ok("stage1", args);
@@ -412,7 +412,7 @@ START_TEST(resume_in_the_wrong_stage_names_the_right_one) {
     snprintf(args, sizeof args, "%s --steps 2 --nproc-per-node 2 --save %s/two", t, dir);
     run_ok("stage3", args);
     snprintf(args, sizeof args, "%s --steps 4 --resume %s/two/step00000002.ckpt", t, dir);
-    expect_refused("stage1", args, "trained by 2 ranks/GPUs", "resume with the stage that wrote it");
+    expect_refused("stage1", args, "trained on 2 devices", "resume with the stage that wrote it");
     free(dir);
 }
 END_TEST
