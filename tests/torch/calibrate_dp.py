@@ -314,7 +314,7 @@ def main():
             print(f"plan cache, cudnn.benchmark {'on ' if bench else 'off'}: forward {w / 1e3:.2f} ms warm, "
                   f"{f / 1e3:.2f} ms as a new thread's first -> {per:.1f} µs per convolution ({convs} convs, "
                   f"batch {args.batch}); a conv-free model's first forward in a new thread costs "
-                  f"{other:.1f} µs more than warm (not charged)")
+                  f"{other:.1f} µs more than warm (not planning; the per-convolution charge includes it)")
 
     r = measure("GIL during planning", lambda: gil_free_while_planning(args.model, args.batch))
     if r is not None:
