@@ -600,7 +600,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
          "write checkpoints into DIR (created if missing) at the end of every epoch; a DIR holding another "
          "run's is refused, unless --resume continues one of them"},
         {"keep-last", OPT_INT, &c->keep_last, 0, 1000000, NULL,
-         "with --save: remove this run's older checkpoints, keeping the newest N (0 = keep all)"},
+         "with --save: remove this run's older checkpoints, keeping the newest N (0 = keep all); resumed into "
+         "its directory, the checkpoints up to where it resumed count as this run's"},
         {"resume", OPT_STR, &c->resume, 0, 0, NULL,
          "continue training from checkpoint FILE: weights, optimizer state (SGD momentum, or Adam's moments and "
          "step), stage 5's GradScaler state and data position"},

@@ -1,12 +1,14 @@
 /* trainer.c — datasets, device input, step statistics, evaluation, report and checkpoints for a run. */
 #include "trainer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "adam.h"
@@ -264,10 +266,12 @@ static void sum_over_ranks(const Run *r, double *v, int n) {
 }
 
 /* --keep-last N: remember the checkpoints this run wrote, oldest first, and remove all but the newest
- * N (only ours: a checkpoint directory may hold other runs' files). */
+ * N (only ours: a checkpoint directory may hold other runs' files). A run resumed into its own
+ * directory starts the list with that directory's checkpoints up to where it resumed (keep_resumed). */
+static char **kept;
+static int n_kept;
+
 static void prune_checkpoints(int keep, const char *just_saved) {
-    static char **kept;
-    static int n_kept;
     if (keep <= 0) return;
     for (int i = 0; i < n_kept; i++) /* saved again under the same name: it is the newest now */
         if (!strcmp(kept[i], just_saved)) {
@@ -284,6 +288,49 @@ static void prune_checkpoints(int keep, const char *just_saved) {
         free(kept[0]);
         memmove(kept, kept + 1, (size_t)--n_kept * sizeof *kept);
     }
+}
+
+/* A run resumed into its --save directory continues the run that wrote it (a fresh run, or one resumed
+ * from elsewhere, is refused there: config_resolve), so its checkpoints up to the resumed step are this
+ * run's too: --keep-last N keeps the newest N of them all, not N more after every resume. Later ones
+ * (beyond this run's last step; the others are refused by checkpoint_probe) are another branch and stay.
+ * Ordered by position — epochNNN is NNN epochs' steps — not by the files' times. */
+static int by_step(const void *a, const void *b) {
+    const int64_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+static void keep_resumed(const Run *r) {
+    const TrainConfig *c = r->cfg;
+    DIR *d = c->keep_last > 0 && c->resume[0] ? opendir(c->save) : NULL;
+    if (!d) return;
+    int64_t (*found)[3] = NULL; /* step, epoch (or -1), step-name step (or -1) */
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long v;
+        char end[8];
+        int is_epoch = sscanf(e->d_name, "epoch%lld%7s", &v, end) == 2, is_step = !is_epoch &&
+                       sscanf(e->d_name, "step%lld%7s", &v, end) == 2;
+        if ((!is_epoch && !is_step) || strcmp(end, ".ckpt") || !checkpoint_name_is_one(e->d_name)) continue;
+        int64_t step = is_epoch ? (int64_t)v * r->steps_per_epoch : (int64_t)v;
+        if (step > r->step) continue;
+        found = xrealloc(found, (size_t)(n + 1) * sizeof *found);
+        found[n][0] = step, found[n][1] = is_epoch ? v : -1, found[n][2] = is_step ? v : -1, n++;
+    }
+    closedir(d);
+    qsort(found, (size_t)n, sizeof *found, by_step);
+    for (int i = 0; i < n; i++) {
+        char *path = found[i][1] >= 0 ? checkpoint_path(c->save, found[i][1], 0, 1)
+                                      : checkpoint_path(c->save, 0, found[i][2], 0);
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+            kept = xrealloc(kept, (size_t)(n_kept + 1) * sizeof *kept);
+            kept[n_kept++] = path;
+        } else {
+            free(path);
+        }
+    }
+    free(found);
 }
 
 static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
@@ -867,6 +914,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         const char *resumed = cfg->resume[0] && !(S > 0 && S <= r->step) ? cfg->resume : NULL;
         int64_t last_step = S > 0 && S < r->total_steps ? S : r->total_steps;
         checkpoint_probe(cfg->save, r->epoch, last, inside, resumed, r->step, last_step);
+        if (resumed) keep_resumed(r);
     }
     if (cfg->save[0]) { /* a signal now stops the run at a step boundary, saved (stop.h) */
         char notice[400];

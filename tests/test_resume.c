@@ -353,6 +353,15 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
         snprintf(path, sizeof path, "%s/keep/%s", dir, want[i]);
         ck_assert_msg((access(path, F_OK) == 0) == (i >= 2), "%s %s", path, i >= 2 ? "missing" : "kept");
     }
+    /* …and still 2 after a resume into that directory: the checkpoints before the resumed one are the
+     * same run's (they used to stay, N more after every resume) */
+    snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 6 --save %s/keep --keep-last 2 "
+             "--resume %s/keep/epoch004.ckpt", dir, dir);
+    run_ok("stage1", args);
+    for (int i = 1; i <= 6; i++) {
+        snprintf(path, sizeof path, "%s/keep/epoch%03d.ckpt", dir, i);
+        ck_assert_msg((access(path, F_OK) == 0) == (i >= 5), "%s %s", path, i >= 5 ? "missing" : "kept");
+    }
     free(dir);
 }
 END_TEST
