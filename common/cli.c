@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h> /* statfs: /proc and /sys pseudo-files */
 #include <unistd.h>
 
 #include "checkpoint.h" /* checkpoint_is_one, checkpoint_list, checkpoint_name_is_one */
@@ -693,6 +694,12 @@ static void check_output(const char *flag, const char *what, const char *path, c
     if (S_ISREG(st.st_mode) && checkpoint_is_one(path))
         die_user("%s '%s' is a checkpoint (written by --save): writing there would destroy it — give %s another "
                  "file name", what, path, flag);
+    /* A kernel's pseudo-file (/proc, /sys) looks like a regular file but takes no report: the write
+     * fails after the training, with advice about free space that does not apply. */
+    struct statfs fs;
+    if (S_ISREG(st.st_mode) && statfs(path, &fs) == 0 && (fs.f_type == 0x9fa0 || fs.f_type == 0x62656572))
+        die_user("%s '%s' is a kernel pseudo-file (%s), not a file a run can write: give %s a file of its own",
+                 what, path, fs.f_type == 0x9fa0 ? "/proc" : "/sys", flag);
     /* /dev/stdout (or /dev/stderr) into a file: the report would write over the console's lines, the
      * trace replace the file under them. A terminal or /dev/null takes any number of writers. */
     struct stat fd_st;

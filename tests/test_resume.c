@@ -497,6 +497,9 @@ START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
     /* the --save directory's lock file is no report */
     snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --save %s --report %s/.lock", dir, dir);
     expect_refused("stage1", args, "has the name of a lock file", "give --report another file name");
+    /* a kernel's pseudo-file looks regular, and failed only after the training, blaming free space */
+    expect_refused("stage1", TINY " --train-size 64 --steps 1 --report /proc/self/status", "is a kernel pseudo-file",
+                   "give --report a file of its own");
     /* two runs, one report: the second is refused while the first holds it, and the file parses */
     snprintf(cmd, sizeof cmd, "D=%s; %s/stage1 " TINY " --train-size 2048 --epochs 3 --report $D/shared.jsonl > $D/r1.log "
              "2>&1 & run=$!; while ! [ -s $D/shared.jsonl ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
