@@ -483,6 +483,14 @@ static int ckpt_name(const char *name, const char *prefix, int digits) {
     return d >= digits && !strcmp(p, ".ckpt");
 }
 
+int checkpoint_name_position(const char *name, int64_t *epoch, int64_t *step) {
+    const int is_epoch = ckpt_name(name, "epoch", 3);
+    if (!is_epoch && !ckpt_name(name, "step", 8)) return 0;
+    int64_t n = strtoll(name + (is_epoch ? 5 : 4), NULL, 10);
+    *epoch = is_epoch ? n : -1, *step = is_epoch ? -1 : n;
+    return 1;
+}
+
 int checkpoint_name_is_one(const char *name) {
     size_t n = strlen(name);
     char base[256];
@@ -575,11 +583,8 @@ static void probe_later_steps(const char *dir, const char *resumed_from, int64_t
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
-        long long n;
-        char end[8];
-        if (!ckpt_name(e->d_name, "step", 8) || sscanf(e->d_name, "step%lld%7s", &n, end) != 2 || n <= first_step ||
-            n > last_step)
-            continue;
+        int64_t epoch, n;
+        if (!checkpoint_name_position(e->d_name, &epoch, &n) || n <= first_step || n > last_step) continue;
         char *p = checkpoint_path(dir, 0, n, 0);
         struct stat st;
         if (lstat(p, &st) == 0 && S_ISREG(st.st_mode)) {
@@ -587,7 +592,7 @@ static void probe_later_steps(const char *dir, const char *resumed_from, int64_t
             die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s': a stop on a signal "
                      "(Ctrl-C, SIGTERM) at step %lld would write over it — resume from a later one (e.g. --resume "
                      "%s), give --save another directory, or move the later checkpoints away",
-                     dir, p, resumed_from, n, p);
+                     dir, p, resumed_from, (long long)n, p);
         }
         free(p);
     }

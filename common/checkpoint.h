@@ -138,6 +138,9 @@ int checkpoint_is_one(const char *path);
 /* 1 if `name` (a file name, no directory) is one a save in its directory writes: epochNNN.ckpt,
  * stepNNNNNNNN.ckpt, or either with the .tmp a save writes first — names no other output may take. */
 int checkpoint_name_is_one(const char *name);
+/* The position a checkpoint's name says: epochNNN.ckpt → *epoch = NNN, *step = -1; stepNNNNNNNN.ckpt
+ * → *epoch = -1, *step = N. 0 for any other name (a .tmp included). */
+int checkpoint_name_position(const char *name, int64_t *epoch, int64_t *step);
 
 /* The checkpoints in dir — regular files named as checkpoint_path names them (epochNNN.ckpt,
  * stepNNNNNNNN.ckpt) — counted; *newest (when not NULL) gets the most recently modified one's path

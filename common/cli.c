@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/vfs.h> /* statfs: /proc and /sys pseudo-files */
+#include <sys/vfs.h>     /* statfs: /proc and /sys pseudo-files */
+#include <linux/magic.h> /* PROC_SUPER_MAGIC, SYSFS_MAGIC */
 #include <unistd.h>
 
 #include "checkpoint.h" /* checkpoint_is_one, checkpoint_list, checkpoint_name_is_one */
@@ -697,9 +698,9 @@ static void check_output(const char *flag, const char *what, const char *path, c
     /* A kernel's pseudo-file (/proc, /sys) looks like a regular file but takes no report: the write
      * fails after the training, with advice about free space that does not apply. */
     struct statfs fs;
-    if (S_ISREG(st.st_mode) && statfs(path, &fs) == 0 && (fs.f_type == 0x9fa0 || fs.f_type == 0x62656572))
+    if (S_ISREG(st.st_mode) && statfs(path, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
         die_user("%s '%s' is a kernel pseudo-file (%s), not a file a run can write: give %s a file of its own",
-                 what, path, fs.f_type == 0x9fa0 ? "/proc" : "/sys", flag);
+                 what, path, fs.f_type == PROC_SUPER_MAGIC ? "/proc" : "/sys", flag);
     /* /dev/stdout (or /dev/stderr) into a file: the report would write over the console's lines, the
      * trace replace the file under them. A terminal or /dev/null takes any number of writers. */
     struct stat fd_st;

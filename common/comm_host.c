@@ -24,8 +24,9 @@
 #include "errors.h"
 #include "precision.h"
 #include "trace.h"
-_Static_assert((int)COMM_F16 == (int)PREC_FP16 && (int)COMM_BF16 == (int)PREC_BF16, "CommDtype is a Precision");
 #include "net.h"
+
+_Static_assert((int)COMM_F16 == (int)PREC_FP16 && (int)COMM_BF16 == (int)PREC_BF16, "CommDtype is a Precision");
 
 static size_t chunk_len(int64_t count, int world, int i) {
     return (size_t)(count / world + (i < count % world));

@@ -295,41 +295,35 @@ static void prune_checkpoints(int keep, const char *just_saved) {
  * run's too: --keep-last N keeps the newest N of them all, not N more after every resume. Later ones
  * (beyond this run's last step; the others are refused by checkpoint_probe) are another branch and stay.
  * Ordered by position — epochNNN is NNN epochs' steps — not by the files' times. */
+typedef struct Kept { int64_t step; char *path; } Kept;
 static int by_step(const void *a, const void *b) {
-    const int64_t *x = a, *y = b;
-    return (x[0] > y[0]) - (x[0] < y[0]);
+    const Kept *x = a, *y = b;
+    return (x->step > y->step) - (x->step < y->step);
 }
 static void keep_resumed(const Run *r) {
     const TrainConfig *c = r->cfg;
-    DIR *d = c->keep_last > 0 && c->resume[0] ? opendir(c->save) : NULL;
+    DIR *d = c->keep_last > 0 ? opendir(c->save) : NULL;
     if (!d) return;
-    int64_t (*found)[3] = NULL; /* step, epoch (or -1), step-name step (or -1) */
+    Kept *found = NULL;
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        long long v;
-        char end[8];
-        int is_epoch = sscanf(e->d_name, "epoch%lld%7s", &v, end) == 2, is_step = !is_epoch &&
-                       sscanf(e->d_name, "step%lld%7s", &v, end) == 2;
-        if ((!is_epoch && !is_step) || strcmp(end, ".ckpt") || !checkpoint_name_is_one(e->d_name)) continue;
-        int64_t step = is_epoch ? (int64_t)v * r->steps_per_epoch : (int64_t)v;
-        if (step > r->step) continue;
+        int64_t epoch, step;
+        struct stat st;
+        if (!checkpoint_name_position(e->d_name, &epoch, &step)) continue;
+        if (epoch >= 0) step = epoch * r->steps_per_epoch;
+        char *path = epoch >= 0 ? checkpoint_path(c->save, epoch, 0, 1) : checkpoint_path(c->save, 0, step, 0);
+        if (step > r->step || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+            free(path);
+            continue;
+        }
         found = xrealloc(found, (size_t)(n + 1) * sizeof *found);
-        found[n][0] = step, found[n][1] = is_epoch ? v : -1, found[n][2] = is_step ? v : -1, n++;
+        found[n++] = (Kept){step, path};
     }
     closedir(d);
     qsort(found, (size_t)n, sizeof *found, by_step);
-    for (int i = 0; i < n; i++) {
-        char *path = found[i][1] >= 0 ? checkpoint_path(c->save, found[i][1], 0, 1)
-                                      : checkpoint_path(c->save, 0, found[i][2], 0);
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-            kept = xrealloc(kept, (size_t)(n_kept + 1) * sizeof *kept);
-            kept[n_kept++] = path;
-        } else {
-            free(path);
-        }
-    }
+    kept = xrealloc(kept, (size_t)(n_kept + n + 1) * sizeof *kept);
+    for (int i = 0; i < n; i++) kept[n_kept++] = found[i].path;
     free(found);
 }
 
@@ -555,9 +549,9 @@ static void resume_check(Run *r) {
                                                       : "--nproc-per-node × --nnodes";
     if (g->world_size != r->world_size)
         die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: its data "
-                 "position (epoch %lld, batch %lld) means other samples with another count — resume with %s giving %lld",
-                 path, (long long)g->world_size, g->world_size == 1 ? "" : "s", r->world_size, (long long)g->epoch + 1, (long long)g->batch_in_epoch,
-                 ranks, (long long)g->world_size);
+                 "position (epoch %lld, batch %lld) means other samples with another count — resume with %s giving "
+                 "%lld", path, (long long)g->world_size, g->world_size == 1 ? "" : "s", r->world_size,
+                 (long long)g->epoch + 1, (long long)g->batch_in_epoch, ranks, (long long)g->world_size);
     /* The data source before the sizes: synthetic and CIFAR-10 sets of one size are other samples. */
     if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
         die_user("checkpoint '%s' was trained on %s, this run reads %s: its data position (epoch %lld, batch %lld) "
@@ -633,6 +627,7 @@ static void resume_check(Run *r) {
  * each rank takes its weights and momentum from its own file). */
 #define GATE_REFUSED (-1e9)       /* rank 0 refused the --resume checkpoint (the others add at most 2^24) */
 #define GATE_REFUSED_FLAGS (-3e9) /* …or this run's flags (run_begin's own checks, before the resume) */
+#define GATE_VALUES 6             /* the sum's length, the same in both (gate_sum, gate_refused) */
 static Run *gate_run;         /* rank 0, inside its checks: whom the last words speak for */
 static pthread_t gate_thread; /* …and the thread they run on (the one that uses the communicator) */
 static int gate_flags;        /* rank 0 is checking the flags, not yet the checkpoint */
@@ -641,8 +636,8 @@ static void gate_refused(void) {
     if (!gate_run || !pthread_equal(gate_thread, pthread_self())) return;
     Run *r = gate_run;
     gate_run = NULL;
-    double v[6] = {gate_flags ? GATE_REFUSED_FLAGS : GATE_REFUSED, 0, 0, 0, 0, 0};
-    r->sum_across(r->sum_ctx, v, 6);
+    double v[GATE_VALUES] = {gate_flags ? GATE_REFUSED_FLAGS : GATE_REFUSED};
+    r->sum_across(r->sum_ctx, v, GATE_VALUES);
 }
 
 /* The sum and what every rank reads from it. */
@@ -652,8 +647,8 @@ static void gate_sum(Run *r, int second) {
     const double hi = (double)(ck >> 40), lo = (double)((ck >> 16) & 0xffffff);
     /* and who has --save: only rank 0 saves, so a --save given to other ranks alone saves nothing */
     const int save = r->cfg->save[0] != 0;
-    double v[6] = {r->cfg->resume[0] != 0, (double)r->step, hi, lo, save, save && r->rank == 0};
-    r->sum_across(r->sum_ctx, v, 6);
+    double v[GATE_VALUES] = {r->cfg->resume[0] != 0, (double)r->step, hi, lo, save, save && r->rank == 0};
+    r->sum_across(r->sum_ctx, v, GATE_VALUES);
     if (v[0] < 0)
         die_collateral(1, 2, "rank %d: rank 0 refused %s — see its error", r->rank,
                        v[0] < (GATE_REFUSED + GATE_REFUSED_FLAGS) / 2 ? "this run's flags" : "the --resume checkpoint");
