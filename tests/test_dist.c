@@ -82,6 +82,22 @@ typedef struct RankArg {
     char msg[256];
 } RankArg;
 
+/* Ranks 0 … world-1 as threads, each running fn on a copy of proto with its rank and the world
+ * filled in, all joined; every one must have said ok (else its message). */
+enum { MAX_RANK_THREADS = 8 };
+static void run_rank_threads(int world, void *(*fn)(void *), RankArg proto) {
+    ck_assert(world <= MAX_RANK_THREADS);
+    pthread_t t[MAX_RANK_THREADS];
+    RankArg a[MAX_RANK_THREADS];
+    for (int r = 0; r < world; r++) {
+        a[r] = proto, a[r].rank = r, a[r].world = world;
+        pthread_create(&t[r], NULL, fn, &a[r]);
+    }
+    for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < world; r++)
+        ck_assert_msg(a[r].ok, "rank %d: %s", r, a[r].msg[0] ? a[r].msg : "did not finish");
+}
+
 static void *store_rank_main(void *p) {
     RankArg *a = p;
     Store *s = store_open("127.0.0.1", a->port, a->rank, a->world, 20);
@@ -129,15 +145,7 @@ static void *store_rank_main(void *p) {
 }
 
 START_TEST(store_set_get_add_barrier) {
-    int port = test_free_port(), world = 4;
-    pthread_t t[4];
-    RankArg a[4];
-    for (int r = 0; r < world; r++) {
-        a[r] = (RankArg){.rank = r, .world = world, .port = port};
-        pthread_create(&t[r], NULL, store_rank_main, &a[r]);
-    }
-    for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
-    for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "rank %d did not finish", r);
+    run_rank_threads(4, store_rank_main, (RankArg){.port = test_free_port()});
 }
 END_TEST
 
@@ -402,17 +410,9 @@ START_TEST(host_ring_allreduce_is_exact) {
     const int worlds[] = {1, 2, 3, 4, 5};
     const int64_t counts[] = {1, 3, 7, 1000, 100003}; /* fewer elements than ranks, and remainders */
     for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
-        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
-            int world = worlds[w], port = test_free_port();
-            pthread_t t[5];
-            RankArg a[5];
-            for (int r = 0; r < world; r++) {
-                a[r] = (RankArg){.rank = r, .world = world, .port = port, .count = counts[k], .root = world - 1};
-                pthread_create(&t[r], NULL, ring_rank_main, &a[r]);
-            }
-            for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
-            for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
-        }
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+            run_rank_threads(worlds[w], ring_rank_main,
+                             (RankArg){.port = test_free_port(), .count = counts[k], .root = worlds[w] - 1});
 }
 END_TEST
 
@@ -473,17 +473,8 @@ START_TEST(host_ring_16bit_mean_is_pytorchs) {
                       precision_name(prec), differ, MEAN16_N);
     }
     const int worlds[] = {2, 3, 5};
-    for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
-        int world = worlds[w], port = test_free_port();
-        pthread_t t[5];
-        RankArg a[5];
-        for (int r = 0; r < world; r++) {
-            a[r] = (RankArg){.rank = r, .world = world, .port = port};
-            pthread_create(&t[r], NULL, mean16_rank_main, &a[r]);
-        }
-        for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
-        for (int r = 0; r < world; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
-    }
+    for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+        run_rank_threads(worlds[w], mean16_rank_main, (RankArg){.port = test_free_port()});
 }
 END_TEST
 
@@ -531,15 +522,7 @@ static void *slot_rank_main(void *p) {
 }
 
 START_TEST(host_ring_issue_waits_for_a_free_slot) {
-    int port = test_free_port();
-    pthread_t t[2];
-    RankArg a[2];
-    for (int r = 0; r < 2; r++) {
-        a[r] = (RankArg){.rank = r, .world = 2, .port = port};
-        pthread_create(&t[r], NULL, slot_rank_main, &a[r]);
-    }
-    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
-    for (int r = 0; r < 2; r++) ck_assert_msg(a[r].ok, "%s", a[r].msg[0] ? a[r].msg : "rank did not finish");
+    run_rank_threads(2, slot_rank_main, (RankArg){.port = test_free_port()});
 }
 END_TEST
 
