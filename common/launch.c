@@ -120,7 +120,7 @@ static int list_set(const char *const *vars, int with_values, char *out, size_t 
  * "torchrun's variables RANK=0 WORLD_SIZE=2 …", and for torchrun's names that no torchrun set — no
  * TORCHELASTIC_RUN_ID, not our launcher's: launcher "environment", often left over in a shell —
  * how to be rid of them. */
-static char origin[640], leftover[320];
+static char origin[640], leftover[400]; /* names (256) + prog (64) + the sentence */
 
 static void describe_origin(const Worker *w, const char *const *vars) {
     char found[512];
