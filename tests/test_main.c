@@ -65,6 +65,13 @@ int main(int argc, char **argv) {
     int failed = 0;
     for (int i = 1; i < argc; i++) {
         Ran r = run_suites(argv[i]);
+        const char *cases = getenv("CK_RUN_CASE");
+        if (r.run == 0 && cases) {
+            fprintf(stderr, "run_tests: no test ran for '%s' with CK_RUN_CASE='%s': the suite is unknown or has no "
+                            "test case of that name (the cases are its tcase_create names; unset CK_RUN_CASE to "
+                            "run them all)\n", argv[i], cases);
+            return 2;
+        }
         if (r.run == 0) {
             fprintf(stderr, "run_tests: no suite named '%s' (the names are the suite_* list in tests/test_main.c, "
                             "without suite_: e.g. ops_cuda, model, amp)\n", argv[i]);

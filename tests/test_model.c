@@ -306,7 +306,7 @@ END_TEST
  * three gradients of the last block's size: the one batch norm reads (the add's output gradient,
  * passed on in place), the one it writes, and the add's other operand's, waiting for its
  * convolution. The logits and their gradient live outside the arena. Both arenas reach that bound
- * exactly. Unplanned, the arena is every x and dx side by side. */
+ * exactly. Unplanned, the arena is every x and dx side by side (derived below). */
 START_TEST(memory_plan_figures_are_pinned) {
     setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     Device d = cpu();
@@ -324,6 +324,15 @@ START_TEST(memory_plan_figures_are_pinned) {
     size_t tiny = 4 * 4 * ((size_t)2 * 16 * 32 * 32 + 5 * 32 * 16 * 16 + (5 - 1 + 3) * 64 * 8 * 8);
     ck_assert_uint_eq(t->live_peak_bytes, tiny);
     ck_assert_uint_eq(t->arena_bytes, tiny);
+    /* Unplanned: every x and its dx side by side, per sample — the stem's conv and batch norm; per
+     * block conv1, bn1, conv2, bn2 and the add, plus the shortcut's conv and bn in strided blocks
+     * (resnet18: 2 + 2·5 at 64·32·32, then 7 + 5 per stage; tiny: 2, then 7 per block); the pooled
+     * features (512, 64). The logits stay outside, as planned. */
+    size_t r18u = 2 * 2 * 4 * ((size_t)(2 + 10) * 64 * 32 * 32 + 12 * 128 * 16 * 16 + 12 * 256 * 8 * 8 +
+                               12 * 512 * 4 * 4 + 512);
+    size_t tinyu = 2 * 4 * 4 * ((size_t)2 * 16 * 32 * 32 + 7 * 32 * 16 * 16 + 7 * 64 * 8 * 8 + 64);
+    ck_assert_uint_eq(ru->unplanned_bytes, r18u);
+    ck_assert_uint_eq(tu->unplanned_bytes, tinyu);
     ck_assert_uint_eq(tu->arena_bytes, tu->unplanned_bytes);
     ck_assert_uint_eq(ru->arena_bytes, ru->unplanned_bytes);
     ck_assert_uint_eq(tu->unplanned_bytes, t->unplanned_bytes);
