@@ -1207,6 +1207,15 @@ static void print_flops(Run *r, const Flops *f) {
                  f->devices == 1 ? "" : "s", f->source);
     report_printf(&r->report, "  compute: %.1f GFLOP/step (conv + linear, forward + backward) | %s | %s\n",
                   f->per_step / 1e9, rate, of);
+    /* A set smaller than one step's images: no step was full, yet the figures above (and the planned
+     * activations) are a full step's, as --batch-size asked. */
+    int64_t full = (int64_t)r->world_size * r->cfg->batch_size * r->accum;
+    if (train_size_opened > 0 && train_size_opened < full)
+        report_printf(&r->report, "  note: a full step is %lld images and the training set has %lld, so every step "
+                      "was shorter; GFLOP/step and the planned activations are a full step's — a --batch-size "
+                      "of at most %lld fits the set\n", (long long)full, (long long)train_size_opened,
+                      (long long)(train_size_opened / ((int64_t)r->world_size * r->accum) > 0
+                                      ? train_size_opened / ((int64_t)r->world_size * r->accum) : 1));
 }
 
 void run_evaluated(Run *r, double test_acc, double test_loss) {

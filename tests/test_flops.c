@@ -147,8 +147,17 @@ START_TEST(stage1_reports_flops_and_peak) {
             ck_assert_msg(strstr(out, "TFLOP/s | peak n/a (CPU backend"), "%s", out);
         }
         ck_assert_msg(strstr(out, "  compute: 1.5 GFLOP/step"), "%s", out); /* 32 × 45.8 MFLOP */
+        ck_assert_msg(!strstr(out, "note: a full step"), "%s", out); /* 320 images: full steps */
         free(rep), free(out);
     }
+    /* a set smaller than one step: every step is short, and the full step's figures say so */
+    snprintf(cmd, sizeof cmd, "%s/stage1 --device cpu --model tiny --train-size 20 --test-size 32 --batch-size 32 "
+             "--epochs 1 --progress off", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "  compute: 1.5 GFLOP/step") &&
+                  strstr(out, "note: a full step is 32 images and the training set has 20, so every step was "
+                              "shorter") && strstr(out, "a --batch-size of at most 20 fits the set"), "%s", out);
+    free(out);
     /* a PEAK_TFLOPS that is not a positive number: one line, exit 2, before any training */
     const char *bad[] = {"fast", "0", "-3", "inf"};
     for (int i = 0; i < 4; i++) {
