@@ -592,8 +592,9 @@ static void resume_check(Run *r) {
     }
     if (g->version >= 2) sampler_check(r, g); /* version 1 has had its note */
     if (g->epoch >= c->epochs)
-        die_user("checkpoint '%s' is a finished run: %lld epochs done (step %lld), and this run has --epochs %d — "
+        die_user("checkpoint '%s' is a finished run: %lld epoch%s done (step %lld), and this run has --epochs %d — "
                  "nothing to resume; pass --epochs above %lld to train further", path, (long long)g->epoch,
+                 g->epoch == 1 ? "" : "s",
                  (long long)g->step, c->epochs, (long long)g->epoch);
     if (c->steps > 0 && g->step >= c->steps)
         die_user("checkpoint '%s' is already at step %lld, and this run stops at --steps %lld — nothing to resume; "
@@ -841,19 +842,20 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         char more[64] = "";
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
         report_printf(&r->report,
-                      "data: %s | batch %d × %lld micro-batches%s × %d device(s) = effective batch %lld | %d epochs, "
+                      "data: %s | batch %d × %lld micro-batches%s × %d device(s) = effective batch %lld | %d epoch%s, "
                       "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), %s, wd %g | seed "
                       "%lld%s%s\n",
                       data_desc, cfg->batch_size, (long long)k, more, world_size,
-                      (long long)k * cfg->batch_size * world_size, cfg->epochs,
+                      (long long)k * cfg->batch_size * world_size, cfg->epochs, cfg->epochs == 1 ? "" : "s",
                       (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
                       optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "", bench_tag);
     } else
         report_printf(&r->report,
-                      "data: %s | batch %d × %d device(s) | %d epochs, %lld steps/epoch | lr %g (%s), "
+                      "data: %s | batch %d × %d device(s) | %d epoch%s, %lld steps/epoch | lr %g (%s), "
                       "%s, wd %g | seed %lld%s%s\n",
-                      data_desc, cfg->batch_size, world_size, cfg->epochs, (long long)batches_per_epoch,
+                      data_desc, cfg->batch_size, world_size, cfg->epochs, cfg->epochs == 1 ? "" : "s",
+                      (long long)batches_per_epoch,
                       cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       bench_tag);

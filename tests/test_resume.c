@@ -184,7 +184,7 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     expect_continued_exactly(dir, 5, 12);
     /* a finished checkpoint says so (it used to print a summary of zeros) */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --resume %s/c/epoch001.ckpt", dir);
-    expect_refused("stage1", args, "is a finished run: 1 epochs done (step 12)", "--epochs above 1");
+    expect_refused("stage1", args, "is a finished run: 1 epoch done (step 12)", "--epochs above 1");
     /* another --epochs stretches the cosine schedule: the run goes on, saying where the learning rate
      * jumps and how to continue the checkpoint's own schedule (the same flags say nothing, above) */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 4 --steps 7 --resume %s", ck);
