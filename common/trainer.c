@@ -842,10 +842,10 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         char more[64] = "";
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
         report_printf(&r->report,
-                      "data: %s | batch %d × %lld micro-batches%s × %d device(s) = effective batch %lld | %d epoch%s, "
+                      "data: %s | batch %d × %lld micro-batch%s%s × %d device(s) = effective batch %lld | %d epoch%s, "
                       "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), %s, wd %g | seed "
                       "%lld%s%s\n",
-                      data_desc, cfg->batch_size, (long long)k, more, world_size,
+                      data_desc, cfg->batch_size, (long long)k, k == 1 ? "" : "es", more, world_size,
                       (long long)k * cfg->batch_size * world_size, cfg->epochs, cfg->epochs == 1 ? "" : "s",
                       (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
                       optd, cfg->weight_decay, (long long)cfg->seed,
