@@ -1111,8 +1111,16 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     if (bad) diverged(r, bad, "", loss);
     /* …or a finite state whose forward overflows: weights grown to 1e34 give a NaN test loss, and so
      * would every later epoch (a fp16 run then skips nearly every step); its checkpoint is no good
-     * either. The test loss is the same on every rank (summed over them), so all stop together. */
-    if (!isfinite(test_loss))
+     * either. But fp16's range (±65504) is not the state's: early in training batch norm's running
+     * statistics lag the weights, and the test forward (which uses them) can overflow in fp16 alone
+     * while the training forward, on batch statistics, is finite — that run recovers within an
+     * epoch or two, and PyTorch's autocast evaluation prints the same NaN. So in fp16 it takes a
+     * training loss that is not finite either. Both losses are sums over every rank: all decide alike. */
+    if (!isfinite(test_loss) && r->model->prec == PREC_FP16 && isfinite(loss))
+        report_printf(&r->report, "note: the test forward overflowed fp16's range (test loss %g) while the training loss "
+                      "is finite — early on, the running statistics evaluation uses can lag the weights; the state "
+                      "is finite, so training goes on (--amp bf16 has fp32's range)\n", test_loss);
+    else if (!isfinite(test_loss))
         diverged(r, "the test loss is", ": the state is finite, but the weights have grown so large that the forward "
                  "overflows", loss);
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
