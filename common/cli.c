@@ -678,6 +678,22 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
+/* path is FILE.tmp or FILE.rankN.json[.tmp] of --trace FILE (where each leads, through symlinks):
+ * the files a trace writes before it is renamed into place or merged. */
+static int trace_writes(const char *trace, const char *path) {
+    char *nt = path_normal(trace), *np = path_normal(path), *tmp = NULL;
+    int yes = 0;
+    if (asprintf(&tmp, "%s.tmp", trace) >= 0 && same_file(path, tmp)) yes = 1;
+    size_t n = nt ? strlen(nt) : 0;
+    if (!yes && nt && np && !strncmp(np, nt, n) && !strncmp(np + n, ".rank", 5)) {
+        const char *p = np + n + 5, *digits = p;
+        while (*p >= '0' && *p <= '9') p++;
+        yes = p > digits && (!strcmp(p, ".json") || !strcmp(p, ".json.tmp"));
+    }
+    free(nt), free(np), free(tmp);
+    return yes;
+}
+
 /* A --report file is emptied when the run starts, a --trace file replaced when it ends: refuse now what
  * would fail or hang then — a directory, a FIFO (opening it waits for a reader forever), a socket — and
  * a checkpoint, which a typo would destroy. `what` names the file in messages ("--report", "--trace t.json: the rank file");
@@ -710,8 +726,9 @@ static void check_output(const char *flag, const char *what, const char *path, c
                      "give %s a file of its own", what, path, fd == 1 ? "output" : "error output", flag);
 }
 
-/* Stages 3–5 write --trace FILE per rank into FILE.rankN.json first: any of those names already there
- * must take a file too (how many ranks there will be is not known here, so every N is checked). */
+/* Stages 3–5 write --trace FILE per rank into FILE.rankN.json first (through FILE.rankN.json.tmp):
+ * any of those names already there must take a file too (how many ranks there will be is not known
+ * here, so every N is checked). */
 static void check_rank_files(const char *trace) {
     char *dir = path_dir(trace), what[200];
     const char *slash = strrchr(trace, '/'), *base = slash ? slash + 1 : trace;
@@ -723,7 +740,7 @@ static void check_rank_files(const char *trace) {
         const char *p = e->d_name, *digits;
         if (strncmp(p, base, n) || strncmp(p + n, ".rank", 5)) continue;
         for (p = digits = p + n + 5; *p >= '0' && *p <= '9'; p++) {}
-        if (p == digits || strcmp(p, ".json")) continue;
+        if (p == digits || (strcmp(p, ".json") && strcmp(p, ".json.tmp"))) continue;
         char *path = NULL;
         if (asprintf(&path, "%s/%s", dir, e->d_name) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
         check_output("--trace", what, path, NULL);
@@ -748,12 +765,16 @@ static int in_dir(const char *path, const char *dir) {
  * like the save's .tmp, writes into the report the run still holds open. check_output catches files
  * that are checkpoints already; these are not yet. */
 static void check_not_clobbering(const TrainConfig *c, const char *flag, const char *path) {
-    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
-    if (c->save && c->save[0] && (checkpoint_name_is_one(name) || !strcmp(name, ".lock")) && in_dir(path, c->save)) {
+    char *norm = path_normal(path); /* where it leads: a symlink named r.json may point at ck/epoch002.ckpt */
+    const char *where = norm ? norm : path, *slash = strrchr(where, '/'), *name = slash ? slash + 1 : where;
+    if (c->save && c->save[0] && (checkpoint_name_is_one(name) || !strcmp(name, ".lock")) && in_dir(where, c->save)) {
         int len = (int)strlen(c->save);
         while (len > 1 && c->save[len - 1] == '/') len--;
-        die_user("%s '%s' has the name of a %s that --save '%s' writes: the save would replace it or write "
-                 "into it — give %s another file name (e.g. %.*s/%s)", flag, path,
+        const char *lit = strrchr(path, '/');
+        const int linked = strcmp(lit ? lit + 1 : path, name) != 0;
+        die_user("%s '%s'%s%s%s has the name of a %s that --save '%s' writes: the save would replace it or write "
+                 "into it — give %s another file name (e.g. %.*s/%s)", flag, path, linked ? " (a link to '" : "",
+                 linked ? where : "", linked ? "')" : "",
                  strcmp(name, ".lock") ? "checkpoint" : "lock file (the directory's owner, for other runs)", c->save,
                  flag, len, c->save, !strcmp(flag, "--trace") ? "trace.json" : "report.jsonl");
     }
@@ -771,6 +792,7 @@ static void check_not_clobbering(const TrainConfig *c, const char *flag, const c
         if (!strcmp(name, cifar10_file_names[i]))
             die_user("%s '%s' has the name of a CIFAR-10 file: writing it would destroy the dataset if it is "
                      "one — give %s another file name", flag, path, flag);
+    free(norm); /* name points into it */
 }
 
 /* --evaluate's view of every flag of every stage. Kept: what the model is and how its forward runs,
@@ -901,6 +923,15 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
                          named[i][1], named[j][0], named[j][1],
                          j == 2 ? "writing it would destroy the checkpoint before it is read"
                                 : "both would write into it, each corrupting the other", named[i][0]);
+    /* …or one of the files --trace FILE writes besides FILE: FILE.tmp (renamed over FILE at the end)
+     * and, in stages 3–5, each rank's FILE.rankN.json and its .tmp — a report there would be replaced
+     * by a trace, a checkpoint there destroyed. */
+    for (int i = 0; c->trace && c->trace[0] && i < 3; i += 2)
+        if (named[i][1] && named[i][1][0] && trace_writes(c->trace, named[i][1]))
+            die_user("%s '%s' is one of the files --trace '%s' writes (its .tmp, or a rank's .rankN.json): %s — "
+                     "give %s another file name", named[i][0], named[i][1], c->trace,
+                     i == 2 ? "the trace would be renamed over the checkpoint" : "the trace would replace the report",
+                     i == 2 ? "--trace" : "--report");
     if (c->report && c->report[0]) {
         char *dir = path_dir(c->report);
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -918,6 +949,11 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
             die_user("--trace %s: directory '%s' does not exist (create it first: mkdir -p %s)", c->trace, dir, dir);
         free(dir);
         check_output("--trace", "--trace", c->trace, "trace.json"); /* the file, or where stages 3–5 merge */
+        char *tmp = NULL, what[200];
+        if (asprintf(&tmp, "%s.tmp", c->trace) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+        snprintf(what, sizeof what, "--trace %.120s: its .tmp file", c->trace);
+        check_output("--trace", what, tmp, NULL); /* written first, then renamed over FILE */
+        free(tmp);
         check_rank_files(c->trace);
         check_not_clobbering(c, "--trace", c->trace);
     }

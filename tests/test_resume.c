@@ -500,6 +500,34 @@ START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
     /* a kernel's pseudo-file looks regular, and failed only after the training, blaming free space */
     expect_refused("stage1", TINY " --train-size 64 --steps 1 --report /proc/self/status", "is a kernel pseudo-file",
                    "give --report a file of its own");
+    /* a symlink whose target is a checkpoint name or the lock of --save (the link's own name hid it) */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/s && ln -s s/epoch002.ckpt %s/ck.json && ln -s s/.lock %s/lk.json", dir,
+             dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --save %s/s --report %s/ck.json", dir, dir);
+    expect_refused("stage1", args, "(a link to", "has the name of a checkpoint that --save");
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --save %s/s --report %s/lk.json", dir, dir);
+    expect_refused("stage1", args, "(a link to", "has the name of a lock file");
+    /* the files a trace writes besides its own name: FILE.tmp, and each rank's FILE.rankN.json(.tmp) —
+     * a report there was replaced by a trace (exit 0); a checkpoint there, or resumed from there, gone */
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --trace %s/t.json --report %s/t.json.tmp", dir, dir);
+    expect_refused("stage1", args, "is one of the files --trace", "give --report another file name");
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --trace %s/t.json --report %s/t.json.rank0.json",
+             dir, dir);
+    expect_refused("stage1", args, "is one of the files --trace", "the trace would replace the report");
+    snprintf(cmd, sizeof cmd, "cp %s %s/t.json.tmp && cp %s %s/u.json.rank1.json.tmp", ck, dir, ck, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --resume %s/t.json.tmp --trace "
+             "%s/t.json", dir, dir);
+    expect_refused("stage1", args, "is one of the files --trace", "give --trace another file name");
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --trace %s/t.json", dir);
+    expect_refused("stage1", args, "its .tmp file", "is a checkpoint");
+    snprintf(args, sizeof args, TINY " --train-size 64 --steps 1 --trace %s/u.json", dir);
+    expect_refused("stage1", args, "the rank file", "is a checkpoint");
+    snprintf(cmd, sizeof cmd, "%s/t.json.tmp", dir);
+    after = test_slurp(cmd, &n1);
+    ck_assert_msg(after && n1 == n0, "%s was changed", cmd);
+    free(after);
     /* two runs, one report: the second is refused while the first holds it, and the file parses */
     snprintf(cmd, sizeof cmd, "D=%s; %s/stage1 " TINY " --train-size 2048 --epochs 3 --report $D/shared.jsonl > $D/r1.log "
              "2>&1 & run=$!; while ! [ -s $D/shared.jsonl ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
