@@ -460,6 +460,21 @@ int checkpoint_peek_model(const char *path, char arch[32], char norm[8]) {
     return 1;
 }
 
+int checkpoint_peek_meta(const char *path, CheckpointMeta *m) {
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) return 0;
+    struct stat st;
+    unsigned char h[CKPT_HEADER] = {0};
+    int ok = fstat(f, &st) == 0 && S_ISREG(st.st_mode) && read_full(f, h, CKPT_HEADER_V1) == CKPT_HEADER_V1 &&
+             !memcmp(h, CKPT_MAGIC, 8);
+    uint32_t version = ok ? get_u32(h + 8) : 0, hsize = ok ? get_u32(h + 12) : 0;
+    ok = ok && version >= 1 && version <= CKPT_VERSION && hsize == header_size(version) &&
+         (hsize == CKPT_HEADER_V1 || read_full(f, h + CKPT_HEADER_V1, hsize - CKPT_HEADER_V1) == hsize - CKPT_HEADER_V1);
+    close(f);
+    if (ok) header_decode(h, m);
+    return ok;
+}
+
 int checkpoint_is_one(const char *path) {
     int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (f < 0) return 0;

@@ -131,6 +131,11 @@ void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, 
 void checkpoint_lock(const char *dir);
 void checkpoint_lock_check(const char *dir);
 
+/* A checkpoint's header alone (its meta), without the arrays or their checksum: 1 when path is a
+ * regular file with a readable header of a version this trainer knows, 0 otherwise (checkpoint_load
+ * says what is wrong with it). */
+int checkpoint_peek_meta(const char *path, CheckpointMeta *m);
+
 /* 1 if path is a regular file that starts with a checkpoint's magic (whatever its version or state):
  * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */
 int checkpoint_is_one(const char *path);

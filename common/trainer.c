@@ -293,12 +293,23 @@ static void prune_checkpoints(int keep, const char *just_saved) {
 /* A run resumed into its --save directory continues the run that wrote it (a fresh run, or one resumed
  * from elsewhere, is refused there: config_resolve), so its checkpoints up to the resumed step are this
  * run's too: --keep-last N keeps the newest N of them all, not N more after every resume. Later ones
- * (beyond this run's last step; the others are refused by checkpoint_probe) are another branch and stay.
- * Ordered by position — epochNNN is NNN epochs' steps — not by the files' times. */
+ * (beyond this run's last step; the others are refused by checkpoint_probe) are another branch and stay;
+ * so do earlier ones written under other settings than the resumed checkpoint's (a resume that
+ * changed --lr, stopped, and left its stepN beside the original line's): a file holds no parent, so
+ * the settings it records are the line it belongs to. Ordered by position — epochNNN is NNN epochs'
+ * steps — not by the files' times. */
 typedef struct Kept { int64_t step; char *path; } Kept;
 static int by_step(const void *a, const void *b) {
     const Kept *x = a, *y = b;
     return (x->step > y->step) - (x->step < y->step);
+}
+static int same_line(const CheckpointMeta *a, const CheckpointMeta *b) {
+    return a->seed == b->seed && a->world_size == b->world_size && a->batch_size == b->batch_size &&
+           a->train_size == b->train_size && a->accum_steps == b->accum_steps && a->shuffle == b->shuffle &&
+           a->drop_last == b->drop_last && a->data_source == b->data_source && a->optimizer == b->optimizer &&
+           a->schedule == b->schedule && a->schedule_steps == b->schedule_steps && a->lr == b->lr &&
+           a->warmup_steps == b->warmup_steps && a->warmup_start_factor == b->warmup_start_factor &&
+           !strcmp(a->arch, b->arch) && !strcmp(a->norm, b->norm);
 }
 static void keep_resumed(const Run *r) {
     const TrainConfig *c = r->cfg;
@@ -313,7 +324,9 @@ static void keep_resumed(const Run *r) {
         if (!checkpoint_name_position(e->d_name, &epoch, &step)) continue;
         if (epoch >= 0) step = epoch * r->steps_per_epoch;
         char *path = epoch >= 0 ? checkpoint_path(c->save, epoch, 0, 1) : checkpoint_path(c->save, 0, step, 0);
-        if (step > r->step || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+        CheckpointMeta g;
+        if (step > r->step || stat(path, &st) != 0 || !S_ISREG(st.st_mode) || !checkpoint_peek_meta(path, &g) ||
+            !same_line(&g, &r->resumed)) {
             free(path);
             continue;
         }
@@ -1220,12 +1233,18 @@ static void print_flops(Run *r, const Flops *f) {
     /* A set smaller than one step's images: no step was full, yet the figures above (and the planned
      * activations) are a full step's, as --batch-size asked. */
     int64_t full = (int64_t)r->world_size * r->cfg->batch_size * r->accum;
-    if (train_size_opened > 0 && train_size_opened < full)
+    if (train_size_opened > 0 && train_size_opened < full) {
+        const int64_t per_rank = train_size_opened / r->world_size, batch = per_rank / r->accum;
+        char fits[160];
+        if (batch >= 1) snprintf(fits, sizeof fits, "a --batch-size of at most %lld fits the set", (long long)batch);
+        else if (per_rank >= 1)
+            snprintf(fits, sizeof fits, "--batch-size 1 with an --accum-steps of at most %lld fits the set",
+                     (long long)per_rank);
+        else snprintf(fits, sizeof fits, "the set has fewer images than the job has ranks (%d)", r->world_size);
         report_printf(&r->report, "  note: a full step is %lld images and the training set has %lld, so every step "
-                      "was shorter; GFLOP/step and the planned activations are a full step's — a --batch-size "
-                      "of at most %lld fits the set\n", (long long)full, (long long)train_size_opened,
-                      (long long)(train_size_opened / ((int64_t)r->world_size * r->accum) > 0
-                                      ? train_size_opened / ((int64_t)r->world_size * r->accum) : 1));
+                      "was shorter; GFLOP/step and the planned activations are a full step's — %s\n",
+                      (long long)full, (long long)train_size_opened, fits);
+    }
 }
 
 void run_evaluated(Run *r, double test_acc, double test_loss) {

@@ -158,6 +158,14 @@ START_TEST(stage1_reports_flops_and_peak) {
                   strstr(out, "note: a full step is 32 images and the training set has 20, so every step was "
                               "shorter") && strstr(out, "a --batch-size of at most 20 fits the set"), "%s", out);
     free(out);
+    /* …and where even a batch of 1 is too many micro-batches, the fix is --accum-steps */
+    snprintf(cmd, sizeof cmd, "timeout -k 5 120 %s/stage4 --device cpu --nproc-per-node 1 --model tiny --train-size 4 "
+             "--test-size 16 --batch-size 1 --accum-steps 8 --epochs 1 --progress off --master-port %d", test_root(),
+             test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "a full step is 8 images and the training set has 4") &&
+                  strstr(out, "--batch-size 1 with an --accum-steps of at most 4 fits the set"), "%s", out);
+    free(out);
     /* a PEAK_TFLOPS that is not a positive number: one line, exit 2, before any training */
     const char *bad[] = {"fast", "0", "-3", "inf"};
     for (int i = 0; i < 4; i++) {

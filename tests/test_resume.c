@@ -362,6 +362,22 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
         snprintf(path, sizeof path, "%s/keep/epoch%03d.ckpt", dir, i);
         ck_assert_msg((access(path, F_OK) == 0) == (i >= 5), "%s %s", path, i >= 5 ? "missing" : "kept");
     }
+    /* …but a branch's checkpoint stays: resumed from epoch 1 under another --lr and stopped at step 3,
+     * its step00000003 is no part of the line that epoch002 continues (it used to be pruned with it) */
+    const char *b = TINY " --train-size 32 --batch-size 16 --epochs 3";
+    snprintf(args, sizeof args, "%s --save %s/br", b, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --steps 3 --lr 0.05 --save %s/br --resume %s/br/epoch001.ckpt", b, dir, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --epochs 4 --save %s/br --keep-last 1 --resume %s/br/epoch003.ckpt", b, dir, dir);
+    run_ok("stage1", args);
+    const char *br[][2] = {{"epoch001.ckpt", "0"}, {"epoch002.ckpt", "0"}, {"epoch003.ckpt", "0"},
+                           {"epoch004.ckpt", "1"}, {"step00000003.ckpt", "1"}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/br/%s", dir, br[i][0]);
+        ck_assert_msg((access(path, F_OK) == 0) == (br[i][1][0] == '1'), "%s %s", path,
+                      br[i][1][0] == '1' ? "missing" : "kept");
+    }
     free(dir);
 }
 END_TEST
