@@ -711,12 +711,19 @@ static void check_output(const char *flag, const char *what, const char *path, c
     if (S_ISREG(st.st_mode) && checkpoint_is_one(path))
         die_user("%s '%s' is a checkpoint (written by --save): writing there would destroy it — give %s another "
                  "file name", what, path, flag);
-    /* A kernel's pseudo-file (/proc, /sys) looks like a regular file but takes no report: the write
-     * fails after the training, with advice about free space that does not apply. */
+    /* A kernel's pseudo-file (/proc, /sys, cgroups, debugfs, tracefs, …) looks like a regular file but
+     * takes no report: the write fails after the training, with advice about free space that does
+     * not apply — or, as root, writes a kernel setting. */
+    static const struct { unsigned long magic; const char *name; } pseudo[] = {
+        {PROC_SUPER_MAGIC, "/proc"}, {SYSFS_MAGIC, "/sys"}, {CGROUP_SUPER_MAGIC, "cgroup"},
+        {CGROUP2_SUPER_MAGIC, "cgroup2"}, {DEBUGFS_MAGIC, "debugfs"}, {TRACEFS_MAGIC, "tracefs"},
+        {SECURITYFS_MAGIC, "securityfs"}, {BPF_FS_MAGIC, "bpffs"}, {PSTOREFS_MAGIC, "pstore"},
+        {EFIVARFS_MAGIC, "efivarfs"}};
     struct statfs fs;
-    if (S_ISREG(st.st_mode) && statfs(path, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
-        die_user("%s '%s' is a kernel pseudo-file (%s), not a file a run can write: give %s a file of its own",
-                 what, path, fs.f_type == PROC_SUPER_MAGIC ? "/proc" : "/sys", flag);
+    for (size_t i = 0; S_ISREG(st.st_mode) && statfs(path, &fs) == 0 && i < sizeof pseudo / sizeof pseudo[0]; i++)
+        if ((unsigned long)fs.f_type == pseudo[i].magic)
+            die_user("%s '%s' is a kernel pseudo-file (%s), not a file a run can write: give %s a file of its own",
+                     what, path, pseudo[i].name, flag);
     /* /dev/stdout (or /dev/stderr) into a file: the report would write over the console's lines, the
      * trace replace the file under them. A terminal or /dev/null takes any number of writers. */
     struct stat fd_st;
