@@ -225,7 +225,8 @@ static void rebuild(Ddp *d) {
         return;
     }
     describe(d, desc, sizeof desc);
-    report_printf(&d->run->report, "ddp: after step 1, buckets rebuilt in gradient-ready order (first ≤ 1 MiB%s)%s: %s\n",
+    report_printf(&d->run->report, "ddp: after step %lld%s, buckets rebuilt in gradient-ready order (first cap 1 MiB%s)%s: "
+                  "%s\n", (long long)d->run->step, d->run->resumed_at_step ? " (this run's first)" : "",
                   d->last_bytes ? ", last as before" : "", d->overlap ? "" : ", unused under --no-overlap", desc);
 }
 
@@ -418,7 +419,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
                   overlap ? "in buckets" : "bucket plan (unused)", desc,
-                  first != d->cap_bytes ? "first ≤ 1 MiB, " : "", cap, last);
+                  first != d->cap_bytes ? "first cap 1 MiB, " : "", cap, last);
     if (d->bcast_after && m->n_buffer_floats && d->world > 1)
         report_printf(&run->report, "ddp: --broadcast-buffers after-forward: rank 0's buffers are broadcast at the "
                                     "first gradient hook of each synchronising backward, overlapped with it (the "
@@ -879,7 +880,7 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                       (long long)d->used_map_readbacks);
     }
     json_begin(&r->report, type);
-    json_int(&r->report, "epoch", r->epoch);
+    json_int(&r->report, "epoch", r->epoch_reported); /* the epoch record's number (a partial one too) */
     json_int(&r->report, "step", r->step);
     json_str(&r->report, "comm", comm_describe(d->comm));
     json_int(&r->report, "overlap", d->overlap);

@@ -1097,15 +1097,22 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     int n_peaks = peaks_of(r, peaks, PEAKS_LISTED, &max_peak);
     char mem[32], timing[128];
     fmt_bytes(mem, sizeof mem, (double)max_peak);
+    /* A resumed epoch's first batches ran before the resume: its train loss and accuracy average only
+     * the batches this process ran (the step losses, the test and the state are the same as without
+     * the stop), and its line says from where. */
+    char from[48] = "";
+    if (r->epoch_batch0 > 0) snprintf(from, sizeof from, " from batch %lld", (long long)r->epoch_batch0 + 1);
     report_printf(&r->report,
-                  "%s %lld/%d  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
+                  "%s %lld/%d%s  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
                   "%s  data wait %.2f s | peak mem %s | %.1f s\n",
                   r->start_batch >= r->batches_per_epoch ? "epoch" : "partial epoch",
-                  (long long)r->epoch + 1, c->epochs, loss, 100 * acc, test_loss, 100 * test_acc,
+                  (long long)r->epoch + 1, c->epochs, from, loss, 100 * acc, test_loss, 100 * test_acc,
                   fmt_timing(timing, sizeof timing, med, images_per_s(r, med), c->accum_steps > 0 ? "step" : "it", "  "),
                   data_wait_s, mem, secs);
+    r->epoch_reported = r->epoch + 1;
     json_begin(&r->report, "epoch");
     json_int(&r->report, "epoch", r->epoch + 1);
+    json_int(&r->report, "first_batch", r->epoch_batch0 + 1); /* train_loss/acc average from this batch on */
     json_int(&r->report, "step", r->step);
     json_num(&r->report, "train_loss", loss);
     json_num(&r->report, "train_acc", acc);

@@ -127,6 +127,7 @@ typedef struct Run {
     double last_train_loss, last_train_acc, last_test_acc;
     int loss_read;              /* a training loss has been read back: the progress bar shows it */
     int64_t last_epoch_done;
+    int64_t epoch_reported;        /* the number (1-based) of the last epoch run_epoch_end reported, whole or partial */
     int shuffle, drop_last;        /* the training sampler (run_sampler): part of a checkpoint's position */
     CheckpointMeta resumed;        /* --resume's checkpoint, checked against the run (resume_unchecked: */
     int resume_unchecked;          /* not yet — a DDP stage's sampler is known only at run_sampler) */

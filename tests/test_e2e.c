@@ -67,8 +67,16 @@ START_TEST(stage1_resume_is_bit_identical) {
     snprintf(args, sizeof args, "%s --steps 20 --resume %s/b/step00000005.ckpt --save %s/c --report %s/c.jsonl",
              common, dir, dir, dir);
     ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
-    ck_assert_msg(strstr(out, "resumed from"), "%s", out);
+    /* the resumed epoch's train loss averages batches 6 on: its line and its record say so */
+    ck_assert_msg(strstr(out, "resumed from") && strstr(out, "epoch 1/2 from batch 6  train loss") &&
+                  strstr(out, "epoch 2/2  train loss"), "%s", out);
     free(out);
+    char pr[512];
+    snprintf(pr, sizeof pr, "%s/c.jsonl", dir);
+    char *rec = test_slurp(pr, NULL);
+    ck_assert_msg(rec && strstr(rec, "\"type\":\"epoch\",\"epoch\":1,\"first_batch\":6,") &&
+                  strstr(rec, "\"type\":\"epoch\",\"epoch\":2,\"first_batch\":1,"), "%s", rec);
+    free(rec);
     char pa[512], pc[512];
     const char *files[] = {"step00000020.ckpt", "epoch001.ckpt"};
     for (int i = 0; i < 2; i++) {
