@@ -560,11 +560,20 @@ static void resume_check(Run *r) {
                                                         "3–5's --nproc-per-node × --nnodes)"
                         : !strcmp(r->stage, "stage2") ? "--gpus"
                                                       : "--nproc-per-node × --nnodes";
+    /* Why another count cannot continue it: inside an epoch, the position means other samples; at an
+     * epoch's start the samples would be the same, but its step count — which the learning-rate
+     * schedule and every later checkpoint's position count in — means another point of training. */
+    char why[200];
+    if (g->batch_in_epoch)
+        snprintf(why, sizeof why, "its data position (epoch %lld, batch %lld) means other samples",
+                 (long long)g->epoch + 1, (long long)g->batch_in_epoch);
+    else
+        snprintf(why, sizeof why, "its step count (%lld steps, which the learning-rate schedule counts) means another "
+                 "point of training", (long long)g->step);
     if (g->world_size != r->world_size)
-        die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: its data "
-                 "position (epoch %lld, batch %lld) means other samples with another count — resume with %s giving "
-                 "%lld", path, (long long)g->world_size, g->world_size == 1 ? "" : "s", r->world_size,
-                 (long long)g->epoch + 1, (long long)g->batch_in_epoch, ranks, (long long)g->world_size);
+        die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: %s with "
+                 "another count — resume with %s giving %lld", path, (long long)g->world_size,
+                 g->world_size == 1 ? "" : "s", r->world_size, why, ranks, (long long)g->world_size);
     /* The data source before the sizes: synthetic and CIFAR-10 sets of one size are other samples. */
     if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
         die_user("checkpoint '%s' was trained on %s, this run reads %s: its data position (epoch %lld, batch %lld) "
@@ -583,10 +592,9 @@ static void resume_check(Run *r) {
                       "assumes this run's are the ones it was trained with\n", path);
     else {
         if (g->batch_size != c->batch_size)
-            die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: its data "
-                     "position (epoch %lld, batch %lld) means other samples — pass --batch-size %lld to continue it",
-                     path, (long long)g->batch_size, c->batch_size, (long long)g->epoch + 1,
-                     (long long)g->batch_in_epoch, (long long)g->batch_size);
+            die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: %s — pass "
+                     "--batch-size %lld to continue it", path, (long long)g->batch_size, c->batch_size, why,
+                     (long long)g->batch_size);
         if (g->train_size && train_size_opened && g->train_size != train_size_opened)
             die_user("checkpoint '%s' was trained on %lld training samples, this run has %lld: its shuffled order "
                      "differs — pass --train-size %lld (and the same --data) to continue it", path,

@@ -155,6 +155,12 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     expect_refused("stage1", args, "--batch-size 8", "--batch-size 32");
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 4 --epochs 2 --resume %s", ck);
     expect_refused("stage1", args, "pass --batch-size 8", "other samples");
+    /* at an epoch's start the samples would be the same: what differs is the step count */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --save %s/e", dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 4 --epochs 2 --resume %s/e/epoch001.ckpt", dir);
+    expect_refused("stage1", args, "its step count (12 steps, which the learning-rate schedule counts)",
+                   "pass --batch-size 8");
     /* the same number of batches from another training set is still another order */
     snprintf(args, sizeof args, TINY " --train-size 90 --batch-size 8 --epochs 2 --resume %s", ck);
     expect_refused("stage1", args, "trained on 96 training samples", "--train-size 96");
