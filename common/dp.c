@@ -329,6 +329,7 @@ void dp_parallel_apply(DataParallel *dp) {
         dp->cur_py_s[DP_FORWARD] += dp->rep[i].fwd_py_s;
     }
     dp->wait_ms[dp->step] = 1e3 * wait / dp->k;
+    dp->ks[dp->step] = dp->k;
     double *plan = dp->plan[dp->step];
     plan[0] = plan[1] = plan[2] = 0;
     for (int i = 0; i < dp->k; i++) { /* mean per replica thread */

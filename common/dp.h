@@ -157,12 +157,14 @@ struct DataParallel {
     double *wait_ms;             /* mean GIL wait of the replica threads in forward (ms), per step */
     double (*plan)[3];           /* per step, mean per replica thread: plan misses, planning ms
                                     (ours + charge), of which our cuDNN calls' ms */
+    int *ks;                     /* per step, the replicas that took part (k) */
     double cur_py_s[DP_PHASES];  /* this step's, being accumulated */
     TimeMark (*at)[DP_PHASES];   /* the marks, on device 0's compute stream (or wall clock) */
     DpEvent replicated, dlogits_ready; /* device 0: parameters broadcast / logits' gradient scattered */
     /* timed steps of the whole run (after the warm-up), for the medians */
     double *ph_ms[DP_PHASES], *ph_py_ms[DP_PHASES], *step_ms, *step_wait_ms, *step_plan[3];
     int n_samples, cap_samples;
+    int timed_replica_threads;   /* a timed step ran its forward on replica threads (k > 1) */
 };
 
 /* PyTorch's chunk rule: sizes of the chunks a batch of `batch` splits into over n devices

@@ -174,6 +174,9 @@ void dp_python_init(DataParallel *dp) {
 
     /* --gil-host-us: the DataParallel costs scaled to a given total per full step */
     dp->host_scale = 1.0;
+    if (cfg->host_us < 0 && cfg->host_us != -1)
+        die_user("--gil-host-us %g: give -1 (the --gil-host-* costs as they are) or a total of 0 or more µs",
+                 cfg->host_us);
     if (cfg->host_us >= 0) {
         int sizes[DP_MAX_DEVICES];
         double full = host_cost_us(dp, dp_chunks(dp->max_batch, dp->n, sizes));

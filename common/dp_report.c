@@ -18,6 +18,7 @@ void dp_timing_init(DataParallel *dp, int steps_cap) {
     dp->py_ms = xcalloc((size_t)steps_cap, sizeof *dp->py_ms);
     dp->wait_ms = xcalloc((size_t)steps_cap, sizeof *dp->wait_ms);
     dp->plan = xcalloc((size_t)steps_cap, sizeof *dp->plan);
+    dp->ks = xcalloc((size_t)steps_cap, sizeof *dp->ks);
     dp->at = xcalloc((size_t)steps_cap, sizeof *dp->at);
     for (int s = 0; s < steps_cap; s++)
         for (int p = 0; p < DP_PHASES; p++) timemark_init(&dp->at[s][p], dp->devs[0]);
@@ -26,7 +27,7 @@ void dp_timing_init(DataParallel *dp, int steps_cap) {
 void dp_timing_destroy(DataParallel *dp) {
     for (int s = 0; s < dp->cap; s++)
         for (int p = 0; p < DP_PHASES; p++) timemark_destroy(&dp->at[s][p]);
-    free(dp->at), free(dp->py_ms), free(dp->wait_ms), free(dp->plan);
+    free(dp->at), free(dp->py_ms), free(dp->wait_ms), free(dp->plan), free(dp->ks);
     for (int j = 0; j < 3; j++) free(dp->step_plan[j]);
     for (int p = 0; p < DP_PHASES; p++) free(dp->ph_ms[p]), free(dp->ph_py_ms[p]);
     free(dp->step_ms), free(dp->step_wait_ms);
@@ -113,6 +114,7 @@ void dp_epoch_end(DataParallel *dp) {
         dp->step_ms[i] = total;
         dp->step_wait_ms[i] = dp->wait_ms[s];
         for (int j = 0; j < 3; j++) dp->step_plan[j][i] = dp->plan[s][j];
+        if (dp->ks[s] > 1) dp->timed_replica_threads = 1;
     }
     dp->steps_seen += steps;
     dp->step = 0;
@@ -136,8 +138,10 @@ void dp_report(DataParallel *dp, Run *run) {
     double step = stats_median_copy(dp->step_ms, n), wait = stats_median_copy(dp->step_wait_ms, n);
     double plan_misses = stats_median_copy(dp->step_plan[0], n), plan_ms = stats_median_copy(dp->step_plan[1], n);
     double plan_own_ms = stats_median_copy(dp->step_plan[2], n);
-    double run_step = run->n_times ? stats_median_copy(run->times, run->n_times) : step;
-    double off = run_step > 0 ? (sum - run_step) / run_step : 0;
+    /* The check is against the step time measured apart from the phases; a run with no timed step
+     * (all warm-up, or each epoch's untimed last) has none to check against. */
+    double run_step = run->n_times ? stats_median_copy(run->times, run->n_times) : NAN;
+    double off = run_step > 0 ? (sum - run_step) / run_step : NAN;
     int adds_up = fabs(off) <= 0.10;
     const char *where = dp->devs[0]->kind == DEV_CUDA ? "device 0's stream (CUDA events)" : "wall clock";
     report_printf(r, "DataParallel phases over %d steps (median ms per step, timed on %s; modelled "
@@ -149,12 +153,16 @@ void dp_report(DataParallel *dp, Run *run) {
         if (py[p] > 0) report_printf(r, "  %-10s %9.3f %16.3f%s\n", dp_phase_name[p], med[p], py[p], extra);
         else report_printf(r, "  %-10s %9.3f %16s%s\n", dp_phase_name[p], med[p], "-", extra);
     }
-    report_printf(r, "  %-10s %9.3f %16.3f   vs step time %.3f ms (median ms/it): %s (%+.1f%%)\n", "sum", sum,
-                  py_sum, run_step, adds_up ? "adds up" : "DOES NOT add up", 100 * off);
+    if (isfinite(off))
+        report_printf(r, "  %-10s %9.3f %16.3f   vs step time %.3f ms (median ms/it): %s (%+.1f%%)\n", "sum", sum,
+                      py_sum, run_step, adds_up ? "adds up" : "DOES NOT add up", 100 * off);
+    else
+        report_printf(r, "  %-10s %9.3f %16.3f   vs step time: n/a (no step timed after the %d warm-up steps: "
+                      "nothing to check the sum against)\n", "sum", sum, py_sum, WARMUP_STEPS);
     report_printf(r, "  forward's convolution planning, per replica thread: %.3f ms per step, %g plan-cache "
                      "misses (our cuDNN calls %.3f ms + calibrated charge %.3f ms; %s)\n",
                   plan_ms, plan_misses, plan_own_ms, plan_ms - plan_own_ms,
-                  dp->k == 1 || dp->n == 1 ? "the main thread's cache"
+                  !dp->timed_replica_threads ? "the main thread's cache" /* one chunk: no threads */
                   : dp->cfg.thread_pool    ? "persistent threads keep their caches"
                                            : "new threads every step start with empty caches");
     json_begin(r, "phases");
@@ -174,14 +182,15 @@ void dp_report(DataParallel *dp, Run *run) {
     for (int i = 0; i < n; i++) sum_mean += dp->step_ms[i] / n;
     for (int i = 0; i < run->n_times; i++) step_mean += run->times[i] / run->n_times;
     json_num(r, "sum_mean_ms", sum_mean);
-    json_num(r, "step_mean_ms", run->n_times ? step_mean : sum_mean);
+    json_num(r, "step_mean_ms", run->n_times ? step_mean : NAN);
     json_num(r, "phase_step_ms", step);
     json_num(r, "python_ms", py_sum);
     json_num(r, "forward_gil_wait_ms", wait);
     json_num(r, "plan_misses_per_thread", plan_misses);
     json_num(r, "plan_ms_per_thread", plan_ms);
     json_num(r, "plan_cudnn_ms_per_thread", plan_own_ms);
-    json_int(r, "adds_up", adds_up);
+    if (isfinite(off)) json_int(r, "adds_up", adds_up);
+    else json_num(r, "adds_up", NAN); /* null: not checked */
     json_end(r);
 
     /* the GIL */

@@ -587,6 +587,31 @@ START_TEST(stage2_adam_state_is_on_device0_only) {
 }
 END_TEST
 
+/* The phase table checks its sum against the step time measured apart from it: a run with no timed
+ * step has none, and says so (it used to compare the sum with itself: "adds up (+0.0%)"). The
+ * planning note describes the timed steps, not the last one (a 1-image last batch runs on the main
+ * thread alone). */
+START_TEST(stage2_phase_notes_describe_what_was_measured) {
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --model tiny --steps 6 --train-size 256 --test-size 64 --batch-size 16 "
+             "--progress off --report %s", path);
+    ck_assert_int_eq(run_stage2(args, &out), 0);
+    ck_assert_msg(strstr(out, "vs step time: n/a (no step timed") && !strstr(out, "adds up"), "%s", out);
+    free(out);
+    char *rep = test_slurp(path, NULL);
+    ck_assert_msg(rep && strstr(rep, "\"step_ms\":null") && strstr(rep, "\"adds_up\":null"), "%s", rep);
+    free(rep);
+    snprintf(args, sizeof args, "--device cpu --model tiny --gpus 2 --batch-size 8 --train-size 161 --test-size 16 "
+             "--epochs 1 --progress off");
+    ck_assert_int_eq(run_stage2(args, &out), 0);
+    ck_assert_msg(strstr(out, "new threads every step start with empty caches") &&
+                  !strstr(out, "the main thread's cache"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 START_TEST(stage2_bad_flags_are_refused_clearly) {
     struct { const char *args, *expect; } cases[] = {
         {"--device cpu --gpus 0", "--gpus"},
@@ -595,6 +620,7 @@ START_TEST(stage2_bad_flags_are_refused_clearly) {
         {"--device cpu --gil-switch-ms 0", "--gil-switch-ms"},
         {"--device cpu --gil-op-us -1", "--gil-op-us"},
         {"--device cpu --gil-host-us -2", "--gil-host-us"},
+        {"--device cpu --gil-host-us -0.5", "give -1 (the --gil-host-* costs as they are) or a total"},
         {"--device cpu --p2p maybe", "--p2p"},
         {"--device cpu --dp-thread-pool=1", "--dp-thread-pool"},
         {"--device cpu --dp-plan-us -1", "--dp-plan-us"},
@@ -665,6 +691,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_variants_run);
     tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
+    tcase_add_test(e2e, stage2_phase_notes_describe_what_was_measured);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
     suite_add_tcase(s, e2e);
