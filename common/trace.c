@@ -58,6 +58,8 @@ static struct {
     int configured, opened, closed, written, rank, world;
     Out mine, merged; /* this process's file; rank 0 of several: the merged one */
     int64_t a, b, step_t0, first; /* first: the step the run started at (−1 before any; a resumed run's is past 0) */
+    int64_t held_a, held_b;       /* the steps whose spans the trace holds, [held_a, held_b) (held_b ≤ b when
+                                     the run stops inside the window; a resumed run's held_a may be past a) */
     char process[64];
     Event *ev;
     atomic_int n;
@@ -301,7 +303,7 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
                      "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
     }
     g.ev = xcalloc(MAX_EVENTS, sizeof *g.ev);
-    g.configured = 1, g.first = -1;
+    g.configured = 1, g.first = -1, g.held_a = g.held_b = -1;
     trace_thread_name(world > 1 ? "main (rank's loop)" : "main (training loop)");
     for (int i = 0; i < n_devs && g.n_devs < MAX_DEVS; i++) {
         DevPool *p = &g.devs[g.n_devs++];
@@ -374,6 +376,16 @@ static int lane_order(const char *name) {
 }
 
 /* One event per line, lines starting with {"ph": — trace_merge relies on it. */
+/* " — the run ended after N steps, inside --trace-steps A:B", or "" (a static buffer). */
+static const char *held_note(void) {
+    static char note[160];
+    note[0] = 0;
+    if (g.held_b >= 0 && g.held_b < g.b)
+        snprintf(note, sizeof note, " — the run ended after %lld steps, inside --trace-steps %lld:%lld",
+                 (long long)g.held_b, (long long)g.a, (long long)g.b);
+    return note;
+}
+
 static void write_file(void) {
     char path[4200];
     if (g.world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, g.rank);
@@ -435,9 +447,10 @@ static void write_file(void) {
         die_user("--trace %s: cannot replace %s with the finished trace (%s) — it is kept in %s: move it "
                  "where you want it; next time give --trace a regular file", g.file, g.mine.path, why, g.mine.tmp);
     long dropped = atomic_load(&g.dropped);
-    if (g.rank == 0 && g.world <= 1)
+    if (g.rank == 0 && g.world <= 1 && g.held_a >= 0)
         printf("trace: %d spans of steps %lld–%lld in %s (open it in Perfetto or chrome://tracing; "
-               "make timeline TRACE=%s draws it)\n", spans, (long long)g.a, (long long)g.b - 1, path, path);
+               "make timeline TRACE=%s draws it)%s\n", spans, (long long)g.held_a, (long long)g.held_b - 1, path, path,
+               held_note());
     if (dropped) printf("trace: rank %d: %ld spans dropped (the buffer is full): trace fewer steps\n", g.rank, dropped);
 }
 
@@ -453,7 +466,11 @@ void trace_step(int64_t done) {
     if (!g.configured) return;
     if (g.first < 0) g.first = done;
     int64_t now = now_ns();
-    if (trace_on()) emit("step", "step", g.step_t0, now, done - 1, tid_self());
+    if (trace_on()) {
+        emit("step", "step", g.step_t0, now, done - 1, tid_self());
+        if (g.held_a < 0) g.held_a = done - 1;
+        g.held_b = done;
+    }
     if (!g.opened && done >= g.a && done < g.b) open_window();
     else if (trace_on() && done >= g.b) close_window();
     g.step_t0 = now_ns();
@@ -524,6 +541,6 @@ void trace_merge(void) {
                  "kept in %s.rank0.json … %s.rank%d.json (open them one by one); next time give --trace a regular "
                  "file in a writable directory", g.file, why, g.merged.tmp, g.file, g.file, g.world - 1);
     printf("trace: %d spans of steps %lld–%lld from %d ranks merged into %s (per rank: %s.rankN.json; open it "
-           "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)\n",
-           spans, (long long)g.a, (long long)g.b - 1, g.world, g.file, g.file, g.file);
+           "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)%s\n",
+           spans, (long long)g.held_a, (long long)g.held_b - 1, g.world, g.file, g.file, g.file, held_note());
 }

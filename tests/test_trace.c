@@ -134,7 +134,14 @@ START_TEST(window_after_the_run) {
     snprintf(path, sizeof path, "%s/r.json", dir);
     char *json = test_slurp(path, NULL);
     ck_assert_msg(json && strstr(json, "traceEvents") && !strstr(json, "\"ph\":\"X\""), "%s: %s", path, json);
-    free(json), free(out), free(dir);
+    free(json), free(out);
+    /* a run that ends inside the window: the line names the steps the trace holds, not the window's */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 4 --trace %s/i.json --trace-steps 2:10",
+             test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "spans of steps 2–3 in") &&
+                  strstr(out, "the run ended after 4 steps, inside --trace-steps 2:10"), "(%d)\n%s", rc, out);
+    free(out), free(dir);
 }
 END_TEST
 
@@ -213,6 +220,49 @@ START_TEST(interrupted_run_keeps_the_old_trace) {
 }
 END_TEST
 
+/* tests/trace_check.py rejects a broken trace with a FAIL line, never a Python traceback: an event
+ * that is no object, a lane name or step number missing, a NaN time, spans dropped by the writer, and
+ * a --steps that is not A:B. */
+START_TEST(trace_check_rejects_broken_files) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const char *m = "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,\"args\":{\"name\":\"p\"}}";
+    const char *t = "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"main\"}}";
+    const char *s = "{\"ph\":\"X\",\"name\":\"step\",\"cat\":\"step\",\"pid\":0,\"tid\":1,\"ts\":1,\"dur\":2,"
+                    "\"args\":{\"n\":0}}";
+    const char *files[][2] = {
+        {"good", "%s,%s,%s], \"otherData\":{\"dropped\":0}"},
+        {"notobj", "%s,%s,%s,5]"},
+        {"noname", "%s,{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":1},%s%.0s]"},
+        {"nan", "%s,%s,{\"ph\":\"X\",\"name\":\"x\",\"cat\":\"c\",\"pid\":0,\"tid\":1,\"ts\":NaN,\"dur\":1},%s]"},
+        {"nostep", "%s,%s,{\"ph\":\"X\",\"name\":\"step\",\"cat\":\"step\",\"pid\":0,\"tid\":1,\"ts\":1,"
+                   "\"dur\":2}%.0s]"},
+        {"dropped", "%s,%s,%s], \"otherData\":{\"dropped\":7}"},
+    };
+    const char *want[] = {"ok: ", "is not an event object", "without pid, tid or args.name", "bad ts/dur",
+                          "without its step number", "7 spans were dropped"};
+    char *root = realpath(test_root(), NULL);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char body[2048], path[700];
+        snprintf(body, sizeof body, files[i][1], m, t, s);
+        snprintf(path, sizeof path, "%s/%s.json", dir, files[i][0]);
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "{\"traceEvents\":[%s}\n", body);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/trace_check.py %s --steps 0:1 2>&1", root, path);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == (i ? 1 : 0) && strstr(out, want[i]) && !strstr(out, "Traceback"),
+                      "trace_check %s: exit %d, want %d and '%s':\n%s", files[i][0], rc, i ? 1 : 0, want[i], out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/trace_check.py %s/good.json --steps 5-8 2>&1", root, dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "is not A:B") && !strstr(out, "Traceback"), "exit %d:\n%s", rc, out);
+    free(out), free(root), free(dir);
+}
+END_TEST
+
 /* tests/timeline.py on bad input: one line "error: ..." and exit 2, never a Python traceback; a file
  * with some malformed spans, a single 0-duration span or a title with quotes is still drawn. */
 START_TEST(timeline_bad_input) {
@@ -288,6 +338,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
     tcase_add_test(tc, interrupted_run_keeps_the_old_trace);
     tcase_add_test(tc, timeline_bad_input);
+    tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
     return s;

@@ -13,6 +13,7 @@ NAME given with --expect occurs. Prints one line per failure and exits 1, or "ok
 import argparse
 import collections
 import json
+import math
 import re
 import sys
 
@@ -24,7 +25,11 @@ def main():
     ap.add_argument("--pids", type=int, default=1, help="processes (ranks) expected")
     ap.add_argument("--expect", nargs="*", default=[], help="span names that must occur")
     a = ap.parse_args()
-    first, end = (int(v) for v in a.steps.split(":"))
+    m = re.fullmatch(r"([0-9]+):([0-9]+)", a.steps)
+    if not m or int(m.group(1)) >= int(m.group(2)):
+        print(f"FAIL: --steps {a.steps!r} is not A:B with A < B (as given to --trace-steps, e.g. 5:8)")
+        return 2
+    first, end = int(m.group(1)), int(m.group(2))
     bad = []
     try:
         with open(a.file) as f:
@@ -38,14 +43,25 @@ def main():
         return 1
     lanes, procs, spans = set(), set(), []
     lane_name, lane_index = {}, {}
+    def arg(e, key):  # e["args"][key], or None when the event lacks it
+        args = e.get("args")
+        return args.get(key) if isinstance(args, dict) else None
+
     for e in events:
+        if not isinstance(e, dict):
+            bad.append(f"an entry of traceEvents is not an event object: {e!r}")
+            continue
         ph = e.get("ph")
         if ph == "M":
-            if e.get("name") == "thread_name":
+            key = {"thread_name": "name", "thread_sort_index": "sort_index", "process_name": "name"}.get(e.get("name"))
+            needs_tid = e.get("name") != "process_name"
+            if key and (arg(e, key) is None or "pid" not in e or (needs_tid and "tid" not in e)):
+                bad.append(f"metadata event without pid{', tid' if needs_tid else ''} or args.{key}: {e}")
+            elif e.get("name") == "thread_name":
                 lanes.add((e["pid"], e["tid"]))
-                lane_name[(e["pid"], e["tid"])] = e["args"]["name"]
+                lane_name[(e["pid"], e["tid"])] = arg(e, "name")
             elif e.get("name") == "thread_sort_index":
-                lane_index[(e["pid"], e["tid"])] = e["args"]["sort_index"]
+                lane_index[(e["pid"], e["tid"])] = arg(e, "sort_index")
             elif e.get("name") == "process_name":
                 procs.add(e["pid"])
             continue
@@ -56,8 +72,11 @@ def main():
         if missing:
             bad.append(f"span without {missing}: {e}")
             continue
-        if not isinstance(e["ts"], (int, float)) or not isinstance(e["dur"], (int, float)) or e["dur"] < 0:
+        if not all(isinstance(e[k], (int, float)) and math.isfinite(e[k]) for k in ("ts", "dur")) or e["dur"] < 0:
             bad.append(f"bad ts/dur: {e}")
+            continue
+        if e["name"] == "step" and not isinstance(arg(e, "n"), int):
+            bad.append(f"a step span without its step number (args.n): {e}")
             continue
         spans.append(e)
     for e in spans:
@@ -101,6 +120,9 @@ def main():
             stack.append((t0, t1, name))
 
     # the window: each process has the step spans A..B-1 and nothing outside [first step, last step]
+    other = doc.get("otherData") if isinstance(doc.get("otherData"), dict) else {}
+    if other.get("dropped"):
+        bad.append(f"{other['dropped']} spans were dropped (the writer's buffer was full): trace fewer steps")
     for pid in sorted(procs):
         steps = sorted(e["args"]["n"] for e in spans if e["pid"] == pid and e["name"] == "step")
         if steps != list(range(first, end)):
