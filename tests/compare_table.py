@@ -13,7 +13,8 @@ device's images together), speed-up = images/s over stage 1's (the same per-devi
 this is the throughput ratio, not a ratio of step times; stage 1's faster run when it ran twice), peak memory per device (every byte the
 trainer allocates; PyTorch: torch.cuda.max_memory_allocated), exposed communication per iteration
 (stages 3–5: the time the compute stream waited for the all-reduce and buffer broadcast; stage 2:
-its scatter + replicate + gather + reduce copies, all on the critical path), achieved TFLOP/s (the
+its scatter + replicate + gather + reduce phases — the copies and the Python that drives them, all on the
+critical path), achieved TFLOP/s (the
 model's FLOPs per step over the median step: tests/bench_flops.py) and its fraction of the dense
 peak of the GPUs the row ran on (n/a on the CPU backend). A timing the run could not take (too few
 steps) is "n/a".
@@ -89,7 +90,7 @@ def load_rows(d):
             ph = last(recs, "phases")
             if ph and all(num(ph.get(k + "_ms")) is not None for k in ("scatter", "replicate", "gather", "reduce")):
                 row["exposed"] = sum(ph[k + "_ms"] for k in ("scatter", "replicate", "gather", "reduce"))
-                row["exposed_kind"] = "copies"
+                row["exposed_kind"] = "phases"  # the copies and their (modelled) Python
         rows.append(row)
     return rows
 
@@ -149,7 +150,7 @@ def table(rows, torch_rows, meta):
         up = "n/a" if r["ips"] is None or not base else f"{r['ips'] / base:.2f}× {ref}"
         mem = [fmt_mem(r["mem"][i] if i < len(r["mem"]) else None, unit) if r["mem"] else "n/a" for i in range(ndev)]
         mem = [m if i < len(r["mem"]) else "-" for i, m in enumerate(mem)]
-        ex = "-" if r["exposed"] is None else f"{r['exposed']:.3f}" + (" (copies)" if r.get("exposed_kind") == "copies" else "")
+        ex = "-" if r["exposed"] is None else f"{r['exposed']:.3f}" + (" (phases)" if r.get("exposed_kind") == "phases" else "")
         return [label, ms, ips, up] + mem + [ex] + list(fl.cells(r.get("flops", (None, None))))
 
     for r in rows:
@@ -302,7 +303,8 @@ def main():
            "ms/iter: median step time after warm-up (stages 4–5 with accumulation: per optimizer step of K "
            "micro-batches). vs stage 1: images/s over stage 1's (its faster run) at the same per-device batch. Exposed comm: "
            "stages 3–5, the time the compute stream waited for the all-reduce and buffer broadcast; stage 2 "
-           "(copies), its scatter + replicate + gather + reduce, all on the critical path. TFLOP/s: the model's FLOPs per "
+           "(phases), its scatter + replicate + gather + reduce phases: the copies and the Python that drives them "
+           "(modelled under the GIL), all on the critical path. TFLOP/s: the model's FLOPs per "
            "step (conv + linear, forward + backward, 2 per multiply-add) over the median step; of peak: of the dense "
            "peak of the convolutions' math on the GPUs the row ran on" + peak_note(rows) + ".", ""]
     if meta.get("missing"):
