@@ -358,10 +358,15 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
              (long long)c->steps, c->log_every, (long long)c->train_size, (long long)c->test_size, (long long)c->seed,
              overlap, d->cap_bytes, c->accum_steps, f->sync_each_micro_step, f->find_unused);
     uint64_t h = m->shape_hash, hf = fnv1a64(FNV1A64_INIT, flags, strlen(flags));
-    double mine[5] = {(double)(h & 0xffffffu), (double)(h >> 40), (double)m->n_param_floats,
-                      (double)(hf & 0xffffffu), (double)(hf >> 40)}, all[5];
+    /* …and the data each rank opened: --data is a node's own path, so one node may read CIFAR-10, or
+     * another copy of it, while the other reads the synthetic set */
+    char data[160];
+    uint64_t hd = data_signature(data, sizeof data);
+    double mine[7] = {(double)(h & 0xffffffu), (double)(h >> 40), (double)m->n_param_floats,
+                      (double)(hf & 0xffffffu), (double)(hf >> 40), (double)(hd & 0xffffffu), (double)(hd >> 40)},
+           all[7];
     memcpy(all, mine, sizeof all);
-    comm_sum_doubles(comm, all, 5);
+    comm_sum_doubles(comm, all, 7);
     for (int i = 0; i < 3; i++)
         if (all[i] != mine[i] * d->world)
             die_collateral(d->rank != 0, 2, "rank %d: the ranks built different models (architecture, --norm or "
@@ -372,6 +377,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
                            "(--batch-size, --epochs, --steps, --log-every, --train-size, --test-size, --seed, "
                            "--bucket-mb, --no-overlap, --accum-steps, --sync-each-micro-step or "
                            "--find-unused-parameters) — start every rank with the same flags", d->rank);
+    for (int i = 5; i < 7; i++)
+        if (all[i] != mine[i] * d->world)
+            die_collateral(d->rank != 0, 2, "rank %d: the ranks read different data (this one: %s) — give every "
+                           "node the same --data (a copy of the same CIFAR-10 files), or none", d->rank, data);
     run_sampler(run, !f->no_shuffle, f->drop_last); /* DistributedSampler's flags: a --resume is checked now */
     /* Test-only (STAGE3_TEST_SKEW_INIT): the other ranks start from other weights, so that only the
      * broadcast below can make the replicas equal (every rank builds its model from the same --seed). */

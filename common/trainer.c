@@ -27,6 +27,7 @@
 static int64_t train_size_opened;
 static int data_source_opened; /* CKPT_DATA_* */
 static int64_t test_size_opened;  /* …and the test set's, for what --evaluate reports */
+static uint64_t data_signature_opened;
 static char test_source_opened[sizeof ((Dataset *)0)->source];
 
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
@@ -42,6 +43,22 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
     data_source_opened = cfg->data[0] ? CKPT_DATA_CIFAR10 : CKPT_DATA_SYNTHETIC;
     test_size_opened = test->n;
     snprintf(test_source_opened, sizeof test_source_opened, "%s", test->source);
+    /* A sample, not every byte: enough to tell another set or another copy of it, in a few ms. */
+    uint64_t h = fnv1a64(FNV1A64_INIT, &data_source_opened, sizeof data_source_opened);
+    const Dataset *sets[2] = {train, test};
+    for (int s = 0; s < 2; s++) {
+        h = fnv1a64(h, &sets[s]->n, sizeof sets[s]->n);
+        h = fnv1a64(h, sets[s]->labels, (size_t)sets[s]->n);
+        for (int64_t i = 0; i < sets[s]->n * IMG_PIXELS; i += 61) h = fnv1a64(h, sets[s]->images + i, 1);
+    }
+    data_signature_opened = h;
+}
+
+uint64_t data_signature(char *desc, size_t len) {
+    snprintf(desc, len, "%s, %lld training and %lld test images",
+             data_source_opened == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data",
+             (long long)train_size_opened, (long long)test_size_opened);
+    return data_signature_opened;
 }
 
 LoaderConfig loader_config(const TrainConfig *cfg, int batch_size, int train) {

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -22,6 +23,7 @@
 #include "clock.h"
 #include "comm.h"
 #include "comm_internal.h" /* OPS: how many operations the ring of slots holds */
+#include "data.h"            /* cifar10_file_names: a small CIFAR-10 set on disk */
 #include "device.h"
 #include "launch.h"
 #include "rng.h"
@@ -886,6 +888,39 @@ START_TEST(two_nodes_and_mismatched_flags) {
 }
 END_TEST
 
+/* --data is a node's own path, so it may differ — but not what it holds: CIFAR-10 on one node and the
+ * synthetic set on the other, or a copy that differs in one label, trained on silently (or, with sets
+ * of other sizes, failed later blaming the other rank). Both stop at once, naming the data. */
+START_TEST(nodes_reading_other_data_are_refused) {
+    char *dir = test_tmpdir(), args[1024], *out;
+    for (int copy = 0; copy < 2; copy++)
+        for (int k = 0; k < CIFAR10_FILES; k++) {
+            char path[700];
+            snprintf(path, sizeof path, "%s/%c", dir, copy ? 'b' : 'a');
+            mkdir(path, 0700);
+            snprintf(path, sizeof path, "%s/%c/%s", dir, copy ? 'b' : 'a', cifar10_file_names[k]);
+            FILE *f = fopen(path, "wb");
+            ck_assert_ptr_nonnull(f);
+            for (long b = 0; b < 3073L * 64; b++) fputc(copy && k == 0 && b == 3073L * 9 ? 7 : b % 3073 ? 1 : 3, f);
+            fclose(f);
+        }
+    snprintf(args, sizeof args, "--steps 2 --nproc-per-node 1 --data %s/a", dir);
+    run_two_nodes("stage3", args, "stage3", args, &out); /* the same files: fine */
+    ck_assert_msg(strstr(out, "exit codes 0 0"), "%s", out);
+    free(out);
+    run_two_nodes("stage3", args, "stage3", "--steps 2 --nproc-per-node 1", &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks read different data (this one: CIFAR-10 "
+                  "(--data), 256 training and 64 test images)") && strstr(out, "synthetic data, 256 training"), "%s", out);
+    free(out);
+    char args1[1024];
+    snprintf(args1, sizeof args1, "--steps 2 --nproc-per-node 1 --data %s/b", dir);
+    run_two_nodes("stage3", args, "stage3", args1, &out); /* one label differs */
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks read different data"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 /* --resume given to one node only: its rank would continue at step 3 while the other starts at step 0
  * (a path may differ between the ranks, but not whether there is one). Both stop, saying so. --save
  * on node 0 alone is fine (rank 0 is the one that saves); on node 1 alone it would save nothing. */
@@ -1379,6 +1414,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
+    tcase_add_test(tc, nodes_reading_other_data_are_refused);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
