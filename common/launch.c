@@ -19,6 +19,7 @@
 #include "device.h"
 #include "errors.h"
 #include "net.h"
+#include "store.h" /* store_dial: is the store on the port this job's own? */
 
 /* The launcher speaks as the program it launches ("stage3", "stage4", …). */
 static char prog[64] = "stage3";
@@ -277,6 +278,10 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         die_user("this process is rank %d of %d (%s), but has no rendezvous secret — %s; as a worker of your own "
                  "launcher, export STAGE_RDZV_SECRET=$(openssl rand -hex 32) for every rank", w->rank, w->world_size,
                  origin, leftover);
+    /* With a secret exported (as the multi-node recipe does) the same leftover set starts a worker that
+     * waits for ranks that never come, or trains alone: say where its rank came from, before any of it. */
+    if (leftover[0])
+        fprintf(stderr, "note: this process is rank %d of %d (%s) — %s\n", w->rank, w->world_size, origin, leftover);
     return 1;
 }
 
@@ -554,7 +559,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
      * random one that only our own workers get, through their environment — never on the wire. */
     char secret[65] = "";
     uint8_t given[AUTH_MAX_SECRET];
-    if (!auth_secret(given, sizeof given)) {
+    size_t given_len = auth_secret(given, sizeof given);
+    if (!given_len) {
         if (cfg->nnodes > 1)
             die_user("--nnodes %d: every node's launcher needs the same rendezvous secret — export "
                      "STAGE_RDZV_SECRET=$(openssl rand -hex 32) on one, and the same value on the others "
@@ -568,9 +574,23 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     if (cfg->node_rank == 0) {
         int fd = net_listen(cfg->master_addr, cfg->master_port, NULL);
         if (fd >= 0) close(fd);
-        else if (errno == EADDRINUSE)
+        else if (errno == EADDRINUSE) {
+            /* …unless the store there answers to this job's secret: node 0 is running already, and this
+             * launcher is another node that was not given its --node-rank (whose default is 0) */
+            const char *why;
+            int own = given_len ? store_dial(cfg->master_addr, cfg->master_port, given, given_len, 2, &why) : -1;
+            if (own >= 0) {
+                close(own);
+                char ranks[48];
+                if (cfg->nnodes > 2) snprintf(ranks, sizeof ranks, "1 … %d", cfg->nnodes - 1);
+                else snprintf(ranks, sizeof ranks, "1");
+                die_user("%s: node 0 of this job is already running (its rendezvous store on %s:%d answers to this "
+                         "job's secret) — give this node its own --node-rank (%s; the default is 0)", prog,
+                         cfg->master_addr, cfg->master_port, ranks);
+            }
             die_user("%s: --master-port %d on %s is in use (another job, or one still shutting down) — pick a "
                      "free one with --master-port", prog, cfg->master_port, cfg->master_addr);
+        }
     }
 
     /* The status page: one slot per local worker, inherited as a file descriptor across exec. */

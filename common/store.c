@@ -436,9 +436,19 @@ static void server_free(Server *sv) {
 static Server *server_start(const char *addr, int port, const uint8_t *secret, size_t len, double timeout_s) {
     int fd = net_listen(addr, port, NULL);
     if (fd < 0) {
-        if (errno == EADDRINUSE)
+        if (errno == EADDRINUSE) {
+            const char *why;
+            int own = store_dial(addr, port, secret, len, 2, &why);
+            if (own >= 0) { /* a store that knows this job's secret: another process is rank 0 already */
+                close(own);
+                die_user("rank 0 cannot host the rendezvous store on %s:%d: a store that answers to this job's "
+                         "secret is there — another process of this job is rank 0 already (two workers given "
+                         "RANK=0, or a node given the other's --node-rank); check the ranks the launcher gives",
+                         addr, port);
+            }
             die_user("rank 0 cannot host the rendezvous store on %s:%d: the port is in use (another "
                      "job, or one still shutting down) — %s", addr, port, store_port_fix);
+        }
         if (errno == ENOENT)
             die_user("rank 0 cannot listen on %s:%d: no such host name (it does not resolve) — check "
                      "--master-addr: a host name or address of the node that runs rank 0 (node 0)", addr, port);

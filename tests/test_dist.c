@@ -642,6 +642,11 @@ START_TEST(launcher_refuses_bad_flags) {
     ck_assert_msg(strstr(out, "rank 0 of 1 (from RANK=0 WORLD_SIZE=1 in the environment") &&
                   strstr(out, "no rendezvous secret") && strstr(out, "unset RANK WORLD_SIZE to let stage3"), "%s", out);
     free(out);
+    /* with a secret exported (the multi-node recipe) the same leftovers start a worker: named at once */
+    ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=1", TINY " --steps 1", &out), 0);
+    ck_assert_msg(strstr(out, "note: this process is rank 0 of 1 (from RANK=0 WORLD_SIZE=1 in the environment") &&
+                  strstr(out, "unset RANK WORLD_SIZE to let stage3 start its own workers"), "%s", out);
+    free(out);
     ck_assert_int_eq(stage3("RANK=0 WORLD_SIZE=1 TORCHELASTIC_RUN_ID=x", TINY " --nproc-per-node 4", &out), 2);
     ck_assert_msg(strstr(out, "from torchrun's variables RANK=0 WORLD_SIZE=1)") &&
                   strstr(out, "the launcher decides: drop --nproc-per-node") && !strstr(out, "unset"), "%s", out);
@@ -885,6 +890,32 @@ START_TEST(two_nodes_and_mismatched_flags) {
         }
         free(out);
     }
+}
+END_TEST
+
+/* A second node 0 (a launcher not given its --node-rank, whose default is 0) found the port taken and
+ * was told to pick a free one; it is told that node 0 runs already and to give its --node-rank. Two
+ * workers of an external launcher given RANK=0 are told the same way. */
+START_TEST(a_second_rank_0_is_named) {
+    char cmd[4096], *out;
+    int port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(" LIMIT "%s/stage3 " TINY " --nnodes 2 --node-rank 0 --nproc-per-node 1 --rdzv-timeout 5 --master-port %d "
+             "> /dev/null 2>&1 & sleep 1; " LIMIT "%s/stage3 " TINY " --nnodes 2 --nproc-per-node 1 --master-port %d; "
+             "echo \"second exit $?\"; wait)", test_root(), port, test_root(), port);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "node 0 of this job is already running") &&
+                  strstr(out, "give this node its own --node-rank (1; the default is 0)"), "%s", out);
+    free(out);
+    port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(RANK=0 WORLD_SIZE=2 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 " TINY " --rdzv-timeout 5 "
+             "> /dev/null 2>&1 & sleep 1; RANK=0 WORLD_SIZE=2 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 "
+             TINY "; echo \"second exit $?\"; wait)", port, test_root(), port, test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "another process of this job is rank 0 already"), "%s",
+                  out);
+    free(out);
 }
 END_TEST
 
@@ -1415,6 +1446,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
     tcase_add_test(tc, nodes_reading_other_data_are_refused);
+    tcase_add_test(tc, a_second_rank_0_is_named);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
