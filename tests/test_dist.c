@@ -890,6 +890,11 @@ START_TEST(two_nodes_and_mismatched_flags) {
         }
         free(out);
     }
+    /* the job's shape is compared as it resolves: --nproc-per-node 2 on one node, the CPU default (2)
+     * on the other, is one job (it used to be refused as different flags) */
+    run_two_nodes("stage3", "--steps 2 --nproc-per-node 2", "stage3", "--steps 2", &out);
+    ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "summary:"), "%s", out);
+    free(out);
 }
 END_TEST
 
