@@ -243,6 +243,12 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         return 0;
     }
     describe_port(w, agent);
+    if (strcmp(w->launcher, prog)) { /* another launcher's variables set the job's shape, not our flags */
+        snprintf(store_world_fix, sizeof store_world_fix, "every rank needs the same %s (%s sets it)", world_var,
+                 strcmp(w->launcher, "environment") ? w->launcher : "your script");
+        snprintf(store_rank_fix, sizeof store_rank_fix, "check %s: each rank needs its own (%s sets it)", rank_var,
+                 strcmp(w->launcher, "environment") ? w->launcher : "your script");
+    }
     if (w->world_size < 1)
         refuse(NULL, "%s=%d: the world size must be at least 1", world_var, w->world_size);
     if (w->rank >= w->world_size)

@@ -523,6 +523,8 @@ struct Store {
 };
 
 char store_port_fix[320] = "pick a free one with --master-port";
+char store_world_fix[200] = "start every node with the same --nnodes and --nproc-per-node";
+char store_rank_fix[200] = "check --node-rank and --nproc-per-node on every node";
 
 _Noreturn static void lost(const Store *s, const char *what) {
     die_collateral(1, 1, "rank %d: the rendezvous store at %s:%d stopped answering during %s (%s) — rank 0, "
@@ -723,16 +725,16 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     char key[64];
     snprintf(key, sizeof key, "rdzv/claim/%d", rank);
     if (store_add(s, key, 1) != 1)
-        abort_rendezvous(s, "two processes claim rank %d of %d — check RANK (or --node-rank and --nproc-per-node) "
-                         "on every node", rank, world);
+        abort_rendezvous(s, "two processes claim rank %d of %d — %s (or another job started with this secret "
+                         "holds this port)", rank, world, store_rank_fix);
     /* Everyone must agree on the world size: rank 0 publishes its own. */
     int64_t w = world;
     if (rank == 0) store_set(s, "rdzv/world", &w, sizeof w);
     else {
         store_get(s, "rdzv/world", &w, sizeof w);
         if (w != world)
-            abort_rendezvous(s, "rank %d was started with a world size of %d but rank 0 with %lld — start every "
-                             "node with the same --nnodes and --nproc-per-node", rank, world, (long long)w);
+            abort_rendezvous(s, "rank %d was started with a world size of %d but rank 0 with %lld — %s", rank, world,
+                             (long long)w, store_world_fix);
     }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);

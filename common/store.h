@@ -39,6 +39,10 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
  * --master-port" unless the worker's launcher set it (launch.c), where --master-port is refused —
  * then the MASTER_PORT to export, or torchrun's --master-port. Ends the port-in-use errors. */
 extern char store_port_fix[320];
+/* …and what sets the world size and the ranks (our launcher's flags by default; launch.c says
+ * WORLD_SIZE and RANK, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE for a job another launcher started). */
+extern char store_world_fix[200];
+extern char store_rank_fix[200];
 /* Rank 0 waits (bounded) until every other rank has disconnected, then stops the server. */
 void store_close(Store *s);
 /* Timeout for later gets and barriers (the job's collective timeout once training runs). */

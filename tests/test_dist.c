@@ -921,6 +921,17 @@ START_TEST(a_second_rank_0_is_named) {
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "another process of this job is rank 0 already"), "%s",
                   out);
     free(out);
+    /* under another launcher its variables set the world size: the message names WORLD_SIZE, not our
+     * flags (it said "start every node with the same --nnodes and --nproc-per-node") */
+    port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(RANK=0 WORLD_SIZE=2 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 " TINY " --rdzv-timeout 20 "
+             "> /dev/null 2>&1 & sleep 1; RANK=1 WORLD_SIZE=3 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 "
+             TINY "; echo \"second exit $?\"; wait)", port, test_root(), port, test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "every rank needs the same WORLD_SIZE (torchrun sets it)"),
+                  "%s", out);
+    free(out);
 }
 END_TEST
 
