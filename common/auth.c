@@ -53,6 +53,9 @@ size_t auth_secret(uint8_t *buf, size_t cap) {
         die_user("STAGE_RDZV_SECRET_FILE '%s' can be read by others (mode %03o, owner uid %d): the secret "
                  "must be yours alone — chmod 600 '%s'", path, (unsigned)(st.st_mode & 0777), (int)st.st_uid,
                  path);
+    if (st.st_size > (off_t)cap + 2) /* + a line end ("\r\n"): cut, two files of one prefix would agree */
+        die_user("STAGE_RDZV_SECRET_FILE '%s' holds %lld bytes, more than a secret's %zu", path,
+                 (long long)st.st_size, cap);
     ssize_t n = read(fd, buf, cap);
     close(fd);
     if (n < 0) die_user("cannot read STAGE_RDZV_SECRET_FILE '%s': %s", path, strerror(errno));

@@ -152,6 +152,13 @@ START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
     ck_assert_msg(strstr(out, "secret of 25 bytes"), "%s", out); /* the newline is not part of it */
     free(out);
+    /* a file longer than a secret was cut to its first 1024 bytes (the variable was refused) */
+    f = fopen(path, "w");
+    for (int i = 0; i < AUTH_MAX_SECRET + 3; i++) fputc('s', f);
+    fclose(f);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
+    ck_assert_msg(strstr(out, "holds 1027 bytes, more than a secret's 1024"), "%s", out);
+    free(out);
     /* several nodes, or another launcher, without a secret: refused before anything listens */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "env -u STAGE_RDZV_SECRET " LIMIT "%s/stage3 " TINY " --train-size 64 --nnodes 2 "
