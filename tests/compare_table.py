@@ -22,6 +22,7 @@ steps) is "n/a".
 import json
 import math
 import os
+import re
 import sys
 from xml.sax.saxutils import escape
 
@@ -262,15 +263,25 @@ def peak_note(rows):
 
 
 def cpu_note(d, rows):
-    """The stages' own one-line statement of what CPU timings show (printed by stages 2–5)."""
+    """The stages' own one-line statement of what CPU timings show (printed by stages 2–5). Stage 2
+    says its device threads share the cores, stages 3–5 their worker processes: the table's note
+    names both when both ran."""
+    notes, who = "", []
     for r in rows:
         try:
             for line in open(os.path.join(d, r["name"] + ".log")):
-                if line.startswith("note: CPU backend"):
-                    return line.strip()
+                if line.startswith("note: CPU backend — counts"):
+                    notes = notes or line.strip()
+                    m = re.search(r"the (device threads|worker processes) share", line)
+                    if m and m.group(1) not in who:
+                        who.append(m.group(1))
+                    break
         except OSError:
             pass
-    return ""
+    if len(who) > 1:
+        notes = re.sub(r"the (device threads|worker processes) share",
+                       "the device threads (stage 2) and worker processes (stages 3–5) share", notes)
+    return notes
 
 
 def main():
