@@ -289,22 +289,37 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
     int64_t total = cifar10_check(dir, train, limit);
     int64_t n = limit > 0 ? limit : total;
 
+    /* Open every file once, count from the open files and read from them: a file replaced after the
+     * check above (a download still running, a copy being refreshed) must be reported, not read as
+     * fewer, or other, samples than the count promised. */
+    FILE *files[5];
+    int64_t recs[5], opened = 0;
+    char paths[5][4096];
+    for (int k = 0; k < n_files; k++) {
+        snprintf(paths[k], sizeof paths[k], "%s/%s", dir, names[k]);
+        files[k] = cifar_open(paths[k], &recs[k]);
+        opened += recs[k];
+    }
+    if (opened != total) {
+        for (int k = 0; k < n_files; k++) fclose(files[k]);
+        die_user("the CIFAR-10 files in '%s' changed while they were being opened (%lld records, then %lld): is a "
+                 "download or copy still writing them? Start again once it is done", dir, (long long)total,
+                 (long long)opened);
+    }
     ds->n = n;
     ds->images = xmalloc((size_t)n * IMG_PIXELS);
     ds->labels = xmalloc((size_t)n);
     uint8_t record[CIFAR_RECORD];
     int64_t i = 0;
-    for (int k = 0; k < n_files && i < n; k++) {
-        char path[4096];
-        int64_t recs;
-        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
-        FILE *f = cifar_open(path, &recs);
-        for (int64_t r = 0; r < recs && i < n; r++, i++) {
+    for (int k = 0; k < n_files; k++) {
+        FILE *f = files[k];
+        const char *path = paths[k];
+        for (int64_t r = 0; r < recs[k] && i < n; r++, i++) {
             if (fread(record, 1, CIFAR_RECORD, f) != CIFAR_RECORD)
                 die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", path, (long long)r,
                          ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
             if (record[0] >= NUM_CLASSES) {
-                fclose(f); /* for the fuzzer (tests/fuzz/), which goes on after the error */
+                for (int j = k; j < n_files; j++) fclose(files[j]); /* for the fuzzer, which goes on after it */
                 die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
                          "CIFAR-100 format?", path, (long long)r, record[0]);
             }
