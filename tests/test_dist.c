@@ -901,34 +901,33 @@ END_TEST
 /* A second node 0 (a launcher not given its --node-rank, whose default is 0) found the port taken and
  * was told to pick a free one; it is told that node 0 runs already and to give its --node-rank. Two
  * workers of an external launcher given RANK=0 are told the same way. */
-START_TEST(a_second_rank_0_is_named) {
-    char cmd[4096], *out;
+/* ENV0 stage3 TINY ARGS0 in the background, then a second later ENV1 stage3 TINY ARGS1, both on one free
+ * port as the rendezvous; OUT holds the second's output and "second exit N". */
+static void run_second_after(const char *env0, const char *args0, const char *env1, const char *args1, char **out) {
+    char cmd[4096];
     int port = test_free_port();
     snprintf(cmd, sizeof cmd,
-             "(" LIMIT "%s/stage3 " TINY " --nnodes 2 --node-rank 0 --nproc-per-node 1 --rdzv-timeout 5 --master-port %d "
-             "> /dev/null 2>&1 & sleep 1; " LIMIT "%s/stage3 " TINY " --nnodes 2 --nproc-per-node 1 --master-port %d; "
-             "echo \"second exit $?\"; wait)", test_root(), port, test_root(), port);
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+             "(MASTER_PORT=%d %s " LIMIT "%s/stage3 " TINY " --master-port %d %s > /dev/null 2>&1 & sleep 1; "
+             "MASTER_PORT=%d %s " LIMIT "%s/stage3 " TINY " --master-port %d %s; echo \"second exit $?\"; wait)",
+             port, env0, test_root(), port, args0, port, env1, test_root(), port, args1);
+    ck_assert_int_eq(test_run(cmd, out), 0);
+}
+
+START_TEST(a_second_rank_0_is_named) {
+    char *out;
+    run_second_after("", "--nnodes 2 --node-rank 0 --nproc-per-node 1 --rdzv-timeout 5", "",
+                     "--nnodes 2 --nproc-per-node 1", &out);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "node 0 of this job is already running") &&
                   strstr(out, "give this node its own --node-rank (1; the default is 0)"), "%s", out);
     free(out);
-    port = test_free_port();
-    snprintf(cmd, sizeof cmd,
-             "(RANK=0 WORLD_SIZE=2 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 " TINY " --rdzv-timeout 5 "
-             "> /dev/null 2>&1 & sleep 1; RANK=0 WORLD_SIZE=2 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 "
-             TINY "; echo \"second exit $?\"; wait)", port, test_root(), port, test_root());
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    const char *torchrun = "TORCHELASTIC_RUN_ID=x WORLD_SIZE=2 RANK=0";
+    run_second_after(torchrun, "--rdzv-timeout 5", torchrun, "", &out);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "another process of this job is rank 0 already"), "%s",
                   out);
     free(out);
     /* under another launcher its variables set the world size: the message names WORLD_SIZE, not our
      * flags (it said "start every node with the same --nnodes and --nproc-per-node") */
-    port = test_free_port();
-    snprintf(cmd, sizeof cmd,
-             "(RANK=0 WORLD_SIZE=2 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 " TINY " --rdzv-timeout 20 "
-             "> /dev/null 2>&1 & sleep 1; RANK=1 WORLD_SIZE=3 MASTER_PORT=%d TORCHELASTIC_RUN_ID=x " LIMIT "%s/stage3 "
-             TINY "; echo \"second exit $?\"; wait)", port, test_root(), port, test_root());
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    run_second_after(torchrun, "--rdzv-timeout 20", "TORCHELASTIC_RUN_ID=x RANK=1 WORLD_SIZE=3", "", &out);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "every rank needs the same WORLD_SIZE (torchrun sets it)"),
                   "%s", out);
     free(out);
