@@ -79,7 +79,7 @@ def load_rows(d):
     for name, stage, label, rc, ms, cmd in plan:
         recs = records(os.path.join(d, name + ".jsonl"))
         s = last(recs, "summary")
-        row = {"name": name, "stage": int(stage), "label": label, "cmd": cmd, "ok": rc == "0" and s is not None,
+        row = {"name": name, "stage": int(stage), "label": label, "cmd": cmd, "ok": rc == "0" and s is not None, "rc": rc,
                "ms": None, "ips": None, "mem": [], "exposed": None, "exposed_kind": "", "device": "", "k": 1,
                "flops": (None, None), "summary": s}
         if s:
@@ -144,8 +144,9 @@ def table(rows, torch_rows, meta):
 
     def line(r, base, ref):
         label = r["label"] + (f" (K={r['k']})" if r.get("k", 1) > 1 and "K=" not in r["label"] else "")
-        if not r.get("ok", True):
-            return [label, "failed"] + [""] * (len(head) - 2)
+        if not r.get("ok", True):  # why, so the table is not the end of the trail
+            why = "no summary in its report" if r.get("rc", "0") == "0" else f"exit {r.get('rc')}"
+            return [label, f"failed ({why}: see {r.get('name', '?')}.log)"] + [""] * (len(head) - 2)
         ms = "n/a" if r["ms"] is None else f"{r['ms']:.2f}"
         ips = "n/a" if r["ips"] is None else f"{r['ips']:.0f}"
         up = "n/a" if r["ips"] is None or not base else f"{r['ips'] / base:.2f}× {ref}"
