@@ -1149,6 +1149,19 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
         ck_assert_msg(strstr(out, what[k]), "want '%s' in:\n%s", what[k], out);
         free(out);
     }
+    /* hand-made: a world size of 0, its checksum recomputed — refused as checkpoint_load refuses it */
+    int64_t zero = 0;
+    memcpy(bytes + 120, &zero, 8);
+    uint64_t sum = fnv1a64(FNV1A64_INIT, bytes, (size_t)len - 8);
+    memcpy(bytes + len - 8, &sum, 8);
+    snprintf(bad, sizeof bad, "%s/world0.ckpt", dir);
+    FILE *w0 = fopen(bad, "wb");
+    fwrite(bytes, 1, (size_t)len, w0);
+    fclose(w0);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
+    ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "is corrupt: impossible world_size 0 in its header"), "%s", out);
+    free(out);
     free(bytes);
     snprintf(bad, sizeof bad, "%s/fifo", dir); /* a FIFO would block a plain read forever */
     ck_assert_int_eq(mkfifo(bad, 0600), 0);

@@ -23,6 +23,7 @@ checkpoint this model cannot hold, 3 torch is needed for what was asked and is n
 """
 import argparse
 import array
+import math
 import os
 import stat
 import struct
@@ -48,7 +49,7 @@ def fnv1a64(data, h=FNV_INIT):
 
 def read_checkpoint(path):
     """The header's fields and the float blobs, verified as common/checkpoint.c's checkpoint_load verifies
-    them (magic, version, sizes, checksum)."""
+    them (magic, version, sizes, checksum, and counters a run could have written: counters_possible)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
             fail(1, f"checkpoint '{path}' is not a regular file (give a .ckpt file written by --save)")
@@ -92,6 +93,18 @@ def read_checkpoint(path):
               file=sys.stderr, flush=True)
     if fnv1a64(memoryview(raw)[:want - 8]) != stored:
         fail(1, f"checkpoint '{path}' is corrupt: checksum mismatch — the file was damaged after it was written")
+    huge, v = 1 << 53, version
+    possible = {  # what this script prints or uses, as counters_possible checks it
+        "step": 0 <= meta["step"] <= huge, "epoch": 0 <= meta["epoch"] <= huge,
+        "batch_in_epoch": 0 <= meta["batch_in_epoch"] <= huge, "world_size": 1 <= meta["world_size"] <= 1 << 24,
+        "batch_size": v < 2 or 1 <= meta["batch_size"] <= 2**31 - 1,
+        "accum_steps": v < 2 or 1 <= meta["accum_steps"] <= 2**31 - 1,
+        "lr": v < 6 or (math.isfinite(meta["lr"]) and meta["lr"] >= 0),
+        "warmup_steps": v < 7 or 0 <= meta["warmup_steps"] <= huge,
+    }
+    wrong = [k for k, ok in possible.items() if not ok]
+    if wrong:  # only a hand-made file, its checksum recomputed, gets here
+        fail(1, f"checkpoint '{path}' is corrupt: impossible {', '.join(f'{k} {meta[k]}' for k in wrong)} in its header")
     floats = array.array("f")
     floats.frombytes(raw[hsize:hsize + 4 * (n_p + n_b)])
     if sys.byteorder != "little":
