@@ -723,7 +723,8 @@ static void check_output(const char *flag, const char *what, const char *path, c
         {SECURITYFS_MAGIC, "securityfs"}, {BPF_FS_MAGIC, "bpffs"}, {PSTOREFS_MAGIC, "pstore"},
         {EFIVARFS_MAGIC, "efivarfs"}};
     struct statfs fs;
-    for (size_t i = 0; S_ISREG(st.st_mode) && statfs(path, &fs) == 0 && i < sizeof pseudo / sizeof pseudo[0]; i++)
+    const int regular_fs = S_ISREG(st.st_mode) && statfs(path, &fs) == 0;
+    for (size_t i = 0; regular_fs && i < sizeof pseudo / sizeof pseudo[0]; i++)
         if ((unsigned long)fs.f_type == pseudo[i].magic)
             die_user("%s '%s' is a kernel pseudo-file (%s), not a file a run can write: give %s a file of its own",
                      what, path, pseudo[i].name, flag);

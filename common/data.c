@@ -262,64 +262,62 @@ static void cifar_dir_check(const char *dir) {
     }
 }
 
-int64_t cifar10_check(const char *dir, int train, int64_t limit) {
+/* The set's files, opened: every one exists and has a sane size, so a broken download is reported
+ * before any time goes into reading (whatever the limit), and the counts are those of the files
+ * that are then read — one replaced in between (a download or copy still writing) is read whole as
+ * it was when opened, never as fewer or other samples than the count. Returns their records. */
+typedef struct CifarFiles {
+    int n;
+    FILE *f[5];
+    int64_t recs[5];
+    char path[5][4096];
+} CifarFiles;
+
+static int64_t cifar_open_all(const char *dir, int train, int64_t limit, CifarFiles *cf) {
     cifar_dir_check(dir);
     const char *const *names = train ? CIFAR_TRAIN_FILES : CIFAR_TEST_FILES;
     int64_t total = 0;
-    for (int k = 0; k < (train ? 5 : 1); k++) {
-        char path[4096];
-        int64_t records;
-        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
-        fclose(cifar_open(path, &records));
-        total += records;
+    cf->n = train ? 5 : 1;
+    for (int k = 0; k < cf->n; k++) {
+        snprintf(cf->path[k], sizeof cf->path[k], "%s/%s", dir, names[k]);
+        cf->f[k] = cifar_open(cf->path[k], &cf->recs[k]);
+        total += cf->recs[k];
     }
-    if (limit > total)
+    if (limit > total) {
+        for (int k = 0; k < cf->n; k++) fclose(cf->f[k]);
         die_user("asked for %lld %s samples but '%s' holds only %lld (%s%s): lower --%s-size", (long long)limit,
                  train ? "training" : "test", dir, (long long)total, names[0], train ? " .. data_batch_5.bin" : "",
                  train ? "train" : "test");
+    }
+    return total;
+}
+
+int64_t cifar10_check(const char *dir, int train, int64_t limit) {
+    CifarFiles cf;
+    int64_t total = cifar_open_all(dir, train, limit, &cf);
+    for (int k = 0; k < cf.n; k++) fclose(cf.f[k]);
     return total;
 }
 
 void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
     memset(ds, 0, sizeof *ds);
-    const char *const *names = train ? CIFAR_TRAIN_FILES : CIFAR_TEST_FILES;
-    int n_files = train ? 5 : 1;
-    /* Every file exists and has a sane size, so a broken download is reported before we spend time
-     * reading (and whatever the limit). */
-    int64_t total = cifar10_check(dir, train, limit);
+    CifarFiles cf;
+    int64_t total = cifar_open_all(dir, train, limit, &cf);
     int64_t n = limit > 0 ? limit : total;
-
-    /* Open every file once, count from the open files and read from them: a file replaced after the
-     * check above (a download still running, a copy being refreshed) must be reported, not read as
-     * fewer, or other, samples than the count promised. */
-    FILE *files[5];
-    int64_t recs[5], opened = 0;
-    char paths[5][4096];
-    for (int k = 0; k < n_files; k++) {
-        snprintf(paths[k], sizeof paths[k], "%s/%s", dir, names[k]);
-        files[k] = cifar_open(paths[k], &recs[k]);
-        opened += recs[k];
-    }
-    if (opened != total) {
-        for (int k = 0; k < n_files; k++) fclose(files[k]);
-        die_user("the CIFAR-10 files in '%s' changed while they were being opened (%lld records, then %lld): is a "
-                 "download or copy still writing them? Start again once it is done", dir, (long long)total,
-                 (long long)opened);
-    }
     ds->n = n;
     ds->images = xmalloc((size_t)n * IMG_PIXELS);
     ds->labels = xmalloc((size_t)n);
     uint8_t record[CIFAR_RECORD];
     int64_t i = 0;
-    for (int k = 0; k < n_files; k++) {
-        FILE *f = files[k];
-        const char *path = paths[k];
-        for (int64_t r = 0; r < recs[k] && i < n; r++, i++) {
+    for (int k = 0; k < cf.n; k++) {
+        FILE *f = cf.f[k];
+        const char *path = cf.path[k];
+        for (int64_t r = 0; r < cf.recs[k] && i < n; r++, i++) {
             if (fread(record, 1, CIFAR_RECORD, f) != CIFAR_RECORD)
                 die_user("reading CIFAR-10 file '%s' failed at record %lld: %s", path, (long long)r,
                          ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
             if (record[0] >= NUM_CLASSES) {
-                for (int j = k; j < n_files; j++) fclose(files[j]); /* for the fuzzer, which goes on after it */
+                for (int j = k; j < cf.n; j++) fclose(cf.f[j]); /* for the fuzzer, which goes on after it */
                 die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
                          "CIFAR-100 format?", path, (long long)r, record[0]);
             }

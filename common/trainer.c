@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "adam.h"
@@ -313,8 +312,8 @@ static void prune_checkpoints(int keep, const char *just_saved) {
  * (beyond this run's last step; the others are refused by checkpoint_probe) are another branch and stay;
  * so do earlier ones written under other settings than the resumed checkpoint's (a resume that
  * changed --lr, stopped, and left its stepN beside the original line's): a file holds no parent, so
- * the settings it records are the line it belongs to. Ordered by position — epochNNN is NNN epochs'
- * steps — not by the files' times. */
+ * the settings it records are the line it belongs to. Ordered by the step each holds, not by the
+ * files' times. */
 typedef struct Kept { int64_t step; char *path; } Kept;
 static int by_step(const void *a, const void *b) {
     const Kept *x = a, *y = b;
@@ -337,18 +336,15 @@ static void keep_resumed(const Run *r) {
     struct dirent *e;
     while ((e = readdir(d))) {
         int64_t epoch, step;
-        struct stat st;
         if (!checkpoint_name_position(e->d_name, &epoch, &step)) continue;
-        if (epoch >= 0) step = epoch * r->steps_per_epoch;
         char *path = epoch >= 0 ? checkpoint_path(c->save, epoch, 0, 1) : checkpoint_path(c->save, 0, step, 0);
-        CheckpointMeta g;
-        if (step > r->step || stat(path, &st) != 0 || !S_ISREG(st.st_mode) || !checkpoint_peek_meta(path, &g) ||
-            !same_line(&g, &r->resumed)) {
+        CheckpointMeta g; /* the step it holds, and its line: from its header (a regular file's only) */
+        if (!checkpoint_peek_meta(path, &g) || g.step > r->step || !same_line(&g, &r->resumed)) {
             free(path);
             continue;
         }
         found = xrealloc(found, (size_t)(n + 1) * sizeof *found);
-        found[n++] = (Kept){step, path};
+        found[n++] = (Kept){g.step, path};
     }
     closedir(d);
     qsort(found, (size_t)n, sizeof *found, by_step);
