@@ -5,7 +5,9 @@
 #
 #  1. tests/torch/calibrate_dp.py times nn.DataParallel's Python and the cost of planning a convolution
 #     in a brand-new thread on this machine → the --gil-* and --dp-plan-* flags for ./stage2;
-#  2. ResNet-18, batch 128 per GPU, cudnn.benchmark off and on: ./stage1; ./stage2 --gpus 2 (new
+#  2. ResNet-18, batch 128 per GPU, cudnn.benchmark off and on: ./stage1 as stage 2 runs the model
+#     (--layout nchw --no-cuda-graph: NCHW, launch by launch, as PyTorch's replicas run; stage 1's
+#     channels-last graphed default would count layout and graphs as DataParallel's cost); ./stage2 --gpus 2 (new
 #     threads every step, as PyTorch); --dp-thread-pool (persistent threads: the fix); and, for the
 #     split, --dp-thread-pool --no-python (no GIL, no Python: what is left is GPU0's serial work);
 #  3. GPU0 against GPU1 memory: ./stage2 at batch 32 and 128 per GPU, and at 128 with --optimizer adam;
@@ -63,13 +65,15 @@ run() { # name steps binary [flags...]
     grep -E '^(summary:|  forward.s convolution planning)' "$OUT/$name.log" | sed 's/^/  /'
   fi
 }
-# shellcheck disable=SC2086 # DP_FLAGS is a list of flags
+# Stage 2 runs NCHW without CUDA graphs (common/dp_python.c): its one-GPU reference does too.
+EAGER="--layout nchw --no-cuda-graph"
+# shellcheck disable=SC2086 # DP_FLAGS and EAGER are lists of flags
 {
-  run stage1 "$STEPS" stage1 --batch-size 128
+  run stage1 "$STEPS" stage1 --batch-size 128 $EAGER
   run stage2 "$STEPS" stage2 --gpus 2 --batch-size 128 $DP_FLAGS
   run stage2_pool "$STEPS" stage2 --gpus 2 --batch-size 128 $DP_FLAGS --dp-thread-pool
   run stage2_pool_nopy "$STEPS" stage2 --gpus 2 --batch-size 128 $DP_FLAGS --dp-thread-pool --no-python
-  run stage1_bench "$STEPS" stage1 --batch-size 128 --cudnn-benchmark
+  run stage1_bench "$STEPS" stage1 --batch-size 128 $EAGER --cudnn-benchmark
   run stage2_bench "$SLOW_STEPS" stage2 --gpus 2 --batch-size 128 $DP_FLAGS --cudnn-benchmark
   run stage2_pool_bench "$STEPS" stage2 --gpus 2 --batch-size 128 $DP_FLAGS --dp-thread-pool --cudnn-benchmark
   run stage2_b32 "$MEM_STEPS" stage2 --gpus 2 --batch-size 32 $DP_FLAGS
@@ -138,7 +142,7 @@ for bench in (False, True):
     tag = "_bench" if bench else ""
     print(f"cudnn.benchmark {'on' if bench else 'off'}")
     base, _ = stage("stage1" + tag)
-    rows = [("stage1, 1 GPU" + (" --cudnn-benchmark" if bench else ""), "stage1" + tag),
+    rows = [("stage1, 1 GPU, NCHW eager" + (" --cudnn-benchmark" if bench else ""), "stage1" + tag),
             ("stage2 --gpus 2 (new threads every step)", "stage2" + tag),
             ("stage2 --gpus 2 --dp-thread-pool", "stage2_pool" + tag)]
     if not bench:

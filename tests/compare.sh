@@ -18,7 +18,8 @@
 # same setting: one GPU and nn.DataParallel (tests/torch/bench_dp.py), DDP and DDP with no_sync
 # accumulation (tests/torch/bench_ddp.py). TORCH=0 leaves them out.
 #
-# Stage 1 runs first and again last (not in QUICK): the faster of the two is the speed-up's reference.
+# Stage 1 runs first and again last (not in QUICK): the faster of the two is the speed-up's reference;
+# stage 2's rows use stage 1 in stage 2's setting (NCHW, no CUDA graphs), a row of its own.
 # Variables: QUICK=1 (tiny model, a few steps: the CI variant, well under 2 minutes on 2 cores),
 #   COMPARE_OUT=DIR (default runs/compare), STEPS=N (timed steps per run after the 5 warm-up steps;
 #   default 200 on GPUs, 30 on the CPU, 3 with QUICK=1), GPUS=N, BATCH=N (per GPU, default 128;
@@ -108,7 +109,11 @@ for s in 1 2 3 4 5; do
     if ! have_stage "$s"; then MISSING+=("$s"); continue; fi
     case $s in
     1) add stage1 1 "stage 1, one device" "" ;;
-    2) add stage2 2 "stage 2, DataParallel" "--gpus $N"
+    2) # Stage 2 runs the model NCHW and launch by launch (common/dp_python.c), as PyTorch's replicas
+       # do: its speed-up is over stage 1 run the same way, so that layout and CUDA graphs are not
+       # counted as DataParallel's cost.
+       have_stage 1 && add stage1_eager 1 "stage 1, NCHW eager (as stage 2 runs)" "--layout nchw --no-cuda-graph"
+       add stage2 2 "stage 2, DataParallel" "--gpus $N"
        add stage2_pool 2 "stage 2, DataParallel --dp-thread-pool" "--gpus $N --dp-thread-pool" ;;
     3) add stage3 3 "stage 3, DDP" "--nproc-per-node $N ${COMM[*]}"
        add stage3_nooverlap 3 "stage 3, DDP --no-overlap" "--nproc-per-node $N ${COMM[*]} --no-overlap" ;;

@@ -10,7 +10,8 @@ drawn here in plain SVG so that nothing beyond Python's standard library is need
 
 Columns: ms per iteration (stage 4: per optimizer step of K micro-batches), images/s (every
 device's images together), speed-up = images/s over stage 1's (the same per-device batch, so
-this is the throughput ratio, not a ratio of step times; stage 1's faster run when it ran twice), peak memory per device (every byte the
+this is the throughput ratio, not a ratio of step times; stage 1's faster run when it ran twice;
+stage 2's rows: over stage 1 run NCHW without CUDA graphs, as stage 2 runs), peak memory per device (every byte the
 trainer allocates; PyTorch: torch.cuda.max_memory_allocated), exposed communication per iteration
 (stages 3–5: the time the compute stream waited for the all-reduce and buffer broadcast; stage 2:
 its scatter + replicate + gather + reduce phases — the copies and the Python that drives them, all on the
@@ -140,6 +141,8 @@ def table(rows, torch_rows, meta):
     # stage 1's faster run (it runs first and, outside QUICK, again last) is the reference
     base = max([r["ips"] for r in rows if r["name"] in ("stage1", "stage1_again") and r["ips"]] or [0]) or None
     tbase = next((r["ips"] for r in torch_rows if r["base"] and r["ips"]), None)
+    # stage 2 runs NCHW without CUDA graphs: its reference is stage 1 run the same way, when that row ran
+    eager = next((r["ips"] for r in rows if r["name"] == "stage1_eager" and r["ips"]), None)
     out = [head]
 
     def line(r, base, ref):
@@ -156,7 +159,7 @@ def table(rows, torch_rows, meta):
         return [label, ms, ips, up] + mem + [ex] + list(fl.cells(r.get("flops", (None, None))))
 
     for r in rows:
-        out.append(line(r, base, ""))
+        out.append(line(r, eager, "(of NCHW eager)") if r["stage"] == 2 and eager else line(r, base, ""))
     for r in torch_rows:
         out.append(line(r, tbase, "(of PyTorch's one GPU)"))
     return [[c.strip() for c in row] for row in out]
@@ -313,7 +316,8 @@ def main():
         md += [f"**{note}**", ""]
     md += [markdown(t), "",
            "ms/iter: median step time after warm-up (stages 4–5 with accumulation: per optimizer step of K "
-           "micro-batches). vs stage 1: images/s over stage 1's (its faster run) at the same per-device batch. Exposed comm: "
+           "micro-batches). vs stage 1: images/s over stage 1's (its faster run) at the same per-device batch; stage 2's "
+           "rows (of NCHW eager): over stage 1 run as stage 2 runs the model, NCHW without CUDA graphs. Exposed comm: "
            "stages 3–5, the time the compute stream waited for the all-reduce and buffer broadcast; stage 2 "
            "(phases), its scatter + replicate + gather + reduce phases: the copies and the Python that drives them "
            "(modelled under the GIL), all on the critical path. TFLOP/s: the model's FLOPs per "
