@@ -18,7 +18,8 @@
  * its loader reads only its DistributedSampler shard, the forward starts from rank 0's BN buffers,
  * backward hands each gradient to the bucket reducer as it is produced (ddp_grad_ready), and the
  * optimizer waits for the averaged gradients (ddp_backward_end), and each rank evaluates its shard of
- * the test set (ddp_evaluate all-reduces the sums). Everything else is stage 1. */
+ * the test set (ddp_evaluate all-reduces the sums). Two DDP options have a line here too: --sync-bn
+ * (nn.SyncBatchNorm) and --optimizer-overlap (_register_fused_optim). Everything else is stage 1. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -22,7 +22,9 @@
  * (model_create_mixed: conv/linear in the low type, fp32 master weights), each micro-batch's loss
  * gradient is scaled before backward (scaler_scale_loss), and once per optimizer step the gradients
  * are unscaled (scaler_unscale: ·1/S, inf/NaN checked) and the step goes through the scaler
- * (scaler_step: skipped on inf/NaN; scaler_update: the new scale). Everything else is stage 4. */
+ * (scaler_step: skipped on inf/NaN; scaler_update: the new scale). Two more lines come with 16 bits:
+ * --grad-comm all-reduces in fp16/bf16 (DDP's fp16_compress_hook) and --optimizer-overlap is
+ * registered after the scaler, which refuses it under fp16. Everything else is stage 4. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
