@@ -60,6 +60,14 @@ static void check_all(uint16_t (*to16)(float), float (*from16)(uint16_t), uint16
     }
     ck_assert(isinf(from16(inf_bits)) && to16(INFINITY) == inf_bits && to16(-INFINITY) == (inf_bits | 0x8000u));
     ck_assert(isnan(from16(to16(NAN))) && isnan(from16(to16(-NAN))));
+    /* NaNs whose payload lies only in the bits that rounding drops: truncated, they would read as
+     * ±inf (the classic bf16 bug) — they must stay NaN */
+    const uint32_t nans[] = {0x7f800001u, 0xff800001u, 0x7f80ffffu, 0x7f801000u, 0xffc00000u, 0x7fffffffu};
+    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
+        float f;
+        memcpy(&f, &nans[i], 4);
+        ck_assert_msg(isnan(from16(to16(f))), "NaN 0x%08x became 0x%04x", nans[i], to16(f));
+    }
 }
 
 START_TEST(fp16_rounding_exhaustive) {
@@ -426,17 +434,19 @@ START_TEST(scaler_skips_and_scales) {
     Optimizer o;
     optim_init(&o, &d, 4, 0.1, 0.9, 0.0);
     float p[4] = {1, 2, 3, 4}, g[4], before[4], mom[4];
-    float want_scale[] = {1024, 1024, 2048, 1024, 1024, 1024, 2048};
-    const char *pattern = "FFFIFFF";
+    /* N: a NaN gradient (0·inf in fp16, say) must be caught as an inf is: !isfinite, not isinf */
+    float want_scale[] = {1024, 1024, 2048, 1024, 1024, 512, 512, 512, 1024};
+    const char *pattern = "FFFIFNFFF";
     for (int step = 0; pattern[step]; step++) {
         for (int i = 0; i < 4; i++) g[i] = 1024.0f * (i + 1); /* = scale · (1, 2, 3, 4) at scale 1024 */
         float scale_now = scaler_get_scale(&s);
         for (int i = 0; i < 4; i++) g[i] = scale_now * (float)(i + 1);
         if (pattern[step] == 'I') g[2] = INFINITY;
+        if (pattern[step] == 'N') g[1] = NAN;
         memcpy(before, p, sizeof p);
         memcpy(mom, o.momentum_buf, sizeof mom);
         scaler_step(&s, &o, p, g, 4, 0.1);
-        if (pattern[step] == 'I') {
+        if (pattern[step] != 'F') {
             ck_assert(!memcmp(p, before, sizeof p));                /* skipped: nothing written */
             ck_assert(!memcmp(o.momentum_buf, mom, sizeof mom));
         } else {
@@ -447,7 +457,7 @@ START_TEST(scaler_skips_and_scales) {
         ck_assert_msg(scaler_get_scale(&s) == want_scale[step], "step %d: scale %g, want %g", step,
                       scaler_get_scale(&s), want_scale[step]);
     }
-    ck_assert_int_eq(scaler_skipped(&s), 1);
+    ck_assert_int_eq(scaler_skipped(&s), 2);
     /* 1/3 in double, rounded to float (unscale_'s reciprocal) */
     float three = 3.0f, inv;
     device_copy_h2d(&d, s.scale, &three, 4);
@@ -658,20 +668,22 @@ START_TEST(stage5_test_inf_step_past_the_end_says_so) {
 }
 END_TEST
 
-/* --amp off is stage 4 exactly (stage 5 builds on it): the AMP lines are pass-throughs when disabled. */
+/* --amp off is stage 4 exactly (stage 5 builds on it): the AMP lines are pass-throughs when disabled.
+ * Over three epochs of two steps, so that each epoch's new sampler order (set_epoch) is compared too. */
+#define THREE_EPOCHS "--nproc-per-node 1 --train-size 128 --epochs 3 --accum-steps 2 "
 START_TEST(stage5_amp_off_is_stage4) {
     char *dir = test_tmpdir(), *out, cmd[2048];
     char *a = report_path(dir, "s5"), *b = report_path(dir, "s4");
-    ck_assert_msg(run_stage5("--nproc-per-node 1 --steps 5 --accum-steps 2 --amp off", a, &out) == 0, "%s", out);
+    ck_assert_msg(run_stage5(THREE_EPOCHS "--amp off", a, &out) == 0, "%s", out);
     ck_assert_msg(!strstr(out, "is emulated"), "%s", out); /* fp32: nothing emulated to warn about */
     free(out);
-    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL "--nproc-per-node 1 --steps 5 --accum-steps 2 --master-port %d --report %s",
-             test_root(), test_free_port(), b);
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL THREE_EPOCHS "--master-port %d --report %s", test_root(),
+             test_free_port(), b);
     ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
     double la[8], lb[8];
-    ck_assert_int_eq(test_read_losses(a, la, 8), 5);
-    ck_assert_int_eq(test_read_losses(b, lb, 8), 5);
-    for (int i = 0; i < 5; i++) ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i + 1, la[i], lb[i]);
+    ck_assert_int_eq(test_read_losses(a, la, 8), 6);
+    ck_assert_int_eq(test_read_losses(b, lb, 8), 6);
+    for (int i = 0; i < 6; i++) ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i + 1, la[i], lb[i]);
     free(out), free(a), free(b), free(dir);
 }
 END_TEST

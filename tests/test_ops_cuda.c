@@ -313,10 +313,12 @@ END_TEST
 
 /* ---- batch norm ------------------------------------------------------------------------------ */
 
-static void check_bn(Device *d, int n, int c, int hw, uint64_t seed) {
+/* x uniform in [lo, hi]: a non-zero mean and non-unit spread, so mean and variance handling both
+ * matter; or a spread so small (±1e-2: variance ~3e-5) that eps (1e-5) changes invstd by 15%, so
+ * eps must sit under the square root, as in PyTorch (1/√(var + eps), not 1/(√var + eps)) */
+static void check_bn(Device *d, int n, int c, int hw, uint64_t seed, float lo, float hi) {
     int64_t cnt = (int64_t)n * c * hw;
-    /* non-zero mean and non-unit spread, so mean and variance handling both matter */
-    float *hx = hrand(cnt, seed, -2.f, 3.f), *hdy = hrand(cnt, seed + 1, -1.f, 1.f);
+    float *hx = hrand(cnt, seed, lo, hi), *hdy = hrand(cnt, seed + 1, -1.f, 1.f);
     float *hg = hrand(c, seed + 2, 0.5f, 1.5f), *hb = hrand(c, seed + 3, -0.5f, 0.5f);
     float *hrm = hrand(c, seed + 4, -0.2f, 0.2f), *hrv = hrand(c, seed + 5, 0.5f, 2.f);
     float *hdx0 = hrand(cnt, seed + 6, -1.f, 1.f), *hdg0 = hrand(c, seed + 7, -1.f, 1.f);
@@ -371,9 +373,10 @@ START_TEST(test_bn_matches_reference) {
     if (!test_have_gpu("ops_cuda: batch norm vs reference")) return;
     Device d;
     gpu_open(&d, 0, 0);
-    check_bn(&d, 8, 16, 36, 2000);  /* a late ResNet stage: small images */
-    check_bn(&d, 4, 8, 1024, 2100); /* the stem: 32×32 images, long per-channel reductions */
-    check_bn(&d, 2, 3, 5, 2200);    /* tiny and odd-sized */
+    check_bn(&d, 8, 16, 36, 2000, -2.f, 3.f);    /* a late ResNet stage: small images */
+    check_bn(&d, 4, 8, 1024, 2100, -2.f, 3.f);   /* the stem: 32×32 images, long per-channel reductions */
+    check_bn(&d, 2, 3, 5, 2200, -2.f, 3.f);      /* tiny and odd-sized */
+    check_bn(&d, 8, 16, 36, 2300, -1e-2f, 1e-2f); /* variance comparable to eps */
     device_destroy(&d);
 }
 END_TEST
@@ -723,6 +726,9 @@ START_TEST(test_lp_elementwise_exact) {
         float spec[] = {0.f, -0.f, INFINITY, -INFINITY, NAN, 65504.f, 65520.f, 65519.f, 1e5f, 0x1p-24f,
                         0x1p-25f, 0x1.8p-24f, 1e-8f, 1e30f, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f, 3e-39f};
         memcpy(h, spec, sizeof spec);
+        /* NaNs with their payload only in the bits rounding drops: must stay NaN, not become ±inf */
+        const uint32_t nans[] = {0x7f800001u, 0xff800001u, 0x7f80ffffu, 0x7f801000u};
+        memcpy(h + sizeof spec / sizeof spec[0], nans, sizeof nans);
         for (int64_t i = 100; i < n; i++) h[i] = ldexpf(h[i], (int)(i % 40) - 26);
         float *x = up(&d, h, n), *want = hcopy(h, n);
         void *xl = device_alloc(&d, (size_t)n * 2, "lp");
@@ -1016,22 +1022,26 @@ END_TEST
  * NHWC takes the 16-byte vector kernels where the vector's channels divide c (4 in fp32, 8 in 16
  * bits): c = 20 runs them in fp32 and the scalar kernels in 16 bits, c = 3 the scalar ones always.
  * 64×20×512 gives the finalize its widest shape: 256 chunks (256 lanes a channel) on the vector
- * path, 512 (two a lane) on the scalar one. A second forward must repeat the bits. */
+ * path, 512 (two a lane) on the scalar one. The last shape's x spreads ±1e-2 (variance ~3e-5, near
+ * eps = 1e-5): eps misplaced, 1/(√var + eps) instead of 1/√(var + eps), moves invstd by 15%. A
+ * second forward must repeat the bits. */
 START_TEST(test_bn_fused_relu_matches_emulation) {
     if (!test_have_gpu("ops_cuda: batch norm + fused ReLU, fp32/fp16/bf16, NCHW and NHWC")) return;
     Device d;
     gpu_open(&d, 0, 0);
     Precision ps[3] = {PREC_FP32};
     int np = 1 + lp_types(&d, ps + 1);
-    const int shapes[6][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}, {4, 20, 9}, {2, 3, 7}, {64, 20, 512}};
+    const int shapes[7][3] = {{16, 64, 256}, {8, 40, 49}, {64, 512, 16}, {4, 20, 9}, {2, 3, 7}, {64, 20, 512},
+                              {8, 40, 49}};
     for (int k = 0; k < np; k++)
-        for (int si_ = 0; si_ < 6; si_++)
+        for (int si_ = 0; si_ < 7; si_++)
             for (int nhwc = 0; nhwc < 2; nhwc++) {
                 const Precision p = ps[k];
                 const int n = shapes[si_][0], c = shapes[si_][1], hw = shapes[si_][2];
                 const int64_t cnt = (int64_t)n * c * hw;
                 const double tol = p == PREC_FP32 ? TOL_SUM : TOL_LP(p);
-                float *hx = hrand(cnt, 9700 + si_, -2.f, 3.f), *hdy = hrand(cnt, 9710 + si_, -1.f, 1.f);
+                const float lo = si_ == 6 ? -1e-2f : -2.f, hi = si_ == 6 ? 1e-2f : 3.f;
+                float *hx = hrand(cnt, 9700 + si_, lo, hi), *hdy = hrand(cnt, 9710 + si_, -1.f, 1.f);
                 float *hg = hrand(c, 9720, 0.5f, 1.5f), *hb = hrand(c, 9721, -0.5f, 0.5f);
                 void *x = up_typed(&d, p, hx, n, c, hw, nhwc), *dy = up_typed(&d, p, hdy, n, c, hw, nhwc);
                 float *g = up(&d, hg, c), *b = up(&d, hb, c), *rm = dzeros(&d, c), *rv = dzeros(&d, c);
@@ -1331,7 +1341,7 @@ START_TEST(test_scaler_ops_match_reference) {
     scale_by_device(&d, n, g, st);
     ref_scale_by_device(n, rg, rs);
     EXPECT_GPU_EXACT(&d, g, rg, n, "scale_by_device");
-    const char *pattern = "FFIFFFIIF";
+    const char *pattern = "FFIFFNFIIF"; /* N: a NaN gradient, caught as an inf is */
     float *p = up(&d, hg, n), *rp = hcopy(hg, n), *buf = dzeros(&d, n), *rbuf = hzeros(n);
     for (int i = 0; pattern[i]; i++) {
         if (pattern[i] == 'I') {
@@ -1339,9 +1349,15 @@ START_TEST(test_scaler_ops_match_reference) {
             device_copy_h2d(&d, g + 1234, &inf, 4);
             rg[1234] = INFINITY;
         }
+        if (pattern[i] == 'N') {
+            float nan = NAN;
+            device_copy_h2d(&d, g + 4321, &nan, 4);
+            rg[4321] = NAN;
+        }
         amp_unscale_check(&d, n, g, st + 1, st + 2);
         ref_amp_unscale_check(n, rg, rs + 1, rs + 2);
         EXPECT_GPU_EXACT(&d, st + 2, rs + 2, 1, "found_inf");
+        ck_assert_msg((rs[2] != 0.f) == (pattern[i] != 'F'), "step %d (%c): found_inf %g", i, pattern[i], rs[2]);
         sgd_step_unless(&d, n, p, g, buf, 0.1f, 0.9f, 5e-4f, i == 0, st + 2);
         if (rs[2] == 0.f) ref_sgd_step_f32(n, rp, rg, rbuf, 0.1f, 0.9f, 5e-4f, i == 0);
         /* the update itself may differ by an ulp (nvcc contracts it into FMAs, as in the plain SGD
