@@ -110,6 +110,16 @@ static void *nccl_watchdog(void *arg) {
     return NULL;
 }
 
+/* A blocking NCCL call in progress (NULL: none), for the watchdog to bound: creation waits for every
+ * rank, and an enqueue can wait too — NCCL connects to the peers lazily, inside the first call of
+ * each kind, so a peer that is alive but stuck would hold it forever, with nothing yet in flight. */
+static void nccl_blocking(Comm *c, const char *what) {
+    pthread_mutex_lock(&c->mu);
+    c->blocking_what = what;
+    if (what) c->blocking_since = time_now();
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void nccl_create(Comm *c, int seq) {
     if (c->dev->kind != DEV_CUDA) die_user("--comm nccl needs GPU workers; CPU workers use --comm host");
     /* NVLink SHARP (multicast) buys nothing for DDP's all-reduce over a few GPUs, and on shared
@@ -137,14 +147,13 @@ static void nccl_create(Comm *c, int seq) {
         die_at(__FILE__, __LINE__, "store_get", "NCCL unique id of the wrong size", key);
     }
     /* Creation blocks until every rank has joined; the watchdog bounds it. */
-    pthread_mutex_lock(&c->mu);
-    c->blocking_what = "ncclCommInitRank", c->blocking_since = time_now();
-    pthread_mutex_unlock(&c->mu);
+    nccl_blocking(c, "ncclCommInitRank");
     ncclComm_t nc;
     CHECK_NCCL(ncclCommInitRank(&nc, c->world, id, c->rank));
     pthread_mutex_lock(&c->mu);
-    c->nccl = nc, c->blocking_what = NULL;
+    c->nccl = nc;
     pthread_mutex_unlock(&c->mu);
+    nccl_blocking(c, NULL);
 }
 
 static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int root, CommDtype type) {
@@ -166,10 +175,12 @@ static int64_t nccl_issue(Comm *c, OpKind kind, void *buf, int64_t count, int ro
         if (comm_avg_is_exact(c->world, type)) red = ncclAvg;
         else launch_scale_lp(c->stream, (int)type, count, buf, 1.0f / (float)c->world);
     }
+    nccl_blocking(c, kind != OP_BROADCAST ? "ncclAllReduce (enqueue)" : "ncclBroadcast (enqueue)");
     if (kind != OP_BROADCAST)
         CHECK_NCCL(ncclAllReduce(buf, buf, (size_t)count, nt, red, c->nccl, c->stream));
     else
         CHECK_NCCL(ncclBroadcast(buf, buf, (size_t)count, ncclFloat, root, c->nccl, c->stream));
+    nccl_blocking(c, NULL);
     trace_dev_end(span);
     CHECK_CUDA(cudaEventRecord(op->end, c->stream));
     return comm_op_publish(c);
@@ -193,7 +204,9 @@ static void nccl_sum_doubles(Comm *c, double *v, int n) {
     size_t bytes = (size_t)n * sizeof(double);
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
     CHECK_CUDA(cudaMemcpyAsync(c->dscratch, v, bytes, cudaMemcpyHostToDevice, c->stream));
+    nccl_blocking(c, "ncclAllReduce (enqueue)");
     CHECK_NCCL(ncclAllReduce(c->dscratch, c->dscratch, (size_t)n, ncclDouble, ncclSum, c->nccl, c->stream));
+    nccl_blocking(c, NULL);
     CHECK_CUDA(cudaEventRecord(op->end, c->stream));
     comm_op_publish(c); /* published before we block below, so the watchdog bounds the wait */
     CHECK_CUDA(cudaMemcpyAsync(v, c->dscratch, bytes, cudaMemcpyDeviceToHost, c->stream));

@@ -198,6 +198,10 @@ void *device_alloc(Device *d, size_t bytes, const char *what) {
     else {
         device_bind(d);
         cudaError_t e = cudaMalloc(&p, rounded);
+        /* Only a failed allocation is out of memory. Any other error is an earlier kernel's fault
+         * (an illegal address, say) that this call happened to report: name it, not the batch. */
+        if (e != cudaSuccess && e != cudaErrorMemoryAllocation)
+            die_at(__FILE__, __LINE__, "cudaMalloc", cudaGetErrorString(e), cuda_hint(e));
         if (e != cudaSuccess) {
             cudaGetLastError();
             p = NULL;

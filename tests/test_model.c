@@ -35,6 +35,28 @@ START_TEST(resnet18_has_pytorch_parameter_count) {
 }
 END_TEST
 
+/* A batch whose largest activation would pass 2^31 − 1 elements (cuDNN's descriptors and the
+ * kernels index with 32 bits) is refused with the largest batch that fits, before any allocation:
+ * ResNet-18's stem output is 64×32×32 = 2^16 an image, so 32767 is the last batch that fits. */
+static void create_at_batch(void *batch) {
+    Device d = cpu();
+    Model *m = model_create(&d, "resnet18", 1, *(int *)batch, 0);
+    printf("created at batch %d, %zu bytes planned\n", m->max_batch, m->arena_bytes);
+    model_destroy(m);
+    device_destroy(&d);
+}
+
+START_TEST(batch_past_32bit_indexing_is_refused) {
+    char *out;
+    int batch = 32768;
+    int rc = test_run_captured(create_at_batch, &batch, &out);
+    ck_assert_msg(rc != 0 && strstr(out, "--batch-size 32768 is too large for resnet18") &&
+                      strstr(out, "use --batch-size 32767 or less"),
+                  "exit %d:\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
 START_TEST(init_follows_pytorch_defaults) {
     Device d = cpu();
     Model *m = model_create(&d, "tiny", 1, 2, 123);
@@ -967,6 +989,7 @@ Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, resnet18_has_pytorch_parameter_count);
+    tcase_add_test(tc, batch_past_32bit_indexing_is_refused);
     tcase_add_test(tc, init_follows_pytorch_defaults);
     tcase_add_test(tc, backward_plan_accumulates_at_fan_out);
     tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
