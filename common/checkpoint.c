@@ -547,6 +547,24 @@ int checkpoint_list(const char *dir, char **newest) {
     return n;
 }
 
+int checkpoint_list_partial(const char *dir, char **first) {
+    if (first) *first = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".tmp")) continue;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(len - 4), e->d_name);
+        if (!ckpt_name(name, "epoch", 3) && !ckpt_name(name, "step", 8)) continue;
+        if (n++ == 0 && first) *first = xstrdup(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
 _Noreturn static void mkdir_failed(const char *dir, const char *at) {
     int err = errno;
     die_user("--save '%s': cannot create it (mkdir('%s'): %s) — %s", dir, at, strerror(err),

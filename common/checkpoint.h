@@ -151,6 +151,9 @@ int checkpoint_name_position(const char *name, int64_t *epoch, int64_t *step);
  * stepNNNNNNNN.ckpt) — counted; *newest (when not NULL) gets the most recently modified one's path
  * (malloc'd; NULL when there is none). A missing or unreadable dir holds none. */
 int checkpoint_list(const char *dir, char **newest);
+/* The partial checkpoints in dir — NAME.ckpt.tmp, left by a write that was interrupted (a second
+ * Ctrl-C, a killed process) — counted; *first (when not NULL) gets one's name (malloc'd, or NULL). */
+int checkpoint_list_partial(const char *dir, char **first);
 
 /* 1 if m holds a GradScaler state (its growth interval is set; the scale itself may have reached 0). */
 int checkpoint_has_scaler(const CheckpointMeta *m);

@@ -989,6 +989,13 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
      * its own rank 0's lock, which is no other run's). */
     if (c->save && c->save[0]) {
         if (saver) checkpoint_lock(c->save);
+        char *partial = NULL;
+        int np = saver ? checkpoint_list_partial(c->save, &partial) : 0;
+        if (np > 0) /* ours to say now that we hold the lock: no run is writing them */
+            printf("note: --save '%s' holds %d partial checkpoint%s (%s%s), left by a save that was interrupted; "
+                   "no run reads %s — delete %s\n", c->save, np, np == 1 ? "" : "s", partial, np > 1 ? ", …" : "",
+                   np == 1 ? "it" : "them", np == 1 ? "it" : "them");
+        free(partial);
         char *newest = NULL;
         int n = checkpoint_list(c->save, &newest), resumed = c->resume && c->resume[0];
         if (n > 0 && (!resumed || !in_dir(c->resume, c->save))) checkpoint_lock_check(c->save);

@@ -383,13 +383,22 @@ static int unreaped(const Child *ch, int n) {
     return k;
 }
 
-/* SIGTERM every live worker, SIGKILL the ones still alive after the grace period, reap them all. */
+/* Is a live worker writing a checkpoint (stop.h: it stops once the file is complete)? */
+static int saving(const Child *ch, int n) {
+    for (int i = 0; i < n; i++)
+        if (page && !ch[i].reaped && __atomic_load_n(&page[i].saving, __ATOMIC_SEQ_CST)) return 1;
+    return 0;
+}
+
+/* SIGTERM every live worker, SIGKILL the ones still alive after the grace period — or, while one is
+ * writing a checkpoint, after it is written (LAUNCH_SAVE_S at most) — and reap them all. */
 static void stop_all(Child *ch, int n) {
     for (int i = 0; i < n; i++) /* abort first: a worker that saves must not take this SIGTERM as a request */
         if (page) __atomic_store_n(&page[i].abort, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < n; i++)
         if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM), kill(ch[i].pid, SIGCONT);
     int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
+    const int64_t save_limit = status_clock_ns() + (int64_t)(LAUNCH_SAVE_S * 1e9);
     int sent_kill = 0;
     for (;;) {
         if (!unreaped(ch, n)) return;
@@ -400,7 +409,7 @@ static void stop_all(Child *ch, int n) {
             continue;
         }
         if (pid < 0 && errno == ECHILD) return;
-        if (!sent_kill && status_clock_ns() > deadline) {
+        if (!sent_kill && status_clock_ns() > deadline && (!saving(ch, n) || status_clock_ns() > save_limit)) {
             for (int i = 0; i < n; i++)
                 if (!ch[i].reaped) kill(ch[i].pid, SIGKILL);
             sent_kill = 1;
@@ -769,6 +778,10 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         snprintf(others + strlen(others), sizeof others - strlen(others), "; %d other worker%s failed too",
                  after, after == 1 ? "" : "s");
     fprintf(stderr, "%s: job failed: %s (first failure)%s\n", prog, msg, others);
+    if (!killed_by_us(&ch[root]) && !ch[root].sigstopped && WIFSIGNALED(ch[root].status) &&
+        WTERMSIG(ch[root].status) == SIGKILL)
+        fprintf(stderr, "  hint: a SIGKILL this launcher did not send is most often the kernel's out-of-memory killer "
+                        "(dmesg says so): lower --batch-size or --train-size, or run fewer workers on this host\n");
     /* The root's own code, or 128 + its signal; 1 for a stopped root, whose SIGTERM was ours (143 would
      * say one came from outside). */
     int code = killed_by_us(&ch[root])      ? 1

@@ -30,6 +30,7 @@
 #include "comm.h"          /* CommKind: the backend is chosen by comm_choose */
 #include "worker_status.h" /* launch_step, launch_mark_collateral */
 
+#define LAUNCH_SAVE_S 120.0 /* after a failure: the most a worker writing a checkpoint is waited for */
 #define LAUNCH_GRACE_S 5.0 /* after a failure: SIGTERM → SIGKILL (the others have nothing to save then) */
 #define LAUNCH_STOP_S 30.0 /* after a Ctrl-C or SIGTERM to the launcher: the workers' time to stop at a step
                             * boundary and save (stop.h) before SIGKILL — torchrun's default wait */

@@ -10,6 +10,7 @@
 #include "worker_status.h"
 
 static volatile sig_atomic_t requested; /* the first signal, 0 before any */
+static volatile sig_atomic_t saving, deferred; /* a checkpoint write in progress; the abort it held back */
 static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
 static size_t len_int, len_term;
 
@@ -20,6 +21,10 @@ static void die_of(int sig) { /* its default action, now: the process dies of it
 
 static void on_stop(int sig) {
     if (launch_abort_requested()) { /* our launcher's SIGTERM after a failure elsewhere */
+        if (saving && !deferred) { /* finish the checkpoint first (stop_save_end dies then) */
+            deferred = sig;
+            return;
+        }
         die_of(sig);
         return;
     }
@@ -56,3 +61,20 @@ void stop_install(const char *prog, const char *notice) {
 }
 
 int stop_requested(void) { return requested; }
+
+void stop_save_begin(void) {
+    saving = 1;
+    launch_mark_saving(1);
+}
+
+void stop_save_end(void) {
+    saving = 0;
+    launch_mark_saving(0);
+    if (deferred) {
+        static const char msg[] = "stopping now, as the job asked while the checkpoint above was being written: it "
+                                  "is complete\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        die_of(deferred);
+    }
+}

@@ -22,5 +22,10 @@
 void stop_install(const char *prog, const char *notice);
 /* The first such signal received (SIGINT or SIGTERM), or 0. Async-signal-safe to read, cheap. */
 int stop_requested(void);
+/* Around a checkpoint write. A rank that fails elsewhere makes our launcher stop every worker at once
+ * (SIGTERM, then SIGKILL); the state being written is complete — every rank finished that step — so
+ * the stop waits until it is on disk, then takes effect. A second signal still stops at once. */
+void stop_save_begin(void);
+void stop_save_end(void);
 
 #endif

@@ -400,8 +400,10 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     if (adam) model_read_oihw(m, adam->exp_avg, mom), model_read_oihw(m, adam->exp_avg_sq, sq);
     /* epochNNN = NNN epochs completed; stepNNN = stopped inside an epoch after NNN steps */
     char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
+    stop_save_begin(); /* a failure elsewhere waits for this write (stop.h) */
     checkpoint_save(path, &meta, p, buf, mom, sq);
     report_printf(&r->report, "saved checkpoint %s\n", path);
+    stop_save_end();
     prune_checkpoints(c->keep_last, path);
     json_begin(&r->report, "checkpoint");
     json_str(&r->report, "path", path);
@@ -1171,6 +1173,13 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
         if (c->save[0]) save_checkpoint(r, r->epoch, 0, 1);
     } else if (c->save[0]) { /* stopped inside it (--steps): keep the position for --resume */
         save_checkpoint(r, r->epoch, r->start_batch, 0);
+    }
+    /* One process decides alone (a job votes at its next sum): a signal that came during the
+     * evaluation or the save stops the run here, at the checkpoint just written — not a step later. */
+    if (!gated(r)) {
+        double v[2];
+        stop_vote(v);
+        stop_take(r, v);
     }
     r->epoch_t0 = time_now();
     r->epoch_batch0 = r->start_batch;

@@ -17,6 +17,7 @@
 static StatusSlot *my_slot;   /* worker: its slot, or NULL when not started by our launcher */
 static int fail_rank = -1, fail_signal = 0;
 static int64_t fail_step = -1;
+static long save_delay_ms; /* STAGE3_SAVE_DELAY_MS (test-only): a checkpoint write held open this long */
 static int my_rank;
 
 int64_t status_clock_ns(void) {
@@ -52,8 +53,15 @@ static void note_exit(void) {
     if (my_slot) __atomic_store_n(&my_slot->exit_ns, status_clock_ns(), __ATOMIC_RELAXED);
 }
 
-/* STAGE3_FAIL_AT=r:s[:SIG] (test-only). */
+/* STAGE3_FAIL_AT=r:s[:SIG] and STAGE3_SAVE_DELAY_MS=N (test-only). */
 static void parse_fail_at(void) {
+    const char *d = getenv("STAGE3_SAVE_DELAY_MS");
+    if (d && d[0]) {
+        char *end;
+        save_delay_ms = strtol(d, &end, 10);
+        if (*end || save_delay_ms < 0 || save_delay_ms > 600000)
+            die_user("STAGE3_SAVE_DELAY_MS='%s': expected milliseconds, 0 to 600000", d);
+    }
     const char *v = getenv("STAGE3_FAIL_AT");
     if (!v || !v[0]) return;
     char sig[16] = "";
@@ -97,6 +105,15 @@ int launch_take_passed(int sig) {
 }
 
 int launch_abort_requested(void) { return my_slot && __atomic_load_n(&my_slot->abort, __ATOMIC_RELAXED); }
+
+void launch_mark_saving(int on) {
+    if (my_slot) __atomic_store_n(&my_slot->saving, on, __ATOMIC_SEQ_CST);
+    /* the test's window: a failure elsewhere arrives while this write is in progress */
+    if (on && save_delay_ms) {
+        struct timespec ts = {save_delay_ms / 1000, save_delay_ms % 1000 * 1000000L}, rest;
+        while (nanosleep(&ts, &rest) != 0) ts = rest; /* a deferred SIGTERM interrupts it: sleep on */
+    }
+}
 
 void launch_mark_collateral(void) {
     if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);

@@ -22,7 +22,7 @@ typedef struct StatusSlot {
     int64_t abort;       /* set by the launcher: its next SIGTERM is a failure's, stop at once */
     int64_t passed;      /* set by the launcher before it passes a signal on: the same signal from
                           * elsewhere too (a scheduler's SIGTERM to every process) is not a second */
-    int64_t pad[1];
+    int64_t saving;      /* a checkpoint write in progress: a failure's stop waits for it (stop.h) */
 } StatusSlot;
 
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
@@ -45,6 +45,10 @@ void launch_mark_stopped(int sig);
  * asked everyone to stop at once?" (a failure elsewhere: then a SIGTERM is no request to save). */
 void launch_mark_stopping(int sig);
 int launch_abort_requested(void);
+/* Worker: a checkpoint write begins (1) or ends (0): the launcher's SIGKILL after a failure waits
+ * for it, up to LAUNCH_SAVE_S (launch.c). The test-only STAGE3_SAVE_DELAY_MS=N holds the write
+ * open N ms longer, so that a test can fail another rank meanwhile. */
+void launch_mark_saving(int on);
 /* Worker, in its handler: is this signal, arriving a second time, the launcher passing on the one
  * already received (consumed once: yes)? */
 int launch_take_passed(int sig);

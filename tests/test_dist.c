@@ -451,6 +451,18 @@ static void *mean16_rank_main(void *p) {
                 return NULL;
             }
     }
+    /* Every rank the same fp16 values: divided before the sum, as the hook does, 40000 stays 40000
+     * (summed first it would pass 65504: inf) and 2^-24 becomes 0 on every rank (its half rounds to
+     * zero) — summed first, it would stay 2^-24. */
+    uint16_t y[2] = {f32_to_f16(40000.0f), f32_to_f16(0x1p-24f)};
+    comm_allreduce_mean_async(hr.c, y, 2, COMM_F16);
+    comm_wait(hr.c);
+    if (!(fabsf(f16_to_f32(y[0]) - 40000.0f) <= 32.0f) || y[1] != 0) {
+        snprintf(a->msg, sizeof a->msg, "fp16, world %d, rank %d: the mean of 40000 and of 2^-24 on every rank is "
+                 "%g and %g, expected 40000 and 0 (divide, then sum)", a->world, a->rank, f16_to_f32(y[0]),
+                 f16_to_f32(y[1]));
+        return NULL;
+    }
     host_rank_close(&hr);
     a->ok = 1;
     return NULL;
@@ -724,6 +736,40 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
         ck_assert_msg(processes_with(marker) == 0, "%s: processes left behind", cases[i].fail);
         free(out);
     }
+}
+END_TEST
+
+/* A rank that dies while rank 0 writes a checkpoint: the launcher stops every worker, but the state
+ * being written is complete (every rank finished that epoch), so rank 0 finishes the file first and
+ * then stops (stop.h). Before, the launcher's SIGTERM killed it mid-write and the epoch was lost.
+ * STAGE3_SAVE_DELAY_MS holds the write open; rank 1 is killed inside that window. */
+START_TEST(a_failure_waits_for_the_checkpoint_being_written) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    int seed = (int)(getpid() % 100000) * 10 + 8;
+    snprintf(cmd, sizeof cmd,
+             "D=%s; { STAGE3_SAVE_DELAY_MS=%d " LIMIT "%s/stage3 " TINY " --epochs 2 --nproc-per-node 2 "
+             "--master-port %d --seed %d --save $D/ck > $D/out.txt 2>&1; echo \"exit $?\" >> $D/out.txt; } & "
+             "for i in $(seq 1 2400); do grep -q '^epoch 1/2' $D/out.txt 2>/dev/null && break; sleep 0.05; done; "
+             "sleep 0.5; "
+             "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q -- '--seed %d ' || continue; "
+             "tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK=1 && kill -9 ${p#/proc/}; done; "
+             "wait; cat $D/out.txt",
+             dir, (int)(3000 * test_time_scale()), test_root(), test_free_port(), seed, seed);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit 137") && strstr(out, "job failed: rank 1 (local rank 1"),
+                  "rank 1 killed during the save: the job must fail on it (exit 137):\n%s", out);
+    ck_assert_msg(strstr(out, "saved checkpoint ") && strstr(out, "/ck/epoch001.ckpt\n") && strstr(out, "stopping now"),
+                  "rank 0 must finish the checkpoint it was writing, then stop:\n%s", out);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ck/epoch001.ckpt.tmp", dir);
+    ck_assert_msg(access(path, F_OK) != 0, "a partial checkpoint was left: %s", path);
+    free(out);
+    /* and it is whole: the job resumes from it and trains epoch 2 */
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 " TINY " --epochs 2 --nproc-per-node 2 --master-port %d --seed %d "
+             "--resume %s/ck/epoch001.ckpt", test_root(), test_free_port(), seed, dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "epoch 2/2"), "resume from the saved epoch (exit %d):\n%s", rc, out);
+    free(out), free(dir);
 }
 END_TEST
 
@@ -1252,12 +1298,15 @@ END_TEST
 
 /* A barrier lets no rank through before every rank has reached it: rank 0 waits in one while rank 1
  * watches for the mark rank 0 sets right after it, for half a second, and only then arrives. */
+static double second_barrier_s; /* how long rank 0 waited in its second barrier */
 static void *barrier_rank0(void *p) {
     RankArg *a = p;
     Store *s = store_open("127.0.0.1", a->port, 0, 2, 20);
     store_barrier(s, "the test's barrier");
     store_set(s, "rank 0 passed", "", 0);
+    double t0 = time_now();
     store_barrier(s, "before closing");
+    second_barrier_s = time_now() - t0;
     store_close(s);
     a->ok = 1;
     return NULL;
@@ -1276,10 +1325,13 @@ START_TEST(barrier_waits_for_every_rank) {
     }
     store_barrier(s, "the test's barrier");
     store_wait(s, "rank 0 passed");
+    usleep(500000); /* a second barrier waits too: each has its own count, none passes on the first's */
     store_barrier(s, "before closing");
     store_close(s);
     pthread_join(t, NULL);
     ck_assert_msg(!early, "rank 0 passed the barrier before rank 1 reached it");
+    ck_assert_msg(second_barrier_s >= 0.4, "rank 0 passed its second barrier in %.3f s, before rank 1 (0.5 s late) "
+                  "reached it", second_barrier_s);
     ck_assert(a.ok);
 }
 END_TEST
@@ -1455,6 +1507,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, ranks_on_different_communicators_are_refused);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
+    tcase_add_test(tc, a_failure_waits_for_the_checkpoint_being_written);
     tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
     tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);

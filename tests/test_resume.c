@@ -351,6 +351,15 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     free(before), free(after);
     snprintf(path, sizeof path, "%s/fsz/epoch002.ckpt.tmp", dir);
     ck_assert_msg(access(path, F_OK) != 0, "%s left behind", path);
+    /* a partial checkpoint that an interrupted save left behind: named, never read */
+    snprintf(path, sizeof path, "%s/part", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/part/epoch001.ckpt.tmp", dir);
+    FILE *pf = fopen(path, "w");
+    ck_assert(pf && fputs("half a checkpoint", pf) >= 0 && fclose(pf) == 0);
+    snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 1 --save %s/part", dir);
+    ok_saying("stage1", args, "holds 1 partial checkpoint (epoch001.ckpt.tmp), left by a save that was interrupted",
+              "no run reads it");
     /* --keep-last 2: of 4 epoch checkpoints, the newest 2 remain */
     snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 4 --save %s/keep --keep-last 2", dir);
     run_ok("stage1", args);
@@ -360,13 +369,15 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
         ck_assert_msg((access(path, F_OK) == 0) == (i >= 2), "%s %s", path, i >= 2 ? "missing" : "kept");
     }
     /* …and still 2 after a resume into that directory: the checkpoints before the resumed one are the
-     * same run's (they used to stay, N more after every resume) */
-    snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 6 --save %s/keep --keep-last 2 "
+     * same run's (they used to stay, N more after every resume). One new epoch: the newest 2 are the
+     * resumed checkpoint and the new one, so the oldest (epoch 3) goes — counted by step, not in the
+     * directory's order */
+    snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 5 --save %s/keep --keep-last 2 "
              "--resume %s/keep/epoch004.ckpt", dir, dir);
     run_ok("stage1", args);
-    for (int i = 1; i <= 6; i++) {
+    for (int i = 1; i <= 5; i++) {
         snprintf(path, sizeof path, "%s/keep/epoch%03d.ckpt", dir, i);
-        ck_assert_msg((access(path, F_OK) == 0) == (i >= 5), "%s %s", path, i >= 5 ? "missing" : "kept");
+        ck_assert_msg((access(path, F_OK) == 0) == (i >= 4), "%s %s", path, i >= 4 ? "missing" : "kept");
     }
     /* …but a branch's checkpoint stays: resumed from epoch 1 under another --lr and stopped at step 3,
      * its step00000003 is no part of the line that epoch002 continues (it used to be pruned with it) */
@@ -776,6 +787,20 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
                   !strstr(out, "summary:"), "two signals did not stop it at once:\n%s", out);
     free(out);
 
+    /* one that arrives while an epoch's checkpoint is being written (STAGE3_SAVE_DELAY_MS holds the write
+     * open; stage 3 as one process decides alone): the run stops at that checkpoint, not a step later */
+    snprintf(cmd, sizeof cmd, "D=%s; R=sv; STAGE3_SAVE_DELAY_MS=%d %s/stage3 %s --nproc-per-node 1 --master-port %d "
+             "--save $D/sv > $D/sv.log 2>&1 & run=$!; "
+             "while ! grep -q '^epoch 1/' $D/sv.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; sleep 0.3; "
+             "kill -TERM $run; %s cat $D/sv.log", dir, (int)(1500 * test_time_scale()), test_root(), s1,
+             test_free_port(), ended);
+    test_run(cmd, &out);
+    snprintf(path, sizeof path, "stopped early by SIGTERM after step 16 of 16000: continue with --resume %s/sv/epoch001.ckpt",
+             dir);
+    ck_assert_msg(strstr(out, path) && strstr(out, "exit 143") && !strstr(out, "step00000017"),
+                  "a signal during the save must stop the run at that checkpoint:\n%s", out);
+    free(out);
+
     /* a job: the terminal's Ctrl-C to the launcher's process group (setsid makes it a group's leader) */
     const char *s3 = TINY " --train-size 512 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 4";
     snprintf(cmd, sizeof cmd, "D=%s; R=d; env --default-signal=INT setsid %s/stage3 %s --master-port %d --save $D/d > $D/d.log 2>&1 & "
@@ -1060,6 +1085,18 @@ START_TEST(evaluate_tests_the_checkpoint_and_trains_nothing) {
     ck_assert_int_eq(system(args), 0);
     snprintf(args, sizeof args, TINY " --evaluate --resume %s/c/epoch001.ckpt --data %s/testonly", dir, dir);
     ok_saying("stage1", args, "evaluated ", "images of cifar10:test");
+    /* the test set is neither shuffled nor augmented (random crops and flips are keyed by the seed):
+     * under another --seed, the same images and the same loss */
+    double seeded[2];
+    for (int k = 0; k < 2; k++) {
+        snprintf(rep, sizeof rep, "%s/seed%d.jsonl", dir, k);
+        snprintf(args, sizeof args, TINY " --evaluate --resume %s/c/epoch001.ckpt --data %s --seed %d --report %s", dir,
+                 cifar, 5 * k, rep);
+        ok_saying("stage1", args, "evaluated ", "images of cifar10:test");
+        seeded[k] = test_report_field(rep, "evaluate", "test_loss");
+    }
+    ck_assert_msg(seeded[0] > 0 && seeded[0] == seeded[1], "--seed 0 and 5 test other images: loss %.9g vs %.9g",
+                  seeded[0], seeded[1]);
     free(cifar), free(dir);
 }
 END_TEST
