@@ -382,7 +382,8 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
                   "parameters that do not fit: exit %d\n%s", rc, out);
     free(out);
     if (kind == DEV_CUDA) { /* and a real one, where cudaMalloc fails: ResNet-18 at batch 32767 (the largest
-                             * its 32-bit indexing allows: model.c) needs ~185 GB */
+                             * its 32-bit indexing allows: model.c) plans 145 GiB of activations alone (the
+                             * CPU backend's figure), more than an H200's 141 GB */
         rc = run_stage("stage1", "--device cuda --model resnet18 --batch-size 32767 --train-size 32767 "
                                  "--test-size 256 --steps 1 --epochs 1 --progress off", &out);
         ck_assert_msg(rc == 1 && strstr(out, "cannot allocate") &&
