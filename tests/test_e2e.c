@@ -218,6 +218,30 @@ END_TEST
 
 /* Its output's reader gone (`| head`, a dropped ssh under `| tee`): SIGPIPE used to end the run
  * without a word. It still dies of SIGPIPE (141, what a launcher or shell expects), after saying why. */
+/* Each optimizer step uses the schedule's lr for that step: under a warm-up from 0.25 × 0.4 the first
+ * step's lr is 0.1, so a second step starts from the same parameters as under a constant 0.1 (the
+ * same loss, bit for bit), and the third from other ones (0.175 against 0.1). An lr taken one step
+ * early or late would show at the second loss already. */
+START_TEST(stage1_each_step_uses_its_scheduled_lr) {
+    char *dir = test_tmpdir(), args[2048], path[2][700], *out;
+    const char *runs[2] = {"--lr 0.4 --warmup-steps 4 --warmup-start-factor 0.25", "--lr 0.1 --schedule const"};
+    double loss[2][4];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path[i], sizeof path[i], "%s/lr%d.jsonl", dir, i);
+        snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --test-size 32 --batch-size 32 "
+                 "--steps 3 --epochs 10 --progress off --log-every 1 %s --report %s", runs[i], path[i]);
+        ck_assert_msg(run_stage("stage1", args, &out) == 0, "%s", out);
+        free(out);
+        ck_assert_int_eq(test_read_losses(path[i], loss[i], 4), 3);
+    }
+    ck_assert_msg(loss[0][0] == loss[1][0] && loss[0][1] == loss[1][1],
+                  "the first step's lr under the warm-up is not 0.1: losses %.9g %.9g vs %.9g %.9g", loss[0][0],
+                  loss[0][1], loss[1][0], loss[1][1]);
+    ck_assert_msg(loss[0][2] != loss[1][2], "the second step's lr (0.175) trained as 0.1 did: %.9g", loss[0][2]);
+    free(dir);
+}
+END_TEST
+
 START_TEST(stage1_says_why_a_closed_pipe_stopped_it) {
     char cmd[2048], *out;
     /* stdout into `true`, which exits at once; stderr and the exit status to the captured fd 3 */
@@ -558,6 +582,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_cpu_names_gpu_only_flags);
     tcase_add_test(tc, stage1_warmup_and_last_step_untimed);
     tcase_add_test(tc, stage1_bad_input_is_refused_clearly);
+    tcase_add_test(tc, stage1_each_step_uses_its_scheduled_lr);
     tcase_add_test(tc, stage1_says_why_a_closed_pipe_stopped_it);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
