@@ -282,7 +282,13 @@ void *host_alloc(Device *d, size_t bytes, int pinned) {
     if (pinned && d && d->kind == DEV_CUDA) {
         void *p = NULL;
         device_bind(d);
-        CHECK_CUDA(cudaMallocHost(&p, bytes ? bytes : 1));
+        cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+        /* page-locked host memory, not the GPU's: cuda_hint's "the GPU is out of memory" would mislead */
+        if (e == cudaErrorMemoryAllocation)
+            die_runtime("cannot page-lock %.1f MiB of host memory (cudaMallocHost)\n  hint: the host is short of "
+                        "pinned memory: run without --pin-memory, or with fewer --workers or a smaller --batch-size",
+                        bytes / 1048576.0);
+        if (e != cudaSuccess) die_at(__FILE__, __LINE__, "cudaMallocHost", cudaGetErrorString(e), cuda_hint(e));
         return p;
     }
 #endif
