@@ -1167,19 +1167,18 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
         diverged(r, "the test loss is", ": the state is finite, but the weights have grown so large that the forward "
                  "overflows", loss);
     /* fp16's GradScaler backed off until 1/scale overflows fp32: every step from then on is skipped and
-     * none would be taken again (only extreme --backoff-factor / --init-scale get there). The scale is
-     * the same on every rank (decided on the all-reduced gradients), so every rank stops here alike. */
-    if (r->save_scaler) {
+     * none will be taken again (only extreme --backoff-factor / --init-scale get there). PyTorch goes on
+     * in silence; we go on too (the state is unharmed, and is saved as it is), but say so, once. */
+    if (r->save_scaler && !r->scaler_dead_noted) {
         CheckpointMeta sm = {0};
         r->save_scaler(r->scaler_ctx, &sm);
         if (!isfinite(1.0f / (float)sm.scaler_scale)) {
-            if (r->rank != 0) die_collateral(1, 2, "rank %d: the GradScaler's scale collapsed — see rank 0's error", r->rank);
-            die_user("the GradScaler's scale fell to %g in epoch %lld: 1/scale overflows fp32, so every optimizer step "
-                     "since has been skipped and none will be taken again — use a --backoff-factor nearer 1 (now %g) or a "
-                     "larger --init-scale (the defaults, 0.5 and 65536, are PyTorch's); --grad-stats counts the "
-                     "inf/NaN gradients%s%s",
-                     sm.scaler_scale, (long long)r->epoch + 1, sm.scaler_backoff_factor,
-                     r->last_saved ? "; the last checkpoint, kept: " : "", r->last_saved ? r->last_saved : "");
+            r->scaler_dead_noted = 1;
+            report_printf(&r->report, "note: the GradScaler's scale fell to %g in epoch %lld: 1/scale overflows fp32, so "
+                          "every optimizer step since has been skipped and none will be taken again — this run trains "
+                          "nothing more; use a --backoff-factor nearer 1 (now %g) or a larger --init-scale (the "
+                          "defaults, 0.5 and 65536, are PyTorch's); --grad-stats counts the inf/NaN gradients\n",
+                          sm.scaler_scale, (long long)r->epoch + 1, sm.scaler_backoff_factor);
         }
     }
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */

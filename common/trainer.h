@@ -142,6 +142,7 @@ typedef struct Run {
     void (*save_scaler)(void *ctx, CheckpointMeta *meta);
     void *scaler_ctx;
     int scaler_noted;      /* the resumed checkpoint's GradScaler state was taken, or its fate said */
+    int scaler_dead_noted; /* the note that the scale fell below 1/FLT_MAX was printed */
     char *last_saved;      /* the last checkpoint this run wrote (rank 0), named when the run diverges */
     int64_t *state_counts; /* device: the divergence check's (zero, non-finite) counts, per part of the state */
     int stop_sig;          /* SIGINT or SIGTERM once every rank has agreed to stop early (stop.h), else 0 */
