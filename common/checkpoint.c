@@ -498,6 +498,9 @@ static int ckpt_name(const char *name, const char *prefix, int digits) {
     return d >= digits && !strcmp(p, ".ckpt");
 }
 
+/* A name checkpoint_path gives: epochNNN.ckpt or stepNNNNNNNN.ckpt. */
+static int is_ckpt_name(const char *name) { return ckpt_name(name, "epoch", 3) || ckpt_name(name, "step", 8); }
+
 int checkpoint_name_position(const char *name, int64_t *epoch, int64_t *step) {
     const int is_epoch = ckpt_name(name, "epoch", 3);
     if (!is_epoch && !ckpt_name(name, "step", 8)) return 0;
@@ -524,7 +527,7 @@ int checkpoint_list(const char *dir, char **newest) {
     struct timespec best = {0, 0};
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (!ckpt_name(e->d_name, "epoch", 3) && !ckpt_name(e->d_name, "step", 8)) continue;
+        if (!is_ckpt_name(e->d_name)) continue;
         char *p = NULL;
         struct stat st;
         if (asprintf(&p, "%.*s/%s", len, dir, e->d_name) < 0)
@@ -558,7 +561,7 @@ int checkpoint_list_partial(const char *dir, char **first) {
         if (len < 5 || strcmp(e->d_name + len - 4, ".tmp")) continue;
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)(len - 4), e->d_name);
-        if (!ckpt_name(name, "epoch", 3) && !ckpt_name(name, "step", 8)) continue;
+        if (!is_ckpt_name(name)) continue;
         if (n++ == 0 && first) *first = xstrdup(e->d_name);
     }
     closedir(d);

@@ -462,9 +462,10 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
      * the largest activation must hold fewer than 2^31 elements: a ceiling on the batch (32767 for
      * ResNet-18, whose stem output is 64×32×32 an image). Refused here, before any allocation. */
     int64_t per_image = 0;
-    for (int i = 0; i < m->n_acts; i++)
-        if ((int64_t)m->acts[i].c * m->acts[i].h * m->acts[i].w > per_image)
-            per_image = (int64_t)m->acts[i].c * m->acts[i].h * m->acts[i].w;
+    for (int i = 0; i < m->n_acts; i++) {
+        const int64_t elems = (int64_t)m->acts[i].c * m->acts[i].h * m->acts[i].w;
+        if (elems > per_image) per_image = elems;
+    }
     if (per_image > 0 && (int64_t)max_batch * per_image > INT32_MAX)
         die_user("--batch-size %d is too large for %s: its largest activation would hold %lld elements, more than "
                  "the 2^31 - 1 that cuDNN's descriptors and the kernels index — use --batch-size %lld or less per "
