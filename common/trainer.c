@@ -478,6 +478,13 @@ static const char *sampler_fix(const Run *r, int64_t flag_was_on, const char *fl
 
 /* The sampler's settings: another shuffle gives another order, and --drop-last other shards —
  * though only where the ranks do not divide the training set (otherwise it drops nothing). */
+/* A checkpoint written at an epoch's end (its position records what it means: format version 2 on)
+ * means only "E epochs done": epoch E+1 is the same permutation of the same samples whatever the
+ * world size, batch size, --accum-steps or --drop-last that deals it out. So a resume there may change
+ * those four (training on two GPUs after one, or on a bigger batch), as a PyTorch script may; its
+ * step count is re-counted in this run's steps (resume: E × steps per epoch), and resume_check says so. */
+static int at_epoch_end(const CheckpointMeta *g) { return g->version >= 2 && g->batch_in_epoch == 0; }
+
 static void sampler_check(Run *r, const CheckpointMeta *g) {
     const char *path = r->cfg->resume;
     char fix[160];
@@ -491,7 +498,7 @@ static void sampler_check(Run *r, const CheckpointMeta *g) {
                  "samples — %s", path, g->shuffle ? "with shuffled epochs" : "with --no-shuffle",
                  r->shuffle ? "shuffles" : "has --no-shuffle", (long long)g->epoch + 1, (long long)g->batch_in_epoch,
                  sampler_fix(r, !g->shuffle, "--no-shuffle", fix, sizeof fix));
-    if (g->drop_last != r->drop_last && train_size_opened % r->world_size != 0)
+    if (g->drop_last != r->drop_last && train_size_opened % r->world_size != 0 && !at_epoch_end(g))
         die_user("checkpoint '%s' was trained %s --drop-last, this run %s: %lld samples over %d ranks make other "
                  "shards — %s", path, g->drop_last ? "with" : "without",
                  r->drop_last ? "has it" : "has not", (long long)train_size_opened, r->world_size,
@@ -566,6 +573,37 @@ static void schedule_note(Run *r) {
                   exact_g(g->lr, lr_text), warm_fix);
 }
 
+/* A resume at an epoch's end under another world size, batch size, K or --drop-last (at_epoch_end):
+ * say what changed, where the step count now stands, and the learning rate there against the one
+ * the checkpoint's own schedule had reached. */
+static void regroup_note(Run *r) {
+    const TrainConfig *c = r->cfg;
+    const CheckpointMeta *g = &r->resumed;
+    char what[400] = "";
+    size_t n = 0;
+#define CHANGED(...) (n += (size_t)snprintf(what + n, sizeof what - n, "%s", n ? ", " : ""), \
+                      n += (size_t)snprintf(what + n, sizeof what - n, __VA_ARGS__))
+    if (g->world_size != r->world_size)
+        CHANGED("%lld device%s → %d", (long long)g->world_size, g->world_size == 1 ? "" : "s", r->world_size);
+    if (g->batch_size != c->batch_size) CHANGED("--batch-size %lld → %d", (long long)g->batch_size, c->batch_size);
+    if (g->accum_steps != r->accum) CHANGED("--accum-steps %lld → %d", (long long)g->accum_steps, r->accum);
+    if (g->version >= 3 && g->drop_last != r->drop_last)
+        CHANGED("--drop-last %s → %s", g->drop_last ? "on" : "off", r->drop_last ? "on" : "off");
+#undef CHANGED
+    if (!n && r->step == g->step) return; /* the same run, continued: nothing to say */
+    char lr_then[64] = "";
+    if (g->schedule != CKPT_SCHED_UNKNOWN && r->step != g->step)
+        snprintf(lr_then, sizeof lr_then, " (the checkpoint's schedule was at %g)",
+                 checkpoint_lr_at(g, g->schedule == CKPT_SCHED_COSINE ? "cosine" : "const", g->step));
+    report_printf(&r->report, "note: checkpoint '%s' ends epoch %lld%s%s: epoch %lld is the same permutation of the "
+                  "samples, dealt out in other batches, so the run continues there — at step %lld of this run's "
+                  "schedule (%lld steps an epoch; the checkpoint counted %lld steps), as a script that steps its "
+                  "scheduler once an epoch would; the learning rate there is %g%s\n",
+                  c->resume, (long long)g->epoch, n ? ", and this run has " : "", what, (long long)g->epoch + 1,
+                  (long long)r->step, (long long)r->steps_per_epoch, (long long)g->step, run_lr_at(r, r->step),
+                  lr_then);
+}
+
 static void resume_check(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
@@ -579,13 +617,14 @@ static void resume_check(Run *r) {
      * epoch's start the samples would be the same, but its step count — which the learning-rate
      * schedule and every later checkpoint's position count in — means another point of training. */
     char why[200];
+    const int regrouped = at_epoch_end(g); /* world, batch, K and --drop-last may change (at_epoch_end) */
     if (g->batch_in_epoch)
         snprintf(why, sizeof why, "its data position (epoch %lld, batch %lld) means other samples",
                  (long long)g->epoch + 1, (long long)g->batch_in_epoch);
     else
         snprintf(why, sizeof why, "its step count (%lld steps, which the learning-rate schedule counts) means another "
                  "point of training", (long long)g->step);
-    if (g->world_size != r->world_size)
+    if (g->world_size != r->world_size && !regrouped)
         die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: %s with "
                  "another count — resume with %s giving %lld", path, (long long)g->world_size,
                  g->world_size == 1 ? "" : "s", r->world_size, why, ranks, (long long)g->world_size);
@@ -606,7 +645,7 @@ static void resume_check(Run *r) {
                       "its batch size, training-set size, --accum-steps, --no-shuffle or --drop-last: resuming "
                       "assumes this run's are the ones it was trained with\n", path);
     else {
-        if (g->batch_size != c->batch_size)
+        if (g->batch_size != c->batch_size && !regrouped)
             die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: %s — pass "
                      "--batch-size %lld to continue it", path, (long long)g->batch_size, c->batch_size, why,
                      (long long)g->batch_size);
@@ -616,12 +655,12 @@ static void resume_check(Run *r) {
                      (long long)g->train_size, (long long)train_size_opened, (long long)g->train_size);
         /* stages 1–3 have no --accum-steps: a stage 4/5 checkpoint resumes there */
         int has_accum = strcmp(r->stage, "stage1") && strcmp(r->stage, "stage2") && strcmp(r->stage, "stage3");
-        if (g->accum_steps != r->accum && !has_accum)
+        if (g->accum_steps != r->accum && !has_accum && !regrouped)
             die_user("checkpoint '%s' was trained with %lld micro-batches per optimizer step (stage 4 or 5's "
                      "--accum-steps), %s takes one: its step count means other positions — resume it with stage 4 "
                      "or 5 and --accum-steps %lld", path, (long long)g->accum_steps, r->stage,
                      (long long)g->accum_steps);
-        if (g->accum_steps != r->accum)
+        if (g->accum_steps != r->accum && !regrouped)
             die_user("checkpoint '%s' was trained with --accum-steps %lld, this run has --accum-steps %d: its step "
                      "count means other positions — resume with the flags it was trained with (--accum-steps %lld)",
                      path, (long long)g->accum_steps, r->accum, (long long)g->accum_steps);
@@ -632,23 +671,25 @@ static void resume_check(Run *r) {
                  "nothing to resume; pass --epochs above %lld to train further", path, (long long)g->epoch,
                  g->epoch == 1 ? "" : "s",
                  (long long)g->step, c->epochs, (long long)g->epoch);
-    if (c->steps > 0 && g->step >= c->steps)
-        die_user("checkpoint '%s' is already at step %lld, and this run stops at --steps %lld — nothing to resume; "
-                 "raise --steps (or drop it) to train further", path, (long long)g->step, (long long)c->steps);
+    if (c->steps > 0 && r->step >= c->steps)
+        die_user("checkpoint '%s' is already at step %lld%s, and this run stops at --steps %lld — nothing to resume; "
+                 "raise --steps (or drop it) to train further", path, (long long)r->step,
+                 r->step != g->step ? " of this run's schedule" : "", (long long)c->steps);
     /* The position must be one this schedule reaches: the right step count for it, on an optimizer
      * step (a group boundary of K under accumulation). epoch < --epochs, so nothing overflows. */
     int64_t expect_step = g->epoch * r->steps_per_epoch + (g->batch_in_epoch + r->accum - 1) / r->accum;
     if (g->batch_in_epoch > r->batches_per_epoch ||
-        (g->batch_in_epoch % r->accum && g->batch_in_epoch != r->batches_per_epoch) || g->step != expect_step)
+        (g->batch_in_epoch % r->accum && g->batch_in_epoch != r->batches_per_epoch) || r->step != expect_step)
         die_user("checkpoint '%s' (step %lld: epoch %lld, batch %lld) is not a position of this run's schedule "
                  "(%lld batches per epoch%s) — resume with the --batch-size, --train-size, data, world size, "
                  "--accum-steps and --drop-last it was trained with", path, (long long)g->step, (long long)g->epoch + 1,
                  (long long)g->batch_in_epoch, (long long)r->batches_per_epoch,
                  r->accum > 1 ? ", one optimizer step per --accum-steps of them" : "");
     r->resume_unchecked = 0;
-    report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", path, (long long)g->step,
+    report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", path, (long long)r->step,
                   (long long)g->epoch + 1, (long long)g->batch_in_epoch);
-    schedule_note(r);
+    if (regrouped) regroup_note(r);
+    if (r->step == g->step) schedule_note(r); /* re-counted steps: regroup_note compares the two rates */
 }
 
 /* In a job of processes every rank reads --resume's file (as every PyTorch rank calls torch.load),
@@ -788,9 +829,11 @@ static void resume(Run *r) {
     if (r->opt->momentum_buf) model_write_oihw(m, mom, r->opt->momentum_buf);
     if (adam) model_write_oihw(m, mom, adam->exp_avg), model_write_oihw(m, sq, adam->exp_avg_sq);
     device_sync(m->dev);
-    r->opt->steps = got.momentum_valid ? got.step : 0;
+    /* at an epoch's end, E epochs of this run's steps: the same count unless the world size, batch size,
+     * K or --drop-last changed (at_epoch_end; resume_check refuses what else could change it) */
+    r->step = r->resumed_at_step = at_epoch_end(&got) ? got.epoch * r->steps_per_epoch : got.step;
+    r->opt->steps = got.momentum_valid ? r->step : 0;
     if (adam) optim_set_adam_steps(r->opt, got.adam_steps); /* its bias corrections continue */
-    r->step = r->resumed_at_step = got.step;
     r->epoch = r->last_epoch_done = got.epoch; /* the epochs before it are done */
     r->start_batch = got.batch_in_epoch;
     r->resume_unchecked = 1;

@@ -751,7 +751,7 @@ START_TEST(a_failure_waits_for_the_checkpoint_being_written) {
              "--master-port %d --seed %d --save $D/ck > $D/out.txt 2>&1; echo \"exit $?\" >> $D/out.txt; } & "
              "for i in $(seq 1 2400); do grep -q '^epoch 1/2' $D/out.txt 2>/dev/null && break; sleep 0.05; done; "
              "sleep 0.5; "
-             "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q -- '--seed %d ' || continue; "
+             "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline | grep -q -- '--seed %d ' || continue; "
              "tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK=1 && kill -9 ${p#/proc/}; done; "
              "wait; cat $D/out.txt",
              dir, (int)(3000 * test_time_scale()), test_root(), test_free_port(), seed, seed);
@@ -1193,18 +1193,20 @@ static void run_marked_pair(const char *stage, const char *env, const char *args
  * half the time on a busy machine ("job failed: rank 1 … (first failure)"), whichever exited first. */
 START_TEST(failures_caused_by_a_peer_are_marked_collateral) {
     char *dir = test_tmpdir(), cmd[2048], a0[1024], a1[1024], *out;
-    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --batch-size 32 --epochs 1 --nproc-per-node 2 "
-             "--master-port %d --save %s/b32 && " LIMIT "%s/stage1 " TINY " --epochs 1 --save %s/one", test_root(),
-             test_free_port(), dir, test_root(), dir);
+    /* each stops inside its second epoch (2 and 16 steps an epoch): a checkpoint there means its samples, so
+     * another batch or world size is refused (at an epoch's end both may change: test_resume.c) */
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --batch-size 32 --accum-steps 2 --epochs 2 --steps 3 "
+             "--nproc-per-node 2 --master-port %d --save %s/b32 && " LIMIT "%s/stage1 " TINY " --epochs 2 --steps 20 --save %s/one",
+             test_root(), test_free_port(), dir, test_root(), dir);
     ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
     free(out);
     /* in each case rank 0's failure is the job's, rank 1's a consequence */
     static const struct { const char *what, *env, *args0, *args1, *said; } cases[] = {
         /* rank 0 refuses the file (another batch size, another world size); rank 1 learns it from the gate */
-        {"refused --batch-size", "", "--batch-size 64 --accum-steps 2 --epochs 2 --resume %s/b32/epoch001.ckpt",
-         "--batch-size 64 --accum-steps 2 --epochs 2 --resume %s/b32/epoch001.ckpt", "rank 1: rank 0 refused"},
-        {"refused world size", "", "--epochs 2 --resume %s/one/epoch001.ckpt",
-         "--epochs 2 --resume %s/one/epoch001.ckpt", "rank 1: rank 0 refused"},
+        {"refused --batch-size", "", "--batch-size 64 --accum-steps 2 --epochs 2 --resume %s/b32/step00000003.ckpt",
+         "--batch-size 64 --accum-steps 2 --epochs 2 --resume %s/b32/step00000003.ckpt", "rank 1: rank 0 refused"},
+        {"refused world size", "", "--epochs 2 --resume %s/one/step00000020.ckpt",
+         "--epochs 2 --resume %s/one/step00000020.ckpt", "rank 1: rank 0 refused"},
         /* found by both at once: reported as rank 0's */
         {"--resume on rank 0 only", "", "--epochs 2 --resume %s/b32/epoch001.ckpt --batch-size 32",
          "--epochs 2 --batch-size 32", "--resume is given to 1 of the 2 ranks"},
@@ -1225,7 +1227,7 @@ START_TEST(failures_caused_by_a_peer_are_marked_collateral) {
     /* and through the launcher itself, as it was seen: the job's failure is rank 0's refusal */
     for (int i = 0; i < 3; i++) {
         snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --batch-size 64 --accum-steps 2 --epochs 2 "
-                 "--nproc-per-node 2 --master-port %d --resume %s/b32/epoch001.ckpt", test_root(), test_free_port(),
+                 "--nproc-per-node 2 --master-port %d --resume %s/b32/step00000003.ckpt", test_root(), test_free_port(),
                  dir);
         ck_assert_int_eq(test_run(cmd, &out), 2);
         ck_assert_msg(strstr(out, "job failed: rank 0 (local rank 0"), "%s", out);

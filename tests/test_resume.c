@@ -5,6 +5,7 @@
  * --drop-last (where it changes the shards) is refused naming the flag, the same flags continue bit
  * for bit, and a finished checkpoint says so. */
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "device.h"
 #include "hash.h"
 #include "model.h"
+#include "optim.h"
 #include "tests.h"
 
 #define LIMIT "timeout -k 5 120 "
@@ -155,12 +157,7 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     expect_refused("stage1", args, "--batch-size 8", "--batch-size 32");
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 4 --epochs 2 --resume %s", ck);
     expect_refused("stage1", args, "pass --batch-size 8", "other samples");
-    /* at an epoch's start the samples would be the same: what differs is the step count */
-    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --save %s/e", dir);
-    run_ok("stage1", args);
-    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 4 --epochs 2 --resume %s/e/epoch001.ckpt", dir);
-    expect_refused("stage1", args, "its step count (12 steps, which the learning-rate schedule counts)",
-                   "pass --batch-size 8");
+    /* (at an epoch's end another batch size continues: resume_at_an_epoch_end_regroups) */
     /* the same number of batches from another training set is still another order */
     snprintf(args, sizeof args, TINY " --train-size 90 --batch-size 8 --epochs 2 --resume %s", ck);
     expect_refused("stage1", args, "trained on 96 training samples", "--train-size 96");
@@ -208,6 +205,74 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     ck_assert_int_eq((int)test_report_field(rep, "summary", "steps"), 14);
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 5 --resume %s", ck);
     expect_refused("stage1", args, "already at step 5", "--steps");
+    free(dir);
+}
+END_TEST
+
+/* At an epoch's end a checkpoint means only "E epochs done", so another world size, batch size, K or
+ * --drop-last continues it (trainer.c's at_epoch_end), as a PyTorch script that loads its state and
+ * starts the next epoch would: from 2 ranks × 8 to one device × 16 (the same global batch, the
+ * same steps an epoch) the run goes on as one device × 16 from the start would, to DDP's float
+ * rounding; from batch 8 to batch 16 the step count is re-counted (12 → 6) and every later step's
+ * learning rate is this run's schedule at that step; the checkpoint and its line stay untouched. */
+START_TEST(resume_at_an_epoch_end_regroups) {
+    char *dir = test_tmpdir(), args[2048], path[700], *out;
+    const char *t = "--device cpu --model tiny --norm none --test-size 32 --progress off --deterministic "
+                    "--train-size 96 --lr 0.05 --log-every 1";
+    snprintf(args, sizeof args, "%s --batch-size 16 --epochs 2 --report %s/whole.jsonl", t, dir);
+    run_ok("stage1", args); /* 6 steps an epoch */
+    snprintf(args, sizeof args, "%s --batch-size 8 --epochs 2 --steps 6 --nproc-per-node 2 --save %s/two", t, dir);
+    run_ok("stage3", args);
+    snprintf(args, sizeof args, "%s --batch-size 16 --epochs 2 --resume %s/two/epoch001.ckpt --report %s/resumed.jsonl",
+             t, dir, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "ends epoch 1, and this run has 2 devices → 1, --batch-size 8 → 16: epoch 2 is the same "
+                              "permutation") && strstr(out, "at step 6 of this run's schedule (6 steps an epoch; the "
+                              "checkpoint counted 6 steps)") && !strstr(out, "was at"), "%s", out);
+    free(out);
+    double a[16], b[16];
+    snprintf(path, sizeof path, "%s/whole.jsonl", dir);
+    ck_assert_int_eq(test_read_losses(path, a, 16), 12);
+    snprintf(path, sizeof path, "%s/resumed.jsonl", dir);
+    ck_assert_int_eq(test_read_losses(path, b, 16), 6);
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(fabs(a[6 + i] - b[i]) <= 1e-5 * fabs(a[6 + i]), "step %d: %.9g (one device) vs %.9g (resumed "
+                      "from 2 ranks)", 7 + i, a[6 + i], b[i]);
+    /* batch 8 → 16 on one device: 12 steps done become 6; the checkpoint's line is not pruned by this one's */
+    snprintf(args, sizeof args, "%s --batch-size 8 --epochs 1 --save %s/b8", t, dir);
+    run_ok("stage1", args);
+    snprintf(path, sizeof path, "%s/b8/epoch001.ckpt", dir);
+    long n0, n1;
+    char *before = test_slurp(path, &n0);
+    snprintf(args, sizeof args, "%s --batch-size 16 --epochs 3 --resume %s --save %s/b8 --keep-last 1 --report "
+             "%s/b16.jsonl", t, path, dir, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "--batch-size 8 → 16") && strstr(out, "at step 6 of this run's schedule (6 steps an "
+                                                                  "epoch; the checkpoint counted 12 steps)") &&
+                      strstr(out, "the checkpoint's schedule was at 0)") && /* its cosine had ended */
+                      strstr(out, "summary: 18 steps (12 in this run, resumed at 6)"), "%s", out);
+    free(out);
+    char *after = test_slurp(path, &n1);
+    ck_assert_msg(before && after && n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was changed", path);
+    free(before), free(after);
+    double lr[16];
+    snprintf(path, sizeof path, "%s/b16.jsonl", dir);
+    ck_assert_int_eq(test_report_series(path, "step", "lr", lr, 16), 12);
+    for (int i = 0; i < 12; i++) {
+        double want = lr_schedule("cosine", 0.05, 0, 0, 6 + i, 18);
+        ck_assert_msg(fabs(lr[i] - want) <= 1e-8 * want, "step %d: lr %.17g, want %.17g", 7 + i, lr[i], want);
+    }
+    CheckpointMeta g;
+    snprintf(path, sizeof path, "%s/b8/epoch003.ckpt", dir);
+    ck_assert(checkpoint_peek_meta(path, &g));
+    ck_assert(g.step == 18 && g.epoch == 3 && g.batch_size == 16 && g.world_size == 1);
+    snprintf(path, sizeof path, "%s/b8/epoch002.ckpt", dir); /* --keep-last 1: this run's own older one went */
+    ck_assert_int_ne(access(path, F_OK), 0);
+    /* inside an epoch it is still refused (resume_under_other_flags_is_refused_or_exact), and so is a
+     * step past --steps in this run's count */
+    snprintf(args, sizeof args, "%s --batch-size 4 --epochs 3 --steps 20 --resume %s/b8/epoch001.ckpt", t, dir);
+    expect_refused("stage1", args, "is already at step 24 of this run's schedule, and this run stops at --steps 20",
+                   "raise --steps");
     free(dir);
 }
 END_TEST
@@ -746,7 +811,7 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     char *dir = test_tmpdir(), cmd[4096], args[2048], path[800], fresh[800], *out;
     const char *s1 = TINY " --train-size 512 --batch-size 32 --epochs 1000"; /* 16 steps an epoch */
     /* the wait: until the run has saved once (so it is training), then the signal */
-    const char *started = "while ! grep -q 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; ";
+    const char *started = "while ! grep -qs 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; ";
     /* …and the end: its exit status, or a SIGKILL after 60 s (a signal that stopped nothing) */
     char ended[256];
     snprintf(ended, sizeof ended, "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); "
@@ -791,7 +856,7 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
      * open; stage 3 as one process decides alone): the run stops at that checkpoint, not a step later */
     snprintf(cmd, sizeof cmd, "D=%s; R=sv; STAGE3_SAVE_DELAY_MS=%d %s/stage3 %s --nproc-per-node 1 --master-port %d "
              "--save $D/sv > $D/sv.log 2>&1 & run=$!; "
-             "while ! grep -q '^epoch 1/' $D/sv.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; sleep 0.3; "
+             "while ! grep -qs '^epoch 1/' $D/sv.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; sleep 0.3; "
              "kill -TERM $run; %s cat $D/sv.log", dir, (int)(1500 * test_time_scale()), test_root(), s1,
              test_free_port(), ended);
     test_run(cmd, &out);
@@ -843,7 +908,7 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     /* at the run's last step there is nothing to stop: the run finishes, exit 0 */
     snprintf(cmd, sizeof cmd, "D=%s; R=f; env --default-signal=INT %s/stage1 " TINY " --train-size 512 --batch-size 32 "
              "--steps 20 --log-every 1 --save $D/f > $D/f.log 2>&1 & run=$!; "
-             "while ! grep -q 'step     19 ' $D/f.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "while ! grep -qs 'step     19 ' $D/f.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
              "kill -INT $run; %s cat $D/f.log", dir, test_root(), ended);
     test_run(cmd, &out);
     ck_assert_msg(strstr(out, "exit 0") && strstr(out, "summary: 20 steps") && !strstr(out, "stopped early"), "%s", out);
@@ -853,7 +918,7 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     snprintf(cmd, sizeof cmd, "D=%s; R=g; STAGE3_FAIL_AT=1:60 env --default-signal=INT setsid %s/stage3 " TINY
              " --train-size 4096 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 1000 --master-port %d "
              "--save $D/g > $D/g.log 2>&1 & run=$!; "
-             "while ! grep -q 'buckets rebuilt' $D/g.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "while ! grep -qs 'buckets rebuilt' $D/g.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
              "kill -INT -$run; %s cat $D/g.log", dir, test_root(), test_free_port(), ended);
     test_run(cmd, &out);
     ck_assert_msg(strstr(out, "SIGINT — the 2 ranks stop after") && strstr(out, "exit 3") &&
@@ -876,8 +941,8 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     snprintf(cmd, sizeof cmd, "D=%s; R=i; env --default-signal=INT setsid %s/stage3 " TINY
              " --train-size 4096 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 1000 --master-port %d "
              "--save $D/i > $D/i.log 2>&1 & run=$!; "
-             "while ! grep -q 'buckets rebuilt' $D/i.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
-             "kill -INT -$run; while ! grep -q 'SIGINT — ' $D/i.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "while ! grep -qs 'buckets rebuilt' $D/i.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kill -INT -$run; while ! grep -qs 'SIGINT — ' $D/i.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
              "for w in $(cat /proc/$run/task/$run/children); do :; done; kill -KILL $w; %s cat $D/i.log",
              dir, test_root(), test_free_port(), ended);
     test_run(cmd, &out);
@@ -1250,6 +1315,7 @@ Suite *suite_resume(void) {
     TCase *tc = tcase_create("resume");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, resume_under_other_flags_is_refused_or_exact);
+    tcase_add_test(tc, resume_at_an_epoch_end_regroups);
     tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
     tcase_add_test(tc, version2_checkpoint_resumes_with_a_note);

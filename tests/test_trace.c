@@ -210,7 +210,7 @@ START_TEST(interrupted_run_keeps_the_old_trace) {
     snprintf(cmd, sizeof cmd, "D=%s; S='%s/stage1 " SMALL "'; $S --steps 7 --trace $D/t.json --trace-steps 2:5 "
              ">/dev/null && cp $D/t.json $D/good.json || exit 9; "
              "timeout -k 5 60 $S --epochs 50 --trace $D/t.json --trace-steps 0:1000 > $D/run.out 2>&1 & run=$!; "
-             "while ! grep -q 'epoch 1/' $D/run.out && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "while ! grep -qs 'epoch 1/' $D/run.out && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
              "kill -INT $run; wait $run; echo \"exit $?\"; cat $D/run.out; cmp $D/good.json $D/t.json && echo intact",
              dir, test_root());
     test_run(cmd, &out);
