@@ -591,17 +591,22 @@ static void regroup_note(Run *r) {
         CHANGED("--drop-last %s → %s", g->drop_last ? "on" : "off", r->drop_last ? "on" : "off");
 #undef CHANGED
     if (!n && r->step == g->step) return; /* the same run, continued: nothing to say */
-    char lr_then[64] = "";
+    char then[200];
+    if (r->step == g->step) /* the same steps an epoch (2 ranks × 64 → 1 × 128): nothing re-counted */
+        snprintf(then, sizeof then, ", at step %lld (%lld steps an epoch, as before)", (long long)r->step,
+                 (long long)r->steps_per_epoch);
+    else
+        snprintf(then, sizeof then, " — at step %lld of this run's schedule (%lld steps an epoch; the checkpoint "
+                 "counted %lld steps), as a script that steps its scheduler once an epoch would", (long long)r->step,
+                 (long long)r->steps_per_epoch, (long long)g->step);
+    char lr_then[128] = ""; /* the same count: schedule_note compares the two schedules */
     if (g->schedule != CKPT_SCHED_UNKNOWN && r->step != g->step)
-        snprintf(lr_then, sizeof lr_then, " (the checkpoint's schedule was at %g)",
+        snprintf(lr_then, sizeof lr_then, "; the learning rate there is %g (the checkpoint's schedule was at %g)",
+                 run_lr_at(r, r->step),
                  checkpoint_lr_at(g, g->schedule == CKPT_SCHED_COSINE ? "cosine" : "const", g->step));
     report_printf(&r->report, "note: checkpoint '%s' ends epoch %lld%s%s: epoch %lld is the same permutation of the "
-                  "samples, dealt out in other batches, so the run continues there — at step %lld of this run's "
-                  "schedule (%lld steps an epoch; the checkpoint counted %lld steps), as a script that steps its "
-                  "scheduler once an epoch would; the learning rate there is %g%s\n",
-                  c->resume, (long long)g->epoch, n ? ", and this run has " : "", what, (long long)g->epoch + 1,
-                  (long long)r->step, (long long)r->steps_per_epoch, (long long)g->step, run_lr_at(r, r->step),
-                  lr_then);
+                  "samples, dealt out in other batches, so the run continues there%s%s\n", c->resume,
+                  (long long)g->epoch, n ? ", and this run has " : "", what, (long long)g->epoch + 1, then, lr_then);
 }
 
 static void resume_check(Run *r) {
@@ -613,9 +618,9 @@ static void resume_check(Run *r) {
                                                         "3–5's --nproc-per-node × --nnodes)"
                         : !strcmp(r->stage, "stage2") ? "--gpus"
                                                       : "--nproc-per-node × --nnodes";
-    /* Why another count cannot continue it: inside an epoch, the position means other samples; at an
-     * epoch's start the samples would be the same, but its step count — which the learning-rate
-     * schedule and every later checkpoint's position count in — means another point of training. */
+    /* Why another count cannot continue it: inside an epoch, the position means other samples (at an
+     * epoch's end it may change: at_epoch_end); a version 1 file does not say what its step count —
+     * which the learning-rate schedule and every later checkpoint's position count in — means. */
     char why[200];
     const int regrouped = at_epoch_end(g); /* world, batch, K and --drop-last may change (at_epoch_end) */
     if (g->batch_in_epoch)
