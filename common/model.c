@@ -471,7 +471,10 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
                  "the 2^31 - 1 that cuDNN's descriptors and the kernels index — use --batch-size %lld or less per "
                  "device (for a larger effective batch: more devices, or stage 4's --accum-steps)",
                  max_batch, arch, (long long)max_batch * per_image, (long long)(INT32_MAX / per_image));
-    if (typed(m) && dev->kind == DEV_CUDA) fuse_relus(m);
+    /* CUDA's typed walk only: on the CPU it would save nothing. MODEL_FUSE_RELU=1 fuses there too, for
+     * the tests: the plan's liveness rules for the fused ops are then checked by the CPU backend. */
+    const char *fuse = getenv("MODEL_FUSE_RELU");
+    if (typed(m) && (dev->kind == DEV_CUDA || (fuse && !strcmp(fuse, "1")))) fuse_relus(m);
     m->n_param_floats = b.pfloats;
     m->n_buffer_floats = b.bfloats;
     plan_gradient_accumulation(m);
@@ -491,6 +494,8 @@ Model *model_create_mixed(Device *dev, const char *arch, int norm_bn, int max_ba
      * for stage 1, channels-last) and halves the activation memory (docs/results.md). */
     const char *env = getenv("MODEL_MEMORY_PLAN");
     m->memory_plan = !env || strcmp(env, "0") != 0;
+    env = getenv("MODEL_PLAN_POISON");
+    m->plan_poison = dev->kind == DEV_CPU && env && !strcmp(env, "1");
     /* on CUDA the plan also holds each convolution's cuDNN workspace (sized by model_prepare) */
     m->plan_workspaces = m->memory_plan && dev->kind == DEV_CUDA;
     for (int l = 0; l < m->n_layers; l++) m->layers[l].conv.own_workspace = m->plan_workspaces;
@@ -609,6 +614,25 @@ typedef struct ForwardRun {
     const float *x;
 } ForwardRun;
 
+/* MODEL_PLAN_POISON=1 (the tests, CPU backend): when training time t ends, every tensor whose planned
+ * life ends there is filled with NaN (all-ones bytes: a NaN in fp32, fp16 and bf16). Its bytes belong
+ * to others from then on, so a read past its death — a liveness rule missing from plan_lifetimes —
+ * now reads NaN instead of whatever happened to survive there, and the bitwise tests against the
+ * unplanned model fail. An aliased gradient has no bytes of its own: its target's live on until
+ * both have died (plan_memory). */
+static void poison_dead(Model *m, int t) {
+    if (!m->plan_poison) return;
+    const int last = m->n_acts - 1; /* neither the input nor the logits is in the arena */
+    for (int a = 1; a < last; a++) {
+        Activation *A = &m->acts[a];
+        if (A->x_dies == t) memset(A->x, 0xff, A->bytes);
+        int dies = A->dx_alias ? -1 : A->dx_dies;
+        for (int b = 1; b < last && dies >= 0; b++)
+            if (m->acts[b].dx_alias == a && m->acts[b].dx_dies > dies) dies = m->acts[b].dx_dies;
+        if (dies == t) memset(A->dx, 0xff, A->bytes);
+    }
+}
+
 static void forward_walk(Model *m, int n, const float *x, int train) {
     if (typed(m))
         forward_typed(m, n, x, train);
@@ -665,6 +689,7 @@ static void forward_plain(Model *m, int n, int train) {
             linear_forward(d, n, L->fin, L->fout, in->x, P(m, L->p0), P(m, L->p1), out->x);
             break;
         }
+        if (train) poison_dead(m, l);
     }
     if (whole) trace_dev_end(span);
 }
@@ -737,6 +762,7 @@ static void backward_stretch(void *arg) {
             backward_half_typed(m, a->n, L - 1 - pos / 2, pos % 2);
         else
             backward_half(m, a->n, L - 1 - pos / 2, pos % 2);
+        if (pos % 2) poison_dead(m, L + 1 + pos / 2); /* layer i's backward is time 2L − i (plan_lifetimes) */
     }
     if (m->wgrad_lp) wgrad_flush(m); /* the stretch's weight gradients are final when it ends */
 }
@@ -888,6 +914,7 @@ static void forward_typed(Model *m, int n, const float *x, int train) {
                 linear_forward(d, n, L->fin, L->fout, in->x, P(m, L->p0), P(m, L->p1), out->x);
             break;
         }
+        if (train) poison_dead(m, l);
     }
     /* cross-entropy is on autocast's fp32 list: the loss reads the logits cast to fp32 */
     cast_from(d, p, (int64_t)n * m->classes, m->acts[m->n_acts - 1].x, m->logits32);

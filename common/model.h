@@ -105,6 +105,7 @@ typedef struct Model {
     float *logits32, *dlogits32; /* the fp32 logits the loss reads, and their gradient */
     /* activation memory plan (model_create; see below) */
     int memory_plan;         /* 1: planned lifetimes; 0: all kept all step (MODEL_MEMORY_PLAN=0) */
+    int plan_poison;         /* tests, CPU: NaN into each tensor as it dies (MODEL_PLAN_POISON=1) */
     int plan_workspaces;     /* 1 (CUDA, planned): each conv's cuDNN workspace is in the arena */
     int plan_steps;          /* the timeline's length: 2·n_layers + 1 */
     void *arena;             /* every x and dx of activations 1.. (one device_alloc) */

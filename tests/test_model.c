@@ -367,17 +367,26 @@ END_TEST
 
 /* The plan changes where tensors live, never a value: planned and unplanned models (same seed)
  * give bit-identical logits, parameter gradients and BN running statistics over two training
- * steps and an evaluation forward — fp32 and the 16-bit emulation, with and without batch norm. */
-static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precision p) {
+ * steps and an evaluation forward — fp32 and the 16-bit emulation, with and without batch norm.
+ * The planned model fills each tensor with NaN as its planned life ends (MODEL_PLAN_POISON), so a
+ * read past it cannot pass by luck: the bytes it would read are NaN, not a value that survived. */
+static void check_plan_bitwise_fused(const char *arch, int norm_bn, int batch, Precision p, int fuse) {
     Device d = cpu();
     float *x = random_batch(batch, 22);
     int32_t y[8] = {2, 7, 1, 8, 2, 8, 1, 8};
     Model *m[2];
     for (int v = 0; v < 2; v++) {
         if (v) setenv("MODEL_MEMORY_PLAN", "0", 1);
+        if (fuse && !v) setenv("MODEL_FUSE_RELU", "1", 1); /* the planned model's ReLUs fused, as on CUDA */
+        if (!v) setenv("MODEL_PLAN_POISON", "1", 1); /* a read past a planned death reads NaN */
         m[v] = model_create_mixed(&d, arch, norm_bn, batch, 5, p, 0);
         setenv("MODEL_MEMORY_PLAN", "1", 1);
+        unsetenv("MODEL_FUSE_RELU"), unsetenv("MODEL_PLAN_POISON");
+        ck_assert_int_eq(m[v]->plan_poison, !v);
         ck_assert_int_eq(m[v]->memory_plan, !v);
+        int fused = 0;
+        for (int l = 0; l < m[v]->n_layers; l++) fused += m[v]->layers[l].fuse_relu;
+        ck_assert_msg(v || (fuse ? fused > 0 : fused == 0), "%s: %d ReLUs fused", arch, fused);
         for (int step = 0; step < 2; step++) train_step(m[v], batch, x, y);
     }
     ck_assert(m[0]->arena_bytes < m[1]->arena_bytes);
@@ -393,6 +402,10 @@ static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precisi
     device_destroy(&d);
 }
 
+static void check_plan_bitwise(const char *arch, int norm_bn, int batch, Precision p) {
+    check_plan_bitwise_fused(arch, norm_bn, batch, p, 0);
+}
+
 START_TEST(memory_plan_changes_no_bit) {
     setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     check_plan_bitwise("tiny", 1, 4, PREC_FP32);
@@ -400,6 +413,11 @@ START_TEST(memory_plan_changes_no_bit) {
     check_plan_bitwise("tiny", 1, 4, PREC_FP16);
     check_plan_bitwise("tiny", 1, 4, PREC_BF16);
     check_plan_bitwise("resnet18", 1, 2, PREC_FP32);
+    /* CUDA's fused BN + ReLU and add + ReLU (MODEL_FUSE_RELU runs them on the CPU): the plan keeps each
+     * fused op's output for its backward's mask, and the values are the unfused, unplanned model's */
+    check_plan_bitwise_fused("tiny", 1, 4, PREC_FP16, 1);
+    check_plan_bitwise_fused("tiny", 0, 4, PREC_BF16, 1);
+    check_plan_bitwise_fused("resnet18", 1, 2, PREC_BF16, 1);
 }
 END_TEST
 
