@@ -251,6 +251,11 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     }
     if (w->world_size < 1)
         refuse(NULL, "%s=%d: the world size must be at least 1", world_var, w->world_size);
+    /* A larger world cannot rendezvous (a WORLD_SIZE=2147483647 waited, then named the missing
+     * ranks one store request at a time: for ever) */
+    if (w->world_size > STORE_MAX_WORLD)
+        refuse(NULL, "%s=%d: a job has at most %d ranks (rank 0's rendezvous store serves one connection "
+               "each) — check %s", world_var, w->world_size, STORE_MAX_WORLD, world_var);
     if (w->rank >= w->world_size)
         refuse(NULL, "rank %d of a world of %d: %s must be below %s", w->rank, w->world_size, rank_var, world_var);
     if (w->local_world_size < 1 || w->local_rank >= w->local_world_size)
@@ -564,6 +569,10 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         die_user("--node-rank %d must be below --nnodes %d (nodes are numbered from 0)", cfg->node_rank,
                  cfg->nnodes);
     int world = cfg->nnodes * n, first = cfg->node_rank * n;
+    if (world > STORE_MAX_WORLD) /* rank 0's store could not serve them all (and would ask for a file each) */
+        die_user("--nnodes %d × --nproc-per-node %d is %d ranks: a job has at most %d (rank 0's rendezvous store "
+                 "serves one connection each) — use fewer nodes or workers per node", cfg->nnodes, n, world,
+                 STORE_MAX_WORLD);
 
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);

@@ -26,7 +26,7 @@
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4 };
 enum { STATUS_OVERFLOW = 2 }; /* ADD would leave the int64 range */
 #define HDR 12          /* op, 3 pad bytes, key_len, val_len */
-#define MAX_CONNS 4096  /* a job of up to ~4000 ranks; more connections are refused */
+#define MAX_CONNS (STORE_MAX_WORLD + MAX_STRANGERS) /* every rank, and strangers; more are refused */
 
 static void put_u32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
@@ -679,7 +679,7 @@ int store_dial(const char *addr, int port, const uint8_t *secret, size_t len, do
 }
 
 Store *store_open(const char *addr, int port, int rank, int world, double timeout_s) {
-    ASSERT(rank >= 0 && rank < world);
+    ASSERT(rank >= 0 && rank < world && world <= STORE_MAX_WORLD);
     uint8_t secret[AUTH_MAX_SECRET];
     size_t secret_len = auth_secret(secret, sizeof secret);
     if (!secret_len)

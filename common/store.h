@@ -27,6 +27,9 @@
 
 #define STORE_MAX_KEY 256
 #define STORE_MAX_VALUE (1 << 20) /* 1 MiB: NCCL's unique id is 128 bytes, a ring address ~60 */
+/* The most ranks a job may have: rank 0's store keeps a connection per rank, and refuses more (a
+ * rank past them read "did not send the store's greeting"). Launchers refuse a larger world first. */
+#define STORE_MAX_WORLD 4096
 
 typedef struct Store Store;
 

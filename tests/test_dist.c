@@ -608,6 +608,7 @@ START_TEST(launcher_refuses_bad_flags) {
         {"--device cpu --rank 1", "--rank only applies"},
         {"--device cpu --dataset-size 10", "--dataset-size only applies"},
         {"--device cpu --trace-steps 1:2", "give --trace FILE too"},
+        {"--device cpu --nnodes 4097 --nproc-per-node 1", "is 4097 ranks: a job has at most 4096"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
@@ -1350,6 +1351,11 @@ START_TEST(worker_variables_out_of_range_are_refused) {
         {"SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=11 SLURM_NODEID=3 SLURM_TASKS_PER_NODE='4(x2),3'", "",
          "lists 3 nodes, but this is node 3"},
         {"RANK=0 WORLD_SIZE=3 LOCAL_WORLD_SIZE=1", "--nnodes 2 --nproc-per-node 1", "the job has 3 workers"},
+        /* more ranks than the store serves: the 4097th was refused with "did not send the store's greeting",
+         * and 2^31-1 hung after the timeout, naming the missing ranks one request at a time */
+        {"RANK=0 WORLD_SIZE=4097", "", "WORLD_SIZE=4097: a job has at most 4096 ranks"},
+        {"RANK=0 WORLD_SIZE=2147483647", "", "a job has at most 4096 ranks"},
+        {"OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=5000", "", "OMPI_COMM_WORLD_SIZE=5000: a job has at most"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[512], *out;
