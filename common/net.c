@@ -141,7 +141,7 @@ int net_connect(const char *addr, int port, double timeout_s) {
             }
             freeaddrinfo(res);
         } else {
-            err = EHOSTUNREACH; /* the name does not resolve (yet) */
+            err = ENOENT; /* the name does not resolve (yet): as net_listen says it, not "No route to host" */
         }
         /* The listener may simply not be up yet (rank 0 still starting): retry until the deadline. */
         if (time_now() + pause_ms * 1e-3 > t_end) break;

@@ -13,7 +13,7 @@
  * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, ENOENT when addr does not resolve, …). */
 int net_listen(const char *addr, int port, int *bound);
 /* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
- * socket, or −1 with errno set (ETIMEDOUT when the time ran out). */
+ * socket, or −1 with errno set (ETIMEDOUT when the time ran out, ENOENT when addr did not resolve). */
 int net_connect(const char *addr, int port, double timeout_s);
 /* Room for `need` open files: when the soft RLIMIT_NOFILE (ulimit -n) is below it, raise it — up to
  * the hard limit, which needs no privilege. 0 when there is room now; −1 when even the hard limit

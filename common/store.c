@@ -705,6 +705,10 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     xmutex_init(&s->mu);
     if (rank == 0) s->server = server_start(addr, port, secret, secret_len, timeout_s);
     s->fd = net_connect(addr, port, timeout_s);
+    if (s->fd < 0 && errno == ENOENT)
+        die_user("rank %d could not reach the rendezvous store at %s:%d: no such host name (it did not resolve "
+                 "within %.0f s) — check --master-addr: a host name or address of the node that runs rank 0 (node 0)",
+                 rank, addr, port, timeout_s);
     if (s->fd < 0)
         die_user("rank %d could not reach the rendezvous store at %s:%d within %.0f s (%s) — check "
                  "--master-addr and --master-port, and that rank 0 (node 0) has started",

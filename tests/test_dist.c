@@ -212,7 +212,8 @@ START_TEST(store_rendezvous_timeouts_are_clear) {
 END_TEST
 
 /* rank 0 given a --master-addr it cannot host on: a name that does not resolve, and an address of
- * another machine (TEST-NET-1), each with its own advice */
+ * another machine (TEST-NET-1), each with its own advice; another rank given a name that does not
+ * resolve */
 START_TEST(store_bad_master_addr_is_clear) {
     char *out;
     OpenArg a = {.port = test_free_port(), .rank = 0, .world = 1, .timeout = 2, .addr = "nosuchhost.invalid"};
@@ -222,6 +223,12 @@ START_TEST(store_bad_master_addr_is_clear) {
     OpenArg b = {.port = test_free_port(), .rank = 0, .world = 1, .timeout = 2, .addr = "192.0.2.1"};
     ck_assert_int_eq(test_run_captured(open_store, &b, &out), 2);
     ck_assert_msg(strstr(out, "not an address of this machine") && strstr(out, "--master-addr"), "%s", out);
+    free(out);
+    /* another rank, which only connects: the name was reported as "(No route to host)" */
+    OpenArg c = {.port = test_free_port(), .rank = 1, .world = 2, .timeout = 2, .addr = "nosuchhost.invalid"};
+    ck_assert_int_eq(test_run_captured(open_store, &c, &out), 2);
+    ck_assert_msg(strstr(out, "rank 1") && strstr(out, "no such host name") && strstr(out, "--master-addr") &&
+                  !strstr(out, "route"), "%s", out);
     free(out);
 }
 END_TEST
