@@ -95,6 +95,8 @@ static const char *const TORCHRUN_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", 
                                             NULL};
 static const char *const MPIRUN_VARS[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                                           "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+/* MPICH's and Intel MPI's mpirun (Hydra): PMI's rank and size, and the local pair Hydra adds. */
+static const char *const PMI_VARS[] = {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", NULL};
 static const char *const SRUN_VARS[] = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID",
                                         "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
                                         "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
@@ -103,6 +105,15 @@ static const char *const SRUN_VARS[] = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_
 static int is_set(const char *name) {
     const char *v = getenv(name);
     return v && v[0];
+}
+
+/* The tasks of an MPICH or Intel MPI mpirun, when it is a job to join; 0 otherwise. Inside an srun
+ * step srun decides (Slurm's PMI2 plugin sets PMI_RANK and PMI_SIZE too, even in srun --pty bash's
+ * one task), and a job of one task is not one, as for srun. */
+static int pmi_tasks(void) {
+    if (!is_set("PMI_RANK") || slurm_in_step()) return 0;
+    int n = env_int("PMI_SIZE", 0);
+    return n > 1 ? n : 0;
 }
 
 /* Those of vars that are set, as "NAME=value NAME=value" (with_values) or "NAME NAME"; how many. */
@@ -231,6 +242,14 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->launcher = "mpirun";
         rank_var = "OMPI_COMM_WORLD_RANK", world_var = "OMPI_COMM_WORLD_SIZE";
         describe_origin(w, MPIRUN_VARS);
+    } else if ((w->world_size = pmi_tasks()) > 0) { /* unread, each task started a launcher of its own */
+        w->rank = env_int("PMI_RANK", 0);
+        w->local_rank = env_int("MPI_LOCALRANKID", 0);
+        w->local_world_size = env_int("MPI_LOCALNRANKS", w->world_size);
+        w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
+        w->launcher = "mpirun";
+        rank_var = "PMI_RANK", world_var = "PMI_SIZE";
+        describe_origin(w, PMI_VARS);
     } else {
         /* Complete sets of another launcher come first (an sbatch script often exports WORLD_SIZE
          * for srun's tasks); a partial set alone is refused. */

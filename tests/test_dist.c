@@ -1449,6 +1449,10 @@ START_TEST(worker_view_from_launcher_variables) {
          "SLURM_STEP_TASKS_PER_NODE=2 SLURM_LOCALID=1", "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
         {"OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=6 OMPI_COMM_WORLD_LOCAL_RANK=2 OMPI_COMM_WORLD_LOCAL_SIZE=3",
          "rank 5 local 2/3 world 6 node 1 port 29500 via mpirun"},
+        {"PMI_RANK=3 PMI_SIZE=4 MPI_LOCALRANKID=1 MPI_LOCALNRANKS=2", "rank 3 local 1/2 world 4 node 1 port 29500 via mpirun"},
+        /* Slurm's PMI2 plugin sets PMI_RANK and PMI_SIZE in srun's tasks too: srun's variables decide */
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 PMI_RANK=1 PMI_SIZE=2",
+         "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
         {"RANK=0 WORLD_SIZE=1 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=3",
          "rank 0 local 0/1 world 1 node 0 port 29500 via environment"},
         /* an sbatch script's export WORLD_SIZE=… beside srun's complete set: srun's, as before */
@@ -1486,6 +1490,24 @@ START_TEST(slurm_batch_script_and_one_task_step_launch_here) {
                       "%s: exit %d\n%s", cases[i].env, rc, out);
         free(out);
     }
+}
+END_TEST
+
+/* MPICH's and Intel MPI's mpirun give PMI_RANK and PMI_SIZE (and Hydra MPI_LOCALRANKID, MPI_LOCALNRANKS):
+ * its tasks form one job. Unread, each task started a launcher of its own: one trained a job of its
+ * own two workers, the other's rank 0 found that job's store on the port and failed. */
+START_TEST(mpich_mpirun_tasks_form_one_job) {
+    char cmd[4096], *out;
+    int port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(PMI_RANK=0 PMI_SIZE=2 MPI_LOCALRANKID=0 MPI_LOCALNRANKS=2 " LIMIT "%s/stage3 " TINY " --steps 2 "
+             "--rdzv-timeout 20 --master-port %d & PMI_RANK=1 PMI_SIZE=2 MPI_LOCALRANKID=1 MPI_LOCALNRANKS=2 " LIMIT
+             "%s/stage3 " TINY " --steps 2 --rdzv-timeout 20 --master-port %d; r1=$?; wait $!; r0=$?; "
+             "echo \"exit codes $r0 $r1\")", test_root(), port, test_root(), port);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "ddp: 2 ranks") && strstr(out, "summary:") &&
+                  !strstr(out, "launching"), "%s", out);
+    free(out);
 }
 END_TEST
 
@@ -1544,6 +1566,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, worker_view_from_launcher_variables);
     tcase_add_test(tc, slurm_batch_script_and_one_task_step_launch_here);
     tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
+    tcase_add_test(tc, mpich_mpirun_tasks_form_one_job);
     suite_add_tcase(s, tc);
     return s;
 }
