@@ -2,7 +2,7 @@
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
 #   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4, compare,
-#                                           variants1, variants2
+#                                           variants1, variants2, mutants
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
@@ -18,6 +18,8 @@
 #           10-minute device call: first the exposed-part flags, DDP without a peer, the second GPU
 #           alone and both at once, stage 5; then NCCL's CTA and protocol settings, bucket sizes,
 #           --no-overlap and the in-backward optimizer overlap
+#   mutants: tests/gpu_mutants.sh run — one-line bugs in the CUDA code the GPU suites must catch
+#           (build them first where Check is: bash tests/gpu_mutants.sh build; carry runs/mutants)
 #
 # Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
 # Expects the binaries built (make all tests/run_tests), or builds them.
@@ -64,7 +66,9 @@ log() { echo "=== $* ($(date +%T))"; }
         log "bench stage3 variants, second half"
         ONLY="cta1 ctas4 ctas8 ctas16 simple ll128 b5 b10 b100 noov inbwd oneafter s5cta1" \
           BENCH_OUT="$LOGS/variants2" bash tests/bench_stage3_variants.sh ;;
-      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare, variants1, variants2)"; exit 2 ;;
+      mutants) log "gpu mutants"; bash tests/gpu_mutants.sh run; echo "gpu_mutants exit $?" ;;
+      *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare, variants1, variants2," \
+              "mutants)"; exit 2 ;;
     esac
   done
   log "done"

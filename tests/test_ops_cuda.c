@@ -1489,6 +1489,19 @@ START_TEST(test_memory_accounted) {
 }
 END_TEST
 
+/* tests/gpu_mutants.sh plants one-line bugs in the CUDA code that this suite must catch on a GPU
+ * (built where Check is, run on the GPU machine). Here, with or without a GPU: every mutant's line
+ * is still in the code exactly once, so a change to one of those lines cannot quietly retire its
+ * mutant. */
+START_TEST(test_gpu_mutants_are_current) {
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "bash %s/tests/gpu_mutants.sh check", test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "each line found once"), "exit %d: %s", rc, out);
+    free(out);
+}
+END_TEST
+
 Suite *suite_ops_cuda(void) {
     Suite *s = suite_create("ops_cuda");
     TCase *tc = tcase_create("ops_cuda");
@@ -1514,6 +1527,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_scale_lp_matches_host);
     tcase_add_test(tc, test_scaler_ops_match_reference);
     tcase_add_test(tc, test_bn_scratch_bounds);
+    tcase_add_test(tc, test_gpu_mutants_are_current);
     suite_add_tcase(s, tc);
     return s;
 }
