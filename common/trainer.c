@@ -1237,13 +1237,14 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
     } else if (c->save[0]) { /* stopped inside it (--steps): keep the position for --resume */
         save_checkpoint(r, r->epoch, r->start_batch, 0);
     }
-    /* One process decides alone (a job votes at its next sum): a signal that came during the
-     * evaluation or the save stops the run here, at the checkpoint just written — not a step later. */
-    if (!gated(r)) {
-        double v[2];
-        stop_vote(v);
-        stop_take(r, v);
-    }
+    /* A signal that came during the evaluation or the save stops the run here, at the checkpoint just
+     * written — not a step (one process) or up to --log-every steps (a job) later. A job votes once
+     * more for it, after the save: two values an epoch, summed where the other ranks wait for rank 0's
+     * write anyway (their first all-reduce of the next epoch would). */
+    double v[2];
+    stop_vote(v);
+    sum_over_ranks(r, v, 2);
+    stop_take(r, v);
     r->epoch_t0 = time_now();
     r->epoch_batch0 = r->start_batch;
 }

@@ -868,6 +868,20 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
 
     /* a job: the terminal's Ctrl-C to the launcher's process group (setsid makes it a group's leader) */
     const char *s3 = TINY " --train-size 512 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 4";
+    /* …and a SIGTERM to the launcher while rank 0 writes epoch 1's checkpoint: the ranks vote once more
+     * after the save, and stop at it — not at the next step where they compare notes (step 20) */
+    snprintf(cmd, sizeof cmd, "D=%s; R=sj; STAGE3_SAVE_DELAY_MS=%d %s/stage3 %s --master-port %d --save $D/sj > $D/sj.log "
+             "2>&1 & run=$!; "
+             "while ! grep -qs '^epoch 1/' $D/sj.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; sleep 0.3; "
+             "kill -TERM $run; %s cat $D/sj.log", dir, (int)(1500 * test_time_scale()), test_root(), s3,
+             test_free_port(), ended);
+    test_run(cmd, &out);
+    /* (rank 1 may have voted before the signal reached it: it waits in the sum while rank 0 saves) */
+    snprintf(path, sizeof path, "ranks) after step 16 of 16000: continue with --resume %s/sj/epoch001.ckpt", dir);
+    ck_assert_msg(strstr(out, path) && strstr(out, "stopped early by SIGTERM (received by ") && strstr(out, "exit 143") &&
+                      !strstr(out, "step00000020"),
+                  "a signal during a job's save must stop it at that checkpoint:\n%s", out);
+    free(out);
     snprintf(cmd, sizeof cmd, "D=%s; R=d; env --default-signal=INT setsid %s/stage3 %s --master-port %d --save $D/d > $D/d.log 2>&1 & "
              "run=$!; %s kill -INT -$run; %s cat $D/d.log", dir, test_root(), s3, test_free_port(), started, ended);
     test_run(cmd, &out);
