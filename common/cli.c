@@ -463,9 +463,10 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
         else {
             if (i + 1 >= argc) die_user("--%s needs a value", o->name);
             v = argv[++i];
-            /* "--lr --momentum 0.9": the value was forgotten. (A value that really starts with
-             * "--" can be given as --data=--odd-name.) */
-            if (v[0] == '-' && v[1] == '-' && v[2] != 0)
+            /* "--lr --momentum 0.9", "--save -h": the value was forgotten — -h would otherwise become a
+             * folder named "-h", a run where help was asked for. (A value that really starts with "--",
+             * or is "-h", can be given as --data=--odd-name.) */
+            if ((v[0] == '-' && v[1] == '-' && v[2] != 0) || !strcmp(v, "-h"))
                 die_user("--%s needs a value, got option '%s' instead", o->name, v);
         }
         opt_set(o, v);

@@ -104,6 +104,11 @@ START_TEST(test_good_parse) {
     ck_assert_str_eq(g_cfg.schedule, "cosine");
     ck_assert_int_eq(g_cfg.log_every, 50);
     ck_assert_int_eq(g_cfg.train_size, -1);
+    /* a value that is "-h" (or starts with "--") can still be given, after '=' */
+    const char *odd[] = {"--save=-h", "--data=--odd", NULL};
+    parse_into(&g_cfg, odd);
+    ck_assert_str_eq(g_cfg.save, "-h");
+    ck_assert_str_eq(g_cfg.data, "--odd");
 }
 END_TEST
 
@@ -189,6 +194,9 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--data="), "--data got an empty value");
     /* the shell leaves ~ after '=' alone: --save=~/ck used to create a folder named "~" here */
     REFUSED(A("--save=~/ck"), "--save '~/ck' starts with '~'", "did not expand", "--save ~/ck with a space", "./~/ck");
+    /* help asked for after a flag that wanted a value: not a run that saves into a folder named "-h" */
+    REFUSED(A("--save", "-h"), "--save needs a value, got option '-h' instead");
+    REFUSED(A("--epochs", "-h"), "--epochs needs a value, got option '-h' instead");
     REFUSED(A("--data", "~"), "--data '~' starts with '~'");
     REFUSED(A("--deterministic=1"), "--deterministic is a flag", "'1'");
     REFUSED(A("--pin-memory=true"), "--pin-memory");
