@@ -250,6 +250,15 @@ const char *cli_flag_stages(const char *name, const char **idea) {
 static const char *parsing_prog = "this stage"; /* cli_parse's prog, for die_unknown */
 
 _Noreturn static void die_unknown(const Option *opts, const char *arg) {
+    const size_t dashes = strspn(arg, "-");
+    /* -h=1, --help=yes: the help flag, known, with a value it does not take (not "unknown option '-h'") */
+    if ((dashes == 1 && !strncmp(arg + 1, "h=", 2)) || (dashes == 2 && !strncmp(arg + 2, "help=", 5)))
+        die_user("%.*s is a flag and takes no value, got '%s' (write just %.*s)", (int)strcspn(arg, "="), arg,
+                 strchr(arg, '=') + 1, (int)strcspn(arg, "="), arg);
+    /* "--", "--=5": no name at all — nothing to correct it to (an empty name is within two edits of "lr") */
+    if (arg[dashes] == 0 || arg[dashes] == '=')
+        die_user("'%s' names no option: every option is --name VALUE (or --name=VALUE), and there are no other "
+                 "arguments for '--' to set apart — see --help for the list", arg);
     if (arg[0] == '-' && arg[1] != '-' && strcspn(arg + 1, "=") == 1) /* -b: one letter says nothing of which flag */
         die_user("unknown option '%.*s': options are long (--name VALUE; only -h is short) — see --help for the "
                  "list", (int)strcspn(arg, "="), arg);

@@ -186,9 +186,17 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--zzzzzzzz"), "unknown option '--zzzzzzzz'");
     REFUSED(A("-lr", "0.1"), "unknown option '-lr'", "--lr");
     REFUSED(A("-b", "64"), "unknown option '-b': options are long (--name VALUE; only -h is short)"); /* not "--lr?" */
-    REFUSED(A("--"), "unknown option");
+    /* no name to correct: not "did you mean --lr?" (an empty name is within two edits of it) */
+    REFUSED(A("--"), "'--' names no option", "there are no other arguments");
+    REFUSED(A("--=5"), "'--=5' names no option");
+    /* the help flag with a value: known, not "unknown option '-h' … only -h is short" */
+    REFUSED(A("-h=1"), "-h is a flag and takes no value, got '1' (write just -h)");
+    REFUSED(A("--help=yes"), "--help is a flag and takes no value, got 'yes' (write just --help)");
     REFUSED(A("--lr"), "--lr needs a value");
     REFUSED(A("--lr", "--momentum", "0.5"), "--lr needs a value");
+    /* help asked for after a flag that wanted a value: not a run that saves into a folder named "-h" */
+    REFUSED(A("--save", "-h"), "--save needs a value, got option '-h' instead");
+    REFUSED(A("--epochs", "-h"), "--epochs needs a value, got option '-h' instead");
     REFUSED(A("--data"), "--data needs a value");
     REFUSED(A("--resume", ""), "--resume got an empty value", "leave the flag out"); /* not "no checkpoint" */
     REFUSED(A("--data="), "--data got an empty value");
