@@ -78,9 +78,13 @@ DeviceKind device_kind_from_flag(const char *flag, int quiet) {
 
 double device_memory_fraction = 1.0;
 
-/* The cap --memory-fraction sets on a device of `total` bytes (0: none). */
+/* The cap --memory-fraction sets on a device of `total` bytes (0: none). A fraction whose product
+ * truncates to 0 bytes (1e-30) caps at 1 byte: every allocation fails, as under PyTorch — a 0 here
+ * would read as no cap at all. */
 static size_t memory_cap(size_t total) {
-    return device_memory_fraction < 1.0 ? (size_t)(device_memory_fraction * (double)total) : 0;
+    if (device_memory_fraction >= 1.0) return 0;
+    const size_t cap = (size_t)(device_memory_fraction * (double)total);
+    return cap ? cap : 1;
 }
 
 void device_init(Device *d, DeviceKind kind, int index, int ordinal) {

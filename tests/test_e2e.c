@@ -405,6 +405,14 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
                       !strstr(out, "--batch-size"),
                   "parameters that do not fit: exit %d\n%s", rc, out);
     free(out);
+    /* A fraction so small that its cap rounds to 0 bytes is still a cap (torch: every allocation
+     * fails), not the "no cap" that a limit of 0 means to the account */
+    snprintf(args, sizeof args, "%s --steps 3 --epochs 1 --memory-fraction 1e-30", base);
+    rc = run_stage("stage1", args, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "raise --memory-fraction"),
+                  "--memory-fraction 1e-30 (a cap of 0 bytes): exit %d, expected 1 with the out-of-memory error\n%s",
+                  rc, out);
+    free(out);
     if (kind == DEV_CUDA) { /* and a real one, where cudaMalloc fails: ResNet-18 at batch 32767 (the largest
                              * its 32-bit indexing allows: model.c) plans 145 GiB of activations alone (the
                              * CPU backend's figure), more than an H200's 141 GB */
