@@ -39,7 +39,14 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
         /* The type first, without truncating or blocking: a FIFO would wait forever for a reader. */
         int fd = open(json_path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
         struct stat st;
-        if (fd < 0 && errno == ENXIO) die_user("--report '%s' is a FIFO: give it a regular file", json_path);
+        if (fd < 0 && errno == ENXIO) { /* a FIFO without a reader — or a device or socket with no one there */
+            const int e = errno;
+            if (stat(json_path, &st) == 0 && S_ISFIFO(st.st_mode))
+                die_user("--report '%s' is a FIFO: give it a regular file", json_path);
+            errno = e;
+            die_user("--report '%s' cannot be opened: %s (a socket, or a device with nothing behind it, such as "
+                     "/dev/tty in a run without a terminal) — give it a regular file", json_path, errno_string());
+        }
         if (fd < 0)
             die_user("cannot open --report file '%s': %s (check that its directory exists and is writable)",
                      json_path, errno_string());

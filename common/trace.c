@@ -216,7 +216,11 @@ static FILE *open_out(const char *path, int truncate, const char **why) {
     int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
     struct stat st;
     if (fd < 0) {
-        *why = errno == ENXIO ? "it is a FIFO" : errno_string();
+        /* ENXIO: a FIFO without a reader — or a socket, or a device with nothing behind it (/dev/tty
+         * in a run without a terminal), which errno's own words describe */
+        const int e = errno, fifo = e == ENXIO && stat(path, &st) == 0 && S_ISFIFO(st.st_mode);
+        errno = e;
+        *why = fifo ? "it is a FIFO" : errno_string();
         return NULL;
     }
     if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode))) {

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include "errors.h"
 #include "report.h"
 #include "rng.h"
+#include "trace.h"
 #include "tests.h"
 
 
@@ -777,6 +780,8 @@ static void report_open_child(void *arg) {
     report_open(&r, (const char *)arg, "off", 1);
 }
 
+static void trace_open_child(void *arg) { trace_configure((const char *)arg, "5:8", 0, 1, "stageX", NULL, 0); }
+
 START_TEST(test_report_open_fails) {
     char *out = NULL;
     int st = test_run_captured(report_open_child, "/nonexistent-dir-xyz/r.jsonl", &out);
@@ -791,6 +796,23 @@ START_TEST(test_report_open_fails) {
     st = test_run_captured(report_open_child, fifo, &out);
     ck_assert_msg(st == 2 && strstr(out, "is a FIFO: give it a regular file") && strstr(out, fifo), "%d: %s", st, out);
     free(out);
+    /* open() fails the same way (ENXIO) for what is no FIFO: /dev/tty in a run without a terminal (cron, CI),
+     * or a socket — said as it is, not "is a FIFO"; the --trace file too */
+    char sock[600];
+    snprintf(sock, sizeof sock, "%s/sock", dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert(fd >= 0 && strlen(sock) < sizeof sa.sun_path);
+    strcpy(sa.sun_path, sock);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    void (*const child[2])(void *) = {report_open_child, trace_open_child};
+    for (int k = 0; k < 2; k++) {
+        st = test_run_captured(child[k], sock, &out);
+        ck_assert_msg(st == 2 && !strstr(out, "FIFO") && strstr(out, "regular file") && strstr(out, sock), "%s: %d: %s",
+                      k ? "--trace" : "--report", st, out);
+        free(out);
+    }
+    close(fd), unlink(sock);
     unlink(fifo), rmdir(dir), free(dir);
 }
 END_TEST
