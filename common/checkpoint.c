@@ -363,20 +363,24 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
         die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u (use the trainer "
                  "version that wrote it)", path, version, CKPT_VERSION);
     if (hsize != header_size(version))
-        die_user("checkpoint '%s' is corrupt: header size %u, expected %u", path, hsize, header_size(version));
+        die_user("checkpoint '%s' is corrupt: header size %u, expected %u — the file was damaged after it was "
+                 "written; use an earlier checkpoint", path, hsize, header_size(version));
     if (hsize > CKPT_HEADER_V1 && read_full(f, hd + CKPT_HEADER_V1, hsize - CKPT_HEADER_V1) != hsize - CKPT_HEADER_V1)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     CheckpointMeta m;
     header_decode(hd, &m);
     int64_t want = ckpt_size(m.n_params, m.n_buffers, m.optimizer) - CKPT_HEADER + hsize;
-    if (want < (int64_t)hsize) die_user("checkpoint '%s' is corrupt: impossible sizes in its header", path);
+    if (want < (int64_t)hsize)
+        die_user("checkpoint '%s' is corrupt: impossible sizes in its header — the file was damaged after it was "
+                 "written; use an earlier checkpoint", path);
     if (size < want)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want);
     if (size > want)
-        die_user("checkpoint '%s' is corrupt: %lld bytes where its header implies %lld", path,
-                 (long long)size, (long long)want);
+        die_user("checkpoint '%s' is corrupt: %lld bytes where its header implies %lld — the file was changed "
+                 "after it was written (bytes appended?); use an earlier checkpoint", path, (long long)size,
+                 (long long)want);
 
     /* Read (straight into the caller's arrays when the sizes agree) and verify the checksum before
      * judging the header's model description, so a flipped header byte reads as corruption. */

@@ -295,6 +295,7 @@ START_TEST(test_truncated) {
     memcpy(longer, b, n);
     write_bytes(cut, longer, n + 4);
     expect_load_refused(cut, &g_meta, "corrupt", "4 trailing bytes");
+    expect_load_refused(cut, &g_meta, "use an earlier checkpoint", "4 trailing bytes: the fix"); /* as every corrupt one */
     free(longer);
     free(b);
 }
@@ -349,6 +350,7 @@ START_TEST(test_bad_magic_version_missing) {
     b[8] = 6; /* version 6 with version 7's header size */
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "header size 272, expected 256", "version 6, 272-byte header");
+    expect_load_refused(bad, &g_meta, "use an earlier checkpoint", "version 6, 272-byte header: the fix");
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
