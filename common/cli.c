@@ -747,6 +747,23 @@ static void check_output(const char *flag, const char *what, const char *path, c
                      "give %s a file of its own", what, path, fd == 1 ? "output" : "error output", flag);
 }
 
+/* The directory an output file goes into: missing (with the command that makes it), or a file where
+ * it should be — for which mkdir -p is no fix. */
+static void check_output_dir(const char *flag, const char *path) {
+    char *dir = path_dir(path);
+    struct stat st;
+    const int found = stat(dir, &st) == 0, e = errno;
+    if (!found && e == ENOENT)
+        die_user("%s '%s': directory '%s' does not exist (create it first: mkdir -p %s)", flag, path, dir, dir);
+    if ((found && !S_ISDIR(st.st_mode)) || (!found && e == ENOTDIR))
+        die_user("%s '%s': '%s' is a file, not a directory (or a path through one) — give %s a path in a directory",
+                 flag, path, dir, flag);
+    errno = e;
+    if (!found) die_user("%s '%s': directory '%s': %s — give %s a path in a directory you can reach", flag, path, dir,
+                         errno_string(), flag);
+    free(dir);
+}
+
 /* Stages 3–5 write --trace FILE per rank into FILE.rankN.json first (through FILE.rankN.json.tmp):
  * any of those names already there must take a file too (how many ranks there will be is not known
  * here, so every N is checked). */
@@ -954,21 +971,14 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
                      i == 2 ? "the trace would be renamed over the checkpoint" : "the trace would replace the report",
                      i == 2 ? "--trace" : "--report");
     if (c->report && c->report[0]) {
-        char *dir = path_dir(c->report);
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            die_user("--report '%s': directory '%s' does not exist (create it first: mkdir -p %s)", c->report,
-                     dir, dir);
-        free(dir);
+        check_output_dir("--report", c->report);
         check_output("--report", "--report", c->report, "report.jsonl");
         check_not_clobbering(c, "--report", c->report);
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
     if (c->trace && c->trace[0]) {
-        char *dir = path_dir(c->trace);
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            die_user("--trace %s: directory '%s' does not exist (create it first: mkdir -p %s)", c->trace, dir, dir);
-        free(dir);
+        check_output_dir("--trace", c->trace);
         check_output("--trace", "--trace", c->trace, "trace.json"); /* the file, or where stages 3–5 merge */
         char *tmp = NULL, what[200];
         if (asprintf(&tmp, "%s.tmp", c->trace) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);

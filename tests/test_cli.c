@@ -414,6 +414,14 @@ START_TEST(test_resolve_output_files) {
     REFUSED(A("--trace", fifo), "--trace", fifo, "is a FIFO: give it a regular file");
     REFUSED(A("--report", fifo), "--report", "is a FIFO");
     REFUSED(A("--trace", dir), "--trace", "is a directory", "trace.json");
+    /* a file where the directory should be: not "does not exist (create it first: mkdir -p …)", which
+     * mkdir refuses */
+    snprintf(out, sizeof out, "%s/plain", dir);
+    write_text(out, "a file\n");
+    snprintf(sub, sizeof sub, "%s/plain/r.json", dir);
+    REFUSED(A("--report", sub), "--report", "is a file, not a directory");
+    REFUSED(A("--trace", sub), "--trace", "is a file, not a directory");
+    unlink(out);
     snprintf(out, sizeof out, "%s/t.json", dir);
     snprintf(rank, sizeof rank, "%s/t.json.rank12.json", dir); /* stages 3–5: rank 12's file */
     ck_assert_int_eq(mkdir(rank, 0700), 0);

@@ -162,7 +162,7 @@ START_TEST(bad_trace_flags_refused) {
     char cmd[1024], *out;
     snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace /nonexistent-dir/t.json", test_root());
     int rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 2 && strstr(out, "--trace /nonexistent-dir/t.json"), "exit %d:\n%s", rc, out);
+    ck_assert_msg(rc == 2 && strstr(out, "--trace '/nonexistent-dir/t.json'"), "exit %d:\n%s", rc, out);
     free(out);
 }
 END_TEST
