@@ -433,6 +433,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         report_printf(&run->report, "ddp: --broadcast-buffers after-forward: rank 0's buffers are broadcast at the "
                                     "first gradient hook of each synchronising backward, overlapped with it (the "
                                     "values PyTorch's default broadcasts before the next forward)\n");
+    else if (d->bcast_after) /* given, with nothing to move: said, as --sync-bn says it */
+        report_printf(&run->report, "ddp: note: --broadcast-buffers after-forward changes nothing here: %s\n",
+                      !m->n_buffer_floats ? "the model has no buffers (--norm none)"
+                                          : "one rank has no one to broadcast to");
     if (d->find_unused)
         report_printf(&run->report, "ddp: find_unused_parameters: every synchronised backward first searches the "
                                     "layers from the output for parameters the forward did not use and marks them "

@@ -296,6 +296,28 @@ START_TEST(buffers_broadcast_after_forward_same_values) {
 }
 END_TEST
 
+/* --broadcast-buffers after-forward where there is nothing to broadcast — no buffers (--norm none), or no
+ * other rank — changes nothing: said in a note, as --sync-bn says it, not silently accepted. */
+START_TEST(buffers_broadcast_after_forward_with_nothing_to_broadcast_noted) {
+    const struct { const char *flags, *why; } cases[] = {
+        {"--norm none --nproc-per-node 2", "the model has no buffers (--norm none)"},
+        {"--norm bn --nproc-per-node 1", "one rank has no one to broadcast to"},
+    };
+    for (int i = 0; i < 2; i++) {
+        char cmd[1024], *out = NULL;
+        snprintf(cmd, sizeof cmd,
+                 LIMIT "%s/stage3 " TINY " --train-size 32 --test-size 16 --epochs 1 --batch-size 8 %s "
+                       "--broadcast-buffers after-forward --master-port %d",
+                 test_root(), cases[i].flags, test_free_port());
+        test_run_ok(cmd, cases[i].flags, &out);
+        ck_assert_msg(strstr(out, "note: --broadcast-buffers after-forward changes nothing here") &&
+                          strstr(out, cases[i].why),
+                      "%s: no note that --broadcast-buffers changes nothing:\n%s", cases[i].flags, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* ---- resume ----------------------------------------------------------------------------------- */
 
 START_TEST(resume_at_optimizer_step_is_bit_identical) {
@@ -445,6 +467,7 @@ Suite *suite_accum(void) {
     tcase_add_test(tc, accum_one_is_stage3_bit_for_bit);
     tcase_add_test(tc, collectives_per_step_match_pytorch);
     tcase_add_test(tc, buffers_broadcast_after_forward_same_values);
+    tcase_add_test(tc, buffers_broadcast_after_forward_with_nothing_to_broadcast_noted);
     tcase_add_test(tc, resume_at_optimizer_step_is_bit_identical);
     tcase_add_test(tc, bad_accum_steps_refused);
     tcase_add_test(tc, accum_beyond_an_epoch_steps_once_per_epoch);
