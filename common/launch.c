@@ -818,8 +818,25 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     exit(code ? code : 1);
 }
 
+/* --master-addr is a host alone. Written with its port (torchrun's --rdzv-endpoint form), in brackets or
+ * as a URL it does not resolve — which node 0 reports as a host name problem, and any other node only
+ * after --rdzv-timeout: say how to write it instead, at once, on every node. */
+static void check_master_addr(const char *addr) {
+    const char *colon = strchr(addr, ':');
+    if (strstr(addr, "://"))
+        die_user("--master-addr '%s' is a URL: give the host alone (e.g. --master-addr 10.0.0.1) and its port with "
+                 "--master-port", addr);
+    if (addr[0] == '[')
+        die_user("--master-addr '%s': write an IPv6 address without brackets (--master-addr %.*s), and its port "
+                 "with --master-port", addr, (int)strcspn(addr + 1, "]"), addr + 1);
+    if (colon && !strchr(colon + 1, ':')) /* one colon: host:port (an IPv6 address has two or more) */
+        die_user("--master-addr '%s' carries a port: give them apart, --master-addr %.*s --master-port %s", addr,
+                 (int)(colon - addr), addr, colon + 1);
+}
+
 void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
     (void)argc;
+    check_master_addr(cfg->master_addr);
     const char *base = strrchr(argv[0], '/');
     base = base ? base + 1 : argv[0];
     if (!strncmp(base, "stage", 5)) snprintf(prog, sizeof prog, "%s", base);

@@ -230,6 +230,20 @@ START_TEST(store_bad_master_addr_is_clear) {
     ck_assert_msg(strstr(out, "rank 1") && strstr(out, "no such host name") && strstr(out, "--master-addr") &&
                   !strstr(out, "route"), "%s", out);
     free(out);
+    /* a host written with its port (torchrun's --rdzv-endpoint form), in brackets, or as a URL: told how to write
+     * it, at once, not "does not resolve" (on a node other than node 0: after --rdzv-timeout) */
+    const struct { const char *addr, *expect; } forms[] = {
+        {"127.0.0.1:29511", "--master-addr 127.0.0.1 --master-port 29511"},
+        {"[::1]", "without brackets (--master-addr ::1)"},
+        {"tcp://127.0.0.1:29511", "is a URL"},
+    };
+    for (int i = 0; i < 3; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "--device cpu --model tiny --nproc-per-node 1 --master-addr %s", forms[i].addr);
+        ck_assert_int_eq(stage3(NULL, args, &out), 2);
+        ck_assert_msg(strstr(out, forms[i].expect) && !strstr(out, "does not resolve"), "%s:\n%s", forms[i].addr, out);
+        free(out);
+    }
 }
 END_TEST
 
