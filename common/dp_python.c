@@ -89,6 +89,13 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
                 die_user("--no-python sets every modelled Python cost to 0, so --%s would be ignored: drop "
                          "one of the two", *f);
         c->op_us = 0, c->host_us = 0;
+    } else if (c->host_us == 0) { /* a total of 0: every --gil-host-* cost scaled to nothing, as --no-python */
+        static const char *const host[] = {"gil-host-call-us", "gil-host-module-us", "gil-host-param-us",
+                                           "gil-host-thread-us", NULL};
+        for (const char *const *f = host; *f; f++)
+            if (cli_given(*f))
+                die_user("--gil-host-us 0 scales every --gil-host-* cost to 0, so --%s would be ignored: drop one of "
+                         "the two", *f);
     }
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
     c->evaluating = cli_given("evaluate");

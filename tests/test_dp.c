@@ -630,6 +630,9 @@ START_TEST(stage2_bad_flags_are_refused_clearly) {
         {"--device cpu --optimizer adam --resume /etc/hostname", "not a checkpoint"},
         {"--device cpu --no-python --gil-op-us 10", "--no-python sets every modelled Python cost to 0, so --gil-op-us"},
         {"--device cpu --gil-host-param-us 3 --no-python", "--gil-host-param-us would be ignored"},
+        /* a total of 0 scales every --gil-host-* cost to 0, as --no-python does */
+        {"--device cpu --gil-host-us 0 --gil-host-thread-us 5", "--gil-host-us 0 scales every --gil-host-* cost to 0, "
+                                                                "so --gil-host-thread-us would be ignored"},
         {"--device cpu --train-size 64 --gil-host-us 5 --gil-host-call-us 0 --gil-host-module-us 0 "
          "--gil-host-param-us 0 --gil-host-thread-us 0", "--gil-host-us"},
     };
