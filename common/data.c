@@ -209,7 +209,9 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     }
     struct stat st;
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) die_user("CIFAR-10 file '%s' is not a regular file", path);
+    if (!S_ISREG(st.st_mode))
+        die_user("CIFAR-10 file '%s' is not a regular file (%s) — remove it and download the set again with "
+                 "docs/get_cifar10.sh", path, S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
     int64_t size = (int64_t)st.st_size;
     if (size == 0)
         die_user("CIFAR-10 file '%s' is empty (0 bytes; the official files have %d): an interrupted download? "

@@ -268,6 +268,10 @@ START_TEST(cifar_missing_directory_or_file) {
     snprintf(path, sizeof path, "%s/test_batch.bin", dir);
     unlink(path);
     expect_user_error(dir, 0, 0, path, "not found");
+    /* a directory under a file's name (an unpacking gone wrong): said, with the fix */
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    expect_user_error(dir, 0, 0, "is not a regular file (a directory)", "docs/get_cifar10.sh");
+    rmdir(path);
     remove_cifar(dir);
 }
 END_TEST
