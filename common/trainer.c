@@ -347,7 +347,7 @@ static void keep_resumed(const Run *r) {
         found[n++] = (Kept){g.step, path};
     }
     closedir(d);
-    qsort(found, (size_t)n, sizeof *found, by_step);
+    if (n) qsort(found, (size_t)n, sizeof *found, by_step); /* none of this line (a regrouped resume): no array */
     kept = xrealloc(kept, (size_t)(n_kept + n + 1) * sizeof *kept);
     for (int i = 0; i < n; i++) kept[n_kept++] = found[i].path;
     free(found);
