@@ -49,9 +49,14 @@ void dp_step_end(DataParallel *dp) {
 void dp_describe(const DataParallel *dp, Report *r) {
     const DpConfig *c = &dp->cfg;
     if (c->evaluating) return; /* --evaluate: no replicas, no modelled Python, nothing of the step to describe */
-    char names[512] = "";
-    for (int i = 0; i < dp->n && strlen(names) < 400; i++)
-        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", dp->devs[i]->name);
+    char names[640] = ""; /* 400, one more name (≤ 96) and the tail */
+    int shown = 0;
+    for (; shown < dp->n && strlen(names) < 400; shown++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", shown ? ", " : "", dp->devs[shown]->name);
+    /* the line says how many there are: a list cut short says so, and names the last */
+    if (shown < dp->n)
+        snprintf(names + strlen(names), sizeof names - strlen(names), ", … (%d more, to %.40s)", dp->n - shown,
+                 dp->devs[dp->n - 1]->name);
     report_printf(r, "DataParallel: %d replica%s on %s | copies: %s | forward: %s\n", dp->n,
                   dp->n == 1 ? "" : "s", names,
                   dp->n == 1 ? "none (one device)"

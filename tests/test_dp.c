@@ -612,6 +612,26 @@ START_TEST(stage2_phase_notes_describe_what_was_measured) {
 }
 END_TEST
 
+/* --gpus 64, the most there may be: every device trains (a thread each, every step), the last
+ * batch of 44 uses 44 of them, and the header's device list — cut at a line's length — says how many
+ * it left out and which is the last, instead of ending at cpu58 under "64 replicas on". */
+START_TEST(stage2_cpu_64_devices_run) {
+    char *out;
+    int rc = run_stage2("--device cpu --gpus 64 --model tiny --batch-size 2 --train-size 300 --test-size 16 "
+                        "--epochs 1 --progress off", &out);
+    ck_assert_msg(rc == 0, "stage2 --gpus 64 failed (%d):\n%s", rc, out);
+    const char *line = strstr(out, "DataParallel: 64 replicas on cpu0, cpu1");
+    ck_assert_msg(line, "%s", out);
+    const char *end = strchr(line, '\n');
+    ck_assert(end);
+    char *head = strndup(line, (size_t)(end - line));
+    ck_assert_msg(strstr(head, "more, to cpu63)"), "the device list does not reach cpu63: %s", head);
+    free(head);
+    ck_assert_msg(strstr(out, "peak memory cpu63"), "%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(stage2_bad_flags_are_refused_clearly) {
     struct { const char *args, *expect; } cases[] = {
         {"--device cpu --gpus 0", "--gpus"},
@@ -693,6 +713,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_short_last_batch_matches_stage1);
     tcase_add_test(e2e, stage2_cpu_variants_run);
     tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
+    tcase_add_test(e2e, stage2_cpu_64_devices_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
     tcase_add_test(e2e, stage2_phase_notes_describe_what_was_measured);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
