@@ -623,16 +623,31 @@ static void resume_check(Run *r) {
      * which the learning-rate schedule and every later checkpoint's position count in — means. */
     char why[200];
     const int regrouped = at_epoch_end(g); /* world, batch, K and --drop-last may change (at_epoch_end) */
+    /* Stages 1 and 2 read one loader of world × batch samples a step (stage 2's GPUs share one
+     * DataLoader, as nn.DataParallel's do, and split each batch it gives): inside an epoch too, the
+     * position means those samples whichever way they are split — 3 GPUs × 16 continue as 2 × 24 or
+     * as one device's 48. A job of processes shards them by rank (stages 3–5): there each must match.
+     * Its checkpoint's steps read the same samples too (the ranks' shards interleave), unless its
+     * shards were padded or cut (world not dividing the set): so only then is the split checked. */
+    const int64_t global = (int64_t)r->world_size * c->batch_size;
+    const int splittable = !r->sum_across && g->version >= 2 &&
+                           (g->world_size == 1 || (train_size_opened > 0 && train_size_opened % g->world_size == 0));
+    const int same_samples = splittable && g->world_size * g->batch_size == global;
     if (g->batch_in_epoch)
         snprintf(why, sizeof why, "its data position (epoch %lld, batch %lld) means other samples",
                  (long long)g->epoch + 1, (long long)g->batch_in_epoch);
     else
         snprintf(why, sizeof why, "its step count (%lld steps, which the learning-rate schedule counts) means another "
                  "point of training", (long long)g->step);
-    if (g->world_size != r->world_size && !regrouped)
+    char or_global[160] = ""; /* stages 1 and 2: the other way to read the same samples */
+    if (splittable)
+        snprintf(or_global, sizeof or_global, !strcmp(r->stage, "stage2")
+                     ? ", or --gpus × --batch-size giving its %lld samples a step"
+                     : ", or --batch-size %lld: its samples a step", (long long)(g->world_size * g->batch_size));
+    if (g->world_size != r->world_size && !regrouped && !same_samples)
         die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: %s with "
-                 "another count — resume with %s giving %lld", path, (long long)g->world_size,
-                 g->world_size == 1 ? "" : "s", r->world_size, why, ranks, (long long)g->world_size);
+                 "another count — resume with %s giving %lld%s", path, (long long)g->world_size,
+                 g->world_size == 1 ? "" : "s", r->world_size, why, ranks, (long long)g->world_size, or_global);
     /* The data source before the sizes: synthetic and CIFAR-10 sets of one size are other samples. */
     if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
         die_user("checkpoint '%s' was trained on %s, this run reads %s: its data position (epoch %lld, batch %lld) "
@@ -650,7 +665,7 @@ static void resume_check(Run *r) {
                       "its batch size, training-set size, --accum-steps, --no-shuffle or --drop-last: resuming "
                       "assumes this run's are the ones it was trained with\n", path);
     else {
-        if (g->batch_size != c->batch_size && !regrouped)
+        if (g->batch_size != c->batch_size && !regrouped && !same_samples)
             die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: %s — pass "
                      "--batch-size %lld to continue it", path, (long long)g->batch_size, c->batch_size, why,
                      (long long)g->batch_size);
@@ -694,6 +709,12 @@ static void resume_check(Run *r) {
     report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", path, (long long)r->step,
                   (long long)g->epoch + 1, (long long)g->batch_in_epoch);
     if (regrouped) regroup_note(r);
+    else if (same_samples && g->world_size != r->world_size)
+        report_printf(&r->report, "note: checkpoint '%s' was trained on %lld device%s × --batch-size %lld, this run has "
+                      "%d × %d: the same %lld samples a step, so it continues at its position (each device now "
+                      "computes on %d of them, and batch norm's statistics with them)\n", path,
+                      (long long)g->world_size, g->world_size == 1 ? "" : "s", (long long)g->batch_size,
+                      r->world_size, c->batch_size, (long long)global, c->batch_size);
     if (r->step == g->step) schedule_note(r); /* re-counted steps: regroup_note compares the two rates */
 }
 

@@ -146,6 +146,46 @@ START_TEST(warmup_follows_torch_and_resumes_exactly) {
 }
 END_TEST
 
+/* Stages 1 and 2 read one loader of world × batch samples a step, which nn.DataParallel's GPUs split:
+ * inside an epoch a stage 2 checkpoint of 2 GPUs × 8 continues as 4 × 4, or as stage 1's 16 — the
+ * same samples at every step (--norm none: the same losses, to the rounding of the gradients' sums,
+ * as an uninterrupted stage 1 run) — with a note. Both used to be refused: "means other samples with
+ * another count". A job of processes shards the samples by rank, so there the count must match. */
+START_TEST(another_split_of_the_same_samples_continues) {
+    char *dir = test_tmpdir(), args[2048], ck[700];
+    const char *flags = TINY " --norm none --train-size 96 --epochs 2 --log-every 1";
+    snprintf(args, sizeof args, "%s --gpus 2 --batch-size 8 --steps 3 --save %s/s", flags, dir);
+    run_ok("stage2", args);
+    snprintf(ck, sizeof ck, "%s/s/step00000003.ckpt", dir);
+    snprintf(args, sizeof args, "%s --batch-size 16 --steps 8 --report %s/whole.jsonl", flags, dir);
+    run_ok("stage1", args);
+    const char *stage[2] = {"stage2", "stage1"}, *split[2] = {"--gpus 4 --batch-size 4", "--batch-size 16"};
+    const char *note[2] = {"trained on 2 devices × --batch-size 8, this run has 4 × 4: the same 16 samples a step",
+                           "this run has 1 × 16: the same 16 samples a step"};
+    for (int v = 0; v < 2; v++) {
+        snprintf(args, sizeof args, "%s %s --steps 8 --resume %s --report %s/r%d.jsonl", flags, split[v], ck, dir, v);
+        ok_saying(stage[v], args, "resumed from", note[v]);
+        char path[700];
+        double a[16], b[16];
+        snprintf(path, sizeof path, "%s/whole.jsonl", dir);
+        ck_assert_int_eq(test_read_losses(path, a, 16), 8);
+        snprintf(path, sizeof path, "%s/r%d.jsonl", dir, v);
+        ck_assert_int_eq(test_read_losses(path, b, 16), 5);
+        for (int i = 0; i < 5; i++)
+            ck_assert_msg(fabs(a[i + 3] - b[i]) <= 1e-5 * fabs(a[i + 3]), "%s %s, step %d: %.9g, uninterrupted %.9g",
+                          stage[v], split[v], i + 4, b[i], a[i + 3]);
+    }
+    /* another global batch is still refused, naming both ways to continue */
+    snprintf(args, sizeof args, "%s --gpus 3 --batch-size 8 --resume %s", flags, ck);
+    expect_refused("stage2", args, "resume with --gpus giving 2", "--gpus × --batch-size giving its 16 samples a step");
+    /* …and a job's ranks each read their own shard: one rank of 16 is not two of 8 */
+    snprintf(args, sizeof args, "%s --batch-size 16 --nproc-per-node 1 --master-port %d --resume %s", flags,
+             test_free_port(), ck);
+    expect_refused("stage3", args, "trained on 2 devices (ranks", "--nproc-per-node");
+    free(dir);
+}
+END_TEST
+
 START_TEST(resume_under_other_flags_is_refused_or_exact) {
     char *dir = test_tmpdir(), args[2048], ck[700];
     /* stage 1: 96 samples, batch 8 → 12 steps an epoch; stop after 5 */
@@ -170,6 +210,7 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     snprintf(args, sizeof args, TINY " --gpus 3 --train-size 96 --batch-size 8 --epochs 2 --resume %s/b/step00000003.ckpt",
              dir);
     expect_refused("stage2", args, "trained on 2 devices (ranks, or stage 2's GPUs)", "--gpus");
+    /* (the same global batch split another way continues: another_split_of_the_same_samples_continues) */
     /* stage 1's checkpoint under stage 3 with 2 ranks */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --nproc-per-node 2 --master-port %d "
              "--resume %s", test_free_port(), ck);
@@ -1329,6 +1370,7 @@ Suite *suite_resume(void) {
     TCase *tc = tcase_create("resume");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, resume_under_other_flags_is_refused_or_exact);
+    tcase_add_test(tc, another_split_of_the_same_samples_continues);
     tcase_add_test(tc, resume_at_an_epoch_end_regroups);
     tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
