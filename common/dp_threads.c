@@ -21,6 +21,7 @@ static void forward_layer(Model *m, int l, int n, const float *x) {
     Model view = *m;
     view.layers = &m->layers[l];
     view.n_layers = 1;
+    view.plan_poison = 0; /* the tests' poisoning follows the whole model's timeline, not the view's one layer */
     model_forward(&view, n, x, 1);
 }
 
