@@ -150,6 +150,18 @@ static void describe_origin(const Worker *w, const char *const *vars) {
              "workers", names, prog);
 }
 
+/* A task of an mpirun of `world` tasks, from its four variables in MPIRUN_VARS' order (rank, size,
+ * local rank, local size): Open MPI's, or PMI's and Hydra's (MPICH, Intel MPI). */
+static void mpirun_worker(Worker *w, const char *const *vars, int world) {
+    w->world_size = world;
+    w->rank = env_int(vars[0], 0);
+    w->local_rank = env_int(vars[2], 0);
+    w->local_world_size = env_int(vars[3], w->world_size);
+    w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
+    w->launcher = "mpirun";
+    describe_origin(w, vars);
+}
+
 /* The launcher's variables cannot describe this job (flag NULL), or launch flag --flag contradicts
  * them: what is wrong, where it comes from, and the fix — for a leftover set, unsetting it (ours then
  * starts the workers); for a flag under a launcher, the launcher decides. */
@@ -234,22 +246,11 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         rank_var = "SLURM_PROCID", world_var = slurm_name("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
         describe_origin(w, SRUN_VARS);
     } else if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE")) {
-        w->rank = env_int("OMPI_COMM_WORLD_RANK", 0);
-        w->world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
-        w->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-        w->local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", w->world_size);
-        w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
-        w->launcher = "mpirun";
-        rank_var = "OMPI_COMM_WORLD_RANK", world_var = "OMPI_COMM_WORLD_SIZE";
-        describe_origin(w, MPIRUN_VARS);
+        mpirun_worker(w, MPIRUN_VARS, env_int("OMPI_COMM_WORLD_SIZE", 1));
+        rank_var = MPIRUN_VARS[0], world_var = MPIRUN_VARS[1];
     } else if ((w->world_size = pmi_tasks()) > 0) { /* unread, each task started a launcher of its own */
-        w->rank = env_int("PMI_RANK", 0);
-        w->local_rank = env_int("MPI_LOCALRANKID", 0);
-        w->local_world_size = env_int("MPI_LOCALNRANKS", w->world_size);
-        w->node_rank = w->local_world_size ? w->rank / w->local_world_size : 0;
-        w->launcher = "mpirun";
-        rank_var = "PMI_RANK", world_var = "PMI_SIZE";
-        describe_origin(w, PMI_VARS);
+        mpirun_worker(w, PMI_VARS, w->world_size);
+        rank_var = PMI_VARS[0], world_var = PMI_VARS[1];
     } else {
         /* Complete sets of another launcher come first (an sbatch script often exports WORLD_SIZE
          * for srun's tasks); a partial set alone is refused. */
