@@ -14,7 +14,7 @@
 # The GPU machine has no Check, so the binaries travel from where they were built (the device
 # tool's carry: runs/mutants, ~12 MB each). `build` copies the tree once per mutant.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$(readlink -f "$0")")/.." || exit 1 # (the sanitizer builds call it through a link)
 dir=runs/mutants
 ARCH=${CUDA_ARCH:-90}
 
