@@ -34,7 +34,25 @@ double mt_normal(Mt19937 *g) {
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
+void randperm_inside_out(int64_t n, uint64_t seed, int64_t *out) {
+    Mt19937 g;
+    mt_seed(&g, seed);
+    /* random64() is two 32-bit outputs, the first the high half; a 32-bit draw modulo n would be
+     * visibly non-uniform (and zero at n = 2^32) for n this large. */
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t hi = mt_next(&g), lo = mt_next(&g);
+        int64_t z = (int64_t)(((hi << 32) | lo) % (uint64_t)(i + 1));
+        out[i] = out[z];
+        out[z] = i;
+    }
+}
+
 void randperm(int64_t n, uint64_t seed, int64_t *out) {
+    /* --show-sampler's --dataset-size reaches far past this: the same order as PyTorch's there too */
+    if (n >= RANDPERM_SWAP_MAX_N) {
+        randperm_inside_out(n, seed, out);
+        return;
+    }
     Mt19937 g;
     mt_seed(&g, seed);
     for (int64_t i = 0; i < n; i++) out[i] = i;

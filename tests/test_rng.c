@@ -47,6 +47,20 @@ START_TEST(randperm_is_permutation) {
 }
 END_TEST
 
+/* ATen's randperm_cpu switches to the inside-out shuffle with random64() (first draw high) from
+ * n = UINT32_MAX / 20 on; the values come from that code transcribed on its own. A set that large
+ * takes 1.7 GB, so the branch is pinned at small n and the switch point as a number. */
+START_TEST(randperm_large_n_branch_is_atens) {
+    ck_assert_int_eq(RANDPERM_SWAP_MAX_N, 214748364);
+    static const int64_t want0[8] = {7, 2, 6, 3, 5, 1, 0, 4}, want42[8] = {6, 0, 5, 4, 7, 2, 3, 1};
+    int64_t got[8];
+    randperm_inside_out(8, 0, got);
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(got[i], want0[i]);
+    randperm_inside_out(8, 42, got);
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(got[i], want42[i]);
+}
+END_TEST
+
 START_TEST(sampler_partitions_padded_list) {
     /* For N = 10, R = 4: 3 per rank, 12 in total = the permutation plus its first 2 again. */
     int64_t perm[10], got[4][3];
@@ -71,6 +85,7 @@ Suite *suite_rng(void) {
     tcase_add_test(tc, mt19937_matches_std);
     tcase_add_test(tc, uniform_and_splitmix_pinned);
     tcase_add_test(tc, randperm_is_permutation);
+    tcase_add_test(tc, randperm_large_n_branch_is_atens);
     tcase_add_test(tc, sampler_partitions_padded_list);
     suite_add_tcase(s, tc);
     return s;
