@@ -579,10 +579,9 @@ static void schedule_note(Run *r) {
 static void regroup_note(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
-    char what[400] = "";
-    size_t n = 0;
-#define CHANGED(...) (n += (size_t)snprintf(what + n, sizeof what - n, "%s", n ? ", " : ""), \
-                      n += (size_t)snprintf(what + n, sizeof what - n, __VA_ARGS__))
+    char what[400] = ""; /* what changed, ", "-separated */
+#define CHANGED(fmt, ...) \
+    snprintf(what + strlen(what), sizeof what - strlen(what), "%s" fmt, *what ? ", " : "", __VA_ARGS__)
     if (g->world_size != r->world_size)
         CHANGED("%lld device%s → %d", (long long)g->world_size, g->world_size == 1 ? "" : "s", r->world_size);
     if (g->batch_size != c->batch_size) CHANGED("--batch-size %lld → %d", (long long)g->batch_size, c->batch_size);
@@ -590,7 +589,7 @@ static void regroup_note(Run *r) {
     if (g->version >= 3 && g->drop_last != r->drop_last)
         CHANGED("--drop-last %s → %s", g->drop_last ? "on" : "off", r->drop_last ? "on" : "off");
 #undef CHANGED
-    if (!n && r->step == g->step) return; /* the same run, continued: nothing to say */
+    if (!*what && r->step == g->step) return; /* the same run, continued: nothing to say */
     char then[200];
     if (r->step == g->step) /* the same steps an epoch (2 ranks × 64 → 1 × 128): nothing re-counted */
         snprintf(then, sizeof then, ", at step %lld (%lld steps an epoch, as before)", (long long)r->step,
@@ -606,7 +605,7 @@ static void regroup_note(Run *r) {
                  checkpoint_lr_at(g, g->schedule == CKPT_SCHED_COSINE ? "cosine" : "const", g->step));
     report_printf(&r->report, "note: checkpoint '%s' ends epoch %lld%s%s: epoch %lld is the same permutation of the "
                   "samples, dealt out in other batches, so the run continues there%s%s\n", c->resume,
-                  (long long)g->epoch, n ? ", and this run has " : "", what, (long long)g->epoch + 1, then, lr_then);
+                  (long long)g->epoch, *what ? ", and this run has " : "", what, (long long)g->epoch + 1, then, lr_then);
 }
 
 static void resume_check(Run *r) {
