@@ -714,8 +714,11 @@ static int trace_writes(const char *trace, const char *path) {
 static void check_output(const char *flag, const char *what, const char *path, const char *example) {
     struct stat st;
     if (stat(path, &st) != 0) return; /* created when the run starts */
-    if (S_ISDIR(st.st_mode) && example)
-        die_user("%s '%s' is a directory (give a file name, e.g. %s/%s)", what, path, path, example);
+    if (S_ISDIR(st.st_mode) && example) {
+        int n = (int)strlen(path);
+        while (n > 0 && path[n - 1] == '/') n--; /* "adir/" suggests adir/report.jsonl, not adir//… */
+        die_user("%s '%s' is a directory (give a file name, e.g. %.*s/%s)", what, path, n, path, example);
+    }
     if (S_ISDIR(st.st_mode))
         die_user("%s '%s' is a directory: remove it, or give %s another file name", what, path, flag);
     if (S_ISFIFO(st.st_mode)) die_user("%s '%s' is a FIFO: give it a regular file", what, path);

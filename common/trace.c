@@ -87,7 +87,7 @@ void trace_parse_steps(const char *flag, int64_t *a, int64_t *b) {
     char *end;
     const char *colon = strchr(flag, ':');
     long long x = -1, y = -1;
-    if (colon) {
+    if (colon && !strpbrk(flag, " \t+-")) { /* digits only: strtoll would also take " 1", "+1" */
         errno = 0;
         x = strtoll(flag, &end, 10);
         if (end != colon || colon == flag) x = -1;
@@ -482,10 +482,10 @@ void trace_step(int64_t done) {
 
 void trace_finish(void) {
     if (!g.configured || g.written) return;
-    if (!g.opened && g.rank == 0 && g.first >= g.b) /* resumed past the window */
+    if (g.held_a < 0 && g.rank == 0 && g.first >= g.b) /* resumed past the window */
         printf("trace: the run started at step %lld, after the --trace-steps %lld:%lld window: the trace holds "
                "no spans\n", (long long)g.first, (long long)g.a, (long long)g.b);
-    else if (!g.opened && g.rank == 0)
+    else if (g.held_a < 0 && g.rank == 0) /* ended first, also right as the window opened (--steps A) */
         printf("trace: the run ended before step %lld, where --trace-steps %lld:%lld begins: the trace "
                "holds no spans\n", (long long)g.a, (long long)g.a, (long long)g.b);
     close_window();

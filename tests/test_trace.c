@@ -122,6 +122,12 @@ START_TEST(window_after_the_run) {
     ck_assert_msg(rc == 0, "(%d)\n%s", rc, out);
     ck_assert_msg(strstr(out, "ended before step 5"), "%s", out);
     free(out);
+    /* --steps A: the window opens as the run ends, and no step of it ran — said, not silent */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace %s/a.json --trace-steps 1:2", test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "the run ended before step 1, where --trace-steps 1:2 begins"), "(%d)\n%s",
+                  rc, out);
+    free(out);
     /* or before it: a run resumed at step 5 with --trace-steps 2:5 traces nothing, and says why (it
      * used to say the run "ended before step 2") */
     snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 5 --save %s/c && %s/stage1 " SMALL " --workers 0 "
@@ -147,6 +153,7 @@ END_TEST
 
 START_TEST(bad_trace_flags_refused) {
     const char *bad[] = {"5", "8:5", "3:3", "a:b", "-1:3", "1:", ":4", "0:5000", "0:1001", /* 1000 steps at most */
+                         " 1:2", "1: 2", "+1:2", /* digits only (strtoll alone took these) */
                          "99999999999999999999:1", "9223372036854775806:9223372036854775807"}; /* out of range */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[1024], *out;
@@ -188,6 +195,13 @@ START_TEST(unwritable_trace_files_fail_at_once) {
                       !strstr(out, "epoch 1"), "%s: exit %d:\n%s", stages[i], rc, out);
         free(out);
     }
+    /* a directory written with a trailing slash: the suggested name has one slash, not "dir//t.json" */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --steps 1 --trace %s/", test_root(), dir);
+    rc = test_run(cmd, &out);
+    char want[600];
+    snprintf(want, sizeof want, "e.g. %s/trace.json)", dir);
+    ck_assert_msg(rc == 2 && strstr(out, want), "exit %d, expected '%s':\n%s", rc, want, out);
+    free(out);
     /* a whole epoch, so the name can be made a directory while it trains: minutes under a sanitizer */
     snprintf(cmd, sizeof cmd, "D=%s; (timeout -k 5 %d %s/stage3 " SMALL " --train-size 2048 --batch-size 8 "
              "--nproc-per-node 2 --master-port %d --trace $D/t.json --trace-steps 1:3 > $D/run.out 2>&1; "
