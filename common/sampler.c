@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "errors.h"
@@ -41,6 +42,19 @@ int64_t sampler_num_real(int64_t n, int world, int rank) {
     return n > rank ? (n - rank + world - 1) / world : 0;
 }
 
+/* Bytes of host memory the kernel would still hand out: /proc/meminfo's MemAvailable (Linux), else the
+ * physical memory. */
+static double host_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb >= 0) return (double)kb * 1024;
+    return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
 int sampler_show(const SamplerShow *s, uint64_t seed, int shuffle, int drop_last) {
     static const char *const uses[] = {"show-sampler", "dataset-size", "world-size", "rank", "epoch", "seed",
                                        "no-shuffle", "drop-last", NULL};
@@ -49,6 +63,14 @@ int sampler_show(const SamplerShow *s, uint64_t seed, int shuffle, int drop_last
     if (s->rank >= s->world_size)
         die_user("--rank %d must be below --world-size %d (ranks are numbered from 0)", s->rank, s->world_size);
     int64_t n = sampler_num_samples(s->dataset_size, s->world_size, drop_last);
+    /* The whole permutation is built, as DistributedSampler's torch.randperm(N) builds it: 8 bytes a
+     * sample. Past the free memory malloc still succeeds (Linux overcommits) and the kernel kills the
+     * process as the pages fill — so refuse it here, with the figures. */
+    double need = 8.0 * (double)s->dataset_size + 8.0 * (double)(n + 1), have = host_available_bytes();
+    if (need > have)
+        die_user("--show-sampler --dataset-size %lld needs %.1f GiB of host memory (the permutation of all N "
+                 "samples, 8 bytes each, as torch.randperm(N) holds it) and %.1f GiB is available — give a "
+                 "smaller --dataset-size", (long long)s->dataset_size, need / 1073741824.0, have / 1073741824.0);
     int64_t *idx = xmalloc((size_t)(n + 1) * sizeof(int64_t));
     sampler_indices(s->dataset_size, s->world_size, s->rank, seed, s->epoch, shuffle, drop_last, idx);
     for (int64_t i = 0; i < n; i++) printf(i ? " %lld" : "%lld", (long long)idx[i]);

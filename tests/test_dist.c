@@ -619,6 +619,8 @@ START_TEST(launcher_refuses_bad_flags) {
         {"--device cpu --nnodes 2 --node-rank 2", "--node-rank"},
         {"--show-sampler --world-size 2 --rank 2 --dataset-size 5", "--rank"},
         {"--show-sampler --world-size 2", "--dataset-size"},
+        /* 8 TB of permutation: refused with the figures, not killed by the kernel as the pages fill */
+        {"--show-sampler --dataset-size 1000000000000", "needs 14901.2 GiB of host memory"},
         /* a flag the lesson does not read: refused, not silently ignored */
         {"--show-sampler --dataset-size 10 --world-size 2 --rank 1 --resume /nonexistent",
          "--resume is not read by --show-sampler"},
