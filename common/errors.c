@@ -94,28 +94,50 @@ void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn
 
 const char *errno_string(void) { return strerror(errno); }
 
+double host_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char row[256];
+    long long kb = -1;
+    while (f && fgets(row, sizeof row, f))
+        if (sscanf(row, "MemAvailable: %lld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb >= 0) return (double)kb * 1024;
+    return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
 /* Any size on the command line can reach an allocation: name the request, not one guessed flag. */
 static _Noreturn void out_of_host_memory(const char *file, int line, const char *call, double bytes) {
-    char what[96];
-    snprintf(what, sizeof what, "out of host memory (%.0f bytes asked for)", bytes);
+    char what[160];
+    snprintf(what, sizeof what, "out of host memory (%.0f bytes asked for, %.0f available)", bytes,
+             host_mem_available());
     die_at(file, line, call, what,
            "the sizes given (--batch-size, --train-size, --test-size, --dataset-size, --nproc-per-node …) need "
            "more memory than this machine has: give smaller ones");
 }
 
+/* Linux overcommits: a malloc past the free memory succeeds, and the kernel kills the process (exit
+ * 137, no message) as the pages fill. So a request of a GiB or more is first held against what the
+ * kernel would still hand out. */
+static void check_fits(const char *file, int line, const char *call, double bytes) {
+    if (bytes >= 1073741824.0 && bytes > host_mem_available()) out_of_host_memory(file, line, call, bytes);
+}
+
 void *xmalloc_at(const char *file, int line, size_t bytes) {
+    check_fits(file, line, "malloc", (double)bytes);
     void *p = malloc(bytes ? bytes : 1);
     if (!p) out_of_host_memory(file, line, "malloc", (double)bytes);
     return p;
 }
 
 void *xcalloc_at(const char *file, int line, size_t n, size_t size) {
+    check_fits(file, line, "calloc", (double)n * (double)size);
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) out_of_host_memory(file, line, "calloc", (double)n * (double)size);
     return p;
 }
 
 void *xrealloc_at(const char *file, int line, void *p, size_t bytes) {
+    check_fits(file, line, "realloc", (double)bytes);
     void *q = realloc(p, bytes ? bytes : 1);
     if (!q) out_of_host_memory(file, line, "realloc", (double)bytes);
     return q;

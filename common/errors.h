@@ -58,6 +58,8 @@ void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn
 #define xrealloc(p, bytes) xrealloc_at(__FILE__, __LINE__, (p), (bytes))
 #define xstrndup(s, n) xstrndup_at(__FILE__, __LINE__, (s), (n))
 #define xstrdup(s) xstrndup_at(__FILE__, __LINE__, (s), (size_t)-1)
+/* Host memory the kernel would still hand out (/proc/meminfo's MemAvailable, else the physical memory). */
+double host_mem_available(void);
 void *xmalloc_at(const char *file, int line, size_t bytes);
 void *xcalloc_at(const char *file, int line, size_t n, size_t size);
 void *xrealloc_at(const char *file, int line, void *p, size_t bytes);

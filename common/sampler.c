@@ -3,7 +3,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "errors.h"
@@ -42,19 +41,6 @@ int64_t sampler_num_real(int64_t n, int world, int rank) {
     return n > rank ? (n - rank + world - 1) / world : 0;
 }
 
-/* Bytes of host memory the kernel would still hand out: /proc/meminfo's MemAvailable (Linux), else the
- * physical memory. */
-static double host_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    long long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    if (f) fclose(f);
-    if (kb >= 0) return (double)kb * 1024;
-    return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-}
-
 int sampler_show(const SamplerShow *s, uint64_t seed, int shuffle, int drop_last) {
     static const char *const uses[] = {"show-sampler", "dataset-size", "world-size", "rank", "epoch", "seed",
                                        "no-shuffle", "drop-last", NULL};
@@ -66,7 +52,7 @@ int sampler_show(const SamplerShow *s, uint64_t seed, int shuffle, int drop_last
     /* The whole permutation is built, as DistributedSampler's torch.randperm(N) builds it: 8 bytes a
      * sample. Past the free memory malloc still succeeds (Linux overcommits) and the kernel kills the
      * process as the pages fill — so refuse it here, with the figures. */
-    double need = 8.0 * (double)s->dataset_size + 8.0 * (double)(n + 1), have = host_available_bytes();
+    double need = 8.0 * (double)s->dataset_size + 8.0 * (double)(n + 1), have = host_mem_available();
     if (need > have)
         die_user("--show-sampler --dataset-size %lld needs %.1f GiB of host memory (the permutation of all N "
                  "samples, 8 bytes each, as torch.randperm(N) holds it) and %.1f GiB is available — give a "

@@ -837,22 +837,45 @@ static void huge_realloc_child(void *arg) {
     p[0] = 1; /* not reached */
 }
 
+/* Halfway between what the kernel would still hand out and the physical memory: malloc itself succeeds
+ * there (Linux overcommits up to RAM + swap), and a run that filled the pages was killed with no message
+ * (exit 137) — so the allocator refuses first. Only one page is touched if it does not, so the test
+ * cannot take the machine's memory. */
+static void past_available_child(void *arg) {
+    (void)arg;
+    double have = host_mem_available(), ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    volatile size_t bytes = (size_t)(have + (ram - have) / 2 + 1073741824.0 * (ram - have < 1e8));
+    char *p = xmalloc(bytes);
+    p[0] = 1;
+    printf("xmalloc of %zu bytes returned\n", (size_t)bytes);
+    free(p);
+}
+
 START_TEST(test_allocators_never_return_null) {
     char *a = xstrndup("abcdef", 3), *b = xstrdup("xyz"), *c = xstrndup("ab", 10);
     ck_assert_str_eq(a, "abc");
     ck_assert_str_eq(b, "xyz");
     ck_assert_str_eq(c, "ab");
     free(a), free(b), free(c);
+    char *out = NULL;
+    int st;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     printf("SKIP: cli: an impossible xrealloc — the sanitizer's allocator reports it itself\n");
 #else
-    char *out = NULL;
-    int st = test_run_captured(huge_realloc_child, NULL, &out);
-    ck_assert_msg(st == 1 && strstr(out, "out of host memory (4611686018427387904 bytes asked for)") &&
+    st = test_run_captured(huge_realloc_child, NULL, &out);
+    ck_assert_msg(st == 1 && strstr(out, "out of host memory (4611686018427387904 bytes asked for, ") &&
                       strstr(out, "test_cli.c:") && strstr(out, "realloc"),
                   "exit %d: %s", st, out);
     free(out);
 #endif
+    double have = host_mem_available();
+    ck_assert_msg(have > 0 && have <= (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE), "%.0f", have);
+    out = NULL;
+    st = test_run_captured(past_available_child, NULL, &out);
+    ck_assert_msg(st == 1 && strstr(out, "out of host memory (") && strstr(out, " available)") &&
+                      strstr(out, "test_cli.c:"),
+                  "exit %d: %s", st, out);
+    free(out);
 }
 END_TEST
 
