@@ -576,6 +576,9 @@ _Noreturn static void mkdir_failed(const char *dir, const char *at) {
     int err = errno;
     die_user("--save '%s': cannot create it (mkdir('%s'): %s) — %s", dir, at, strerror(err),
              err == ENOTDIR ? "part of that path is a file, not a directory: give --save another directory"
+             : err == ENOENT || err == EROFS ? /* e.g. under /proc or /sys, or a read-only mount */
+                 "the file system there takes no new directories: give --save a directory on a writable disk"
+             : err == ENOSPC || err == EDQUOT ? "the disk (or your quota) is full: free space or give --save another disk"
                             : "give --save a directory you can create (check its parent's permissions)");
 }
 

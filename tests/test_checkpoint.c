@@ -680,7 +680,7 @@ START_TEST(test_save_probe) {
         free(out);
         /* a missing parent is created (mkdir -p) where it can be; where it cannot, the mkdir is named */
         ck_assert_int_eq(test_run_captured(probe_child, "/proc/self/no/such", &out), 2);
-        ck_assert_msg(strstr(out, "(mkdir('/proc/self/no'):") && strstr(out, "give --save a directory you can create"),
+        ck_assert_msg(strstr(out, "(mkdir('/proc/self/no'):") && strstr(out, "takes no new directories"),
                       "%s", out);
         free(out);
     }
