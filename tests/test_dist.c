@@ -782,6 +782,8 @@ START_TEST(a_failure_waits_for_the_checkpoint_being_written) {
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit 137") && strstr(out, "job failed: rank 1 (local rank 1"),
                   "rank 1 killed during the save: the job must fail on it (exit 137):\n%s", out);
+    /* a SIGKILL the launcher did not send: most often the kernel's OOM killer, and the hint says so */
+    ck_assert_msg(strstr(out, "most often the kernel's out-of-memory killer"), "%s", out);
     ck_assert_msg(strstr(out, "saved checkpoint ") && strstr(out, "/ck/epoch001.ckpt\n") && strstr(out, "stopping now"),
                   "rank 0 must finish the checkpoint it was writing, then stop:\n%s", out);
     char path[1200];
