@@ -329,6 +329,13 @@ static int same_line(const CheckpointMeta *a, const CheckpointMeta *b) {
 }
 static void keep_resumed(const Run *r) {
     const TrainConfig *c = r->cfg;
+    const CheckpointMeta *from = &r->resumed;
+    /* Another world size, batch size or K (a regrouped resume at an epoch's end, or stages 1–2's
+     * other split of one batch) makes this run's files another line than the resumed one's; and
+     * re-counted steps (at_epoch_end) are not comparable with that line's, so none of it is taken */
+    if (from->version >= 2 && (from->world_size != r->world_size || from->batch_size != c->batch_size ||
+                               from->accum_steps != r->accum || from->step != r->step))
+        return;
     DIR *d = c->keep_last > 0 ? opendir(c->save) : NULL;
     if (!d) return;
     Kept *found = NULL;
@@ -347,7 +354,7 @@ static void keep_resumed(const Run *r) {
         found[n++] = (Kept){g.step, path};
     }
     closedir(d);
-    if (n) qsort(found, (size_t)n, sizeof *found, by_step); /* none of this line (a regrouped resume): no array */
+    if (n) qsort(found, (size_t)n, sizeof *found, by_step); /* none of this line: no array */
     kept = xrealloc(kept, (size_t)(n_kept + n + 1) * sizeof *kept);
     for (int i = 0; i < n; i++) kept[n_kept++] = found[i].path;
     free(found);

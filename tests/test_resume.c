@@ -318,6 +318,29 @@ START_TEST(resume_at_an_epoch_end_regroups) {
 }
 END_TEST
 
+/* --keep-last after a regrouped resume into the checkpoint's own directory: the resumed line (batch 16)
+ * is another line than this run's (batch 32 or 8), whose step counts are in other units, so none of
+ * its files is pruned, whichever way the steps were re-counted (18 → 9 used to remove epoch001, at
+ * step 6 ≤ 9; 18 → 36 all three). */
+START_TEST(keep_last_leaves_the_line_a_regrouped_resume_came_from) {
+    char *dir = test_tmpdir(), args[2048], path[700];
+    const char *t = TINY " --train-size 96 --epochs 4";
+    const int batch[2] = {32, 8};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --batch-size 16 --steps 18 --save %s/k%d", t, dir, i);
+        run_ok("stage1", args); /* epoch001–003: steps 6, 12, 18 */
+        snprintf(args, sizeof args, "%s --batch-size %d --resume %s/k%d/epoch003.ckpt --save %s/k%d --keep-last 1", t,
+                 batch[i], dir, i, dir, i);
+        run_ok("stage1", args);
+        for (int e = 1; e <= 4; e++) {
+            snprintf(path, sizeof path, "%s/k%d/epoch%03d.ckpt", dir, i, e);
+            ck_assert_msg(access(path, F_OK) == 0, "batch 16 → %d, --keep-last 1: %s was removed", batch[i], path);
+        }
+    }
+    free(dir);
+}
+END_TEST
+
 /* The sampler's flags (stages 3–5): --no-shuffle reads every epoch in order, --drop-last cuts the
  * shards when the ranks do not divide the training set. A checkpoint records both (format version 3). */
 START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
@@ -1390,5 +1413,9 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, evaluate_takes_the_checkpoints_model);
     tcase_add_test(tc, a_checkpoint_is_a_pytorch_model);
     suite_add_tcase(s, tc);
+    TCase *keep = tcase_create("regrouped_keep_last"); /* its own case: CK_RUN_CASE=regrouped_keep_last */
+    tcase_set_timeout(keep, 300);
+    tcase_add_test(keep, keep_last_leaves_the_line_a_regrouped_resume_came_from);
+    suite_add_tcase(s, keep);
     return s;
 }
