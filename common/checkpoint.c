@@ -632,6 +632,15 @@ static void probe_later_steps(const char *dir, const char *resumed_from, int64_t
         struct stat st;
         if (lstat(p, &st) == 0 && S_ISREG(st.st_mode)) {
             closedir(d);
+            /* A resume that re-counts the steps (another batch size, world size or K at an epoch's end)
+             * numbers its steps otherwise: stepN may be an earlier position of the resumed line */
+            CheckpointMeta was, at;
+            if (checkpoint_peek_meta(resumed_from, &was) && checkpoint_peek_meta(p, &at) &&
+                (at.epoch < was.epoch || (at.epoch == was.epoch && at.batch_in_epoch <= was.batch_in_epoch)))
+                die_user("--save '%s' already holds %s (epoch %lld, batch %lld of its run), an earlier checkpoint "
+                         "than --resume '%s' whose name this run's step count reaches: a stop on a signal (Ctrl-C, "
+                         "SIGTERM) at step %lld would write over it — give --save another directory, or move it away",
+                         dir, p, (long long)at.epoch + 1, (long long)at.batch_in_epoch, resumed_from, (long long)n);
             die_user("--save '%s' already holds %s, a later checkpoint than --resume '%s': a stop on a signal "
                      "(Ctrl-C, SIGTERM) at step %lld would write over it — resume from a later one (e.g. --resume "
                      "%s), give --save another directory, or move the later checkpoints away",

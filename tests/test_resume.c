@@ -341,6 +341,25 @@ START_TEST(keep_last_leaves_the_line_a_regrouped_resume_came_from) {
 }
 END_TEST
 
+/* A regrouped resume counts its steps otherwise: the resumed line's step8 (epoch 2, batch 2 at batch
+ * 16) is this run's step 8 too at batch 32 (3 steps an epoch, resumed at 6), so a stop there would
+ * write over it — refused, but as the earlier checkpoint it is (it used to be called a later one,
+ * to resume from). */
+START_TEST(a_regrouped_resume_names_an_earlier_step_file_so) {
+    char *dir = test_tmpdir(), args[2048];
+    const char *t = TINY " --train-size 96 --epochs 3";
+    snprintf(args, sizeof args, "%s --batch-size 16 --steps 8 --save %s/d", t, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --batch-size 16 --steps 12 --resume %s/d/step00000008.ckpt --save %s/d", t, dir,
+             dir);
+    run_ok("stage1", args); /* epoch002.ckpt: step 12 */
+    snprintf(args, sizeof args, "%s --batch-size 32 --resume %s/d/epoch002.ckpt --save %s/d", t, dir, dir);
+    expect_refused("stage1", args, "step00000008.ckpt (epoch 2, batch 2 of its run), an earlier checkpoint than "
+                   "--resume", "at step 8 would write over it");
+    free(dir);
+}
+END_TEST
+
 /* The sampler's flags (stages 3–5): --no-shuffle reads every epoch in order, --drop-last cuts the
  * shards when the ranks do not divide the training set. A checkpoint records both (format version 3). */
 START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
@@ -1413,9 +1432,10 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, evaluate_takes_the_checkpoints_model);
     tcase_add_test(tc, a_checkpoint_is_a_pytorch_model);
     suite_add_tcase(s, tc);
-    TCase *keep = tcase_create("regrouped_keep_last"); /* its own case: CK_RUN_CASE=regrouped_keep_last */
+    TCase *keep = tcase_create("regrouped_save_dir"); /* its own case: CK_RUN_CASE=regrouped_save_dir */
     tcase_set_timeout(keep, 300);
     tcase_add_test(keep, keep_last_leaves_the_line_a_regrouped_resume_came_from);
+    tcase_add_test(keep, a_regrouped_resume_names_an_earlier_step_file_so);
     suite_add_tcase(s, keep);
     return s;
 }
