@@ -298,7 +298,8 @@ void *host_alloc(Device *d, size_t bytes, int pinned) {
 #endif
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
-        die_at(__FILE__, __LINE__, "posix_memalign", "out of host memory", NULL);
+        die_at(__FILE__, __LINE__, "posix_memalign", "out of host memory",
+               "lower --batch-size or --workers (the loader's batches in flight are the largest host buffers)");
     return p;
 }
 
