@@ -203,8 +203,8 @@ static int counters_possible(const CheckpointMeta *m) {
     if (m->version >= 4 && (m->data_source < CKPT_DATA_UNKNOWN || m->data_source > CKPT_DATA_CIFAR10)) return 0;
     if (m->version >= 5 && !scaler_possible(m)) return 0;
     if (m->version >= 5 && (m->optimizer == CKPT_OPT_SGD ? m->adam_steps != 0
-                            : m->optimizer != CKPT_OPT_ADAM || m->adam_steps < 0 || m->adam_steps > m->step))
-        return 0; /* Adam takes at most one step per optimizer step */
+                            : m->optimizer != CKPT_OPT_ADAM || m->adam_steps < 0 || m->adam_steps > CKPT_HUGE))
+        return 0; /* not "≤ step": a regrouped resume re-counts the steps (fewer an epoch) but keeps Adam's */
     if (m->version >= 6 && (m->schedule < CKPT_SCHED_UNKNOWN || m->schedule > CKPT_SCHED_COSINE ||
                             m->schedule_steps < 0 || m->schedule_steps > CKPT_HUGE || !isfinite(m->lr) || m->lr < 0))
         return 0;

@@ -360,6 +360,29 @@ START_TEST(a_regrouped_resume_names_an_earlier_step_file_so) {
 }
 END_TEST
 
+/* Adam's step count is not re-counted by a regrouped resume (torch's Adam keeps its state's "step"):
+ * batch 8 → 16 resumes 12 Adam steps at this run's step 6, so the next checkpoint holds more Adam
+ * steps than optimizer steps — and must resume (it used to be refused as corrupt, "Adam steps 18"). */
+START_TEST(an_adam_regrouped_resume_saves_a_checkpoint_that_resumes) {
+    char *dir = test_tmpdir(), args[2048];
+    const char *t = TINY " --train-size 96 --optimizer adam --lr 0.001";
+    snprintf(args, sizeof args, "%s --batch-size 8 --epochs 1 --save %s/a8", t, dir);
+    run_ok("stage1", args); /* 12 steps, 12 Adam steps */
+    snprintf(args, sizeof args, "%s --batch-size 16 --epochs 3 --steps 12 --resume %s/a8/epoch001.ckpt --save %s/a16",
+             t, dir, dir);
+    run_ok("stage1", args); /* epoch002.ckpt: step 12, 18 Adam steps */
+    CheckpointMeta g;
+    char path[700];
+    snprintf(path, sizeof path, "%s/a16/epoch002.ckpt", dir);
+    ck_assert(checkpoint_peek_meta(path, &g));
+    ck_assert_msg(g.step == 12 && g.adam_steps == 18, "step %lld, Adam steps %lld", (long long)g.step,
+                  (long long)g.adam_steps);
+    snprintf(args, sizeof args, "%s --batch-size 16 --epochs 3 --resume %s", t, path);
+    run_ok("stage1", args);
+    free(dir);
+}
+END_TEST
+
 /* The sampler's flags (stages 3–5): --no-shuffle reads every epoch in order, --drop-last cuts the
  * shards when the ranks do not divide the training set. A checkpoint records both (format version 3). */
 START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
@@ -1436,6 +1459,7 @@ Suite *suite_resume(void) {
     tcase_set_timeout(keep, 300);
     tcase_add_test(keep, keep_last_leaves_the_line_a_regrouped_resume_came_from);
     tcase_add_test(keep, a_regrouped_resume_names_an_earlier_step_file_so);
+    tcase_add_test(keep, an_adam_regrouped_resume_saves_a_checkpoint_that_resumes);
     suite_add_tcase(s, keep);
     return s;
 }
