@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "adam.h"
+#include "cli.h"
 #include "cpu_threads.h"
 #include "hash.h"
 #include "ops.h"
@@ -892,7 +893,10 @@ static void cpu_notes(Run *r) {
                       "note: CPU backend — %s is emulated: values are rounded to %s where autocast stores them, "
                       "so %s real; but they are kept in 4-byte floats and the rounding costs time, so memory and "
                       "speed show nothing of what %s saves on a GPU\n", low, low,
-                      r->cfg->evaluate ? "the forward's rounding is" : "the GradScaler, overflow and underflow are",
+                      r->cfg->evaluate                   ? "the forward's rounding is"
+                      : r->model->prec == PREC_BF16      ? "its rounding is" /* no GradScaler: fp32's range */
+                      : cli_given("no-grad-scaler")      ? "overflow and underflow are" /* none here either */
+                                                         : "the GradScaler, overflow and underflow are",
                       low);
     /* GPU-only flags stay accepted (a GPU command runs unchanged on a laptop), but are named. */
     static const char *const gpu_only[] = {"cudnn-benchmark", "no-tf32", "no-cuda-graph", "layout",
