@@ -843,12 +843,15 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     comm_sum_doubles(d->comm, v, 5);
     for (int i = 0; i < 3; i++) v[i] /= d->world;
     v[4] /= d->world;
-    double step_ms = stats_median_copy(r->times, r->n_times);
+    /* no optimizer step timed after warm-up (a short run): the times are NAN — JSON null, as in
+     * comm_per_rank and the summary's ms_per_iter_median — never a 0 ms that reads as measured */
+    if (v[3] == 0) v[0] = v[1] = v[2] = NAN;
+    double step_ms = r->n_times ? stats_median_copy(r->times, r->n_times) : NAN;
     /* bytes all-reduced per optimizer step: the gradients once — K times without no_sync */
     int64_t grad_bytes = d->m->n_param_floats * (int64_t)sizeof(float);
     int64_t bytes = d->opt_steps ? d->allreduce_bytes / d->opt_steps : grad_bytes;
-    double algbw = v[0] > 0 ? (double)bytes / (v[0] * 1e6) : 0, exposed = v[1] + v[2];
-    double pct = step_ms > 0 ? 100.0 * exposed / step_ms : 0;
+    double algbw = v[0] > 0 ? (double)bytes / (v[0] * 1e6) : isnan(v[0]) ? NAN : 0, exposed = v[1] + v[2];
+    double pct = step_ms > 0 ? 100.0 * exposed / step_ms : NAN;
     if (v[3] > 0) {
         char mb[32], pieces[64];
         fmt_bytes(mb, sizeof mb, (double)bytes);

@@ -225,6 +225,13 @@ START_TEST(short_runs_say_na_and_cpu_runs_say_what_they_show) {
         char *sum = strstr(rep, "\"type\":\"summary\"");
         ck_assert_msg(sum && strstr(sum, "\"ms_per_iter_median\":null") && strstr(sum, "\"img_per_s\":null"),
                       "%s: summary must carry null timings:\n%s", bins[i], rep);
+        if (i == 2) { /* DDP's communication times too: null, not a 0 ms that reads as measured */
+            char *cs = strstr(rep, "\"type\":\"comm_summary\"");
+            ck_assert_msg(strstr(sum, "\"exposed_comm_ms_per_step\":null") && cs &&
+                              strstr(cs, "\"exposed_ms_median\":null") && strstr(cs, "\"allreduce_ms_median\":null") &&
+                              strstr(cs, "\"exposed_pct\":null") && strstr(cs, "\"algbw_gbps\":null"),
+                          "%s: untimed communication must be null:\n%s", bins[i], rep);
+        }
         free(rep), free(out);
     }
     free(dir);
