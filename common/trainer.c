@@ -880,6 +880,14 @@ static void resume(Run *r) {
 static void cpu_notes(Run *r) {
     if (r->devs[0]->kind != DEV_CPU) return;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* stage 1 too: its times are the baseline a student divides the other stages' by, and alone they
+     * say nothing of a GPU's speed (its own wording: tests/compare_table.py reads the "counts" note) */
+    if (!strcmp(r->stage, "stage1") && !r->cfg->evaluate)
+        report_printf(&r->report,
+                      "note: CPU backend — losses, accuracy, counts and memory accounting are real; the times are "
+                      "this CPU's (%ld core%s, no cuDNN, TF32 or CUDA graphs): compare them only with CPU runs of "
+                      "the other stages, and read no GPU's speed from them\n",
+                      cores, cores == 1 ? "" : "s");
     if (strcmp(r->stage, "stage1") && !r->cfg->evaluate) /* --evaluate times no step */
         report_printf(&r->report,
                       "note: CPU backend — counts, bytes, memory accounting and equivalence with one device are "
