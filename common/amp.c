@@ -205,12 +205,15 @@ static void load_state(const GradScaler *s, Run *run, float *scale, int32_t *tra
                                     "checkpoint, perhaps with a lower --lr\n");
 }
 
+static void diverge_record(void *ctx);
+
 void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run *run) {
     int64_t max_steps = run ? run->total_steps : 1;
     *s = (GradScaler){.dev = d, .enabled = p == PREC_FP16 && !a->no_grad_scaler,
                       .growth_factor = a->growth_factor, .backoff_factor = a->backoff_factor,
                       .growth_interval = a->growth_interval, .test_inf_step = a->test_inf_step,
-                      .rank = run ? run->rank : 0, .first_step = run ? run->step : 0};
+                      .rank = run ? run->rank : 0, .first_step = run ? run->step : 0, .prec = p,
+                      .report = run ? &run->report : NULL};
     s->state = device_alloc(d, ST_BYTES, "grad scaler");
     char *base = s->state;
     s->scale = (float *)(base + ST_SCALE);
@@ -244,6 +247,7 @@ void scaler_init(GradScaler *s, Device *d, const AmpConfig *a, Precision p, Run 
     }
     device_sync(d); /* `init` is on the stack */
     if (run && s->enabled) run->save_scaler = save_state, run->scaler_ctx = s;
+    if (run && s->stats) run->on_diverge = diverge_record, run->diverge_ctx = s;
 }
 
 void scaler_destroy(GradScaler *s) {
@@ -306,6 +310,49 @@ void scaler_grad_counts(GradScaler *s, int64_t step, int64_t *zero, int64_t *non
     *nonfinite = v[1];
 }
 
+/* The per-step gradient counts (--grad-stats, --no-grad-scaler) into *zero and *bad (malloc'd, NULL
+ * when none) and a line of the report; returns how many steps they cover. */
+static int64_t grad_counts(GradScaler *s, Report *r, int64_t **zero, int64_t **bad) {
+    int64_t n = s->stats ? (s->steps < s->stats_cap ? s->steps : s->stats_cap) : 0;
+    *zero = *bad = NULL;
+    if (!n) return 0;
+    int64_t *raw = xmalloc((size_t)n * 2 * sizeof(int64_t));
+    device_copy_d2h(s->dev, raw, s->stats, (size_t)n * 2 * sizeof(int64_t));
+    int64_t *z = *zero = xmalloc((size_t)n * sizeof(int64_t)), *b = *bad = xmalloc((size_t)n * sizeof(int64_t));
+    int64_t zmax = 0, bmax = 0, first_bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        z[i] = raw[2 * i], b[i] = raw[2 * i + 1];
+        if (z[i] > zmax) zmax = z[i];
+        if (b[i] > bmax) bmax = b[i];
+        if (b[i] && first_bad < 0) first_bad = i;
+    }
+    free(raw);
+    char at[64] = "";
+    if (first_bad >= 0) snprintf(at, sizeof at, " (the first at step %lld)", (long long)(s->first_step + first_bad + 1));
+    report_printf(r, "gradient elements per step: zero first %lld, last %lld, most %lld; "
+                  "non-finite first %lld, last %lld, most %lld%s\n", (long long)z[0], (long long)z[n - 1],
+                  (long long)zmax, (long long)b[0], (long long)b[n - 1], (long long)bmax, at);
+    return n;
+}
+
+/* Run.on_diverge: a diverged run stops before scaler_report, so the counts that show how it got there
+ * (--no-grad-scaler's lesson: gradients overflowing to inf without a scaler) are written here, rank 0's
+ * alone (the other ranks are stopping: no collective), with "diverged": 1. */
+static void diverge_record(void *ctx) {
+    GradScaler *s = ctx;
+    int64_t *zero, *bad;
+    int64_t n = grad_counts(s, s->report, &zero, &bad);
+    json_begin(s->report, "amp");
+    json_str(s->report, "amp", precision_name(s->prec));
+    json_int(s->report, "grad_scaler", s->enabled);
+    json_int(s->report, "diverged", 1);
+    json_int(s->report, "optimizer_steps", s->steps);
+    json_int_list(s->report, "grad_zero_per_step", zero, (int)n);
+    json_int_list(s->report, "grad_nonfinite_per_step", bad, (int)n);
+    json_end(s->report);
+    free(zero), free(bad);
+}
+
 void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
                    void (*sum_across)(void *ctx, double *v, int n), void *sum_ctx) {
     float scale = scaler_get_scale(s);
@@ -326,25 +373,8 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
     else
         report_printf(r, "amp: %s autocast, no GradScaler%s\n", precision_name(p),
                       p == PREC_FP16 ? " (--no-grad-scaler)" : " (bf16 has fp32's range)");
-    int64_t n = s->stats ? (s->steps < s->stats_cap ? s->steps : s->stats_cap) : 0;
     int64_t *zero = NULL, *bad = NULL;
-    if (n) {
-        int64_t *raw = xmalloc((size_t)n * 2 * sizeof(int64_t));
-        device_copy_d2h(s->dev, raw, s->stats, (size_t)n * 2 * sizeof(int64_t));
-        zero = xmalloc((size_t)n * sizeof(int64_t));
-        bad = xmalloc((size_t)n * sizeof(int64_t));
-        int64_t zmax = 0, bmax = 0;
-        for (int64_t i = 0; i < n; i++) {
-            zero[i] = raw[2 * i], bad[i] = raw[2 * i + 1];
-            if (zero[i] > zmax) zmax = zero[i];
-            if (bad[i] > bmax) bmax = bad[i];
-        }
-        free(raw);
-        report_printf(r, "gradient elements per step: zero first %lld, last %lld, most %lld; "
-                      "non-finite first %lld, last %lld, most %lld\n", (long long)zero[0],
-                      (long long)zero[n - 1], (long long)zmax, (long long)bad[0],
-                      (long long)bad[n - 1], (long long)bmax);
-    }
+    int64_t n = grad_counts(s, r, &zero, &bad);
     json_begin(r, "amp");
     json_str(r, "amp", precision_name(p));
     json_str(r, "activations", precision_name(p));

@@ -91,6 +91,8 @@ typedef struct GradScaler {
     int64_t stats_cap;
     int64_t test_inf_step;
     int rank;
+    Precision prec;            /* autocast's low type (the divergence record names it) */
+    Report *report;            /* the run's, for that record (NULL: no run) */
 } GradScaler;
 
 struct Run;

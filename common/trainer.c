@@ -471,6 +471,7 @@ _Noreturn static void diverged(Run *r, const char *what, const char *why, double
     else if (c->save[0])
         kept = xstrdup("; none of this state is saved, and no checkpoint was before it");
     if (n < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    if (r->on_diverge) r->on_diverge(r->diverge_ctx);
     die_user("training diverged in epoch %lld (step %lld, train loss %g): %s no longer finite (NaN or inf)%s, "
              "which training never recovers from — lower --lr (now %g)%s", (long long)r->epoch + 1,
              (long long)r->step, loss, what, why, c->lr, kept ? kept : "");

@@ -141,6 +141,10 @@ typedef struct Run {
      * scaler.state_dict() goes into a checkpoint beside the model's. NULL: no scaler to save. */
     void (*save_scaler)(void *ctx, CheckpointMeta *meta);
     void *scaler_ctx;
+    /* Called on rank 0 as a diverged run stops, before its error (no collective: the other ranks are
+     * stopping too): stage 5 writes its per-step gradient counts there, the record of how it diverged. */
+    void (*on_diverge)(void *ctx);
+    void *diverge_ctx;
     int scaler_noted;      /* the resumed checkpoint's GradScaler state was taken, or its fate said */
     int scaler_dead_noted; /* the note that the scale fell below 1/FLT_MAX was printed */
     char *last_saved;      /* the last checkpoint this run wrote (rank 0), named when the run diverges */

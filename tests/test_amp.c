@@ -663,6 +663,24 @@ START_TEST(stage5_grad_stats_count_each_step_taken) {
 }
 END_TEST
 
+/* --no-grad-scaler's lesson when it goes wrong: at --lr 100 fp16's gradients overflow, the weights go
+ * NaN and the run stops as diverged — and its per-step counts, which show where it went, are still in
+ * the report (they used to be written only at the run's end, which a diverged run never reaches). */
+START_TEST(stage5_diverged_run_keeps_its_grad_counts) {
+    char *dir = test_tmpdir(), *out, *rep = report_path(dir, "div");
+    ck_assert_int_eq(run_stage5("--nproc-per-node 1 --accum-steps 1 --epochs 1 --amp fp16 --no-grad-scaler --lr 100",
+                                rep, &out), 2);
+    ck_assert_msg(strstr(out, "training diverged") && strstr(out, "(the first at step "), "%s", out);
+    double bad[64];
+    int n = test_report_list(rep, "amp", "grad_nonfinite_per_step", bad, 64);
+    ck_assert_msg(n >= 2 && bad[0] == 0 && bad[n - 1] > 0, "%d steps, non-finite first %g last %g", n, bad[0],
+                  n ? bad[n - 1] : -1.0);
+    char *j = test_slurp(rep, NULL);
+    ck_assert_msg(j && strstr(j, "\"diverged\":1"), "%s", j);
+    free(j), free(out), free(rep), free(dir);
+}
+END_TEST
+
 /* A --test-inf-step the run never reaches (here --steps 3 stops it first) injects nothing, and says so
  * instead of leaving the student to wonder why no step was skipped. */
 START_TEST(stage5_test_inf_step_past_the_end_says_so) {
@@ -791,6 +809,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, stage5_learns_in_fp16_and_bf16);
     tcase_add_test(tc, stage5_forced_overflow_every_rank_skips);
     tcase_add_test(tc, stage5_grad_stats_count_each_step_taken);
+    tcase_add_test(tc, stage5_diverged_run_keeps_its_grad_counts);
     tcase_add_test(tc, stage5_test_inf_step_past_the_end_says_so);
     tcase_add_test(tc, stage5_amp_off_is_stage4);
     tcase_add_test(tc, stage5_grad_comm_halves_the_bytes);
