@@ -455,6 +455,9 @@ static const char *state_nonfinite(Run *r) {
  * and writes no checkpoint of it, for which --keep-last would have removed the good ones. Every rank
  * of a job holds the same state (DDP's replicas) and stops at the same point: rank 0 says why, the
  * others point to it and mark their failure as a consequence of its, so the launcher names rank 0. */
+/* printf shows a NaN's sign bit ("-nan", as a NaN loss often has); torch and Python print "nan" */
+static double plain_nan(double v) { return isnan(v) ? (double)NAN : v; }
+
 _Noreturn static void diverged(Run *r, const char *what, const char *why, double loss) {
     const TrainConfig *c = r->cfg;
     if (r->rank != 0)
@@ -474,7 +477,7 @@ _Noreturn static void diverged(Run *r, const char *what, const char *why, double
     if (r->on_diverge) r->on_diverge(r->diverge_ctx);
     die_user("training diverged in epoch %lld (step %lld, train loss %g): %s no longer finite (NaN or inf)%s, "
              "which training never recovers from — lower --lr (now %g)%s", (long long)r->epoch + 1,
-             (long long)r->step, loss, what, why, c->lr, kept ? kept : "");
+             (long long)r->step, plain_nan(loss), what, why, c->lr, kept ? kept : "");
 }
 
 /* How to give a run a sampler flag's setting back: only stages 3–5 have the flags. */
@@ -1121,7 +1124,7 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
         if (!r->report.progress)
             report_printf(&r->report, "  step %6lld  epoch %lld  batch %5lld/%lld  loss %.4f%s\n",
                           (long long)r->step, (long long)r->epoch + 1, (long long)batch + 1,
-                          (long long)r->batches_per_epoch, loss, norm_text);
+                          (long long)r->batches_per_epoch, plain_nan(loss), norm_text);
         r->last_train_loss = loss, r->loss_read = 1;
     }
     float loss = (float)r->last_train_loss;
@@ -1217,7 +1220,7 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
                   "%s %lld/%d%s  train loss %.4f acc %5.1f%%  test loss %.4f acc %5.1f%%  | "
                   "%s  data wait %.2f s | peak mem %s | %.1f s\n",
                   r->start_batch >= r->batches_per_epoch ? "epoch" : "partial epoch",
-                  (long long)r->epoch + 1, c->epochs, from, loss, 100 * acc, test_loss, 100 * test_acc,
+                  (long long)r->epoch + 1, c->epochs, from, plain_nan(loss), 100 * acc, plain_nan(test_loss), 100 * test_acc,
                   fmt_timing(timing, sizeof timing, med, images_per_s(r, med), c->accum_steps > 0 ? "step" : "it", "  "),
                   data_wait_s, mem, secs);
     r->epoch_reported = r->epoch + 1;
@@ -1432,7 +1435,7 @@ static void summarize(Run *r) {
                  (long long)(r->step - r->resumed_at_step), (long long)r->resumed_at_step);
     report_printf(&r->report, "summary: %lld %ssteps%s in %.1f s | final train loss %.4f | test acc "
                               "%.2f%% | %s | data wait %.2f s\n",
-                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", resumed, wall, r->last_train_loss,
+                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", resumed, wall, plain_nan(r->last_train_loss),
                   100 * r->last_test_acc, timing, r->data_wait_s);
     Flops flops = run_flops(r, med);
     char mem[32];
