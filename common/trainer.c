@@ -896,7 +896,8 @@ static void cpu_notes(Run *r) {
         report_printf(&r->report,
                       "note: CPU backend — counts, bytes, memory accounting and equivalence with one device are "
                       "real; the times are not a scaling result (the %s share %ld CPU core%s, and there are no "
-                      "GPU streams to overlap)\n",
+                      "GPU streams to overlap): which of DataParallel and DDP is faster here says nothing of which "
+                      "is faster on GPUs\n",
                       r->world_size > 1 && r->sum_across ? "worker processes" : "device threads", cores,
                       cores == 1 ? "" : "s");
     const char *low = precision_name(r->model->prec);
