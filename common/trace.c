@@ -87,7 +87,7 @@ void trace_parse_steps(const char *flag, int64_t *a, int64_t *b) {
     char *end;
     const char *colon = strchr(flag, ':');
     long long x = -1, y = -1;
-    if (colon && !strpbrk(flag, " \t+-")) { /* digits only: strtoll would also take " 1", "+1" */
+    if (colon && !flag[strspn(flag, "0123456789:")]) { /* digits only: strtoll would also take " 1", "+1" */
         errno = 0;
         x = strtoll(flag, &end, 10);
         if (end != colon || colon == flag) x = -1;

@@ -449,15 +449,15 @@ static const char *state_nonfinite(Run *r) {
     return NULL;
 }
 
+/* printf shows a NaN's sign bit ("-nan", as a NaN loss often has); torch and Python print "nan" */
+static double plain_nan(double v) { return isnan(v) ? (double)NAN : v; }
+
 /* A NaN or an infinity in the state never goes away: every later step computes from it (a NaN weight
  * makes NaN activations, gradients and updates; a NaN or inf momentum, moment or running statistic
  * stays so), so the run stops instead of training on to report "final train loss nan" as a success —
  * and writes no checkpoint of it, for which --keep-last would have removed the good ones. Every rank
  * of a job holds the same state (DDP's replicas) and stops at the same point: rank 0 says why, the
  * others point to it and mark their failure as a consequence of its, so the launcher names rank 0. */
-/* printf shows a NaN's sign bit ("-nan", as a NaN loss often has); torch and Python print "nan" */
-static double plain_nan(double v) { return isnan(v) ? (double)NAN : v; }
-
 _Noreturn static void diverged(Run *r, const char *what, const char *why, double loss) {
     const TrainConfig *c = r->cfg;
     if (r->rank != 0)
