@@ -97,7 +97,7 @@ CRYPTO_A   = $(firstword $(wildcard $(call LIB_OWN,libcrypto.a) /usr/lib/x86_64-
 CRYPTO_LIBS = $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
-.PHONY: all help test check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
+.PHONY: all help test test-parallel check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
         bench3 bench3-variants bench4 bench5 bench-kernels bench-conv-algos timeline compare doc-check $(STAGES)
 all: found $(STAGES)
 
@@ -121,6 +121,7 @@ help:
 	@echo "make stageN     build one stage, e.g. make stage1 && ./stage1 --help"
 	@echo "make test       build and run the Check test suite (CPU; GPU tests run when a GPU is visible)"
 	@echo "make check      the same as make test"
+	@echo "make test-parallel  the same suites, each its own process, TEST_JOBS (3) at a time: for a GPU host"
 	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
@@ -200,6 +201,14 @@ test: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS)
 	./tests/run_tests
 
 check: test
+
+# The same suites, each in its own process, TEST_JOBS at a time, the longest first
+# (tests/run_suites.sh): for a GPU host with cores to spare, where `make test` waits on one suite
+# after another. One summary line per suite, then the total.
+TEST_JOBS ?= 3
+test-parallel: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
+	@$(MAKE) --no-print-directory tests/run_tests
+	JOBS=$(TEST_JOBS) bash tests/run_suites.sh
 
 bench: stage1
 	bash tests/bench_stage1.sh

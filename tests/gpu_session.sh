@@ -6,7 +6,8 @@
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
-#   tests:  the whole test suite with the GPU(s) visible
+#   tests:  the whole test suite with the GPU(s) visible, each suite its own process, 4 at a time
+#           (tests/run_suites.sh: ~3 minutes on one H200 host, where one process takes 7+)
 #   stage2: tests/bench_stage2.sh (DataParallel vs one GPU vs PyTorch nn.DataParallel)
 #   stage3: tests/bench_stage3.sh (DDP vs one GPU vs PyTorch DDP)
 #   stage4: the accum and ddp suites with the GPU(s) visible, the PyTorch no_sync fixture
@@ -40,11 +41,11 @@ log() { echo "=== $* ($(date +%T))"; }
         log "fixtures"
         mkdir -p tests/fixtures
         PYTHONUNBUFFERED=1 python3 tests/torch/make_fixtures.py "$LOGS/fixtures" && cp "$LOGS"/fixtures/*.bin tests/fixtures/
-        log "tests"; ./tests/run_tests; echo "run_tests exit $?"
+        log "tests"; JOBS=${JOBS:-4} bash tests/run_suites.sh; echo "run_suites exit $?"
         log "stage1 default run"; TIMEFORMAT='stage1 default run: wall %R s'
         time ./stage1 --progress off --report "$LOGS/stage1_default.jsonl"
         log "bench stage1"; BENCH_OUT="$LOGS/bench1" bash tests/bench_stage1.sh ;;
-      tests) log "tests"; ./tests/run_tests; echo "run_tests exit $?" ;;
+      tests) log "tests"; JOBS=${JOBS:-4} bash tests/run_suites.sh; echo "run_suites exit $?" ;;
       stage2) log "bench stage2"; BENCH_OUT="$LOGS/bench2" bash tests/bench_stage2.sh ;;
       stage3) log "bench stage3"; BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh ;;
       stage4)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests.h"
@@ -280,6 +281,44 @@ START_TEST(bench_stage3_variants_cpu_smoke) {
 }
 END_TEST
 
+/* tests/run_suites.sh (make test-parallel): every suite's line, the total summed from Check's
+ * summaries, and a failing suite fails the run and shows its output. A stand-in runner fails one of
+ * two suites; then the real runner (this binary) runs one real suite through the script. */
+START_TEST(run_suites_sums_and_fails) {
+    char *dir = test_tmpdir(), cmd[2048], fake[1024], *out;
+    snprintf(fake, sizeof fake, "%s/fake_runner", dir);
+    FILE *f = fopen(fake, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("#!/bin/sh\nif [ \"$1\" = adam ]; then echo 'adam went wrong here'; echo '50%: Checks: 2, Failures: 1, "
+          "Errors: 0'; exit 1; fi\necho 'SKIP: rng: a thing'; echo '100%: Checks: 3, Failures: 0, Errors: 0'\n", f);
+    fclose(f);
+    ck_assert_int_eq(chmod(fake, 0755), 0);
+    snprintf(cmd, sizeof cmd, "JOBS=2 TEST_BIN=%s bash %s/tests/run_suites.sh rng adam", fake, test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "rng rc=0 ") && strstr(out, "\n    SKIP: rng: a thing") &&
+                      strstr(out, "adam rc=1 ") && strstr(out, "    adam went wrong here") &&
+                      strstr(out, "total: 5 checks, 1 failures, 0 errors"), "exit %d:\n%s", rc, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "TEST_BIN=%s bash %s/tests/run_suites.sh nosuch", fake, test_root());
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "no suite named 'nosuch'"), "exit %d:\n%s", rc, out);
+    free(out);
+    char self[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert(n > 0);
+    self[n] = 0;
+    /* the suite the runner is asked for alone, whatever case filter this run was started with */
+    snprintf(cmd, sizeof cmd, "env -u CK_RUN_CASE TEST_BIN=%s bash %s/tests/run_suites.sh rng", self, test_root());
+    rc = test_run(cmd, &out);
+    const char *line = strstr(out, "rng rc=0 "), *checks = line ? strstr(line, "Checks: ") : NULL;
+    char total[64];
+    snprintf(total, sizeof total, "total: %d checks, 0 failures, 0 errors", checks ? atoi(checks + 8) : -1);
+    ck_assert_msg(rc == 0 && checks && atoi(checks + 8) > 0 && strstr(out, total), "exit %d, want '%s':\n%s", rc,
+                  total, out);
+    free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_compare(void) {
     setenv("NCCL_NVLS_ENABLE", "0", 0); /* no NVLink multicast in any worker these tests start */
     Suite *s = suite_create("compare");
@@ -289,6 +328,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
+    tcase_add_test(tc, run_suites_sums_and_fails);
     suite_add_tcase(s, tc);
     return s;
 }
