@@ -12,7 +12,8 @@
  * the one being trained (architecture, norm, parameter count, shape fingerprint). Older files are
  * still read, with `version` saying what they lack: version 1 records none of the position's meaning,
  * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source, version 4
- * all but the GradScaler's state and the optimizer's kind (it is SGD's). */
+ * all but the GradScaler's state and the optimizer's kind (it is SGD's), version 5 all but the
+ * learning-rate schedule, version 6 all but its warm-up. */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
