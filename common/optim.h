@@ -1,4 +1,5 @@
-/* optim.h — SGD with momentum and weight decay over a flat parameter buffer, and the LR schedule.
+/* optim.h — SGD with momentum and weight decay over a flat parameter buffer (or, with --optimizer
+ * adam, Adam: adam.h), and the LR schedule.
  *
  * torch.optim.SGD(params, lr, momentum, weight_decay) with dampening 0 and no Nesterov: the whole
  * model is one flat buffer, so one step is one fused kernel launch (ops.h: sgd_step). The momentum
