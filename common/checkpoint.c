@@ -374,6 +374,12 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     if (want < (int64_t)hsize)
         die_user("checkpoint '%s' is corrupt: impossible sizes in its header — the file was damaged after it was "
                  "written; use an earlier checkpoint", path);
+    /* A flipped bit in a size field makes a whole file look cut short or overlong; when the file is
+     * exactly as long as this model's checkpoint, it is the header that changed, not the file's end. */
+    if (size != want && size == want_model - CKPT_HEADER + (int64_t)hsize)
+        die_user("checkpoint '%s' is corrupt: its header implies %lld bytes, but the file has %lld, the length of "
+                 "this model's checkpoint — the header was damaged after it was written; use an earlier checkpoint",
+                 path, (long long)want, (long long)size);
     if (size < want)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want);

@@ -325,6 +325,15 @@ START_TEST(test_flipped_byte) {
             expect_load_refused(bad, &g_meta, "corrupt: checksum mismatch", what);
         }
     }
+    /* a flipped bit in a size field (n_params, n_buffers) is a damaged header, not a cut-short file */
+    for (size_t at = 56; at <= 64; at += 8) {
+        b[at] ^= 1;
+        write_bytes(bad, b, n);
+        b[at] ^= 1;
+        char what[64];
+        snprintf(what, sizeof what, "bit 0 of byte %zu (a size field) flipped", at);
+        expect_load_refused(bad, &g_meta, "the header was damaged after it was written", what);
+    }
     free(b);
 }
 END_TEST
