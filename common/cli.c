@@ -554,7 +554,7 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"batch-size", OPT_INT, &c->batch_size, 1, 65536, NULL,
          "samples per device in each forward and backward (DataLoader batch_size); an optimizer step takes one "
          "such batch, or --accum-steps of them where the stage accumulates"},
-        {"lr", OPT_FLOAT, &c->lr, above0, 100, NULL, "peak learning rate (torch.optim.SGD lr)"},
+        {"lr", OPT_FLOAT, &c->lr, above0, 100, NULL, "peak learning rate (torch.optim.SGD / Adam lr)"},
         {"momentum", OPT_FLOAT, &c->momentum, 0, below1, NULL, "SGD momentum (torch.optim.SGD momentum)"},
         {"weight-decay", OPT_FLOAT, &c->weight_decay, 0, 1, NULL,
          "L2 penalty added to every gradient (torch.optim.SGD weight_decay)"},

@@ -24,7 +24,8 @@
 /* The launcher speaks as the program it launches ("stage3", "stage4", …). */
 static char prog[64] = "stage3";
 
-/* A strictly parsed non-negative integer from the environment, or `dflt` when unset. */
+/* A non-negative integer from the environment, or `dflt` when unset or empty. Nothing may follow the
+ * digits; leading blanks and a '+' pass, as Python's int() lets them pass for torchrun's variables. */
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     if (!v || !v[0]) return dflt;
