@@ -2,7 +2,11 @@
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
 #   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4, compare,
-#                                           variants1, variants2, mutants
+#                                           variants1, variants2, mutants, twogpu
+#
+# When two GPUs are lent (a session has ~30 minutes of device time, each call at most 10), the order
+# that answers the open question first: `twogpu` (the 97% scaling measurement and the checks only two
+# GPUs can run), then `variants1`, then `variants2` (where the second GPU's cost goes), then `compare`.
 #
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
@@ -19,6 +23,9 @@
 #           10-minute device call: first the exposed-part flags, DDP without a peer, the second GPU
 #           alone and both at once, stage 5; then NCCL's CTA and protocol settings, bucket sizes,
 #           --no-overlap and the in-backward optimizer overlap
+#   twogpu: (2 GPUs) the suites whose NCCL tests need two GPUs (ddp, dist, syncbn), STEPS=100
+#           tests/bench_stage3.sh (stage 3's scaling, --sync-bn over NCCL), tests/bench_stage5.sh (its
+#           2-GPU --grad-comm fp32 / fp16 rows) and tests/gpu_faults.sh nccl — one device call
 #   mutants: tests/gpu_mutants.sh run — one-line bugs in the CUDA code the GPU suites must catch
 #           (build them first where Check is: bash tests/gpu_mutants.sh build; carry runs/mutants)
 #
@@ -68,8 +75,15 @@ log() { echo "=== $* ($(date +%T))"; }
         ONLY="cta1 ctas4 ctas8 ctas16 simple ll128 b5 b10 b100 noov inbwd oneafter s5cta1" \
           BENCH_OUT="$LOGS/variants2" bash tests/bench_stage3_variants.sh ;;
       mutants) log "gpu mutants"; bash tests/gpu_mutants.sh run; echo "gpu_mutants exit $?" ;;
+      twogpu)
+        ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        [ "$ngpu" -ge 2 ] || { echo "twogpu needs 2 GPUs, $ngpu visible"; continue; }
+        log "tests ddp dist syncbn (2 GPUs)"; JOBS=3 bash tests/run_suites.sh ddp dist syncbn; echo "run_suites exit $?"
+        log "bench stage3"; STEPS=100 BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh
+        log "bench stage5"; BENCH_OUT="$LOGS/bench5" bash tests/bench_stage5.sh
+        log "gpu faults nccl"; bash tests/gpu_faults.sh nccl; echo "gpu_faults exit $?" ;;
       *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare, variants1, variants2," \
-              "mutants)"; exit 2 ;;
+              "mutants, twogpu)"; exit 2 ;;
     esac
   done
   log "done"
