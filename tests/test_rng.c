@@ -79,6 +79,38 @@ START_TEST(sampler_partitions_padded_list) {
 }
 END_TEST
 
+/* Sharded evaluation counts each rank's real samples (sampler_num_real), not its padding: for every
+ * N and R, rank r's first num_real indices are exactly its positions below N of the padded list, and
+ * the counts add up to N — each test sample once. For N = 10, R = 4: 3, 3, 2, 2. */
+START_TEST(sampler_num_real_counts_each_sample_once) {
+    ck_assert_int_eq(sampler_num_real(10, 4, 0), 3);
+    ck_assert_int_eq(sampler_num_real(10, 4, 1), 3);
+    ck_assert_int_eq(sampler_num_real(10, 4, 2), 2);
+    ck_assert_int_eq(sampler_num_real(10, 4, 3), 2);
+    ck_assert_int_eq(sampler_num_real(3, 4, 3), 0); /* N < R: the last rank holds only padding */
+    int64_t idx[16];
+    for (int64_t n = 1; n <= 13; n++)
+        for (int world = 1; world <= 5; world++) {
+            int64_t total = 0, per_rank = sampler_num_samples(n, world, 0);
+            int seen[13] = {0};
+            for (int r = 0; r < world; r++) {
+                int64_t real = sampler_num_real(n, world, r);
+                ck_assert_msg(real >= 0 && real <= per_rank, "N %lld, R %d, rank %d: %lld real of %lld",
+                              (long long)n, world, r, (long long)real, (long long)per_rank);
+                for (int64_t k = 0; k < per_rank; k++) /* position r + kR of the padded list is real below N */
+                    ck_assert_msg((k < real) == (r + k * world < n), "N %lld, R %d, rank %d: index %lld %s",
+                                  (long long)n, world, r, (long long)k, k < real ? "is padding" : "is real");
+                sampler_indices(n, world, r, 5, 0, 1, 0, idx);
+                for (int64_t k = 0; k < real; k++) seen[idx[k]]++;
+                total += real;
+            }
+            ck_assert_int_eq(total, n);
+            for (int64_t i = 0; i < n; i++) ck_assert_msg(seen[i] == 1, "N %lld, R %d: sample %lld evaluated %d times",
+                                                          (long long)n, world, (long long)i, seen[i]);
+        }
+}
+END_TEST
+
 Suite *suite_rng(void) {
     Suite *s = suite_create("rng");
     TCase *tc = tcase_create("core");
@@ -87,6 +119,7 @@ Suite *suite_rng(void) {
     tcase_add_test(tc, randperm_is_permutation);
     tcase_add_test(tc, randperm_large_n_branch_is_atens);
     tcase_add_test(tc, sampler_partitions_padded_list);
+    tcase_add_test(tc, sampler_num_real_counts_each_sample_once);
     suite_add_tcase(s, tc);
     return s;
 }
