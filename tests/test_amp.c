@@ -422,7 +422,9 @@ END_TEST
 
 /* The scaler's rules directly: growth after exactly growth_interval finite steps, backoff and a
  * reset counter on an inf, the skipped step writing nothing (parameters AND momentum), unscaling
- * by the float of the double reciprocal, and the step after a skip proceeding normally. */
+ * by the float of the double reciprocal, and the step after a skip proceeding normally: every step
+ * taken is, bit for bit, plain SGD's (optim_step) on the unscaled gradients — momentum included
+ * from the second step on. */
 START_TEST(scaler_skips_and_scales) {
     Device d = cpu();
     AmpConfig a;
@@ -433,7 +435,9 @@ START_TEST(scaler_skips_and_scales) {
     ck_assert(s.enabled);
     Optimizer o;
     optim_init(&o, &d, 4, 0.1, 0.9, 0.0);
-    float p[4] = {1, 2, 3, 4}, g[4], before[4], mom[4];
+    Optimizer plain; /* the same SGD, stepped only where the scaler lets a step through */
+    optim_init(&plain, &d, 4, 0.1, 0.9, 0.0);
+    float p[4] = {1, 2, 3, 4}, g[4], before[4], mom[4], p_plain[4] = {1, 2, 3, 4};
     /* N: a NaN gradient (0·inf in fp16, say) must be caught as an inf is: !isfinite, not isinf */
     float want_scale[] = {1024, 1024, 2048, 1024, 1024, 512, 512, 512, 1024};
     const char *pattern = "FFFIFNFFF";
@@ -452,6 +456,10 @@ START_TEST(scaler_skips_and_scales) {
         } else {
             ck_assert(g[0] == 1.0f && g[3] == 4.0f); /* unscaled in place */
             ck_assert(memcmp(p, before, sizeof p));
+            float g_plain[4] = {1, 2, 3, 4};
+            optim_step(&plain, p_plain, g_plain, 0.1);
+            ck_assert_msg(!memcmp(p, p_plain, sizeof p), "step %d: parameter 0 is %.9g, plain SGD's %.9g", step,
+                          (double)p[0], (double)p_plain[0]);
         }
         scaler_update(&s);
         ck_assert_msg(scaler_get_scale(&s) == want_scale[step], "step %d: scale %g, want %g", step,
@@ -473,6 +481,7 @@ START_TEST(scaler_skips_and_scales) {
     ck_assert(isinf(inv));
     ref_amp_unscale_check(2, gg, s.inv_scale, &found);
     ck_assert_msg(found == 1.0f, "an inf 1/scale must skip the step");
+    optim_destroy(&plain);
     optim_destroy(&o);
     scaler_destroy(&s);
     device_destroy(&d);
