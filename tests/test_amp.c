@@ -420,6 +420,28 @@ START_TEST(show_scaler_matches_torch) {
 }
 END_TEST
 
+/* With no knob given, the scaler is torch.amp.GradScaler()'s: init_scale 2^16, backoff_factor 0.5,
+ * growth_factor 2, growth_interval 2000 — an inf halves 65536 to 32768, and only the 2000th finite
+ * step after it doubles the scale back. */
+START_TEST(show_scaler_defaults_are_torchs) {
+    enum { FINITE = 2000 };
+    static char cmd[FINITE + 512];
+    int at = snprintf(cmd, sizeof cmd, "%s/stage5 --show-scaler I", test_root());
+    memset(cmd + at, 'F', FINITE);
+    cmd[at + FINITE] = 0;
+    char *out;
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    int n = 0;
+    for (char *tok = strtok(out, " \n"); tok; tok = strtok(NULL, " \n"), n++) {
+        double want = n < FINITE ? 32768 : 65536; /* token n: the scale after update n + 1 */
+        ck_assert_msg(strtod(tok, NULL) == want, "after update %d: scale %s, torch's defaults give %g", n + 1, tok,
+                      want);
+    }
+    ck_assert_int_eq(n, FINITE + 1);
+    free(out);
+}
+END_TEST
+
 /* The scaler's rules directly: growth after exactly growth_interval finite steps, backoff and a
  * reset counter on an inf, the skipped step writing nothing (parameters AND momentum), unscaling
  * by the float of the double reciprocal, and the step after a skip proceeding normally: every step
@@ -814,6 +836,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, fp16_overflows_and_underflows_bf16_does_not);
     tcase_add_test(tc, model_under_autocast_tracks_fp32);
     tcase_add_test(tc, show_scaler_matches_torch);
+    tcase_add_test(tc, show_scaler_defaults_are_torchs);
     tcase_add_test(tc, scaler_skips_and_scales);
     tcase_add_test(tc, forced_overflow_skips_one_step);
     tcase_add_test(tc, scaler_report_flags_ranks_that_disagree);
