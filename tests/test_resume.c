@@ -422,6 +422,13 @@ START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
                    "pass --drop-last");
     snprintf(args, sizeof args, "%s --master-port %d --drop-last --steps 4 --resume %s", two, test_free_port(), ck);
     ok_saying("stage3", args, "resumed from", NULL);
+    /* …but at an epoch's end the next epoch is dealt out afresh (at_epoch_end): another --drop-last
+     * continues it — 6 steps an epoch of 48 become 7 of 49, so epoch 1 ends at step 7 */
+    snprintf(args, sizeof args, "%s --master-port %d --steps 6 --drop-last --save %s/dle", two, test_free_port(), dir);
+    run_ok("stage3", args);
+    snprintf(args, sizeof args, "%s --master-port %d --steps 8 --resume %s/dle/epoch001.ckpt", two, test_free_port(),
+             dir);
+    ok_saying("stage3", args, "ends epoch 1, and this run has --drop-last on → off", "at step 7 of this run's schedule");
     free(dir);
 }
 END_TEST
