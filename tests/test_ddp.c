@@ -261,6 +261,40 @@ START_TEST(bucket_closes_at_exactly_its_cap) {
 }
 END_TEST
 
+/* --last-bucket-mb's tail holds at least its size (>=, as the cap): a size of exactly the last
+ * parameter's in the order (the first one in the buffer) gives it a bucket of its own. And at least
+ * one parameter is left to the other buckets: a size only the whole model holds (exactly its size)
+ * leaves the plan PyTorch's. */
+START_TEST(last_bucket_exact_and_too_large) {
+    OneRank o;
+    one_rank_open(&o, "tiny");
+    Model *m = o.m;
+    int reverse[512] = {0};
+    for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
+    const Param *last = &m->params[reverse[m->n_params - 1]];
+    Ddp d;
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.last_bucket_mb = (double)last->count * sizeof(float) / 1048576.0; /* exact: a power-of-two denominator */
+    ddp_init(&d, &o.run, o.comm, &f);
+    ck_assert_uint_eq(d.last_bytes, (size_t)last->count * sizeof(float));
+    const DdpBucket *tail = &d.buckets[d.n_buckets - 1];
+    ck_assert_msg(tail->n_params == 1 && tail->count == last->count,
+                  "the last bucket holds %d parameters (%lld floats): one of exactly --last-bucket-mb (%s, %zu bytes) "
+                  "is the smallest", tail->n_params, (long long)tail->count, last->name, d.last_bytes);
+    check_plan_tail(&d, reverse, d.cap_bytes, d.cap_bytes, d.last_bytes);
+    ddp_destroy(&d);
+    f.bucket_mb = 1e-6; /* every parameter its own bucket, and a tail of the whole model: none short of all */
+    f.last_bucket_mb = (double)m->n_param_floats * sizeof(float) / 1048576.0;
+    ddp_init(&d, &o.run, o.comm, &f);
+    ck_assert_msg(d.n_buckets == m->n_params, "%d buckets, want %d: a --last-bucket-mb only the whole model "
+                  "holds leaves the plan as it was", d.n_buckets, m->n_params);
+    check_plan(&d, reverse, 4, 4);
+    ddp_destroy(&d);
+    one_rank_close(&o);
+}
+END_TEST
+
 /* find_unused_parameters never rebuilds, so PyTorch plans as a rebuild would from the start: with the
  * default cap (25 MiB) the first bucket closes at 1 MiB (ResNet-18: not all in one 25 MiB bucket). */
 START_TEST(find_unused_plans_first_bucket_at_1mib) {
@@ -929,6 +963,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, bucket_extremes);
     tcase_add_test(tc, small_last_bucket);
     tcase_add_test(tc, bucket_closes_at_exactly_its_cap);
+    tcase_add_test(tc, last_bucket_exact_and_too_large);
     tcase_add_test(tc, find_unused_plans_first_bucket_at_1mib);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
     tcase_add_test(tc, per_rank_times_are_reported);
