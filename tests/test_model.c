@@ -75,6 +75,17 @@ START_TEST(init_follows_pytorch_defaults) {
             for (int64_t j = 0; j < p->count; j++) ck_assert(v[j] == 0.0f);
         }
     }
+    /* and the buffers are nn.BatchNorm2d's: running_mean 0, running_var 1 (the first step's momentum
+     * update mixes them in, and eval mode before any step reads them as they are) */
+    ck_assert_int_eq(m->n_buffers, 2 * 7);
+    for (int i = 0; i < m->n_buffers; i++) {
+        const Param *b = &m->buffers[i];
+        const float want = strstr(b->name, "running_var") ? 1.0f : 0.0f;
+        ck_assert_msg(strstr(b->name, "running_var") || strstr(b->name, "running_mean"), "%s", b->name);
+        for (int64_t j = 0; j < b->count; j++)
+            ck_assert_msg(m->buffer_flat[b->offset + j] == want, "%s[%lld] is %g, nn.BatchNorm2d starts at %g", b->name,
+                          (long long)j, m->buffer_flat[b->offset + j], want);
+    }
     /* same seed, same weights; other seed, other weights */
     Model *same = model_create(&d, "tiny", 1, 2, 123), *other = model_create(&d, "tiny", 1, 2, 124);
     ck_assert(!memcmp(same->param_flat, m->param_flat, m->n_param_floats * sizeof(float)));
