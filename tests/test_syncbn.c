@@ -307,6 +307,9 @@ START_TEST(sync_op_cpu) {
     check_one_rank((Case){DEV_CPU, PREC_FP32, 0, 0, 4, 6, 10}, "CPU fp32", 0);
     check_group((Case){DEV_CPU, PREC_FP32, 0, 0, 0, 6, 10}, 2, (const int[]){2, 5}, "CPU, 2 and 5 images", 1e-5);
     check_group((Case){DEV_CPU, PREC_FP32, 0, 1, 0, 6, 10}, 3, (const int[]){3, 1, 4}, "CPU, 3 ranks", 1e-5);
+    /* a rank with no images (as PyTorch's SyncBatchNorm allows): its count of 0 weighs nothing, and
+     * its mean (0/0) must not reach the others' statistics */
+    check_group((Case){DEV_CPU, PREC_FP32, 0, 0, 0, 6, 10}, 3, (const int[]){3, 0, 4}, "CPU, a rank with none", 1e-5);
 }
 END_TEST
 
