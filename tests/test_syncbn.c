@@ -25,6 +25,7 @@
 #include "errors.h"
 #include "model.h"
 #include "ops.h"
+#include "report.h"
 #include "tests.h"
 
 #define LIMIT "timeout -k 5 300 "
@@ -397,7 +398,6 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
     char *out;
     test_run_ok(cmd, what, &out);
     ck_assert_msg(strstr(out, "SyncBatchNorm"), "%s: the header does not say SyncBatchNorm\n%s", what, out);
-    free(out);
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/sync.jsonl", dir);
     double e = loss_diff(pa, pb, steps), e_sync = e;
@@ -406,6 +406,12 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
            micro = test_report_field(pb, "comm_summary", "micro_steps");
     ck_assert_msg(ex == micro * 2 * 7 && micro >= steps, "%s: %g exchanges in %g micro-steps (tiny: 14 each)", what, ex,
                   micro);
+    /* and the header's figure per micro-step is what the exchanges then carry (world × 3 floats per channel) */
+    char want[96], b[32];
+    snprintf(want, sizeof want, "small all-reduces (%s) per micro-step",
+             fmt_bytes(b, sizeof b, test_report_field(pb, "comm_summary", "syncbn_bytes") / micro));
+    ck_assert_msg(strstr(out, want), "%s: the header does not say '%s'\n%s", what, want, out);
+    free(out);
     snprintf(pa, sizeof pa, "%s/one/step%08d.ckpt", dir, steps);
     snprintf(pb, sizeof pb, "%s/sync/step%08d.ckpt", dir, steps);
     float *p1 = test_load_params(pa, arch, 1), *p2 = test_load_params(pb, arch, 1);
