@@ -194,10 +194,40 @@ START_TEST(adam_under_the_scaler_matches_torch_fused) {
 }
 END_TEST
 
+/* torch computes denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) on float32 tensors:
+ * the quotient is rounded to float32 and eps added in float32. Adding eps before that rounding (in
+ * double) is off by an ulp of the denominator now and then — under the 8 ulps the fixture allows for
+ * torch's sqrt, and where √v̂ is far above eps (the fixture's values) it never shows. Here √v̂ sits
+ * around eps (|g| from eps/4 to 4·eps, step 1, p = 0 so the update is the whole parameter), and the
+ * result must be the float32 sum's to the bit — and the data can tell the two roundings apart. */
+START_TEST(adam_adds_eps_to_the_float32_denominator) {
+    enum { K = 4096 };
+    static float p[K], g[K], m[K], v[K];
+    for (int i = 0; i < K; i++) p[i] = m[i] = v[i] = 0.f, g[i] = (i % 2 ? -1e-8f : 1e-8f) * exp2f(-2.f + 4.f * i / K);
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    adam_step(&d, K, p, g, m, v, lr, b1, b2, eps, 0.0, 1);
+    const float neg_step = (float)-(lr / (1.0 - b1)), w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
+    const double inv = 1.0 / (double)(float)sqrt(1.0 - b2);
+    int apart = 0;
+    for (int i = 0; i < K; i++) {
+        const float mi = fmaf(w1, g[i], 0.f), vi = fmaf(w2 * g[i], g[i], 0.f);
+        const double q = (double)sqrtf(vi) * inv;
+        const float want = neg_step * mi / ((float)q + (float)eps), other = neg_step * mi / (float)(q + (float)eps);
+        ck_assert_msg(p[i] == want, "element %d (g %a): %a, torch's float32 denominator gives %a", i, g[i], p[i], want);
+        apart += other != want;
+    }
+    ck_assert_msg(apart > 0, "the test cannot tell where eps is added");
+    device_destroy(&d);
+}
+END_TEST
+
 Suite *suite_adam(void) {
     Suite *s = suite_create("adam");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, adam_matches_torch_cpu);
+    tcase_add_test(tc, adam_adds_eps_to_the_float32_denominator);
     tcase_add_test(tc, adam_cuda_matches_cpu);
     tcase_add_test(tc, adam_under_the_scaler_skips_exactly);
     tcase_add_test(tc, adam_under_the_scaler_matches_torch_fused);
