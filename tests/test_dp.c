@@ -311,6 +311,148 @@ START_TEST(dp_counts_modules_and_tensors_as_pytorch) {
 }
 END_TEST
 
+/* ---- the modelled Python, charged as its costs say ------------------------------------------- */
+
+/* One step of tiny (BN) on n CPU devices, global batch `batch`: what each phase charged as modelled
+ * Python (ms), what dp_python_us says the step costs, and the counts the costs multiply. */
+typedef struct PyStep {
+    double ms[DP_PHASES], host_us, ops_us, scale;
+    int k, modules, tensors, params, layers;
+} PyStep;
+
+static void python_of_one_step(int n, int batch, const DpConfig *cfg, PyStep *o) {
+    Device opts = opts_for(DEV_CPU);
+    Device **devs = dp_devices_create(n, DEV_CPU, &opts);
+    int chunk = (batch + n - 1) / n;
+    Model *models[DP_MAX_DEVICES];
+    for (int i = 0; i < n; i++) models[i] = model_create_mixed(devs[i], "tiny", 1, chunk, 7, PREC_FP32, 0);
+    Model *m = models[0];
+    DataParallel dp;
+    dp_init(&dp, devs, n, models, batch, 4, cfg);
+    dp_prepare(&dp, batch);
+    float *x = malloc((size_t)batch * IMG_PIXELS * sizeof(float)), loss;
+    int32_t *y = malloc((size_t)batch * sizeof(int32_t)), correct;
+    make_batch(batch, x, y);
+    model_zero_grad(m);
+    dp_scatter(&dp, x, batch);
+    dp_replicate(&dp);
+    dp_parallel_apply(&dp);
+    dp_gather(&dp);
+    xent_forward_backward(devs[0], batch, m->classes, dp.logits, y, 1.0f / (float)batch, &loss, &correct, dp.dlogits);
+    dp_backward(&dp);
+    dp_reduce_add(&dp);
+    dp_step_end(&dp);
+    for (int p = 0; p < DP_PHASES; p++) o->ms[p] = dp.py_ms[0][p];
+    dp_python_us(&dp, batch, &o->host_us, &o->ops_us);
+    o->scale = dp.host_scale, o->k = dp.k, o->modules = dp.n_modules, o->tensors = dp.n_tensors;
+    o->params = m->n_params, o->layers = m->n_layers;
+    dp_destroy(&dp);
+    for (int i = 0; i < n; i++) model_destroy(models[i]);
+    dp_devices_destroy(devs, n);
+    free(x), free(y);
+}
+
+static void check_python_sums(const PyStep *o, double host_total_us, const char *what) {
+    double sum = 0;
+    for (int p = 0; p < DP_PHASES; p++) sum += o->ms[p];
+    ck_assert_msg(fabs(1e3 * sum - (o->host_us + o->ops_us)) <= 1e-6 * (o->host_us + o->ops_us),
+                  "%s: the phases charged %.6f ms, dp_python_us says %.6f + %.6f µs", what, sum, o->host_us, o->ops_us);
+    ck_assert_msg(fabs(o->ops_us - o->k * o->layers * dp_config_defaults().op_us) <= 1e-6 * o->ops_us,
+                  "%s: ops %.6f µs", what, o->ops_us);
+    if (host_total_us >= 0)
+        ck_assert_msg(fabs(o->host_us - host_total_us) <= 1e-6 * (host_total_us + 1), "%s: DataParallel's own Python "
+                      "%.6f µs a step, --gil-host-us says %.6f", what, o->host_us, host_total_us);
+}
+
+/* Each phase charges DataParallel's Python as dp_python.c's costs count it (scatter, gather and the
+ * backward's scatter one call each; replicate a call and every module and tensor of every replica;
+ * parallel_apply a call, each new thread's start-up and every op of every replica; reduce-add a call
+ * and every parameter of every replica), the phases together make dp_python_us's figure — the one the
+ * describe line prints and --gil-host-us scales — and with --gil-host-us T DataParallel's own Python
+ * is T µs a full step, thread start-ups included (0: none at all, only the ops). */
+START_TEST(dp_charges_the_modelled_python_its_costs_say) {
+    DpConfig cfg = dp_config_defaults();
+    for (int pool = 0; pool < 2; pool++)
+        for (int batch = 1; batch <= 8; batch += 7) { /* batch 1 on 2 devices: one chunk, no threads */
+            cfg.thread_pool = pool;
+            PyStep o;
+            python_of_one_step(2, batch, &cfg, &o);
+            char what[64];
+            snprintf(what, sizeof what, "batch %d%s", batch, pool ? " --dp-thread-pool" : "");
+            ck_assert_int_eq(o.k, batch == 1 ? 1 : 2);
+            double call = cfg.call_us, k = o.k, want[DP_PHASES] = {0};
+            want[DP_SCATTER] = want[DP_GATHER] = want[DP_BACKWARD] = call;
+            want[DP_REPLICATE] = call + k * (o.modules * cfg.module_us + o.tensors * cfg.param_us);
+            want[DP_FORWARD] = call + k * o.layers * cfg.op_us + (!pool && o.k > 1 ? k * cfg.thread_us : 0);
+            want[DP_REDUCE] = call + k * o.params * cfg.param_us;
+            for (int p = 0; p < DP_PHASES; p++)
+                ck_assert_msg(fabs(o.ms[p] - 1e-3 * want[p]) <= 1e-9, "%s: phase %s charged %.6f ms of Python, "
+                              "expected %.6f", what, dp_phase_name[p], o.ms[p], 1e-3 * want[p]);
+            check_python_sums(&o, -1, what);
+        }
+    cfg.thread_pool = 0;
+    double totals[2] = {1000, 0};
+    for (int t = 0; t < 2; t++) {
+        cfg.host_us = totals[t];
+        PyStep o;
+        python_of_one_step(2, 8, &cfg, &o);
+        char what[64];
+        snprintf(what, sizeof what, "--gil-host-us %g", totals[t]);
+        check_python_sums(&o, totals[t], what);
+        double ops = 1e-3 * o.ops_us, host = 0;
+        for (int p = 0; p < DP_PHASES; p++) host += o.ms[p];
+        host -= ops;
+        ck_assert_msg(fabs(host - 1e-3 * totals[t]) <= 1e-9, "%s: the phases charged %.6f ms of DataParallel's "
+                      "own Python", what, host);
+    }
+}
+END_TEST
+
+/* replicate broadcasts the buffers too (torch's replicate copies them): each step a replica's BN
+ * statistics start from the master's. After one step from a fresh model both starts are the same
+ * (dp_bn_running_stats_are_replica0s cannot tell); here the master's statistics have moved first,
+ * as in any later step, so replica 1 must end with the master's updated by chunk 1 alone. */
+START_TEST(dp_replicate_broadcasts_the_buffers) {
+    DpConfig cfg = dp_config_defaults();
+    cfg.op_us = 0, cfg.host_us = 0;
+    Device opts = opts_for(DEV_CPU);
+    Device **devs = dp_devices_create(2, DEV_CPU, &opts);
+    Model *models[2];
+    for (int i = 0; i < 2; i++) models[i] = model_create_mixed(devs[i], "tiny", 1, 4, 7, PREC_FP32, 0);
+    float *x0 = malloc(4 * IMG_PIXELS * sizeof(float)), *x = malloc(8 * IMG_PIXELS * sizeof(float)), loss;
+    int32_t y[8], correct;
+    test_fill_uniform(x0, 4 * IMG_PIXELS, 5, -1, 3);
+    model_forward(models[0], 4, x0, 1); /* an earlier step moved the master's statistics */
+    make_batch(8, x, y);
+    DataParallel dp;
+    dp_init(&dp, devs, 2, models, 8, 4, &cfg);
+    dp_prepare(&dp, 8);
+    model_zero_grad(models[0]);
+    dp_scatter(&dp, x, 8);
+    dp_replicate(&dp);
+    dp_parallel_apply(&dp);
+    dp_gather(&dp);
+    xent_forward_backward(devs[0], 8, models[0]->classes, dp.logits, y, 1.0f / 8, &loss, &correct, dp.dlogits);
+    dp_backward(&dp);
+    dp_reduce_add(&dp);
+    dp_step_end(&dp);
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, -1);
+    Model *ref = model_create(&d, "tiny", 1, 4, 7);
+    model_forward(ref, 4, x0, 1);
+    model_forward(ref, 4, x + 4 * IMG_PIXELS, 1); /* the broadcast statistics, then chunk 1 */
+    size_t nb = (size_t)ref->n_buffer_floats * sizeof(float);
+    ck_assert_msg(!memcmp(ref->buffer_flat, models[1]->buffer_flat, nb),
+                  "replica 1's BN statistics did not start from the master's: replicate skipped the buffers?");
+    model_destroy(ref);
+    device_destroy(&d);
+    dp_destroy(&dp);
+    for (int i = 0; i < 2; i++) model_destroy(models[i]);
+    dp_devices_destroy(devs, 2);
+    free(x0), free(x);
+}
+END_TEST
+
 /* ---- the per-thread plan cache ------------------------------------------------------------- */
 
 /* A cache plans a (conv, batch size) once: the first call misses and takes at least the charge,
@@ -703,6 +845,8 @@ Suite *suite_dp(void) {
     tcase_add_test(tc, dp_equals_one_device_cuda);
     tcase_add_test(tc, dp_variants_are_bit_identical);
     tcase_add_test(tc, dp_bn_running_stats_are_replica0s);
+    tcase_add_test(tc, dp_replicate_broadcasts_the_buffers);
+    tcase_add_test(tc, dp_charges_the_modelled_python_its_costs_say);
     tcase_add_test(tc, dp_device0_peak_memory_is_highest);
     tcase_add_test(tc, plan_cache_plans_each_conv_once);
     tcase_add_test(tc, dp_new_threads_replan_every_step_the_pool_does_not);
