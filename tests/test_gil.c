@@ -266,6 +266,28 @@ START_TEST(gil_voluntary_release_does_not_wait) {
 }
 END_TEST
 
+/* Whoever takes the lock clears a pending drop request (CPython's take_gil: RESET_GIL_DROP_REQUEST).
+ * A request left over from before — its waiter got the lock through another hand-off, or its target
+ * released first — was meant for the last holder, not the new one: kept, it would make the new holder
+ * drop at its first check and wait for a switch, a forced switch nobody asked of it. */
+START_TEST(gil_acquire_clears_a_stale_drop_request) {
+    Gil g;
+    gil_init(&g, 5);
+    GilThread a;
+    gil_thread_init(&a, "a");
+    gil_thread_start(&g, &a);
+    atomic_store(&g.drop_request, 1); /* as a waiter's timed-out wait leaves it */
+    gil_acquire(&g, &a);
+    ck_assert_msg(atomic_load(&g.drop_request) == 0, "the new holder still sees the old drop request");
+    gil_hold_for(&g, &a, 200);
+    gil_release(&g, &a);
+    ck_assert_int_eq(a.forced_drops, 0);
+    ck_assert_int_eq(g.forced_switches, 0);
+    ck_assert_int_eq(a.acquires, 1);
+    gil_destroy(&g);
+}
+END_TEST
+
 /* ---- statistics ------------------------------------------------------------------------------ */
 
 typedef struct Holder {
@@ -331,6 +353,7 @@ Suite *suite_gil(void) {
     tcase_add_test(tc, gil_forced_switch_dropper_does_not_reacquire_first);
     tcase_add_test(tc, gil_no_drop_request_after_a_switch_during_the_wait);
     tcase_add_test(tc, gil_voluntary_release_does_not_wait);
+    tcase_add_test(tc, gil_acquire_clears_a_stale_drop_request);
     tcase_add_test(tc, gil_statistics_add_up);
     suite_add_tcase(s, tc);
     return s;
