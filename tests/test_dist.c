@@ -155,6 +155,13 @@ END_TEST
 static void *oversized_rank0(void *p) {
     RankArg *a = p;
     Store *s = store_open("127.0.0.1", a->port, 0, 1, 10);
+    /* a key of exactly the limit is a valid request: served, not refused */
+    char longest[STORE_MAX_KEY + 1], back[8] = "";
+    memset(longest, 'k', STORE_MAX_KEY);
+    longest[STORE_MAX_KEY] = 0;
+    store_set(s, longest, "max", 4);
+    store_get(s, longest, back, sizeof back);
+    ck_assert_str_eq(back, "max");
     const char *why;
     int fd = store_dial("127.0.0.1", a->port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 5, &why);
     ck_assert_msg(fd >= 0, "%s", why);
@@ -201,6 +208,11 @@ START_TEST(store_rendezvous_timeouts_are_clear) {
     ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
     ck_assert_msg(strstr(out, "rank 1 did not join within 1 s") && strstr(out, "--master-addr"), "%s", out);
     ck_assert(time_now() - t0 < 5 * test_time_scale());
+    free(out);
+    /* rank 0 alone in a world of 11: the first eight missing ranks named, then how many more */
+    OpenArg many = {.port = test_free_port(), .rank = 0, .world = 11, .timeout = 1};
+    ck_assert_int_eq(test_run_captured(open_store, &many, &out), 2);
+    ck_assert_msg(strstr(out, "ranks 1, 2, 3, 4, 5, 6, 7, 8 and 2 more did not join within 1 s"), "%s", out);
     free(out);
     /* rank 1 with nobody hosting the store */
     OpenArg b = {.port = test_free_port(), .rank = 1, .world = 2, .timeout = 1};
