@@ -348,6 +348,7 @@ START_TEST(test_resolve_paths) {
     REFUSED(A("--resume", "/dev/null"), "--resume '/dev/null' is not a regular file", "device"); /* not "directory" */
     REFUSED(A("--optimizer", "adam", "--momentum", "0.5"), "--momentum is SGD's", "drop --momentum");
     REFUSED(A("--keep-last", "2"), "--keep-last 2", "give --save DIR too"); /* else silently nothing */
+    REFUSED(A("--keep-last", "1"), "--keep-last 1", "give --save DIR too"); /* the smallest: 0 is "keep all" */
     REFUSED(A("--data", missing), "--data", missing, "docs/get_cifar10.sh", "drop --data to use the synthetic set");
     /* a path of 5000 characters: the message still reaches its fix (it used to stop at 4 KiB) */
     char *long_path = malloc(5001);
