@@ -1480,6 +1480,10 @@ START_TEST(worker_view_from_launcher_variables) {
         {"OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=6 OMPI_COMM_WORLD_LOCAL_RANK=2 OMPI_COMM_WORLD_LOCAL_SIZE=3",
          "rank 5 local 2/3 world 6 node 1 port 29500 via mpirun"},
         {"PMI_RANK=3 PMI_SIZE=4 MPI_LOCALRANKID=1 MPI_LOCALNRANKS=2", "rank 3 local 1/2 world 4 node 1 port 29500 via mpirun"},
+        /* no local size given: the whole world is on this node, as for torchrun's LOCAL_WORLD_SIZE */
+        {"OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1",
+         "rank 1 local 1/2 world 2 node 0 port 29500 via mpirun"},
+        {"PMI_RANK=1 PMI_SIZE=2", "rank 1 local 0/2 world 2 node 0 port 29500 via mpirun"},
         /* Slurm's PMI2 plugin sets PMI_RANK and PMI_SIZE in srun's tasks too: srun's variables decide */
         {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 PMI_RANK=1 PMI_SIZE=2",
          "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
