@@ -615,8 +615,9 @@ START_TEST(test_json_lines) {
     json_str(&r, "s", "q\"b\\n\nt\tc\x01\x1f\r\b\fé");
     json_str(&r, "nul", NULL);
     /* valid UTF-8 passes through; a Latin-1 é, a stray continuation, an overlong '/', a surrogate and
-     * a sequence cut short become one U+FFFD per byte, so a strict UTF-8 reader can parse the line */
-    json_str(&r, "u", "\xe2\x82\xac\xf0\x9f\x98\x80|\xe9|\x80|\xc0\xaf|\xed\xa0\x80|\xe2\x82");
+     * a sequence cut short become one U+FFFD per byte, so a strict UTF-8 reader can parse the line; so
+     * does a lead byte past U+10FFFF's (0xf5: no code point starts with it) */
+    json_str(&r, "u", "\xe2\x82\xac\xf0\x9f\x98\x80|\xe9|\x80|\xc0\xaf|\xed\xa0\x80|\xf5\x80\x80\x80|\xe2\x82");
     const int64_t il[] = {1, -2, 3000000000LL};
     const double dl[] = {0.5, INFINITY, 1e-300};
     json_int_list(&r, "il", il, 3);
@@ -631,7 +632,7 @@ START_TEST(test_json_lines) {
     const char *want = "{\"type\":\"step\",\"step\":-12,\"loss\":0.100000001,\"bad\":null,\"big\":null,"
                        "\"s\":\"q\\\"b\\\\n\\nt\\tc\\u0001\\u001f\\r\\b\\fé\",\"nul\":null,"
                        "\"u\":\"\xe2\x82\xac\xf0\x9f\x98\x80|\\ufffd|\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|"
-                       "\\ufffd\\ufffd\","
+                       "\\ufffd\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd\","
                        "\"il\":[1,-2,3000000000],\"dl\":[0.5,null,1e-300],\"empty\":[]}\n"
                        "{\"type\":\"epoch\"}\n";
     ck_assert_str_eq(s, want);
