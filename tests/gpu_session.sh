@@ -11,7 +11,7 @@
 #   stage1: PyTorch fixtures (tests/torch/make_fixtures.py, copied into tests/fixtures), the whole
 #           test suite with the GPU visible, the default ./stage1 run (timed), and make bench
 #   tests:  the whole test suite with the GPU(s) visible, each suite its own process, 4 at a time
-#           (tests/run_suites.sh: ~3 minutes on one H200 host, where one process takes 7+)
+#           (tests/run_suites.sh: 127 s on one H200 host, 2026-12-05, where one process took 8.5 min)
 #   stage2: tests/bench_stage2.sh (DataParallel vs one GPU vs PyTorch nn.DataParallel)
 #   stage3: tests/bench_stage3.sh (DDP vs one GPU vs PyTorch DDP)
 #   stage4: the accum and ddp suites with the GPU(s) visible, the PyTorch no_sync fixture
@@ -33,6 +33,7 @@
 # Expects the binaries built (make all tests/run_tests), or builds them.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+. tests/bench_common.sh # bench_gpus
 OUT=${OUT:-runs/gpu}
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
@@ -76,8 +77,8 @@ log() { echo "=== $* ($(date +%T))"; }
           BENCH_OUT="$LOGS/variants2" bash tests/bench_stage3_variants.sh ;;
       mutants) log "gpu mutants"; bash tests/gpu_mutants.sh run; echo "gpu_mutants exit $?" ;;
       twogpu)
-        ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-        [ "$ngpu" -ge 2 ] || { echo "twogpu needs 2 GPUs, $ngpu visible"; continue; }
+        bench_gpus # NGPU, GPU_HOW: as the benchmarks count them (CUDA_VISIBLE_DEVICES too)
+        [ "$NGPU" -ge 2 ] || { echo "twogpu needs 2 GPUs: $GPU_HOW"; continue; }
         log "tests ddp dist syncbn (2 GPUs)"; JOBS=3 bash tests/run_suites.sh ddp dist syncbn; echo "run_suites exit $?"
         log "bench stage3"; STEPS=100 BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh
         log "bench stage5"; BENCH_OUT="$LOGS/bench5" bash tests/bench_stage5.sh

@@ -7,7 +7,8 @@
 # `make test` runs all suites in one process, one after another: on a GPU host that is 7+ minutes,
 # most of it a few suites that start whole training runs (resume, dist, ddp, clip). Here each suite
 # is a process of its own, the long ones start first, and a machine with cores to spare finishes in
-# the time of its longest lane (one H200 host, 16 cores, 3 lanes: 170 s instead of 400+). The suites
+# the time of its longest lane (one H200 host, 16 cores, 4 lanes: 127 s where one process took 8.5
+# min, docs/logs/gpu_suites_H200_2026-12-05b.txt; 2 cores, 2 lanes: 232 s where make test took 428). The suites
 # can share a machine: each test makes its own temporary directory and picks a free port pair.
 # Output: one line per suite, "suite rc=N Ts <Check's summary>", its SKIP lines under it, then the
 # total; the full output of a suite that failed is printed after its line. Exit 1 if any suite failed.
@@ -26,8 +27,8 @@ if [ $# -gt 0 ]; then
     want="$*"
 else
     # the longest first (wall times of one H200 host, 2026-12-05), so no long suite starts last
-    slow="resume dist ddp clip model compare e2e accum dp"
-    want="$slow $(grep -vxF -f <(tr ' ' '\n' <<<"$slow") <<<"$all" | tr '\n' ' ')"
+    slow=$(printf '%s\n' resume dist ddp clip model compare e2e accum dp | grep -xF -f <(echo "$all"))  # those that exist
+    want=$(echo "$slow"; grep -vxF -f <(echo "$slow") <<<"$all")
 fi
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/run_suites.XXXXXX") || exit 2
