@@ -1374,9 +1374,6 @@ void launch_bias_grad_lp(cudaStream_t s, int p, int n, int out, const void *dy, 
     TYPED(p, bias_grad_lp_kernel<T><<<g, THREADS, 0, s>>>(n, out, PCT(dy), PT(db)));
 }
 
-/* The scratch: the partials (the most chunks either path may cut), then coef (2c), then the vector
- * path's per-channel operands (5c). Its start is 256-byte aligned, and the vector path runs only
- * when 4 | c, so every piece after the partials stays 16-byte aligned. */
 /* The vector plan never cuts more chunks than bn_plan (half its target, at least 128 rows a chunk);
  * sizing for the larger of the plans keeps the scratch right by construction if either changes.
  * The size cannot depend on the type (bn_prepare does not know it), so both vector widths count. */
@@ -1387,6 +1384,9 @@ static uint32_t bn_max_chunks(int nhwc, int n, int c, int hw) {
     return most;
 }
 
+/* The scratch: the partials (the most chunks either path may cut), then coef (2c), then the vector
+ * path's per-channel operands (5c). Its start is 256-byte aligned, and the vector path runs only
+ * when 4 | c, so every piece after the partials stays 16-byte aligned. */
 size_t launch_bn_scratch_floats(int nhwc, int n, int c, int hw) {
     return (size_t)bn_max_chunks(nhwc, n, c, hw) * c * 2 + (size_t)c * 7;
 }

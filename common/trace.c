@@ -379,7 +379,6 @@ static int lane_order(const char *name) {
     return 100 * (k + 1) + (n < 99 ? n : 99);
 }
 
-/* One event per line, lines starting with {"ph": — trace_merge relies on it. */
 /* " — the run ended after N steps, inside --trace-steps A:B", or "" (a static buffer). */
 static const char *held_note(void) {
     static char note[160];
@@ -390,6 +389,7 @@ static const char *held_note(void) {
     return note;
 }
 
+/* One event per line, lines starting with {"ph": — trace_merge relies on it. */
 static void write_file(void) {
     char path[4200];
     if (g.world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, g.rank);

@@ -488,8 +488,6 @@ static const char *sampler_fix(const Run *r, int64_t flag_was_on, const char *fl
     return buf;
 }
 
-/* The sampler's settings: another shuffle gives another order, and --drop-last other shards —
- * though only where the ranks do not divide the training set (otherwise it drops nothing). */
 /* A checkpoint written at an epoch's end (its position records what it means: format version 2 on)
  * means only "E epochs done": epoch E+1 is the same permutation of the same samples whatever the
  * world size, batch size, --accum-steps or --drop-last that deals it out. So a resume there may change
@@ -497,6 +495,8 @@ static const char *sampler_fix(const Run *r, int64_t flag_was_on, const char *fl
  * step count is re-counted in this run's steps (resume: E × steps per epoch), and resume_check says so. */
 static int at_epoch_end(const CheckpointMeta *g) { return g->version >= 2 && g->batch_in_epoch == 0; }
 
+/* The sampler's settings: another shuffle gives another order, and --drop-last other shards —
+ * though only where the ranks do not divide the training set (otherwise it drops nothing). */
 static void sampler_check(Run *r, const CheckpointMeta *g) {
     const char *path = r->cfg->resume;
     char fix[160];
@@ -517,12 +517,6 @@ static void sampler_check(Run *r, const CheckpointMeta *g) {
                  sampler_fix(r, g->drop_last, "--drop-last", fix, sizeof fix));
 }
 
-/* A checkpoint's data position means "batch_in_epoch batches of world_size × batch_size samples of
- * epoch's permutation (or order: --no-shuffle) of train_size samples, K batches per optimizer step":
- * continue it only under the same meaning, else say which flag differs. */
-/* The learning-rate schedule is the one flag set a resume may change (PyTorch lets a script build a
- * new scheduler, though loading the old one's state_dict restores its T_max): continue, but say where
- * the learning rate now jumps, and how to continue the checkpoint's own schedule instead. */
 /* v as the shortest %g text that reads back as v: a flag the note suggests must give the same double. */
 static const char *exact_g(double v, char buf[32]) {
     for (int p = 6; p < 17; p++) {
@@ -533,14 +527,15 @@ static const char *exact_g(double v, char buf[32]) {
     return buf;
 }
 
-/* The first optimizer step, from the resumed one on, at which this run's learning rate is not the one the
- * checkpoint's schedule gives; −1 when the two agree wherever both run. A checkpoint at or past either
- * end (more --epochs after a finished run) differs wherever its flags do: the base rate, the kind, a
- * cosine's length, or the warm-up. */
+/* The learning rate the checkpoint's own schedule (kind `was`) gives optimizer step `step`. */
 static double checkpoint_lr_at(const CheckpointMeta *g, const char *was, int64_t step) {
     return lr_schedule(was, g->lr, g->warmup_steps, g->warmup_start_factor, step, g->schedule_steps);
 }
 
+/* The first optimizer step, from the resumed one on, at which this run's learning rate is not the one the
+ * checkpoint's schedule gives; −1 when the two agree wherever both run. A checkpoint at or past either
+ * end (more --epochs after a finished run) differs wherever its flags do: the base rate, the kind, a
+ * cosine's length, or the warm-up. */
 static int64_t schedule_differs_at(const Run *r, const CheckpointMeta *g, const char *was) {
     const TrainConfig *c = r->cfg;
     const int64_t end = r->total_steps < g->schedule_steps ? r->total_steps : g->schedule_steps;
@@ -553,6 +548,9 @@ static int64_t schedule_differs_at(const Run *r, const CheckpointMeta *g, const 
     return -1;
 }
 
+/* The learning-rate schedule is the one flag set a resume may change (PyTorch lets a script build a
+ * new scheduler, though loading the old one's state_dict restores its T_max): continue, but say where
+ * the learning rate now jumps, and how to continue the checkpoint's own schedule instead. */
 static void schedule_note(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
@@ -620,6 +618,9 @@ static void regroup_note(Run *r) {
                   (long long)g->epoch, *what ? ", and this run has " : "", what, (long long)g->epoch + 1, then, lr_then);
 }
 
+/* A checkpoint's data position means "batch_in_epoch batches of world_size × batch_size samples of
+ * epoch's permutation (or order: --no-shuffle) of train_size samples, K batches per optimizer step":
+ * continue it only under the same meaning, else say which flag differs. */
 static void resume_check(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;

@@ -471,7 +471,6 @@ START_TEST(autocast_weight_gradients_batch_without_a_bit_changed) {
 }
 END_TEST
 
-/* The CUDA model against the CPU model: same weights, same batch (TF32 off, so plain fp32). */
 /* A GPU test's batch: n images uniform in [−2, 2) from seed (host copy x, device copy xg), labels
  * (i·a + b) mod 10 (y, yg), and device slots for the loss and the correct count. */
 typedef struct GpuBatch {
@@ -493,6 +492,7 @@ static GpuBatch gpu_batch(Device *g, int n, uint64_t seed, int a, int b) {
     return B;
 }
 
+/* The CUDA model against the CPU model: same weights, same batch (TF32 off, so plain fp32). */
 START_TEST(cuda_model_matches_cpu_model) {
     if (!test_have_gpu("model: CUDA forward/backward vs CPU")) return;
     Device c = cpu(), g = {.allow_tf32 = 0, .deterministic = 1};
@@ -599,14 +599,14 @@ START_TEST(cuda_mixed_model_matches_cpu_emulation) {
 }
 END_TEST
 
+/* The bytes of the device's batch-norm scratch (0 before the first model asks for it). */
+#define BN_SCRATCH(g) ((g).bn_scratch ? device_alloc_size((g).bn_scratch_bytes) : 0)
+
 /* On the GPU the plan also holds every convolution's cuDNN workspace (one slot for its forward step,
  * one for its backward step): after model_prepare a training step uses no shared device workspace
  * at all, allocates nothing, the model holds exactly what it says, and — same deterministic algorithms — gives
  * bit-identical logits and gradients to the unplanned model (MODEL_MEMORY_PLAN=0: every tensor all
  * step, one shared workspace). ResNet-18 at batch 32, fp32 NCHW and fp16 channels-last. */
-/* The bytes of the device's batch-norm scratch (0 before the first model asks for it). */
-#define BN_SCRATCH(g) ((g).bn_scratch ? device_alloc_size((g).bn_scratch_bytes) : 0)
-
 START_TEST(cuda_memory_plan_holds_workspaces) {
     setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     if (!test_have_gpu("model: the memory plan on CUDA (workspaces in the arena)")) return;

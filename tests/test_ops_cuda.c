@@ -1098,12 +1098,6 @@ START_TEST(test_bn_fused_relu_matches_emulation) {
 }
 END_TEST
 
-/* The elementwise kernels that move 16 bytes a thread (kernels.cu) — add + ReLU both ways (forward:
- * one rounding each, as the two ops; backward: the mask, then a copy or an add into each input's
- * gradient), and the autocast casts (cast_add_clear too) — against the emulation, exactly, every
- * type, in the three ways a call can fall:
- * a count of whole vectors, a count with a rest (block 0 does it element by element), and tensors
- * one element off 16-byte alignment (the scalar kernels). */
 /* launch_scale_lp — a 16-bit mean all-reduce's contribution over NCCL when ncclAvg's rounded 1/world
  * would bias it (comm_nccl.c) — gives precision_scale_stored's bits, the host ring's rule: every
  * finite 16-bit pattern, subnormals and both zeros included, times 1/3, 1/5, 1/6, 1/7 and 1/2. */
@@ -1141,6 +1135,12 @@ START_TEST(test_scale_lp_matches_host) {
 }
 END_TEST
 
+/* The elementwise kernels that move 16 bytes a thread (kernels.cu) — add + ReLU both ways (forward:
+ * one rounding each, as the two ops; backward: the mask, then a copy or an add into each input's
+ * gradient), and the autocast casts (cast_add_clear too) — against the emulation, exactly, every
+ * type, in the three ways a call can fall:
+ * a count of whole vectors, a count with a rest (block 0 does it element by element), and tensors
+ * one element off 16-byte alignment (the scalar kernels). */
 START_TEST(test_add_relu_and_casts_exact) {
     if (!test_have_gpu("ops_cuda: add + fused ReLU and the casts, fp32/fp16/bf16, vector and scalar")) return;
     Device d;
