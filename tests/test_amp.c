@@ -12,6 +12,7 @@
  * this scale. So each test computes that bound with the fp32 reference on |x|, |w| and asserts the
  * ∞-norm error is below it (times 1.05), and above 0 (the rounding really happened), and that every
  * stored value is exactly representable in the type (we round exactly where the GPU stores). */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,7 +93,10 @@ START_TEST(bf16_rounding_exhaustive) {
 END_TEST
 
 /* precision_round_array (the CPU backend's hot loop, with an integer fast path for the normal range)
- * must equal the reference conversion there and back, on random bit patterns of every exponent. */
+ * must equal the reference conversion there and back, on random bit patterns of every exponent, and
+ * on the edges of the fast paths, which random patterns almost never hit: fp16's 65520 (the first
+ * value that rounds to inf — the fast path's carry would make it 65536) and the floats either side
+ * of it and of 2^-14, and ±inf, which bf16's fast path must keep (not turn into NaN). */
 START_TEST(round_array_equals_conversion) {
     int64_t n = 1 << 20;
     float *x = malloc(n * 4), *y = malloc(n * 4);
@@ -103,6 +107,10 @@ START_TEST(round_array_equals_conversion) {
         if (i % 4 == 1) u = (u & 0x807fffffu) | ((uint32_t)(100 + i % 50) << 23); /* fp16's exponents */
         memcpy(&x[i], &u, 4);
     }
+    const float edges[] = {65520.0f, 65504.0f, 0x1.ffdffep15f, 0x1.ffe002p15f, 0x1p-14f, 0x1.fffffep-15f,
+                           0x1.000002p-14f, INFINITY, FLT_MAX, 0x1.fefffep127f, 0x1.ff0000p127f};
+    int64_t n_edges = (int64_t)(sizeof edges / sizeof edges[0]);
+    for (int64_t k = 0; k < n_edges; k++) x[2 * k] = edges[k], x[2 * k + 1] = -edges[k];
     for (int pi = 1; pi <= 2; pi++) {
         memcpy(y, x, n * 4);
         precision_round_array((Precision)pi, n, y);
