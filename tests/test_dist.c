@@ -30,6 +30,7 @@
 #include "sampler.h"
 #include "net.h"
 #include "precision.h"
+#include "stop.h"
 #include "store.h"
 #include "worker_status.h"
 
@@ -884,6 +885,46 @@ START_TEST(fail_at_injects_where_it_says) {
 }
 END_TEST
 
+/* The signal side of a clean stop (stop.c) on its own, in a forked worker with a status page of one
+ * slot, each signal raised in turn: a SIGINT that was ignored when the worker started (a script's
+ * `cmd &`) stays ignored; the first SIGTERM is a request (stop_requested, the page's `stopping` mark the
+ * launcher waits on, the notice); the same signal again, with the launcher's token for it on the page
+ * (a scheduler's SIGTERM to every process, passed on by the launcher too), is no second signal and
+ * uses the token up; one more is a second signal: the worker dies of it at once. */
+static void stop_signals_child(void *arg) {
+    (void)arg;
+    int fd;
+    StatusSlot *page = status_page_create(1, &fd);
+    status_attach(fd, 0, 0);
+    signal(SIGINT, SIG_IGN);
+    stop_install("w", "stopping after this step");
+    raise(SIGINT);
+    fprintf(stderr, "after SIGINT: requested %d\n", stop_requested());
+    raise(SIGTERM);
+    fprintf(stderr, "after SIGTERM: requested %d, stopping %lld\n", stop_requested(),
+            (long long)__atomic_load_n(&page[0].stopping, __ATOMIC_SEQ_CST));
+    __atomic_store_n(&page[0].passed, SIGTERM, __ATOMIC_SEQ_CST); /* as launch.c's pass_signal_on */
+    raise(SIGTERM);
+    fprintf(stderr, "passed on: token %lld\n", (long long)__atomic_load_n(&page[0].passed, __ATOMIC_SEQ_CST));
+    raise(SIGTERM);
+    fprintf(stderr, "still running after a second SIGTERM\n");
+}
+
+START_TEST(stop_signals_request_pass_and_second) {
+    char *out = NULL, want[64];
+    int st = test_run_captured(stop_signals_child, NULL, &out);
+    ck_assert_msg(st == 128 + SIGTERM, "status %d, expected death by SIGTERM (%d):\n%s", st, 128 + SIGTERM, out);
+    ck_assert_msg(strstr(out, "after SIGINT: requested 0\n") && !strstr(out, "SIGINT —"),
+                  "a SIGINT ignored at the start was acted on:\n%s", out);
+    snprintf(want, sizeof want, "after SIGTERM: requested %d, stopping %d\n", SIGTERM, SIGTERM);
+    ck_assert_msg(strstr(out, want) && strstr(out, "w: SIGTERM — stopping after this step"),
+                  "the first SIGTERM is not a marked request:\n%s", out);
+    ck_assert_msg(strstr(out, "passed on: token 0\n"), "the launcher's token was not taken once:\n%s", out);
+    ck_assert_msg(!strstr(out, "still running"), "a second SIGTERM did not stop the worker at once:\n%s", out);
+    free(out);
+}
+END_TEST
+
 /* The same binary as a worker under torchrun's and srun's variables (started here by hand, as
  * those launchers would): it trains exactly as under our own launcher. torchrun's agent holds
  * MASTER_PORT itself, so a listener sits there to prove we use the port after it. */
@@ -1581,6 +1622,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, a_failure_waits_for_the_checkpoint_being_written);
     tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
     tcase_add_test(tc, fail_at_injects_where_it_says);
+    tcase_add_test(tc, stop_signals_request_pass_and_second);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
