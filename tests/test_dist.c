@@ -25,6 +25,7 @@
 #include "comm_internal.h" /* OPS: how many operations the ring of slots holds */
 #include "data.h"            /* cifar10_file_names: a small CIFAR-10 set on disk */
 #include "device.h"
+#include "errors.h"
 #include "launch.h"
 #include "rng.h"
 #include "sampler.h"
@@ -925,6 +926,47 @@ START_TEST(stop_signals_request_pass_and_second) {
 }
 END_TEST
 
+/* STAGE3_SAVE_DELAY_MS (test-only, beside STAGE3_FAIL_AT): 0 to 600000 ms, the most a test may hold a
+ * checkpoint write open; one more is refused, as a value it cannot read is. */
+static void save_delay_child(void *arg) {
+    setenv("STAGE3_SAVE_DELAY_MS", arg, 1);
+    unsetenv("STAGE3_FAIL_AT");
+    status_attach(-1, 0, 0);
+    printf("accepted\n");
+}
+
+static void hook_exits_7(void) {
+    fflush(stdout);
+    _exit(7);
+}
+
+static void die_collateral_child(void *arg) {
+    die_user_hook = hook_exits_7;
+    die_collateral(0, *(int *)arg, "a refusal");
+}
+
+/* die_collateral with code 2 is die_user's: the fuzzers' and in-process tests' hook (errors.h's
+ * die_user_hook) runs first, as die_user's does; with code 1 (die_runtime's) it does not. */
+START_TEST(save_delay_bounds_and_die_collateral_hook) {
+    struct { const char *ms; int status; } cases[] = {{"600000", 0}, {"600001", 2}, {"-1", 2}, {"1x", 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int st = test_run_captured(save_delay_child, (void *)cases[i].ms, &out);
+        ck_assert_msg(st == cases[i].status && (st ? strstr(out, "expected milliseconds, 0 to 600000") != NULL
+                                                   : strstr(out, "accepted") != NULL),
+                      "STAGE3_SAVE_DELAY_MS=%s: status %d, expected %d:\n%s", cases[i].ms, st, cases[i].status, out);
+        free(out);
+    }
+    int codes[] = {2, 1}, want[] = {7, 1};
+    for (int i = 0; i < 2; i++) {
+        char *out = NULL;
+        int st = test_run_captured(die_collateral_child, &codes[i], &out);
+        ck_assert_msg(st == want[i], "die_collateral(0, %d, …): status %d, expected %d:\n%s", codes[i], st, want[i], out);
+        free(out);
+    }
+}
+END_TEST
+
 /* The same binary as a worker under torchrun's and srun's variables (started here by hand, as
  * those launchers would): it trains exactly as under our own launcher. torchrun's agent holds
  * MASTER_PORT itself, so a listener sits there to prove we use the port after it. */
@@ -1623,6 +1665,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
     tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, stop_signals_request_pass_and_second);
+    tcase_add_test(tc, save_delay_bounds_and_die_collateral_hook);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
