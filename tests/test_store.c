@@ -446,6 +446,57 @@ START_TEST(short_secret_is_refused) {
 }
 END_TEST
 
+/* The secret's upper edges, where an off-by-one would refuse a good secret or cut it: a variable of
+ * exactly AUTH_MAX_SECRET characters is taken whole and one more is refused; a file of that many plus a
+ * Windows line end ("\r\n", 2 bytes past the secret) is taken as the secret alone, and so is a short
+ * one's: both line-end bytes dropped. And the MAC depends on the secret's last byte, and auth_equal on
+ * the MAC's last byte. */
+START_TEST(secret_and_mac_last_bytes_count) {
+    static char s[AUTH_MAX_SECRET + 2];
+    char *out, want[64];
+    unsetenv("STAGE_RDZV_SECRET_FILE");
+    memset(s, 'k', AUTH_MAX_SECRET), s[AUTH_MAX_SECRET] = 0;
+    ck_assert_int_eq(test_run_captured(secret_from_env, s, &out), 0);
+    snprintf(want, sizeof want, "secret of %d bytes", AUTH_MAX_SECRET);
+    ck_assert_msg(strstr(out, want), "a %d-character STAGE_RDZV_SECRET: %s", AUTH_MAX_SECRET, out);
+    free(out);
+    s[AUTH_MAX_SECRET] = 'k', s[AUTH_MAX_SECRET + 1] = 0;
+    ck_assert_int_eq(test_run_captured(secret_from_env, s, &out), 2);
+    snprintf(want, sizeof want, "STAGE_RDZV_SECRET is longer than %d characters", AUTH_MAX_SECRET);
+    ck_assert_msg(strstr(out, want), "%s", out);
+    free(out);
+
+    char dir[] = "/tmp/secret_XXXXXX", path[64];
+    ck_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/secret", dir);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < AUTH_MAX_SECRET; i++) fputc('s', f);
+    fputs("\r\n", f);
+    fclose(f);
+    chmod(path, 0600);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
+    snprintf(want, sizeof want, "secret of %d bytes", AUTH_MAX_SECRET);
+    ck_assert_msg(strstr(out, want), "a %d-byte secret and \"\\r\\n\" in a file: %s", AUTH_MAX_SECRET, out);
+    free(out);
+    f = fopen(path, "w");
+    fputs("a-secret-from-a-file-0123\r\n", f);
+    fclose(f);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
+    ck_assert_msg(strstr(out, "secret of 25 bytes"), "a secret and \"\\r\\n\" in a file: %s", out);
+    free(out);
+    unlink(path), rmdir(dir);
+
+    uint8_t sn[AUTH_NONCE] = {1}, cn[AUTH_NONCE] = {2}, a[AUTH_MAC], b[AUTH_MAC];
+    char k1[] = "the-secret-ends-in-a", k2[] = "the-secret-ends-in-b";
+    auth_mac((const uint8_t *)k1, strlen(k1), "client", sn, cn, a);
+    auth_mac((const uint8_t *)k2, strlen(k2), "client", sn, cn, b);
+    ck_assert_msg(!auth_equal(a, b), "secrets that differ in their last byte give the same MAC");
+    memcpy(b, a, AUTH_MAC);
+    b[AUTH_MAC - 1] ^= 1;
+    ck_assert_msg(!auth_equal(a, b), "MACs that differ in their last byte are taken as equal");
+}
+END_TEST
+
 /* ---- the host ring's port ------------------------------------------------------------------- */
 
 /* Three ranks as threads; strangers knock on rank 1's ring port before its left neighbour, rank 0,
@@ -629,6 +680,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, get_wakes_when_add_zero_creates_the_key);
     tcase_add_test(tc, a_get_that_times_out_names_the_key_and_the_causes);
     tcase_add_test(tc, short_secret_is_refused);
+    tcase_add_test(tc, secret_and_mac_last_bytes_count);
     tcase_add_test(tc, ring_port_refuses_strangers);
     tcase_add_test(tc, ring_port_drops_idle_strangers);
     suite_add_tcase(s, tc);
