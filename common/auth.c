@@ -57,8 +57,15 @@ size_t auth_secret(uint8_t *buf, size_t cap) {
         die_user("STAGE_RDZV_SECRET_FILE '%s' holds %lld bytes, more than a secret's %zu", path,
                  (long long)st.st_size, cap);
     ssize_t n = read(fd, buf, cap);
+    /* a file of cap bytes or more: what follows them may only be the line end, else they are a cut */
+    char rest[2];
+    ssize_t more = n == (ssize_t)cap ? read(fd, rest, sizeof rest) : 0;
     close(fd);
-    if (n < 0) die_user("cannot read STAGE_RDZV_SECRET_FILE '%s': %s", path, strerror(errno));
+    if (n < 0 || more < 0) die_user("cannot read STAGE_RDZV_SECRET_FILE '%s': %s", path, strerror(errno));
+    for (ssize_t i = 0; i < more; i++)
+        if (rest[i] != '\n' && rest[i] != '\r')
+            die_user("STAGE_RDZV_SECRET_FILE '%s' holds %lld bytes, more than a secret's %zu and a line end", path,
+                     (long long)st.st_size, cap);
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--; /* `echo secret > file` */
     return checked((size_t)n, "STAGE_RDZV_SECRET_FILE");
 }

@@ -449,7 +449,8 @@ END_TEST
 /* The secret's upper edges, where an off-by-one would refuse a good secret or cut it: a variable of
  * exactly AUTH_MAX_SECRET characters is taken whole and one more is refused; a file of that many plus a
  * Windows line end ("\r\n", 2 bytes past the secret) is taken as the secret alone, and so is a short
- * one's: both line-end bytes dropped. And the MAC depends on the secret's last byte, and auth_equal on
+ * one's: both line-end bytes dropped; one byte more than a secret before the line end is refused, not
+ * cut. And the MAC depends on the secret's last byte, and auth_equal on
  * the MAC's last byte. */
 START_TEST(secret_and_mac_last_bytes_count) {
     static char s[AUTH_MAX_SECRET + 2];
@@ -477,6 +478,16 @@ START_TEST(secret_and_mac_last_bytes_count) {
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
     snprintf(want, sizeof want, "secret of %d bytes", AUTH_MAX_SECRET);
     ck_assert_msg(strstr(out, want), "a %d-byte secret and \"\\r\\n\" in a file: %s", AUTH_MAX_SECRET, out);
+    free(out);
+    /* one byte more than a secret, then a line end: within cap + 2 bytes, but no line end follows the
+     * first 1024 — it was cut to them, and two files of one 1024-byte prefix gave one secret */
+    f = fopen(path, "w");
+    for (int i = 0; i < AUTH_MAX_SECRET + 1; i++) fputc('s', f);
+    fputs("\n", f);
+    fclose(f);
+    ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
+    snprintf(want, sizeof want, "more than a secret's %d", AUTH_MAX_SECRET);
+    ck_assert_msg(strstr(out, want), "a %d-byte secret and \"\\n\" in a file: %s", AUTH_MAX_SECRET + 1, out);
     free(out);
     f = fopen(path, "w");
     fputs("a-secret-from-a-file-0123\r\n", f);
