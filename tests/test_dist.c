@@ -293,7 +293,7 @@ static void reserve_at_the_limit(void *arg) {
 }
 
 /* A peer that closes its end: reading from it, or writing to it, fails with ECONNRESET (the messages
- * say "connection reset"), not a misleading EAGAIN or EPIPE. */
+ * say "connection reset"), not a misleading EAGAIN or EPIPE. And a listener queues many connections. */
 START_TEST(net_edges_file_limit_and_closed_peer) {
     char *out;
     ck_assert_msg(test_run_captured(reserve_at_the_limit, NULL, &out) == 0, "net_reserve_fds at the limit: %s", out);
@@ -310,6 +310,17 @@ START_TEST(net_edges_file_limit_and_closed_peer) {
     ck_assert_int_eq(net_send_all(sv[0], "x", 1, 1.0), -1);
     ck_assert_msg(errno == ECONNRESET, "send to a closed peer: %s", strerror(errno));
     close(sv[0]);
+    /* a listener's backlog holds a crowd of ranks that connect at once, before it accepts any (a
+     * rendezvous of many ranks): 32 connections complete without an accept */
+    int port = 0, lfd = net_listen("127.0.0.1", 0, &port), fds[32];
+    ck_assert_int_ge(lfd, 0);
+    for (int i = 0; i < 32; i++) {
+        fds[i] = net_connect("127.0.0.1", port, 2.0);
+        ck_assert_msg(fds[i] >= 0, "connection %d of 32 to a listener that has accepted none: %s", i + 1,
+                      strerror(errno));
+    }
+    for (int i = 0; i < 32; i++) close(fds[i]);
+    close(lfd);
 }
 END_TEST
 
