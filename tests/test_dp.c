@@ -625,6 +625,11 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
     ck_assert_msg(with_python >= 4, "only %d phases model Python (scatter, replicate, gather, reduce at least)",
                   with_python);
     ck_assert_msg(json_field(rep, "summary", "ms_per_iter_median") > 0, "no timed step: the sum is compared with itself");
+    /* the steps timed by phase: not the first WARMUP_STEPS, nor any epoch's first (it has no input phase
+     * to measure) — 4 epochs of 16: (16 - WARMUP_STEPS) + 3 × 15; the GIL's line counts every step */
+    ck_assert_msg(json_field(rep, "phases", "steps") == (16 - WARMUP_STEPS) + 3 * 15, "phases over %g steps",
+                  json_field(rep, "phases", "steps"));
+    ck_assert_msg(json_field(rep, "gil", "steps") == 64, "GIL over %g steps", json_field(rep, "gil", "steps"));
     free(rep);
     check_report(path, 1);
     free(out), free(dir);
@@ -732,7 +737,7 @@ END_TEST
 /* The phase table checks its sum against the step time measured apart from it: a run with no timed
  * step has none, and says so (it used to compare the sum with itself: "adds up (+0.0%)"). The
  * planning note describes the timed steps, not the last one (a 1-image last batch runs on the main
- * thread alone). */
+ * thread alone), and on one device names the main thread's cache. */
 START_TEST(stage2_phase_notes_describe_what_was_measured) {
     char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
@@ -749,6 +754,11 @@ START_TEST(stage2_phase_notes_describe_what_was_measured) {
     ck_assert_int_eq(run_stage2(args, &out), 0);
     ck_assert_msg(strstr(out, "new threads every step start with empty caches") &&
                   !strstr(out, "the main thread's cache"), "%s", out);
+    free(out);
+    /* one device: every step's one chunk runs on the main thread, whose cache the note names */
+    ck_assert_int_eq(run_stage2("--device cpu --model tiny --gpus 1 --batch-size 16 --train-size 256 --test-size 16 "
+                                "--steps 8 --progress off", &out), 0);
+    ck_assert_msg(strstr(out, "the main thread's cache") && !strstr(out, "new threads every step"), "%s", out);
     free(out);
     free(dir);
 }
