@@ -7,6 +7,7 @@
 
 #include "amp.h"
 #include "checkpoint.h"
+#include "graph.h"
 #include "model.h"
 #include "ops.h"
 #include "optim.h"
@@ -1014,6 +1015,26 @@ START_TEST(cuda_channels_last_fp32_matches_nchw) {
 }
 END_TEST
 
+/* The CPU backend keeps no CUDA graphs (graph.h): a cache made for a CPU device, graphs asked for or
+ * not, is disabled and runs every stretch eagerly, each time, capturing and replaying nothing — in a
+ * CUDA build too, where an enabled cache would try to capture a CPU device's work on a stream. */
+static void count_run(void *p) { (*(int *)p)++; }
+
+START_TEST(cpu_keeps_no_graphs) {
+    Device d = cpu();
+    GraphCache c;
+    graph_init(&c, &d, 1);
+    ck_assert_msg(!c.enabled, "a CPU device's graph cache is enabled");
+    int runs = 0;
+    GraphKey k = {.n = 4};
+    for (int i = 0; i < 3; i++) graph_run(&c, k, count_run, &runs);
+    ck_assert_int_eq(runs, 3);
+    ck_assert(c.count == 0 && c.captures == 0 && c.replays == 0);
+    graph_destroy(&c);
+    device_destroy(&d);
+}
+END_TEST
+
 Suite *suite_model(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -1032,6 +1053,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, cuda_model_matches_cpu_model);
     tcase_add_test(tc, cuda_mixed_model_matches_cpu_emulation);
     tcase_add_test(tc, cuda_memory_plan_holds_workspaces);
+    tcase_add_test(tc, cpu_keeps_no_graphs);
     tcase_add_test(tc, cuda_graphs_replay_the_eager_step);
     tcase_add_test(tc, cuda_first_backward_writes_later_ones_add);
     tcase_add_test(tc, conv_weight_reorder_matches_hand_example);
