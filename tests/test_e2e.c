@@ -577,6 +577,29 @@ START_TEST(stage1_cuda_checkpoints_cross_layouts) {
 }
 END_TEST
 
+/* Each stage's epoch line and record carry the wait its loader measured: with --workers 0 every batch
+ * is built in the training thread, which waits for it all that time (PyTorch's data time), so the
+ * data wait is above 0 — in every stage, each of which hands its loader's figure to the epoch's end. */
+START_TEST(every_stage_reports_its_loaders_data_wait) {
+    char *dir = test_tmpdir(), cmd[2048], path[600], *out;
+    const char *stages[] = {"stage1", "stage2", "stage3 --nproc-per-node 1", "stage4 --nproc-per-node 1",
+                            "stage5 --nproc-per-node 1"};
+    for (int i = 0; i < 5; i++) {
+        char port[32] = ""; /* the launched stages get a free rendezvous port */
+        if (i >= 2) snprintf(port, sizeof port, " --master-port %d", test_free_port());
+        snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
+        snprintf(cmd, sizeof cmd, "timeout 300 %s/%s --device cpu --model tiny --train-size 128 --test-size 32 "
+                 "--batch-size 32 --epochs 1 --workers 0 --progress off%s --report %s", test_root(), stages[i], port,
+                 path);
+        test_run_ok(cmd, stages[i], &out);
+        double wait = test_report_field(path, "epoch", "data_wait_s");
+        ck_assert_msg(wait > 0, "%s --workers 0: the epoch's data wait is %g s:\n%s", stages[i], wait, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 Suite *suite_e2e(void) {
     Suite *s = suite_create("e2e");
     TCase *tc = tcase_create("stage1");
@@ -593,6 +616,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_each_step_uses_its_scheduled_lr);
     tcase_add_test(tc, stage1_says_why_a_closed_pipe_stopped_it);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
+    tcase_add_test(tc, every_stage_reports_its_loaders_data_wait);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
     tcase_add_test(tc, stage1_divergence_stops_and_keeps_the_good_checkpoint);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
