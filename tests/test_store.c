@@ -508,6 +508,20 @@ START_TEST(secret_and_mac_last_bytes_count) {
 }
 END_TEST
 
+/* The secret a launcher makes for its own node's job (no STAGE_RDZV_SECRET given): 32 random bytes
+ * written as 64 hex digits, all of them — a shorter one would still work, with fewer bits — and
+ * another each time. */
+START_TEST(a_new_secret_is_64_hex_digits) {
+    char a[65], b[65];
+    memset(a, 'x', sizeof a), memset(b, 'x', sizeof b);
+    auth_new_secret(a);
+    auth_new_secret(b);
+    ck_assert_msg(a[64] == 0 && strspn(a, "0123456789abcdef") == 64, "not 64 hex digits: %.65s", a);
+    ck_assert_msg(b[64] == 0 && strspn(b, "0123456789abcdef") == 64, "not 64 hex digits: %.65s", b);
+    ck_assert_msg(strcmp(a, b) != 0, "two new secrets are the same: %s", a);
+}
+END_TEST
+
 /* ---- the host ring's port ------------------------------------------------------------------- */
 
 /* Three ranks as threads; strangers knock on rank 1's ring port before its left neighbour, rank 0,
@@ -692,6 +706,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, a_get_that_times_out_names_the_key_and_the_causes);
     tcase_add_test(tc, short_secret_is_refused);
     tcase_add_test(tc, secret_and_mac_last_bytes_count);
+    tcase_add_test(tc, a_new_secret_is_64_hex_digits);
     tcase_add_test(tc, ring_port_refuses_strangers);
     tcase_add_test(tc, ring_port_drops_idle_strangers);
     suite_add_tcase(s, tc);
