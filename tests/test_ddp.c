@@ -865,6 +865,28 @@ START_TEST(optimizer_in_backward_refusals) {
 }
 END_TEST
 
+/* Each epoch's end reports that epoch's communication (ddp_epoch_end: the "  comm:" line and a
+ * comm_epoch record), in every DDP stage: two epochs, two records, numbered 1 and 2, before the run's
+ * comm_summary. */
+START_TEST(every_ddp_stage_reports_each_epochs_comm) {
+    const char *stages[] = {"stage3", "stage4 --accum-steps 2", "stage5 --amp bf16"};
+    for (int i = 0; i < 3; i++) {
+        char *dir = test_tmpdir(), cmd[2048], rep[700], *out;
+        snprintf(rep, sizeof rep, "%s/r.jsonl", dir);
+        snprintf(cmd, sizeof cmd, LIMIT "%s/%s --device cpu --model tiny --train-size 256 --test-size 32 --epochs 2 "
+                 "--batch-size 16 --progress off --nproc-per-node 2 --master-port %d --report %s", test_root(),
+                 stages[i], test_free_port(), rep);
+        ck_assert_msg(test_run(cmd, &out) == 0, "%s\n%s", cmd, out);
+        double epoch[8];
+        int n = test_report_series(rep, "comm_epoch", "epoch", epoch, 8);
+        ck_assert_msg(n == 2 && epoch[0] == 1 && epoch[1] == 2, "%s: %d comm_epoch records for 2 epochs\n%s",
+                      stages[i], n, out);
+        ck_assert_msg(test_report_field(rep, "comm_summary", "step") > 0, "%s: no comm_summary\n%s", stages[i], out);
+        free(out), free(dir);
+    }
+}
+END_TEST
+
 /* ---- on GPUs --------------------------------------------------------------------------------- */
 
 #define GPU_EQ "--device cuda --model tiny --norm none --train-size 512 --test-size 64 --epochs 1 --lr 0.05 " \
@@ -973,6 +995,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, find_unused_parameters_trains);
     tcase_add_test(tc, optimizer_in_backward_same_bits);
     tcase_add_test(tc, optimizer_in_backward_refusals);
+    tcase_add_test(tc, every_ddp_stage_reports_each_epochs_comm);
     tcase_add_test(tc, ddp_nccl_matches_one_gpu);
     tcase_add_test(tc, ddp_host_comm_two_workers_one_gpu);
     tcase_add_test(tc, optimizer_in_backward_same_bits_gpu);
