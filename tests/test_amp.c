@@ -735,22 +735,31 @@ START_TEST(stage5_test_inf_step_past_the_end_says_so) {
 END_TEST
 
 /* --amp off is stage 4 exactly (stage 5 builds on it): the AMP lines are pass-throughs when disabled.
- * Over three epochs of two steps, so that each epoch's new sampler order (set_epoch) is compared too. */
-#define THREE_EPOCHS "--nproc-per-node 1 --train-size 128 --epochs 3 --accum-steps 2 "
+ * Over three epochs, so that each epoch's new sampler order (set_epoch) is compared too: of 4 batches
+ * (two steps of K = 2), and of 5, whose epoch ends in a group of one micro-batch — the epoch's last
+ * batch synchronises and steps too, as `i + 1 == len(loader)` says (else its gradient would wait for
+ * the next epoch's). */
+#define THREE_EPOCHS "--nproc-per-node 1 --epochs 3 --accum-steps 2 "
 START_TEST(stage5_amp_off_is_stage4) {
-    char *dir = test_tmpdir(), *out, cmd[2048];
-    char *a = report_path(dir, "s5"), *b = report_path(dir, "s4");
-    ck_assert_msg(run_stage5(THREE_EPOCHS "--amp off", a, &out) == 0, "%s", out);
-    ck_assert_msg(!strstr(out, "is emulated"), "%s", out); /* fp32: nothing emulated to warn about */
-    free(out);
-    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL THREE_EPOCHS "--master-port %d --report %s", test_root(),
-             test_free_port(), b);
-    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
-    double la[8], lb[8];
-    ck_assert_int_eq(test_read_losses(a, la, 8), 6);
-    ck_assert_int_eq(test_read_losses(b, lb, 8), 6);
-    for (int i = 0; i < 6; i++) ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i + 1, la[i], lb[i]);
-    free(out), free(a), free(b), free(dir);
+    const int sizes[] = {128, 160}, steps[] = {6, 9};
+    for (int k = 0; k < 2; k++) {
+        char *dir = test_tmpdir(), *out, cmd[2048], flags[256], s5[300];
+        char *a = report_path(dir, "s5"), *b = report_path(dir, "s4");
+        snprintf(flags, sizeof flags, THREE_EPOCHS "--train-size %d ", sizes[k]);
+        snprintf(s5, sizeof s5, "%s--amp off", flags);
+        ck_assert_msg(run_stage5(s5, a, &out) == 0, "%s", out);
+        ck_assert_msg(!strstr(out, "is emulated"), "%s", out); /* fp32: nothing emulated to warn about */
+        free(out);
+        snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " SMALL "%s--master-port %d --report %s", test_root(), flags,
+                 test_free_port(), b);
+        ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+        double la[16], lb[16];
+        ck_assert_int_eq(test_read_losses(a, la, 16), steps[k]);
+        ck_assert_int_eq(test_read_losses(b, lb, 16), steps[k]);
+        for (int i = 0; i < steps[k]; i++)
+            ck_assert_msg(la[i] == lb[i], "%d samples, step %d: %.9g vs %.9g", sizes[k], i + 1, la[i], lb[i]);
+        free(out), free(a), free(b), free(dir);
+    }
 }
 END_TEST
 
