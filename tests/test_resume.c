@@ -1079,6 +1079,30 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
 }
 END_TEST
 
+/* Every stage's process ends with the code its clean stop promises: 128 + the signal (130 for a
+ * SIGINT), not 0, so that `./stageN … && next` does not go on. Stages 1 and 3 are checked above;
+ * here stage 2 (one process) and stages 4 and 5 (a launcher and one worker, whose exit code the
+ * launcher reads to tell a clean stop from a finished run). */
+START_TEST(every_stage_exits_128_plus_the_signal_it_stopped_for) {
+    char *dir = test_tmpdir(), cmd[4096], ended[256], *out;
+    snprintf(ended, sizeof ended, "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); "
+             "done; kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ", (int)(600 * test_time_scale()));
+    const char *stages[] = {"stage2", "stage4 --nproc-per-node 1", "stage5 --nproc-per-node 1"};
+    for (int i = 0; i < 3; i++) {
+        char port[32] = "";
+        if (i) snprintf(port, sizeof port, " --master-port %d", test_free_port());
+        snprintf(cmd, sizeof cmd, "D=%s; R=s%d; env --default-signal=INT %s/%s " TINY " --train-size 512 --batch-size 32 "
+                 "--epochs 1000%s --save $D/$R > $D/$R.log 2>&1 & run=$!; "
+                 "while ! grep -qs 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+                 "kill -INT $run; %s cat $D/$R.log", dir, i, test_root(), stages[i], port, ended);
+        test_run(cmd, &out);
+        ck_assert_msg(strstr(out, "stopped early by SIGINT") && strstr(out, "exit 130"), "%s:\n%s", stages[i], out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* The GradScaler's state rides in the checkpoint (format version 5), as scaler.state_dict() does in
  * PyTorch's recipe: an fp16 run that backed off (a forced overflow at step 2: scale 32768) and was
  * stopped continues at that scale, and ends bit-identical to the uninterrupted run (before, it began
@@ -1453,6 +1477,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, two_runs_saving_into_one_directory);
     tcase_add_test(tc, a_signal_stops_at_a_step_and_saves_it);
+    tcase_add_test(tc, every_stage_exits_128_plus_the_signal_it_stopped_for);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
     tcase_add_test(tc, a_refused_resume_is_reported_once_per_job);
     tcase_add_test(tc, fp16_resume_continues_the_scaler);
