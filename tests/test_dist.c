@@ -897,6 +897,29 @@ START_TEST(fail_at_injects_where_it_says) {
 }
 END_TEST
 
+/* With --device auto (the default) and no GPU visible, rank 0 of each DDP stage says the job fell back
+ * to the CPU backend, and how many workers; asked for the CPU (--device cpu), it has nothing to explain. */
+START_TEST(cpu_fallback_is_noted_only_under_auto) {
+    if (device_cuda_count() > 0) {
+        printf("SKIP: dist: the CPU fallback note — a CUDA device is visible, so --device auto picks it\n");
+        return;
+    }
+    const char *stages[] = {"stage3", "stage4", "stage5"};
+    for (int i = 0; i < 3; i++)
+        for (int cpu = 0; cpu < 2; cpu++) {
+            char cmd[1024], *out;
+            snprintf(cmd, sizeof cmd, LIMIT "%s/%s%s --model tiny --train-size 64 --test-size 32 --batch-size 16 "
+                     "--epochs 1 --progress off --nproc-per-node 2 --master-port %d", test_root(), stages[i],
+                     cpu ? " --device cpu" : "", test_free_port());
+            ck_assert_msg(test_run(cmd, &out) == 0, "%s\n%s", cmd, out);
+            int noted = strstr(out, "note: no CUDA GPU visible — 2 CPU workers on the CPU backend") != NULL;
+            ck_assert_msg(noted == !cpu, "%s %s: the CPU fallback note %s\n%s", stages[i],
+                          cpu ? "--device cpu" : "--device auto", noted ? "printed" : "missing", out);
+            free(out);
+        }
+}
+END_TEST
+
 /* The signal side of a clean stop (stop.c) on its own, in a forked worker with a status page of one
  * slot, each signal raised in turn: a SIGINT that was ignored when the worker started (a script's
  * `cmd &`) stays ignored; the first SIGTERM is a request (stop_requested, the page's `stopping` mark the
@@ -1675,6 +1698,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, a_failure_waits_for_the_checkpoint_being_written);
     tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
     tcase_add_test(tc, fail_at_injects_where_it_says);
+    tcase_add_test(tc, cpu_fallback_is_noted_only_under_auto);
     tcase_add_test(tc, stop_signals_request_pass_and_second);
     tcase_add_test(tc, save_delay_bounds_and_die_collateral_hook);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
