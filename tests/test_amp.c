@@ -124,6 +124,34 @@ START_TEST(round_array_equals_conversion) {
 }
 END_TEST
 
+/* precision_scale_stored — the host ring's mean (x · fp32(1/world), rounded once to the stored type) —
+ * against its definition written out here: the tests of the mean compute their expectation with the
+ * function itself, so they cannot see it scale by the wrong factor, or not at all. */
+START_TEST(scale_stored_is_one_product_rounded_once) {
+    const float x[] = {1.5f, -3.0f, 0.1f, 65504.0f, 1e-3f, -7.25f, 0x1p-20f, 300.0f};
+    const int n = (int)(sizeof x / sizeof x[0]);
+    const float alpha = 1.0f / 3.0f;
+    for (int pi = 0; pi <= 2; pi++) {
+        Precision p = (Precision)pi;
+        float f[8];
+        uint16_t h[8];
+        memcpy(f, x, sizeof f);
+        if (p == PREC_FP32) {
+            precision_scale_stored(p, n, f, alpha);
+            for (int i = 0; i < n; i++) ck_assert_msg(f[i] == x[i] * alpha, "fp32 %g: %g", x[i], f[i]);
+            continue;
+        }
+        precision_pack(p, n, x, h);
+        precision_scale_stored(p, n, h, alpha);
+        for (int i = 0; i < n; i++) {
+            float stored = precision_round(p, x[i]); /* the value the 16 bits hold */
+            uint16_t want = p == PREC_FP16 ? f32_to_f16(stored * alpha) : f32_to_bf16(stored * alpha);
+            ck_assert_msg(h[i] == want, "%s %g · 1/3: 0x%04x, want 0x%04x", precision_name(p), x[i], h[i], want);
+        }
+    }
+}
+END_TEST
+
 /* ---- each autocast op against fp32 ------------------------------------------------------------ */
 
 static float *rnd(int64_t n, uint64_t seed, float lo, float hi) {
@@ -847,6 +875,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, fp16_rounding_exhaustive);
     tcase_add_test(tc, bf16_rounding_exhaustive);
     tcase_add_test(tc, round_array_equals_conversion);
+    tcase_add_test(tc, scale_stored_is_one_product_rounded_once);
     tcase_add_test(tc, conv_and_linear_within_rounding_bound);
     tcase_add_test(tc, elementwise_and_pool_within_rounding_bound);
     tcase_add_test(tc, batch_norm_within_bound);
