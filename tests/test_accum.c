@@ -110,43 +110,49 @@ END_TEST
 /* ---- forgetting no_sync --------------------------------------------------------------------------- */
 
 START_TEST(sync_each_micro_step_same_params_k_times_the_calls) {
-    char *dir = test_tmpdir(), cmd[2048], path[600];
-    const int K = 3, B = 4, R = 2, steps = 8;
-    const char *mode[2] = {"", "--sync-each-micro-step"};
-    double calls[2], bytes[2], micro[2], opt[2];
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof cmd,
-                 LIMIT "%s/stage4 " TINY " --norm none --train-size %d --test-size 16 --epochs 1 --lr 0.05 "
-                       "--nproc-per-node %d --batch-size %d --accum-steps %d %s --master-port %d --save %s/r%d "
-                       "--report %s/r%d.jsonl",
-                 test_root(), R * K * B * steps, R, B, K, mode[i], test_free_port(), dir, i, dir, i);
-        char *out;
-        test_run_ok(cmd, mode[i], &out);
-        ck_assert_msg(strstr(out, "effective batch 24"), "the header names the effective batch K × B × R:\n%s", out);
-        free(out);
-        snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
-        calls[i] = test_report_field(path, "summary", "allreduce_calls");
-        bytes[i] = test_report_field(path, "summary", "allreduce_bytes");
-        micro[i] = test_report_field(path, "summary", "micro_steps");
-        opt[i] = test_report_field(path, "summary", "optimizer_steps");
-        ck_assert_int_eq((int)micro[i], K * steps);
-        ck_assert_int_eq((int)opt[i], steps);
-        /* images per second count every micro-batch: K × B × R images per optimizer step */
-        double ms = test_report_field(path, "summary", "ms_per_iter_median");
-        double ips = test_report_field(path, "summary", "img_per_s");
-        ck_assert_msg(ms > 0 && fabs(ips - 1e3 * K * B * R / ms) <= 1e-6 * ips, "img/s %.6g at %.6g ms per step", ips, ms);
+    const char *stages[] = {"stage4", "stage5 --amp off"}; /* stage 5 has its own loop, and the flag too */
+    for (int st = 0; st < 2; st++) {
+        char *dir = test_tmpdir(), cmd[2048], path[600];
+        const int K = 3, B = 4, R = 2, steps = 8;
+        const char *mode[2] = {"", "--sync-each-micro-step"};
+        double calls[2], bytes[2], micro[2], opt[2];
+        for (int i = 0; i < 2; i++) {
+            snprintf(cmd, sizeof cmd,
+                     LIMIT "%s/%s " TINY " --norm none --train-size %d --test-size 16 --epochs 1 --lr 0.05 "
+                           "--nproc-per-node %d --batch-size %d --accum-steps %d %s --master-port %d --save %s/r%d "
+                           "--report %s/r%d.jsonl",
+                     test_root(), stages[st], R * K * B * steps, R, B, K, mode[i], test_free_port(), dir, i, dir, i);
+            char *out;
+            test_run_ok(cmd, mode[i], &out);
+            ck_assert_msg(strstr(out, "effective batch 24"), "the header names the effective batch K × B × R:\n%s",
+                          out);
+            free(out);
+            snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
+            calls[i] = test_report_field(path, "summary", "allreduce_calls");
+            bytes[i] = test_report_field(path, "summary", "allreduce_bytes");
+            micro[i] = test_report_field(path, "summary", "micro_steps");
+            opt[i] = test_report_field(path, "summary", "optimizer_steps");
+            ck_assert_int_eq((int)micro[i], K * steps);
+            ck_assert_int_eq((int)opt[i], steps);
+            /* images per second count every micro-batch: K × B × R images per optimizer step */
+            double ms = test_report_field(path, "summary", "ms_per_iter_median");
+            double ips = test_report_field(path, "summary", "img_per_s");
+            ck_assert_msg(ms > 0 && fabs(ips - 1e3 * K * B * R / ms) <= 1e-6 * ips, "img/s %.6g at %.6g ms per step",
+                          ips, ms);
+        }
+        ck_assert_int_eq((int)calls[0], steps); /* one bucket (tiny), once per optimizer step */
+        ck_assert_msg((int)calls[1] == K * steps, "%s --sync-each-micro-step: %g all-reduces, not %d", stages[st],
+                      calls[1], K * steps);
+        ck_assert_msg(bytes[1] == K * bytes[0] && bytes[0] == steps * 4.0 * test_n_params("tiny"),
+                      "all-reduce bytes %.0f (no_sync) and %.0f (each micro-step)", bytes[0], bytes[1]);
+        char pa[600], pb[600];
+        snprintf(pa, sizeof pa, "%s/r0/epoch001.ckpt", dir);
+        snprintf(pb, sizeof pb, "%s/r1/epoch001.ckpt", dir);
+        float *a = test_load_params(pa, "tiny", 0), *b = test_load_params(pb, "tiny", 0);
+        double err = test_rel_err(b, a, test_n_params("tiny"));
+        ck_assert_msg(err <= 1e-5, "--sync-each-micro-step moved the parameters by %.3g (relative)", err);
+        free(a), free(b), free(dir);
     }
-    ck_assert_int_eq((int)calls[0], steps); /* one bucket (tiny), once per optimizer step */
-    ck_assert_int_eq((int)calls[1], K * steps);
-    ck_assert_msg(bytes[1] == K * bytes[0] && bytes[0] == steps * 4.0 * test_n_params("tiny"),
-                  "all-reduce bytes %.0f (no_sync) and %.0f (each micro-step)", bytes[0], bytes[1]);
-    char pa[600], pb[600];
-    snprintf(pa, sizeof pa, "%s/r0/epoch001.ckpt", dir);
-    snprintf(pb, sizeof pb, "%s/r1/epoch001.ckpt", dir);
-    float *a = test_load_params(pa, "tiny", 0), *b = test_load_params(pb, "tiny", 0);
-    double err = test_rel_err(b, a, test_n_params("tiny"));
-    ck_assert_msg(err <= 1e-5, "--sync-each-micro-step moved the parameters by %.3g (relative)", err);
-    free(a), free(b), free(dir);
 }
 END_TEST
 
