@@ -791,7 +791,9 @@ END_TEST
 /* A rank that dies while rank 0 writes a checkpoint: the launcher stops every worker, but the state
  * being written is complete (every rank finished that epoch), so rank 0 finishes the file first and
  * then stops (stop.h). Before, the launcher's SIGTERM killed it mid-write and the epoch was lost.
- * STAGE3_SAVE_DELAY_MS holds the write open; rank 1 is killed inside that window. */
+ * STAGE3_SAVE_DELAY_MS holds the write open; rank 1 is killed inside that window, which lasts 2 s
+ * longer than the launcher's LAUNCH_GRACE_S before its SIGKILL: only the status page's saving mark
+ * makes the launcher wait that long (up to LAUNCH_SAVE_S). */
 START_TEST(a_failure_waits_for_the_checkpoint_being_written) {
     char *dir = test_tmpdir(), cmd[4096], *out;
     int seed = (int)(getpid() % 100000) * 10 + 8;
@@ -803,7 +805,7 @@ START_TEST(a_failure_waits_for_the_checkpoint_being_written) {
              "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline | grep -q -- '--seed %d ' || continue; "
              "tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK=1 && kill -9 ${p#/proc/}; done; "
              "wait; cat $D/out.txt",
-             dir, (int)(3000 * test_time_scale()), test_root(), test_free_port(), seed, seed);
+             dir, (int)((LAUNCH_GRACE_S + 2) * 1000 * test_time_scale()), test_root(), test_free_port(), seed, seed);
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit 137") && strstr(out, "job failed: rank 1 (local rank 1"),
                   "rank 1 killed during the save: the job must fail on it (exit 137):\n%s", out);
