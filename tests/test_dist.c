@@ -962,6 +962,32 @@ START_TEST(stop_signals_request_pass_and_second) {
 }
 END_TEST
 
+/* A failure elsewhere during a checkpoint write (stop.c, stop.h): the launcher's SIGTERM, with the abort
+ * mark on the page, waits for the write; a second one does not — it stops the worker at once. */
+static void deferred_then_second_child(void *arg) {
+    (void)arg;
+    int fd;
+    StatusSlot *page = status_page_create(1, &fd);
+    status_attach(fd, 0, 0);
+    stop_install("w", "stopping after this step");
+    __atomic_store_n(&page[0].abort, 1, __ATOMIC_SEQ_CST); /* as launch.c's stop_all */
+    stop_save_begin();
+    raise(SIGTERM);
+    fprintf(stderr, "deferred while saving\n");
+    raise(SIGTERM);
+    fprintf(stderr, "still saving after a second SIGTERM\n");
+    stop_save_end();
+}
+
+START_TEST(a_second_signal_during_a_deferred_save_stops_at_once) {
+    char *out = NULL;
+    int st = test_run_captured(deferred_then_second_child, NULL, &out);
+    ck_assert_msg(st == 128 + SIGTERM && strstr(out, "deferred while saving\n") && !strstr(out, "still saving"),
+                  "status %d (expected death by SIGTERM at the second signal):\n%s", st, out);
+    free(out);
+}
+END_TEST
+
 /* STAGE3_SAVE_DELAY_MS (test-only, beside STAGE3_FAIL_AT): 0 to 600000 ms, the most a test may hold a
  * checkpoint write open; one more is refused, as a value it cannot read is. */
 static void save_delay_child(void *arg) {
@@ -1702,6 +1728,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, cpu_fallback_is_noted_only_under_auto);
     tcase_add_test(tc, stop_signals_request_pass_and_second);
+    tcase_add_test(tc, a_second_signal_during_a_deferred_save_stops_at_once);
     tcase_add_test(tc, save_delay_bounds_and_die_collateral_hook);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
