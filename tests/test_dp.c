@@ -737,7 +737,8 @@ END_TEST
 /* The phase table checks its sum against the step time measured apart from it: a run with no timed
  * step has none, and says so (it used to compare the sum with itself: "adds up (+0.0%)"). The
  * planning note describes the timed steps, not the last one (a 1-image last batch runs on the main
- * thread alone), and on one device names the main thread's cache. */
+ * thread alone), and on one device names the main thread's cache; the header counts the replicas in
+ * words ("1 replica", "2 replicas"). */
 START_TEST(stage2_phase_notes_describe_what_was_measured) {
     char *dir = test_tmpdir(), args[1024], path[512], *out;
     snprintf(path, sizeof path, "%s/r.jsonl", dir);
@@ -754,12 +755,14 @@ START_TEST(stage2_phase_notes_describe_what_was_measured) {
              "--epochs 1 --progress off");
     ck_assert_int_eq(run_stage2(args, &out), 0);
     ck_assert_msg(strstr(out, "new threads every step start with empty caches") &&
-                  !strstr(out, "the main thread's cache"), "%s", out);
+                  !strstr(out, "the main thread's cache") && strstr(out, "DataParallel: 2 replicas on cpu0, cpu1 |"),
+                  "%s", out);
     free(out);
     /* one device: every step's one chunk runs on the main thread, whose cache the note names */
     ck_assert_int_eq(run_stage2("--device cpu --model tiny --gpus 1 --batch-size 16 --train-size 256 --test-size 16 "
                                 "--steps 8 --progress off", &out), 0);
-    ck_assert_msg(strstr(out, "the main thread's cache") && !strstr(out, "new threads every step"), "%s", out);
+    ck_assert_msg(strstr(out, "the main thread's cache") && !strstr(out, "new threads every step") &&
+                  strstr(out, "DataParallel: 1 replica on cpu0 |"), "%s", out);
     free(out);
     free(dir);
 }
