@@ -928,11 +928,17 @@ END_TEST
  * launcher waits on, the notice); the same signal again, with the launcher's token for it on the page
  * (a scheduler's SIGTERM to every process, passed on by the launcher too), is no second signal and
  * uses the token up; one more is a second signal: the worker dies of it at once. */
-static void stop_signals_child(void *arg) {
-    (void)arg;
+/* This process as worker 0 of a status page of one slot (what a launcher would have made): the page. */
+static StatusSlot *attach_one_slot_page(void) {
     int fd;
     StatusSlot *page = status_page_create(1, &fd);
     status_attach(fd, 0, 0);
+    return page;
+}
+
+static void stop_signals_child(void *arg) {
+    (void)arg;
+    StatusSlot *page = attach_one_slot_page();
     signal(SIGINT, SIG_IGN);
     stop_install("w", "stopping after this step");
     raise(SIGINT);
@@ -966,9 +972,7 @@ END_TEST
  * mark on the page, waits for the write; a second one does not — it stops the worker at once. */
 static void deferred_then_second_child(void *arg) {
     (void)arg;
-    int fd;
-    StatusSlot *page = status_page_create(1, &fd);
-    status_attach(fd, 0, 0);
+    StatusSlot *page = attach_one_slot_page();
     stop_install("w", "stopping after this step");
     __atomic_store_n(&page[0].abort, 1, __ATOMIC_SEQ_CST); /* as launch.c's stop_all */
     stop_save_begin();

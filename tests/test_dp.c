@@ -71,6 +71,21 @@ static Device opts_for(DeviceKind kind) {
 
 /* One SGD step (lr 0.1, momentum 0.9, wd 5e-4) of `arch` through DataParallel on n logical devices
  * with global batch `batch`, the loss's scale 1/batch. */
+/* One DataParallel forward + backward as stage 2's loop runs it, up to the summed gradient on device 0
+ * (the caller steps the optimizer, if it wants, and calls dp_step_end). */
+static void dp_forward_backward(DataParallel *dp, Model *master, const float *x, const int32_t *y, int batch,
+                                float *loss, int32_t *correct) {
+    model_zero_grad(master);
+    dp_scatter(dp, x, batch);
+    dp_replicate(dp);
+    dp_parallel_apply(dp);
+    dp_gather(dp);
+    xent_forward_backward(dp->devs[0], batch, master->classes, dp->logits, y, 1.0f / (float)batch, loss, correct,
+                          dp->dlogits);
+    dp_backward(dp);
+    dp_reduce_add(dp);
+}
+
 static void dp_one_step(DeviceKind kind, int n, int batch, const char *arch, int bn, const DpConfig *cfg,
                         StepOut *out) {
     Device opts = opts_for(kind);
@@ -99,14 +114,7 @@ static void dp_one_step(DeviceKind kind, int n, int batch, const char *arch, int
         device_copy_h2d(d0, x, xh, (size_t)batch * IMG_PIXELS * sizeof(float));
         device_copy_h2d(d0, y, yh, (size_t)batch * sizeof(int32_t));
     }
-    model_zero_grad(m);
-    dp_scatter(&dp, x, batch);
-    dp_replicate(&dp);
-    dp_parallel_apply(&dp);
-    dp_gather(&dp);
-    xent_forward_backward(d0, batch, m->classes, dp.logits, y, 1.0f / (float)batch, loss, correct, dp.dlogits);
-    dp_backward(&dp);
-    dp_reduce_add(&dp);
+    dp_forward_backward(&dp, m, x, y, batch, loss, correct);
     /* the summed gradient, before the optimizer reads it */
     out->np = m->n_param_floats, out->nb = m->n_buffer_floats;
     out->grads = to_host(d0, m->grad_flat, (size_t)out->np * sizeof(float));
@@ -333,14 +341,7 @@ static void python_of_one_step(int n, int batch, const DpConfig *cfg, PyStep *o)
     float *x = malloc((size_t)batch * IMG_PIXELS * sizeof(float)), loss;
     int32_t *y = malloc((size_t)batch * sizeof(int32_t)), correct;
     make_batch(batch, x, y);
-    model_zero_grad(m);
-    dp_scatter(&dp, x, batch);
-    dp_replicate(&dp);
-    dp_parallel_apply(&dp);
-    dp_gather(&dp);
-    xent_forward_backward(devs[0], batch, m->classes, dp.logits, y, 1.0f / (float)batch, &loss, &correct, dp.dlogits);
-    dp_backward(&dp);
-    dp_reduce_add(&dp);
+    dp_forward_backward(&dp, m, x, y, batch, &loss, &correct);
     dp_step_end(&dp);
     for (int p = 0; p < DP_PHASES; p++) o->ms[p] = dp.py_ms[0][p];
     dp_python_us(&dp, batch, &o->host_us, &o->ops_us);
@@ -427,14 +428,7 @@ START_TEST(dp_replicate_broadcasts_the_buffers) {
     DataParallel dp;
     dp_init(&dp, devs, 2, models, 8, 4, &cfg);
     dp_prepare(&dp, 8);
-    model_zero_grad(models[0]);
-    dp_scatter(&dp, x, 8);
-    dp_replicate(&dp);
-    dp_parallel_apply(&dp);
-    dp_gather(&dp);
-    xent_forward_backward(devs[0], 8, models[0]->classes, dp.logits, y, 1.0f / 8, &loss, &correct, dp.dlogits);
-    dp_backward(&dp);
-    dp_reduce_add(&dp);
+    dp_forward_backward(&dp, models[0], x, y, 8, &loss, &correct);
     dp_step_end(&dp);
     Device d = {0};
     device_init(&d, DEV_CPU, 0, -1);
@@ -503,14 +497,7 @@ static void dp_plan_misses(int n, int batch, int thread_pool, int steps, int64_t
     float loss;
     make_batch(batch, x, y);
     for (int s = 0; s < steps; s++) {
-        model_zero_grad(models[0]);
-        dp_scatter(&dp, x, batch);
-        dp_replicate(&dp);
-        dp_parallel_apply(&dp);
-        dp_gather(&dp);
-        xent_forward_backward(devs[0], batch, 10, dp.logits, y, 1.0f / batch, &loss, &correct, dp.dlogits);
-        dp_backward(&dp);
-        dp_reduce_add(&dp);
+        dp_forward_backward(&dp, models[0], x, y, batch, &loss, &correct);
         dp_step_end(&dp);
         for (int i = 0; i < n; i++) misses[s][i] = i < dp.k ? dp.rep[i].plan_misses : -1;
     }

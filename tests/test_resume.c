@@ -913,6 +913,17 @@ static void final_checkpoint(char *buf, size_t len, const char *dir, long step) 
     else snprintf(buf, len, "%.700s/step%08ld.ckpt", dir, step);
 }
 
+/* The shell around a run ($run, logging to $D/$R.log) that a test signals: the wait until the run has
+ * saved once (so it is training), then the signal; and the end — its exit status, or a SIGKILL after
+ * 60 s (a signal that stopped nothing) — as "exit N". */
+#define SIGNAL_STARTED "while ! grep -qs 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+static const char *signal_ended(void) {
+    static char ended[256];
+    snprintf(ended, sizeof ended, "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); "
+             "done; kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ", (int)(600 * test_time_scale()));
+    return ended;
+}
+
 /* With --save, Ctrl-C or a scheduler's SIGTERM stops the run at a step boundary (stop.h) instead of
  * losing what it trained since its last checkpoint: rank 0 saves that step, the run exits 128 + the
  * signal (so `./stage1 … && next` does not go on) and names the checkpoint to resume. Resumed, it ends
@@ -923,12 +934,7 @@ static void final_checkpoint(char *buf, size_t len, const char *dir, long step) 
 START_TEST(a_signal_stops_at_a_step_and_saves_it) {
     char *dir = test_tmpdir(), cmd[4096], args[2048], path[800], fresh[800], *out;
     const char *s1 = TINY " --train-size 512 --batch-size 32 --epochs 1000"; /* 16 steps an epoch */
-    /* the wait: until the run has saved once (so it is training), then the signal */
-    const char *started = "while ! grep -qs 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; ";
-    /* …and the end: its exit status, or a SIGKILL after 60 s (a signal that stopped nothing) */
-    char ended[256];
-    snprintf(ended, sizeof ended, "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); "
-             "done; kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ", (int)(600 * test_time_scale()));
+    const char *started = SIGNAL_STARTED, *ended = signal_ended();
     snprintf(cmd, sizeof cmd, "D=%s; R=a; env --default-signal=INT %s/stage1 %s --save $D/a > $D/a.log 2>&1 & run=$!; %s"
              "kill -INT $run; %s cat $D/a.log", dir, test_root(), s1, started, ended);
     test_run(cmd, &out);
@@ -1084,17 +1090,15 @@ END_TEST
  * here stage 2 (one process) and stages 4 and 5 (a launcher and one worker, whose exit code the
  * launcher reads to tell a clean stop from a finished run). */
 START_TEST(every_stage_exits_128_plus_the_signal_it_stopped_for) {
-    char *dir = test_tmpdir(), cmd[4096], ended[256], *out;
-    snprintf(ended, sizeof ended, "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); "
-             "done; kill -9 $run 2>/dev/null; wait $run; echo \"exit $?\"; ", (int)(600 * test_time_scale()));
+    char *dir = test_tmpdir(), cmd[4096], *out;
     const char *stages[] = {"stage2", "stage4 --nproc-per-node 1", "stage5 --nproc-per-node 1"};
     for (int i = 0; i < 3; i++) {
         char port[32] = "";
         if (i) snprintf(port, sizeof port, " --master-port %d", test_free_port());
         snprintf(cmd, sizeof cmd, "D=%s; R=s%d; env --default-signal=INT %s/%s " TINY " --train-size 512 --batch-size 32 "
                  "--epochs 1000%s --save $D/$R > $D/$R.log 2>&1 & run=$!; "
-                 "while ! grep -qs 'saved checkpoint' $D/$R.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
-                 "kill -INT $run; %s cat $D/$R.log", dir, i, test_root(), stages[i], port, ended);
+                 SIGNAL_STARTED "kill -INT $run; %s cat $D/$R.log", dir, i, test_root(), stages[i], port,
+                 signal_ended());
         test_run(cmd, &out);
         ck_assert_msg(strstr(out, "stopped early by SIGINT") && strstr(out, "exit 130"), "%s:\n%s", stages[i], out);
         free(out);

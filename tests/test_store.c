@@ -114,6 +114,16 @@ static void secret_from_file(void *p) {
     printf("secret of %zu bytes\n", auth_secret(b, sizeof b));
 }
 
+/* Writes a secret file: n bytes of 's', then `rest` (a secret of its own, or a line end). The file
+ * keeps the mode it had. */
+static void write_secret(const char *path, int n, const char *rest) {
+    FILE *f = fopen(path, "w");
+    ck_assert(f);
+    for (int i = 0; i < n; i++) fputc('s', f);
+    fputs(rest, f);
+    fclose(f);
+}
+
 /* Two ranks with different secrets: the one that is wrong is told so; a secret file others can
  * read is refused; one only we can read works. */
 START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
@@ -138,9 +148,7 @@ START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
     char dir[] = "/tmp/secret_XXXXXX", path[64];
     ck_assert(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/secret", dir);
-    FILE *f = fopen(path, "w");
-    fputs("a-secret-from-a-file-0123\n", f);
-    fclose(f);
+    write_secret(path, 0, "a-secret-from-a-file-0123\n");
     for (int i = 0; i < 2; i++) { /* others may read it; the group may (a group-readable file is refused too) */
         chmod(path, i ? 0640 : 0644);
         ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
@@ -153,9 +161,7 @@ START_TEST(wrong_secret_and_lax_secret_file_are_refused) {
     ck_assert_msg(strstr(out, "secret of 25 bytes"), "%s", out); /* the newline is not part of it */
     free(out);
     /* a file longer than a secret was cut to its first 1024 bytes (the variable was refused) */
-    f = fopen(path, "w");
-    for (int i = 0; i < AUTH_MAX_SECRET + 3; i++) fputc('s', f);
-    fclose(f);
+    write_secret(path, AUTH_MAX_SECRET + 3, "");
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
     ck_assert_msg(strstr(out, "holds 1027 bytes, more than a secret's 1024"), "%s", out);
     free(out);
@@ -470,10 +476,7 @@ START_TEST(secret_and_mac_last_bytes_count) {
     char dir[] = "/tmp/secret_XXXXXX", path[64];
     ck_assert(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/secret", dir);
-    FILE *f = fopen(path, "w");
-    for (int i = 0; i < AUTH_MAX_SECRET; i++) fputc('s', f);
-    fputs("\r\n", f);
-    fclose(f);
+    write_secret(path, AUTH_MAX_SECRET, "\r\n");
     chmod(path, 0600);
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
     snprintf(want, sizeof want, "secret of %d bytes", AUTH_MAX_SECRET);
@@ -481,17 +484,12 @@ START_TEST(secret_and_mac_last_bytes_count) {
     free(out);
     /* one byte more than a secret, then a line end: within cap + 2 bytes, but no line end follows the
      * first 1024 — it was cut to them, and two files of one 1024-byte prefix gave one secret */
-    f = fopen(path, "w");
-    for (int i = 0; i < AUTH_MAX_SECRET + 1; i++) fputc('s', f);
-    fputs("\n", f);
-    fclose(f);
+    write_secret(path, AUTH_MAX_SECRET + 1, "\n");
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 2);
     snprintf(want, sizeof want, "more than a secret's %d", AUTH_MAX_SECRET);
     ck_assert_msg(strstr(out, want), "a %d-byte secret and \"\\n\" in a file: %s", AUTH_MAX_SECRET + 1, out);
     free(out);
-    f = fopen(path, "w");
-    fputs("a-secret-from-a-file-0123\r\n", f);
-    fclose(f);
+    write_secret(path, 0, "a-secret-from-a-file-0123\r\n");
     ck_assert_int_eq(test_run_captured(secret_from_file, path, &out), 0);
     ck_assert_msg(strstr(out, "secret of 25 bytes"), "a secret and \"\\r\\n\" in a file: %s", out);
     free(out);
