@@ -38,6 +38,7 @@ static void forward_replica(DataParallel *dp, Replica *r, GilThread *t, PlanCach
     device_bind(r->dev);
     TraceDev dev = trace_dev_begin(r->dev, TRACE_COMPUTE, NULL, "forward", "forward", r->n);
     m->acts[0].x = (float *)r->x; /* the input, as model_forward sets it */
+    model_count_forward(m, r->n);  /* and its count: the one-layer views' counts are dropped */
     for (int l = 0; l < m->n_layers; l++) {
         dp_interpret(dp, t, dp->cfg.op_us, &r->fwd_py_s);
         Layer *L = &m->layers[l];

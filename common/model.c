@@ -568,10 +568,19 @@ void model_destroy(Model *m) {
     free(m);
 }
 
+static int is_prepared(const Model *m, int n) {
+    for (int i = 0; i < m->n_prepared; i++)
+        if (m->prepared[i] == n) return 1;
+    return 0;
+}
+
+void model_count_forward(Model *m, int n) {
+    if (!is_prepared(m, n)) m->unprepared_forwards++, m->unprepared_last = n;
+}
+
 void model_prepare(Model *m, int n) {
     ASSERT(n >= 1 && n <= m->max_batch);
-    for (int i = 0; i < m->n_prepared; i++)
-        if (m->prepared[i] == n) return;
+    if (is_prepared(m, n)) return;
     ASSERT(m->n_prepared < (int)(sizeof m->prepared / sizeof m->prepared[0]));
     m->prepared[m->n_prepared++] = n;
     /* With the workspaces in the plan (CUDA), the arena is laid out again below. Free it first:
@@ -647,6 +656,7 @@ static void forward_train(void *arg) {
 
 void model_forward(Model *m, int n, const float *x, int train) {
     ASSERT(n >= 1 && n <= m->max_batch);
+    model_count_forward(m, n);
     /* what the walks and backward read as the input: set here, since a replayed graph runs no host code */
     m->acts[0].x = typed(m) ? m->input_lp : (float *)x;
     if (!train) { /* evaluation stays eager: it is not what a step's time is made of */

@@ -114,6 +114,11 @@ typedef struct Model {
     size_t unplanned_bytes;  /* every activation and gradient kept all step (the old way) */
     size_t alloc_bytes;      /* everything the model holds on its device (accounted, rounded) */
     int prepared[16], n_prepared; /* batch sizes model_prepare has planned */
+    /* Forward passes of a batch size model_prepare never planned, and the last such size. On CUDA
+     * each new size plans its convolutions inside the step (a cuDNN search under
+     * --cudnn-benchmark) and that step's time holds it; the run's summary reports the count. */
+    int64_t unprepared_forwards;
+    int unprepared_last;
     int unused_params;       /* --unused-param: the last this many parameters (fc_unused) belong to no layer */
     GraphCache graphs;       /* CUDA graphs of the training forward and backward stretches (graph.h) */
     unsigned char *hook_stop; /* model_set_hook_stops; NULL: stop at every parameter */
@@ -174,8 +179,13 @@ int model_layout_chosen(void);
  * off. Evaluation, --trace windows and the CPU backend always run eagerly. */
 void model_default_graphs(int on);
 void model_destroy(Model *m);
-/* Plan convolutions for batch size n (cuDNN algorithm choice, workspace) ahead of the step. */
+/* Plan convolutions for batch size n (cuDNN algorithm choice, workspace) ahead of the step. Call it
+ * at setup for every batch size the run will see — a short last batch included: a forward of a size
+ * never prepared still runs, but plans on the spot and is counted (unprepared_forwards). */
 void model_prepare(Model *m, int n);
+/* Count a forward of batch n if n was never prepared. model_forward does; a caller that walks the
+ * layers itself (DataParallel's replica threads) calls it once per forward. */
+void model_count_forward(Model *m, int n);
 
 /* Forward n samples from x (device memory, [n][3][32][32]). train = 1: batch-norm uses batch
  * statistics and updates running stats; 0: running stats (evaluation). Logits: model_logits(m). */

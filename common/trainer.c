@@ -1393,6 +1393,17 @@ static void print_flops(Run *r, const Flops *f) {
     }
 }
 
+/* A stage prepares every batch size at setup (model.h: model_prepare); a forward of one it missed
+ * planned its convolutions inside a timed step on a GPU. Say so, with the fix, and record the count. */
+static void report_unprepared(Run *r) {
+    const Model *m = r->model;
+    if (m->unprepared_forwards)
+        report_printf(&r->report, "  note: %lld forward pass%s ran a batch size never prepared (the last: %d): on a GPU "
+                      "its convolutions were planned inside the step — call model_prepare at setup for every "
+                      "batch size, a short last batch included\n", (long long)m->unprepared_forwards,
+                      m->unprepared_forwards == 1 ? "" : "es", m->unprepared_last);
+}
+
 void run_evaluated(Run *r, double test_acc, double test_loss) {
     r->evaluated = 1;
     r->last_test_acc = test_acc;
@@ -1403,6 +1414,7 @@ void run_evaluated(Run *r, double test_acc, double test_loss) {
     report_printf(&r->report, "evaluated %s: test loss %.4f acc %.2f%% over %lld images of %s | peak mem %s | %.1f s\n",
                   r->cfg->resume, test_loss, 100 * test_acc, (long long)test_size_opened, test_source_opened,
                   fmt_bytes(mem, sizeof mem, (double)max_peak), time_now() - r->t_start);
+    report_unprepared(r);
     json_begin(&r->report, "evaluate");
     json_str(&r->report, "stage", r->stage);
     json_str(&r->report, "checkpoint", r->cfg->resume);
@@ -1412,6 +1424,7 @@ void run_evaluated(Run *r, double test_acc, double test_loss) {
     json_num(&r->report, "test_acc", test_acc);
     json_int(&r->report, "test_images", test_size_opened);
     json_int(&r->report, "peak_mem_max_bytes", (int64_t)max_peak);
+    json_int(&r->report, "unprepared_forwards", r->model->unprepared_forwards);
     json_end(&r->report);
 }
 
@@ -1452,6 +1465,7 @@ static void summarize(Run *r) {
                       n_peaks - PEAKS_LISTED, PEAKS_LISTED, n_peaks - 1, n_peaks,
                       fmt_bytes(mem, sizeof mem, (double)max_peak));
     print_flops(r, &flops);
+    report_unprepared(r);
     const int clipping = r->clip.max_norm > 0;
     int64_t clipped = clipping ? clip_clipped_steps(&r->clip) : 0;
     if (clipping)
@@ -1490,6 +1504,7 @@ static void summarize(Run *r) {
     json_num(&r->report, "peak_tflops", flops.peak); /* all devices of the job */
     json_num(&r->report, "peak_fraction", flops.achieved / flops.peak);
     json_int(&r->report, "peak_devices", flops.devices);
+    json_int(&r->report, "unprepared_forwards", r->model->unprepared_forwards);
     if (r->stop_sig) { /* only then: the summary keeps its keys */
         char stopped_by[16];
         snprintf(stopped_by, sizeof stopped_by, "SIG%s", status_signal_name(r->stop_sig));

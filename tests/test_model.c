@@ -1020,6 +1020,29 @@ END_TEST
  * CUDA build too, where an enabled cache would try to capture a CPU device's work on a stream. */
 static void count_run(void *p) { (*(int *)p)++; }
 
+/* A forward counts when model_prepare never planned its batch size — in training and in evaluation —
+ * and stops counting once that size is prepared (the stages' summary reports the count). */
+START_TEST(forwards_of_unprepared_sizes_are_counted) {
+    Device d = cpu();
+    Model *m = model_create(&d, "tiny", 1, 8, 0);
+    float x[8 * 3072];
+    test_fill_uniform(x, 8 * 3072, 9, -1, 1);
+    model_prepare(m, 8);
+    model_forward(m, 8, x, 1);
+    model_forward(m, 8, x, 0);
+    ck_assert_int_eq(m->unprepared_forwards, 0);
+    model_forward(m, 5, x, 1);
+    model_forward(m, 3, x, 0);
+    ck_assert_int_eq(m->unprepared_forwards, 2);
+    ck_assert_int_eq(m->unprepared_last, 3);
+    model_prepare(m, 3);
+    model_forward(m, 3, x, 1);
+    ck_assert_int_eq(m->unprepared_forwards, 2);
+    model_destroy(m);
+    device_destroy(&d);
+}
+END_TEST
+
 START_TEST(cpu_keeps_no_graphs) {
     Device d = cpu();
     GraphCache c;
@@ -1043,6 +1066,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, init_follows_pytorch_defaults);
     tcase_add_test(tc, backward_plan_accumulates_at_fan_out);
     tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
+    tcase_add_test(tc, forwards_of_unprepared_sizes_are_counted);
     tcase_add_test(tc, hook_stops_defer_hooks_in_order);
     tcase_add_test(tc, autocast_weight_gradients_batch_without_a_bit_changed);
     tcase_add_test(tc, gradients_accumulate_across_backwards);
