@@ -225,9 +225,15 @@ static void rebuild(Ddp *d) {
         return;
     }
     describe(d, desc, sizeof desc);
-    report_printf(&d->run->report, "ddp: after step %lld%s, buckets rebuilt in gradient-ready order (first cap 1 MiB%s)%s: "
-                  "%s\n", (long long)d->run->step, d->run->resumed_at_step ? " (this run's first)" : "",
-                  d->last_bytes ? ", last as before" : "", d->overlap ? "" : ", unused under --no-overlap", desc);
+    /* The backward that gave the order ended an optimizer step, or (--sync-each-micro-step) the first
+     * micro-step of one still accumulating: then no step has ended yet to name. */
+    char when[96];
+    if (d->group_step > d->run->step)
+        snprintf(when, sizeof when, "during step %lld, after its first micro-step", (long long)d->group_step);
+    else snprintf(when, sizeof when, "after step %lld", (long long)d->run->step);
+    report_printf(&d->run->report, "ddp: %s%s, buckets rebuilt in gradient-ready order (first cap 1 MiB%s)%s: %s\n",
+                  when, d->run->resumed_at_step ? " (this run's first)" : "", d->last_bytes ? ", last as before" : "",
+                  d->overlap ? "" : ", unused under --no-overlap", desc);
 }
 
 /* ---- timing points ---------------------------------------------------------------------------- */

@@ -126,6 +126,11 @@ START_TEST(sync_each_micro_step_same_params_k_times_the_calls) {
             test_run_ok(cmd, mode[i], &out);
             ck_assert_msg(strstr(out, "effective batch 24"), "the header names the effective batch K × B × R:\n%s",
                           out);
+            /* The buckets are rebuilt after the first synchronised backward: step 1's last micro-step,
+             * or with every micro-step synchronised its first, while step 1 is still accumulating. */
+            const char *rebuilt = i ? "ddp: during step 1, after its first micro-step, buckets rebuilt"
+                                    : "ddp: after step 1, buckets rebuilt";
+            ck_assert_msg(strstr(out, rebuilt), "%s %s: not '%s':\n%s", stages[st], mode[i], rebuilt, out);
             free(out);
             snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
             calls[i] = test_report_field(path, "summary", "allreduce_calls");
