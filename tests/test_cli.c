@@ -659,6 +659,54 @@ START_TEST(test_json_lines) {
 }
 END_TEST
 
+/* The edges of well-formed UTF-8 (RFC 3629's table; Unicode 15, table 3-7): the first and last code
+ * point of each lead byte's range pass through as they are, and the byte sequence just past each edge
+ * (an overlong U+07FF or U+FFFF, a surrogate, a code point past U+10FFFF) becomes one U+FFFD per byte.
+ * test_json_lines holds one example of each kind; this one holds the boundaries, where a comparison
+ * one off (e0 a0, f0 90 and f4 8f refused; f4 90 let through) would make a valid name unreadable or an
+ * invalid one unparseable for a strict reader. */
+START_TEST(test_json_utf8_edges) {
+    char dir[] = "/tmp/test_report_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"\xc2\x80", "\xc2\x80"},                         /* U+0080, the first two-byte */
+        {"\xc1\xbf", "\\ufffd\\ufffd"},                     /* U+007F overlong */
+        {"\xdf\xbf", "\xdf\xbf"},                         /* U+07FF */
+        {"\xe0\xa0\x80", "\xe0\xa0\x80"},                 /* U+0800, the first three-byte */
+        {"\xe0\x9f\xbf", "\\ufffd\\ufffd\\ufffd"},           /* U+07FF overlong */
+        {"\xed\x9f\xbf", "\xed\x9f\xbf"},                 /* U+D7FF, just below the surrogates */
+        {"\xed\xa0\x80", "\\ufffd\\ufffd\\ufffd"},           /* U+D800, the first surrogate */
+        {"\xee\x80\x80", "\xee\x80\x80"},                 /* U+E000, just above them */
+        {"\xef\xbf\xbf", "\xef\xbf\xbf"},                 /* U+FFFF */
+        {"\xf0\x90\x80\x80", "\xf0\x90\x80\x80"},         /* U+10000, the first four-byte */
+        {"\xf0\x8f\xbf\xbf", "\\ufffd\\ufffd\\ufffd\\ufffd"}, /* U+FFFF overlong */
+        {"\xf4\x8f\xbf\xbf", "\xf4\x8f\xbf\xbf"},         /* U+10FFFF, the last code point */
+        {"\xf4\x90\x80\x80", "\\ufffd\\ufffd\\ufffd\\ufffd"}, /* U+110000, past it */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Report r;
+        report_open(&r, path, "off", 1);
+        json_begin(&r, "t");
+        char in[32];
+        snprintf(in, sizeof in, "a%sz", cases[i].in); /* and the bytes around it pass as they are */
+        json_str(&r, "u", in);
+        json_end(&r);
+        report_close(&r);
+        char *s = test_slurp(path, NULL), want[128];
+        ck_assert_ptr_nonnull(s);
+        snprintf(want, sizeof want, "{\"type\":\"t\",\"u\":\"a%sz\"}\n", cases[i].out);
+        ck_assert_msg(!strcmp(s, want), "case %zu: wrote %s, expected %s", i, s, want);
+        free(s);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 /* %.9g must read back to the identical float32, for normal, subnormal and extreme values. */
 START_TEST(test_json_float_roundtrip) {
     char dir[] = "/tmp/test_report_XXXXXX";
@@ -972,6 +1020,7 @@ Suite *suite_cli(void) {
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);
     tcase_add_test(tr, test_json_lines);
+    tcase_add_test(tr, test_json_utf8_edges);
     tcase_add_test(tr, test_json_float_roundtrip);
     tcase_add_test(tr, test_median_and_bytes);
     tcase_add_test(tr, test_progress_bar);
