@@ -901,6 +901,30 @@ static void past_available_child(void *arg) {
     free(p);
 }
 
+static void die_at_child(void *arg) {
+    const char *hint = arg;
+    die_at("f.c", 7, "open(x)", "No such file", hint);
+}
+
+/* die_at prints errors.h's "file:line: call failed: why" and, where the caller knows the fix, a
+ * "  hint:" line under it — the one line of an internal failure (an out-of-memory, a thread limit, a
+ * CUDA-less build) that tells the user what to do — and exits 1. Only the out-of-memory test below
+ * reached die_at, and it checked the first line alone: a hint dropped went unseen. */
+START_TEST(test_die_at_prints_its_hint) {
+    char *out = NULL;
+    int st = test_run_captured(die_at_child, (void *)"lower --workers", &out);
+    ck_assert_msg(st == 1 && !strcmp(out, "f.c:7: open(x) failed: No such file\n  hint: lower --workers\n"),
+                  "exit %d: '%s'", st, out);
+    free(out);
+    st = test_run_captured(die_at_child, NULL, &out); /* no hint known: no hint line */
+    ck_assert_msg(st == 1 && !strcmp(out, "f.c:7: open(x) failed: No such file\n"), "exit %d: '%s'", st, out);
+    free(out);
+    st = test_run_captured(die_at_child, (void *)"", &out);
+    ck_assert_msg(st == 1 && !strcmp(out, "f.c:7: open(x) failed: No such file\n"), "exit %d: '%s'", st, out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_allocators_never_return_null) {
     char *a = xstrndup("abcdef", 3), *b = xstrdup("xyz"), *c = xstrndup("ab", 10);
     ck_assert_str_eq(a, "abc");
@@ -1026,6 +1050,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_progress_bar);
     tcase_add_test(tr, test_report_open_fails);
     tcase_add_test(tr, test_allocators_never_return_null);
+    tcase_add_test(tr, test_die_at_prints_its_hint);
     suite_add_tcase(s, tr);
     TCase *tm = tcase_create("report_ranks"); /* 67 worker processes on the CPU */
     tcase_set_timeout(tm, 300);
