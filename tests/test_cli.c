@@ -925,6 +925,37 @@ START_TEST(test_die_at_prints_its_hint) {
 }
 END_TEST
 
+static void failing_last_words(void) { die_runtime("the last words failed too"); }
+
+static void die_twice_child(void *arg) {
+    (void)arg;
+    /* a guard, not a measure: a process that hangs ends by SIGALRM (Check's own handler reset), and the
+     * test says so */
+    signal(SIGALRM, SIG_DFL);
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    sigprocmask(SIG_UNBLOCK, &alrm, NULL);
+    alarm(20);
+    die_last_words = failing_last_words;
+    die_user("the first failure");
+}
+
+/* A failure inside the exit itself — here the last words (trainer.c's resume gate sends them over a
+ * socket, which can fail) — comes from the thread already leaving: errors.c ends the process at once
+ * then, with both messages out. Were it taken for another thread's failure, that thread would wait
+ * for an exit that never comes, and the run would hang instead of failing. */
+START_TEST(test_failure_while_leaving_ends_the_process) {
+    char *out = NULL;
+    int st = test_run_captured(die_twice_child, NULL, &out);
+    ck_assert_msg(st != 128 + SIGALRM, "a failure in the last words hung the process:\n%s", out);
+    ck_assert_msg(st != 0 && st < 128 && strstr(out, "error: the first failure\n") &&
+                      strstr(out, "error: the last words failed too\n"),
+                  "exit %d:\n%s", st, out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_allocators_never_return_null) {
     char *a = xstrndup("abcdef", 3), *b = xstrdup("xyz"), *c = xstrndup("ab", 10);
     ck_assert_str_eq(a, "abc");
@@ -1051,6 +1082,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_report_open_fails);
     tcase_add_test(tr, test_allocators_never_return_null);
     tcase_add_test(tr, test_die_at_prints_its_hint);
+    tcase_add_test(tr, test_failure_while_leaving_ends_the_process);
     suite_add_tcase(s, tr);
     TCase *tm = tcase_create("report_ranks"); /* 67 worker processes on the CPU */
     tcase_set_timeout(tm, 300);
