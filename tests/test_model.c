@@ -324,6 +324,33 @@ static void check_plan(const char *arch, int batch, Precision p) {
     device_destroy(&d);
 }
 
+/* The account's unit (device.h): a request is charged rounded up to 512 bytes, at least 512, as
+ * PyTorch's caching allocator hands out blocks — so a peak compares with max_memory_allocated. The
+ * memory-plan test checks the model's bytes against the device's, both through device_alloc_size:
+ * a rounding one block too high everywhere passed it. Here the sizes themselves, and what an
+ * allocation, a free and a peak reset do to the account. */
+START_TEST(device_account_rounds_to_512_bytes) {
+    const size_t sizes[][2] = {{0, 512}, {1, 512}, {511, 512}, {512, 512}, {513, 1024}, {1024, 1024},
+                               {1025, 1536}, {1048576, 1048576}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        ck_assert_msg(device_alloc_size(sizes[i][0]) == sizes[i][1], "%zu bytes accounted as %zu, not %zu",
+                      sizes[i][0], device_alloc_size(sizes[i][0]), sizes[i][1]);
+    Device d = cpu();
+    const size_t base = d.mem_cur;
+    void *a = device_alloc(&d, 512, "a"), *b = device_alloc(&d, 513, "b"), *c = device_alloc(&d, 0, "c");
+    ck_assert_uint_eq(d.mem_cur - base, 512 + 1024 + 512);
+    ck_assert_uint_eq(d.mem_peak, d.mem_cur);
+    device_free(&d, b);
+    ck_assert_uint_eq(d.mem_cur - base, 512 + 512);
+    ck_assert_uint_eq(d.mem_peak - base, 512 + 1024 + 512); /* the peak stays */
+    device_reset_peak(&d); /* torch.cuda.reset_peak_memory_stats: the peak restarts at what is in use */
+    ck_assert_uint_eq(d.mem_peak, d.mem_cur);
+    device_free(&d, a), device_free(&d, c);
+    ck_assert_uint_eq(d.mem_cur, base);
+    device_destroy(&d);
+}
+END_TEST
+
 START_TEST(memory_plan_is_sound_and_accounted) {
     setenv("MODEL_MEMORY_PLAN", "1", 1); /* the default, whatever the environment says */
     check_plan("tiny", 4, PREC_FP32);
@@ -1067,6 +1094,7 @@ Suite *suite_model(void) {
     tcase_add_test(tc, backward_plan_accumulates_at_fan_out);
     tcase_add_test(tc, grad_ready_hook_fires_once_per_parameter_in_reverse);
     tcase_add_test(tc, forwards_of_unprepared_sizes_are_counted);
+    tcase_add_test(tc, device_account_rounds_to_512_bytes);
     tcase_add_test(tc, hook_stops_defer_hooks_in_order);
     tcase_add_test(tc, autocast_weight_gradients_batch_without_a_bit_changed);
     tcase_add_test(tc, gradients_accumulate_across_backwards);
