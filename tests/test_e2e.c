@@ -426,6 +426,48 @@ static void memory_fraction_case(DeviceKind kind, const char *base) {
     free(dir);
 }
 
+typedef struct {
+    const char *what;
+    int smaller_model;
+} OomCase;
+
+static void oom_child(void *arg) {
+    const OomCase *c = arg;
+    Device d = {0};
+    device_init(&d, DEV_CPU, 0, 0);
+    device_oom_smaller_model = c->smaller_model;
+    snprintf(device_oom_fix, sizeof device_oom_fix, "lower --batch-size (now 64)%s",
+             c->smaller_model ? ", or use --model tiny" : "");
+    d.mem_limit = d.mem_cur + 4096; /* as --memory-fraction would cap it */
+    device_alloc(&d, 8192, c->what);
+}
+
+/* Out of memory for the model's own state — its parameters, their gradients, the optimizer's
+ * buffers — no batch size helps: the hint says so and offers a smaller model only where one exists;
+ * for anything else (activations), the batch. memory_fraction_case reaches only "parameters" (the
+ * first allocation), and checks its hint without the model part: "gradients" taken for a batch
+ * buffer, or the smaller model offered to a tiny run and withheld from ResNet-18, passed it. */
+START_TEST(out_of_memory_hint_fits_what_did_not_fit) {
+    const OomCase cases[] = {{"parameters", 1}, {"gradients", 1}, {"gradients", 0}, {"optimizer momentum", 1},
+                             {"optimizer exp_avg (adam)", 0}, {"activations", 1}, {"activations", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const OomCase *c = &cases[i];
+        char *out = NULL, head[96];
+        int st = test_run_captured(oom_child, (void *)c, &out);
+        snprintf(head, sizeof head, "cannot allocate 0.0 MiB for %s (", c->what);
+        const int own = strcmp(c->what, "activations") != 0;
+        ck_assert_msg(st == 1 && strstr(out, head) && strstr(out, "hint: out of memory: raise --memory-fraction"),
+                      "%s: exit %d\n%s", c->what, st, out);
+        ck_assert_msg(own == (strstr(out, "the model's own state does not fit, whatever the batch") != NULL) &&
+                          own == !strstr(out, "--batch-size"),
+                      "%s: the hint %s the batch size:\n%s", c->what, own ? "offers" : "does not offer", out);
+        ck_assert_msg(c->smaller_model == (strstr(out, "use --model tiny") != NULL), "%s: the hint %s --model tiny:\n%s",
+                      c->what, c->smaller_model ? "does not offer" : "offers", out);
+        free(out);
+    }
+}
+END_TEST
+
 /* The bar shows a loss only once one has been read back (every --log-every steps): before that "–",
  * never a 0.0000 that looks like a result. */
 START_TEST(stage1_progress_bar_waits_for_a_loss) {
@@ -647,6 +689,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_each_step_uses_its_scheduled_lr);
     tcase_add_test(tc, stage1_says_why_a_closed_pipe_stopped_it);
     tcase_add_test(tc, stage1_memory_fraction_caps_the_account);
+    tcase_add_test(tc, out_of_memory_hint_fits_what_did_not_fit);
     tcase_add_test(tc, every_stage_reports_its_loaders_data_wait);
     tcase_add_test(tc, every_stage_prepares_its_short_batches);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
