@@ -201,6 +201,28 @@ START_TEST(stage4_flops_count_every_image_of_a_step) {
 }
 END_TEST
 
+/* The CPU backend is one physical device to the peak, however many logical ones DataParallel splits it
+ * into (trainer.c's physical_devices keys a device by host and ordinal, and a CPU device has none: -1):
+ * ./stage2's two virtual devices on one host's cores multiply PEAK_TFLOPS by 1, not 2. The stage 1 and
+ * stage 4 runs above have one device per process, so a CPU device given an ordinal of its own (its
+ * index) passed them. */
+START_TEST(stage2_cpu_devices_are_one_to_the_peak) {
+    char *dir = test_tmpdir(), cmd[2048], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(cmd, sizeof cmd,
+             "PEAK_TFLOPS=0.25 timeout -k 5 120 %s/stage2 --device cpu --gpus 2 --model tiny --train-size 128 "
+             "--test-size 32 --batch-size 16 --steps 2 --epochs 1 --progress off --report %s", test_root(), path);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "%s\n%s", cmd, out);
+    char *rep = test_slurp(path, NULL);
+    ck_assert(rep);
+    ck_assert_msg(summary_num(rep, "world_size") == 2 && summary_num(rep, "peak_devices") == 1 &&
+                      summary_num(rep, "peak_tflops") == 0.25,
+                  "two CPU devices of one host: %s", rep);
+    free(rep), free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_flops(void) {
     Suite *s = suite_create("flops");
     TCase *tc = tcase_create("flops");
@@ -209,6 +231,7 @@ Suite *suite_flops(void) {
     tcase_add_test(tc, flops_follow_from_the_architecture);
     tcase_add_test(tc, stage1_reports_flops_and_peak);
     tcase_add_test(tc, stage4_flops_count_every_image_of_a_step);
+    tcase_add_test(tc, stage2_cpu_devices_are_one_to_the_peak);
     suite_add_tcase(s, tc);
     return s;
 }
