@@ -166,9 +166,11 @@ START_TEST(stage1_reports_flops_and_peak) {
     ck_assert_msg(strstr(out, "a full step is 8 images and the training set has 4") &&
                   strstr(out, "--batch-size 1 with an --accum-steps of at most 4 fits the set"), "%s", out);
     free(out);
-    /* a PEAK_TFLOPS that is not a positive number: one line, exit 2, before any training */
-    const char *bad[] = {"fast", "0", "-3", "inf"};
-    for (int i = 0; i < 4; i++) {
+    /* a PEAK_TFLOPS that is not a positive number: one line, exit 2, before any training — a number
+     * with more after it ("2.5x", a unit typed in) included: read as its leading 2.5, it would scale the
+     * report's peak fraction silently */
+    const char *bad[] = {"fast", "0", "-3", "inf", "2.5x"};
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
         char want[64];
         snprintf(cmd, sizeof cmd, "PEAK_TFLOPS=%s %s/stage1 --device cpu --model tiny --train-size 320 "
                  "--test-size 32 --batch-size 32 --epochs 1 --progress off", bad[i], test_root());
