@@ -435,6 +435,33 @@ START_TEST(holding_every_slot_fails_loudly) {
 }
 END_TEST
 
+/* prefetch 0 asks for loader.h's default ring, 2 × max(workers, 1) slots, as torch's prefetch_factor 2:
+ * a consumer holding that many batches at once still gets every one (and only one more would be the
+ * deadlock holding_every_slot_fails_loudly refuses). The stages pass a prefetch of their own, and the
+ * tests passed prefetch 0 only with one worker held two at a time, so a ring of 1 × workers passed. */
+START_TEST(default_ring_is_two_batches_per_worker) {
+    Dataset ds = small_set(100);
+    for (int workers = 0; workers <= 3; workers++) {
+        LoaderConfig cfg = config(10, workers, 0, 0);
+        Loader *l = loader_create(&ds, &cfg, NULL);
+        loader_start_epoch(l, 0, 0, NULL, 0);
+        const int slots = 2 * (workers > 0 ? workers : 1);
+        Batch *held[8];
+        for (int i = 0; i < slots; i++) {
+            held[i] = loader_next(l); /* a ring smaller than the default dies here: the consumer holds it all */
+            ck_assert_ptr_nonnull(held[i]);
+            ck_assert_int_eq(held[i]->index, i);
+        }
+        for (int i = 0; i < slots; i++) loader_release(l, held[i]);
+        int64_t rest = 0;
+        for (Batch *b; (b = loader_next(l)); loader_release(l, b)) ck_assert_int_eq(b->index, slots + rest++);
+        ck_assert_int_eq(slots + rest, 10);
+        loader_destroy(l);
+    }
+    dataset_free(&ds);
+}
+END_TEST
+
 START_TEST(pinned_on_cpu_device) {
     Dataset ds = small_set(100);
     Device dev = {0};
@@ -470,6 +497,7 @@ Suite *suite_loader(void) {
     tcase_add_test(tc, restart_and_destroy_mid_epoch_do_not_hang);
     tcase_add_test(tc, out_of_order_release_and_wait_counter);
     tcase_add_test(tc, holding_every_slot_fails_loudly);
+    tcase_add_test(tc, default_ring_is_two_batches_per_worker);
     tcase_add_test(tc, pinned_on_cpu_device);
     suite_add_tcase(s, tc);
     return s;
