@@ -408,6 +408,27 @@ START_TEST(out_of_order_release_and_wait_counter) {
 }
 END_TEST
 
+/* With no workers the consumer builds every batch itself when it asks (loader.h): all that time the
+ * training thread waits for data, so it is data-wait, as PyTorch's data time with num_workers=0. The
+ * counter is read and reset by loader_take_wait_seconds; what the assertion needs is only that building
+ * real batches counted some time at all, where a loader that forgot the synchronous path reports 0.
+ * out_of_order_release_and_wait_counter uses workers, and accepts 0. */
+START_TEST(synchronous_loading_counts_as_data_wait) {
+    Dataset ds = small_set(256);
+    LoaderConfig cfg = config(128, 0, 0, 1); /* 128 augmented images a batch: far above the clock's resolution */
+    Loader *l = loader_create(&ds, &cfg, NULL);
+    loader_start_epoch(l, 0, 0, NULL, 0);
+    int n = 0;
+    for (Batch *b; (b = loader_next(l)); loader_release(l, b)) n++;
+    ck_assert_int_eq(n, 2);
+    const double w = loader_take_wait_seconds(l);
+    ck_assert_msg(w > 0, "two batches built on the consumer's thread counted %g s of data wait", w);
+    ck_assert(loader_take_wait_seconds(l) == 0.0); /* reset by the take */
+    loader_destroy(l);
+    dataset_free(&ds);
+}
+END_TEST
+
 START_TEST(holding_every_slot_fails_loudly) {
     /* A consumer that keeps every slot and asks for more would wait forever: the loader says so
      * and exits instead (in a child process here, so the runner survives). */
@@ -496,6 +517,7 @@ Suite *suite_loader(void) {
     tcase_add_test(tc, mid_epoch_start_is_tail_of_full_epoch);
     tcase_add_test(tc, restart_and_destroy_mid_epoch_do_not_hang);
     tcase_add_test(tc, out_of_order_release_and_wait_counter);
+    tcase_add_test(tc, synchronous_loading_counts_as_data_wait);
     tcase_add_test(tc, holding_every_slot_fails_loudly);
     tcase_add_test(tc, default_ring_is_two_batches_per_worker);
     tcase_add_test(tc, pinned_on_cpu_device);
