@@ -531,6 +531,47 @@ START_TEST(dp_new_threads_replan_every_step_the_pool_does_not) {
 }
 END_TEST
 
+/* A replica's forward counts like model_forward's (model_count_forward): a chunk of a size dp_prepare
+ * never planned is one unprepared forward on that replica's model — stage 2's summary reports replica
+ * 0's — and a prepared size is none. The e2e test runs every stage with all its sizes prepared and wants
+ * 0, which a replica forward that counted nothing also gives. */
+START_TEST(dp_counts_forwards_of_unprepared_chunks) {
+    enum { N = 2 };
+    Device opts = opts_for(DEV_CPU);
+    Device **devs = dp_devices_create(N, DEV_CPU, &opts);
+    Model *models[DP_MAX_DEVICES];
+    for (int i = 0; i < N; i++) models[i] = model_create(devs[i], "tiny", 1, 4, 7);
+    DpConfig cfg = dp_config_defaults();
+    cfg.plan_us = 100; /* the mechanism, not the cost: keep the test quick */
+    DataParallel dp;
+    dp_init(&dp, devs, N, models, 8, 4, &cfg);
+    dp_prepare(&dp, 8); /* chunks of 4 */
+    float *x = malloc((size_t)8 * IMG_PIXELS * sizeof(float));
+    int32_t y[8], correct;
+    float loss;
+    make_batch(8, x, y);
+    dp_forward_backward(&dp, models[0], x, y, 8, &loss, &correct);
+    dp_step_end(&dp);
+    for (int i = 0; i < N; i++) ck_assert_int_eq(dp.rep[i].model->unprepared_forwards, 0);
+    dp_forward_backward(&dp, models[0], x, y, 6, &loss, &correct); /* chunks of 3: never prepared */
+    dp_step_end(&dp);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(dp.rep[i].model->unprepared_forwards == 1 && dp.rep[i].model->unprepared_last == 3,
+                      "replica %d: %lld unprepared forwards, the last of %d", i,
+                      (long long)dp.rep[i].model->unprepared_forwards, dp.rep[i].model->unprepared_last);
+    }
+    dp_prepare(&dp, 6);
+    dp_forward_backward(&dp, models[0], x, y, 6, &loss, &correct);
+    dp_step_end(&dp);
+    for (int i = 0; i < N; i++) ck_assert_int_eq(dp.rep[i].model->unprepared_forwards, 1);
+    dp_epoch_end(&dp);
+    dp_destroy(&dp);
+    for (int i = 0; i < N; i++) model_destroy(models[i]);
+    dp_devices_destroy(devs, N);
+    free(x);
+}
+END_TEST
+
 /* ---- ./stage2 end to end -------------------------------------------------------------------- */
 
 #define SMALL2 "--model tiny --train-size 512 --test-size 256 --batch-size 16 --progress off"
@@ -851,6 +892,7 @@ Suite *suite_dp(void) {
     tcase_add_test(tc, dp_device0_peak_memory_is_highest);
     tcase_add_test(tc, plan_cache_plans_each_conv_once);
     tcase_add_test(tc, dp_new_threads_replan_every_step_the_pool_does_not);
+    tcase_add_test(tc, dp_counts_forwards_of_unprepared_chunks);
     suite_add_tcase(s, tc);
     TCase *e2e = tcase_create("stage2");
     tcase_set_timeout(e2e, 300);
