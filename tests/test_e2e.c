@@ -10,7 +10,11 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "cli.h"
+#include "data.h"
+#include "model.h"
 #include "optim.h"
+#include "trainer.h"
 
 #include "tests.h"
 
@@ -667,6 +671,59 @@ START_TEST(every_stage_reports_its_loaders_data_wait) {
 }
 END_TEST
 
+typedef struct {
+    const char *report;
+    int evaluated;
+} UnpreparedRun;
+
+/* What a stage's main does around one forward of a batch size it never prepared (3; it prepared 4),
+ * then either run_evaluated (--evaluate) or run_finish's summary. */
+static void unprepared_run_child(void *arg) {
+    const UnpreparedRun *u = arg;
+    TrainConfig cfg;
+    config_defaults(&cfg);
+    cfg.device = "cpu", cfg.model = "tiny", cfg.progress = "off", cfg.report = u->report;
+    config_resolve(&cfg, 0, 1);
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, 0, 0);
+    Model *m = model_create(&dev, "tiny", 1, 4, 1);
+    model_prepare(m, 4);
+    Optimizer opt;
+    optim_init(&opt, &dev, m->n_param_floats, 0.1, 0.9, 0);
+    Device *devs[1] = {&dev};
+    Run run;
+    run_begin(&run, &cfg, "stage1", devs, 1, 1, 0, NULL, NULL, m, &opt, 1, "synthetic");
+    static float x[3 * IMG_PIXELS];
+    test_fill_uniform(x, 3 * IMG_PIXELS, 5, -1, 1);
+    model_forward(m, 3, x, 0);
+    if (u->evaluated) run_evaluated(&run, 0.5, 1.0);
+    run_finish(&run);
+}
+
+/* The other side of every_stage_prepares_its_short_batches, which wants 0 everywhere: a forward of a size
+ * never prepared shows in the report that ends the run — the "summary" record, or "evaluate" under
+ * --evaluate — and in the console note that names the fix. No stage misses a size (that test), so this
+ * drives the trainer as a stage's main does; a record that always wrote 0 passed every run. */
+START_TEST(unprepared_forwards_reach_the_report) {
+    char *dir = test_tmpdir(), path[600];
+    for (int evaluated = 0; evaluated < 2; evaluated++) {
+        snprintf(path, sizeof path, "%s/r%d.jsonl", dir, evaluated);
+        UnpreparedRun u = {path, evaluated};
+        char *out = NULL;
+        int st = test_run_captured(unprepared_run_child, &u, &out);
+        const char *type = evaluated ? "evaluate" : "summary";
+        ck_assert_msg(st == 0, "exit %d:\n%s", st, out);
+        ck_assert_msg(test_report_field(path, type, "unprepared_forwards") == 1, "%s: the record has %g", type,
+                      test_report_field(path, type, "unprepared_forwards"));
+        ck_assert_msg(strstr(out, "note: 1 forward pass ran a batch size never prepared (the last: 3)") &&
+                          strstr(out, "call model_prepare at setup for every batch size"),
+                      "%s: no note naming the fix:\n%s", type, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* Every stage plans its convolutions at setup for each batch size it will run — the short last batch
  * of training (of a rank's shard; of DataParallel's chunks) and of evaluation included — so no step
  * plans inside its timing (model.h: model_prepare). 144 training and 44 test images leave short
@@ -718,6 +775,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, out_of_memory_without_a_fraction_names_none);
     tcase_add_test(tc, every_stage_reports_its_loaders_data_wait);
     tcase_add_test(tc, every_stage_prepares_its_short_batches);
+    tcase_add_test(tc, unprepared_forwards_reach_the_report);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
     tcase_add_test(tc, stage1_divergence_stops_and_keeps_the_good_checkpoint);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
