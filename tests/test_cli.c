@@ -767,6 +767,10 @@ START_TEST(test_median_and_bytes) {
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 0), "0 B");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 512), "512 B");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1023), "1023 B");
+    /* each unit from its first byte on: 1024 B is 1 KiB, 1024 KiB is 1 MiB (not "1024 B", "1024.00 KiB") */
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1024), "1.00 KiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1048576), "1.00 MiB");
+    ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1073741824.0), "1.00 GiB");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1536), "1.50 KiB");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 3.21 * 1048576), "3.21 MiB");
     ck_assert_str_eq(fmt_bytes(buf, sizeof buf, 1.07 * 1073741824.0), "1.07 GiB");
