@@ -879,6 +879,31 @@ START_TEST(test_report_open_fails) {
 }
 END_TEST
 
+/* A --report file that exists is emptied before the run writes to it (as torch and `>` do): the new
+ * run's lines alone, never the tail of a longer earlier report after them, which would read as records
+ * of this run. test_json_lines always wrote to a new file. */
+START_TEST(test_report_replaces_an_old_file) {
+    char *dir = test_tmpdir(), path[600];
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 100; i++) fprintf(f, "{\"type\":\"step\",\"step\":%d,\"from\":\"an earlier run\"}\n", i);
+    fclose(f);
+    Report r;
+    report_open(&r, path, "off", 1);
+    json_begin(&r, "summary");
+    json_int(&r, "steps", 3);
+    json_end(&r);
+    report_close(&r);
+    char *s = test_slurp(path, NULL);
+    ck_assert_ptr_nonnull(s);
+    const char *want = "{\"type\":\"summary\",\"steps\":3}\n";
+    ck_assert_msg(!strcmp(s, want), "the file holds %zu bytes, not this run's one line: %.200s…", strlen(s), s);
+    free(s);
+    unlink(path), rmdir(dir), free(dir);
+}
+END_TEST
+
 /* The allocators that never return NULL (errors.h): xstrndup copies as strndup does; a request no
  * machine can meet ends the run with one error naming the call, its caller's file:line and the
  * bytes — not a NULL dereferenced later (the checkpoint's, --keep-last's and --trace's paths were
@@ -1084,6 +1109,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_median_and_bytes);
     tcase_add_test(tr, test_progress_bar);
     tcase_add_test(tr, test_report_open_fails);
+    tcase_add_test(tr, test_report_replaces_an_old_file);
     tcase_add_test(tr, test_allocators_never_return_null);
     tcase_add_test(tr, test_die_at_prints_its_hint);
     tcase_add_test(tr, test_failure_while_leaving_ends_the_process);
