@@ -904,6 +904,29 @@ START_TEST(test_report_replaces_an_old_file) {
 }
 END_TEST
 
+static void report_to_dev_null_child(void *arg) {
+    (void)arg;
+    Report r;
+    report_open(&r, "/dev/null", "off", 1);
+    json_begin(&r, "summary");
+    json_int(&r, "steps", 3);
+    json_end(&r);
+    report_close(&r);
+    printf("report closed\n");
+}
+
+/* --report /dev/null (a character device, as --trace /dev/null: any number of writers) is a place to
+ * throw the report away, not an error: report_open takes a regular file or a character device, and
+ * refuses FIFOs, sockets and directories (above). test_resolve_output_files accepts the flag, but
+ * only report_open opens it. */
+START_TEST(test_report_to_dev_null) {
+    char *out = NULL;
+    int st = test_run_captured(report_to_dev_null_child, NULL, &out);
+    ck_assert_msg(st == 0 && strstr(out, "report closed") && !strstr(out, "error"), "exit %d: %s", st, out);
+    free(out);
+}
+END_TEST
+
 /* The allocators that never return NULL (errors.h): xstrndup copies as strndup does; a request no
  * machine can meet ends the run with one error naming the call, its caller's file:line and the
  * bytes — not a NULL dereferenced later (the checkpoint's, --keep-last's and --trace's paths were
@@ -1110,6 +1133,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_progress_bar);
     tcase_add_test(tr, test_report_open_fails);
     tcase_add_test(tr, test_report_replaces_an_old_file);
+    tcase_add_test(tr, test_report_to_dev_null);
     tcase_add_test(tr, test_allocators_never_return_null);
     tcase_add_test(tr, test_die_at_prints_its_hint);
     tcase_add_test(tr, test_failure_while_leaving_ends_the_process);
