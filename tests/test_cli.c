@@ -927,6 +927,37 @@ START_TEST(test_report_to_dev_null) {
 }
 END_TEST
 
+static void stdout_fails_child(void *arg) {
+    const char *where = arg;
+    if (!strcmp(where, "full")) {
+        ck_assert_ptr_nonnull(freopen("/dev/full", "w", stdout)); /* every write: ENOSPC, as a full disk */
+    } else { /* a pipe whose reader is gone (`stage1 | head`): EPIPE, with SIGPIPE ignored as cli.c does */
+        int fd[2];
+        ck_assert_int_eq(pipe(fd), 0);
+        close(fd[0]);
+        signal(SIGPIPE, SIG_IGN);
+        dup2(fd[1], STDOUT_FILENO);
+    }
+    Report r;
+    report_open(&r, NULL, "off", 1);
+    report_printf(&r, "epoch 1/1: a line that cannot be written\n");
+    report_close(&r);
+}
+
+/* Lines lost because stdout failed (a full disk, the file-size limit) are said on stderr when the run
+ * ends — but not for a reader that went away on purpose (`| head`), whose missing lines are wanted so. */
+START_TEST(test_lost_output_is_said_unless_the_reader_left) {
+    char *out = NULL;
+    int st = test_run_captured(stdout_fails_child, (void *)"full", &out);
+    ck_assert_msg(st == 0 && strstr(out, "warning: writing the output (stdout) failed") && strstr(out, "lines are missing"),
+                  "stdout on a full device: exit %d, '%s'", st, out);
+    free(out);
+    st = test_run_captured(stdout_fails_child, (void *)"pipe", &out);
+    ck_assert_msg(st == 0 && !strstr(out, "warning"), "stdout to a closed pipe: exit %d, '%s'", st, out);
+    free(out);
+}
+END_TEST
+
 /* The allocators that never return NULL (errors.h): xstrndup copies as strndup does; a request no
  * machine can meet ends the run with one error naming the call, its caller's file:line and the
  * bytes — not a NULL dereferenced later (the checkpoint's, --keep-last's and --trace's paths were
@@ -1134,6 +1165,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_report_open_fails);
     tcase_add_test(tr, test_report_replaces_an_old_file);
     tcase_add_test(tr, test_report_to_dev_null);
+    tcase_add_test(tr, test_lost_output_is_said_unless_the_reader_left);
     tcase_add_test(tr, test_allocators_never_return_null);
     tcase_add_test(tr, test_die_at_prints_its_hint);
     tcase_add_test(tr, test_failure_while_leaving_ends_the_process);
