@@ -398,6 +398,11 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
     char *out;
     test_run_ok(cmd, what, &out);
     ck_assert_msg(strstr(out, "SyncBatchNorm"), "%s: the header does not say SyncBatchNorm\n%s", what, out);
+    /* rank 0 prints it, the others not: once however many ranks share the output (with 2 ranks, "rank 1
+     * alone" also gives once — the 3-rank case tells them apart) */
+    int headers = 0;
+    for (const char *p = out; (p = strstr(p, "syncbn: SyncBatchNorm over ")); p++) headers++;
+    ck_assert_msg(headers == 1, "%s: the header printed %d times\n%s", what, headers, out);
     snprintf(pa, sizeof pa, "%s/one.jsonl", dir);
     snprintf(pb, sizeof pb, "%s/sync.jsonl", dir);
     double e = loss_diff(pa, pb, steps), e_sync = e;
