@@ -734,22 +734,22 @@ END_TEST
  * there too. */
 START_TEST(every_stage_prepares_its_short_batches) {
     char *dir = test_tmpdir(), cmd[2048], path[600], *out;
-    const char *runs[] = {"cpu stage1", "cpu stage2", "cpu stage3 --nproc-per-node 2",
-                          "cpu stage4 --nproc-per-node 2", "cpu stage5 --nproc-per-node 2",
-                          "cuda stage1", "cuda stage5 --nproc-per-node 1"};
+    const struct { const char *stage, *dev; } runs[] = {
+        {"stage1", "cpu"}, {"stage2", "cpu"}, {"stage3 --nproc-per-node 2", "cpu"},
+        {"stage4 --nproc-per-node 2", "cpu"}, {"stage5 --nproc-per-node 2", "cpu"},
+        {"stage1", "cuda"}, {"stage5 --nproc-per-node 1", "cuda"}};
     const int n_runs = test_have_gpu("every stage prepares its short batches, on a GPU") ? 7 : 5;
     for (int i = 0; i < n_runs; i++) {
-        char port[32] = "", dev[8];
-        const char *stage = strchr(runs[i], ' ') + 1;
-        snprintf(dev, sizeof dev, "%.*s", (int)(stage - 1 - runs[i]), runs[i]);
-        if (strstr(stage, "nproc")) snprintf(port, sizeof port, " --master-port %d", test_free_port());
+        char port[32] = "";
+        if (strstr(runs[i].stage, "nproc")) snprintf(port, sizeof port, " --master-port %d", test_free_port());
         snprintf(path, sizeof path, "%s/r%d.jsonl", dir, i);
         snprintf(cmd, sizeof cmd, "timeout 300 %s/%s --device %s --model tiny --train-size 144 --test-size 44 "
-                 "--batch-size 32 --epochs 1 --progress off%s --report %s", test_root(), stage, dev, port, path);
-        test_run_ok(cmd, runs[i], &out);
+                 "--batch-size 32 --epochs 1 --progress off%s --report %s", test_root(), runs[i].stage, runs[i].dev,
+                 port, path);
+        test_run_ok(cmd, runs[i].stage, &out);
         double n = test_report_field(path, "summary", "unprepared_forwards");
-        ck_assert_msg(n == 0 && !strstr(out, "never prepared"),
-                      "%s: %g forward passes ran a batch size model_prepare never planned:\n%s", runs[i], n, out);
+        ck_assert_msg(n == 0 && !strstr(out, "never prepared"), "%s on %s: %g forward passes ran a batch size "
+                      "model_prepare never planned:\n%s", runs[i].stage, runs[i].dev, n, out);
         free(out);
     }
     free(dir);
