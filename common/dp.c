@@ -338,6 +338,14 @@ void dp_parallel_apply(DataParallel *dp) {
         plan[1] += 1e3 * (r->plan_own_s + r->plan_charged_s) / dp->k;
         plan[2] += 1e3 * r->plan_own_s / dp->k;
     }
+    for (int i = 1; i < dp->k; i++) { /* the other replicas' forwards count on the master, whose count
+                                          * the report shows (their threads have joined: no race) */
+        Model *m = dp->rep[i].model;
+        if (!m->unprepared_forwards) continue;
+        dp->master->unprepared_forwards += m->unprepared_forwards;
+        dp->master->unprepared_last = m->unprepared_last;
+        m->unprepared_forwards = 0;
+    }
     for (int i = 1; i < dp->k; i++) dp_event_wait(d0, dp->rep[i].fwd_done);
     dp_mark(dp, DP_FORWARD);
     trace_end(host);

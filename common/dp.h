@@ -192,7 +192,7 @@ void dp_describe(const DataParallel *dp, Report *r);
  * it steps the optimizer on the master, then calls dp_step_end (the DP_OPTIMIZER phase). */
 void dp_scatter(DataParallel *dp, const float *x, int batch);
 void dp_replicate(DataParallel *dp);
-void dp_parallel_apply(DataParallel *dp);
+void dp_parallel_apply(DataParallel *dp); /* every replica's unprepared forwards end up in the master's count */
 void dp_gather(DataParallel *dp);          /* → dp->logits on device 0 */
 void dp_backward(DataParallel *dp);        /* from dp->dlogits on device 0 */
 void dp_reduce_add(DataParallel *dp);      /* → master->grad_flat */

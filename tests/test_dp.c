@@ -69,8 +69,6 @@ static Device opts_for(DeviceKind kind) {
     return (Device){.deterministic = kind == DEV_CUDA, .allow_tf32 = 0};
 }
 
-/* One SGD step (lr 0.1, momentum 0.9, wd 5e-4) of `arch` through DataParallel on n logical devices
- * with global batch `batch`, the loss's scale 1/batch. */
 /* One DataParallel forward + backward as stage 2's loop runs it, up to the summed gradient on device 0
  * (the caller steps the optimizer, if it wants, and calls dp_step_end). */
 static void dp_forward_backward(DataParallel *dp, Model *master, const float *x, const int32_t *y, int batch,
@@ -86,6 +84,8 @@ static void dp_forward_backward(DataParallel *dp, Model *master, const float *x,
     dp_reduce_add(dp);
 }
 
+/* One SGD step (lr 0.1, momentum 0.9, wd 5e-4) of `arch` through DataParallel on n logical devices
+ * with global batch `batch`, the loss's scale 1/batch. */
 static void dp_one_step(DeviceKind kind, int n, int batch, const char *arch, int bn, const DpConfig *cfg,
                         StepOut *out) {
     Device opts = opts_for(kind);
@@ -532,9 +532,10 @@ START_TEST(dp_new_threads_replan_every_step_the_pool_does_not) {
 END_TEST
 
 /* A replica's forward counts like model_forward's (model_count_forward): a chunk of a size dp_prepare
- * never planned is one unprepared forward on that replica's model — stage 2's summary reports replica
- * 0's — and a prepared size is none. The e2e test runs every stage with all its sizes prepared and wants
- * 0, which a replica forward that counted nothing also gives. */
+ * never planned is one unprepared forward, and a prepared size is none. Every replica's count ends up
+ * in the master's — the model the summary reports — so a size missing on replica 1 alone shows too.
+ * The e2e test runs every stage with all its sizes prepared and wants 0, which a replica forward that
+ * counted nothing also gives. */
 START_TEST(dp_counts_forwards_of_unprepared_chunks) {
     enum { N = 2 };
     Device opts = opts_for(DEV_CPU);
@@ -555,15 +556,21 @@ START_TEST(dp_counts_forwards_of_unprepared_chunks) {
     for (int i = 0; i < N; i++) ck_assert_int_eq(dp.rep[i].model->unprepared_forwards, 0);
     dp_forward_backward(&dp, models[0], x, y, 6, &loss, &correct); /* chunks of 3: never prepared */
     dp_step_end(&dp);
-    for (int i = 0; i < N; i++) {
-        ck_assert_msg(dp.rep[i].model->unprepared_forwards == 1 && dp.rep[i].model->unprepared_last == 3,
-                      "replica %d: %lld unprepared forwards, the last of %d", i,
-                      (long long)dp.rep[i].model->unprepared_forwards, dp.rep[i].model->unprepared_last);
-    }
+    ck_assert_msg(models[0]->unprepared_forwards == N && models[0]->unprepared_last == 3,
+                  "the master counts %lld unprepared forwards, the last of %d; want one per replica, of 3",
+                  (long long)models[0]->unprepared_forwards, models[0]->unprepared_last);
+    ck_assert_int_eq(models[1]->unprepared_forwards, 0); /* handed over, not counted twice */
     dp_prepare(&dp, 6);
     dp_forward_backward(&dp, models[0], x, y, 6, &loss, &correct);
     dp_step_end(&dp);
-    for (int i = 0; i < N; i++) ck_assert_int_eq(dp.rep[i].model->unprepared_forwards, 1);
+    ck_assert_int_eq(models[0]->unprepared_forwards, N);
+    /* batch 5 makes chunks of 3 and 2: replica 0's size is prepared, replica 1's is not — only its
+     * forward counts, and it shows on the master */
+    dp_forward_backward(&dp, models[0], x, y, 5, &loss, &correct);
+    dp_step_end(&dp);
+    ck_assert_msg(models[0]->unprepared_forwards == N + 1 && models[0]->unprepared_last == 2,
+                  "replica 1's unprepared chunk of 2: the master counts %lld (want %d), the last of %d",
+                  (long long)models[0]->unprepared_forwards, N + 1, models[0]->unprepared_last);
     dp_epoch_end(&dp);
     dp_destroy(&dp);
     for (int i = 0; i < N; i++) model_destroy(models[i]);

@@ -729,7 +729,7 @@ END_TEST
  * of training (of a rank's shard; of DataParallel's chunks) and of evaluation included — so no step
  * plans inside its timing (model.h: model_prepare). 144 training and 44 test images leave short
  * batches everywhere, no two of one size: 16 of 144 (one process, batch 32), 8 + 8 of DataParallel's
- * 64 (the report counts replica 0's), 8 of a rank's 72, and 12 or 22 of the test set. On the CPU a
+ * 64 (one per replica, both counted), 8 of a rank's 72, and 12 or 22 of the test set. On the CPU a
  * missed size costs nothing, so the count is what shows it; with a GPU visible, stages 1 and 5 run
  * there too. */
 START_TEST(every_stage_prepares_its_short_batches) {
