@@ -963,12 +963,14 @@ END_TEST
  * bytes — not a NULL dereferenced later (the checkpoint's, --keep-last's and --trace's paths were
  * copied with an unchecked strdup). Under a sanitizer its own
  * allocator reports the request instead, so only the copies are checked there. */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 static void huge_realloc_child(void *arg) {
     (void)arg;
     volatile size_t bytes = (size_t)1 << 62; /* past any x86-64 or aarch64 address space */
     char *p = xrealloc(NULL, bytes);
     p[0] = 1; /* not reached */
 }
+#endif
 
 /* Halfway between what the kernel would still hand out and the physical memory: malloc itself succeeds
  * there (Linux overcommits up to RAM + swap), and a run that filled the pages was killed with no message
