@@ -197,8 +197,25 @@ static int plan(Ddp *d, const int *order, size_t first_limit) {
     return 1;
 }
 
+/* find_unused_parameters: PyTorch never rebuilds, and plans at construction as
+ * _compute_bucket_assignment_by_size does: the parameters in forward (registration) order, the first
+ * bucket at first_bytes, then the list reversed — so the first layers' small bucket is all-reduced
+ * last (ResNet-18: 9.03, 32.18, 1.42 MiB; tests/fixtures/ddp_buckets.txt). */
+static void plan_forward_reversed(Ddp *d) {
+    Model *m = d->m;
+    int *forward = xmalloc((size_t)m->n_params * sizeof(int));
+    for (int i = 0; i < m->n_params; i++) forward[i] = i;
+    ASSERT(plan(d, forward, d->first_bytes)); /* registration order is the buffer's: always contiguous */
+    free(forward);
+    for (int a = 0, b = d->n_buckets - 1; a < b; a++, b--) {
+        DdpBucket t = d->buckets[a];
+        d->buckets[a] = d->buckets[b], d->buckets[b] = t;
+    }
+    index_buckets(d);
+}
+
 /* After the first step: rank 0's gradient-ready order (so every rank gets the same buckets, as
- * PyTorch syncs its rebuilt bucket indices from rank 0), first bucket 1 MiB. */
+ * PyTorch syncs its rebuilt bucket indices from rank 0), the first bucket at first_bytes. */
 static void rebuild(Ddp *d) {
     Model *m = d->m;
     ASSERT(m->n_params <= 512);
@@ -219,7 +236,7 @@ static void rebuild(Ddp *d) {
     }
     d->rebuilt = 1;
     char desc[512];
-    if (!plan(d, d->ready_order, DDP_FIRST_BUCKET_BYTES)) {
+    if (!plan(d, d->ready_order, d->first_bytes)) {
         report_printf(&d->run->report,
                       "ddp: gradient-ready order does not give contiguous buckets; keeping the reverse-order plan\n");
         return;
@@ -231,8 +248,9 @@ static void rebuild(Ddp *d) {
     if (d->group_step > d->run->step)
         snprintf(when, sizeof when, "during step %lld, after its first micro-step", (long long)d->group_step);
     else snprintf(when, sizeof when, "after step %lld", (long long)d->run->step);
-    report_printf(&d->run->report, "ddp: %s%s, buckets rebuilt in gradient-ready order (first cap 1 MiB%s)%s: %s\n",
-                  when, d->run->resumed_at_step ? " (this run's first)" : "", d->last_bytes ? ", last as before" : "",
+    report_printf(&d->run->report, "ddp: %s%s, buckets rebuilt in gradient-ready order (first cap %s%s)%s: %s\n",
+                  when, d->run->resumed_at_step ? " (this run's first)" : "",
+                  d->first_bytes == d->cap_bytes ? "= --bucket-mb, as PyTorch's when bucket_cap_mb is given" : "1 MiB", d->last_bytes ? ", last as before" : "",
                   d->overlap ? "" : ", unused under --no-overlap", desc);
 }
 
@@ -350,6 +368,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     d->sync = 1, d->forward_param_sync = 1; /* as a freshly constructed DistributedDataParallel */
     d->cap_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
+    /* DistributedDataParallel caps its first bucket at 1 MiB only when bucket_cap_mb is left out
+     * (bucket_bytes_cap_default); a cap of the user's own, 25 included, caps the first bucket too */
+    int own_cap = f->bucket_mb_given || cli_given("bucket-mb") || f->bucket_mb != 25;
+    d->first_bytes = own_cap ? d->cap_bytes : DDP_FIRST_BUCKET_BYTES;
     d->last_bytes = (size_t)(f->last_bucket_mb * 1048576.0);
     d->bcast_after = !strcmp(f->broadcast_buffers, "after-forward");
 
@@ -411,13 +433,13 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         d->used_dev = device_alloc(d->dev, (size_t)m->n_params * sizeof(float), "DDP used-parameter map");
         d->used_back = xcalloc((size_t)m->n_params, sizeof(float));
     }
-    int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
-    for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
-    /* Under find_unused_parameters PyTorch never rebuilds, so it plans as a rebuild would from the
-     * start: the first bucket closed at 1 MiB when the cap is its default (25 MiB). */
-    size_t first = d->find_unused && f->bucket_mb == 25 ? DDP_FIRST_BUCKET_BYTES : d->cap_bytes;
-    ASSERT(plan(d, reverse, first)); /* reverse order is always contiguous */
-    free(reverse);
+    if (d->find_unused && !d->last_bytes) plan_forward_reversed(d);
+    else { /* reverse parameter order, every bucket at the cap (and --last-bucket-mb's tail, ours) */
+        int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
+        for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
+        ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
+        free(reverse);
+    }
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);
     for (int s = 0; s <= DDP_STATS_LAG; s++) d->steps[s].ops = xmalloc(((size_t)m->n_params + 2) * sizeof(int64_t));
@@ -430,11 +452,13 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         fmt_bytes(lb, sizeof lb, (double)d->last_bytes);
         snprintf(last, sizeof last, ", last the smallest ≥ %s", lb);
     }
-    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (reverse parameter order, %scap %s%s)\n",
+    int fwd = d->find_unused && !d->last_bytes; /* plan_forward_reversed's plan */
+    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (%s, %scap %s%s)\n",
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
                   overlap ? "in buckets" : "bucket plan (unused)", desc,
-                  first != d->cap_bytes ? "first cap 1 MiB, " : "", cap, last);
+                  fwd ? "cut in parameter order, then reversed" : "reverse parameter order",
+                  fwd && d->first_bytes != d->cap_bytes ? "first cap 1 MiB, " : "", cap, last);
     if (d->bcast_after && m->n_buffer_floats && d->world > 1)
         report_printf(&run->report, "ddp: --broadcast-buffers after-forward: rank 0's buffers are broadcast at the "
                                     "first gradient hook of each synchronising backward, overlapped with it (the "
@@ -447,7 +471,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         report_printf(&run->report, "ddp: find_unused_parameters: every synchronised backward first searches the "
                                     "layers from the output for parameters the forward did not use and marks them "
                                     "ready; a used-parameter map is all-reduced after the last bucket; the buckets "
-                                    "stay in reverse parameter order (never rebuilt)\n");
+                                    "are never rebuilt\n");
     if (c->accum_steps > 1) /* K = 1 (stage 5's default): every micro-step is a step, nothing to skip */
         report_printf(&run->report, "ddp: %s\n",
                       f->sync_each_micro_step

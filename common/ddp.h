@@ -6,9 +6,12 @@
  * gradient-sized allocation per GPU. At first the buckets follow *reverse* parameter order (the
  * order backward roughly produces gradients), each closed once it reaches --bucket-mb. After the
  * first synchronised step they are rebuilt once, in the order the gradients really became ready,
- * the first closed at 1 MiB so the first all-reduce starts as early as possible. (A bucket is only
- * closed where its parameters form one contiguous slice, which can make it one small tensor larger
- * than PyTorch's.)
+ * the first closed at 1 MiB so the first all-reduce starts as early as possible — only with
+ * --bucket-mb left out: a cap given caps the first bucket too, as PyTorch's bucket_cap_mb does.
+ * Under find_unused_parameters (never rebuilt) they are cut in forward order instead, the first at
+ * 1 MiB, and the list reversed, as PyTorch's constructor does. tests/fixtures/ddp_buckets.txt holds
+ * torch's buckets for every case. (A bucket is only closed where its parameters form one contiguous
+ * slice, which could make it one small tensor larger than PyTorch's; ResNet-18's never are.)
  *
  * model_backward calls ddp_grad_ready(p) as soon as parameter p's gradient is final. When the last
  * gradient of a bucket arrives, its mean all-reduce is launched on the communicator's stream, after
@@ -35,14 +38,16 @@
  * ranks have met and the buffers arrived. --broadcast-buffers after-forward moves it (PyTorch's
  * _register_buffer_comm_hook with _BufferCommHookLocation.POST_FORWARD, whose futures are awaited
  * at the end of backward): a forward whose backward synchronises owes the broadcast, and that
- * backward's first gradient hook issues it, ahead of the first bucket, so it runs on the
- * communication stream while backward computes, and ddp_backward_end's wait covers it. Nothing
+ * backward's first gradient hook issues it (PyTorch's hook issues it as the forward returns), ahead
+ * of the first bucket, so it runs on the communication stream while backward computes, and
+ * ddp_backward_end's wait covers it. Nothing
  * touches the buffers between that forward and the next one (backward and the optimizer do not
  * read them), so every forward and every evaluation sees the very buffers PyTorch's default gives
  * it — even under no_sync, since the forward that owes the broadcast is exactly the one after which
  * the default's flag is set — and the evaluation has nothing left to broadcast.
  *
- * --last-bucket-mb (ours, not a PyTorch option): the last bucket's all-reduce can hide behind
+ * --last-bucket-mb (ours, not a DDP argument; PyTorch's DDP_SET_LAST_BUCKET_CAP=1 is the nearest,
+ * tests/torch/ddp_buckets_fixture.py): the last bucket's all-reduce can hide behind
  * nothing, since backward has ended when its last gradient (the first layer's) arrives. PyTorch's
  * plan leaves in it whatever the earlier buckets did not take (ResNet-18: 8 MiB). With the flag,
  * the smallest contiguous tail of the order that holds at least that many MiB becomes the last
@@ -102,7 +107,10 @@ typedef struct DdpFlags {
     double rdzv_timeout;
     const char *comm;                                   /* all-reduce backend */
     double comm_timeout;
-    double bucket_mb;                                   /* DistributedDataParallel */
+    double bucket_mb;                                   /* DistributedDataParallel bucket_cap_mb */
+    int bucket_mb_given;  /* set as if --bucket-mb were given (tests); with it, or any cap but 25, the first
+                           * bucket is capped at bucket_mb too — PyTorch's 1 MiB first bucket is only for
+                           * a bucket_cap_mb left out */
     double last_bucket_mb;                              /* ours: a small last bucket (0: PyTorch's plan) */
     const char *broadcast_buffers;                      /* before-forward (PyTorch's default) | after-forward */
     int no_overlap;
@@ -152,6 +160,7 @@ typedef struct Ddp {
     Device *dev;
     int rank, world, overlap;
     size_t cap_bytes;          /* --bucket-mb */
+    size_t first_bytes;        /* the first bucket's cap: 1 MiB with --bucket-mb left out, else cap_bytes */
     size_t last_bytes;         /* --last-bucket-mb; 0: the last bucket is whatever is left */
     DdpBucket *buckets;
     int n_buckets;

@@ -11,8 +11,8 @@
 #    3 NCCL_CTA_POLICY=1                        NCCL >= 2.27: the "efficiency" policy, fewer CTAs (SMs)
 #  4-6 NCCL_MAX_CTAS=4 / 8 / 16                 NCCL's CTAs taking SMs from backward's kernels?
 #  7-8 NCCL_PROTO=Simple / LL128                the protocol NCCL picks per size
-# 9-11 --bucket-mb 5 / 10 / 100                 bucket size, the exposed last bucket (100: the rebuilt
-#                                               plan's first bucket, <= 1 MiB, then one for the rest)
+# 9-11 --bucket-mb 5 / 10 / 100                 bucket size, the exposed last bucket (a cap given caps the
+#                                               rebuilt first bucket too, as in PyTorch: 100 is one bucket)
 #   12 --no-overlap                             one all-reduce after backward: nothing to interfere with
 #   13 --broadcast-buffers after-forward        the BN buffer broadcast overlapped with backward
 #   14 --last-bucket-mb 1                       a small last bucket: less all-reduce after backward

@@ -203,11 +203,23 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     }
     ck_assert_int_eq(d.next, d.n_buckets);
     ddp_backward_end(&d);
-    /* Step 2 rebuilds in that order, the first bucket closed at 1 MiB. */
+    /* Step 2 rebuilds in that order. A cap of the user's own caps the first bucket too (torch:
+     * bucket_cap_mb given, so not bucket_bytes_cap_default). */
     ddp_forward_begin(&d);
     ck_assert(d.rebuilt);
-    check_plan(&d, order, (size_t)1 << 20, cap); /* torch: _DEFAULT_FIRST_BUCKET_BYTES = 1 MiB */
-    /* the first bucket is closed at 1 MiB: the classifier, the last BN and the last conv (9 MiB) */
+    check_plan(&d, order, cap, cap);
+    ddp_destroy(&d);
+    /* With --bucket-mb left out, the rebuilt first bucket is closed at 1 MiB (torch:
+     * _DEFAULT_FIRST_BUCKET_BYTES): the classifier, the last BN and the last conv (9 MiB). */
+    f.bucket_mb = 25;
+    ddp_init(&d, &o.run, o.comm, &f);
+    model_zero_grad(m);
+    ddp_forward_begin(&d);
+    for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+    ddp_backward_end(&d);
+    ddp_forward_begin(&d);
+    ck_assert(d.rebuilt);
+    check_plan(&d, order, (size_t)1 << 20, (size_t)25 << 20);
     ck_assert_int_eq(d.bucket_of[order[0]], 0);
     ck_assert_int_eq(d.buckets[0].n_params, 5);
     ddp_destroy(&d);
@@ -299,22 +311,90 @@ END_TEST
  * default cap (25 MiB) the first bucket closes at 1 MiB (ResNet-18: not all in one 25 MiB bucket). */
 START_TEST(find_unused_plans_first_bucket_at_1mib) {
     OneRank o;
-    int order[512] = {0}, reverse[512] = {0};
-    open_resnet18_orders(&o, order, reverse);
+    int order[512] = {0}, reverse[512] = {0}, forward[512] = {0};
+    int n = open_resnet18_orders(&o, order, reverse);
+    for (int i = 0; i < n; i++) forward[i] = i;
     Ddp d;
     DdpFlags f;
     free(ddp_options(&f, NULL));
     f.find_unused = 1;
     ddp_init(&d, &o.run, o.comm, &f);
-    check_plan(&d, reverse, (size_t)1 << 20, (size_t)25 << 20);
-    ck_assert_msg((size_t)d.buckets[0].count * 4 < ((size_t)25 << 20), "first bucket %lld bytes",
-                  (long long)d.buckets[0].count * 4);
+    /* cut in forward order, the first at 1 MiB, then reversed: read backwards, PyTorch's rule holds */
+    Ddp back = d;
+    DdpBucket rev[64];
+    ck_assert_int_le(d.n_buckets, 64);
+    for (int b = 0; b < d.n_buckets; b++) rev[b] = d.buckets[d.n_buckets - 1 - b];
+    back.buckets = rev;
+    int *bucket_of = xmalloc((size_t)n * sizeof(int));
+    for (int p = 0; p < n; p++) bucket_of[p] = d.n_buckets - 1 - d.bucket_of[p];
+    back.bucket_of = bucket_of;
+    for (int b = 0; b < d.n_buckets; b++) rev[b].n_params = d.buckets[d.n_buckets - 1 - b].n_params;
+    check_plan(&back, forward, (size_t)1 << 20, (size_t)25 << 20);
+    free(bucket_of);
+    /* the small bucket, the first layers', is the last: all-reduced after every other */
+    ck_assert_msg((size_t)d.buckets[d.n_buckets - 1].count * 4 < ((size_t)2 << 20), "last bucket %lld bytes",
+                  (long long)d.buckets[d.n_buckets - 1].count * 4);
+    ck_assert_int_eq(d.bucket_of[0], d.n_buckets - 1);
     ddp_destroy(&d);
     /* a --bucket-mb of the user's own: every bucket at that cap, the first too (PyTorch's rule) */
     f.bucket_mb = 4;
     ddp_init(&d, &o.run, o.comm, &f);
-    check_plan(&d, reverse, (size_t)4 << 20, (size_t)4 << 20);
+    ck_assert_int_eq(d.bucket_of[0], d.n_buckets - 1);
+    ck_assert_uint_eq(d.first_bytes, d.cap_bytes);
     ddp_destroy(&d);
+    one_rank_close(&o);
+}
+END_TEST
+
+/* The buckets torch 2.11 builds for ResNet-18 (tests/fixtures/ddp_buckets.txt, made by
+ * tests/torch/ddp_buckets_fixture.py): rebuilt after step 1 in gradient-ready order with bucket_cap_mb
+ * left out, 25 given, 4 and 1000; and, under find_unused_parameters (never rebuilt), at construction
+ * with bucket_cap_mb left out and 4. ddp.c's plans must be the same buckets, float for float, in the
+ * same order. */
+START_TEST(buckets_are_torchs) {
+    static const struct { const char *name; int find_unused, given; double mb; } cases[] = {
+        {"default", 0, 0, 25}, {"cap25", 0, 1, 25}, {"cap4", 0, 1, 4}, {"cap1000", 0, 1, 1000},
+        {"unused_default", 1, 0, 25}, {"unused_cap4", 1, 1, 4}};
+    char path[600], line[4096];
+    snprintf(path, sizeof path, "%s/tests/fixtures/ddp_buckets.txt", test_root());
+    OneRank o;
+    int order[512] = {0}, reverse[512] = {0};
+    int n = open_resnet18_orders(&o, order, reverse);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* torch's buckets: step 2's (rebuilt; find_unused: as constructed, and never changed) */
+        FILE *fx = fopen(path, "r");
+        ck_assert_msg(fx != NULL, "%s missing: python3 tests/torch/ddp_buckets_fixture.py writes it", path);
+        char want[64];
+        snprintf(want, sizeof want, "case=%s step=2 buckets=", cases[c].name);
+        int64_t torch[64];
+        int nt = 0;
+        while (fgets(line, sizeof line, fx))
+            if (!strncmp(line, want, strlen(want)))
+                for (char *q = line + strlen(want); *q && *q != '\n' && nt < 64; q += *q == ',')
+                    torch[nt++] = strtoll(q, &q, 10);
+        fclose(fx);
+        ck_assert_msg(nt > 0, "%s: no line '%s'", path, want);
+        Ddp d;
+        DdpFlags f;
+        free(ddp_options(&f, NULL));
+        f.find_unused = cases[c].find_unused, f.bucket_mb = cases[c].mb, f.bucket_mb_given = cases[c].given;
+        ddp_init(&d, &o.run, o.comm, &f);
+        if (!cases[c].find_unused) { /* step 1, its gradients in backward's order; step 2 rebuilds */
+            model_zero_grad(o.m);
+            ddp_forward_begin(&d);
+            for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+            ddp_backward_end(&d);
+            ddp_forward_begin(&d);
+            ck_assert(d.rebuilt);
+        }
+        char got[1024] = "", exp[1024] = "";
+        for (int b = 0; b < d.n_buckets; b++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", b ? "," : "", (long long)d.buckets[b].count);
+        for (int b = 0; b < nt; b++)
+            snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%lld", b ? "," : "", (long long)torch[b]);
+        ck_assert_msg(!strcmp(got, exp), "%s: buckets of %s floats, torch's %s", cases[c].name, got, exp);
+        ddp_destroy(&d);
+    }
     one_rank_close(&o);
 }
 END_TEST
@@ -987,6 +1067,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, bucket_closes_at_exactly_its_cap);
     tcase_add_test(tc, last_bucket_exact_and_too_large);
     tcase_add_test(tc, find_unused_plans_first_bucket_at_1mib);
+    tcase_add_test(tc, buckets_are_torchs);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
     tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
