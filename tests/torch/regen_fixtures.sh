@@ -28,6 +28,7 @@ GENERATORS=(
     "flops.txt|cpu|python3 $T/flop_count.py @/flops.txt"
     "ddp_nosync.txt|cpu|python3 $T/ddp_nosync_fixture.py @/ddp_nosync.txt"
     "ddp_unused.txt|cpu|python3 $T/ddp_unused_fixture.py @/ddp_unused.txt"
+    "ddp_buckets.txt|cpu|python3 $T/ddp_buckets_fixture.py @/ddp_buckets.txt"
 )
 
 if [ "${LIST:-0}" = 1 ]; then
