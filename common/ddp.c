@@ -251,7 +251,8 @@ static void rebuild(Ddp *d) {
     else snprintf(when, sizeof when, "after step %lld", (long long)d->run->step);
     report_printf(&d->run->report, "ddp: %s%s, buckets rebuilt in gradient-ready order (first cap %s%s)%s: %s\n",
                   when, d->run->resumed_at_step ? " (this run's first)" : "",
-                  d->first_bytes == d->cap_bytes ? "= --bucket-mb, as PyTorch's when bucket_cap_mb is given" : "1 MiB", d->last_bytes ? ", last as before" : "",
+                  d->first_bytes == d->cap_bytes ? "= --bucket-mb, as PyTorch's when bucket_cap_mb is given" : "1 MiB",
+                  d->last_bytes ? ", last as before" : "",
                   d->overlap ? "" : ", unused under --no-overlap", desc);
 }
 

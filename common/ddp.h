@@ -11,7 +11,7 @@
  * Under find_unused_parameters (never rebuilt) they are cut in forward order instead, the first at
  * 1 MiB, and the list reversed, as PyTorch's constructor does. tests/fixtures/ddp_buckets.txt holds
  * torch's buckets for every case. (A bucket is only closed where its parameters form one contiguous
- * slice, which could make it one small tensor larger than PyTorch's; ResNet-18's never are.)
+ * slice, which could make it one small tensor larger than PyTorch's; in the fixture's cases none is.)
  *
  * model_backward calls ddp_grad_ready(p) as soon as parameter p's gradient is final. When the last
  * gradient of a bucket arrives, its mean all-reduce is launched on the communicator's stream, after
