@@ -372,8 +372,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     if (d->cap_bytes < sizeof(float)) d->cap_bytes = sizeof(float);
     /* DistributedDataParallel caps its first bucket at 1 MiB only when bucket_cap_mb is left out
      * (bucket_bytes_cap_default); a cap of the user's own, 25 included, caps the first bucket too */
-    int own_cap = f->bucket_mb_given || cli_given("bucket-mb") || f->bucket_mb != 25;
-    d->first_bytes = own_cap ? d->cap_bytes : DDP_FIRST_BUCKET_BYTES;
+    d->first_bytes = f->bucket_mb_given || cli_given("bucket-mb") ? d->cap_bytes : DDP_FIRST_BUCKET_BYTES;
     d->last_bytes = (size_t)(f->last_bucket_mb * 1048576.0);
     d->bcast_after = !strcmp(f->broadcast_buffers, "after-forward");
 
@@ -435,7 +434,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         d->used_dev = device_alloc(d->dev, (size_t)m->n_params * sizeof(float), "DDP used-parameter map");
         d->used_back = xcalloc((size_t)m->n_params, sizeof(float));
     }
-    if (d->find_unused && !d->last_bytes) plan_forward_reversed(d);
+    int fwd = d->find_unused && !d->last_bytes; /* PyTorch's plan under find_unused_parameters */
+    if (fwd) plan_forward_reversed(d);
     else { /* reverse parameter order, every bucket at the cap (and --last-bucket-mb's tail, ours) */
         int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
         for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
@@ -454,7 +454,6 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         fmt_bytes(lb, sizeof lb, (double)d->last_bytes);
         snprintf(last, sizeof last, ", last the smallest ≥ %s", lb);
     }
-    int fwd = d->find_unused && !d->last_bytes; /* plan_forward_reversed's plan */
     report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (%s, %scap %s%s)\n",
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",

@@ -108,9 +108,9 @@ typedef struct DdpFlags {
     const char *comm;                                   /* all-reduce backend */
     double comm_timeout;
     double bucket_mb;                                   /* DistributedDataParallel bucket_cap_mb */
-    int bucket_mb_given;  /* set as if --bucket-mb were given (tests); with it, or any cap but 25, the first
-                           * bucket is capped at bucket_mb too — PyTorch's 1 MiB first bucket is only for
-                           * a bucket_cap_mb left out */
+    int bucket_mb_given;  /* as if --bucket-mb were on the command line (for callers without one, the
+                           * tests): the first bucket is capped at bucket_mb too — PyTorch's 1 MiB first
+                           * bucket is only for a bucket_cap_mb left out */
     double last_bucket_mb;                              /* ours: a small last bucket (0: PyTorch's plan) */
     const char *broadcast_buffers;                      /* before-forward (PyTorch's default) | after-forward */
     int no_overlap;

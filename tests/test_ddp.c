@@ -183,7 +183,7 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     Ddp d;
     DdpFlags f;
     free(ddp_options(&f, NULL));
-    f.bucket_mb = 4.0;
+    f.bucket_mb = 4.0, f.bucket_mb_given = 1;
     ddp_init(&d, &o.run, o.comm, &f);
     check_plan(&d, reverse, cap, cap);
     int before = d.n_buckets;
@@ -211,7 +211,7 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
     ddp_destroy(&d);
     /* With --bucket-mb left out, the rebuilt first bucket is closed at 1 MiB (torch:
      * _DEFAULT_FIRST_BUCKET_BYTES): the classifier, the last BN and the last conv (9 MiB). */
-    f.bucket_mb = 25;
+    f.bucket_mb = 25, f.bucket_mb_given = 0;
     ddp_init(&d, &o.run, o.comm, &f);
     model_zero_grad(m);
     ddp_forward_begin(&d);
@@ -337,7 +337,7 @@ START_TEST(find_unused_plans_first_bucket_at_1mib) {
     ck_assert_int_eq(d.bucket_of[0], d.n_buckets - 1);
     ddp_destroy(&d);
     /* a --bucket-mb of the user's own: every bucket at that cap, the first too (PyTorch's rule) */
-    f.bucket_mb = 4;
+    f.bucket_mb = 4, f.bucket_mb_given = 1;
     ddp_init(&d, &o.run, o.comm, &f);
     ck_assert_int_eq(d.bucket_of[0], d.n_buckets - 1);
     ck_assert_uint_eq(d.first_bytes, d.cap_bytes);
@@ -709,7 +709,7 @@ START_TEST(unused_param_reducer) {
     Ddp d;
     DdpFlags f;
     free(ddp_options(&f, NULL));
-    f.bucket_mb = 1e-6; /* a bucket per parameter */
+    f.bucket_mb = 1e-6, f.bucket_mb_given = 1; /* a bucket per parameter, the first too */
     ddp_init(&d, &o.run, o.comm, &f);
     ck_assert_int_eq(d.bucket_of[m->n_params - 1], 0);
     model_zero_grad(m);
