@@ -50,11 +50,13 @@ typedef enum { COMM_F32 = 0, COMM_F16 = 1, COMM_BF16 = 2 } CommDtype;
 /* The mean over ranks, the way DDP averages gradients: each rank's values multiplied by fp32's
  * 1/world and rounded once to the element type, then summed — PyTorch's arithmetic, bit for bit per
  * contribution: DDP's reducer multiplies fp32 gradients by 1/world (gradient_as_bucket_view=False,
- * the default; with True it divides, which can differ by an ulp when world is not a power of two),
- * and the compression hooks' div_(world) on a CUDA fp16/bf16 tensor is a multiply by the fp32
- * reciprocal. NCCL: ncclAvg, whose kernel multiplies as it reads (no pass of its own), wherever its
- * factor is that one (comm_internal.h: fp32, or a power-of-two world); else a multiply pass on the
- * communication stream and a SUM. Host ring: the multiply on the host copy, before the ring. */
+ * the default; with True it calls div_(world), which on a CUDA tensor is the same multiply by the
+ * fp32 reciprocal — only a CPU tensor under gloo is truly divided, which can differ by an ulp when
+ * world is not a power of two: docs/semantics.md), and the compression hooks' div_(world) on a CUDA
+ * fp16/bf16 tensor is a multiply by the fp32 reciprocal too. NCCL: ncclAvg, whose kernel
+ * multiplies as it reads (no pass of its own), wherever its factor is that one (comm_internal.h:
+ * fp32, or a power-of-two world); else a multiply pass on the communication stream and a SUM. Host
+ * ring: the multiply on the host copy, before the ring. */
 int64_t comm_allreduce_mean_async(Comm *c, void *buf, int64_t count, CommDtype type);
 int64_t comm_broadcast_async(Comm *c, float *buf, int64_t count, int root);
 /* Work issued on the compute stream from now on runs after every operation issued so far. */
