@@ -434,7 +434,9 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         d->used_dev = device_alloc(d->dev, (size_t)m->n_params * sizeof(float), "DDP used-parameter map");
         d->used_back = xcalloc((size_t)m->n_params, sizeof(float));
     }
-    int fwd = d->find_unused && !d->last_bytes; /* PyTorch's plan under find_unused_parameters */
+    /* PyTorch's plan under find_unused_parameters; --last-bucket-mb's tail is cut from the end of the
+     * order, so it needs the reverse order, whose end is what backward reaches last */
+    int fwd = d->find_unused && !d->last_bytes;
     if (fwd) plan_forward_reversed(d);
     else { /* reverse parameter order, every bucket at the cap (and --last-bucket-mb's tail, ours) */
         int *reverse = xmalloc((size_t)m->n_params * sizeof(int));

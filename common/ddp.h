@@ -8,10 +8,13 @@
  * first synchronised step they are rebuilt once, in the order the gradients really became ready,
  * the first closed at 1 MiB so the first all-reduce starts as early as possible — only with
  * --bucket-mb left out: a cap given caps the first bucket too, as PyTorch's bucket_cap_mb does.
- * Under find_unused_parameters (never rebuilt) they are cut in forward order instead, the first at
- * 1 MiB, and the list reversed, as PyTorch's constructor does. tests/fixtures/ddp_buckets.txt holds
- * torch's buckets for every case. (A bucket is only closed where its parameters form one contiguous
- * slice, which could make it one small tensor larger than PyTorch's; in the fixture's cases none is.)
+ * Under find_unused_parameters (never rebuilt) they are cut in forward order instead, the first
+ * under the same first cap (1 MiB unless --bucket-mb is given), and the list reversed, as PyTorch's
+ * constructor does — except with --last-bucket-mb (ours), which keeps the reverse-order plan: the
+ * tail it cuts must be what backward reaches last, the first layers. tests/fixtures/ddp_buckets.txt
+ * holds torch's buckets for every case. (A bucket is only closed where its parameters form one
+ * contiguous slice, which could make it one small tensor larger than PyTorch's; in the fixture's
+ * cases none is.)
  *
  * model_backward calls ddp_grad_ready(p) as soon as parameter p's gradient is final. When the last
  * gradient of a bucket arrives, its mean all-reduce is launched on the communicator's stream, after
@@ -69,9 +72,10 @@
  * complete and their gradients — zeros — are all-reduced with the rest; after the last bucket, a map
  * of the parameters this rank used is all-reduced too (one more collective per step), and read back
  * when some parameter went unused here, to learn whether another rank used it; and the buckets are
- * never rebuilt (so, like PyTorch, we plan them once with the first closed at 1 MiB). The summary
- * counts each of these. A parameter no rank used keeps a zero gradient here; PyTorch leaves its .grad
- * None and the optimizer skips it — the same update unless weight decay is on, which shrinks ours.
+ * never rebuilt (so, like PyTorch, we plan them once, in forward order with the first cap, as
+ * above). The summary counts each of these. A parameter no rank used keeps a zero gradient here;
+ * PyTorch leaves its .grad None and the optimizer skips it — the same update unless weight decay is
+ * on, which shrinks ours.
  *
  * Measured per optimizer step, without synchronising the step (each micro-step's events are read
  * back three micro-steps later): all-reduce time (the communicator's time for every bucket),
