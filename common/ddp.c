@@ -37,8 +37,9 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "all-reduce backend: nccl (GPUs), or host = a ring over TCP through host memory (CPU workers; GPU "
          "workers sharing a GPU), like gloo; auto: nccl on GPUs"},
         {"bucket-mb", OPT_FLOAT, &f->bucket_mb, above0, 1e6, NULL,
-         "gradient bucket size in MiB (DistributedDataParallel bucket_cap_mb); left out, the buckets rebuilt "
-         "after step 1 start with one of 1 MiB, as PyTorch's do; given, every bucket is capped at it"},
+         "gradient bucket size in MiB (DistributedDataParallel bucket_cap_mb); left out, the first bucket (the "
+         "one rebuilt after step 1, or --find-unused-parameters' from the start) closes at the first tensor "
+         "reaching 1 MiB, as PyTorch's does; given, every bucket is capped at it"},
         {"last-bucket-mb", OPT_FLOAT, &f->last_bucket_mb, 0, 1e6, NULL,
          "ours, not PyTorch's: make the last bucket (the one all-reduced after backward, in the open) the smallest "
          "that holds this many MiB; 0: whatever the other buckets leave (PyTorch)"},
