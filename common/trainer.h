@@ -101,8 +101,8 @@ void evaluate_indices(Model *m, InputPipe *in, StepLog *scratch, const int64_t *
                       double sums[3]);
 
 /* ---- the run: report, timing across epochs, checkpoints --------------------------------------- */
-/* Sums v[0..n−1] element-wise over every process of the job, in place (stage 3 all-reduces them
- * over its communicator). NULL = a single process: nothing to do. */
+/* Sums v[0..n−1] element-wise over every process of the job, in place (stages 3–5 all-reduce them
+ * over their communicator). NULL = a single process: nothing to do. */
 typedef void (*SumAcrossFn)(void *ctx, double *v, int n);
 
 #define RUN_EXTRAS 16
@@ -160,7 +160,7 @@ typedef struct Run {
  * (restoring parameters, buffers, momentum and the position in the data). With
  * cfg->accum_steps > 0 the run accumulates gradients: the header shows the effective batch
  * K × batch × world, and a checkpoint must sit on a group boundary of the same K.
- * Several processes (stage 3): every rank calls this with its rank and a sum_across function;
+ * Several processes (stages 3–5): every rank calls this with its rank and a sum_across function;
  * only rank 0 prints, writes the report and saves checkpoints; training losses, correct counts and
  * sample counts are summed over ranks (so the report shows the job's mean), and the summary lists every
  * rank's peak memory (each process owns one device, n_devs == 1; the first 64 ranks one by one, the
@@ -170,10 +170,11 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                int world_size, int rank, SumAcrossFn sum_across, void *sum_ctx, Model *m,
                Optimizer *opt, int64_t batches_per_epoch, const char *data_desc);
 /* The training sampler's settings (DistributedSampler's shuffle and drop_last), which a checkpoint
- * records with its position. Stages 1 and 2 never call it: their loaders shuffle and drop nothing,
- * and run_begin checks a resumed checkpoint at once. A job of processes (sum_across given) has
- * sampler flags, so its checkpoint is checked only here (ddp_init calls it, before the first step):
- * one saved under another setting is refused — its position would mean other samples. */
+ * records with its position. Stages 1 and 2 never call it: their loaders always shuffle and never
+ * drop (run_begin records that), and run_begin checks a resumed checkpoint at once. A job of
+ * processes (sum_across given) has sampler flags, so its checkpoint is checked only here (ddp_init
+ * calls it, before the first step): one saved under another setting is refused — its position
+ * would mean other samples. */
 void run_sampler(Run *r, int shuffle, int drop_last);
 /* --evaluate (PyTorch examples' `if args.evaluate: validate(...); return`): run_begin has loaded only
  * --resume's model; the stage evaluates it as it would after an epoch and hands the result here, which
