@@ -105,7 +105,7 @@ typedef struct Replica {
     float *x;           /* this step's input chunk (device 0: a view of the whole batch) */
     float *x_buf;       /* devices ≥ 1: where the scatter puts the chunk */
     int n, offset;      /* chunk size and offset in the batch, this step */
-    GilThread gil;      /* its forward thread's GIL statistics (the thread is new every step) */
+    GilThread gil;      /* its forward threads' GIL statistics (new every step, or --dp-thread-pool's) */
     double fwd_wait_s;  /* GIL wait during this step's forward */
     double fwd_py_s;    /* interpreter time charged during this step's forward */
     /* its forward thread's plan cache, this step: misses, our cuDNN calls' time, the charge on top */
