@@ -229,8 +229,9 @@ void ddp_register_comm_hook(Ddp *d, Precision p);
  *                   as soon as its own all-reduce is done — the earlier buckets' were done during
  *                   backward, so their steps run while the last bucket is still being all-reduced,
  *                   and nothing runs beside backward.
- * ddp_init refuses it, with the fix named, with --no-overlap (no buckets) and with
- * --sync-each-micro-step (it would step every micro-step). grad_scaler must be 0: amp_check refuses
+ * config_resolve refuses it, with the fix named, with --no-overlap (no buckets), with
+ * --sync-each-micro-step (it would step every micro-step) and with --clip-grad-norm (a bucket steps
+ * before the whole gradient's norm exists). grad_scaler must be 0: amp_check refuses
  * --optimizer-overlap under fp16's GradScaler or the gradient statistics before the workers start
  * (they must see every gradient before any step; PyTorch's overlap has no scaler either). Call once,
  * after ddp_init and ddp_register_comm_hook. */
