@@ -24,7 +24,8 @@
  * are unscaled (scaler_unscale: ·1/S, inf/NaN checked) and the step goes through the scaler
  * (scaler_step: skipped on inf/NaN; scaler_update: the new scale). Two more lines come with 16 bits:
  * --grad-comm all-reduces in fp16/bf16 (DDP's fp16_compress_hook) and --optimizer-overlap is
- * registered after the scaler, which refuses it under fp16. Everything else is stage 4. */
+ * registered after the scaler, whose state it checks (amp_check has already refused it under fp16's
+ * scaler: no bucket may step before every gradient is checked). Everything else is stage 4. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
