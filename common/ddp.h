@@ -18,12 +18,12 @@
  *
  * model_backward calls ddp_grad_ready(p) as soon as parameter p's gradient is final. When the last
  * gradient of a bucket arrives, its mean all-reduce is launched on the communicator's stream, after
- * an event on the compute stream — each rank's values times 1/world, then summed, inside the
- * collective (comm.h), not as a pass of its own — while backward continues with the earlier
- * layers. Buckets launch strictly in index order, so every rank issues the same collectives in the
- * same order. ddp_backward_end makes the compute stream wait for all of them before the optimizer
- * runs. --no-overlap instead all-reduces the whole gradient once, after backward: the same bytes,
- * nothing hidden.
+ * an event on the compute stream — each rank's values times 1/world, then summed, by the
+ * communicator (comm.h: inside NCCL's kernel where it can), not as a pass on the compute stream —
+ * while backward continues with the earlier layers. Buckets launch strictly in index order, so
+ * every rank issues the same collectives in the same order. ddp_backward_end makes the compute
+ * stream wait for all of them before the optimizer runs. --no-overlap instead all-reduces the whole
+ * gradient once, after backward: the same bytes, nothing hidden.
  *
  * no_sync (gradient accumulation, stages 4–5): ddp_set_sync(d, 0) is `with ddp_model.no_sync():`, and
  * like PyTorch's it must cover the forward as well as the backward. Under it the gradient-ready hook
