@@ -820,7 +820,8 @@ void ddp_backward_end(Ddp *d) {
 void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, double *accuracy,
                   double *loss) {
     /* model.eval(); with torch.no_grad(): the first forward broadcasts (if a synchronised step came
-     * before), and a forward without gradients leaves require_forward_param_sync off. */
+     * before, or no step yet: the flag starts set), and a forward without gradients leaves
+     * require_forward_param_sync off. */
     if (forward_buffers(d, NULL, 0) >= 0) d->eval_bcasts++;
     /* DistributedSampler(test_set, shuffle=False): positions rank, rank + R, …; those past the end
      * of the test set are padding (repeats), always this rank's last ones: not evaluated. */

@@ -36,7 +36,8 @@
  * set; after it, the flag becomes "this forward's backward will synchronise". So a training forward
  * after a synchronised step broadcasts, the forwards inside no_sync and the one after them do not,
  * and an evaluation (forwards without gradients) broadcasts once, if a synchronised step came
- * before it, and leaves the flag off. Parameters and buffers are broadcast once at the start.
+ * before it or no step at all (the flag starts set: --evaluate's one evaluation broadcasts), and
+ * leaves the flag off. Parameters and buffers are broadcast once at the start.
  * The broadcast before a forward waits in the open: the compute stream can start nothing until the
  * ranks have met and the buffers arrived. --broadcast-buffers after-forward moves it (PyTorch's
  * _register_buffer_comm_hook with _BufferCommHookLocation.POST_FORWARD, whose futures are awaited
