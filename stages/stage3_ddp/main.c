@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
     InputPipe train_in, test_in;
     input_init(&train_in, &dev, train_loader, cfg.batch_size);
     input_init(&test_in, &dev, test_loader, cfg.batch_size);
-    int64_t batches = (shard + cfg.batch_size - 1) / cfg.batch_size;
+    int64_t batches = (shard + cfg.batch_size - 1) / cfg.batch_size; /* the shard's, not the whole set's */
     StepLog log, eval_log;
     steplog_init(&log, &dev, (int)batches);
     steplog_init(&eval_log, &dev, (int)loader_batches_per_epoch(test_loader));
