@@ -379,6 +379,17 @@ static uint32_t flag_value_hash(const Option *o) {
     return (uint32_t)fnv1a64(FNV1A64_INIT, text, strlen(text));
 }
 
+const char *cli_local_flags_text(void) {
+    static char text[512];
+    size_t used = 0;
+    for (const char *const *f = local_flags; *f; f++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s--%s", f == local_flags ? "" : ", ", *f);
+    for (const char *const *f = presence_flags; *f && used < sizeof text; f++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "; --%s only in its value", *f);
+    ASSERT(used < sizeof text);
+    return text;
+}
+
 int cli_job_flags(double *v, int cap, const char **names) {
     ASSERT(cap >= 2);
     int n = 2;

@@ -46,6 +46,10 @@ const char *cli_choice(const char *name);
  * compares them across ranks at start-up. */
 int cli_job_flags(double *v, int cap, const char **names);
 
+/* The flags cli_job_flags leaves out, as "--data, --workers, …; --trace only in its value": what the
+ * refusal of a flag that differs between ranks lists as free to differ. */
+const char *cli_local_flags_text(void);
+
 /* A lesson that prints and exits (--show-sampler, --show-scaler) reads only its own flags (`uses`,
  * NULL-terminated); any other flag on the command line would be silently ignored, so it is refused,
  * naming it and what the lesson prints (`prints`) — all but --device, --master-port, --master-addr

@@ -350,10 +350,7 @@ static void check_job_flags(Ddp *d) {
     for (int i = 2; i < n; i++)
         if (all[i] != mine[i] * d->world)
             die_collateral(d->rank != 0, 2, "rank %d: the ranks were started with different --%s — start every rank "
-                           "with the same flags (only paths, --keep-last, --workers, --cpu-threads, --pin-memory, "
-                           "--progress, --node-rank, --master-addr, the timeouts, --no-cuda-graph, --cudnn-benchmark, "
-                           "--deterministic, --memory-fraction and --test-inf-step may differ; --trace only in its "
-                           "path)", d->rank, names[i]);
+                           "with the same flags (only %s may differ)", d->rank, names[i], cli_local_flags_text());
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */
@@ -384,9 +381,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     /* …then what they resolved to ("auto" sizes and epochs depend on the device kind). */
     const TrainConfig *c = run->cfg;
     char flags[256];
-    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu %d %d %d", c->batch_size, c->epochs,
+    /* the first bucket's cap too: --bucket-mb 25 typed and left out are one value but two plans */
+    snprintf(flags, sizeof flags, "%d %d %lld %d %lld %lld %lld %d %zu %zu %d %d %d", c->batch_size, c->epochs,
              (long long)c->steps, c->log_every, (long long)c->train_size, (long long)c->test_size, (long long)c->seed,
-             overlap, d->cap_bytes, c->accum_steps, f->sync_each_micro_step, f->find_unused);
+             overlap, d->cap_bytes, d->first_bytes, c->accum_steps, f->sync_each_micro_step, f->find_unused);
     uint64_t h = m->shape_hash, hf = fnv1a64(FNV1A64_INIT, flags, strlen(flags));
     /* …and the data each rank opened: --data is a node's own path, so one node may read CIFAR-10, or
      * another copy of it, while the other reads the synthetic set */
@@ -405,7 +403,7 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         if (all[i] != mine[i] * d->world)
             die_collateral(d->rank != 0, 2, "rank %d: the ranks were started with different training flags "
                            "(--batch-size, --epochs, --steps, --log-every, --train-size, --test-size, --seed, "
-                           "--bucket-mb, --no-overlap, --accum-steps, --sync-each-micro-step or "
+                           "--bucket-mb or whether it is given, --no-overlap, --accum-steps, --sync-each-micro-step or "
                            "--find-unused-parameters) — start every rank with the same flags", d->rank);
     for (int i = 5; i < 7; i++)
         if (all[i] != mine[i] * d->world)
