@@ -346,6 +346,24 @@ START_TEST(find_unused_plans_first_bucket_at_1mib) {
 }
 END_TEST
 
+/* torch's buckets of one case of tests/fixtures/ddp_buckets.txt at step 2 (rebuilt; find_unused: as
+ * constructed, and never changed), in floats, into out (at most 64); returns how many. */
+static int torch_buckets(const char *name, int64_t *out) {
+    char path[600], line[4096], want[64];
+    snprintf(path, sizeof path, "%s/tests/fixtures/ddp_buckets.txt", test_root());
+    FILE *fx = fopen(path, "r");
+    ck_assert_msg(fx != NULL, "%s missing: python3 tests/torch/ddp_buckets_fixture.py writes it", path);
+    snprintf(want, sizeof want, "case=%s step=2 buckets=", name);
+    int nt = 0;
+    while (fgets(line, sizeof line, fx))
+        if (!strncmp(line, want, strlen(want)))
+            for (char *q = line + strlen(want); *q && *q != '\n' && nt < 64; q += *q == ',')
+                out[nt++] = strtoll(q, &q, 10);
+    fclose(fx);
+    ck_assert_msg(nt > 0, "%s: no line '%s'", path, want);
+    return nt;
+}
+
 /* The buckets torch 2.11 builds for ResNet-18 (tests/fixtures/ddp_buckets.txt, made by
  * tests/torch/ddp_buckets_fixture.py): rebuilt after step 1 in gradient-ready order with bucket_cap_mb
  * left out, 25 given, 4 and 1000; and, under find_unused_parameters (never rebuilt), at construction
@@ -355,25 +373,12 @@ START_TEST(buckets_are_torchs) {
     static const struct { const char *name; int find_unused, given; double mb; } cases[] = {
         {"default", 0, 0, 25}, {"cap25", 0, 1, 25}, {"cap4", 0, 1, 4}, {"cap1000", 0, 1, 1000},
         {"unused_default", 1, 0, 25}, {"unused_cap4", 1, 1, 4}};
-    char path[600], line[4096];
-    snprintf(path, sizeof path, "%s/tests/fixtures/ddp_buckets.txt", test_root());
     OneRank o;
     int order[512] = {0}, reverse[512] = {0};
     int n = open_resnet18_orders(&o, order, reverse);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        /* torch's buckets: step 2's (rebuilt; find_unused: as constructed, and never changed) */
-        FILE *fx = fopen(path, "r");
-        ck_assert_msg(fx != NULL, "%s missing: python3 tests/torch/ddp_buckets_fixture.py writes it", path);
-        char want[64];
-        snprintf(want, sizeof want, "case=%s step=2 buckets=", cases[c].name);
         int64_t torch[64];
-        int nt = 0;
-        while (fgets(line, sizeof line, fx))
-            if (!strncmp(line, want, strlen(want)))
-                for (char *q = line + strlen(want); *q && *q != '\n' && nt < 64; q += *q == ',')
-                    torch[nt++] = strtoll(q, &q, 10);
-        fclose(fx);
-        ck_assert_msg(nt > 0, "%s: no line '%s'", path, want);
+        int nt = torch_buckets(cases[c].name, torch);
         Ddp d;
         DdpFlags f;
         free(ddp_options(&f, NULL));
@@ -396,6 +401,39 @@ START_TEST(buckets_are_torchs) {
         ddp_destroy(&d);
     }
     one_rank_close(&o);
+}
+END_TEST
+
+/* The same buckets from ./stage3's command line, where whether --bucket-mb was given is the parser's
+ * to say (cli_given), not a flag a caller sets: two steps of ResNet-18 on the CPU, the run's final
+ * buckets (comm_summary's bucket_bytes) against torch's — --bucket-mb left out, 25 (the default's
+ * value, given), 4, and --find-unused-parameters. */
+START_TEST(command_line_buckets_are_torchs) {
+    static const struct { const char *name, *flags, *rebuilt; } cases[] = {
+        {"default", "", "(first cap 1 MiB)"},
+        {"cap25", "--bucket-mb 25", "(first cap = --bucket-mb"},
+        {"cap4", "--bucket-mb 4", "(first cap = --bucket-mb"},
+        {"unused_default", "--find-unused-parameters", "buckets never rebuilt"}};
+    char *dir = test_tmpdir();
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char cmd[2048], rep[700], *out = NULL;
+        snprintf(rep, sizeof rep, "%s/%s.jsonl", dir, cases[c].name);
+        snprintf(cmd, sizeof cmd,
+                 LIMIT "%s/stage3 --device cpu --model resnet18 --nproc-per-node 1 --epochs 1 --steps 2 --batch-size 2 "
+                       "--train-size 4 --test-size 2 --progress off %s --master-port %d --report %s",
+                 test_root(), cases[c].flags, test_free_port(), rep);
+        test_run_ok(cmd, cases[c].name, &out);
+        ck_assert_msg(strstr(out, cases[c].rebuilt), "%s: no '%s':\n%s", cases[c].name, cases[c].rebuilt, out);
+        free(out);
+        int64_t torch[64];
+        double got[64];
+        int nt = torch_buckets(cases[c].name, torch), ng = test_report_list(rep, "comm_summary", "bucket_bytes", got, 64);
+        char g[1024] = "", e[1024] = "";
+        for (int b = 0; b < ng; b++) snprintf(g + strlen(g), sizeof g - strlen(g), "%s%.0f", b ? "," : "", got[b] / 4);
+        for (int b = 0; b < nt; b++) snprintf(e + strlen(e), sizeof e - strlen(e), "%s%lld", b ? "," : "", (long long)torch[b]);
+        ck_assert_msg(!strcmp(g, e), "./stage3 %s: buckets of %s floats, torch's %s", cases[c].flags, g, e);
+    }
+    free(dir);
 }
 END_TEST
 
@@ -1068,6 +1106,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, last_bucket_exact_and_too_large);
     tcase_add_test(tc, find_unused_plans_first_bucket_at_1mib);
     tcase_add_test(tc, buckets_are_torchs);
+    tcase_add_test(tc, command_line_buckets_are_torchs);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
     tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
