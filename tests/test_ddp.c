@@ -470,6 +470,31 @@ START_TEST(small_last_bucket) {
                   "last bucket %lld bytes (default plan: %lld)", (long long)small * 4, (long long)default_last * 4);
     ck_assert_int_eq(d.bucket_of[order[n - 1]], d.n_buckets - 1); /* conv1's weight: the last gradient */
     ddp_destroy(&d);
+    /* The tail must be a slice of the buffer. In ready order the last three gradients are bn1.weight,
+     * bn1.bias, conv1.weight, and conv1.weight + bn1.bias (not neighbours in the buffer) is no slice:
+     * a size those two just hold takes bn1.weight too. */
+    const Param *c1 = &m->params[order[n - 1]], *b1 = &m->params[order[n - 2]];
+    ck_assert_msg(c1->offset + c1->count != b1->offset && b1->offset + b1->count != c1->offset,
+                  "%s and %s are neighbours in the buffer: the case tests nothing", c1->name, b1->name);
+    size_t two = (size_t)(c1->count + b1->count) * sizeof(float);
+    f.last_bucket_mb = (double)two / 1048576.0; /* exact: a power-of-two denominator */
+    ddp_init(&d, &o.run, o.comm, &f);
+    model_zero_grad(m);
+    ddp_forward_begin(&d);
+    for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+    ddp_backward_end(&d);
+    ddp_forward_begin(&d);
+    ck_assert(d.rebuilt);
+    check_plan_tail(&d, order, (size_t)1 << 20, cap, two);
+    ck_assert_int_eq(d.buckets[d.n_buckets - 1].n_params, 3);
+    ddp_destroy(&d);
+    /* --find-unused-parameters keeps the tail last: the reverse plan with it (never rebuilt), not
+     * PyTorch's forward-order plan, whose reversal would put the small bucket first */
+    f.last_bucket_mb = 1.0, f.find_unused = 1;
+    ddp_init(&d, &o.run, o.comm, &f);
+    check_plan_tail(&d, reverse, cap, cap, last);
+    ck_assert_int_eq(d.bucket_of[reverse[n - 1]], d.n_buckets - 1); /* conv1's weight */
+    ddp_destroy(&d);
     one_rank_close(&o);
 }
 END_TEST
