@@ -302,6 +302,14 @@ START_TEST(buffers_broadcast_after_forward_same_values) {
         ck_assert_int_eq((int)test_report_field(rep[1], "summary", "buffer_broadcasts"), n);
         ck_assert_int_eq((int)test_report_field(rep[1], "summary", "eval_buffer_broadcasts"), 0);
         ck_assert_int_gt((int)test_report_field(rep[0], "summary", "eval_buffer_broadcasts"), 0);
+        /* …and no forward waits for them: each step's record has its broadcast and no broadcast wait
+         * (the wait before a forward is the default's alone; after-forward, the end of backward waits) */
+        double bc[64], nbc[64];
+        ck_assert_int_eq(test_report_series(rep[1], "comm", "bcast_ms", bc, 64), n);
+        ck_assert_int_eq(test_report_series(rep[1], "comm", "broadcasts", nbc, 64), n);
+        for (int i = 0; i < n; i++)
+            ck_assert_msg(nbc[i] == 1 && bc[i] == 0, "K %d step %d after-forward: %g broadcasts, %g ms waited for them",
+                          K, i + 1, nbc[i], bc[i]);
     }
     free(dir);
 }
