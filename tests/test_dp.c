@@ -545,7 +545,7 @@ START_TEST(dp_counts_forwards_of_unprepared_chunks) {
     DpConfig cfg = dp_config_defaults();
     cfg.plan_us = 100; /* the mechanism, not the cost: keep the test quick */
     DataParallel dp;
-    dp_init(&dp, devs, N, models, 8, 4, &cfg);
+    dp_init(&dp, devs, N, models, 8, 5, &cfg); /* five steps */
     dp_prepare(&dp, 8); /* chunks of 4 */
     float *x = malloc((size_t)8 * IMG_PIXELS * sizeof(float));
     int32_t y[8], correct;
@@ -571,6 +571,14 @@ START_TEST(dp_counts_forwards_of_unprepared_chunks) {
     ck_assert_msg(models[0]->unprepared_forwards == N + 1 && models[0]->unprepared_last == 2,
                   "replica 1's unprepared chunk of 2: the master counts %lld (want %d), the last of %d",
                   (long long)models[0]->unprepared_forwards, N + 1, models[0]->unprepared_last);
+    /* the other way round: batch 3 prepares chunks of 2 and 1, so batch 2's chunks of 1 and 1 are
+     * unprepared on replica 0 alone — the master's last size is its 1, not replica 1's earlier 2 */
+    dp_prepare(&dp, 3);
+    dp_forward_backward(&dp, models[0], x, y, 2, &loss, &correct);
+    dp_step_end(&dp);
+    ck_assert_msg(models[0]->unprepared_forwards == N + 2 && models[0]->unprepared_last == 1,
+                  "replica 0's unprepared chunk of 1: the master counts %lld (want %d), the last of %d (want 1)",
+                  (long long)models[0]->unprepared_forwards, N + 2, models[0]->unprepared_last);
     dp_epoch_end(&dp);
     dp_destroy(&dp);
     for (int i = 0; i < N; i++) model_destroy(models[i]);
