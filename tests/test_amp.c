@@ -530,6 +530,16 @@ START_TEST(scaler_skips_and_scales) {
     ref_amp_update_scale(s.scale, s.inv_scale, s.growth_tracker, s.found_inf, s.skipped, 2, 0.5, 1000);
     memcpy(&inv, s.inv_scale, 4);
     ck_assert(inv == (float)(1.0 / 3.0));
+    /* a backoff factor that is no power of two: scale · factor in double, then rounded to float, as
+     * torch's CPU kernel computes float · double — from 3 by 0.9 that is 2.70000005, where a product
+     * in float would give 2.69999981 (the fixture's backoffs, 0.5 and 0.25, are exact either way) */
+    float inf_found = 1.0f, backed;
+    device_copy_h2d(&d, s.scale, &three, 4);
+    device_copy_h2d(&d, s.found_inf, &inf_found, 4);
+    ref_amp_update_scale(s.scale, s.inv_scale, s.growth_tracker, s.found_inf, s.skipped, 2, 0.9, 1000);
+    memcpy(&backed, s.scale, 4);
+    ck_assert(3.0f * (float)0.9 != (float)(3.0 * 0.9)); /* the case tells the two apart */
+    ck_assert_msg(backed == (float)(3.0 * 0.9), "3 backed off by 0.9: %.9g, want %.9g", (double)backed, 3.0 * 0.9);
     /* A scale backed off below 1/FLT_MAX: 1/scale is inf, and finite gradients unscaled by it would
      * be inf/NaN with no flag raised (torch's kernel checks only the scaled values). Ours flags it. */
     float tiny = 1e-39f, found = 0, gg[2] = {0.0f, 1.0f};
