@@ -829,9 +829,11 @@ START_TEST(stage5_grad_comm_halves_the_bytes) {
     ck_assert(bytes[0] > 0);
     for (int i = 1; i < 3; i++) {
         ck_assert_msg(2 * bytes[i] == bytes[0], "%s: %lld bytes against fp32's %lld", types[i], bytes[i], bytes[0]);
-        /* fp16 keeps 11 significant bits, bf16 8: after 6 steps the loss moves by well under 1% */
+        /* fp16 keeps 11 significant bits, bf16 8: rounding every reduced gradient so moved the loss by
+         * 1e-5 to 2e-4 of itself over these 6 steps (both types); a bucket all-reduced as the other
+         * 16-bit type moved it 0.3% by step 2 and 1% by step 6, which 1% let pass */
         for (int k = 0; k < 6; k++)
-            ck_assert_msg(fabs(loss[i][k] - loss[0][k]) < 0.01 * loss[0][k], "%s step %d: %.6f vs %.6f", types[i],
+            ck_assert_msg(fabs(loss[i][k] - loss[0][k]) < 2e-3 * loss[0][k], "%s step %d: %.6f vs %.6f", types[i],
                           k + 1, loss[i][k], loss[0][k]);
     }
     free(dir);
