@@ -159,11 +159,13 @@ static int plan(Ddp *d, const int *order, size_t first_limit) {
     /* --last-bucket-mb: the shortest contiguous tail of the order holding at least last_bytes (at
      * least one parameter is left to the others) */
     int split = m->n_params;
+    size_t most = 0; /* the largest contiguous tail short of the whole order, for the note */
     for (int i = m->n_params - 1; i > 0 && d->last_bytes; i--) {
         const Param *p = &m->params[order[i]];
         if (p->offset < lo) lo = p->offset;
         if (p->offset + p->count > hi) hi = p->offset + p->count;
         count += p->count;
+        if (hi - lo == count && (size_t)count * sizeof(float) > most) most = (size_t)count * sizeof(float);
         if ((size_t)count * sizeof(float) >= d->last_bytes && hi - lo == count) {
             split = i;
             break;
@@ -192,6 +194,7 @@ static int plan(Ddp *d, const int *order, size_t first_limit) {
         nb[n++] = (DdpBucket){.offset = lo, .count = count};
     }
     if (split < m->n_params) nb[n++] = tail;
+    d->last_cut = split < m->n_params, d->last_most = most;
     free(d->buckets);
     d->buckets = nb;
     d->n_buckets = n;
@@ -216,6 +219,21 @@ static void plan_forward_reversed(Ddp *d) {
     index_buckets(d);
 }
 
+/* A --last-bucket-mb that no tail short of the whole order holds leaves the plan PyTorch's: said, with
+ * the most a last bucket can hold in that order (rounded down to 4 digits, so the value given fits). */
+static void last_note(const Ddp *d, const char *order) {
+    char want[32], most[32], fix[96];
+    fmt_bytes(want, sizeof want, (double)d->last_bytes);
+    if (d->last_most) {
+        double v = (double)d->last_most / 1048576.0, unit = pow(10, floor(log10(v)) - 3);
+        fmt_bytes(most, sizeof most, (double)d->last_most);
+        snprintf(fix, sizeof fix, "give --last-bucket-mb %.4g or less (at most %s here)", floor(v / unit) * unit, most);
+    } else snprintf(fix, sizeof fix, "drop --last-bucket-mb (no tail short of the whole model here)");
+    report_printf(&d->run->report, "ddp: note: --last-bucket-mb asks for %s, more than any tail of the %s order "
+                  "holds while leaving one parameter to the other buckets, so there is no last bucket of its own — "
+                  "%s, or 0\n", want, order, fix);
+}
+
 /* After the first step: rank 0's gradient-ready order (so every rank gets the same buckets, as
  * PyTorch syncs its rebuilt bucket indices from rank 0), the first bucket at first_bytes. */
 static void rebuild(Ddp *d) {
@@ -238,6 +256,7 @@ static void rebuild(Ddp *d) {
     }
     d->rebuilt = 1;
     char desc[512];
+    int was_cut = d->last_cut;
     if (!plan(d, d->ready_order, d->first_bytes)) {
         report_printf(&d->run->report,
                       "ddp: gradient-ready order does not give contiguous buckets; keeping the reverse-order plan\n");
@@ -253,8 +272,9 @@ static void rebuild(Ddp *d) {
     report_printf(&d->run->report, "ddp: %s%s, buckets rebuilt in gradient-ready order (first cap %s%s)%s: %s\n",
                   when, d->run->resumed_at_step ? " (this run's first)" : "",
                   d->first_bytes == d->cap_bytes ? "= --bucket-mb, as PyTorch's when bucket_cap_mb is given" : "1 MiB",
-                  d->last_bytes ? ", last as before" : "",
+                  d->last_cut ? ", last as before" : d->last_bytes ? ", no last bucket of its own" : "",
                   d->overlap ? "" : ", unused under --no-overlap", desc);
+    if (d->last_bytes && !d->last_cut && was_cut && d->overlap) last_note(d, "gradient-ready");
 }
 
 /* ---- timing points ---------------------------------------------------------------------------- */
@@ -450,17 +470,18 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     char desc[512], cap[32], last[64] = "";
     describe(d, desc, sizeof desc);
     fmt_bytes(cap, sizeof cap, (double)d->cap_bytes);
-    if (d->last_bytes) {
+    if (d->last_bytes && d->last_cut) {
         char lb[32];
         fmt_bytes(lb, sizeof lb, (double)d->last_bytes);
         snprintf(last, sizeof last, ", last the smallest ≥ %s", lb);
-    }
+    } else if (d->last_bytes) snprintf(last, sizeof last, ", no last bucket of its own");
     report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (%s, %scap %s%s)\n",
                   d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
                   overlap ? "in buckets" : "bucket plan (unused)", desc,
                   fwd ? "cut in parameter order, then reversed" : "reverse parameter order",
                   fwd && d->first_bytes != d->cap_bytes ? "first cap 1 MiB, " : "", cap, last);
+    if (d->last_bytes && !d->last_cut && overlap) last_note(d, "reverse parameter");
     if (d->bcast_after && m->n_buffer_floats && d->world > 1)
         report_printf(&run->report, "ddp: --broadcast-buffers after-forward: rank 0's buffers are broadcast at the "
                                     "first gradient hook of each synchronising backward, overlapped with it (the "

@@ -167,6 +167,9 @@ typedef struct Ddp {
     size_t cap_bytes;          /* --bucket-mb */
     size_t first_bytes;        /* the first bucket's cap: 1 MiB with --bucket-mb left out, else cap_bytes */
     size_t last_bytes;         /* --last-bucket-mb; 0: the last bucket is whatever is left */
+    int last_cut;              /* the plan has --last-bucket-mb's tail (no tail short of the whole order
+                                * may hold last_bytes: then the plan is PyTorch's) */
+    size_t last_most;          /* without it: the most a tail short of the whole order holds */
     DdpBucket *buckets;
     int n_buckets;
     int *bucket_of;            /* parameter → bucket */

@@ -307,6 +307,39 @@ START_TEST(last_bucket_exact_and_too_large) {
 }
 END_TEST
 
+/* A --last-bucket-mb no tail short of the whole order holds leaves the plan PyTorch's (above) — and
+ * the console says so, with the size that fits, instead of "last the smallest ≥ 100.00 MiB" over a plan
+ * without one; at the rebuild too, where the gradient-ready order's longest tail is shorter than the
+ * reverse order's (tiny: fc.weight and fc.bias are reported first), instead of "last as before". */
+START_TEST(last_bucket_too_large_is_said) {
+    OneRank o;
+    one_rank_open(&o, "tiny");
+    const int64_t total = o.m->n_param_floats * (int64_t)sizeof(float);
+    one_rank_close(&o);
+    char cmd[1024], *out;
+    const char *common = LIMIT "%s/stage3 --device cpu --model tiny --train-size 256 --test-size 64 --batch-size 16 "
+                               "--steps 2 --progress off --nproc-per-node 2 --master-port %d --last-bucket-mb %.9g";
+    snprintf(cmd, sizeof cmd, common, test_root(), test_free_port(), 100.0);
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    ck_assert_msg(!strstr(out, "last the smallest") && !strstr(out, "last as before") &&
+                  strstr(out, "cap 25.00 MiB, no last bucket of its own)") &&
+                  strstr(out, "ddp: note: --last-bucket-mb asks for 100.00 MiB, more than any tail of the reverse "
+                              "parameter order holds") && strstr(out, "— give --last-bucket-mb 0.2"),
+                  "%s", out);
+    free(out);
+    /* 1 KiB short of the whole model: the reverse order's tail (all but fc.bias) holds it, the ready
+     * order's (all but fc.weight and fc.bias) does not */
+    snprintf(cmd, sizeof cmd, common, test_root(), test_free_port(), (double)(total - 1024) / 1048576.0);
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "2 buckets: 40 B, ") && strstr(out, "last the smallest ≥") &&
+                  strstr(out, "(first cap 1 MiB, no last bucket of its own): 1 bucket:") &&
+                  !strstr(out, "last as before") &&
+                  strstr(out, "ddp: note: --last-bucket-mb asks for ") &&
+                  strstr(out, "more than any tail of the gradient-ready order holds"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* find_unused_parameters never rebuilds, so PyTorch plans as a rebuild would from the start: with the
  * default cap (25 MiB) the first bucket closes at 1 MiB (ResNet-18: not all in one 25 MiB bucket). */
 START_TEST(find_unused_plans_first_bucket_at_1mib) {
@@ -1129,6 +1162,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, small_last_bucket);
     tcase_add_test(tc, bucket_closes_at_exactly_its_cap);
     tcase_add_test(tc, last_bucket_exact_and_too_large);
+    tcase_add_test(tc, last_bucket_too_large_is_said);
     tcase_add_test(tc, find_unused_plans_first_bucket_at_1mib);
     tcase_add_test(tc, buckets_are_torchs);
     tcase_add_test(tc, command_line_buckets_are_torchs);
