@@ -544,7 +544,9 @@ void trace_merge(void) {
         die_user("--trace %s: cannot write the merged file (%s); it is complete in %s — the ranks' timelines are "
                  "kept in %s.rank0.json … %s.rank%d.json (open them one by one); next time give --trace a regular "
                  "file in a writable directory", g.file, why, g.merged.tmp, g.file, g.file, g.world - 1);
-    printf("trace: %d spans of steps %lld–%lld from %d ranks merged into %s (per rank: %s.rankN.json; open it "
+    char steps[64] = ""; /* none held (the run ended before the window, or resumed past it): said above */
+    if (g.held_a >= 0) snprintf(steps, sizeof steps, " of steps %lld–%lld", (long long)g.held_a, (long long)g.held_b - 1);
+    printf("trace: %d spans%s from %d ranks merged into %s (per rank: %s.rankN.json; open it "
            "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)%s\n",
-           spans, (long long)g.held_a, (long long)g.held_b - 1, g.world, g.file, g.file, g.file, held_note());
+           spans, steps, g.world, g.file, g.file, g.file, held_note());
 }

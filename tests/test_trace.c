@@ -141,6 +141,14 @@ START_TEST(window_after_the_run) {
     char *json = test_slurp(path, NULL);
     ck_assert_msg(json && strstr(json, "traceEvents") && !strstr(json, "\"ph\":\"X\""), "%s: %s", path, json);
     free(json), free(out);
+    /* the same over ranks: the merged file's line names no steps either (it said "steps -1–-2") */
+    snprintf(cmd, sizeof cmd, "timeout -k 5 120 %s/stage3 " SMALL " --steps 2 --nproc-per-node 2 --master-port %d "
+             "--trace %s/m.json --trace-steps 100:200", test_root(), test_free_port(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "the run ended before step 100, where --trace-steps 100:200 begins") &&
+                  strstr(out, "trace: 0 spans from 2 ranks merged into") && !strstr(out, "of steps -1"),
+                  "(%d)\n%s", rc, out);
+    free(out);
     /* a run that ends inside the window: the line names the steps the trace holds, not the window's */
     snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 4 --trace %s/i.json --trace-steps 2:10",
              test_root(), dir);
