@@ -57,7 +57,8 @@ Option *amp_options(AmpConfig *a, const Option *more) {
 void amp_check(const AmpConfig *a) {
     Precision p = precision_parse(a->amp);
     if (a->no_grad_scaler && p != PREC_FP16)
-        die_user("--no-grad-scaler only applies to --amp fp16 (bf16 and off never use a scaler)");
+        die_user("--no-grad-scaler only applies to --amp fp16 (bf16 and off never use a scaler): drop "
+                 "--no-grad-scaler (or train with --amp fp16)");
     if (a->test_inf_step > 0 && (p != PREC_FP16 || a->no_grad_scaler))
         die_user("--test-inf-step needs the GradScaler: use it with --amp fp16 and without "
                  "--no-grad-scaler");

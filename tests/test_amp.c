@@ -846,6 +846,7 @@ START_TEST(stage5_rejects_bad_amp_flags) {
         const char *flags, *says;
     } bad[] = {
         {"--amp bf16 --no-grad-scaler", "--no-grad-scaler only applies to --amp fp16"},
+        {"--amp off --no-grad-scaler", "never use a scaler): drop --no-grad-scaler (or train with --amp fp16)\n"},
         {"--amp off --test-inf-step 2", "--test-inf-step needs the GradScaler"},
         {"--grad-comm fp8", "--grad-comm must be one of fp32|fp16|bf16"},
         {"--show-scaler FFX", "pattern of F"},
