@@ -392,6 +392,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
      * (bucket_bytes_cap_default); a cap of the user's own, 25 included, caps the first bucket too */
     d->first_bytes = f->bucket_mb_given || cli_given("bucket-mb") ? d->cap_bytes : DDP_FIRST_BUCKET_BYTES;
     d->last_bytes = (size_t)(f->last_bucket_mb * 1048576.0);
+    /* under a byte, yet given: the smallest tail (one parameter) — not 0, which is PyTorch's plan */
+    if (f->last_bucket_mb > 0 && !d->last_bytes) d->last_bytes = 1;
     d->bcast_after = !strcmp(f->broadcast_buffers, "after-forward");
 
     /* DDP's constructor checks that every rank built the same model. We also check the flags: ranks

@@ -296,6 +296,14 @@ START_TEST(last_bucket_exact_and_too_large) {
                   "is the smallest", tail->n_params, (long long)tail->count, last->name, d.last_bytes);
     check_plan_tail(&d, reverse, d.cap_bytes, d.cap_bytes, d.last_bytes);
     ddp_destroy(&d);
+    /* a size under one byte is still a size: the smallest tail (the last parameter alone), not 0 —
+     * which means PyTorch's plan, and was what 1e-9 MiB truncated to */
+    f.last_bucket_mb = 1e-9;
+    ddp_init(&d, &o.run, o.comm, &f);
+    ck_assert_msg(d.last_bytes == 1 && d.n_buckets == 2 && d.buckets[1].n_params == 1 &&
+                      d.buckets[1].count == last->count,
+                  "--last-bucket-mb 1e-9: %zu bytes, %d buckets", d.last_bytes, d.n_buckets);
+    ddp_destroy(&d);
     f.bucket_mb = 1e-6; /* every parameter its own bucket, and a tail of the whole model: none short of all */
     f.last_bucket_mb = (double)m->n_param_floats * sizeof(float) / 1048576.0;
     ddp_init(&d, &o.run, o.comm, &f);
