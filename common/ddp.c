@@ -464,6 +464,12 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
         ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
         free(reverse);
+        if (d->find_unused && !d->last_cut) { /* no tail holds --last-bucket-mb: the plan it would be at 0 */
+            size_t want = d->last_bytes, most = d->last_most;
+            d->last_bytes = 0;
+            plan_forward_reversed(d);
+            d->last_bytes = want, d->last_most = most, fwd = 1;
+        }
     }
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);

@@ -311,6 +311,19 @@ START_TEST(last_bucket_exact_and_too_large) {
                   "holds leaves the plan as it was", d.n_buckets, m->n_params);
     check_plan(&d, reverse, 4, 4);
     ddp_destroy(&d);
+    /* …and under --find-unused-parameters the plan is what it would be at 0, find_unused's (cut in
+     * parameter order, then reversed), not the reverse-order plan the tail was sought in */
+    Ddp z;
+    f.bucket_mb = 0.05, f.find_unused = 1, f.last_bucket_mb = 0;
+    ddp_init(&z, &o.run, o.comm, &f);
+    f.last_bucket_mb = 100;
+    ddp_init(&d, &o.run, o.comm, &f);
+    ck_assert_msg(!d.last_cut && d.n_buckets == z.n_buckets, "%d buckets, want %d", d.n_buckets, z.n_buckets);
+    for (int b = 0; b < d.n_buckets; b++)
+        ck_assert_msg(d.buckets[b].offset == z.buckets[b].offset && d.buckets[b].count == z.buckets[b].count,
+                      "bucket %d: offset %lld count %lld, want %lld %lld", b, (long long)d.buckets[b].offset,
+                      (long long)d.buckets[b].count, (long long)z.buckets[b].offset, (long long)z.buckets[b].count);
+    ddp_destroy(&d), ddp_destroy(&z);
     one_rank_close(&o);
 }
 END_TEST
