@@ -483,8 +483,8 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         fmt_bytes(lb, sizeof lb, (double)d->last_bytes);
         snprintf(last, sizeof last, ", last the smallest ≥ %s", lb);
     } else if (d->last_bytes) snprintf(last, sizeof last, ", no last bucket of its own");
-    report_printf(&run->report, "ddp: %d ranks, %s | %s | gradients %s: %s (%s, %scap %s%s)\n",
-                  d->world, comm_describe(comm), overlap ? "all-reduce overlapped with backward"
+    report_printf(&run->report, "ddp: %d rank%s, %s | %s | gradients %s: %s (%s, %scap %s%s)\n",
+                  d->world, d->world == 1 ? "" : "s", comm_describe(comm), overlap ? "all-reduce overlapped with backward"
                                                           : "--no-overlap: one all-reduce after backward",
                   overlap ? "in buckets" : "bucket plan (unused)", desc,
                   fwd ? "cut in parameter order, then reversed" : "reverse parameter order",
