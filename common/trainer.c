@@ -505,11 +505,18 @@ static void sampler_check(Run *r, const CheckpointMeta *g) {
                       "or --drop-last: resuming assumes this run's are the ones it was trained with\n", path, g->version);
         return;
     }
+    /* at an epoch's end no position is lost, but the rest of the run would be another run's order */
+    char why[160];
+    if (at_epoch_end(g))
+        snprintf(why, sizeof why, "the epochs from %lld on would be dealt in another order than the run it continues",
+                 (long long)g->epoch + 1);
+    else
+        snprintf(why, sizeof why, "its data position (epoch %lld, batch %lld) means other samples",
+                 (long long)g->epoch + 1, (long long)g->batch_in_epoch);
     if (g->shuffle != r->shuffle)
-        die_user("checkpoint '%s' was trained %s, this run %s: its data position (epoch %lld, batch %lld) means other "
-                 "samples — %s", path, g->shuffle ? "with shuffled epochs" : "with --no-shuffle",
-                 r->shuffle ? "shuffles" : "has --no-shuffle", (long long)g->epoch + 1, (long long)g->batch_in_epoch,
-                 sampler_fix(r, !g->shuffle, "--no-shuffle", fix, sizeof fix));
+        die_user("checkpoint '%s' was trained %s, this run %s: %s — %s", path,
+                 g->shuffle ? "with shuffled epochs" : "with --no-shuffle", r->shuffle ? "shuffles" : "has --no-shuffle",
+                 why, sampler_fix(r, !g->shuffle, "--no-shuffle", fix, sizeof fix));
     if (g->drop_last != r->drop_last && train_size_opened % r->world_size != 0 && !at_epoch_end(g))
         die_user("checkpoint '%s' was trained %s --drop-last, this run %s: %lld samples over %d ranks make other "
                  "shards — %s", path, g->drop_last ? "with" : "without",

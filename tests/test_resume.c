@@ -401,6 +401,13 @@ START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
     snprintf(args, sizeof args, "%s --master-port %d --no-shuffle --resume %s/sh/step00000005.ckpt", one,
              test_free_port(), dir);
     expect_refused("stage3", args, "trained with shuffled epochs, this run has --no-shuffle", "drop --no-shuffle");
+    /* at an epoch's end no position is lost: the refusal says what would change, the epochs after it */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --save %s/sh1", dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --master-port %d --no-shuffle --resume %s/sh1/epoch001.ckpt", one,
+             test_free_port(), dir);
+    expect_refused("stage3", args, "this run has --no-shuffle: the epochs from 2 on would be dealt in another order",
+                   "drop --no-shuffle");
     /* --no-shuffle continues exactly: 5 + 7 steps equal 12 uninterrupted ones; --drop-last with one rank
      * drops nothing, so it may differ */
     snprintf(args, sizeof args, "%s --master-port %d --no-shuffle --steps 12 --log-every 1 --report %s/whole.jsonl",
