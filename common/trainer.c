@@ -772,6 +772,7 @@ static void gate_sum(Run *r, int second) {
     const int save = r->cfg->save[0] != 0;
     double v[GATE_VALUES] = {r->cfg->resume[0] != 0, (double)r->step, hi, lo, save, save && r->rank == 0};
     r->sum_across(r->sum_ctx, v, GATE_VALUES);
+    r->job_saves = v[4] > 0;
     if (v[0] < 0)
         die_collateral(1, 2, "rank %d: rank 0 refused %s — see its error", r->rank,
                        v[0] < (GATE_REFUSED + GATE_REFUSED_FLAGS) / 2 ? "this run's flags" : "the --resume checkpoint");
@@ -1049,7 +1050,10 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         checkpoint_probe(cfg->save, r->epoch, last, inside, resumed, r->step, last_step);
         if (resumed) keep_resumed(r);
     }
-    if (cfg->save[0]) { /* a signal now stops the run at a step boundary, saved (stop.h) */
+    /* A signal now stops the run at a step boundary, saved (stop.h) — on every rank of a job where rank 0
+     * saves, --save given or not: a rank without the handler would die of a scheduler's SIGTERM at once,
+     * and rank 0, its peer gone, with it, unsaved. */
+    if (cfg->save[0] || r->job_saves) {
         char notice[400];
         if (gated(r))
             snprintf(notice, sizeof notice, "the %d ranks stop after the next step where they compare notes (every "

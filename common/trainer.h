@@ -152,6 +152,7 @@ typedef struct Run {
     int64_t *state_counts; /* device: the divergence check's (zero, non-finite) counts, per part of the state */
     int stop_sig;          /* SIGINT or SIGTERM once every rank has agreed to stop early (stop.h), else 0 */
     int stop_ranks;        /* how many ranks had received it then */
+    int job_saves;         /* some rank of the job has --save (rank 0: run_begin's gate): every rank stops cleanly */
     int evaluated;         /* --evaluate: run_evaluated has reported the test; the run trains nothing */
     GradClip clip;         /* --clip-grad-norm: the stage calls clip_grad_norm(&run.clip, grads) before its step */
 } Run;

@@ -1232,6 +1232,34 @@ START_TEST(resume_on_one_node_only_is_refused) {
 }
 END_TEST
 
+/* --save on node 0 alone (allowed: rank 0 is the one that saves), then a scheduler's SIGTERM to both
+ * nodes: every rank stops at the same step and rank 0 saves it, as when every node has --save. Before,
+ * only a rank given --save caught the signal: node 1's worker died of it at once, and rank 0, its peer
+ * gone, failed unsaved (from the cross-rank audit). */
+START_TEST(save_on_node_0_alone_still_stops_cleanly) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const int port = test_free_port();
+    const char *s = TINY " --epochs 1000 --log-every 4 --nnodes 2 --nproc-per-node 1";
+    snprintf(cmd, sizeof cmd,
+             "D=%s; %s/stage3 %s --node-rank 0 --master-port %d --save $D/s > $D/n0.log 2>&1 & a=$!; "
+             "%s/stage3 %s --node-rank 1 --master-port %d > $D/n1.log 2>&1 & b=$!; "
+             "while ! grep -qs 'saved checkpoint' $D/n0.log && kill -0 $a 2>/dev/null; do sleep 0.01; done; "
+             "kill -TERM $a $b; i=0; while { kill -0 $a || kill -0 $b; } 2>/dev/null && [ $i -lt %d ]; do "
+             "sleep 0.1; i=$((i+1)); done; kill -9 $a $b 2>/dev/null; wait $a; r0=$?; wait $b; r1=$?; "
+             "cat $D/n0.log $D/n1.log; echo \"exit codes $r0 $r1\"",
+             dir, test_root(), s, port, test_root(), s, port, (int)(600 * test_time_scale()));
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 2 of 2 ranks) after step ") &&
+                      strstr(out, "exit codes 143 143") && !strstr(out, "error:"),
+                  "--save on node 0 alone: a SIGTERM must stop both ranks at one step, saved:\n%s", out);
+    const char *at = strstr(out, "continue with --resume ");
+    char path[1024];
+    ck_assert_msg(at && sscanf(at, "continue with --resume %1023s", path) == 1 && access(path, F_OK) == 0, "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 /* The same on real nodes (GPU only): node 0's worker on the GPU over NCCL, node 1's on the CPU over
  * the host ring. Both stop at once, naming the two kinds. */
 START_TEST(gpu_and_cpu_nodes_are_refused) {
@@ -1746,6 +1774,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
     tcase_add_test(tc, two_nodes_and_mismatched_flags);
     tcase_add_test(tc, resume_on_one_node_only_is_refused);
+    tcase_add_test(tc, save_on_node_0_alone_still_stops_cleanly);
     tcase_add_test(tc, nodes_reading_other_data_are_refused);
     tcase_add_test(tc, a_second_rank_0_is_named);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
