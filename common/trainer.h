@@ -36,7 +36,8 @@
 /* Datasets per --data / --train-size / --test-size / --seed. */
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test);
 /* What data_open opened, for ranks to compare (--data is each node's own path): the source, both
- * sets' sizes and a sample of their bytes (every label, every 61st image byte) hashed; *desc says it
+ * sets' sizes and their bytes (every label; every image byte of --data's files, every 61st of synthetic
+ * data) hashed; *desc says it
  * in words ("CIFAR-10 (--data), 50000 training and 10000 test images"). */
 uint64_t data_signature(char *desc, size_t len);
 /* Loader settings from the flags: train (augment, shuffle) or evaluation (neither). */

@@ -1177,19 +1177,23 @@ START_TEST(a_second_rank_0_is_named) {
 END_TEST
 
 /* --data is a node's own path, so it may differ — but not what it holds: CIFAR-10 on one node and the
- * synthetic set on the other, or a copy that differs in one label, trained on silently (or, with sets
+ * synthetic set on the other, or a copy that differs in one label or one pixel, trained on silently (or, with sets
  * of other sizes, failed later blaming the other rank). Both stop at once, naming the data. */
 START_TEST(nodes_reading_other_data_are_refused) {
     char *dir = test_tmpdir(), args[1024], *out;
-    for (int copy = 0; copy < 2; copy++)
+    /* a: the set; b: one label differs; c: one pixel differs — image 9's second byte, 9 · 3072 + 1 of the
+     * images, which is no multiple of 61 (a sample of every 61st byte let that copy train) */
+    for (int copy = 0; copy < 3; copy++)
         for (int k = 0; k < CIFAR10_FILES; k++) {
             char path[700];
-            snprintf(path, sizeof path, "%s/%c", dir, copy ? 'b' : 'a');
+            snprintf(path, sizeof path, "%s/%c", dir, 'a' + copy);
             mkdir(path, 0700);
-            snprintf(path, sizeof path, "%s/%c/%s", dir, copy ? 'b' : 'a', cifar10_file_names[k]);
+            snprintf(path, sizeof path, "%s/%c/%s", dir, 'a' + copy, cifar10_file_names[k]);
             FILE *f = fopen(path, "wb");
             ck_assert_ptr_nonnull(f);
-            for (long b = 0; b < 3073L * 64; b++) fputc(copy && k == 0 && b == 3073L * 9 ? 7 : b % 3073 ? 1 : 3, f);
+            for (long b = 0; b < 3073L * 64; b++)
+                fputc(copy == 1 && k == 0 && b == 3073L * 9 ? 7 : copy == 2 && k == 0 && b == 3073L * 9 + 2 ? 2
+                      : b % 3073 ? 1 : 3, f);
             fclose(f);
         }
     snprintf(args, sizeof args, "--steps 2 --nproc-per-node 1 --data %s/a", dir);
@@ -1203,6 +1207,10 @@ START_TEST(nodes_reading_other_data_are_refused) {
     char args1[1024];
     snprintf(args1, sizeof args1, "--steps 2 --nproc-per-node 1 --data %s/b", dir);
     run_two_nodes("stage3", args, "stage3", args1, &out); /* one label differs */
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks read different data"), "%s", out);
+    free(out);
+    snprintf(args1, sizeof args1, "--steps 2 --nproc-per-node 1 --data %s/c", dir);
+    run_two_nodes("stage3", args, "stage3", args1, &out); /* one pixel differs (from the cross-rank audit) */
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks read different data"), "%s", out);
     free(out);
     free(dir);
