@@ -431,6 +431,20 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
         if (all[i] != mine[i] * d->world)
             die_collateral(d->rank != 0, 2, "rank %d: the ranks read different data (this one: %s) — give every "
                            "node the same --data (a copy of the same CIFAR-10 files), or none", d->rank, data);
+    /* …and, when tracing, whether rank 0 will find every rank's timeline: it merges them from its own
+     * --trace path, so a node that traces to another path, or to a disk rank 0 does not share, would
+     * fail the run only at its end. Every rank has opened its file (run_begin) once the first sum is done. */
+    if (trace_wants_merge()) {
+        double v[1] = {0};
+        comm_sum_doubles(comm, v, 1);
+        for (int r = 1; r < d->world && d->rank == 0 && !v[0]; r++)
+            if (!trace_rank_file_seen(r)) v[0] = r;
+        comm_sum_doubles(comm, v, 1); /* rank 0's verdict: the first rank whose file it cannot see, or 0 */
+        if (v[0])
+            die_collateral(d->rank != 0, 2, "rank %d: --trace: rank 0 cannot see rank %.0f's timeline, which it "
+                           "merges from its own --trace path (NAME.rankN.json) — give every node the same --trace, "
+                           "on a file system they share (a job on one node shares its disk)", d->rank, v[0]);
+    }
     run_sampler(run, !f->no_shuffle, f->drop_last); /* DistributedSampler's flags: a --resume is checked now */
     /* Test-only (STAGE3_TEST_SKEW_INIT): the other ranks start from other weights, so that only the
      * broadcast below can make the replicas equal (every rank builds its model from the same --seed). */

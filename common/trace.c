@@ -505,6 +505,13 @@ void trace_resume(int was_on) {
 
 int trace_wants_merge(void) { return g.configured && g.world > 1; }
 
+int trace_rank_file_seen(int r) {
+    char path[4300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s.rank%d.json.tmp", g.file, r); /* this run's, not a stale NAME.rankR.json */
+    return stat(path, &st) == 0;
+}
+
 void trace_merge(void) {
     if (!trace_wants_merge() || g.rank != 0) return;
     const char *why;

@@ -76,6 +76,10 @@ void trace_step(int64_t steps_done);
 void trace_finish(void);            /* close the window if open; write this process's file */
 int trace_wants_merge(void);        /* world > 1 and tracing: the caller barriers, then rank 0 merges */
 void trace_merge(void);
+/* Rank 0, once every rank has configured its trace (after a barrier): whether rank r's file in the making
+ * (NAME.rankR.json.tmp, opened by trace_configure) is where trace_merge will look for it, its own --trace
+ * NAME — not when a node wrote another NAME, or to a disk that rank 0 does not share. */
+int trace_rank_file_seen(int r);
 /* Evaluation is not part of the window: pause and resume around it. */
 int trace_pause(void);
 void trace_resume(int was_on);

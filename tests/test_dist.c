@@ -1137,6 +1137,21 @@ START_TEST(two_nodes_and_mismatched_flags) {
     run_two_nodes("stage3", "--steps 2 --nproc-per-node 2", "stage3", "--steps 2", &out);
     ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "summary:"), "%s", out);
     free(out);
+    /* --trace may be spelled differently, but rank 0 merges every rank's NAME.rankN.json from its own
+     * path: node 1 tracing to another file trained to the end, then failed the merge ("rank 1's file … is
+     * missing"). Refused before training now (from the cross-rank audit); the same file is fine. */
+    char *dir = test_tmpdir(), a0[1024], a1[1024];
+    snprintf(a0, sizeof a0, "--steps 2 --nproc-per-node 1 --trace %s/t.json", dir);
+    snprintf(a1, sizeof a1, "--steps 2 --nproc-per-node 1 --trace %s/u.json", dir);
+    run_two_nodes("stage3", a0, "stage3", a1, &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "rank 0 cannot see rank 1's timeline") &&
+                      !strstr(out, "summary:"), "%s", out);
+    free(out);
+    snprintf(a1, sizeof a1, "--steps 2 --nproc-per-node 1 --trace %s/./t.json", dir);
+    run_two_nodes("stage3", a0, "stage3", a1, &out);
+    ck_assert_msg(strstr(out, "exit codes 0 0") && strstr(out, "from 2 ranks merged into"), "%s", out);
+    free(out);
+    free(dir);
 }
 END_TEST
 
