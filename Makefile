@@ -163,6 +163,15 @@ $(BUILD)/%.o: %.c | found
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
+# The sources' fingerprint, compiled into cli.o: the ranks of a job compare it with their flags
+# (cli_job_flags), so a node running a binary built from other sources (a stale build, another
+# commit) is refused, not left computing out of step with the others. Same sources, same number,
+# whatever the backend or compiler; cli.o is rebuilt (alone) whenever one of them changes.
+ID_SOURCES := $(sort $(wildcard common/*.c common/*.h common/*.cu stages/*/*.c))
+SOURCE_ID  := $(shell cat $(ID_SOURCES) | cksum | cut -d' ' -f1)
+$(BUILD)/common/cli.o: ALL_CFLAGS += -DSOURCE_ID=$(SOURCE_ID)
+$(BUILD)/common/cli.o: $(ID_SOURCES)
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<

@@ -390,10 +390,20 @@ const char *cli_local_flags_text(void) {
     return text;
 }
 
+/* The sources this binary was built from (the Makefile's cksum of them): part of the first pair, so
+ * ranks running builds of other sources are refused as other programs — two builds one commit apart
+ * share every flag, and planned different buckets. The tests find the marker to make such a binary. */
+#ifndef SOURCE_ID
+#define SOURCE_ID 0
+#endif
+#define SOURCE_ID_TEXT_(x) #x
+#define SOURCE_ID_TEXT(x) SOURCE_ID_TEXT_(x)
+static const char source_id[] = "stage source id " SOURCE_ID_TEXT(SOURCE_ID);
+
 int cli_job_flags(double *v, int cap, const char **names) {
     ASSERT(cap >= 2);
     int n = 2;
-    uint64_t table = FNV1A64_INIT;
+    uint64_t table = fnv1a64(FNV1A64_INIT, source_id, sizeof source_id);
     for (const Option *o = parsed; o && o->name; o++) { /* no table parsed (a unit test): no flags */
         table = fnv1a64(table, o->name, strlen(o->name) + 1);
         if (listed(local_flags, o->name)) continue;
@@ -401,7 +411,7 @@ int cli_job_flags(double *v, int cap, const char **names) {
         names[n] = o->name;
         v[n++] = flag_value_hash(o);
     }
-    /* a first pair that says which table (a rank of another stage, or another build, has another) */
+    /* a first pair that says which table and sources (another stage, or a build of other sources, has another) */
     names[0] = names[1] = NULL;
     v[0] = (double)(table & 0xffffffffu), v[1] = (double)n;
     for (int i = n; i < cap; i++) v[i] = 0, names[i] = NULL;

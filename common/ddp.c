@@ -365,8 +365,8 @@ static void check_job_flags(Ddp *d) {
     memcpy(all, mine, sizeof all);
     comm_sum_doubles(d->comm, all, CAP);
     if (all[0] != mine[0] * d->world || all[1] != mine[1] * d->world)
-        die_collateral(d->rank != 0, 2, "rank %d: the ranks run different programs (another stage, or another build "
-                       "of it) — start every rank from the same binary", d->rank);
+        die_collateral(d->rank != 0, 2, "rank %d: the ranks run different programs (another stage, or a build of "
+                       "other sources) — start every rank from the same binary, or builds of the same sources", d->rank);
     for (int i = 2; i < n; i++)
         if (all[i] != mine[i] * d->world)
             die_collateral(d->rank != 0, 2, "rank %d: the ranks were started with different --%s — start every rank "

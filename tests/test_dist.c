@@ -1762,6 +1762,43 @@ START_TEST(different_stages_on_two_nodes_are_refused) {
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks run different programs") &&
                       !strstr(out, "started with different --"), "%s", out);
     free(out);
+    /* …and stage 3 built from other sources: the same flags, so nothing else told the two apart — two
+     * builds one commit apart (7cddf9e, 7ea1d92) planned different buckets under --bucket-mb 0.1 and
+     * trained on, exit 0, their losses apart from step 3 (from the cross-rank audit). This copy has
+     * another source fingerprint (cli.c's source_id, every copy of its text changed). */
+    char *dir = test_tmpdir(), path[1024], cmd[4096];
+    snprintf(path, sizeof path, "%s/stage3", test_root());
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    char *bin = malloc((size_t)size);
+    ck_assert_int_eq((long)fread(bin, 1, (size_t)size, f), size);
+    fclose(f);
+    static const char marker[] = "stage source id ";
+    int changed = 0;
+    for (char *at = bin; (at = memmem(at, (size_t)(bin + size - at), marker, sizeof marker - 1)); changed++) {
+        at += sizeof marker - 1;
+        *at = *at == '1' ? '2' : '1';
+    }
+    ck_assert_msg(changed > 0, "no source fingerprint in %s", path);
+    snprintf(path, sizeof path, "%s/stage3", dir);
+    f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq((long)fwrite(bin, 1, (size_t)size, f), size);
+    fclose(f);
+    free(bin);
+    chmod(path, 0755);
+    int port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(" LIMIT "%s/stage3 " TINY " --nnodes 2 --node-rank 0 --master-port %d --steps 2 --nproc-per-node 1 & "
+             LIMIT "%s " TINY " --nnodes 2 --node-rank 1 --master-port %d --steps 2 --nproc-per-node 1; r1=$?; "
+             "wait $!; r0=$?; echo \"exit codes $r0 $r1\")", test_root(), port, path, port);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks run different programs"), "%s", out);
+    free(out);
+    free(dir);
 }
 END_TEST
 
