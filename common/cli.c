@@ -350,7 +350,7 @@ static int n_given;
 static const char *const local_flags[] = {
     "data", "workers", "cpu-threads", "pin-memory", "save", "keep-last", "resume", "report", "progress", "node-rank",
     "master-addr", "rdzv-timeout", "comm-timeout", "no-cuda-graph", "cudnn-benchmark", "deterministic",
-    "test-inf-step", "memory-fraction",
+    "memory-fraction",
     /* the job's shape: compared as it resolves, by the rendezvous (the world size, and no rank claimed
      * twice), so a node may write --nproc-per-node 8 where another's auto gives 8 */
     "nproc-per-node", "nnodes", NULL};

@@ -1112,6 +1112,9 @@ START_TEST(two_nodes_and_mismatched_flags) {
         {"stage3", "--no-shuffle", "different --no-shuffle "},
         {"stage5", "--grad-comm fp16", "different --grad-comm "},
         {"stage5", "--amp bf16", "different --amp "},
+        /* rank 0's loss gradient is the one made inf: given to node 1 alone it injected nothing, and said
+         * nothing (rank 1 prints no notes) — the step was not skipped (from the cross-rank audit) */
+        {"stage5", "--test-inf-step 2", "different --test-inf-step "},
         /* the default 25 typed: the same value, but a given cap caps the rebuilt first bucket too, so
          * the two ranks would all-reduce different buckets */
         {"stage3", "--bucket-mb 25", "different training flags"},
