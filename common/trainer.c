@@ -755,7 +755,7 @@ static void resume_check(Run *r) {
  * each rank takes its weights and momentum from its own file). */
 #define GATE_REFUSED (-1e9)       /* rank 0 refused the --resume checkpoint (the others add at most 2^24) */
 #define GATE_REFUSED_FLAGS (-3e9) /* …or this run's flags (run_begin's own checks, before the resume) */
-#define GATE_VALUES 6             /* the sum's length, the same in both (gate_sum, gate_refused) */
+#define GATE_VALUES 8             /* the sum's length, the same in both (gate_sum, gate_refused) */
 static Run *gate_run;         /* rank 0, inside its checks: whom the last words speak for */
 static pthread_t gate_thread; /* …and the thread they run on (the one that uses the communicator) */
 static int gate_flags;        /* rank 0 is checking the flags, not yet the checkpoint */
@@ -773,9 +773,11 @@ static void gate_sum(Run *r, int second) {
     /* the checksum in two 24-bit halves' worth of it (48 bits): sums of up to 2^29 ranks stay exact */
     const uint64_t ck = r->resumed.checksum;
     const double hi = (double)(ck >> 40), lo = (double)((ck >> 16) & 0xffffff);
-    /* and who has --save: only rank 0 saves, so a --save given to other ranks alone saves nothing */
-    const int save = r->cfg->save[0] != 0;
-    double v[GATE_VALUES] = {r->cfg->resume[0] != 0, (double)r->step, hi, lo, save, save && r->rank == 0};
+    /* and who has --save and --report: only rank 0 saves and reports, so either given to other ranks
+     * alone would write nothing */
+    const int save = r->cfg->save[0] != 0, report = r->cfg->report[0] != 0;
+    double v[GATE_VALUES] = {r->cfg->resume[0] != 0, (double)r->step, hi, lo, save, save && r->rank == 0,
+                             report, report && r->rank == 0};
     r->sum_across(r->sum_ctx, v, GATE_VALUES);
     r->job_saves = v[4] > 0;
     if (v[0] < 0)
@@ -788,6 +790,10 @@ static void gate_sum(Run *r, int second) {
         die_collateral(r->rank != 0, 2, "rank %d: --save is given to %.0f of the %d ranks, but not to rank 0, the "
                        "one that saves: nothing would be saved — give rank 0 --save (best: every rank the same "
                        "command line)", r->rank, v[4], r->world_size);
+    if (v[6] > 0 && v[7] == 0)
+        die_collateral(r->rank != 0, 2, "rank %d: --report is given to %.0f of the %d ranks, but not to rank 0, the "
+                       "one that writes it: nothing would be written — give rank 0 --report (best: every rank the "
+                       "same command line)", r->rank, v[6], r->world_size);
     if (second && v[1] != (double)r->step * r->world_size)
         die_collateral(r->rank != 0, 2, "rank %d: the ranks resumed at different steps (this one at step %lld) — "
                        "give every rank the same checkpoint", r->rank, (long long)r->step);

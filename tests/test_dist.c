@@ -1237,7 +1237,8 @@ END_TEST
 
 /* --resume given to one node only: its rank would continue at step 3 while the other starts at step 0
  * (a path may differ between the ranks, but not whether there is one). Both stop, saying so. --save
- * on node 0 alone is fine (rank 0 is the one that saves); on node 1 alone it would save nothing. */
+ * on node 0 alone is fine (rank 0 is the one that saves); on node 1 alone it would save nothing — and
+ * so with --report. */
 START_TEST(resume_on_one_node_only_is_refused) {
     char *dir = test_tmpdir(), args[1024], *out;
     snprintf(args, sizeof args, "--steps 3 --nproc-per-node 1 --save %s/n", dir);
@@ -1253,6 +1254,13 @@ START_TEST(resume_on_one_node_only_is_refused) {
     run_two_nodes("stage3", "--steps 3 --nproc-per-node 1", "stage3", args, &out);
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "--save is given to 1 of the 2 ranks, but not to rank 0"),
                   "%s", out);
+    free(out);
+    /* --report on node 1 alone: only rank 0 writes the report, so it was silently never written (from
+     * the cross-rank audit) */
+    snprintf(args, sizeof args, "--steps 3 --nproc-per-node 1 --report %s/r1.jsonl", dir);
+    run_two_nodes("stage3", "--steps 3 --nproc-per-node 1", "stage3", args, &out);
+    ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "--report is given to 1 of the 2 ranks, but not to "
+                  "rank 0"), "%s", out);
     free(out);
     free(dir);
 }
