@@ -117,6 +117,17 @@ static int ready_order(const Model *m, int *order) {
 
 /* Buckets are contiguous slices that tile the gradient buffer, each closed by PyTorch's rule — but
  * with last_limit (--last-bucket-mb), the last is the shortest contiguous tail holding that much. */
+/* One step whose gradients arrive in `order` (backward's), then the next forward: the step that
+ * rebuilds the buckets in that order. */
+static void step_then_rebuild(Ddp *d, Model *m, const int *order, int n) {
+    model_zero_grad(m);
+    ddp_forward_begin(d);
+    for (int i = 0; i < n; i++) ddp_grad_ready(d, order[i]);
+    ddp_backward_end(d);
+    ddp_forward_begin(d);
+    ck_assert(d->rebuilt);
+}
+
 static void check_plan_tail(const Ddp *d, const int *order, size_t first_limit, size_t limit, size_t last_limit) {
     const Model *m = d->m;
     int64_t covered = 0;
@@ -213,12 +224,7 @@ START_TEST(buckets_reverse_then_rebuilt_in_ready_order) {
      * _DEFAULT_FIRST_BUCKET_BYTES): the classifier, the last BN and the last conv (9 MiB). */
     f.bucket_mb = 25, f.bucket_mb_given = 0;
     ddp_init(&d, &o.run, o.comm, &f);
-    model_zero_grad(m);
-    ddp_forward_begin(&d);
-    for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
-    ddp_backward_end(&d);
-    ddp_forward_begin(&d);
-    ck_assert(d.rebuilt);
+    step_then_rebuild(&d, m, order, n);
     check_plan(&d, order, (size_t)1 << 20, (size_t)25 << 20);
     ck_assert_int_eq(d.bucket_of[order[0]], 0);
     ck_assert_int_eq(d.buckets[0].n_params, 5);
@@ -438,14 +444,7 @@ START_TEST(buckets_are_torchs) {
         free(ddp_options(&f, NULL));
         f.find_unused = cases[c].find_unused, f.bucket_mb = cases[c].mb, f.bucket_mb_given = cases[c].given;
         ddp_init(&d, &o.run, o.comm, &f);
-        if (!cases[c].find_unused) { /* step 1, its gradients in backward's order; step 2 rebuilds */
-            model_zero_grad(o.m);
-            ddp_forward_begin(&d);
-            for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
-            ddp_backward_end(&d);
-            ddp_forward_begin(&d);
-            ck_assert(d.rebuilt);
-        }
+        if (!cases[c].find_unused) step_then_rebuild(&d, o.m, order, n); /* step 1 in backward's order */
         char got[1024] = "", exp[1024] = "";
         for (int b = 0; b < d.n_buckets; b++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", b ? "," : "", (long long)d.buckets[b].count);
@@ -533,12 +532,7 @@ START_TEST(small_last_bucket) {
     size_t two = (size_t)(c1->count + b1->count) * sizeof(float);
     f.last_bucket_mb = (double)two / 1048576.0; /* exact: a power-of-two denominator */
     ddp_init(&d, &o.run, o.comm, &f);
-    model_zero_grad(m);
-    ddp_forward_begin(&d);
-    for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
-    ddp_backward_end(&d);
-    ddp_forward_begin(&d);
-    ck_assert(d.rebuilt);
+    step_then_rebuild(&d, m, order, n);
     check_plan_tail(&d, order, (size_t)1 << 20, cap, two);
     ck_assert_int_eq(d.buckets[d.n_buckets - 1].n_params, 3);
     ddp_destroy(&d);
