@@ -149,24 +149,25 @@ static void index_buckets(Ddp *d) {
 
 /* Group parameters, in the given order, into buckets: a bucket closes once it holds at least its
  * limit (the first `first_limit`, the rest cap_bytes) — PyTorch's _compute_bucket_assignment_by_size
- * — and its parameters form one contiguous slice of the buffer. Returns 0 if the last bucket would
- * not be contiguous (an order our models never produce); the plan is then left unchanged. */
-static int plan(Ddp *d, const int *order, size_t first_limit) {
+ * — and its parameters form one contiguous slice of the buffer; with `last_limit` (--last-bucket-mb),
+ * a tail of the order goes last, on its own. Returns 0 if the last bucket would not be contiguous (an
+ * order our models never produce); the plan is then left unchanged. */
+static int plan(Ddp *d, const int *order, size_t first_limit, size_t last_limit) {
     Model *m = d->m;
     DdpBucket *nb = xcalloc((size_t)m->n_params, sizeof *nb);
     int n = 0, members = 0;
     int64_t lo = INT64_MAX, hi = 0, count = 0;
-    /* --last-bucket-mb: the shortest contiguous tail of the order holding at least last_bytes (at
+    /* --last-bucket-mb: the shortest contiguous tail of the order holding at least last_limit (at
      * least one parameter is left to the others) */
     int split = m->n_params;
     size_t most = 0; /* the largest contiguous tail short of the whole order, for the note */
-    for (int i = m->n_params - 1; i > 0 && d->last_bytes; i--) {
+    for (int i = m->n_params - 1; i > 0 && last_limit; i--) {
         const Param *p = &m->params[order[i]];
         if (p->offset < lo) lo = p->offset;
         if (p->offset + p->count > hi) hi = p->offset + p->count;
         count += p->count;
         if (hi - lo == count && (size_t)count * sizeof(float) > most) most = (size_t)count * sizeof(float);
-        if ((size_t)count * sizeof(float) >= d->last_bytes && hi - lo == count) {
+        if ((size_t)count * sizeof(float) >= last_limit && hi - lo == count) {
             split = i;
             break;
         }
@@ -194,7 +195,8 @@ static int plan(Ddp *d, const int *order, size_t first_limit) {
         nb[n++] = (DdpBucket){.offset = lo, .count = count};
     }
     if (split < m->n_params) nb[n++] = tail;
-    d->last_cut = split < m->n_params, d->last_most = most;
+    d->last_cut = split < m->n_params;
+    if (last_limit) d->last_most = most; /* a plan without a tail leaves the note's figure alone */
     free(d->buckets);
     d->buckets = nb;
     d->n_buckets = n;
@@ -210,7 +212,7 @@ static void plan_forward_reversed(Ddp *d) {
     Model *m = d->m;
     int *forward = xmalloc((size_t)m->n_params * sizeof(int));
     for (int i = 0; i < m->n_params; i++) forward[i] = i;
-    ASSERT(plan(d, forward, d->first_bytes)); /* registration order is the buffer's: always contiguous */
+    ASSERT(plan(d, forward, d->first_bytes, 0)); /* registration order is the buffer's: always contiguous */
     free(forward);
     for (int a = 0, b = d->n_buckets - 1; a < b; a++, b--) {
         DdpBucket t = d->buckets[a];
@@ -257,7 +259,7 @@ static void rebuild(Ddp *d) {
     d->rebuilt = 1;
     char desc[512];
     int was_cut = d->last_cut;
-    if (!plan(d, d->ready_order, d->first_bytes)) {
+    if (!plan(d, d->ready_order, d->first_bytes, d->last_bytes)) {
         report_printf(&d->run->report,
                       "ddp: gradient-ready order does not give contiguous buckets; keeping the reverse-order plan\n");
         return;
@@ -433,10 +435,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
                            "node the same --data (a copy of the same CIFAR-10 files), or none", d->rank, data);
     /* …and, when tracing, whether rank 0 will find every rank's timeline: it merges them from its own
      * --trace path, so a node that traces to another path, or to a disk rank 0 does not share, would
-     * fail the run only at its end. Every rank has opened its file (run_begin) once the first sum is done. */
+     * fail the run only at its end. Every rank has opened its file (run_begin) once past the barrier. */
     if (trace_wants_merge()) {
         double v[1] = {0};
-        comm_sum_doubles(comm, v, 1);
+        comm_barrier(comm, "every rank's trace file opened");
         for (int r = 1; r < d->world && d->rank == 0 && !v[0]; r++)
             if (!trace_rank_file_seen(r)) v[0] = r;
         comm_sum_doubles(comm, v, 1); /* rank 0's verdict: the first rank whose file it cannot see, or 0 */
@@ -476,14 +478,10 @@ void ddp_init(Ddp *d, Run *run, Comm *comm, const DdpFlags *f) {
     else { /* reverse parameter order, every bucket at the cap (and --last-bucket-mb's tail, ours) */
         int *reverse = xmalloc((size_t)m->n_params * sizeof(int));
         for (int i = 0; i < m->n_params; i++) reverse[i] = m->n_params - 1 - i;
-        ASSERT(plan(d, reverse, d->cap_bytes)); /* reverse order is always contiguous */
+        ASSERT(plan(d, reverse, d->cap_bytes, d->last_bytes)); /* reverse order is always contiguous */
         free(reverse);
-        if (d->find_unused && !d->last_cut) { /* no tail holds --last-bucket-mb: the plan it would be at 0 */
-            size_t want = d->last_bytes, most = d->last_most;
-            d->last_bytes = 0;
-            plan_forward_reversed(d);
-            d->last_bytes = want, d->last_most = most, fwd = 1;
-        }
+        /* no tail holds --last-bucket-mb: the plan it would be at 0 */
+        if (d->find_unused && !d->last_cut) plan_forward_reversed(d), fwd = 1;
     }
     for (int s = 0; s <= DDP_STATS_LAG; s++)
         for (int i = 0; i < N_MARKS; i++) timemark_init(&d->steps[s].at[i], d->dev);

@@ -1090,11 +1090,13 @@ END_TEST
  * one free port; OUT ends with "exit codes R0 R1". */
 static void run_two_nodes(const char *bin0, const char *args0, const char *bin1, const char *args1, char **out) {
     int port = test_free_port();
-    char cmd[4096];
+    char cmd[4096], path0[1024], path1[1024]; /* a stage's name, or a binary's absolute path */
+    snprintf(path0, sizeof path0, "%s%s%s", bin0[0] == '/' ? "" : test_root(), bin0[0] == '/' ? "" : "/", bin0);
+    snprintf(path1, sizeof path1, "%s%s%s", bin1[0] == '/' ? "" : test_root(), bin1[0] == '/' ? "" : "/", bin1);
     snprintf(cmd, sizeof cmd,
-             "(" LIMIT "%s/%s " TINY " --nnodes 2 --node-rank 0 --master-port %d %s & " LIMIT "%s/%s " TINY
+             "(" LIMIT "%s " TINY " --nnodes 2 --node-rank 0 --master-port %d %s & " LIMIT "%s " TINY
              " --nnodes 2 --node-rank 1 --master-port %d %s; r1=$?; wait $!; r0=$?; echo \"exit codes $r0 $r1\")",
-             test_root(), bin0, port, args0, test_root(), bin1, port, args1);
+             path0, port, args0, path1, port, args1);
     ck_assert_int_eq(test_run(cmd, out), 0);
 }
 
@@ -1777,16 +1779,11 @@ START_TEST(different_stages_on_two_nodes_are_refused) {
      * builds one commit apart (7cddf9e, 7ea1d92) planned different buckets under --bucket-mb 0.1 and
      * trained on, exit 0, their losses apart from step 3 (from the cross-rank audit). This copy has
      * another source fingerprint (cli.c's source_id, every copy of its text changed). */
-    char *dir = test_tmpdir(), path[1024], cmd[4096];
+    char *dir = test_tmpdir(), path[1024];
     snprintf(path, sizeof path, "%s/stage3", test_root());
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    rewind(f);
-    char *bin = malloc((size_t)size);
-    ck_assert_int_eq((long)fread(bin, 1, (size_t)size, f), size);
-    fclose(f);
+    long size;
+    char *bin = test_slurp(path, &size);
+    ck_assert_ptr_nonnull(bin);
     static const char marker[] = "stage source id ";
     int changed = 0;
     for (char *at = bin; (at = memmem(at, (size_t)(bin + size - at), marker, sizeof marker - 1)); changed++) {
@@ -1795,18 +1792,13 @@ START_TEST(different_stages_on_two_nodes_are_refused) {
     }
     ck_assert_msg(changed > 0, "no source fingerprint in %s", path);
     snprintf(path, sizeof path, "%s/stage3", dir);
-    f = fopen(path, "wb");
+    FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
     ck_assert_int_eq((long)fwrite(bin, 1, (size_t)size, f), size);
     fclose(f);
     free(bin);
     chmod(path, 0755);
-    int port = test_free_port();
-    snprintf(cmd, sizeof cmd,
-             "(" LIMIT "%s/stage3 " TINY " --nnodes 2 --node-rank 0 --master-port %d --steps 2 --nproc-per-node 1 & "
-             LIMIT "%s " TINY " --nnodes 2 --node-rank 1 --master-port %d --steps 2 --nproc-per-node 1; r1=$?; "
-             "wait $!; r0=$?; echo \"exit codes $r0 $r1\")", test_root(), port, path, port);
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    run_two_nodes("stage3", "--steps 2 --nproc-per-node 1", path, "--steps 2 --nproc-per-node 1", &out);
     ck_assert_msg(strstr(out, "exit codes 2 2") && strstr(out, "the ranks run different programs"), "%s", out);
     free(out);
     free(dir);
