@@ -927,7 +927,8 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
     double algbw = v[0] > 0 ? (double)bytes / (v[0] * 1e6) : isnan(v[0]) ? NAN : 0, exposed = v[1] + v[2];
     double pct = step_ms > 0 ? 100.0 * exposed / step_ms : NAN;
     if (v[3] > 0) {
-        char mb[32], pieces[64];
+        char mb[32], pieces[64], share[48] = "no step timed to compare"; /* a short run times comm, not a step */
+        if (step_ms > 0) snprintf(share, sizeof share, "%.1f%% of the step", pct);
         fmt_bytes(mb, sizeof mb, (double)bytes);
         if (accum && bytes != grad_bytes)
             snprintf(pieces, sizeof pieces, "%.2f × the gradients", (double)bytes / (double)grad_bytes);
@@ -936,9 +937,9 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                      d->overlap ? (d->n_buckets == 1 ? "bucket" : "buckets") : "piece, after backward");
         report_printf(&r->report,
                       "%s all-reduce %.3f ms/%s (%s in %s, algbw %.1f GB/s, busbw %.1f GB/s) | exposed "
-                      "%.3f ms = %.1f%% of the step (after backward %.3f, buffer broadcast %.3f)\n",
+                      "%.3f ms = %s (after backward %.3f, buffer broadcast %.3f)\n",
                       summary ? "comm over the run:" : "  comm:", v[0], accum ? "optimizer step" : "step", mb,
-                      pieces, algbw, algbw * busbw_factor(d->world), exposed, pct, v[1], v[2]);
+                      pieces, algbw, algbw * busbw_factor(d->world), exposed, share, v[1], v[2]);
     }
     if (summary && d->world <= DDP_PER_RANK_MAX) per_rank(d);
     int64_t sb_calls, sb_bytes;
@@ -952,10 +953,11 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
                      (long long)sb_calls, fmt_bytes(b, sizeof b, (double)sb_bytes));
         }
         report_printf(&r->report,
-                      "  counts: %lld optimizer steps, %lld micro-steps | %lld gradient all-reduces (%s) | %lld "
-                      "buffer broadcasts in training, %lld in evaluation%s\n",
-                      (long long)d->opt_steps, (long long)d->iteration, (long long)d->allreduce_calls, total,
-                      (long long)d->bcasts, (long long)d->eval_bcasts, sb);
+                      "  counts: %lld optimizer step%s, %lld micro-step%s | %lld gradient all-reduce%s (%s) | %lld "
+                      "buffer broadcast%s in training, %lld in evaluation%s\n",
+                      (long long)d->opt_steps, d->opt_steps == 1 ? "" : "s", (long long)d->iteration,
+                      d->iteration == 1 ? "" : "s", (long long)d->allreduce_calls, d->allreduce_calls == 1 ? "" : "s",
+                      total, (long long)d->bcasts, d->bcasts == 1 ? "" : "s", (long long)d->eval_bcasts, sb);
     }
     if (summary && d->find_unused) { /* what find_unused_parameters cost */
         char zeros[32], map[32], search[48] = "n/a (no step after warm-up)";

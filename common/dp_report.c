@@ -204,9 +204,10 @@ void dp_report(DataParallel *dp, Run *run) {
         report_printf(r, "GIL: never taken (no modelled Python)\n");
         return;
     }
-    report_printf(r, "GIL (switch interval %g ms): %lld hand-offs, %lld forced switches over %lld steps\n",
-                  dp->cfg.switch_ms, (long long)g->handoffs, (long long)g->forced_switches,
-                  (long long)dp->steps_seen);
+    report_printf(r, "GIL (switch interval %g ms): %lld hand-off%s, %lld forced switch%s over %lld step%s\n",
+                  dp->cfg.switch_ms, (long long)g->handoffs, g->handoffs == 1 ? "" : "s",
+                  (long long)g->forced_switches, g->forced_switches == 1 ? "" : "es", (long long)dp->steps_seen,
+                  dp->steps_seen == 1 ? "" : "s");
     report_printf(r, "  %-12s %10s %10s %10s %13s %12s\n", "thread", "held ms", "waited ms", "acquires",
                   "drop requests", "forced drops");
     json_begin(r, "gil");

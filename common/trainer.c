@@ -1470,9 +1470,9 @@ static void summarize(Run *r) {
     if (r->resumed_at_step > 0)
         snprintf(resumed, sizeof resumed, " (%lld in this run, resumed at %lld)",
                  (long long)(r->step - r->resumed_at_step), (long long)r->resumed_at_step);
-    report_printf(&r->report, "summary: %lld %ssteps%s in %.1f s | final train loss %.4f | test acc "
+    report_printf(&r->report, "summary: %lld %sstep%s%s in %.1f s | final train loss %.4f | test acc "
                               "%.2f%% | %s | data wait %.2f s\n",
-                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", resumed, wall, plain_nan(r->last_train_loss),
+                  (long long)r->step, c->accum_steps > 0 ? "optimizer " : "", r->step == 1 ? "" : "s", resumed, wall, plain_nan(r->last_train_loss),
                   100 * r->last_test_acc, timing, r->data_wait_s);
     Flops flops = run_flops(r, med);
     char mem[32];
