@@ -600,11 +600,15 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     if (len > 0) exe[len] = 0;
     else snprintf(exe, sizeof exe, "%s", argv[0]);
 
-    /* The rendezvous secret (auth.h): the user's if given (every node needs the same), else a fresh
-     * random one that only our own workers get, through their environment — never on the wire. */
+    /* The rendezvous secret (auth.h): the user's if given to a job of several nodes (every node needs
+     * the same), else a fresh random one that only our own workers get, through their environment —
+     * never on the wire. A job of one node is its launcher's workers alone, so it always gets a fresh
+     * one: two jobs started from a shell that exported STAGE_RDZV_SECRET shared it, and the second,
+     * on the first one's port, joined its rendezvous (claiming its ranks, stopping both). */
     char secret[65] = "";
     uint8_t given[AUTH_MAX_SECRET];
     size_t given_len = auth_secret(given, sizeof given);
+    if (cfg->nnodes == 1) given_len = 0;
     if (!given_len) {
         if (cfg->nnodes > 1)
             die_user("--nnodes %d: every node's launcher needs the same rendezvous secret — export "
@@ -703,7 +707,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             set_env_int("MASTER_PORT", cfg->master_port);
             set_env_int("STAGE3_STATUS_FD", status_fd);
             unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-            if (secret[0]) setenv("STAGE_RDZV_SECRET", secret, 1);
+            if (secret[0]) setenv("STAGE_RDZV_SECRET", secret, 1), unsetenv("STAGE_RDZV_SECRET_FILE");
             execv(exe, argv);
             fprintf(stderr, "error: %s launcher: cannot exec %s: %s\n", prog, exe, strerror(errno));
             _exit(127);

@@ -1196,6 +1196,31 @@ START_TEST(a_second_rank_0_is_named) {
 }
 END_TEST
 
+/* Two jobs of one node each, started from a shell that exported STAGE_RDZV_SECRET (as the multi-node
+ * recipe does) on the same --master-port: they shared the secret, so the second launcher took the
+ * first job's store for its own ("node 0 of this job is already running — give this node its own
+ * --node-rank"), and, started at the same moment, one job's rank 1 claimed a rank in the other's
+ * rendezvous and stopped both. A job of one node makes its own secret: the second is told that the
+ * port is taken, and the first trains on. */
+START_TEST(two_jobs_sharing_an_exported_secret_stay_apart) {
+    ck_assert_str_eq(getenv("STAGE_RDZV_SECRET"), TEST_SECRET); /* exported to both, by the fixture */
+    char *dir = test_tmpdir(), cmd[4096], want[96], *out;
+    int port = test_free_port();
+    snprintf(cmd, sizeof cmd,
+             "(D=%s; { " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 10 --master-port %d > $D/first.txt 2>&1; "
+             "echo \"first exit $?\" >> $D/first.txt; } & "
+             "for i in $(seq 1 2400); do grep -q '^ddp:' $D/first.txt 2>/dev/null && break; sleep 0.05; done; "
+             LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --master-port %d; echo \"second exit $?\"; "
+             "wait; tail -n 1 $D/first.txt)",
+             dir, test_root(), port, test_root(), port);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    snprintf(want, sizeof want, "--master-port %d on 127.0.0.1 is in use (another job", port);
+    ck_assert_msg(strstr(out, "second exit 2") && strstr(out, want) && strstr(out, "pick a free one with --master-port") &&
+                  !strstr(out, "node 0 of this job is already running") && strstr(out, "first exit 0"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* --data is a node's own path, so it may differ — but not what it holds: CIFAR-10 on one node and the
  * synthetic set on the other, or a copy that differs in one label or one pixel, trained on silently (or, with sets
  * of other sizes, failed later blaming the other rank). Both stop at once, naming the data. */
@@ -1840,6 +1865,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, save_on_node_0_alone_still_stops_cleanly);
     tcase_add_test(tc, nodes_reading_other_data_are_refused);
     tcase_add_test(tc, a_second_rank_0_is_named);
+    tcase_add_test(tc, two_jobs_sharing_an_exported_secret_stay_apart);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
