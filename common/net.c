@@ -69,6 +69,10 @@ int net_listen(const char *addr, int port, int *bound) {
         err = errno;
         close(fd);
         fd = -1;
+        /* Taken: the clients try the addresses in this same order (net_connect), so they would reach
+         * whoever holds it — another job's store on ::1 while ours listened on 127.0.0.1, for a name
+         * such as localhost that has both. Report it, rather than listen on the next address. */
+        if (err == EADDRINUSE) break;
     }
     freeaddrinfo(res);
     if (fd < 0) {

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <pthread.h>
 #include <errno.h>
+#include <netdb.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -688,6 +689,42 @@ START_TEST(ring_port_drops_idle_strangers) {
 }
 END_TEST
 
+/* A --master-addr that names two addresses (localhost as ::1 and 127.0.0.1, as on Debian and Ubuntu):
+ * with the first taken by another job's store, rank 0 (and the launcher's check) listened on the
+ * second, and every rank — rank 0 too — connected to the first, the other job's store, which refused
+ * their secret ("rank 0 could not host this job's store there", where it had). The port counts as in
+ * use. Needs a name of two addresses, which a machine's /etc/hosts may not give: then it skips. */
+START_TEST(a_port_taken_on_a_names_first_address_is_in_use) {
+    const char *name = "localhost";
+    int port = test_free_port();
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
+    if (getaddrinfo(name, ps, &hints, &res) != 0) {
+        printf("SKIP: store: %s does not resolve\n", name);
+        return;
+    }
+    if (!res->ai_next || res->ai_next->ai_family == res->ai_family) {
+        printf("SKIP: store: the port taken on one address of a host name with two — %s has one here (/etc/hosts)\n",
+               name);
+        freeaddrinfo(res);
+        return;
+    }
+    int other = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0); /* another job's store, on the first */
+    ck_assert(other >= 0);
+    ck_assert_msg(bind(other, res->ai_addr, res->ai_addrlen) == 0 && listen(other, 4) == 0, "bind: %s",
+                  strerror(errno));
+    freeaddrinfo(res);
+    errno = 0;
+    int fd = net_listen(name, port, NULL);
+    int err = errno;
+    if (fd >= 0) close(fd);
+    close(other);
+    ck_assert_msg(fd < 0 && err == EADDRINUSE, "net_listen(%s:%d) with its first address taken: fd %d, %s", name,
+                  port, fd, strerror(err));
+}
+END_TEST
+
 Suite *suite_store(void) {
     Suite *s = suite_create("store");
     TCase *tc = tcase_create("store");
@@ -707,6 +744,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, a_new_secret_is_64_hex_digits);
     tcase_add_test(tc, ring_port_refuses_strangers);
     tcase_add_test(tc, ring_port_drops_idle_strangers);
+    tcase_add_test(tc, a_port_taken_on_a_names_first_address_is_in_use);
     suite_add_tcase(s, tc);
     return s;
 }
