@@ -209,6 +209,8 @@ void trace_dev_end_(TraceDev s) {
 
 /* ---- the files -------------------------------------------------------------------------------- */
 
+static const char TRACE_BUSY[] = "another run is writing it now"; /* open_out's why for a file locked */
+
 /* path opened for writing (emptied when `truncate`), or NULL with *why saying what is wrong. Never
  * blocks: a FIFO without a reader would wait forever (so O_NONBLOCK), and one with a reader is refused
  * like any other non-file (a character device, /dev/null say, is fine). */
@@ -232,7 +234,7 @@ static FILE *open_out(const char *path, int truncate, const char **why) {
      * other's file away): a lock held until this process ends, taken before emptying it */
     struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
     if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES)) {
-        *why = "another run is writing it now";
+        *why = TRACE_BUSY;
         close(fd);
         return NULL;
     }
@@ -302,7 +304,11 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
     else snprintf(path, sizeof path, "%s", g.file);
     for (int merged = 0; merged < 1 + (world > 1 && rank == 0); merged++) {
         Out *o = merged ? &g.merged : &g.mine;
-        if (!out_open(o, merged ? g.file : path, &why))
+        const int opened = out_open(o, merged ? g.file : path, &why);
+        if (!opened && why == TRACE_BUSY)
+            die_user("--trace %s: another run is writing %s (it holds the file's lock) — give this run another "
+                     "--trace file, or wait for that one to end", file, o->at);
+        if (!opened)
             die_user("--trace %s: cannot write %s%s (%s) — give --trace a regular file in an existing, writable "
                      "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
     }

@@ -242,6 +242,30 @@ START_TEST(interrupted_run_keeps_the_old_trace) {
 }
 END_TEST
 
+/* Two runs, one --trace FILE (two students with the same command line): the second is refused while
+ * the first holds FILE.tmp, naming the fix — it used to advise "a regular file in an existing,
+ * writable directory", which it was — and the first's trace is written whole. The first is held
+ * stopped while the second runs, so it cannot finish first. */
+START_TEST(a_trace_another_run_is_writing_is_refused) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "(D=%s; R=%s; timeout -k 5 60 $R/stage1 " SMALL " --train-size 2048 --trace $D/t.json "
+             "--trace-steps 1:3 > $D/run.out 2>&1 & run=$!; "
+             "while ! [ -e $D/t.json.tmp ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; kill -STOP $run; "
+             "timeout -k 5 60 $R/stage1 " SMALL " --steps 1 --trace $D/t.json; echo \"stage1 exit $?\"; "
+             "timeout -k 5 60 $R/stage3 " SMALL " --steps 1 --nproc-per-node 2 --master-port %d --trace $D/t.json; "
+             "echo \"stage3 exit $?\"; kill -CONT $run; wait $run; echo \"first exit $?\"; "
+             "[ -s $D/t.json ] && ! [ -e $D/t.json.tmp ] && echo whole)",
+             dir, test_root(), test_free_port());
+    test_run(cmd, &out);
+    char want[800];
+    snprintf(want, sizeof want, "another run is writing %s/t.json.tmp (it holds the file's lock) — give this run "
+             "another --trace file, or wait for that one to end", dir);
+    ck_assert_msg(strstr(out, "stage1 exit 2") && strstr(out, "stage3 exit 2") && strstr(out, want), "%s", out);
+    ck_assert_msg(strstr(out, "first exit 0") && strstr(out, "whole"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* tests/trace_check.py rejects a broken trace with a FAIL line, never a Python traceback: an event
  * that is no object, a lane name or step number missing, a NaN time, spans dropped by the writer, and
  * a --steps that is not A:B. */
@@ -359,6 +383,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, bad_trace_flags_refused);
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
     tcase_add_test(tc, interrupted_run_keeps_the_old_trace);
+    tcase_add_test(tc, a_trace_another_run_is_writing_is_refused);
     tcase_add_test(tc, timeline_bad_input);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
