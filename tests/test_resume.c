@@ -763,6 +763,33 @@ START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
 }
 END_TEST
 
+/* Another user's report left in a shared directory (/tmp, two students with one command line): the
+ * run that may not write it was told to "check that its directory exists and is writable", which it
+ * did and was; it is told whose the file is. Root writes any file, so as root the run is another user's
+ * (setpriv), on a file of root's; else on a file of one's own without write permission. */
+START_TEST(another_users_report_file_is_named) {
+    char *dir = test_tmpdir(), path[600], cmd[2048], *out;
+    const int root = geteuid() == 0;
+    if (root && system("command -v setpriv > /dev/null") != 0) {
+        printf("SKIP: resume: another user's --report file — running as root without setpriv\n");
+        free(dir);
+        return;
+    }
+    ck_assert_int_eq(chmod(dir, 01777), 0); /* as /tmp */
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0444);
+    ck_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage1 " TINY " --train-size 64 --steps 1 --report %s",
+             root ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "", test_root(), path);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "Permission denied — the file is there and this user may not write it") &&
+                  strstr(out, "give --report a file of your own") && !strstr(out, "check that its directory"),
+                  "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* A fresh run into another run's --save directory used to replace its epochNNN.ckpt one by one:
  * refused at start (stage 3: in the launcher, before any worker), naming the checkpoint to --resume;
  * resuming one of them there continues writing into it. */
@@ -1485,6 +1512,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
     tcase_add_test(tc, resume_on_other_data_is_refused);
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
+    tcase_add_test(tc, another_users_report_file_is_named);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, two_runs_saving_into_one_directory);
     tcase_add_test(tc, a_signal_stops_at_a_step_and_saves_it);
