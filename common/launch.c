@@ -634,7 +634,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
                 if (cfg->nnodes > 2) snprintf(ranks, sizeof ranks, "1 … %d", cfg->nnodes - 1);
                 else snprintf(ranks, sizeof ranks, "1");
                 die_user("%s: node 0 of this job is already running (its rendezvous store on %s:%d answers to this "
-                         "job's secret) — give this node its own --node-rank (%s; the default is 0)", prog,
+                         "job's secret) — give this node its own --node-rank (%s; the default is 0); if that is "
+                         "another job of yours with the same secret, pick a free --master-port", prog,
                          cfg->master_addr, cfg->master_port, ranks);
             }
             die_user("%s: --master-port %d on %s is in use (another job, or one still shutting down) — pick a "

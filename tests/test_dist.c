@@ -1180,7 +1180,9 @@ START_TEST(a_second_rank_0_is_named) {
     run_second_after("", "--nnodes 2 --node-rank 0 --nproc-per-node 1 --rdzv-timeout 5", "",
                      "--nnodes 2 --nproc-per-node 1", &out);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "node 0 of this job is already running") &&
-                  strstr(out, "give this node its own --node-rank (1; the default is 0)"), "%s", out);
+                  strstr(out, "give this node its own --node-rank (1; the default is 0)") &&
+                  strstr(out, "if that is another job of yours with the same secret, pick a free --master-port"),
+                  "%s", out);
     free(out);
     const char *torchrun = "TORCHELASTIC_RUN_ID=x WORLD_SIZE=2 RANK=0";
     run_second_after(torchrun, "--rdzv-timeout 5", torchrun, "", &out);
