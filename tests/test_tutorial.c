@@ -83,6 +83,33 @@ START_TEST(tutorial_test_fails_on_a_broken_command) {
 }
 END_TEST
 
+/* The page's blocks write fixed names under /tmp (`rm -rf /tmp/ddp_run`, then --save there): two
+ * runs of the doc test on one machine deleted and locked each other's files, and another user's
+ * leftover failed it. Each run now has its own /tmp for its blocks, shared from block to block, and
+ * the real /tmp is not touched. */
+START_TEST(tutorial_blocks_get_a_tmp_of_their_own) {
+    char *dir = test_tmpdir(), en[512], name[64], real[128], doc[1024], *out;
+    snprintf(en, sizeof en, "%s/t.md", dir);
+    snprintf(name, sizeof name, "tutorial_tmp_probe_%d", (int)getpid());
+    snprintf(real, sizeof real, "/tmp/%s", name);
+    unlink(real);
+    snprintf(doc, sizeof doc, "```sh cpu-test\nrm -rf /tmp/%s\nmkdir /tmp/%s && echo kept > /tmp/%s/f\n```\n\n"
+             "```sh cpu-test\n# expect: kept\ncat /tmp/%s/f\n```\n", name, name, name, name);
+    write_file(en, doc);
+    int rc = run_doc_test(en, &out);
+    struct stat st;
+    const int touched = stat(real, &st) == 0;
+    if (touched) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", real);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    ck_assert_msg(rc == 0, "the blocks failed:\n%s", out);
+    ck_assert_msg(!touched, "the blocks wrote the real %s:\n%s", real, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* tests/doc_check.py on a folder (NULL: the checkout the script is in — not test_root(), which under the
  * sanitizers is a folder of links without the README), with the flags checked against the built stages
  * (test_root()'s) when `flags` is set. 77 when python3 is missing. */
@@ -196,6 +223,7 @@ Suite *suite_tutorial(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, tutorial_cpu_commands_run);
     tcase_add_test(tc, tutorial_test_fails_on_a_broken_command);
+    tcase_add_test(tc, tutorial_blocks_get_a_tmp_of_their_own);
     tcase_add_test(tc, docs_links_resolve_and_translations_match);
     tcase_add_test(tc, doc_check_fails_on_dead_links_and_drifted_translations);
     suite_add_tcase(s, tc);
