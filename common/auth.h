@@ -17,8 +17,9 @@
  * Where the secret comes from, in this order:
  *   STAGE_RDZV_SECRET       the secret itself (at least 16 characters)
  *   STAGE_RDZV_SECRET_FILE  a file holding it, owned by this user and readable by nobody else
- * Our launcher makes a random one for its own workers when neither is set (one node only: several
- * nodes, or torchrun / srun / mpirun, need the user to give every rank the same one). */
+ * Our launcher on one node makes a random one for its own workers, whether or not either is set (one
+ * job's own: two jobs sharing an exported secret could join each other's rendezvous); several nodes,
+ * or torchrun / srun / mpirun, need the user to give every rank the same one. */
 #ifndef AUTH_H
 #define AUTH_H
 
