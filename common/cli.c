@@ -227,7 +227,7 @@ static const struct {
 } other_stages[] = {
     {"2", "DataParallel", " gpus gil-switch-ms gil-op-us gil-host-call-us gil-host-module-us gil-host-param-us gil-host-thread-us "
           "gil-host-us dp-plan-us dp-plan-bench-us dp-thread-pool no-python p2p "},
-    {"3–5", "DDP", " nproc-per-node nnodes node-rank master-addr master-port comm bucket-mb last-bucket-mb broadcast-buffers "
+    {"3–5", "DDP", " nproc-per-node nnodes node-rank master-addr master-port standalone comm bucket-mb last-bucket-mb broadcast-buffers "
             "no-overlap optimizer-overlap find-unused-parameters unused-param sync-bn drop-last rdzv-timeout "
             "comm-timeout show-sampler dataset-size world-size rank epoch no-shuffle "},
     {"4–5", "gradient accumulation", " accum-steps sync-each-micro-step "},
@@ -867,7 +867,7 @@ static const char *const evaluate_keeps[] = {
     "device", "model", "norm", "batch-size", "seed", "deterministic", "cudnn-benchmark", "no-tf32", "no-cuda-graph",
     "memory-fraction", "layout", "data", "test-size", "workers", "cpu-threads", "pin-memory", "resume", "evaluate",
     "report", "progress", "help", "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
-    "comm", "rdzv-timeout", "comm-timeout", "unused-param", "amp", "channels-last", NULL};
+    "standalone", "comm", "rdzv-timeout", "comm-timeout", "unused-param", "amp", "channels-last", NULL};
 static const char *const evaluate_refuses[] = {
     "epochs", "steps", "lr", "momentum", "weight-decay", "optimizer", "schedule", "warmup-steps",
     "warmup-start-factor", "clip-grad-norm", "log-every", "train-size", "save",

@@ -33,6 +33,9 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "address of node 0, where rank 0 hosts the rendezvous store (torchrun --master-addr)"},
         {"master-port", OPT_INT, &f->master_port, 1, 65535, NULL,
          "TCP port of the rendezvous store (torchrun --master-port)"},
+        {"standalone", OPT_FLAG, &f->standalone, 0, 0, NULL,
+         "a job of one node on a free port of its own instead of --master-port (torchrun --standalone): on a "
+         "machine shared with other jobs, where 29500 may be taken"},
         {"comm", OPT_CHOICE, &f->comm, 0, 0, "auto|nccl|host",
          "all-reduce backend: nccl (GPUs), or host = a ring over TCP through host memory (CPU workers; GPU "
          "workers sharing a GPU), like gloo; auto: nccl on GPUs"},

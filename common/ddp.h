@@ -107,7 +107,7 @@
 /* The flags of a DDP job — torchrun's, init_process_group's, DistributedDataParallel's,
  * DistributedSampler's — shared by every stage that runs under DDP. */
 typedef struct DdpFlags {
-    int nproc_per_node, nnodes, node_rank, master_port; /* torchrun */
+    int nproc_per_node, nnodes, node_rank, master_port, standalone; /* torchrun */
     const char *master_addr;
     double rdzv_timeout;
     const char *comm;                                   /* all-reduce backend */

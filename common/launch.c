@@ -264,6 +264,10 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         return 0;
     }
     describe_port(w, agent);
+    if (strcmp(w->launcher, prog) && cfg->standalone) /* the port is the other launcher's to pick */
+        refuse("standalone", "%s started this worker and set its rendezvous port (MASTER_PORT=%d)%s",
+               strcmp(w->launcher, "environment") ? w->launcher : "your script", w->master_port,
+               strcmp(w->launcher, "torchrun") ? "" : " — torchrun has a --standalone of its own");
     if (strcmp(w->launcher, prog)) { /* another launcher's variables set the job's shape, not our flags */
         snprintf(store_world_fix, sizeof store_world_fix, "every rank needs the same %s (%s sets it)", world_var,
                  strcmp(w->launcher, "environment") ? w->launcher : "your script");
@@ -595,6 +599,24 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
                  "serves one connection each) — use fewer nodes or workers per node", cfg->nnodes, n, world,
                  STORE_MAX_WORLD);
 
+    /* --standalone (torchrun's): a job of one node on a port no other job holds — the kernel's pick of
+     * a free one, which rank 0's store takes up moments later. On a machine where several people start
+     * jobs, each on the default 29500 would fail but the first. */
+    LaunchConfig own = *cfg;
+    if (cfg->standalone) {
+        if (cfg->nnodes > 1)
+            die_user("--standalone is a job of one node (torchrun's --standalone): drop it, or --nnodes %d (a job of "
+                     "several nodes meets at node 0's --master-addr and --master-port)", cfg->nnodes);
+        if (cli_given("master-port"))
+            die_user("--standalone picks a free port itself: drop --master-port %d, or --standalone", cfg->master_port);
+        int fd = net_listen(cfg->master_addr, 0, &own.master_port);
+        if (fd < 0)
+            die_user("--standalone: no free TCP port on %s (%s) — check --master-addr, or give --master-port instead",
+                     cfg->master_addr, errno_string());
+        close(fd);
+        cfg = &own;
+    }
+
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) exe[len] = 0;
@@ -639,7 +661,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
                          cfg->master_addr, cfg->master_port, ranks);
             }
             die_user("%s: --master-port %d on %s is in use (another job, or one still shutting down) — pick a "
-                     "free one with --master-port", prog, cfg->master_port, cfg->master_addr);
+                     "free one with --master-port%s", prog, cfg->master_port, cfg->master_addr,
+                     cfg->nnodes == 1 ? ", or let --standalone pick one" : "");
         }
     }
 
@@ -648,9 +671,10 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     StatusSlot *slots = status_page_create(n, &status_fd);
     page = slots;
 
-    printf("%s: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d\n", prog, n,
+    printf("%s: launching %d worker%s on this node (ranks %d-%d of %d, %s, %s), rendezvous at %s:%d%s\n", prog, n,
            n == 1 ? "" : "s", first, first + n - 1, world, cuda ? "GPU" : "CPU",
-           comm == COMM_NCCL ? "nccl" : "host ring", cfg->master_addr, cfg->master_port);
+           comm == COMM_NCCL ? "nccl" : "host ring", cfg->master_addr, cfg->master_port,
+           cfg->standalone ? " (a free port: --standalone)" : "");
     fflush(stdout);
     fflush(stderr);
 

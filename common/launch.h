@@ -43,6 +43,7 @@ typedef struct LaunchConfig {
     int nnodes, node_rank;
     const char *master_addr; /* where rank 0 hosts the rendezvous store */
     int master_port;
+    int standalone;          /* --standalone: one node, master_port = a free one, picked by the launcher */
     const char *device;      /* --device: auto | cuda | cpu */
     const char *comm;        /* --comm: auto | nccl | host */
 } LaunchConfig;

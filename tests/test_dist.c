@@ -1223,6 +1223,45 @@ START_TEST(two_jobs_sharing_an_exported_secret_stay_apart) {
 }
 END_TEST
 
+/* --standalone (torchrun's): two jobs of one node on one machine, neither given a port, each on a free
+ * one the launcher picked — the second starts while the first is training, and both finish. A port is
+ * then the launcher's to pick, so --master-port beside it, several nodes, or another launcher's worker
+ * (whose MASTER_PORT is set) are refused. */
+START_TEST(standalone_jobs_pick_ports_of_their_own) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "(D=%s; { " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 10 --standalone > $D/first.txt 2>&1; "
+             "echo \"first exit $?\" >> $D/first.txt; } & "
+             "for i in $(seq 1 2400); do grep -q '^ddp:' $D/first.txt 2>/dev/null && break; sleep 0.05; done; "
+             LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --standalone; echo \"second exit $?\"; "
+             "wait; grep -e '^stage3: launching' -e 'first exit' $D/first.txt)",
+             dir, test_root(), test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    int ports[2] = {0, 0}, n = 0;
+    for (const char *at = out; n < 2 && (at = strstr(at, "rendezvous at 127.0.0.1:")); at++)
+        ports[n++] = atoi(at + strlen("rendezvous at 127.0.0.1:"));
+    ck_assert_msg(n == 2 && ports[0] > 0 && ports[0] != ports[1] && strstr(out, "second exit 0") &&
+                  strstr(out, "first exit 0") && strstr(out, " (a free port: --standalone)"), "ports %d %d:\n%s",
+                  ports[0], ports[1], out);
+    free(out);
+    static const struct {
+        const char *env, *args, *want;
+    } refused[] = {
+        {"", "--standalone --master-port 29612", "--standalone picks a free port itself: drop --master-port 29612"},
+        {"", "--standalone --nnodes 2", "--standalone is a job of one node"},
+        {"RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_PORT=29613 TORCHELASTIC_RUN_ID=t ",
+         "--standalone", "torchrun started this worker and set its rendezvous port (MASTER_PORT=29613)"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage3 " TINY " %s", refused[i].env, test_root(), refused[i].args);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, refused[i].want), "%s: exit %d:\n%s", refused[i].args, rc, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* --data is a node's own path, so it may differ — but not what it holds: CIFAR-10 on one node and the
  * synthetic set on the other, or a copy that differs in one label or one pixel, trained on silently (or, with sets
  * of other sizes, failed later blaming the other rank). Both stop at once, naming the data. */
@@ -1868,6 +1907,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, nodes_reading_other_data_are_refused);
     tcase_add_test(tc, a_second_rank_0_is_named);
     tcase_add_test(tc, two_jobs_sharing_an_exported_secret_stay_apart);
+    tcase_add_test(tc, standalone_jobs_pick_ports_of_their_own);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);

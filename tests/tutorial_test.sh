@@ -69,12 +69,13 @@ for i in $(seq 1 "$n"); do
     t0=$(date +%s.%N)
     # The blocks use the default rendezvous port (29500), as a reader types them. Another job on this
     # machine holding it is not the tutorial's fault, so each ./stage3–5 gets a free port first (a
-    # --master-port the block gives itself comes later on the line, and wins).
+    # --master-port the block gives itself comes later on the line, and wins; a line with --standalone,
+    # which picks its own, is left as it is).
     # Likewise the page's files under /tmp (`rm -rf /tmp/ddp_run`, `--save /tmp/ddp_run`, reports):
     # this run's own directory instead, shared by its blocks, so that two runs of this test on one
     # machine (or a reader following the page meanwhile) do not delete or lock each other's files.
     port=$(free_port)
-    sed -E -e "s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
+    sed -E -e "/--standalone/!s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
         -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" "$tmp/en/$i.sh" > "$tmp/run.sh"
     timeout 300 bash -e -o pipefail "$tmp/run.sh" > "$tmp/out" 2>&1 < /dev/null
     rc=$?

@@ -59,8 +59,8 @@ int main(int argc, char **argv) {
     /* The job: one process per GPU. Without RANK & co. in the environment this call is the
      * launcher — it starts the workers (before any CUDA call) and never returns. */
     LaunchConfig lc = {.nproc_per_node = f.nproc_per_node, .nnodes = f.nnodes, .node_rank = f.node_rank,
-                       .master_addr = f.master_addr, .master_port = f.master_port, .device = cfg.device,
-                       .comm = f.comm};
+                       .master_addr = f.master_addr, .master_port = f.master_port, .standalone = f.standalone,
+                       .device = cfg.device, .comm = f.comm};
     Worker w;
     launch_or_join(argc, argv, &lc, &w);
 
