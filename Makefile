@@ -150,10 +150,15 @@ $(LIBCOMMON): $(COMMON_O)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
+# A built binary put in place ($(call put,FROM,TO)): left alone when it is the same, else copied to a
+# new file renamed over it, so that a copy in use (./stage3 training while `make` runs) is replaced,
+# not written into — cp onto it fails with "Text file busy", and the build with it.
+put = cmp -s $(1) $(2) || { cp $(1) $(2).tmp && mv -f $(2).tmp $(2); }
+
 # ./stage1 ← stages/stage1_*/main.c + libcommon.a (any new stages/stageN_*/ gets the same rule)
 define STAGE_RULE
 $(1): $(BUILD)/$(1)
-	@cp $(BUILD)/$(1) ./$(1)
+	@$$(call put,$(BUILD)/$(1),./$(1))
 $(BUILD)/$(1): $(BUILD)/$(2)/main.o $(LIBCOMMON)
 	$(CC) $$(ALL_CFLAGS) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS)
 endef
