@@ -185,9 +185,18 @@ $(BUILD)/tests/%.o: tests/%.c | check-dep
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c -o $@ $<
 
+# The runner is linked in $(BUILD) and put in place as tests/run_tests, like the stages: linked there
+# directly, a CUDA runner stayed after `make CPU_ONLY=1 tests/run_tests` (and a CPU one after the
+# CUDA build), since the other build's objects were older than it.
 TEST_BIN ?= tests/run_tests
-$(TEST_BIN): $(TEST_O) $(LIBCOMMON) | check-dep
+$(BUILD)/run_tests: $(TEST_O) $(LIBCOMMON) | check-dep
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+ifneq ($(TEST_BIN),$(BUILD)/run_tests)
+$(TEST_BIN): $(BUILD)/run_tests FORCE
+	@$(call put,$<,$@)
+endif
+FORCE:
+.PHONY: FORCE
 
 -include $(DEPS)
 
