@@ -164,7 +164,7 @@ $(BUILD)/$(1): $(BUILD)/$(2)/main.o $(LIBCOMMON)
 endef
 $(foreach d,$(STAGE_DIRS),$(eval $(call STAGE_RULE,$(firstword $(subst _, ,$(notdir $(d)))),$(d))))
 
-$(BUILD)/%.o: %.c | found
+$(BUILD)/%.o: %.c $(BUILD)/cflags | found
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
@@ -177,11 +177,11 @@ SOURCE_ID  := $(shell cat $(ID_SOURCES) | cksum | cut -d' ' -f1)
 $(BUILD)/common/cli.o: ALL_CFLAGS += -DSOURCE_ID=$(SOURCE_ID)
 $(BUILD)/common/cli.o: $(ID_SOURCES)
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(BUILD)/nvflags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
-$(BUILD)/tests/%.o: tests/%.c | check-dep
+$(BUILD)/tests/%.o: tests/%.c $(BUILD)/cflags | check-dep
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -c -o $@ $<
 
@@ -199,6 +199,24 @@ FORCE:
 .PHONY: FORCE
 
 -include $(DEPS)
+
+# What the objects were built with, each in a file of $(BUILD) rewritten only when it changes: the C
+# compiler and its flags (CC, CFLAGS, LDFLAGS, and CUDA_HOME, cuDNN and NCCL through CUDA_CFLAGS),
+# nvcc and its flags (CUDA_ARCH). The objects depend on them, so a build with other settings
+# rebuilds what those change: before, `make CUDA_ARCH=80` after a build for sm_90 linked the sm_90
+# objects again (no kernel image for an A100), and `make CFLAGS="-O0 -g"` kept the -O3 objects.
+CONFIG_C   := $(strip $(CC) $(ALL_CFLAGS) $(LDFLAGS))
+CONFIG_CU  := $(strip $(NVCC) $(NVFLAGS) $(CUDNN_INC))
+define CONFIG_FILE
+ifneq ($$($(2)),$$(strip $$(shell cat $(1) 2>/dev/null)))
+$(1): FORCE
+endif
+$(1):
+	@mkdir -p $$(@D)
+	@printf '%s\n' '$$(subst ','\'',$$($(2)))' > $$@
+endef
+$(eval $(call CONFIG_FILE,$(BUILD)/cflags,CONFIG_C))
+$(eval $(call CONFIG_FILE,$(BUILD)/nvflags,CONFIG_CU))
 
 # Check (the C unit-test framework): installed through apt-get when missing and we are root.
 check-dep:
@@ -265,7 +283,7 @@ bench5: stage5
 #    CONV_ARGS="fp16" for stage 5's types, "fp32 nchw" for the old layout).
 ifeq ($(HAVE_CUDA),1)
 .PRECIOUS: $(BUILD)/tests/%.cu.o
-$(BUILD)/tests/%.cu.o: tests/%.cu
+$(BUILD)/tests/%.cu.o: tests/%.cu $(BUILD)/nvflags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -I$(CUDNN_INC) -c -o $@ $<
 $(BUILD)/tests/bench_%: $(BUILD)/tests/bench_%.cu.o $(LIBCOMMON)
