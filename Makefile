@@ -171,11 +171,13 @@ $(BUILD)/%.o: %.c $(BUILD)/cflags | found
 # The sources' fingerprint, compiled into cli.o: the ranks of a job compare it with their flags
 # (cli_job_flags), so a node running a binary built from other sources (a stale build, another
 # commit) is refused, not left computing out of step with the others. Same sources, same number,
-# whatever the backend or compiler; cli.o is rebuilt (alone) whenever one of them changes.
+# whatever the backend or compiler; cli.o is rebuilt (alone) whenever the number changes — through
+# $(BUILD)/source-id (below), so also when a source is deleted or renamed, which leaves no file newer
+# than cli.o (it kept the old number, and libcommon.a the deleted file's object).
 ID_SOURCES := $(sort $(wildcard common/*.c common/*.h common/*.cu stages/*/*.c))
 SOURCE_ID  := $(shell cat $(ID_SOURCES) | cksum | cut -d' ' -f1)
 $(BUILD)/common/cli.o: ALL_CFLAGS += -DSOURCE_ID=$(SOURCE_ID)
-$(BUILD)/common/cli.o: $(ID_SOURCES)
+$(BUILD)/common/cli.o: $(BUILD)/source-id
 
 $(BUILD)/%.cu.o: %.cu $(BUILD)/nvflags
 	@mkdir -p $(dir $@)
@@ -202,9 +204,10 @@ FORCE:
 
 # What the objects were built with, each in a file of $(BUILD) rewritten only when it changes: the C
 # compiler and its flags (CC, CFLAGS, LDFLAGS, and CUDA_HOME, cuDNN and NCCL through CUDA_CFLAGS),
-# nvcc and its flags (CUDA_ARCH). The objects depend on them, so a build with other settings
-# rebuilds what those change: before, `make CUDA_ARCH=80` after a build for sm_90 linked the sm_90
-# objects again (no kernel image for an A100), and `make CFLAGS="-O0 -g"` kept the -O3 objects.
+# nvcc and its flags (CUDA_ARCH), and the sources' fingerprint (cli.o, above). The objects depend on
+# them, so a build with other settings rebuilds what those change: before, `make CUDA_ARCH=80` after
+# a build for sm_90 linked the sm_90 objects again (no kernel image for an A100), and `make
+# CFLAGS="-O0 -g"` kept the -O3 objects.
 CONFIG_C   := $(strip $(CC) $(ALL_CFLAGS) $(LDFLAGS))
 CONFIG_CU  := $(strip $(NVCC) $(NVFLAGS) $(CUDNN_INC))
 define CONFIG_FILE
@@ -217,6 +220,7 @@ $(1):
 endef
 $(eval $(call CONFIG_FILE,$(BUILD)/cflags,CONFIG_C))
 $(eval $(call CONFIG_FILE,$(BUILD)/nvflags,CONFIG_CU))
+$(eval $(call CONFIG_FILE,$(BUILD)/source-id,SOURCE_ID))
 
 # Check (the C unit-test framework): installed through apt-get when missing and we are root.
 check-dep:
