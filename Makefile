@@ -54,10 +54,13 @@ ifeq ($(HAVE_CUDA),1)
   CUDA_CFLAGS := -DUSE_CUDA -I$(CUDA_HOME)/include -I$(CUDNN_INC) $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
   NVFLAGS  := -O3 -std=c++17 -Icommon -MMD -MP $(GENCODE) -Xcompiler -Wall,-Wno-unused-parameter -DUSE_CUDA
   LIBDIRS  := $(sort $(CUDA_HOME)/lib64 $(CUDNN_LIB) $(NCCL_LIB))
+  # -lnccl whenever nccl.h is used (USE_NCCL): keyed on libnccl.so alone, a header without it (pip's
+  # nvidia-nccl has libnccl.so.2 only) built comm_nccl.c and linked no NCCL — undefined ncclCommInitRank.
   LDLIBS   += $(foreach d,$(LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudnn -lcublas -lcudart \
-              $(if $(NCCL_LIB),-lnccl) -lstdc++
+              $(if $(NCCL_INC),-lnccl) -lstdc++
   BUILD    := build/cuda
-  FOUND    := CUDA $(CUDA_HOME) (sm: $(CUDA_ARCH)), cuDNN $(CUDNN_INC), NCCL $(if $(NCCL_INC),$(NCCL_INC),not found)
+  FOUND    := CUDA $(CUDA_HOME) (sm: $(CUDA_ARCH)), cuDNN $(CUDNN_INC), NCCL $(if $(NCCL_INC),$(NCCL_INC),not found)$(if \
+              $(NCCL_INC),$(if $(NCCL_LIB),, (no libnccl.so in NCCL_HOME$(,) CUDA_HOME or the system directories: set NCCL_HOME if the link fails)))
 else
   BUILD    := build/cpu
   FOUND    := $(if $(CPU_ONLY),CPU_ONLY=1,no CUDA toolkit (CUDA_HOME=$(CUDA_HOME))): building the CPU backend only
