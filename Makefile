@@ -63,7 +63,7 @@ ifeq ($(HAVE_CUDA),1)
               $(NCCL_INC),$(if $(NCCL_LIB),, (no libnccl.so in NCCL_HOME$(,) CUDA_HOME or the system directories: set NCCL_HOME if the link fails)))
 else
   BUILD    := build/cpu
-  FOUND    := $(if $(CPU_ONLY),CPU_ONLY=1,no CUDA toolkit (CUDA_HOME=$(CUDA_HOME))): building the CPU backend only
+  FOUND    := $(if $(filter 1,$(CPU_ONLY)),CPU_ONLY=1,no CUDA toolkit (CUDA_HOME=$(CUDA_HOME))): building the CPU backend only
 endif
 
 COMMON_C  := $(wildcard common/*.c)
