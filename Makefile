@@ -399,4 +399,4 @@ fuzz: clang-dep $(FUZZERS:%=build/fuzz/fuzz_%)
 .PHONY: fuzz-lib
 
 clean:
-	rm -rf build tests/run_tests $(STAGES)
+	rm -rf build tests/run_tests $(STAGES) tests/run_tests.tmp $(STAGES:%=%.tmp)
