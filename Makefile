@@ -107,9 +107,12 @@ all: found $(STAGES)
 found: crypto-dep
 	@echo "build: $(FOUND)"
 
-# libcrypto's headers (libssl-dev): installed through apt-get when missing and we are root.
+# libcrypto's headers (libssl-dev): installed through apt-get when missing and we are root. Found in
+# the system directories, or wherever the compiler finds them (CFLAGS="-I…", CPATH: an OpenSSL of a
+# module or prefix, where a user without root was told to apt-get what the build could already use).
 crypto-dep:
-	@if [ ! -f /usr/include/openssl/hmac.h ] && [ ! -f /usr/local/include/openssl/hmac.h ]; then \
+	@if [ ! -f /usr/include/openssl/hmac.h ] && [ ! -f /usr/local/include/openssl/hmac.h ] && \
+	   ! printf '#include <openssl/hmac.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "OpenSSL's headers are missing: installing libssl-dev with apt-get"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev) >/dev/null || \
