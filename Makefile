@@ -3,7 +3,7 @@
 # CUDA is found through CUDA_HOME (default /usr/local/cuda); cuDNN and NCCL through CUDNN_HOME /
 # NCCL_HOME or the usual system directories. Without a CUDA toolkit (or with CPU_ONLY=1) only the
 # CPU backend is built, and every binary still runs. CUDA_ARCH=90 (or "80 90") overrides the GPU
-# architectures; by default we build for the visible GPU, or for Turing…Hopper plus PTX.
+# architectures; by default we build for the visible GPUs, or for Turing…Hopper plus PTX.
 
 # CFLAGS / LDFLAGS are the user's (`make CFLAGS="-O0 -g -fsanitize=address"` replaces only them);
 # the flags the build needs live in ALL_CFLAGS, which always adds them first.
@@ -40,9 +40,13 @@ ifeq ($(HAVE_CUDA),1)
   ifeq ($(CUDNN_INC),)
     $(error CUDA found at $(CUDA_HOME) but no cudnn.h: install cuDNN 9, set CUDNN_HOME, or build with CPU_ONLY=1)
   endif
-  # Architectures: the visible GPU's, else every one from Turing to Hopper this nvcc knows, + PTX.
+  # Architectures: the visible GPUs', else every one from Turing to Hopper this nvcc knows, + PTX.
+  # Every GPU's, not the first one's (an 8.6 card beside an 8.9 had no kernel image for it), and
+  # only numbers: nvidia-smi prints its errors on stdout ("Failed to initialize NVML:
+  # Driver/library version mismatch" after a driver update), and they became the architecture.
   ifeq ($(CUDA_ARCH),)
-    CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')
+    CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | \
+                   grep -xE '[0-9]+' | sort -u)
   endif
   ifeq ($(CUDA_ARCH),)
     KNOWN := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | sed 's/compute_//')
