@@ -244,16 +244,19 @@ END_TEST
 
 /* Two runs, one --trace FILE (two students with the same command line): the second is refused while
  * the first holds FILE.tmp, naming the fix — it used to advise "a regular file in an existing,
- * writable directory", which it was — and the first's trace is written whole. The first is held
- * stopped while the second runs, so it cannot finish first. */
+ * writable directory", which it was — and the first's trace is written whole. The first (timeout's
+ * child, which the signals go to: stopping timeout stops nothing) is held stopped while the others
+ * run, and traces every step of its run, so its lock outlasts them on any machine — on 16 cores its
+ * 3-step window once closed before stage 3 started, and stage 3 traced on. */
 START_TEST(a_trace_another_run_is_writing_is_refused) {
     char *dir = test_tmpdir(), cmd[4096], *out;
     snprintf(cmd, sizeof cmd, "(D=%s; R=%s; timeout -k 5 60 $R/stage1 " SMALL " --train-size 2048 --trace $D/t.json "
-             "--trace-steps 1:3 > $D/run.out 2>&1 & run=$!; "
-             "while ! [ -e $D/t.json.tmp ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; kill -STOP $run; "
+             "--trace-steps 1:128 > $D/run.out 2>&1 & run=$!; "
+             "while ! [ -e $D/t.json.tmp ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; sleep 0.05; "
+             "kid=$(cat /proc/$run/task/$run/children); kill -STOP $kid; "
              "timeout -k 5 60 $R/stage1 " SMALL " --steps 1 --trace $D/t.json; echo \"stage1 exit $?\"; "
              "timeout -k 5 60 $R/stage3 " SMALL " --steps 1 --nproc-per-node 2 --master-port %d --trace $D/t.json; "
-             "echo \"stage3 exit $?\"; kill -CONT $run; wait $run; echo \"first exit $?\"; "
+             "echo \"stage3 exit $?\"; kill -CONT $kid; wait $run; echo \"first exit $?\"; "
              "[ -s $D/t.json ] && ! [ -e $D/t.json.tmp ] && echo whole)",
              dir, test_root(), test_free_port());
     test_run(cmd, &out);
