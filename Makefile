@@ -45,12 +45,20 @@ ifeq ($(HAVE_CUDA),1)
   # only numbers: nvidia-smi prints its errors on stdout ("Failed to initialize NVML:
   # Driver/library version mismatch" after a driver update), and they became the architecture.
   ifeq ($(CUDA_ARCH),)
-    CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | \
+    override CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | \
                    grep -xE '[0-9]+' | sort -u)
   endif
   ifeq ($(CUDA_ARCH),)
     KNOWN := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | sed 's/compute_//')
-    CUDA_ARCH := $(filter 75 80 86 89 90,$(KNOWN))
+    override CUDA_ARCH := $(filter 75 80 86 89 90,$(KNOWN))
+  endif
+  # Given by hand in any of the usual spellings — 86, 8.6 (nvidia-smi's compute_cap), sm_86,
+  # compute_86, "80,90" — as the numbers nvcc's -gencode takes (8.6 reached nvcc as compute_8.6).
+  # (override: a value given on make's command line is otherwise left as it is, "" included.)
+  override CUDA_ARCH := $(sort $(subst sm_,,$(subst compute_,,$(subst .,,$(subst $(,), ,$(CUDA_ARCH))))))
+  BAD_ARCH := $(shell printf '%s\n' $(CUDA_ARCH) | grep -vxE '[0-9]+[af]?')
+  ifneq ($(BAD_ARCH),)
+    $(error CUDA_ARCH="$(BAD_ARCH)" is no compute capability: give numbers, e.g. CUDA_ARCH=90 or CUDA_ARCH="80 90" (nvidia-smi --query-gpu=compute_cap --format=csv shows your GPU's))
   endif
   PTX_ARCH := $(lastword $(sort $(CUDA_ARCH)))
   GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
