@@ -264,10 +264,17 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         return 0;
     }
     describe_port(w, agent);
-    if (strcmp(w->launcher, prog) && cfg->standalone) /* the port is the other launcher's to pick */
-        refuse("standalone", "%s started this worker and set its rendezvous port (MASTER_PORT=%d)%s",
-               strcmp(w->launcher, "environment") ? w->launcher : "your script", w->master_port,
-               strcmp(w->launcher, "torchrun") ? "" : " — torchrun has a --standalone of its own");
+    if (strcmp(w->launcher, prog) && cfg->standalone) { /* the port is the other launcher's to pick */
+        /* MASTER_PORT as it was set (under torchrun's agent, ours is one above it); srun and mpirun
+         * often set none, and their ranks meet at the agreed --master-port */
+        const char *who = strcmp(w->launcher, "environment") ? w->launcher : "your script",
+                   *own = strcmp(w->launcher, "torchrun") ? "" : " — torchrun has a --standalone of its own";
+        if (is_set("MASTER_PORT"))
+            refuse("standalone", "%s started this worker and set its rendezvous port (MASTER_PORT=%s)%s", who,
+                   getenv("MASTER_PORT"), own);
+        refuse("standalone", "%s started this worker, and its ranks meet at one agreed port (--master-port, %d "
+               "here), which no rank can pick alone%s", who, w->master_port, own);
+    }
     if (strcmp(w->launcher, prog)) { /* another launcher's variables set the job's shape, not our flags */
         snprintf(store_world_fix, sizeof store_world_fix, "every rank needs the same %s (%s sets it)", world_var,
                  strcmp(w->launcher, "environment") ? w->launcher : "your script");

@@ -1251,6 +1251,14 @@ START_TEST(standalone_jobs_pick_ports_of_their_own) {
         {"", "--standalone --nnodes 2", "--standalone is a job of one node"},
         {"RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_PORT=29613 TORCHELASTIC_RUN_ID=t ",
          "--standalone", "torchrun started this worker and set its rendezvous port (MASTER_PORT=29613)"},
+        /* the port as torchrun set it, not ours one above it next to its agent's store */
+        {"RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_PORT=29613 TORCHELASTIC_RUN_ID=t "
+         "TORCHELASTIC_USE_AGENT_STORE=True ",
+         "--standalone", "torchrun started this worker and set its rendezvous port (MASTER_PORT=29613)"},
+        /* mpirun sets no MASTER_PORT: its ranks meet at --master-port (it was said to be MASTER_PORT=29500) */
+        {"MASTER_PORT= OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 OMPI_COMM_WORLD_LOCAL_RANK=0 "
+         "OMPI_COMM_WORLD_LOCAL_SIZE=1 ",
+         "--standalone", "mpirun started this worker, and its ranks meet at one agreed port (--master-port, 29500"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage3 " TINY " %s", refused[i].env, test_root(), refused[i].args);
