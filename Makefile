@@ -36,7 +36,10 @@ ifeq ($(HAVE_CUDA),1)
   CUDNN_INC := $(call find_dir,cudnn.h,$(if $(CUDNN_HOME),$(CUDNN_HOME)/include) $(CUDA_HOME)/include $(SYS_INC))
   CUDNN_LIB := $(call find_dir,libcudnn.so,$(if $(CUDNN_HOME),$(CUDNN_HOME)/lib64 $(CUDNN_HOME)/lib) $(CUDA_HOME)/lib64 $(SYS_LIB))
   NCCL_INC  := $(call find_dir,nccl.h,$(if $(NCCL_HOME),$(NCCL_HOME)/include) $(CUDA_HOME)/include $(SYS_INC))
-  NCCL_LIB  := $(call find_dir,libnccl.so,$(if $(NCCL_HOME),$(NCCL_HOME)/lib64 $(NCCL_HOME)/lib) $(CUDA_HOME)/lib64 $(SYS_LIB))
+  NCCL_DIRS := $(if $(NCCL_HOME),$(NCCL_HOME)/lib64 $(NCCL_HOME)/lib) $(CUDA_HOME)/lib64 $(SYS_LIB)
+  NCCL_LIB  := $(call find_dir,libnccl.so,$(NCCL_DIRS))
+  # pip's nvidia-nccl ships libnccl.so.2 alone (no libnccl.so link): linked by its file name, -l:libnccl.so.2
+  NCCL_SO2  := $(if $(NCCL_LIB),,$(call find_dir,libnccl.so.2,$(NCCL_DIRS)))
   ifeq ($(CUDNN_INC),)
     $(error CUDA found at $(CUDA_HOME) but no cudnn.h: install cuDNN 9, set CUDNN_HOME, or build with CPU_ONLY=1)
   endif
@@ -65,14 +68,14 @@ ifeq ($(HAVE_CUDA),1)
               -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
   CUDA_CFLAGS := -DUSE_CUDA -I$(CUDA_HOME)/include -I$(CUDNN_INC) $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
   NVFLAGS  := -O3 -std=c++17 -Icommon -MMD -MP $(GENCODE) -Xcompiler -Wall,-Wno-unused-parameter -DUSE_CUDA
-  LIBDIRS  := $(sort $(CUDA_HOME)/lib64 $(CUDNN_LIB) $(NCCL_LIB))
+  LIBDIRS  := $(sort $(CUDA_HOME)/lib64 $(CUDNN_LIB) $(NCCL_LIB) $(NCCL_SO2))
   # -lnccl whenever nccl.h is used (USE_NCCL): keyed on libnccl.so alone, a header without it (pip's
   # nvidia-nccl has libnccl.so.2 only) built comm_nccl.c and linked no NCCL — undefined ncclCommInitRank.
   LDLIBS   += $(foreach d,$(LIBDIRS),-L$(d) -Wl,-rpath,$(d)) -lcudnn -lcublas -lcudart \
-              $(if $(NCCL_INC),-lnccl) -lstdc++
+              $(if $(NCCL_INC),$(if $(NCCL_SO2),-l:libnccl.so.2,-lnccl)) -lstdc++
   BUILD    := build/cuda
   FOUND    := CUDA $(CUDA_HOME) (sm: $(CUDA_ARCH)), cuDNN $(CUDNN_INC), NCCL $(if $(NCCL_INC),$(NCCL_INC),not found)$(if \
-              $(NCCL_INC),$(if $(NCCL_LIB),, (no libnccl.so in NCCL_HOME$(,) CUDA_HOME or the system directories: set NCCL_HOME if the link fails)))
+              $(NCCL_INC),$(if $(NCCL_LIB)$(NCCL_SO2),, (no libnccl.so or libnccl.so.2 in NCCL_HOME$(,) CUDA_HOME or the system directories: set NCCL_HOME if the link fails)))
 else
   BUILD    := build/cpu
   FOUND    := $(if $(filter 1,$(CPU_ONLY)),CPU_ONLY=1,no CUDA toolkit (CUDA_HOME=$(CUDA_HOME))): building the CPU backend only
