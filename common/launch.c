@@ -636,8 +636,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
      * on the first one's port, joined its rendezvous (claiming its ranks, stopping both). */
     char secret[65] = "";
     uint8_t given[AUTH_MAX_SECRET];
-    size_t given_len = auth_secret(given, sizeof given);
-    if (cfg->nnodes == 1) given_len = 0;
+    size_t given_len = cfg->nnodes > 1 ? auth_secret(given, sizeof given) : 0; /* one node: not read, so not refused */
     if (!given_len) {
         if (cfg->nnodes > 1)
             die_user("--nnodes %d: every node's launcher needs the same rendezvous secret — export "

@@ -1219,6 +1219,14 @@ START_TEST(two_jobs_sharing_an_exported_secret_stay_apart) {
     snprintf(want, sizeof want, "--master-port %d on 127.0.0.1 is in use (another job", port);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, want) && strstr(out, "pick a free one with --master-port") &&
                   !strstr(out, "node 0 of this job is already running") && strstr(out, "first exit 0"), "%s", out);
+    free(out);
+    /* …so a secret it does not use does not stop it either: one too short, or a secret file others may read,
+     * exported for jobs of several nodes, refused a job of one ("use at least 16", "chmod 600") */
+    snprintf(cmd, sizeof cmd, "D=%s; echo a-secret-others-may-read > $D/s && chmod 644 $D/s && "
+             "STAGE_RDZV_SECRET=short " LIMIT "%s/stage3 " TINY " --nproc-per-node 1 --steps 1 --master-port %d && "
+             "env -u STAGE_RDZV_SECRET STAGE_RDZV_SECRET_FILE=$D/s " LIMIT "%s/stage3 " TINY " --nproc-per-node 1 "
+             "--steps 1 --master-port %d", dir, test_root(), test_free_port(), test_root(), test_free_port());
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
     free(out), free(dir);
 }
 END_TEST
