@@ -1257,6 +1257,10 @@ START_TEST(standalone_jobs_pick_ports_of_their_own) {
     } refused[] = {
         {"", "--standalone --master-port 29612", "--standalone picks a free port itself: drop --master-port 29612"},
         {"", "--standalone --nnodes 2", "--standalone is a job of one node"},
+        /* a --master-addr it cannot listen on: said as such, not "no free TCP port on nosuchhost.invalid (No such
+         * file or directory) — … or give --master-port instead", which would fail there too */
+        {"", "--standalone --master-addr nosuchhost.invalid", "--master-addr nosuchhost.invalid is no host name"},
+        {"", "--standalone --master-addr 192.0.2.1", "--master-addr 192.0.2.1 is not an address of this machine"},
         {"RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_PORT=29613 TORCHELASTIC_RUN_ID=t ",
          "--standalone", "torchrun started this worker and set its rendezvous port (MASTER_PORT=29613)"},
         /* the port as torchrun set it, not ours one above it next to its agent's store */
