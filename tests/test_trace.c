@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -269,6 +270,32 @@ START_TEST(a_trace_another_run_is_writing_is_refused) {
 }
 END_TEST
 
+/* Another user's trace file left in a shared directory (/tmp, two students with one command line): the
+ * run was told to "give --trace a regular file in an existing, writable directory", which it was; it is
+ * told whose the file is, as --report's is. Root drops its power to write any file first (setpriv). */
+START_TEST(another_users_trace_file_is_named) {
+    char *dir = test_tmpdir(), path[600], cmd[2048], *out;
+    const int root = geteuid() == 0;
+    if (root && system("command -v setpriv > /dev/null") != 0) {
+        printf("SKIP: trace: another user's --trace file — running as root without setpriv\n");
+        free(dir);
+        return;
+    }
+    ck_assert_int_eq(chmod(dir, 01777), 0); /* as /tmp */
+    snprintf(path, sizeof path, "%s/t.json", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0444);
+    ck_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%stimeout -k 5 60 %s/stage1 " SMALL " --steps 1 --trace %s",
+             root ? "setpriv --bounding-set -dac_override,-dac_read_search " : "", test_root(), path);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "the file is there and this user may not write it") &&
+                  strstr(out, "give --trace a file of your own") && !strstr(out, "existing, writable directory"),
+                  "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* tests/trace_check.py rejects a broken trace with a FAIL line, never a Python traceback: an event
  * that is no object, a lane name or step number missing, a NaN time, spans dropped by the writer, and
  * a --steps that is not A:B. */
@@ -387,6 +414,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
     tcase_add_test(tc, interrupted_run_keeps_the_old_trace);
     tcase_add_test(tc, a_trace_another_run_is_writing_is_refused);
+    tcase_add_test(tc, another_users_trace_file_is_named);
     tcase_add_test(tc, timeline_bad_input);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
