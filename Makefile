@@ -63,7 +63,8 @@ ifeq ($(HAVE_CUDA),1)
   ifneq ($(BAD_ARCH),)
     $(error CUDA_ARCH="$(BAD_ARCH)" is no compute capability: give numbers, e.g. CUDA_ARCH=90 or CUDA_ARCH="80 90" (nvidia-smi --query-gpu=compute_cap --format=csv shows your GPU's))
   endif
-  PTX_ARCH := $(lastword $(sort $(CUDA_ARCH)))
+  # PTX for the newest, in numbers (make's sort put 100 before 90)
+  PTX_ARCH := $(lastword $(shell printf '%s\n' $(CUDA_ARCH) | sort -n))
   GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
               -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
   CUDA_CFLAGS := -DUSE_CUDA -I$(CUDA_HOME)/include -I$(CUDNN_INC) $(if $(NCCL_INC),-DUSE_NCCL -I$(NCCL_INC))
