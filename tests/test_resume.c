@@ -770,21 +770,13 @@ END_TEST
  * may sit where that user cannot reach it, as under /root). */
 START_TEST(another_users_report_file_is_named) {
     char *dir = test_tmpdir(), path[600], cmd[2048], *out;
-    const int root = geteuid() == 0;
-    /* setpriv drops from the bounding set, which needs CAP_SETPCAP (a container may lack it): tried first */
-    if (root && system("setpriv --bounding-set -dac_override,-dac_read_search true > /dev/null 2>&1") != 0) {
-        printf("SKIP: resume: another user's --report file — running as root, and setpriv is missing or may not drop "
-               "root's power to write any file here (CAP_SETPCAP)\n");
+    const char *as = test_unwritable_file(dir, "r.jsonl", path, sizeof path, "resume: another user's --report file");
+    if (!as) {
         free(dir);
         return;
     }
-    ck_assert_int_eq(chmod(dir, 01777), 0); /* as /tmp */
-    snprintf(path, sizeof path, "%s/r.jsonl", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0444);
-    ck_assert(fd >= 0);
-    close(fd);
-    snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage1 " TINY " --train-size 64 --steps 1 --report %s",
-             root ? "setpriv --bounding-set -dac_override,-dac_read_search " : "", test_root(), path);
+    snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage1 " TINY " --train-size 64 --steps 1 --report %s", as, test_root(),
+             path);
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 2 && strstr(out, "Permission denied — the file is there and this user may not write it") &&
                   strstr(out, "give --report a file of your own") && !strstr(out, "check that its directory"),

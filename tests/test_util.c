@@ -3,9 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -217,6 +219,24 @@ char *test_tmpdir(void) {
     char *t = strdup("/tmp/tests_XXXXXX");
     ck_assert(mkdtemp(t));
     return t;
+}
+
+const char *test_unwritable_file(const char *dir, const char *name, char *path, size_t len, const char *what) {
+    static const char drop[] = "setpriv --bounding-set -dac_override,-dac_read_search ";
+    char probe[128];
+    snprintf(probe, sizeof probe, "%strue > /dev/null 2>&1", drop); /* tried first: it needs CAP_SETPCAP */
+    const int root = geteuid() == 0;
+    if (root && system(probe) != 0) {
+        printf("SKIP: %s — running as root, and setpriv is missing or may not drop root's power to write any file "
+               "here (CAP_SETPCAP)\n", what);
+        return NULL;
+    }
+    ck_assert_int_eq(chmod(dir, 01777), 0);
+    snprintf(path, len, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0444);
+    ck_assert(fd >= 0);
+    close(fd);
+    return root ? drop : "";
 }
 
 /* ---- PyTorch fixtures ------------------------------------------------------------------------ */

@@ -74,6 +74,12 @@ int test_torch_schedule(const char *schedule, int total, double lr, double *out,
 char *test_slurp(const char *path, long *len);
 /* A fresh directory under /tmp (malloc'd path). */
 char *test_tmpdir(void);
+/* Another user's file, as a run meets it in a shared directory: DIR made sticky and world-writable (as
+ * /tmp) and DIR/NAME created read-only, with the prefix to run the command under so that it may not
+ * write it — "", or as root "setpriv …", which drops root's power to write any file (running as
+ * another user instead, the binary may sit where that user cannot reach it, as under /root). NULL,
+ * after a SKIP line naming WHAT, where root cannot drop it (setpriv missing, or no CAP_SETPCAP). */
+const char *test_unwritable_file(const char *dir, const char *name, char *path, size_t len, const char *what);
 /* Run a shell command, capturing stdout+stderr into a malloc'd string; returns exit status. */
 int test_run(const char *cmd, char **output);
 /* test_run for a command that must succeed (exit 0; else the test fails, naming `what`, the command
