@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* One message, one write(2): when several ranks of a job fail at once into the same stderr, their
@@ -93,6 +94,18 @@ void xthread_create_at(const char *file, int line, pthread_t *thread, void *(*fn
 }
 
 const char *errno_string(void) { return strerror(errno); }
+
+void die_if_others_file(const char *flag, const char *path) {
+    struct stat st;
+    const int was = errno; /* the caller's own message names the open's error */
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || access(path, W_OK) == 0 || errno != EACCES) {
+        errno = was;
+        return;
+    }
+    die_user("%s: cannot write '%s': %s — the file is there and this user may not write it (owner uid %d, mode "
+             "%03o: another user's file, in a shared directory?) — give %s a file of your own", flag, path,
+             strerror(EACCES), (int)st.st_uid, (int)(st.st_mode & 0777), flag);
+}
 
 double host_mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");

@@ -65,6 +65,11 @@ void *xcalloc_at(const char *file, int line, size_t n, size_t size);
 void *xrealloc_at(const char *file, int line, void *p, size_t bytes);
 char *xstrndup_at(const char *file, int line, const char *s, size_t n);
 const char *errno_string(void);
+/* An output file the user named (--report, --trace) that could not be opened: when it is there and
+ * this user may not write it — another user's, in a shared directory such as /tmp — refused naming
+ * its owner and mode, for a generic "check its directory" would point at the wrong thing. Returns
+ * otherwise, for the caller's own message. */
+void die_if_others_file(const char *flag, const char *path);
 
 /* ASSERT for invariants of our own code: a failure is a bug in this project, not bad input. */
 #define ASSERT(cond)                                                                               \

@@ -47,10 +47,7 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
             die_user("--report '%s' cannot be opened: %s (a socket, or a device with nothing behind it, such as "
                      "/dev/tty in a run without a terminal) — give it a regular file", json_path, errno_string());
         }
-        if (fd < 0 && errno == EACCES && stat(json_path, &st) == 0 && S_ISREG(st.st_mode)) /* not its directory */
-            die_user("cannot open --report file '%s': %s — the file is there and this user may not write it (owner "
-                     "uid %d, mode %03o: another user's file, in a shared directory?) — give --report a file of your own",
-                     json_path, strerror(EACCES), (int)st.st_uid, (int)(st.st_mode & 0777));
+        if (fd < 0) die_if_others_file("--report", json_path);
         if (fd < 0)
             die_user("cannot open --report file '%s': %s (check that its directory exists and is writable)",
                      json_path, errno_string());

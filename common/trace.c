@@ -308,11 +308,7 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
         if (!opened && why == TRACE_BUSY)
             die_user("--trace %s: another run is writing %s (it holds the file's lock) — give this run another "
                      "--trace file, or wait for that one to end", file, o->at);
-        struct stat st; /* another user's file (the trace, or its .tmp) in a shared directory such as /tmp */
-        if (!opened && stat(o->at, &st) == 0 && S_ISREG(st.st_mode) && access(o->at, W_OK) != 0 && errno == EACCES)
-            die_user("--trace %s: cannot write %s (%s) — the file is there and this user may not write it (owner uid "
-                     "%d, mode %03o: another user's file, in a shared directory?) — give --trace a file of your own",
-                     file, o->at, why, (int)st.st_uid, (int)(st.st_mode & 0777));
+        if (!opened) die_if_others_file("--trace", o->at); /* the trace, or its .tmp */
         if (!opened)
             die_user("--trace %s: cannot write %s%s (%s) — give --trace a regular file in an existing, writable "
                      "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
