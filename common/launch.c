@@ -617,12 +617,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         if (cli_given("master-port"))
             die_user("--standalone picks a free port itself: drop --master-port %d, or --standalone", cfg->master_port);
         int fd = net_listen(cfg->master_addr, 0, &own.master_port);
-        if (fd < 0 && errno == ENOENT) /* net_listen's "no such name", not a file's "No such file or directory" */
-            die_user("--standalone: --master-addr %s is no host name (it does not resolve) — drop --master-addr (a job "
-                     "of one node meets on 127.0.0.1), or give an address of this machine", cfg->master_addr);
-        if (fd < 0 && errno == EADDRNOTAVAIL)
-            die_user("--standalone: --master-addr %s is not an address of this machine — drop --master-addr (a job of "
-                     "one node meets on 127.0.0.1), or give an address of this machine", cfg->master_addr);
+        /* ENOENT: net_listen's "no such name", not a file's "No such file or directory" */
+        if (fd < 0 && (errno == ENOENT || errno == EADDRNOTAVAIL))
+            die_user("--standalone: --master-addr %s is %s — drop --master-addr (a job of one node meets on 127.0.0.1), "
+                     "or give an address of this machine", cfg->master_addr,
+                     errno == ENOENT ? "no host name (it does not resolve)" : "not an address of this machine");
         if (fd < 0)
             die_user("--standalone: no free TCP port on %s (%s) — check --master-addr, or give --master-port instead",
                      cfg->master_addr, errno_string());

@@ -1204,18 +1204,28 @@ END_TEST
  * --node-rank"), and, started at the same moment, one job's rank 1 claimed a rank in the other's
  * rendezvous and stopped both. A job of one node makes its own secret: the second is told that the
  * port is taken, and the first trains on. */
+/* Two jobs of one node from one shell, both given ARGS: the first trains 10 epochs, the second starts
+ * once the first is training (its ddp: line). OUT holds the second's output and "second exit N", then
+ * the first's launch line and "first exit N". */
+static void run_two_jobs(const char *args, char **out) {
+    char *dir = test_tmpdir(), cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "(D=%s; { " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 10 %s > $D/first.txt 2>&1; "
+             "echo \"first exit $?\" >> $D/first.txt; } & "
+             "for i in $(seq 1 2400); do grep -q '^ddp:' $D/first.txt 2>/dev/null && break; sleep 0.05; done; "
+             LIMIT "%s/stage3 " TINY " --nproc-per-node 2 %s; echo \"second exit $?\"; "
+             "wait; grep -e '^stage3: launching' -e 'first exit' $D/first.txt)",
+             dir, test_root(), args, test_root(), args);
+    ck_assert_int_eq(test_run(cmd, out), 0);
+    free(dir);
+}
+
 START_TEST(two_jobs_sharing_an_exported_secret_stay_apart) {
     ck_assert_str_eq(getenv("STAGE_RDZV_SECRET"), TEST_SECRET); /* exported to both, by the fixture */
     char *dir = test_tmpdir(), cmd[4096], want[96], *out;
     int port = test_free_port();
-    snprintf(cmd, sizeof cmd,
-             "(D=%s; { " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 10 --master-port %d > $D/first.txt 2>&1; "
-             "echo \"first exit $?\" >> $D/first.txt; } & "
-             "for i in $(seq 1 2400); do grep -q '^ddp:' $D/first.txt 2>/dev/null && break; sleep 0.05; done; "
-             LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --master-port %d; echo \"second exit $?\"; "
-             "wait; tail -n 1 $D/first.txt)",
-             dir, test_root(), port, test_root(), port);
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "--master-port %d", port);
+    run_two_jobs(cmd, &out);
     snprintf(want, sizeof want, "--master-port %d on 127.0.0.1 is in use (another job", port);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, want) && strstr(out, "pick a free one with --master-port") &&
                   !strstr(out, "node 0 of this job is already running") && strstr(out, "first exit 0"), "%s", out);
@@ -1236,15 +1246,8 @@ END_TEST
  * then the launcher's to pick, so --master-port beside it, several nodes, or another launcher's worker
  * (whose MASTER_PORT is set) are refused. */
 START_TEST(standalone_jobs_pick_ports_of_their_own) {
-    char *dir = test_tmpdir(), cmd[4096], *out;
-    snprintf(cmd, sizeof cmd,
-             "(D=%s; { " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 10 --standalone > $D/first.txt 2>&1; "
-             "echo \"first exit $?\" >> $D/first.txt; } & "
-             "for i in $(seq 1 2400); do grep -q '^ddp:' $D/first.txt 2>/dev/null && break; sleep 0.05; done; "
-             LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --standalone; echo \"second exit $?\"; "
-             "wait; grep -e '^stage3: launching' -e 'first exit' $D/first.txt)",
-             dir, test_root(), test_root());
-    ck_assert_int_eq(test_run(cmd, &out), 0);
+    char cmd[4096], *out;
+    run_two_jobs("--standalone", &out);
     int ports[2] = {0, 0}, n = 0;
     for (const char *at = out; n < 2 && (at = strstr(at, "rendezvous at 127.0.0.1:")); at++)
         ports[n++] = atoi(at + strlen("rendezvous at 127.0.0.1:"));
@@ -1278,7 +1281,6 @@ START_TEST(standalone_jobs_pick_ports_of_their_own) {
         ck_assert_msg(rc == 2 && strstr(out, refused[i].want), "%s: exit %d:\n%s", refused[i].args, rc, out);
         free(out);
     }
-    free(dir);
 }
 END_TEST
 
