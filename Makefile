@@ -88,11 +88,11 @@ COMMON_O  := $(COMMON_C:%.c=$(BUILD)/%.o) $(COMMON_CU:%.cu=$(BUILD)/%.cu.o)
 LIBCOMMON := $(BUILD)/libcommon.a
 STAGE_DIRS := $(sort $(wildcard stages/stage[0-9]*_*))
 STAGES    := $(foreach d,$(STAGE_DIRS),$(firstword $(subst _, ,$(notdir $(d)))))
-TEST_C    := $(wildcard tests/*.c)
+TEST_C    := $(filter-out tests/write_synthetic.c,$(wildcard tests/*.c))
 TEST_O    := $(TEST_C:%.c=$(BUILD)/%.o)
 STAGE_O   := $(foreach d,$(STAGE_DIRS),$(BUILD)/$(d)/main.o)
 # What the compiler wrote about which headers each object includes (-MMD -MP).
-DEPS      := $(COMMON_O:.o=.d) $(TEST_O:.o=.d) $(STAGE_O:.o=.d)
+DEPS      := $(COMMON_O:.o=.d) $(TEST_O:.o=.d) $(STAGE_O:.o=.d) $(BUILD)/tests/write_synthetic.d
 
 # Check (the C unit-test framework) is found through pkg-config, else in the usual directories. It
 # is linked statically whenever its archive exists, so the test runner also runs on machines
@@ -117,7 +117,7 @@ CRYPTO_LIBS = $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
 .PHONY: all help test test-parallel check check-dep crypto-dep clang-dep found clean sanitize tsan gpu-sanitize fuzz bench bench2 \
-        bench3 bench3-variants bench4 bench5 bench-kernels bench-conv-algos timeline compare doc-check $(STAGES)
+        bench3 bench3-variants bench4 bench5 parity bench-kernels bench-conv-algos timeline compare doc-check $(STAGES)
 all: found $(STAGES)
 
 found: crypto-dep
@@ -151,6 +151,8 @@ help:
 	@echo "                one process, stage 5, each GPU alone and both at once, against stage 1 (needs 2 GPUs)"
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
 	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
+	@echo "make parity     does our trainer learn as PyTorch does? stages 1 and 5 and PyTorch on the same files,"
+	@echo "                SEEDS (3) seeds each, final test accuracy side by side (GPU + torch; QUICK=1 on the CPU)"
 	@echo "make bench-kernels  every kernel of common/kernels.cu and adam.cu against the CPU reference, timed"
 	@echo "                against the GPU's peak bandwidth (KERNELS=\"bn_ sgd\" for some; SKIP without CUDA)"
 	@echo "make bench-conv-algos  cuDNN's heuristic vs cudnn.benchmark's picks for ResNet-18's convolutions, timed"
@@ -263,7 +265,7 @@ BENCH_CONV_ALGOS := $(BUILD)/tests/bench_conv_algos
 
 # The suite runs the stage binaries end to end, so they are built first. Check's own summary line
 # ("100%: Checks: N, Failures: 0, Errors: 0") is the last thing printed.
-test: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
+test: check-dep $(STAGES) tests/write_synthetic $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
 	@$(MAKE) --no-print-directory tests/run_tests
 	./tests/run_tests
 
@@ -273,7 +275,7 @@ check: test
 # (tests/run_suites.sh): for a GPU host with cores to spare, where `make test` waits on one suite
 # after another. One summary line per suite, then the total.
 TEST_JOBS ?= 3
-test-parallel: check-dep $(STAGES) $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
+test-parallel: check-dep $(STAGES) tests/write_synthetic $(if $(HAVE_CUDA),$(BENCH_KERNELS) $(BENCH_CONV_ALGOS))
 	@$(MAKE) --no-print-directory tests/run_tests
 	JOBS=$(TEST_JOBS) bash tests/run_suites.sh
 
@@ -297,6 +299,20 @@ bench4: stage1 stage3 stage4
 
 bench5: stage5
 	bash tests/bench_stage5.sh
+
+# The synthetic set written as CIFAR-10 files (tests/write_synthetic.c), for other trainers: `make
+# parity` (tests/train_parity.sh) trains PyTorch on those bytes beside ./stage1 and ./stage5 --data,
+# several seeds each — does our trainer learn as PyTorch does? Needs a GPU and torch (QUICK=1: the
+# CPU smoke run, tiny model, which make test runs). Built without Check: the GPU host has none.
+tests/write_synthetic: $(BUILD)/write_synthetic
+	@$(call put,$<,$@)
+$(BUILD)/write_synthetic: $(BUILD)/tests/write_synthetic.o $(LIBCOMMON)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/tests/write_synthetic.o: tests/write_synthetic.c $(BUILD)/cflags | found
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+parity: stage1 stage5 tests/write_synthetic
+	bash tests/train_parity.sh
 
 # The kernel harnesses, tests/bench_*.cu: host code that nvcc compiles (C++, the CUDA runtime) and the
 # C compiler links like a stage. Built by `make test` too (not run), so a change that breaks one is

@@ -332,6 +332,47 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
     snprintf(ds->source, sizeof ds->source, "cifar10:%s", train ? "train" : "test");
 }
 
+/* The inverse of dataset_cifar10: the set in the official binary layout, so that another trainer
+ * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
+ * name already there (real CIFAR-10, an earlier export) is never overwritten; a failed write removes
+ * its own partial file. */
+static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            die_user("'%s' already exists: give a new or empty directory (nothing there is overwritten)", path);
+        die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(errno));
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
+    uint8_t record[CIFAR_RECORD];
+    int ok = 1;
+    for (int64_t i = from; i < to && ok; i++) {
+        record[0] = ds->labels[i];
+        memcpy(record + 1, ds->images + (size_t)i * IMG_PIXELS, IMG_PIXELS);
+        ok = fwrite(record, 1, CIFAR_RECORD, f) == CIFAR_RECORD;
+    }
+    int err = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) ok = 0, err = errno;
+    if (!ok) {
+        unlink(path);
+        die_runtime("writing '%s' failed: %s (a full disk?)", path, strerror(err));
+    }
+}
+
+void dataset_write_cifar10(const Dataset *ds, const char *dir, int train) {
+    if (!train) {
+        cifar_write_file(dir, CIFAR_TEST_FILES[0], ds, 0, ds->n);
+        return;
+    }
+    if (ds->n < 5)
+        die_user("a training set of %lld samples cannot fill CIFAR-10's 5 files: give at least 5", (long long)ds->n);
+    for (int k = 0; k < 5; k++) /* as even as it goes: the official 50000 are 5 × 10000 */
+        cifar_write_file(dir, CIFAR_TRAIN_FILES[k], ds, ds->n * k / 5, ds->n * (k + 1) / 5);
+}
+
 void dataset_free(Dataset *ds) {
     free(ds->images);
     free(ds->labels);

@@ -41,6 +41,11 @@ int64_t cifar10_check(const char *dir, int train, int64_t limit);
 #define CIFAR10_FILES 6
 extern const char *const cifar10_file_names[CIFAR10_FILES];
 
+/* The set as CIFAR-10 binary files in dir (which must exist): train = data_batch_1..5.bin (n split
+ * as evenly as it goes, n ≥ 5), test = test_batch.bin. An existing file of those names is never
+ * overwritten (die_user), and a failed write removes its partial file. */
+void dataset_write_cifar10(const Dataset *ds, const char *dir, int train);
+
 void dataset_free(Dataset *ds);
 
 /* Per-channel normalisation used for CIFAR-10 (torchvision's usual constants). */

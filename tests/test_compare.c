@@ -9,7 +9,9 @@
  * - A stage missing from the checkout gets no row (a fake checkout of stages 1 and 3 only).
  * - Stages 2–5 on the CPU backend print that statement once per job (rank 0 only), stage 1 never.
  * - A run too short to time any step reports "n/a" on the console and null in JSON, not 0.
- * - tests/bench_stage3_variants.sh (2 GPUs) runs every row and reads every figure, on the CPU. */
+ * - tests/bench_stage3_variants.sh (2 GPUs) runs every row and reads every figure, on the CPU.
+ * - tests/train_parity.sh (make parity: GPU + torch) trains on the written synthetic files and prints
+ *   its table, on the CPU; a precision it does not know is refused. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -281,6 +283,40 @@ START_TEST(bench_stage3_variants_cpu_smoke) {
 }
 END_TEST
 
+/* tests/train_parity.sh waits for a GPU and torch; its QUICK=1 run (tiny model, CPU) goes through the
+ * same steps: the synthetic set written as CIFAR-10 files, both precisions read from them (the runs
+ * say cifar10, not synthetic), one table row each, the 150 MB data folder removed afterwards. Where
+ * torch is missing (CI) its column is a visible SKIP; where it is there, PyTorch's row is checked too. */
+START_TEST(train_parity_cpu_smoke) {
+    char *dir = test_tmpdir(), cmd[2048], path[1024], *out;
+    snprintf(cmd, sizeof cmd, "timeout -k 5 280 env QUICK=1 PARITY_OUT=%s/p bash %s/tests/train_parity.sh", dir,
+             test_root());
+    int rc = test_run(cmd, &out);
+    const char *tail = strlen(out) > 3000 ? out + strlen(out) - 3000 : out;
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, tail);
+    int torch = !strstr(out, "SKIP  PyTorch's column");
+    if (!torch) printf("    SKIP: compare: train_parity's PyTorch column — python3 has no torch here\n");
+    const char *fp32 = strstr(out, "\nfp32 "), *bf16 = strstr(out, "\nbf16 ");
+    ck_assert_msg(fp32 && bf16 && strstr(fp32, "(") && (!torch || strstr(out, "difference of means")),
+                  "no table rows for fp32 and bf16%s:\n%s", torch ? " with PyTorch's column" : "", tail);
+    for (int i = 0; i < 2; i++) { /* each run read the written files */
+        snprintf(path, sizeof path, "%s/p/ours_%s_1.log", dir, i ? "bf16" : "fp32");
+        char *log = test_slurp(path, NULL);
+        ck_assert_msg(log && strstr(log, "data: cifar10:train"), "%s does not say it read the files:\n%s", path,
+                      log ? log : "(missing)");
+        free(log);
+    }
+    snprintf(path, sizeof path, "%s/p/data", dir);
+    ck_assert_msg(access(path, F_OK) != 0, "the data folder %s was left behind", path);
+    free(out);
+    snprintf(cmd, sizeof cmd, "env QUICK=1 CONFIGS='fp32 fp8' PARITY_OUT=%s/q bash %s/tests/train_parity.sh", dir,
+             test_root());
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "'fp8' is not one of fp32 fp16 bf16"), "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* tests/run_suites.sh (make test-parallel): every suite's line, the total summed from Check's
  * summaries, and a failing suite fails the run and shows its output. A stand-in runner fails one of
  * two suites; then the real runner (this binary) runs one real suite through the script. */
@@ -328,6 +364,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
+    tcase_add_test(tc, train_parity_cpu_smoke);
     tcase_add_test(tc, run_suites_sums_and_fails);
     suite_add_tcase(s, tc);
     return s;

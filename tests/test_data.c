@@ -302,6 +302,54 @@ START_TEST(cifar_label_out_of_range) {
 }
 END_TEST
 
+/* dataset_write_cifar10 (tests/write_synthetic, make parity): the synthetic set written as CIFAR-10
+ * files reads back as the very same samples through --data's reader, split over the five training
+ * files as evenly as it goes; a second write into the same folder is refused and changes nothing. */
+static void write_into(void *arg) {
+    Dataset ds;
+    dataset_synthetic(&ds, 12, 5, 1);
+    dataset_write_cifar10(&ds, arg, 1);
+}
+
+START_TEST(synthetic_written_as_cifar_reads_back) {
+    char dir[64] = "/tmp/test_cifar_XXXXXX", path[512];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    Dataset tr, te, back;
+    dataset_synthetic(&tr, 23, 5, 1);
+    dataset_synthetic(&te, 7, 5, 0);
+    dataset_write_cifar10(&tr, dir, 1);
+    dataset_write_cifar10(&te, dir, 0);
+    static const int64_t per_file[5] = {4, 5, 4, 5, 5}; /* 23·k/5 rounded down, k = 0..5 */
+    for (int k = 0; k < 5; k++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, FILES[k]);
+        ck_assert_int_eq(stat(path, &st), 0);
+        ck_assert_int_eq(st.st_size, per_file[k] * RECORD);
+    }
+    dataset_cifar10(&back, dir, 1, 0);
+    ck_assert_int_eq(back.n, tr.n);
+    ck_assert(!memcmp(back.images, tr.images, (size_t)tr.n * IMG_PIXELS));
+    ck_assert(!memcmp(back.labels, tr.labels, (size_t)tr.n));
+    dataset_free(&back);
+    dataset_cifar10(&back, dir, 0, 0);
+    ck_assert_int_eq(back.n, te.n);
+    ck_assert(!memcmp(back.images, te.images, (size_t)te.n * IMG_PIXELS));
+    ck_assert(!memcmp(back.labels, te.labels, (size_t)te.n));
+    dataset_free(&back);
+    char *msg;
+    int status = test_run_captured(write_into, dir, &msg);
+    ck_assert_msg(status == 2 && strstr(msg, "data_batch_1.bin' already exists") && strstr(msg, "nothing there is "
+                  "overwritten"), "exit %d: %s", status, msg);
+    free(msg);
+    dataset_cifar10(&back, dir, 1, 0); /* the refused write left the first file as it was */
+    ck_assert(back.n == tr.n && !memcmp(back.images, tr.images, (size_t)tr.n * IMG_PIXELS));
+    dataset_free(&back);
+    dataset_free(&tr);
+    dataset_free(&te);
+    remove_cifar(dir);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -327,6 +375,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, cifar_truncated_or_empty_file);
     tcase_add_test(tc, cifar_label_out_of_range);
     tcase_add_test(tc, cifar_limit_too_large);
+    tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,60 @@
+/* write_synthetic.c — the embedded synthetic set, written out as CIFAR-10 binary files.
+ *
+ *   build/tests/write_synthetic DIR [--seed S] [--train-size N] [--test-size M]
+ *
+ * Writes DIR/data_batch_1..5.bin and DIR/test_batch.bin: the very samples ./stageN trains on without
+ * --data (defaults: seed 0, 50000 and 10000, the GPU run's sizes). Another trainer can then read the
+ * same bytes — tests/train_parity.sh trains PyTorch on them beside ./stage1 --data DIR, which is how
+ * we check that our trainer learns as PyTorch does — and so can yours. DIR is created if it is
+ * missing; a file already there is never overwritten. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "data.h"
+#include "errors.h"
+
+static long long number(const char *flag, const char *text, long long min) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < min || v > 100000000)
+        die_user("%s '%s': give a whole number from %lld to 100000000", flag, text, min);
+    return v;
+}
+
+int main(int argc, char **argv) {
+    const char *dir = NULL;
+    long long seed = 0, train = 50000, test = 10000;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: %s DIR [--seed S] [--train-size N] [--test-size M]\n"
+                   "writes the stages' synthetic set (defaults: seed 0, 50000 train, 10000 test) as CIFAR-10\n"
+                   "binary files in DIR, for ./stageN --data DIR and for other trainers\n", argv[0]);
+            return 0;
+        }
+        if (a[0] == '-' && i + 1 >= argc) die_user("%s needs a value (see --help)", a);
+        if (!strcmp(a, "--seed")) seed = number(a, argv[++i], 0);
+        else if (!strcmp(a, "--train-size")) train = number(a, argv[++i], 5);
+        else if (!strcmp(a, "--test-size")) test = number(a, argv[++i], 1);
+        else if (a[0] == '-') die_user("unknown option '%s' (see --help)", a);
+        else if (dir) die_user("one directory only: '%s' and '%s'", dir, a);
+        else dir = a;
+    }
+    if (!dir) die_user("give the directory to write into: %s DIR (see --help)", argv[0]);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        die_user("cannot create directory '%s': %s", dir, strerror(errno));
+    Dataset ds;
+    dataset_synthetic(&ds, train, (uint64_t)seed, 1);
+    dataset_write_cifar10(&ds, dir, 1);
+    dataset_free(&ds);
+    dataset_synthetic(&ds, test, (uint64_t)seed, 0);
+    dataset_write_cifar10(&ds, dir, 0);
+    dataset_free(&ds);
+    printf("wrote synthetic(seed=%lld): %lld training samples (data_batch_1..5.bin) and %lld test samples "
+           "(test_batch.bin) in %s\n", seed, train, test, dir);
+    return 0;
+}
