@@ -47,8 +47,9 @@ if ! python3 -c 'import torch' 2> /dev/null; then
 fi
 bench_out_dir PARITY_OUT "$OUT" runs/parity train_parity '*.jsonl' '*.log'
 for b in stage1 stage5 tests/write_synthetic; do [ -x "./$b" ] || make "$b" > /dev/null; done
-DATA="$OUT/data"
-rm -rf "$DATA" # ours: the folder carries this script's marker; 150 MB not worth keeping
+# A folder of our own making for the 150 MB of files, removed however the run ends: nothing else in
+# PARITY_OUT is touched but the kinds of files bench_out_dir names.
+DATA=$(mktemp -d "$OUT/data.XXXXXX") || bench_die "cannot create a folder in PARITY_OUT=$OUT"
 trap 'rm -rf "$DATA"' EXIT
 ./tests/write_synthetic "$DATA" --train-size "$TRAIN" --test-size "$TEST"
 nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n1 | sed 's/^/gpu: /' || true
