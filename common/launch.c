@@ -3,6 +3,7 @@
 #include "launch.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -607,9 +608,12 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
                  STORE_MAX_WORLD);
 
     /* --standalone (torchrun's): a job of one node on a port no other job holds — the kernel's pick of
-     * a free one, which rank 0's store takes up moments later. On a machine where several people start
-     * jobs, each on the default 29500 would fail but the first. */
+     * a free one. On a machine where several people start jobs, each on the default 29500 would fail
+     * but the first. The launcher keeps listening on it and hands the socket to rank 0's store
+     * (STAGE_STORE_FD), as torchrun's agent hosts its own store: had it closed the port after the
+     * pick, another process could take it before rank 0 listened there. */
     LaunchConfig own = *cfg;
+    int store_fd = -1;
     if (cfg->standalone) {
         if (cfg->nnodes > 1)
             die_user("--standalone is a job of one node (torchrun's --standalone): drop it, or --nnodes %d (a job of "
@@ -625,7 +629,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         if (fd < 0)
             die_user("--standalone: no free TCP port on %s (%s) — check --master-addr, or give --master-port instead",
                      cfg->master_addr, errno_string());
-        close(fd);
+        store_fd = fd;
         cfg = &own;
     }
 
@@ -653,7 +657,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     /* Node 0's rank 0 will host the rendezvous store on --master-port. A port that another job
      * holds fails the job confusingly — rank 0 says so, but rank 1 may reach the other job's store
      * and report that store's refusal — so node 0's launcher checks it once, before any worker. */
-    if (cfg->node_rank == 0) {
+    if (cfg->node_rank == 0 && store_fd < 0) { /* --standalone holds its port already */
         int fd = net_listen(cfg->master_addr, cfg->master_port, NULL);
         if (fd >= 0) close(fd);
         else if (errno == EADDRINUSE) {
@@ -742,6 +746,9 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
             setenv("MASTER_ADDR", cfg->master_addr, 1);
             set_env_int("MASTER_PORT", cfg->master_port);
             set_env_int("STAGE3_STATUS_FD", status_fd);
+            unsetenv("STAGE_STORE_FD"); /* rank 0 alone gets the socket; close-on-exec shuts the others' copy */
+            if (store_fd >= 0 && first + i == 0 && fcntl(store_fd, F_SETFD, 0) == 0)
+                set_env_int("STAGE_STORE_FD", store_fd);
             unsetenv("TORCHELASTIC_USE_AGENT_STORE");
             if (secret[0]) setenv("STAGE_RDZV_SECRET", secret, 1), unsetenv("STAGE_RDZV_SECRET_FILE");
             execv(exe, argv);
@@ -751,6 +758,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         ch[i].pid = pid;
     }
     close(status_fd);
+    if (store_fd >= 0) close(store_fd); /* rank 0 holds it now */
 
     /* Wait. The first worker to fail (or a signal to us) stops everyone. */
     int alive = n, failure = 0;

@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -92,6 +93,25 @@ int net_listen(const char *addr, int port, int *bound) {
                                                 : ((struct sockaddr_in *)&ss)->sin_port);
     }
     return fd;
+}
+
+int net_take_listener(const char *env, int port) {
+    const char *v = getenv(env);
+    if (!v) return -1;
+    char *end;
+    long fd = strtol(v, &end, 10);
+    int ok = *v && !*end && fd >= 0 && fd < 1 << 20, listening = 0;
+    unsetenv(env); /* v points into the environment: read before this */
+    socklen_t l = sizeof listening;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (!ok || getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) != 0 || !listening ||
+        getsockname((int)fd, (struct sockaddr *)&ss, &len) != 0 ||
+        ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                       : ((struct sockaddr_in *)&ss)->sin_port) != port)
+        return -1;
+    fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+    return (int)fd;
 }
 
 /* One non-blocking connect attempt, bounded by timeout_ms. */

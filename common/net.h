@@ -12,6 +12,11 @@
 /* Listen on addr:port (port 0: any free port; the port chosen is returned in *bound). Returns the
  * socket, or −1 with errno set (EADDRINUSE, EADDRNOTAVAIL, ENOENT when addr does not resolve, …). */
 int net_listen(const char *addr, int port, int *bound);
+/* The listening socket a parent process handed down in the environment variable `env` (a descriptor
+ * number), if it is one that listens on `port`: returned with close-on-exec set again, and `env` unset
+ * so that nothing started later takes it too. −1 when env is unset or names no such socket (the
+ * caller then binds the port itself, whose errors say what is wrong). */
+int net_take_listener(const char *env, int port);
 /* Connect to addr:port, retrying refused / unreachable attempts until timeout_s. Returns the
  * socket, or −1 with errno set (ETIMEDOUT when the time ran out, ENOENT when addr did not resolve). */
 int net_connect(const char *addr, int port, double timeout_s);

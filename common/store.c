@@ -434,7 +434,10 @@ static void server_free(Server *sv) {
 }
 
 static Server *server_start(const char *addr, int port, const uint8_t *secret, size_t len, double timeout_s) {
-    int fd = net_listen(addr, port, NULL);
+    /* --standalone: the launcher picked the port by listening on it, and hands that socket to rank 0
+     * (STAGE_STORE_FD) — so no other process can take the port between the pick and this store. */
+    int fd = net_take_listener("STAGE_STORE_FD", port);
+    if (fd < 0) fd = net_listen(addr, port, NULL);
     if (fd < 0) {
         if (errno == EADDRINUSE) {
             const char *why;

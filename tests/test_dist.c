@@ -1284,6 +1284,33 @@ START_TEST(standalone_jobs_pick_ports_of_their_own) {
 }
 END_TEST
 
+/* --standalone keeps the port it picked: the launcher listens on it and hands that socket to rank 0
+ * (STAGE_STORE_FD), which serves the rendezvous store on it — closed in between, the port was free for
+ * anyone until rank 0 bound it. Seen from /proc while the job trains: rank 0's environment names the
+ * descriptor, which is the socket listening on the banner's port; rank 1 was given none. */
+START_TEST(standalone_hands_its_listening_socket_to_rank_0) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "D=%s; " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 1000 --standalone > $D/o.txt 2>&1 & t=$!; "
+             "for i in $(seq 1 2400); do grep -q '^ddp:' $D/o.txt 2>/dev/null && break; sleep 0.05; done; "
+             "read -r l _ < /proc/$t/task/$t/children; " /* timeout's child: the launcher */
+             "hex=$(printf ':%%04X' $(sed -n 's/.*rendezvous at 127.0.0.1:\\([0-9]*\\).*/\\1/p' $D/o.txt)); "
+             "for c in $(cat /proc/$l/task/$l/children); do "
+             "  e=$(tr '\\0' '\\n' < /proc/$c/environ); r=$(echo \"$e\" | sed -n 's/^RANK=//p'); "
+             "  fd=$(echo \"$e\" | sed -n 's/^STAGE_STORE_FD=//p'); "
+             "  ino=$([ -n \"$fd\" ] && readlink /proc/$c/fd/$fd | sed -n 's/^socket:\\[\\([0-9]*\\)\\]$/\\1/p'); "
+             "  n=$(awk -v p=\"$hex\" -v i=\"$ino\" '$2 ~ p\"$\" && $4 == \"0A\" && $10 == i' /proc/net/tcp /proc/net/tcp6 "
+             "      | wc -l); "
+             "  echo \"rank $r fd ${fd:-none} listening $n\"; "
+             "done | sort; kill $l; wait; head -n 1 $D/o.txt",
+             dir, test_root());
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "rank 0 fd ") && !strstr(out, "rank 0 fd none") && strstr(out, "listening 1\n") &&
+                  strstr(out, "rank 1 fd none listening 0") && strstr(out, "(a free port: --standalone)"), "%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* --data is a node's own path, so it may differ — but not what it holds: CIFAR-10 on one node and the
  * synthetic set on the other, or a copy that differs in one label or one pixel, trained on silently (or, with sets
  * of other sizes, failed later blaming the other rank). Both stop at once, naming the data. */
@@ -1930,6 +1957,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, a_second_rank_0_is_named);
     tcase_add_test(tc, two_jobs_sharing_an_exported_secret_stay_apart);
     tcase_add_test(tc, standalone_jobs_pick_ports_of_their_own);
+    tcase_add_test(tc, standalone_hands_its_listening_socket_to_rank_0);
     tcase_add_test(tc, gpu_and_cpu_nodes_are_refused);
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);

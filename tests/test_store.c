@@ -725,6 +725,43 @@ START_TEST(a_port_taken_on_a_names_first_address_is_in_use) {
 }
 END_TEST
 
+/* --standalone's hand-over (launch.c): the launcher listens on the port it picked and passes that socket
+ * to rank 0 in STAGE_STORE_FD, so the port is never free between the pick and the store. Rank 0's store
+ * takes the socket — a store that bound the port itself would find it held (by us, here) and stop — and
+ * the variable is gone afterwards; a descriptor that is not a listener on that port is left alone. */
+START_TEST(the_store_takes_the_launchers_listening_socket) {
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    int port, lfd = net_listen("127.0.0.1", 0, &port);
+    ck_assert(lfd >= 0);
+    char v[16];
+    snprintf(v, sizeof v, "%d", lfd);
+    setenv("STAGE_STORE_FD", v, 1);
+    Store *s = store_open("127.0.0.1", port, 0, 1, 10);
+    ck_assert_msg(!getenv("STAGE_STORE_FD"), "STAGE_STORE_FD is still set: a process started later would take it");
+    ck_assert_msg(fcntl(lfd, F_GETFD) & FD_CLOEXEC, "the socket taken is not close-on-exec");
+    store_set(s, "k", "v", 1);
+    const char *why;
+    int fd = store_dial("127.0.0.1", port, (const uint8_t *)TEST_SECRET, strlen(TEST_SECRET), 5, &why);
+    ck_assert_msg(fd >= 0, "no store answers on the handed-over socket: %s", why);
+    close(fd);
+    store_close(s); /* closes lfd: it is the store's now */
+    /* not taken: the wrong port, a socket that does not listen, no number, no descriptor */
+    int other, oport;
+    other = net_listen("127.0.0.1", 0, &oport);
+    int plain = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    char bad[4][16];
+    snprintf(bad[0], 16, "%d", other), snprintf(bad[1], 16, "%d", plain), snprintf(bad[2], 16, "3x"),
+        snprintf(bad[3], 16, "987654");
+    for (int i = 0; i < 4; i++) {
+        setenv("STAGE_STORE_FD", bad[i], 1);
+        ck_assert_msg(net_take_listener("STAGE_STORE_FD", i == 0 ? oport + 1 : oport) < 0, "took %s", bad[i]);
+        ck_assert(!getenv("STAGE_STORE_FD"));
+    }
+    ck_assert_int_eq(net_take_listener("STAGE_STORE_FD", oport), -1); /* unset */
+    close(other), close(plain);
+}
+END_TEST
+
 Suite *suite_store(void) {
     Suite *s = suite_create("store");
     TCase *tc = tcase_create("store");
@@ -745,6 +782,7 @@ Suite *suite_store(void) {
     tcase_add_test(tc, ring_port_refuses_strangers);
     tcase_add_test(tc, ring_port_drops_idle_strangers);
     tcase_add_test(tc, a_port_taken_on_a_names_first_address_is_in_use);
+    tcase_add_test(tc, the_store_takes_the_launchers_listening_socket);
     suite_add_tcase(s, tc);
     return s;
 }
