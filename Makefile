@@ -7,7 +7,10 @@
 
 # CFLAGS / LDFLAGS are the user's (`make CFLAGS="-O0 -g -fsanitize=address"` replaces only them);
 # the flags the build needs live in ALL_CFLAGS, which always adds them first.
-CC       ?= gcc
+# gcc unless CC is given (command line, environment): make predefines CC=cc, so `CC ?= gcc` never applied.
+ifeq ($(origin CC),default)
+  CC     := gcc
+endif
 # The compiler's target (x86_64-linux-gnu, aarch64-linux-gnu, …): its library directory is searched
 # first for the static archives below, so that a cross build (CC=aarch64-linux-gnu-gcc) links its own.
 LIB_TRIPLE := $(shell $(CC) -dumpmachine 2>/dev/null)
