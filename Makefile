@@ -33,7 +33,9 @@ endif
 find_dir = $(firstword $(foreach d,$(2),$(if $(wildcard $(d)/$(1)),$(d))))
 
 SYS_INC := /usr/include /usr/local/include /usr/include/x86_64-linux-gnu /usr/include/aarch64-linux-gnu
-SYS_LIB := /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib
+# /usr/local/lib64 too: where the linker looks by default (ld --verbose), so a library found only there
+# (NCCL, say) linked while the build line said it was missing.
+SYS_LIB := /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib64 /usr/local/lib
 
 ifeq ($(HAVE_CUDA),1)
   CUDNN_INC := $(call find_dir,cudnn.h,$(if $(CUDNN_HOME),$(CUDNN_HOME)/include) $(CUDA_HOME)/include $(SYS_INC))
@@ -107,7 +109,7 @@ CHECK_PC   = $(shell pkg-config --exists check 2>/dev/null && echo 1)
 CHECK_CFLAGS = $(if $(CHECK_PC),$(shell pkg-config --cflags check))
 CHECK_A    = $(firstword $(wildcard $(call LIB_OWN,libcheck.a) $(if $(CHECK_PC),$(shell pkg-config --variable=libdir check)/libcheck.a) \
                /usr/lib/x86_64-linux-gnu/libcheck.a /usr/lib/aarch64-linux-gnu/libcheck.a /usr/lib64/libcheck.a \
-               /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
+               /usr/local/lib64/libcheck.a /usr/local/lib/libcheck.a /usr/lib/libcheck.a))
 SUBUNIT_A  = $(firstword $(wildcard $(dir $(CHECK_A))libsubunit.a))
 CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --libs check 2>/dev/null))
 
@@ -115,7 +117,7 @@ CHECK_LIBS = $(if $(CHECK_A),$(CHECK_A) $(SUBUNIT_A) -lrt,$(shell pkg-config --l
 # statically when its archive exists, so the binaries carry it (like Check); else libcrypto.so.3.
 # Recursive like Check's, for the same reason (crypto-dep may install it during the build).
 CRYPTO_A   = $(firstword $(wildcard $(call LIB_OWN,libcrypto.a) /usr/lib/x86_64-linux-gnu/libcrypto.a /usr/lib/aarch64-linux-gnu/libcrypto.a \
-               /usr/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
+               /usr/lib64/libcrypto.a /usr/local/lib64/libcrypto.a /usr/local/lib/libcrypto.a /usr/lib/libcrypto.a))
 CRYPTO_LIBS = $(if $(CRYPTO_A),$(CRYPTO_A) -ldl,-lcrypto)
 LDLIBS    += $(CRYPTO_LIBS)
 
