@@ -1,6 +1,8 @@
 /* errors.c — the single exit path for failures (see errors.h). */
 #include "errors.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +107,17 @@ void die_if_others_file(const char *flag, const char *path) {
     die_user("%s: cannot write '%s': %s — the file is there and this user may not write it (owner uid %d, mode "
              "%03o: another user's file, in a shared directory?) — give %s a file of your own", flag, path,
              strerror(EACCES), (int)st.st_uid, (int)(st.st_mode & 0777), flag);
+}
+
+int file_locked_by_another(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    const int was = errno, fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); /* not created, not emptied */
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    const int locked = fd >= 0 && fcntl(fd, F_OFD_GETLK, &lk) == 0 && lk.l_type != F_UNLCK;
+    if (fd >= 0) close(fd);
+    errno = was;
+    return locked;
 }
 
 double host_mem_available(void) {

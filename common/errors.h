@@ -70,6 +70,9 @@ const char *errno_string(void);
  * its owner and mode, for a generic "check its directory" would point at the wrong thing. Returns
  * otherwise, for the caller's own message. */
 void die_if_others_file(const char *flag, const char *path);
+/* 1 when path is a regular file another process holds a write lock on (an OFD or POSIX lock, as
+ * --report and --trace take theirs): the launcher's look before its workers open it. Creates nothing. */
+int file_locked_by_another(const char *path);
 
 /* ASSERT for invariants of our own code: a failure is a bug in this project, not bad input. */
 #define ASSERT(cond)                                                                               \

@@ -20,7 +20,9 @@
 #include "device.h"
 #include "errors.h"
 #include "net.h"
+#include "report.h" /* report_check_free */
 #include "store.h" /* store_dial: is the store on the port this job's own? */
+#include "trace.h" /* trace_check_free */
 
 /* The launcher speaks as the program it launches ("stage3", "stage4", …). */
 static char prog[64] = "stage3";
@@ -606,6 +608,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         die_user("--nnodes %d × --nproc-per-node %d is %d ranks: a job has at most %d (rank 0's rendezvous store "
                  "serves one connection each) — use fewer nodes or workers per node", cfg->nnodes, n, world,
                  STORE_MAX_WORLD);
+
+    /* Outputs another run is writing (or another user's): refused here, with the workers' own message,
+     * before a rendezvous that every rank would wait through for rank 0 to find it. */
+    if (cfg->node_rank == 0) report_check_free(cfg->report); /* rank 0 writes it */
+    trace_check_free(cfg->trace, first, n, world);
 
     /* --standalone (torchrun's): a job of one node on a port no other job holds — the kernel's pick of
      * a free one. On a machine where several people start jobs, each on the default 29500 would fail

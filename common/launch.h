@@ -46,6 +46,8 @@ typedef struct LaunchConfig {
     int standalone;          /* --standalone: one node, master_port = a free one, picked by the launcher */
     const char *device;      /* --device: auto | cuda | cpu */
     const char *comm;        /* --comm: auto | nccl | host */
+    const char *report, *trace; /* --report, --trace (NULL or "": none): refused before any worker when
+                                 * another run is writing them, not after the rendezvous */
 } LaunchConfig;
 
 typedef struct Worker {

@@ -27,6 +27,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static _Noreturn void report_busy(const char *json_path) {
+    die_user("--report '%s' is being written by another run (it holds the file's lock): give this run "
+             "another --report file, or wait for that one to end", json_path);
+}
+
+void report_check_free(const char *json_path) {
+    if (!json_path || !json_path[0]) return;
+    die_if_others_file("--report", json_path);
+    if (file_locked_by_another(json_path)) report_busy(json_path);
+}
+
 void report_open(Report *r, const char *json_path, const char *progress_flag, int active) {
     memset(r, 0, sizeof *r);
     r->active = active;
@@ -59,8 +70,7 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
          * (the kernel drops it however the process ends), taken before emptying the file. */
         struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
         if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES))
-            die_user("--report '%s' is being written by another run (it holds the file's lock): give this run "
-                     "another --report file, or wait for that one to end", json_path);
+            report_busy(json_path);
         if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
             die_user("cannot truncate --report file '%s': %s", json_path, errno_string());
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);

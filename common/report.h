@@ -23,6 +23,9 @@ typedef struct Report {
  * truncated; failure to open it, or a path that is a FIFO, socket or directory, is a user error
  * naming the path. A write that fails later (a full disk) ends the run with an error (exit 1). */
 void report_open(Report *r, const char *json_path, const char *progress_flag, int active);
+/* The launcher's look (stages 3–5), before any worker: json_path another run is writing, or another
+ * user's file, refused with report_open's message — not after the rendezvous. Creates nothing. */
+void report_check_free(const char *json_path);
 void report_close(Report *r);
 
 /* printf to stdout, clearing the progress bar first. */

@@ -249,8 +249,9 @@ static FILE *open_out(const char *path, int truncate, const char **why) {
     return f;
 }
 
-/* 1, or 0 with *why (o->at: the name that failed). */
-static int out_open(Out *o, const char *name, const char **why) {
+/* o's names for `name` (o->at: the one to open): 1, or 0 with *why when the file is there and this
+ * user may not write it. */
+static int out_names(Out *o, const char *name, const char **why) {
     struct stat st;
     char *real = realpath(name, NULL);
     snprintf(o->path, sizeof o->path, "%s", real ? real : name);
@@ -265,7 +266,12 @@ static int out_open(Out *o, const char *name, const char **why) {
         snprintf(o->tmp, sizeof o->tmp, "%s.tmp", o->path);
         o->at = o->tmp;
     }
-    return (o->f = open_out(o->at, 1, why)) != NULL;
+    return 1;
+}
+
+/* 1, or 0 with *why (o->at: the name that failed). */
+static int out_open(Out *o, const char *name, const char **why) {
+    return out_names(o, name, why) && (o->f = open_out(o->at, 1, why)) != NULL;
 }
 
 /* Flush, sync and rename into place: 0, or 1 when writing failed (the partial .tmp file removed), 2
@@ -289,6 +295,36 @@ static int out_commit(Out *o, const char **why) {
 
 /* ---- the window ------------------------------------------------------------------------------- */
 
+/* Where rank writes its own trace: FILE itself for a run of one process. */
+static void rank_path(char *path, size_t size, const char *file, int rank, int world) {
+    if (world > 1) snprintf(path, size, "%s.rank%d.json", file, rank);
+    else snprintf(path, size, "%s", file);
+}
+
+/* o could not be opened (why): the user's error, naming the file. */
+static _Noreturn void refuse_out(const char *file, const Out *o, int merged, const char *why) {
+    if (why == TRACE_BUSY)
+        die_user("--trace %s: another run is writing %s (it holds the file's lock) — give this run another "
+                 "--trace file, or wait for that one to end", file, o->at);
+    die_if_others_file("--trace", o->at); /* the trace, or its .tmp */
+    die_user("--trace %s: cannot write %s%s (%s) — give --trace a regular file in an existing, writable "
+             "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
+}
+
+void trace_check_free(const char *file, int first, int n, int world) {
+    if (!file || !file[0]) return;
+    char path[4200];
+    const char *why;
+    for (int rank = first; rank < first + n; rank++)
+        for (int merged = 0; merged < 1 + (world > 1 && rank == 0); merged++) {
+            Out o;
+            rank_path(path, sizeof path, file, rank, world);
+            if (!out_names(&o, merged ? file : path, &why)) refuse_out(file, &o, merged, why);
+            die_if_others_file("--trace", o.at);
+            if (file_locked_by_another(o.at)) refuse_out(file, &o, merged, TRACE_BUSY);
+        }
+}
+
 void trace_configure(const char *file, const char *steps, int rank, int world, const char *process,
                      Device **devs, int n_devs) {
     if (!file || !file[0]) return;
@@ -300,18 +336,10 @@ void trace_configure(const char *file, const char *steps, int rank, int world, c
      * merges them into (each as NAME.tmp, open until the end: see Out) */
     char path[4200];
     const char *why;
-    if (world > 1) snprintf(path, sizeof path, "%s.rank%d.json", g.file, rank);
-    else snprintf(path, sizeof path, "%s", g.file);
+    rank_path(path, sizeof path, g.file, rank, world);
     for (int merged = 0; merged < 1 + (world > 1 && rank == 0); merged++) {
         Out *o = merged ? &g.merged : &g.mine;
-        const int opened = out_open(o, merged ? g.file : path, &why);
-        if (!opened && why == TRACE_BUSY)
-            die_user("--trace %s: another run is writing %s (it holds the file's lock) — give this run another "
-                     "--trace file, or wait for that one to end", file, o->at);
-        if (!opened) die_if_others_file("--trace", o->at); /* the trace, or its .tmp */
-        if (!opened)
-            die_user("--trace %s: cannot write %s%s (%s) — give --trace a regular file in an existing, writable "
-                     "directory", file, o->at, merged ? ", where the ranks' files are merged" : "", why);
+        if (!out_open(o, merged ? g.file : path, &why)) refuse_out(file, o, merged, why);
     }
     g.ev = xcalloc(MAX_EVENTS, sizeof *g.ev);
     g.configured = 1, g.first = -1, g.held_a = g.held_b = -1;

@@ -65,6 +65,11 @@ static inline int trace_on(void) {
  * value. Used by config_resolve, so a bad flag is refused before anything starts. */
 void trace_parse_steps(const char *flag, int64_t *a, int64_t *b);
 
+/* The launcher's look (stages 3–5), before any worker: the files ranks first … first+n-1 of world would
+ * write refused as trace_configure would refuse them — another run's lock, another user's file — not
+ * after the rendezvous. Creates nothing. */
+void trace_check_free(const char *file, int first, int n, int world);
+
 /* The run's side (called by trainer.c): configure from the flags (file "" = off) for this process's
  * rank / world and its devices, opening the .tmp files; step(n) after each optimizer step with n =
  * steps done (and once at the start), which opens and closes the window; finish writes what is left

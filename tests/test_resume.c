@@ -680,7 +680,7 @@ END_TEST
  * emptied it before it was read (and then blamed the checkpoint); --report F --trace F interleaved
  * both into one corrupt file with exit 0. Refused up front, the checkpoint untouched — and so are a
  * symlink to the other flag's file, /dev/stdout into the console's file, the --save lock, and a
- * report another run is writing. */
+ * report another run is writing (by stage 3's launcher before any worker starts). */
 START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
     char *dir = test_tmpdir(), args[2048], ck[700];
     long n0, n1;
@@ -750,10 +750,13 @@ START_TEST(report_or_trace_on_the_checkpoint_is_refused) {
     snprintf(cmd, sizeof cmd, "D=%s; %s/stage1 " TINY " --train-size 2048 --epochs 3 --report $D/shared.jsonl > $D/r1.log "
              "2>&1 & run=$!; while ! [ -s $D/shared.jsonl ] && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
              "%s/stage1 " TINY " --train-size 64 --steps 1 --report $D/shared.jsonl 2>&1; echo \"second exit $?\"; "
-             "wait $run; echo \"first exit $?\"", dir, test_root(), test_root());
+             LIMIT "%s/stage3 " TINY " --train-size 64 --steps 1 --nproc-per-node 2 --standalone --report "
+             "$D/shared.jsonl 2>&1; echo \"stage3 exit $?\"; wait $run; echo \"first exit $?\"", dir, test_root(),
+             test_root(), test_root());
     test_run(cmd, &out);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, "is being written by another run") &&
-                  strstr(out, "first exit 0"), "%s", out);
+                  strstr(out, "stage3 exit 2") && strstr(out, "first exit 0"), "%s", out);
+    ck_assert_msg(!strstr(out, "launching"), "stage 3 started its workers:\n%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "%s/shared.jsonl", dir);
     char *rep = test_slurp(cmd, NULL);
@@ -767,7 +770,8 @@ END_TEST
  * run that may not write it was told to "check that its directory exists and is writable", which it
  * did and was; it is told whose the file is. The file is one's own without write permission; root
  * writes any file, so as root the run drops that power first (setpriv: as another user, the binary
- * may sit where that user cannot reach it, as under /root). */
+ * may sit where that user cannot reach it, as under /root). Stage 3's launcher says so before starting
+ * any worker. */
 START_TEST(another_users_report_file_is_named) {
     char *dir = test_tmpdir(), path[600], cmd[2048], *out;
     const char *as = test_unwritable_file(dir, "r.jsonl", path, sizeof path, "resume: another user's --report file");
@@ -775,13 +779,16 @@ START_TEST(another_users_report_file_is_named) {
         free(dir);
         return;
     }
-    snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage1 " TINY " --train-size 64 --steps 1 --report %s", as, test_root(),
-             path);
-    int rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 2 && strstr(out, "Permission denied — the file is there and this user may not write it") &&
-                  strstr(out, "give --report a file of your own") && !strstr(out, "check that its directory"),
-                  "exit %d:\n%s", rc, out);
-    free(out), free(dir);
+    for (int stage = 1; stage <= 3; stage += 2) {
+        snprintf(cmd, sizeof cmd, "%s" LIMIT "%s/stage%d " TINY " --train-size 64 --steps 1 --report %s%s", as,
+                 test_root(), stage, path, stage == 3 ? " --nproc-per-node 2 --standalone" : "");
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, "Permission denied — the file is there and this user may not write it") &&
+                      strstr(out, "give --report a file of your own") && !strstr(out, "check that its directory") &&
+                      !strstr(out, "launching"), "stage %d: exit %d:\n%s", stage, rc, out);
+        free(out);
+    }
+    free(dir);
 }
 END_TEST
 

@@ -248,7 +248,8 @@ END_TEST
  * writable directory", which it was — and the first's trace is written whole. The first (timeout's
  * child, which the signals go to: stopping timeout stops nothing) is held stopped while the others
  * run, and traces every step of its run, so its lock outlasts them on any machine — on 16 cores its
- * 3-step window once closed before stage 3 started, and stage 3 traced on. */
+ * 3-step window once closed before stage 3 started, and stage 3 traced on. Stage 3's launcher refuses
+ * before any worker starts: its workers used to find the lock only after the rendezvous. */
 START_TEST(a_trace_another_run_is_writing_is_refused) {
     char *dir = test_tmpdir(), cmd[4096], *out;
     snprintf(cmd, sizeof cmd, "(D=%s; R=%s; timeout -k 5 60 $R/stage1 " SMALL " --train-size 2048 --trace $D/t.json "
@@ -265,6 +266,7 @@ START_TEST(a_trace_another_run_is_writing_is_refused) {
     snprintf(want, sizeof want, "another run is writing %s/t.json.tmp (it holds the file's lock) — give this run "
              "another --trace file, or wait for that one to end", dir);
     ck_assert_msg(strstr(out, "stage1 exit 2") && strstr(out, "stage3 exit 2") && strstr(out, want), "%s", out);
+    ck_assert_msg(!strstr(out, "launching"), "stage 3 started its workers:\n%s", out);
     ck_assert_msg(strstr(out, "first exit 0") && strstr(out, "whole"), "%s", out);
     free(out), free(dir);
 }
@@ -272,7 +274,8 @@ END_TEST
 
 /* Another user's trace file left in a shared directory (/tmp, two students with one command line): the
  * run was told to "give --trace a regular file in an existing, writable directory", which it was; it is
- * told whose the file is, as --report's is. Root drops its power to write any file first (setpriv). */
+ * told whose the file is, as --report's is. Root drops its power to write any file first (setpriv).
+ * Stage 3's launcher says so before starting any worker. */
 START_TEST(another_users_trace_file_is_named) {
     char *dir = test_tmpdir(), path[600], cmd[2048], *out;
     const char *as = test_unwritable_file(dir, "t.json", path, sizeof path, "trace: another user's --trace file");
@@ -280,12 +283,16 @@ START_TEST(another_users_trace_file_is_named) {
         free(dir);
         return;
     }
-    snprintf(cmd, sizeof cmd, "%stimeout -k 5 60 %s/stage1 " SMALL " --steps 1 --trace %s", as, test_root(), path);
-    int rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 2 && strstr(out, "the file is there and this user may not write it") &&
-                  strstr(out, "give --trace a file of your own") && !strstr(out, "existing, writable directory"),
-                  "exit %d:\n%s", rc, out);
-    free(out), free(dir);
+    for (int stage = 1; stage <= 3; stage += 2) {
+        snprintf(cmd, sizeof cmd, "%stimeout -k 5 60 %s/stage%d " SMALL " --steps 1 --trace %s%s", as, test_root(),
+                 stage, path, stage == 3 ? " --nproc-per-node 2 --standalone" : "");
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, "the file is there and this user may not write it") &&
+                      strstr(out, "give --trace a file of your own") && !strstr(out, "existing, writable directory") &&
+                      !strstr(out, "launching"), "stage %d: exit %d:\n%s", stage, rc, out);
+        free(out);
+    }
+    free(dir);
 }
 END_TEST
 
