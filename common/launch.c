@@ -21,6 +21,7 @@
 #include "errors.h"
 #include "net.h"
 #include "report.h" /* report_check_free */
+#include "sampler.h" /* sampler_shard_size */
 #include "store.h" /* store_dial: is the store on the port this job's own? */
 #include "trace.h" /* trace_check_free */
 
@@ -613,6 +614,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
      * before a rendezvous that every rank would wait through for rank 0 to find it. */
     if (cfg->node_rank == 0) report_check_free(cfg->report); /* rank 0 writes it */
     trace_check_free(cfg->trace, first, n, world);
+    if (cfg->train_size > 0) sampler_shard_size(cfg->train_size, world, cfg->drop_last); /* each rank would, alike */
 
     /* --standalone (torchrun's): a job of one node on a port no other job holds — the kernel's pick of
      * a free one. On a machine where several people start jobs, each on the default 29500 would fail

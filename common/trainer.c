@@ -59,6 +59,12 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
     data_signature_opened = h;
 }
 
+int64_t data_train_size(const TrainConfig *cfg) {
+    if (cfg->evaluate) return 0;
+    if (cfg->train_size > 0) return cfg->train_size; /* given, or the synthetic set's default */
+    return cfg->data[0] ? cifar10_check(cfg->data, 1, 0) : 0;
+}
+
 uint64_t data_signature(char *desc, size_t len) {
     snprintf(desc, len, "%s, %lld training and %lld test images",
              data_source_opened == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data",

@@ -405,7 +405,7 @@ START_TEST(bad_accum_steps_refused) {
 END_TEST
 
 START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
-    char *dir = test_tmpdir(), cmd[1024], *out, rep[600];
+    char *dir = test_tmpdir(), cmd[2048], *out, rep[600];
     snprintf(rep, sizeof rep, "%s/r.jsonl", dir);
     /* 2 ranks × 24 samples, batch 8: 3 micro-batches an epoch, K = 5 */
     snprintf(cmd, sizeof cmd,
@@ -426,12 +426,22 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
     test_run_ok(cmd, "K = 1", &out);
     ck_assert_msg(strstr(out, "= effective batch 16 ") && !strstr(out, "no_sync"), "%s", out);
     free(out);
-    /* --drop-last leaving a rank nothing: refused, naming the fix */
+    /* --drop-last leaving a rank nothing: refused, naming the fix — once, by the launcher (every rank
+     * printed the same line) */
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --train-size 1 --test-size 16 --nproc-per-node 2 --drop-last "
              "--master-port %d", test_root(), test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "--drop-last with 1 training samples and 2 ranks leaves no sample per rank — give "
-                              "--train-size 2 or more, or drop --drop-last"), "%s", out);
+    const char *said = strstr(out, "--drop-last with 1 training samples and 2 ranks leaves no sample per rank — give "
+                                   "--train-size 2 or more, or drop --drop-last");
+    ck_assert_msg(said && !strstr(said + 1, "--drop-last with 1") && !strstr(out, "launching"), "%s", out);
+    free(out);
+    /* …also where --data's files hold fewer samples than the job has ranks (one record a file here) */
+    snprintf(cmd, sizeof cmd, "(cd %s && for f in data_batch_1 data_batch_2 data_batch_3 data_batch_4 data_batch_5 "
+             "test_batch; do head -c 3073 /dev/zero > $f.bin; done) && " LIMIT "%s/stage4 " TINY " --data %s "
+             "--nproc-per-node 6 --drop-last --master-port %d", dir, test_root(), dir, test_free_port());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    said = strstr(out, "--drop-last with 5 training samples and 6 ranks leaves no sample per rank");
+    ck_assert_msg(said && !strstr(said + 1, "--drop-last with 5") && !strstr(out, "launching"), "%s", out);
     free(out);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "optimizer_steps"), 2);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "micro_steps"), 6);
