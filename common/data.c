@@ -294,10 +294,25 @@ static int64_t cifar_open_all(const char *dir, int train, int64_t limit, CifarFi
     return total;
 }
 
+static _Noreturn void cifar_bad_label(const char *path, int64_t record, int label) {
+    die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the CIFAR-100 format?",
+             path, (long long)record, label);
+}
+
 int64_t cifar10_check(const char *dir, int train, int64_t limit) {
     CifarFiles cf;
-    int64_t total = cifar_open_all(dir, train, limit, &cf);
+    int64_t total = cifar_open_all(dir, train, limit, &cf), n = limit > 0 ? limit : total, i = 0, bad_r = 0;
+    /* and the labels the run will read, a byte a record: a corrupt file is refused once, here, not by
+     * each of stages 3–5's workers alike (a read that fails is left to the reader, which says so) */
+    int bad_k = -1, label = 0;
+    for (int k = 0; k < cf.n && bad_k < 0; k++)
+        for (int64_t r = 0; r < cf.recs[k] && i < n && bad_k < 0; r++, i++) {
+            uint8_t b;
+            if (pread(fileno(cf.f[k]), &b, 1, (off_t)(r * CIFAR_RECORD)) == 1 && b >= NUM_CLASSES)
+                bad_k = k, bad_r = r, label = b;
+        }
     for (int k = 0; k < cf.n; k++) fclose(cf.f[k]);
+    if (bad_k >= 0) cifar_bad_label(cf.path[bad_k], bad_r, label);
     return total;
 }
 
@@ -320,8 +335,7 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
                          ferror(f) ? strerror(errno) : "unexpected end of file (did it change while reading?)");
             if (record[0] >= NUM_CLASSES) {
                 for (int j = k; j < cf.n; j++) fclose(cf.f[j]); /* for the fuzzer, which goes on after it */
-                die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the "
-                         "CIFAR-100 format?", path, (long long)r, record[0]);
+                cifar_bad_label(path, r, record[0]);
             }
             ds->labels[i] = record[0];
             memcpy(ds->images + (size_t)i * IMG_PIXELS, record + 1, IMG_PIXELS);

@@ -34,8 +34,9 @@ void dataset_synthetic(Dataset *ds, int64_t n, uint64_t seed, int train);
  * files hold is a user error. Errors (die_user): directory or file missing, size not a multiple of
  * 3073, truncated file, label outside 0..9 (names the file and record index). */
 void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit);
-/* What dataset_cifar10 checks before it reads (the directory, each file's size, the limit), with the
- * same errors; returns the split's record count. config_resolve runs it before any worker starts. */
+/* What dataset_cifar10 checks (the directory, each file's size, the limit, the labels it will read),
+ * with the same errors, reading a byte a record; returns the split's record count. config_resolve runs
+ * it before any worker starts. */
 int64_t cifar10_check(const char *dir, int train, int64_t limit);
 /* The files dataset_cifar10 reads, train then test: CIFAR10_FILES names. */
 #define CIFAR10_FILES 6

@@ -209,17 +209,28 @@ static void call_cifar10(void *arg) {
     dataset_cifar10(&ds, c->dir, c->train, c->limit);
 }
 
-/* Run dataset_cifar10 in a child process; it must exit with 2 and say something naming `needle`. */
-static void expect_user_error(const char *dir, int train, int64_t limit, const char *needle, const char *also) {
+static void call_cifar10_check(void *arg) {
+    CifarCall *c = arg;
+    cifar10_check(c->dir, c->train, c->limit);
+}
+
+/* Run dataset_cifar10 (or cifar10_check) in a child process; it must exit with 2 and say something
+ * naming `needle`. */
+static void expect_error_of(void (*fn)(void *), const char *dir, int train, int64_t limit, const char *needle,
+                            const char *also) {
     CifarCall call = {dir, train, limit};
     char *msg;
-    int status = test_run_captured(call_cifar10, &call, &msg);
+    int status = test_run_captured(fn, &call, &msg);
     ck_assert_msg(msg[0], "no message (needle '%s')", needle);
     ck_assert_msg(status == 2, "exit status %d, message: %s", status, msg);
     ck_assert_msg(strstr(msg, needle), "message does not name '%s': %s", needle, msg);
     if (also) ck_assert_msg(strstr(msg, also), "message lacks '%s': %s", also, msg);
     ck_assert_msg(!strncmp(msg, "error: ", 7), "not a user error: %s", msg);
     free(msg);
+}
+
+static void expect_user_error(const char *dir, int train, int64_t limit, const char *needle, const char *also) {
+    expect_error_of(call_cifar10, dir, train, limit, needle, also);
 }
 
 START_TEST(cifar_missing_directory_or_file) {
@@ -298,6 +309,26 @@ START_TEST(cifar_label_out_of_range) {
     ck_assert_int_eq(fputc(10, f), 10);
     fclose(f);
     expect_user_error(dir, 0, 0, path, "record 2");
+    /* cifar10_check says the same before any read (stages 3–5's launcher: every worker used to say it
+     * alike, a line each); a label past the limit is read by neither */
+    expect_error_of(call_cifar10_check, dir, 0, 0, path, "record 2: label 10 is outside 0..9");
+    Dataset te;
+    dataset_cifar10(&te, dir, 0, 2);
+    ck_assert_int_eq(te.n, 2);
+    dataset_free(&te);
+    ck_assert_int_eq(cifar10_check(dir, 0, 2), TEST_RECORDS);
+    snprintf(path, sizeof path, "%s/data_batch_4.bin", dir);
+    f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputc(200, f), 200); /* training record 9's label */
+    fclose(f);
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage3 --device cpu --model tiny --progress off --test-size 2 "
+             "--nproc-per-node 2 --standalone --data %s", test_root(), dir);
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    const char *line = "data_batch_4.bin', record 0: label 200 is outside 0..9", *said = strstr(out, line);
+    ck_assert_msg(said && !strstr(said + strlen(line), line) && !strstr(out, "launching"), "%s", out);
+    free(out);
     remove_cifar(dir);
 }
 END_TEST
