@@ -20,6 +20,7 @@
 #include "device.h"
 #include "errors.h"
 #include "net.h"
+#include "peak.h" /* peak_tflops */
 #include "report.h" /* report_check_free */
 #include "sampler.h" /* sampler_shard_size */
 #include "store.h" /* store_dial: is the store on the port this job's own? */
@@ -615,6 +616,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     if (cfg->node_rank == 0) report_check_free(cfg->report); /* rank 0 writes it */
     trace_check_free(cfg->trace, first, n, world);
     if (cfg->train_size > 0) sampler_shard_size(cfg->train_size, world, cfg->drop_last); /* each rank would, alike */
+    peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS, which every worker inherits (no CUDA call) */
 
     /* --standalone (torchrun's): a job of one node on a port no other job holds — the kernel's pick of
      * a free one. On a machine where several people start jobs, each on the default 29500 would fail

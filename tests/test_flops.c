@@ -179,6 +179,14 @@ START_TEST(stage1_reports_flops_and_peak) {
         ck_assert_msg(rc == 2 && strstr(out, want) && !strstr(out, "epoch 1/1"), "rc %d:\n%s", rc, out);
         free(out);
     }
+    /* …in stages 3–5 once, by the launcher: each worker, which inherits it, said the same line */
+    snprintf(cmd, sizeof cmd, "PEAK_TFLOPS=fast timeout -k 5 120 %s/stage3 --device cpu --model tiny --train-size 64 "
+             "--test-size 32 --progress off --nproc-per-node 2 --standalone", test_root());
+    int rc = test_run(cmd, &out);
+    const char *line = "PEAK_TFLOPS=fast is not a positive number", *said = strstr(out, line);
+    ck_assert_msg(rc == 2 && said && !strstr(said + strlen(line), line) && !strstr(out, "launching"), "rc %d:\n%s",
+                  rc, out);
+    free(out);
     free(dir);
 }
 END_TEST
