@@ -64,11 +64,13 @@ int cpu_threads_get(void) { return __atomic_load_n(&pool.want, __ATOMIC_RELAXED)
 
 void cpu_threads_share(int processes) { pool.sharers = processes > 1 ? processes : 1; }
 
+static int warned; /* OMP_NUM_THREADS's warning: said once a process, or left to another (cpu_threads_quiet) */
+void cpu_threads_quiet(void) { warned = 1; }
+
 int cpu_threads_auto(int replicas) {
     const char *omp = getenv("OMP_NUM_THREADS");
     char *end;
     long n = omp ? strtol(omp, &end, 10) : 0;
-    static int warned;
     if (omp && *omp && !*end && n >= 1) {
         if (n > CPU_THREADS_MAX && !warned++)
             fprintf(stderr, "warning: OMP_NUM_THREADS=%s: the CPU backend uses at most %d threads\n", omp,

@@ -23,6 +23,9 @@ void cpu_threads_set(int n);
 int cpu_threads_get(void);
 /* How many processes share this host's cores: a launched worker says LOCAL_WORLD_SIZE (launch.c). */
 void cpu_threads_share(int processes);
+/* No OMP_NUM_THREADS warning from this process: a worker other than its host's first, which says it
+ * for them all (they share one environment: one line a host, not one a rank). */
+void cpu_threads_quiet(void);
 /* The automatic count for a process that runs `replicas` devices at once in threads (stage 2; 1
  * otherwise): OMP_NUM_THREADS when set to a positive integer, else the online cores divided among
  * LOCAL_WORLD_SIZE × replicas workers, at least 1. */

@@ -903,5 +903,6 @@ void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
     if (!strncmp(base, "stage", 5)) snprintf(prog, sizeof prog, "%s", base);
     if (!worker_from_env(cfg, w)) launcher_run(argv, cfg);
     cpu_threads_share(w->local_world_size); /* the workers on this host share its cores */
+    if (w->local_rank > 0) cpu_threads_quiet(); /* local rank 0 warns about OMP_NUM_THREADS for them all */
     status_attach(env_int("STAGE3_STATUS_FD", -1), w->local_rank, w->rank);
 }

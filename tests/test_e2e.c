@@ -334,7 +334,8 @@ END_TEST
 
 /* An OMP_NUM_THREADS the CPU backend cannot use is not silently dropped: a value that is not a count
  * is ignored with a warning (as OpenMP runtimes do) and the cores decide; one above the pool's limit is
- * capped, with a warning. The run itself goes on. */
+ * capped, with a warning. The run itself goes on. In stages 3–5 a host's first worker warns for all of
+ * them (each said the same line). */
 START_TEST(stage1_odd_omp_num_threads_warns) {
     struct { const char *env, *warning, *header; } cases[] = {
         {"OMP_NUM_THREADS=abc", "OMP_NUM_THREADS=abc is not a whole number of threads", "stage1 | cpu0, "},
@@ -345,6 +346,13 @@ START_TEST(stage1_odd_omp_num_threads_warns) {
         snprintf(cmd, sizeof cmd, "%s %s/stage1 " SMALL " --steps 1 --epochs 1", cases[i].env, test_root());
         ck_assert_msg(test_run(cmd, &out) == 0, "%s:\n%s", cases[i].env, out);
         ck_assert_msg(strstr(out, cases[i].warning) && strstr(out, cases[i].header), "%s:\n%s", cases[i].env, out);
+        free(out);
+        snprintf(cmd, sizeof cmd, "%s timeout -k 5 120 %s/stage3 " SMALL " --steps 1 --epochs 1 --nproc-per-node 2 "
+                 "--standalone", cases[i].env, test_root());
+        ck_assert_msg(test_run(cmd, &out) == 0, "%s:\n%s", cases[i].env, out);
+        const char *said = strstr(out, cases[i].warning);
+        ck_assert_msg(said && !strstr(said + strlen(cases[i].warning), cases[i].warning), "%s, stage 3:\n%s",
+                      cases[i].env, out);
         free(out);
     }
 }
