@@ -1204,17 +1204,21 @@ END_TEST
  * --node-rank"), and, started at the same moment, one job's rank 1 claimed a rank in the other's
  * rendezvous and stopped both. A job of one node makes its own secret: the second is told that the
  * port is taken, and the first trains on. */
-/* Two jobs of one node from one shell, both given ARGS: the first trains 10 epochs, the second starts
- * once the first is training (its ddp: line). OUT holds the second's output and "second exit N", then
- * the first's launch line and "first exit N". */
+/* Two jobs of one node from one shell, both given ARGS: the second starts once the first is training
+ * (its ddp: line). OUT holds the second's output and "second exit N", then "first still training" if
+ * it was when the second ended, "first exit N" and the first's launch line. */
 static void run_two_jobs(const char *args, char **out) {
     char *dir = test_tmpdir(), cmd[4096];
+    /* The first trains until the second is done (1000 epochs), then is stopped with SIGTERM, which a
+     * healthy launcher answers by stopping its workers and exiting 143 (128 + 15, as torchrun does): a
+     * first job of 10 epochs could end before the second looked at its port. SIGTERM, not Ctrl-C's
+     * SIGINT, which a shell without job control leaves ignored in what it starts with `&`. */
     snprintf(cmd, sizeof cmd,
-             "(D=%s; { " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 10 %s > $D/first.txt 2>&1; "
-             "echo \"first exit $?\" >> $D/first.txt; } & "
+             "(D=%s; " LIMIT "%s/stage3 " TINY " --nproc-per-node 2 --epochs 1000 %s > $D/first.txt 2>&1 & t=$!; "
              "for i in $(seq 1 2400); do grep -q '^ddp:' $D/first.txt 2>/dev/null && break; sleep 0.05; done; "
              LIMIT "%s/stage3 " TINY " --nproc-per-node 2 %s; echo \"second exit $?\"; "
-             "wait; grep -e '^stage3: launching' -e 'first exit' $D/first.txt)",
+             "read -r l _ < /proc/$t/task/$t/children; kill -0 $l && echo 'first still training'; kill -TERM $l; "
+             "wait $t; echo \"first exit $?\"; grep -e '^stage3: launching' $D/first.txt)",
              dir, test_root(), args, test_root(), args);
     ck_assert_int_eq(test_run(cmd, out), 0);
     free(dir);
@@ -1228,7 +1232,7 @@ START_TEST(two_jobs_sharing_an_exported_secret_stay_apart) {
     run_two_jobs(cmd, &out);
     snprintf(want, sizeof want, "--master-port %d on 127.0.0.1 is in use (another job", port);
     ck_assert_msg(strstr(out, "second exit 2") && strstr(out, want) && strstr(out, "pick a free one with --master-port") &&
-                  !strstr(out, "node 0 of this job is already running") && strstr(out, "first exit 0"), "%s", out);
+                  !strstr(out, "node 0 of this job is already running") && strstr(out, "first still training\nfirst exit 143"), "%s", out);
     free(out);
     /* …so a secret it does not use does not stop it either: one too short, or a secret file others may read,
      * exported for jobs of several nodes, refused a job of one ("use at least 16", "chmod 600") */
@@ -1252,7 +1256,7 @@ START_TEST(standalone_jobs_pick_ports_of_their_own) {
     for (const char *at = out; n < 2 && (at = strstr(at, "rendezvous at 127.0.0.1:")); at++)
         ports[n++] = atoi(at + strlen("rendezvous at 127.0.0.1:"));
     ck_assert_msg(n == 2 && ports[0] > 0 && ports[0] != ports[1] && strstr(out, "second exit 0") &&
-                  strstr(out, "first exit 0") && strstr(out, " (a free port: --standalone)"), "ports %d %d:\n%s",
+                  strstr(out, "first still training\nfirst exit 143") && strstr(out, " (a free port: --standalone)"), "ports %d %d:\n%s",
                   ports[0], ports[1], out);
     free(out);
     static const struct {
