@@ -284,9 +284,10 @@ START_TEST(bench_stage3_variants_cpu_smoke) {
 END_TEST
 
 /* tests/train_parity.sh waits for a GPU and torch; its QUICK=1 run (tiny model, CPU) goes through the
- * same steps: the synthetic set written as CIFAR-10 files, both precisions read from them (the runs
- * say cifar10, not synthetic), one table row each, the 150 MB data folder removed afterwards. Where
- * torch is missing (CI) its column is a visible SKIP; where it is there, PyTorch's row is checked too. */
+ * same steps: the synthetic set written as CIFAR-10 files, then fp32, bf16 and DDP on two ranks, each
+ * reading those files (its log says cifar10, not synthetic) and getting its table row, and the data
+ * folder removed afterwards. Where torch is missing (CI) its column is a visible SKIP; where it is
+ * there, PyTorch's rows are checked too. */
 START_TEST(train_parity_cpu_smoke) {
     char *dir = test_tmpdir(), cmd[2048], path[1024], *out;
     snprintf(cmd, sizeof cmd, "timeout -k 5 280 env QUICK=1 PARITY_OUT=%s/p bash %s/tests/train_parity.sh", dir,
@@ -296,11 +297,12 @@ START_TEST(train_parity_cpu_smoke) {
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, tail);
     int torch = !strstr(out, "SKIP  PyTorch's column");
     if (!torch) printf("    SKIP: compare: train_parity's PyTorch column — python3 has no torch here\n");
-    const char *fp32 = strstr(out, "\nfp32 "), *bf16 = strstr(out, "\nbf16 ");
-    ck_assert_msg(fp32 && bf16 && strstr(fp32, "(") && (!torch || strstr(out, "difference of means")),
-                  "no table rows for fp32 and bf16%s:\n%s", torch ? " with PyTorch's column" : "", tail);
-    for (int i = 0; i < 2; i++) { /* each run read the written files */
-        snprintf(path, sizeof path, "%s/p/ours_%s_1.log", dir, i ? "bf16" : "fp32");
+    const char *fp32 = strstr(out, "\nfp32 "), *bf16 = strstr(out, "\nbf16 "), *ddp2 = strstr(out, "\nddp2 ");
+    ck_assert_msg(fp32 && bf16 && ddp2 && strstr(ddp2, "(") && (!torch || count_of(out, "difference of means") == 3),
+                  "no table rows for fp32, bf16 and ddp2%s:\n%s", torch ? " with PyTorch's column" : "", tail);
+    static const char *const runs[] = {"fp32", "bf16", "ddp2"};
+    for (int i = 0; i < 3; i++) { /* each run read the written files */
+        snprintf(path, sizeof path, "%s/p/ours_%s_1.log", dir, runs[i]);
         char *log = test_slurp(path, NULL);
         ck_assert_msg(log && strstr(log, "data: cifar10:train"), "%s does not say it read the files:\n%s", path,
                       log ? log : "(missing)");
@@ -315,7 +317,7 @@ START_TEST(train_parity_cpu_smoke) {
     snprintf(cmd, sizeof cmd, "env QUICK=1 CONFIGS='fp32 fp8' PARITY_OUT=%s/q bash %s/tests/train_parity.sh", dir,
              test_root());
     rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 2 && strstr(out, "'fp8' is not one of fp32 fp16 bf16"), "exit %d:\n%s", rc, out);
+    ck_assert_msg(rc == 2 && strstr(out, "'fp8' is not one of fp32 fp16 bf16 ddp2"), "exit %d:\n%s", rc, out);
     free(out), free(dir);
 }
 END_TEST

@@ -2,6 +2,7 @@
 
     python3 tests/torch/train_parity.py DIR [--seed S] [--amp off|fp16|bf16] [--epochs 5]
             [--model resnet18|tiny] [--train-size N] [--test-size M] [--device cuda|cpu]
+            [--nproc N --batch-size B]      DDP: N processes, B images each (./stage3's twin)
 
 DIR holds CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin): real CIFAR-10, or the stages'
 synthetic set written by build/tests/write_synthetic. The recipe is ./stage1's default, written the
@@ -19,6 +20,10 @@ way a PyTorch user writes it:
             GradScaler (PyTorch's defaults: 2^16, x2 every 2000 finite steps) or bf16 without one;
             cudnn.benchmark off
   eval      model.eval() on the test files after every epoch
+  DDP       (--nproc 2) torch.multiprocessing starts the ranks; DistributedDataParallel with its
+            defaults (25 MiB buckets, buffers broadcast from rank 0), DistributedSampler(shuffle, seed S,
+            set_epoch) — the shards ./stage3 computes; NCCL with a GPU per rank, else gloo (two ranks
+            sharing one GPU, as ./stage3 --comm host does, or the CPU); rank 0 evaluates and prints
 
 Prints one JSON line per epoch ({"type": "epoch", "epoch", "train_loss", "train_acc", "test_loss",
 "test_acc"}) and a last {"type": "summary", "test_acc", "seconds", ...}: the keys of the stages' --report.
@@ -28,12 +33,17 @@ import argparse
 import json
 import math
 import os
+import socket
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import ResNet  # noqa: E402
@@ -77,6 +87,7 @@ def augment(u8, gen, mean, std):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nproc", type=int, default=1, help="DDP ranks (processes); 1: no DDP")
     ap.add_argument("dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--amp", default="off", choices=["off", "fp16", "bf16"])
@@ -88,7 +99,23 @@ def main():
     ap.add_argument("--test-size", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
-    dev = torch.device(a.device)
+    if a.nproc == 1:
+        return train(0, a, None)
+    with socket.socket() as sk:  # a free port for the ranks' rendezvous
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    mp.spawn(train, args=(a, port), nprocs=a.nproc)
+
+
+def train(rank, a, port):
+    world = a.nproc
+    if port is not None:
+        gpus = torch.cuda.device_count() if a.device == "cuda" else 0
+        dist.init_process_group("nccl" if gpus >= world else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=world)
+        if gpus:
+            torch.cuda.set_device(rank % gpus)
+    dev = torch.device(f"cuda:{torch.cuda.current_device()}" if a.device == "cuda" else "cpu")
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -100,19 +127,26 @@ def main():
     std = torch.tensor(STD, device=dev).view(1, 3, 1, 1)
 
     torch.manual_seed(a.seed)
-    model = ResNet(a.model).to(dev)
+    net = ResNet(a.model).to(dev)
+    model = DDP(net, device_ids=[dev] if dev.type == "cuda" else None) if world > 1 else net
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, weight_decay=5e-4)
     n = len(ytr)
-    steps_per_epoch = math.ceil(n / a.batch_size)
+    sampler = DistributedSampler(range(n), world, rank, shuffle=True, seed=a.seed) if world > 1 else None
+    shard = len(sampler) if sampler else n
+    steps_per_epoch = math.ceil(shard / a.batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs * steps_per_epoch)
     dtype = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}[a.amp]
     scaler = torch.amp.GradScaler(dev.type) if a.amp == "fp16" else None
-    aug_gen = torch.Generator(device=dev).manual_seed(a.seed)
+    aug_gen = torch.Generator(device=dev).manual_seed(a.seed * 1000 + rank)
     skipped = 0
     t0 = time.time()
     for epoch in range(a.epochs):
         model.train()
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(a.seed + epoch)).to(dev)
+        if sampler:
+            sampler.set_epoch(epoch)
+            order = torch.tensor(list(iter(sampler)), device=dev)
+        else:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(a.seed + epoch)).to(dev)
         loss_sum = torch.zeros((), device=dev)
         correct = torch.zeros((), device=dev, dtype=torch.int64)
         for b in range(steps_per_epoch):
@@ -134,13 +168,25 @@ def main():
             sched.step()
             loss_sum += loss.detach().float() * len(y)
             correct += (logits.argmax(1) == y).sum()
-        test_loss, test_acc = evaluate(model, xte, yte, mean, std, a.batch_size, dtype, dev)
-        print(json.dumps({"type": "epoch", "epoch": epoch + 1, "train_loss": loss_sum.item() / n,
-                          "train_acc": correct.item() / n, "test_loss": test_loss, "test_acc": test_acc}), flush=True)
-    print(json.dumps({"type": "summary", "test_acc": test_acc, "test_loss": test_loss, "seed": a.seed, "amp": a.amp,
-                      "model": a.model, "epochs": a.epochs, "steps": a.epochs * steps_per_epoch,
-                      "skipped_steps": int(skipped), "seconds": time.time() - t0, "torch": torch.__version__,
-                      "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}), flush=True)
+        seen = torch.tensor([float(len(order))], device=dev)
+        if world > 1:  # the epoch's figures over every rank's samples
+            for t in (loss_sum, correct, seen):
+                dist.all_reduce(t)
+        if rank == 0:
+            test_loss, test_acc = evaluate(net, xte, yte, mean, std, a.batch_size, dtype, dev)
+            print(json.dumps({"type": "epoch", "epoch": epoch + 1, "train_loss": loss_sum.item() / seen.item(),
+                              "train_acc": correct.item() / seen.item(), "test_loss": test_loss,
+                              "test_acc": test_acc}), flush=True)
+        if world > 1:
+            dist.barrier()
+    if rank == 0:
+        print(json.dumps({"type": "summary", "test_acc": test_acc, "test_loss": test_loss, "seed": a.seed,
+                          "amp": a.amp, "model": a.model, "epochs": a.epochs, "world_size": world,
+                          "batch_size": a.batch_size, "steps": a.epochs * steps_per_epoch,
+                          "skipped_steps": int(skipped), "seconds": time.time() - t0, "torch": torch.__version__,
+                          "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
 
 
 @torch.no_grad()
