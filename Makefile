@@ -156,8 +156,8 @@ help:
 	@echo "                one process, stage 5, each GPU alone and both at once, against stage 1 (needs 2 GPUs)"
 	@echo "make bench4     stage 4 (accumulation, no_sync) vs stages 1 and 3 vs PyTorch DDP no_sync (docs/stage4.md)"
 	@echo "make bench5     stage 5 (fp16, bf16, off) vs PyTorch best eager and torch.compile (docs/stage5.md)"
-	@echo "make parity     does our trainer learn as PyTorch does? stages 1 and 5 and PyTorch on the same files,"
-	@echo "                SEEDS (3) seeds each, final test accuracy side by side (GPU + torch; QUICK=1 on the CPU)"
+	@echo "make parity     does our trainer learn as PyTorch does? stages 1, 5 and 3 (DDP) and PyTorch on the same"
+	@echo "                files, SEEDS (3) seeds each, final test accuracy side by side (GPU + torch; QUICK=1 on the CPU)"
 	@echo "make bench-kernels  every kernel of common/kernels.cu and adam.cu against the CPU reference, timed"
 	@echo "                against the GPU's peak bandwidth (KERNELS=\"bn_ sgd\" for some; SKIP without CUDA)"
 	@echo "make bench-conv-algos  cuDNN's heuristic vs cudnn.benchmark's picks for ResNet-18's convolutions, timed"
@@ -306,7 +306,7 @@ bench5: stage5
 	bash tests/bench_stage5.sh
 
 # The synthetic set written as CIFAR-10 files (tests/write_synthetic.c), for other trainers: `make
-# parity` (tests/train_parity.sh) trains PyTorch on those bytes beside ./stage1 and ./stage5 --data,
+# parity` (tests/train_parity.sh) trains PyTorch on those bytes beside ./stage1, ./stage5 and ./stage3 --data,
 # several seeds each — does our trainer learn as PyTorch does? Needs a GPU and torch (QUICK=1: the
 # CPU smoke run, tiny model, which make test runs). Built without Check: the GPU host has none.
 tests/write_synthetic: $(BUILD)/write_synthetic
@@ -316,7 +316,7 @@ $(BUILD)/write_synthetic: $(BUILD)/tests/write_synthetic.o $(LIBCOMMON)
 $(BUILD)/tests/write_synthetic.o: tests/write_synthetic.c $(BUILD)/cflags | found
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
-parity: stage1 stage5 tests/write_synthetic
+parity: stage1 stage3 stage5 tests/write_synthetic
 	bash tests/train_parity.sh
 
 # The kernel harnesses, tests/bench_*.cu: host code that nvcc compiles (C++, the CUDA runtime) and the
