@@ -2,7 +2,8 @@
 # gpu_session.sh — everything the GPU machine is needed for, in as few calls as possible.
 #
 #   bash tests/gpu_session.sh [PART...]     PART: stage1 (default), tests, stage2, stage3, stage4, compare,
-#                                           variants1, variants2, parity, mutants, twogpu
+#                                           variants1, variants2, parity, parityddp, mutants,
+#                                           twogpu
 #
 # When two GPUs are lent (a session has ~30 minutes of device time, each call at most 10), the order
 # that answers the open question first: `twogpu` (the 97% scaling measurement and the checks only two
@@ -26,8 +27,10 @@
 #   twogpu: (2 GPUs) the suites whose NCCL tests need two GPUs (ddp, dist, syncbn), STEPS=100
 #           tests/bench_stage3.sh (stage 3's scaling, --sync-bn over NCCL), tests/bench_stage5.sh (its
 #           2-GPU --grad-comm fp32 / fp16 rows) and tests/gpu_faults.sh nccl — one device call
-#   parity: make parity (tests/train_parity.sh): stages 1 and 5 and PyTorch trained on the same files,
-#           3 seeds each, fp32 / fp16 / bf16 — about 7 minutes on one H200 (2026-12-05)
+#   parity: make parity's precisions (tests/train_parity.sh CONFIGS="fp32 fp16 bf16"): stages 1 and 5
+#           and PyTorch trained on the same files, 3 seeds each — about 7 minutes on one H200 (2026-12-05)
+#   parityddp: its DDP row (CONFIGS=ddp2, 3 seeds): stage 3 and PyTorch DDP on two ranks — about 6.5
+#           minutes on one GPU, where both sides' ranks share it through host memory (2 min a seed)
 #   mutants: tests/gpu_mutants.sh run — one-line bugs in the CUDA code the GPU suites must catch
 #           (build them first where Check is: bash tests/gpu_mutants.sh build; carry runs/mutants)
 #
@@ -77,7 +80,10 @@ log() { echo "=== $* ($(date +%T))"; }
         log "bench stage3 variants, second half"
         ONLY="cta1 ctas4 ctas8 ctas16 simple ll128 b5 b10 b100 noov inbwd oneafter s5cta1" \
           BENCH_OUT="$LOGS/variants2" bash tests/bench_stage3_variants.sh ;;
-      parity) log "make parity"; PARITY_OUT="$LOGS/parity" bash tests/train_parity.sh; echo "train_parity exit $?" ;;
+      parity) log "make parity, precisions"; CONFIGS="fp32 fp16 bf16" PARITY_OUT="$LOGS/parity" bash tests/train_parity.sh
+        echo "train_parity exit $?" ;;
+      parityddp) log "make parity, DDP"; CONFIGS=ddp2 PARITY_OUT="$LOGS/parityddp" bash tests/train_parity.sh
+        echo "train_parity exit $?" ;;
       mutants) log "gpu mutants"; bash tests/gpu_mutants.sh run; echo "gpu_mutants exit $?" ;;
       twogpu)
         bench_gpus # NGPU, GPU_HOW: as the benchmarks count them (CUDA_VISIBLE_DEVICES too)
