@@ -1,6 +1,6 @@
 /* write_synthetic.c — the embedded synthetic set, written out as CIFAR-10 binary files.
  *
- *   build/tests/write_synthetic DIR [--seed S] [--train-size N] [--test-size M]
+ *   tests/write_synthetic DIR [--seed S] [--train-size N] [--test-size M]
  *
  * Writes DIR/data_batch_1..5.bin and DIR/test_batch.bin: the very samples ./stageN trains on without
  * --data (defaults: seed 0, 50000 and 10000, the GPU run's sizes). Another trainer can then read the

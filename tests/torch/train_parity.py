@@ -5,7 +5,7 @@
             [--nproc N --batch-size B]      DDP: N processes, B images each (./stage3's twin)
 
 DIR holds CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin): real CIFAR-10, or the stages'
-synthetic set written by build/tests/write_synthetic. The recipe is ./stage1's default, written the
+synthetic set written by tests/write_synthetic. The recipe is ./stage1's default, written the
 way a PyTorch user writes it:
 
   model     models.ResNet (common/model.c's twin), PyTorch's default initialisation, seeded by
