@@ -85,18 +85,31 @@ def augment(u8, gen, mean, std):
     return normalise(img, mean, std)
 
 
+def count(least):
+    """argparse type: a whole number >= least (0 epochs or ranks would print nothing, or die later)."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            v = least - 1
+        if v < least:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number from {least} up")
+        return v
+    return parse
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nproc", type=int, default=1, help="DDP ranks (processes); 1: no DDP")
+    ap.add_argument("--nproc", type=count(1), default=1, help="DDP ranks (processes); 1: no DDP")
     ap.add_argument("dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--amp", default="off", choices=["off", "fp16", "bf16"])
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--epochs", type=count(1), default=5)
+    ap.add_argument("--batch-size", type=count(1), default=128)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--model", default="resnet18", choices=["resnet18", "tiny"])
-    ap.add_argument("--train-size", type=int, default=0, help="0: every record of the files")
-    ap.add_argument("--test-size", type=int, default=0)
+    ap.add_argument("--train-size", type=count(0), default=0, help="0: every record of the files")
+    ap.add_argument("--test-size", type=count(0), default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     if a.nproc == 1:
