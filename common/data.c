@@ -350,13 +350,28 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
  * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
  * name already there (real CIFAR-10, an earlier export) is never overwritten; a failed write removes
  * its own partial file. */
+static _Noreturn void cifar_exists(const char *path) {
+    die_user("'%s' already exists: give a new or empty directory (nothing there is overwritten)", path);
+}
+
+/* Refused before the first file is written: ours must not end up beside a user's file of the set. */
+static void cifar_refuse_existing(const char *dir, const char *const *names, int n) {
+    char path[4096];
+    struct stat st;
+    for (int k = 0; k < n; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        if (lstat(path, &st) == 0) cifar_exists(path);
+    }
+}
+
+void cifar10_refuse_existing(const char *dir) { cifar_refuse_existing(dir, cifar10_file_names, CIFAR10_FILES); }
+
 static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
-        if (errno == EEXIST)
-            die_user("'%s' already exists: give a new or empty directory (nothing there is overwritten)", path);
+        if (errno == EEXIST) cifar_exists(path);
         die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(errno));
     }
     FILE *f = fdopen(fd, "wb");
@@ -383,6 +398,7 @@ void dataset_write_cifar10(const Dataset *ds, const char *dir, int train) {
     }
     if (ds->n < 5)
         die_user("a training set of %lld samples cannot fill CIFAR-10's 5 files: give at least 5", (long long)ds->n);
+    cifar_refuse_existing(dir, CIFAR_TRAIN_FILES, 5);
     for (int k = 0; k < 5; k++) /* as even as it goes: the official 50000 are 5 × 10000 */
         cifar_write_file(dir, CIFAR_TRAIN_FILES[k], ds, ds->n * k / 5, ds->n * (k + 1) / 5);
 }

@@ -381,6 +381,30 @@ START_TEST(synthetic_written_as_cifar_reads_back) {
 }
 END_TEST
 
+/* A folder that holds one of the six names already (a user's real test_batch.bin, say) gets none of
+ * ours: refused before the first file is written, not after five of them sit beside the user's. */
+START_TEST(write_into_a_folder_with_one_of_the_files_writes_none) {
+    char dir[64] = "/tmp/test_cifar_XXXXXX", path[512], cmd[1024], *msg;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    write_file(dir, FILES[2], 0, 1); /* data_batch_3.bin */
+    int status = test_run_captured(write_into, dir, &msg);
+    ck_assert_msg(status == 2 && strstr(msg, "data_batch_3.bin' already exists"), "exit %d: %s", status, msg);
+    free(msg);
+    snprintf(path, sizeof path, "%s/%s", dir, FILES[0]);
+    ck_assert_msg(access(path, F_OK) != 0, "%s was written beside the refused file", path);
+    snprintf(path, sizeof path, "%s/%s", dir, FILES[2]);
+    unlink(path);
+    write_file(dir, FILES[5], 0, 1); /* test_batch.bin: tests/write_synthetic writes the training files first */
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic %s --train-size 5 --test-size 1", test_root(), dir);
+    ck_assert_int_eq(test_run(cmd, &msg), 2);
+    ck_assert_msg(strstr(msg, "test_batch.bin' already exists"), "%s", msg);
+    free(msg);
+    snprintf(path, sizeof path, "%s/%s", dir, FILES[0]);
+    ck_assert_msg(access(path, F_OK) != 0, "%s was written beside the refused file", path);
+    remove_cifar(dir);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -407,6 +431,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, cifar_label_out_of_range);
     tcase_add_test(tc, cifar_limit_too_large);
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
+    tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     suite_add_tcase(s, tc);
     return s;
 }

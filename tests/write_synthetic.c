@@ -47,6 +47,7 @@ int main(int argc, char **argv) {
     if (!dir) die_user("give the directory to write into: %s DIR (see --help)", argv[0]);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         die_user("cannot create directory '%s': %s", dir, strerror(errno));
+    cifar10_refuse_existing(dir); /* the test file too, before the training files are written */
     Dataset ds;
     dataset_synthetic(&ds, train, (uint64_t)seed, 1);
     dataset_write_cifar10(&ds, dir, 1);
