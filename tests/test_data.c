@@ -401,6 +401,11 @@ START_TEST(write_into_a_folder_with_one_of_the_files_writes_none) {
     free(msg);
     snprintf(path, sizeof path, "%s/%s", dir, FILES[0]);
     ck_assert_msg(access(path, F_OK) != 0, "%s was written beside the refused file", path);
+    /* a folder whose parent is missing too (the tutorial's data/synthetic in a fresh clone) is made */
+    snprintf(cmd, sizeof cmd, "R=$(cd %s && pwd) && cd %s && $R/tests/write_synthetic new/synthetic/ --train-size 5 --test-size 1 && "
+             "ls new/synthetic | wc -l && rm -r new", test_root(), dir);
+    ck_assert_msg(test_run(cmd, &msg) == 0 && strstr(msg, "\n6\n"), "%s", msg);
+    free(msg);
     remove_cifar(dir);
 }
 END_TEST

@@ -6,7 +6,7 @@
  * --data (defaults: seed 0, 50000 and 10000, the GPU run's sizes). Another trainer can then read the
  * same bytes — tests/train_parity.sh trains PyTorch on them beside ./stage1 --data DIR, which is how
  * we check that our trainer learns as PyTorch does — and so can yours. DIR is created if it is
- * missing; a file already there is never overwritten. */
+ * missing, with its parents; a file already there is never overwritten. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,8 +45,16 @@ int main(int argc, char **argv) {
         else dir = a;
     }
     if (!dir) die_user("give the directory to write into: %s DIR (see --help)", argv[0]);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        die_user("cannot create directory '%s': %s", dir, strerror(errno));
+    char made[4096]; /* and its parents, as mkdir -p: the tutorial's data/synthetic in a fresh clone */
+    snprintf(made, sizeof made, "%s", dir);
+    for (char *p = made + 1;; p++)
+        if (*p == '/' || !*p) {
+            const char c = *p;
+            *p = 0;
+            if (mkdir(made, 0755) != 0 && errno != EEXIST)
+                die_user("cannot create directory '%s': %s", made, strerror(errno));
+            if (!(*p = c)) break;
+        }
     cifar10_refuse_existing(dir); /* the test file too, before the training files are written */
     Dataset ds;
     dataset_synthetic(&ds, train, (uint64_t)seed, 1);
