@@ -367,6 +367,8 @@ compare: $(STAGES)
 # Every suite, read from the runner's list in tests/test_main.c, so a new suite is sanitized too.
 # (compare and tutorial, which run every stage end to end, were left out while the GEMM was
 # instrumented: they outlasted their time limits; now they take ~40 and ~200 s.)
+# tests/write_synthetic (data and compare run it) comes through the tests/ link: the plain CPU build
+# of it when none is there — a helper the suites call, its writer sanitized in the data suite.
 SAN_SUITES  ?= $(shell sed -n 's/^ *suite_\([a-z0-9_]*\),$$/\1/p' tests/test_main.c)
 TSAN_SUITES ?= ops_ref loader gil dp dist ddp store syncbn
 SUITES      ?=
@@ -380,6 +382,7 @@ TSAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 define SAN_RUN
 	@$(MAKE) --no-print-directory CPU_ONLY=1 BUILD=build/$(1) CFLAGS="$(2)" LDFLAGS="$(3)" \
 	  TEST_BIN=build/$(1)/run_tests build/$(1)/run_tests $(STAGES:%=build/$(1)/%)
+	@[ -x tests/write_synthetic ] || $(MAKE) --no-print-directory CPU_ONLY=1 tests/write_synthetic
 	@rm -rf build/$(1)/root && mkdir -p build/$(1)/root && cp $(STAGES:%=build/$(1)/%) build/$(1)/root/ && \
 	  for d in tests stages docs; do ln -s ../../../$$d build/$(1)/root/$$d; done
 	@fail=0; for s in $(if $(SUITES),$(SUITES),$(4)); do \
