@@ -54,8 +54,14 @@ bench_out_dir PARITY_OUT "$OUT" runs/parity train_parity '*.jsonl' '*.log'
 for b in stage1 stage3 stage5 tests/write_synthetic; do [ -x "./$b" ] || make "$b" > /dev/null; done
 # A folder of our own making for the 150 MB of files, removed however the run ends: nothing else in
 # PARITY_OUT is touched but the kinds of files bench_out_dir names.
+# A run killed outright (SIGKILL, a lost machine) could not remove its folder: each carries a marker
+# file, and the next run removes those with it — never a folder it did not make.
+for d in "$OUT"/data.*; do
+    [ -f "$d/.written-by-train_parity" ] && rm -rf "$d" && echo "removed $d, left by a run that was killed"
+done
 DATA=$(mktemp -d "$OUT/data.XXXXXX") || bench_die "cannot create a folder in PARITY_OUT=$OUT"
 trap 'rm -rf "$DATA"' EXIT
+: > "$DATA/.written-by-train_parity"
 ./tests/write_synthetic "$DATA" --train-size "$TRAIN" --test-size "$TEST"
 nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n1 | sed 's/^/gpu: /' || true
 
