@@ -578,32 +578,6 @@ int checkpoint_list_partial(const char *dir, char **first) {
     return n;
 }
 
-_Noreturn static void mkdir_failed(const char *dir, const char *at) {
-    int err = errno;
-    die_user("--save '%s': cannot create it (mkdir('%s'): %s) — %s", dir, at, strerror(err),
-             err == ENOTDIR ? "part of that path is a file, not a directory: give --save another directory"
-             : err == ENOENT || err == EROFS ? /* e.g. under /proc or /sys, or a read-only mount */
-                 "the file system there takes no new directories: give --save a directory on a writable disk"
-             : err == ENOSPC || err == EDQUOT ? "the disk (or your quota) is full: free space or give --save another disk"
-                            : "give --save a directory you can create (check its parent's permissions)");
-}
-
-/* mkdir -p: create every missing component of dir. */
-static void mkdir_p(const char *dir) {
-    char *p = xstrdup(dir);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(dir, p);
-        *s = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(dir, p);
-    free(p);
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        die_user("--save '%s' exists and is not a directory (--save takes a directory for the checkpoints)", dir);
-}
-
 /* A save opens NAME.tmp and renames it to NAME: anything but a file under either name — a directory,
  * or a FIFO that open() would wait on — fails that save, after the training before it. A resumed run
  * (resumed_from) finding a checkpoint file at NAME would write over a later checkpoint of its run. */
@@ -693,7 +667,7 @@ void checkpoint_probe(const char *dir, int64_t first_epoch, int64_t last_epoch, 
 
 char *checkpoint_path(const char *dir, int64_t epoch, int64_t step, int end_of_epoch) {
     if (!dir || !dir[0]) die_user("--save needs a directory");
-    mkdir_p(dir);
+    make_dirs("--save", dir);
     size_t len = strlen(dir);
     while (len > 1 && dir[len - 1] == '/') len--; /* "ckpts/" → "ckpts/epoch003.ckpt" */
     char *out = NULL;
@@ -741,7 +715,7 @@ _Noreturn static void lock_taken(const char *dir, const char *path, int fd) {
 }
 
 void checkpoint_lock(const char *dir) {
-    mkdir_p(dir);
+    make_dirs("--save", dir);
     char *path = lock_path(dir);
     /* O_NOFOLLOW | O_NONBLOCK: a symlink or FIFO put there is refused, not written through or waited on */
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);

@@ -346,10 +346,6 @@ void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit) {
     snprintf(ds->source, sizeof ds->source, "cifar10:%s", train ? "train" : "test");
 }
 
-/* The inverse of dataset_cifar10: the set in the official binary layout, so that another trainer
- * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
- * name already there (real CIFAR-10, an earlier export) is never overwritten; a failed write removes
- * its own partial file. */
 static _Noreturn void cifar_exists(const char *path) {
     die_user("'%s' already exists: give a new or empty directory (nothing there is overwritten)", path);
 }
@@ -366,6 +362,10 @@ static void cifar_refuse_existing(const char *dir, const char *const *names, int
 
 void cifar10_refuse_existing(const char *dir) { cifar_refuse_existing(dir, cifar10_file_names, CIFAR10_FILES); }
 
+/* The inverse of dataset_cifar10: the set in the official binary layout, so that another trainer
+ * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
+ * name already there (real CIFAR-10, an earlier export) is never overwritten; a failed write removes
+ * its own partial file. */
 static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);

@@ -109,6 +109,31 @@ void die_if_others_file(const char *flag, const char *path) {
              strerror(EACCES), (int)st.st_uid, (int)(st.st_mode & 0777), flag);
 }
 
+_Noreturn static void mkdir_failed(const char *flag, const char *dir, const char *at) {
+    const int err = errno;
+    const char *why = "", *fix = "a directory you can create (check its parent's permissions)";
+    if (err == ENOTDIR) why = "part of that path is a file, not a directory: ", fix = "another directory";
+    else if (err == ENOENT || err == EROFS) /* e.g. under /proc or /sys, or a read-only mount */
+        why = "the file system there takes no new directories: ", fix = "a directory on a writable disk";
+    else if (err == ENOSPC || err == EDQUOT) why = "the disk (or your quota) is full: free space or ", fix = "another disk";
+    die_user("%s '%s': cannot create it (mkdir('%s'): %s) — %sgive %s %s", flag, dir, at, strerror(err), why, flag, fix);
+}
+
+void make_dirs(const char *flag, const char *dir) {
+    char *p = xstrdup(dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(flag, dir, p);
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) mkdir_failed(flag, dir, p);
+    free(p);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die_user("%s '%s' exists and is not a directory (%s takes a directory)", flag, dir, flag);
+}
+
 int file_locked_by_another(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;

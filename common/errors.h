@@ -73,6 +73,9 @@ void die_if_others_file(const char *flag, const char *path);
 /* 1 when path is a regular file another process holds a write lock on (an OFD or POSIX lock, as
  * --report and --trace take theirs): the launcher's look before its workers open it. Creates nothing. */
 int file_locked_by_another(const char *path);
+/* mkdir -p for the directory a flag names (--save DIR, write_synthetic's DIR): every missing part is
+ * made; one that cannot be, or a path that is not a directory, is the user's error naming the flag. */
+void make_dirs(const char *flag, const char *dir);
 
 /* ASSERT for invariants of our own code: a failure is a bug in this project, not bad input. */
 #define ASSERT(cond)                                                                               \

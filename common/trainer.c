@@ -62,7 +62,7 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
 int64_t data_train_size(const TrainConfig *cfg) {
     if (cfg->evaluate) return 0;
     if (cfg->train_size > 0) return cfg->train_size; /* given, or the synthetic set's default */
-    return cfg->data[0] ? cifar10_check(cfg->data, 1, 0) : 0;
+    return cfg->data_train_records; /* config_resolve's look at --data's files */
 }
 
 uint64_t data_signature(char *desc, size_t len) {

@@ -35,8 +35,9 @@
 
 /* Datasets per --data / --train-size / --test-size / --seed. */
 void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test);
-/* The training set's size data_open will give, from the flags and --data's files without reading them
- * (for stages 3–5's launcher, before any worker); 0 under --evaluate, which trains nothing. */
+/* The training set's size data_open will give, from a config_resolve'd cfg (the flags, and what it
+ * found in --data's files), for stages 3–5's launcher before any worker; 0 under --evaluate, which
+ * trains nothing. */
 int64_t data_train_size(const TrainConfig *cfg);
 /* What data_open opened, for ranks to compare (--data is each node's own path): the source, both
  * sets' sizes and their bytes (every label; every image byte of --data's files, every 61st of synthetic

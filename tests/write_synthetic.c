@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "data.h"
 #include "errors.h"
@@ -45,16 +44,7 @@ int main(int argc, char **argv) {
         else dir = a;
     }
     if (!dir) die_user("give the directory to write into: %s DIR (see --help)", argv[0]);
-    char made[4096]; /* and its parents, as mkdir -p: the tutorial's data/synthetic in a fresh clone */
-    snprintf(made, sizeof made, "%s", dir);
-    for (char *p = made + 1;; p++)
-        if (*p == '/' || !*p) {
-            const char c = *p;
-            *p = 0;
-            if (mkdir(made, 0755) != 0 && errno != EEXIST)
-                die_user("cannot create directory '%s': %s", made, strerror(errno));
-            if (!(*p = c)) break;
-        }
+    make_dirs("DIR", dir); /* and its parents: the tutorial's data/synthetic in a fresh clone */
     cifar10_refuse_existing(dir); /* the test file too, before the training files are written */
     Dataset ds;
     dataset_synthetic(&ds, train, (uint64_t)seed, 1);
