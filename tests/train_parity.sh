@@ -52,10 +52,9 @@ if ! python3 -c 'import torch' 2> /dev/null; then
 fi
 bench_out_dir PARITY_OUT "$OUT" runs/parity train_parity '*.jsonl' '*.log'
 for b in stage1 stage3 stage5 tests/write_synthetic; do [ -x "./$b" ] || make "$b" > /dev/null; done
-# A folder of our own making for the 150 MB of files, removed however the run ends: nothing else in
-# PARITY_OUT is touched but the kinds of files bench_out_dir names.
-# A run killed outright (SIGKILL, a lost machine) could not remove its folder: each carries a marker
-# file, and the next run removes those with it — never a folder it did not make.
+# The 150 MB of files go to a folder of our own making, removed however the run ends — or, after a run
+# killed outright (SIGKILL, a lost machine), by the next run: each carries a marker file, and only
+# folders with it are removed. Nothing else in PARITY_OUT is touched but the kinds bench_out_dir names.
 for d in "$OUT"/data.*; do
     [ -f "$d/.written-by-train_parity" ] && rm -rf "$d" && echo "removed $d, left by a run that was killed"
 done
