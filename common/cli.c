@@ -920,7 +920,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
     struct stat st;
     if (!synthetic) { /* every file there, of a sane size, and enough samples: before any worker starts */
         if (!c->evaluate) c->data_train_records = cifar10_check(c->data, 1, c->train_size > 0 ? c->train_size : 0);
-        cifar10_check(c->data, 0, c->test_size > 0 ? c->test_size : 0);
+        c->data_test_records = cifar10_check(c->data, 0, c->test_size > 0 ? c->test_size : 0);
     }
     if (c->resume && c->resume[0]) {
         if (stat(c->resume, &st) != 0)

@@ -83,6 +83,7 @@ typedef struct TrainConfig {
     int64_t train_size;      /* −1 = auto (all of CIFAR-10; synthetic: 50000 GPU / 8192 CPU) */
     int64_t test_size;       /* −1 = auto (10000 GPU / 1024 CPU) */
     int64_t data_train_records; /* --data: the training records its files hold (config_resolve); else 0 */
+    int64_t data_test_records;  /* --data: the test records, likewise */
     int workers;
     int cpu_threads;         /* −1 = auto (cpu_threads_auto); the CPU backend's intra-op threads */
     int pin_memory;

@@ -51,6 +51,9 @@ typedef struct LaunchConfig {
     int64_t train_size;      /* the training set's size (data_train_size; 0: not checked here) */
     int drop_last;           /* --drop-last: with train_size, a shard left empty is refused here, once —
                               * the workers' refusal came once per rank, the same line */
+    double data_bytes;       /* what each worker's datasets take in host memory (data_host_bytes; 0: not
+                              * checked): sizes this node's workers together cannot hold are refused here,
+                              * once — each worker alone may fit, and the kernel then kills one mid-setup */
 } LaunchConfig;
 
 typedef struct Worker {

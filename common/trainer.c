@@ -65,6 +65,11 @@ int64_t data_train_size(const TrainConfig *cfg) {
     return cfg->data_train_records; /* config_resolve's look at --data's files */
 }
 
+double data_host_bytes(const TrainConfig *cfg) {
+    int64_t test = cfg->test_size > 0 ? cfg->test_size : cfg->data_test_records;
+    return (double)(data_train_size(cfg) + test) * (IMG_PIXELS + 1); /* a byte of label each */
+}
+
 uint64_t data_signature(char *desc, size_t len) {
     snprintf(desc, len, "%s, %lld training and %lld test images",
              data_source_opened == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data",

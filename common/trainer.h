@@ -39,6 +39,9 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test);
  * found in --data's files), for stages 3–5's launcher before any worker; 0 under --evaluate, which
  * trains nothing. */
 int64_t data_train_size(const TrainConfig *cfg);
+/* The bytes of host memory data_open's two sets will take (images and labels), likewise: every worker
+ * holds the whole of both, so the launcher can refuse sizes its workers together cannot hold. */
+double data_host_bytes(const TrainConfig *cfg);
 /* What data_open opened, for ranks to compare (--data is each node's own path): the source, both
  * sets' sizes and their bytes (every label; every image byte of --data's files, every 61st of synthetic
  * data) hashed; *desc says it
