@@ -365,7 +365,11 @@ void cifar10_refuse_existing(const char *dir) { cifar_refuse_existing(dir, cifar
 /* The inverse of dataset_cifar10: the set in the official binary layout, so that another trainer
  * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
  * name already there (real CIFAR-10, an earlier export) is never overwritten; a failed write removes
- * its own partial file. */
+ * every file this process wrote, the partial one and the whole ones before it — left behind, they
+ * would make the rerun refuse the folder. */
+static char cifar_written[CIFAR10_FILES][4096];
+static int cifar_nwritten;
+
 static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -374,6 +378,8 @@ static void cifar_write_file(const char *dir, const char *name, const Dataset *d
         if (errno == EEXIST) cifar_exists(path);
         die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(errno));
     }
+    ASSERT(cifar_nwritten < CIFAR10_FILES);
+    snprintf(cifar_written[cifar_nwritten++], sizeof cifar_written[0], "%s", path);
     FILE *f = fdopen(fd, "wb");
     if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
     uint8_t record[CIFAR_RECORD];
@@ -386,8 +392,9 @@ static void cifar_write_file(const char *dir, const char *name, const Dataset *d
     int err = ok ? 0 : errno;
     if (fclose(f) != 0 && ok) ok = 0, err = errno;
     if (!ok) {
-        unlink(path);
-        die_runtime("writing '%s' failed: %s (a full disk?)", path, strerror(err));
+        for (int k = 0; k < cifar_nwritten; k++) unlink(cifar_written[k]);
+        die_runtime("writing '%s' failed: %s (a full disk?) — the %d file(s) this run wrote there are removed", path,
+                    strerror(err), cifar_nwritten);
     }
 }
 

@@ -410,6 +410,26 @@ START_TEST(write_into_a_folder_with_one_of_the_files_writes_none) {
 }
 END_TEST
 
+/* A write that fails part-way (here the last file, test_batch.bin, runs into a file-size limit — a
+ * full disk, in life) takes the files written before it with it: left behind, they made the rerun
+ * refuse the folder ("already exists"), with nothing wrong in it but our own leftovers. */
+START_TEST(a_write_that_fails_part_way_leaves_no_files) {
+    char dir[64] = "/tmp/test_cifar_XXXXXX", cmd[1024], *msg;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    /* 80 blocks of 512 bytes (dash) or 1024 (bash): above a training file's 10 records (30730 bytes),
+     * below the test file's 100 (307300); SIGXFSZ ignored, so the write fails with EFBIG instead */
+    snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 80 && exec %s/tests/write_synthetic %s --train-size 50 "
+             "--test-size 100", test_root(), dir);
+    int rc = test_run(cmd, &msg);
+    ck_assert_msg(rc != 0 && strstr(msg, "test_batch.bin' failed") && strstr(msg, "the 6 file(s) this run wrote there are removed"),
+                  "exit %d: %s", rc, msg);
+    free(msg);
+    int left = rmdir(dir) != 0;
+    remove_cifar(dir);
+    ck_assert_msg(!left, "%s was not empty after the failed write", dir);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -437,6 +457,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, cifar_limit_too_large);
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
+    tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
     suite_add_tcase(s, tc);
     return s;
 }
