@@ -370,13 +370,19 @@ void cifar10_refuse_existing(const char *dir) { cifar_refuse_existing(dir, cifar
 static char cifar_written[CIFAR10_FILES][4096];
 static int cifar_nwritten;
 
+static void cifar_unwrite(void) {
+    for (int k = 0; k < cifar_nwritten; k++) unlink(cifar_written[k]);
+}
+
 static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
-        if (errno == EEXIST) cifar_exists(path);
-        die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(errno));
+        int err = errno;
+        cifar_unwrite();
+        if (err == EEXIST) cifar_exists(path);
+        die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(err));
     }
     ASSERT(cifar_nwritten < CIFAR10_FILES);
     snprintf(cifar_written[cifar_nwritten++], sizeof cifar_written[0], "%s", path);
@@ -392,7 +398,7 @@ static void cifar_write_file(const char *dir, const char *name, const Dataset *d
     int err = ok ? 0 : errno;
     if (fclose(f) != 0 && ok) ok = 0, err = errno;
     if (!ok) {
-        for (int k = 0; k < cifar_nwritten; k++) unlink(cifar_written[k]);
+        cifar_unwrite();
         die_runtime("writing '%s' failed: %s (a full disk?) — the %d file(s) this run wrote there are removed", path,
                     strerror(err), cifar_nwritten);
     }
