@@ -618,10 +618,10 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     if (cfg->train_size > 0) sampler_shard_size(cfg->train_size, world, cfg->drop_last); /* each rank would, alike */
     double need = n * cfg->data_bytes, have = host_mem_available(); /* every worker holds both sets whole */
     if (cfg->data_bytes > 0 && have > 0 && need > have)
-        die_user("each worker holds the whole training and test sets in host memory (%.2f GiB): %d workers need "
-                 "%.1f GiB, more than the %.1f GiB available here — give a smaller --train-size or --test-size, or "
-                 "fewer workers (--nproc-per-node)", cfg->data_bytes / 1073741824.0, n, need / 1073741824.0,
-                 have / 1073741824.0);
+        die_user("each worker holds the whole training and test sets in host memory (%.2f GiB): %d worker%s "
+                 "%.1f GiB, more than the %.1f GiB available here — give a smaller --train-size or --test-size%s",
+                 cfg->data_bytes / 1073741824.0, n, n == 1 ? " needs" : "s need", need / 1073741824.0,
+                 have / 1073741824.0, n == 1 ? "" : ", or fewer workers (--nproc-per-node)");
     peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS, which every worker inherits (no CUDA call) */
 
     /* --standalone (torchrun's): a job of one node on a port no other job holds — the kernel's pick of

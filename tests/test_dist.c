@@ -659,6 +659,7 @@ START_TEST(launcher_refuses_bad_flags) {
         {"--device cpu --nnodes 4097 --nproc-per-node 1", "is 4097 ranks: a job has at most 4096"},
         /* 2.8 TB of images in each worker: refused once, with the figures, where each worker said so */
         {"--device cpu --train-size 900000000", "2 workers need 5151.5 GiB, more than the"},
+        {"--device cpu --nproc-per-node 1 --train-size 900000000", "1 worker needs 2575.8 GiB"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
