@@ -350,42 +350,32 @@ static _Noreturn void cifar_exists(const char *path) {
     die_user("'%s' already exists: give a new or empty directory (nothing there is overwritten)", path);
 }
 
-/* Refused before the first file is written: ours must not end up beside a user's file of the set. */
-static void cifar_refuse_existing(const char *dir, const char *const *names, int n) {
-    char path[4096];
-    struct stat st;
-    for (int k = 0; k < n; k++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
-        if (lstat(path, &st) == 0) cifar_exists(path);
-    }
-}
-
-void cifar10_refuse_existing(const char *dir) { cifar_refuse_existing(dir, cifar10_file_names, CIFAR10_FILES); }
-
 /* The inverse of dataset_cifar10: the set in the official binary layout, so that another trainer
  * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
- * name already there (real CIFAR-10, an earlier export) is never overwritten; a failed write removes
- * every file this process wrote, the partial one and the whole ones before it — left behind, they
- * would make the rerun refuse the folder. */
-static char cifar_written[CIFAR10_FILES][4096];
-static int cifar_nwritten;
+ * name already there (real CIFAR-10, an earlier export) is never overwritten. A failed write removes
+ * every file this export wrote, the partial one and the whole ones before it: left behind, they would
+ * make the rerun refuse the folder. */
+typedef struct Written {
+    char path[CIFAR10_FILES][4096];
+    int n;
+} Written;
 
-static void cifar_unwrite(void) {
-    for (int k = 0; k < cifar_nwritten; k++) unlink(cifar_written[k]);
+static void cifar_unwrite(const Written *w) {
+    for (int k = 0; k < w->n; k++) unlink(w->path[k]);
 }
 
-static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to,
+                             Written *w) {
+    char *path = w->path[w->n];
+    snprintf(path, sizeof w->path[0], "%s/%s", dir, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int err = errno;
-        cifar_unwrite();
+        cifar_unwrite(w);
         if (err == EEXIST) cifar_exists(path);
         die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(err));
     }
-    ASSERT(cifar_nwritten < CIFAR10_FILES);
-    snprintf(cifar_written[cifar_nwritten++], sizeof cifar_written[0], "%s", path);
+    w->n++;
     FILE *f = fdopen(fd, "wb");
     if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
     uint8_t record[CIFAR_RECORD];
@@ -398,22 +388,25 @@ static void cifar_write_file(const char *dir, const char *name, const Dataset *d
     int err = ok ? 0 : errno;
     if (fclose(f) != 0 && ok) ok = 0, err = errno;
     if (!ok) {
-        cifar_unwrite();
-        die_runtime("writing '%s' failed: %s (a full disk?) — the %d file(s) this run wrote there are removed", path,
-                    strerror(err), cifar_nwritten);
+        cifar_unwrite(w);
+        die_runtime("writing '%s' failed: %s (a full disk?) — the %d file(s) written there are removed", path,
+                    strerror(err), w->n);
     }
 }
 
-void dataset_write_cifar10(const Dataset *ds, const char *dir, int train) {
-    if (!train) {
-        cifar_write_file(dir, CIFAR_TEST_FILES[0], ds, 0, ds->n);
-        return;
+void dataset_write_cifar10(const Dataset *train, const Dataset *test, const char *dir) {
+    if (train->n < 5)
+        die_user("a training set of %lld samples cannot fill CIFAR-10's 5 files: give at least 5", (long long)train->n);
+    char path[4096];
+    struct stat st;
+    for (int k = 0; k < CIFAR10_FILES; k++) { /* before the first file: ours must not end up beside a user's */
+        snprintf(path, sizeof path, "%s/%s", dir, cifar10_file_names[k]);
+        if (lstat(path, &st) == 0) cifar_exists(path);
     }
-    if (ds->n < 5)
-        die_user("a training set of %lld samples cannot fill CIFAR-10's 5 files: give at least 5", (long long)ds->n);
-    cifar_refuse_existing(dir, CIFAR_TRAIN_FILES, 5);
+    Written w = {.n = 0};
     for (int k = 0; k < 5; k++) /* as even as it goes: the official 50000 are 5 × 10000 */
-        cifar_write_file(dir, CIFAR_TRAIN_FILES[k], ds, ds->n * k / 5, ds->n * (k + 1) / 5);
+        cifar_write_file(dir, CIFAR_TRAIN_FILES[k], train, train->n * k / 5, train->n * (k + 1) / 5, &w);
+    cifar_write_file(dir, CIFAR_TEST_FILES[0], test, 0, test->n, &w);
 }
 
 void dataset_free(Dataset *ds) {

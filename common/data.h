@@ -42,13 +42,11 @@ int64_t cifar10_check(const char *dir, int train, int64_t limit);
 #define CIFAR10_FILES 6
 extern const char *const cifar10_file_names[CIFAR10_FILES];
 
-/* The set as CIFAR-10 binary files in dir (which must exist): train = data_batch_1..5.bin (n split
- * as evenly as it goes, n ≥ 5), test = test_batch.bin. An existing file of the split's names is never
- * overwritten (die_user, before any is written), and a failed write removes its partial file. */
-void dataset_write_cifar10(const Dataset *ds, const char *dir, int train);
-/* die_user naming the first of the six CIFAR-10 files already in dir: a writer of both splits checks
- * before its first file. */
-void cifar10_refuse_existing(const char *dir);
+/* Both sets as CIFAR-10 binary files in dir (which must exist): train as data_batch_1..5.bin (split
+ * as evenly as it goes, at least 5 samples), test as test_batch.bin. A folder holding any of the six
+ * names already is refused (die_user) before a file is written; a failed write removes every file
+ * this call wrote. */
+void dataset_write_cifar10(const Dataset *train, const Dataset *test, const char *dir);
 
 void dataset_free(Dataset *ds);
 

@@ -337,9 +337,10 @@ END_TEST
  * files reads back as the very same samples through --data's reader, split over the five training
  * files as evenly as it goes; a second write into the same folder is refused and changes nothing. */
 static void write_into(void *arg) {
-    Dataset ds;
-    dataset_synthetic(&ds, 12, 5, 1);
-    dataset_write_cifar10(&ds, arg, 1);
+    Dataset tr, te;
+    dataset_synthetic(&tr, 12, 5, 1);
+    dataset_synthetic(&te, 3, 5, 0);
+    dataset_write_cifar10(&tr, &te, arg);
 }
 
 START_TEST(synthetic_written_as_cifar_reads_back) {
@@ -348,8 +349,7 @@ START_TEST(synthetic_written_as_cifar_reads_back) {
     Dataset tr, te, back;
     dataset_synthetic(&tr, 23, 5, 1);
     dataset_synthetic(&te, 7, 5, 0);
-    dataset_write_cifar10(&tr, dir, 1);
-    dataset_write_cifar10(&te, dir, 0);
+    dataset_write_cifar10(&tr, &te, dir);
     static const int64_t per_file[5] = {4, 5, 4, 5, 5}; /* 23·k/5 rounded down, k = 0..5 */
     for (int k = 0; k < 5; k++) {
         struct stat st;
@@ -421,7 +421,7 @@ START_TEST(a_write_that_fails_part_way_leaves_no_files) {
     snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 80 && exec %s/tests/write_synthetic %s --train-size 50 "
              "--test-size 100", test_root(), dir);
     int rc = test_run(cmd, &msg);
-    ck_assert_msg(rc != 0 && strstr(msg, "test_batch.bin' failed") && strstr(msg, "the 6 file(s) this run wrote there are removed"),
+    ck_assert_msg(rc != 0 && strstr(msg, "test_batch.bin' failed") && strstr(msg, "the 6 file(s) written there are removed"),
                   "exit %d: %s", rc, msg);
     free(msg);
     int left = rmdir(dir) != 0;

@@ -45,14 +45,12 @@ int main(int argc, char **argv) {
     }
     if (!dir) die_user("give the directory to write into: %s DIR (see --help)", argv[0]);
     make_dirs("DIR", dir); /* and its parents: the tutorial's data/synthetic in a fresh clone */
-    cifar10_refuse_existing(dir); /* the test file too, before the training files are written */
-    Dataset ds;
-    dataset_synthetic(&ds, train, (uint64_t)seed, 1);
-    dataset_write_cifar10(&ds, dir, 1);
-    dataset_free(&ds);
-    dataset_synthetic(&ds, test, (uint64_t)seed, 0);
-    dataset_write_cifar10(&ds, dir, 0);
-    dataset_free(&ds);
+    Dataset tr, te;
+    dataset_synthetic(&tr, train, (uint64_t)seed, 1);
+    dataset_synthetic(&te, test, (uint64_t)seed, 0);
+    dataset_write_cifar10(&tr, &te, dir);
+    dataset_free(&tr);
+    dataset_free(&te);
     printf("wrote synthetic(seed=%lld): %lld training samples (data_batch_1..5.bin) and %lld test samples "
            "(test_batch.bin) in %s\n", seed, train, test, dir);
     return 0;
