@@ -148,7 +148,7 @@ help:
 	@echo "make stageN     build one stage, e.g. make stage1 && ./stage1 --help"
 	@echo "make test       build and run the Check test suite (CPU; GPU tests run when a GPU is visible)"
 	@echo "make check      the same as make test"
-	@echo "make test-parallel  the same suites, each its own process, TEST_JOBS (3) at a time: for a GPU host"
+	@echo "make test-parallel  the same suites, each its own process, TEST_JOBS (3) at a time: faster, even on 2 cores"
 	@echo "make bench      stage 1 vs PyTorch eager on the GPU (needs python3 with torch)"
 	@echo "make bench2     stage 2 (DataParallel) vs stage 1 vs PyTorch nn.DataParallel (docs/stage2.md)"
 	@echo "make bench3     stage 3 (DDP) vs stage 1 vs PyTorch DDP (docs/stage3.md)"
