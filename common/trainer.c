@@ -860,6 +860,18 @@ static void evaluate_resumed(Run *r, const CheckpointMeta *g) {
                   c->resume, when, (long long)g->world_size, g->world_size == 1 ? "" : "s");
 }
 
+/* A checkpoint's state holding a NaN or an infinity: a diverged run's, saved by a build from before
+ * run_epoch_end refused to save one (version 5 and 6 files still load), or a file made so. Every step
+ * would compute from it, and --evaluate would report a NaN loss as a result, so it is refused here —
+ * not after an epoch of training that ends in "diverged … lower --lr" naming this very file as the
+ * good one. Scanned on the host, where checkpoint_load put it: once per resume. */
+static void refuse_nonfinite(const char *path, const float *x, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            die_user("checkpoint '%s' cannot be used: %s not finite (NaN or inf) — the run that saved it had "
+                     "diverged; use an earlier checkpoint of that run (and, to train on, a lower --lr)", path, what);
+}
+
 static void resume(Run *r) {
     const TrainConfig *c = r->cfg;
     Model *m = r->model;
@@ -880,6 +892,13 @@ static void resume(Run *r) {
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
     checkpoint_load(c->resume, &expect, &got, p, buf, mom, sq);
     r->resumed = got;
+    refuse_nonfinite(c->resume, p, got.n_params, "the parameters are"); /* the model: --evaluate's too */
+    refuse_nonfinite(c->resume, buf, got.n_buffers, "the batch-norm running statistics are");
+    if (!c->evaluate) {
+        refuse_nonfinite(c->resume, mom, got.n_params,
+                         got.optimizer == CKPT_OPT_ADAM ? "Adam's moments are" : "the momentum buffer is");
+        if (got.optimizer == CKPT_OPT_ADAM) refuse_nonfinite(c->resume, sq, got.n_params, "Adam's moments are");
+    }
     if (c->evaluate) { /* the model alone: no optimizer state, no position */
         evaluate_resumed(r, &got);
         model_write_oihw(m, p, m->param_flat); /* the head, if any, comes after the model's own */

@@ -473,6 +473,54 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
 }
 END_TEST
 
+/* A checkpoint whose state holds a NaN or an infinity (a diverged run's, saved by a build from before
+ * run_epoch_end refused to save one — version 5 and 6 files still load — or one made so) used to be
+ * taken: --evaluate reported "test loss nan" with exit 0, and a resume trained a whole epoch before
+ * stopping as "diverged … lower --lr", naming that very file as the last good checkpoint. */
+static void write_with_value(const char *from, const char *to, long offset, float v) {
+    long n;
+    unsigned char *b = (unsigned char *)test_slurp(from, &n);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_gt(n, offset + 4 + 8);
+    memcpy(b + offset, &v, 4);
+    uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
+    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+    FILE *f = fopen(to, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
+    fclose(f);
+    free(b);
+}
+
+START_TEST(a_checkpoint_holding_nan_is_refused_at_once) {
+    char *dir = test_tmpdir(), args[2048], ck[700], bad[720];
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --steps 2 --save %s", dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/step00000002.ckpt", dir);
+    long n;
+    unsigned char *b = (unsigned char *)test_slurp(ck, &n);
+    ck_assert_ptr_nonnull(b);
+    int64_t np, nb; /* the header's n_params and n_buffers */
+    memcpy(&np, b + 56, 8), memcpy(&nb, b + 64, 8);
+    free(b);
+    /* a NaN weight: refused for training and for --evaluate alike */
+    snprintf(bad, sizeof bad, "%s/nan.ckpt", dir);
+    write_with_value(ck, bad, 272, NAN);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", bad);
+    expect_refused("stage1", args, "the parameters are not finite (NaN or inf)", "use an earlier checkpoint");
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
+    expect_refused("stage1", args, "the parameters are not finite (NaN or inf)", "use an earlier checkpoint");
+    /* an infinite momentum: refused for training (--evaluate takes only the model) */
+    snprintf(bad, sizeof bad, "%s/inf.ckpt", dir);
+    write_with_value(ck, bad, 272 + 4 * (long)(np + nb), INFINITY);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", bad);
+    expect_refused("stage1", args, "the momentum buffer is not finite (NaN or inf)", "use an earlier checkpoint");
+    snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
+    ok_saying("stage1", args, "evaluated", NULL);
+    free(dir);
+}
+END_TEST
+
 /* A FIFO as a data file or as --report used to hang forever; a failing --report write used to be a
  * warning with exit 0; --save into an impossible place (or onto a checkpoint name that is a directory)
  * used to fail only after an epoch. A full disk is the machine's state (exit 1) for --report and
@@ -1511,6 +1559,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
     tcase_add_test(tc, version2_checkpoint_resumes_with_a_note);
+    tcase_add_test(tc, a_checkpoint_holding_nan_is_refused_at_once);
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
     tcase_add_test(tc, resume_on_other_data_is_refused);
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
