@@ -679,6 +679,14 @@ static void resume_check(Run *r) {
         snprintf(or_global, sizeof or_global, !strcmp(r->stage, "stage2")
                      ? ", or --gpus × --batch-size giving its %lld samples a step"
                      : ", or --batch-size %lld: its samples a step", (long long)(g->world_size * g->batch_size));
+    /* Stages 1–3 have no --accum-steps: a stage 4/5 checkpoint inside an epoch resumes there. Said first,
+     * before another world or --batch-size: no count of those would continue it in this stage. */
+    int has_accum = strcmp(r->stage, "stage1") && strcmp(r->stage, "stage2") && strcmp(r->stage, "stage3");
+    if (g->version >= 2 && g->accum_steps != r->accum && !has_accum && !regrouped)
+        die_user("checkpoint '%s' was trained with %lld micro-batches per optimizer step (stage 4 or 5's "
+                 "--accum-steps), %s takes one: its step count means other positions — resume it with stage 4 "
+                 "or 5 and --accum-steps %lld", path, (long long)g->accum_steps, r->stage,
+                 (long long)g->accum_steps);
     if (g->world_size != r->world_size && !regrouped && !same_samples)
         die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: %s with "
                  "another count — resume with %s giving %lld%s", path, (long long)g->world_size,
@@ -708,13 +716,6 @@ static void resume_check(Run *r) {
             die_user("checkpoint '%s' was trained on %lld training samples, this run has %lld: its shuffled order "
                      "differs — pass --train-size %lld (and the same --data) to continue it", path,
                      (long long)g->train_size, (long long)train_size_opened, (long long)g->train_size);
-        /* stages 1–3 have no --accum-steps: a stage 4/5 checkpoint resumes there */
-        int has_accum = strcmp(r->stage, "stage1") && strcmp(r->stage, "stage2") && strcmp(r->stage, "stage3");
-        if (g->accum_steps != r->accum && !has_accum && !regrouped)
-            die_user("checkpoint '%s' was trained with %lld micro-batches per optimizer step (stage 4 or 5's "
-                     "--accum-steps), %s takes one: its step count means other positions — resume it with stage 4 "
-                     "or 5 and --accum-steps %lld", path, (long long)g->accum_steps, r->stage,
-                     (long long)g->accum_steps);
         if (g->accum_steps != r->accum && !regrouped)
             die_user("checkpoint '%s' was trained with --accum-steps %lld, this run has --accum-steps %d: its step "
                      "count means other positions — resume with the flags it was trained with (--accum-steps %lld)",

@@ -684,6 +684,12 @@ START_TEST(resume_in_the_wrong_stage_names_the_right_one) {
     run_ok("stage4", args);
     snprintf(args, sizeof args, "%s --steps 4 --nproc-per-node 1 --resume %s/acc/step00000002.ckpt", t, dir);
     expect_refused("stage3", args, "stage3 takes one", "resume it with stage 4 or 5 and --accum-steps 2");
+    /* another --batch-size, or another world's, is no way to continue it in a stage without --accum-steps:
+     * the refusal names the accumulation first, not a --batch-size that would only be refused for it */
+    snprintf(args, sizeof args, "%s --steps 4 --batch-size 16 --resume %s/acc/step00000002.ckpt", t, dir);
+    expect_refused("stage1", args, "stage1 takes one", "resume it with stage 4 or 5 and --accum-steps 2");
+    snprintf(args, sizeof args, "%s --steps 4 --gpus 2 --batch-size 4 --resume %s/acc/step00000002.ckpt", t, dir);
+    expect_refused("stage2", args, "stage2 takes one", "resume it with stage 4 or 5 and --accum-steps 2");
     snprintf(args, sizeof args, "%s --steps 2 --nproc-per-node 2 --save %s/two", t, dir);
     run_ok("stage3", args);
     snprintf(args, sizeof args, "%s --steps 4 --resume %s/two/step00000002.ckpt", t, dir);
