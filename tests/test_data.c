@@ -434,6 +434,30 @@ START_TEST(a_write_that_fails_part_way_leaves_no_files) {
 }
 END_TEST
 
+/* Every seed the stages take (--seed 0 … 4294967295, mt19937's 32 bits) can be written out: the file
+ * holds synthetic(seed) as ./stageN --seed S draws it (the tool refused seeds above 100000000, so
+ * another trainer could not read the data of a run at --seed 123456789). */
+START_TEST(write_synthetic_takes_every_seed_the_stages_do) {
+    char dir[64] = "/tmp/test_cifar_XXXXXX", cmd[1024], *msg;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic %s --seed 4294967295 --train-size 5 --test-size 1",
+             test_root(), dir);
+    ck_assert_msg(test_run(cmd, &msg) == 0, "%s", msg);
+    free(msg);
+    Dataset want, back;
+    dataset_synthetic(&want, 5, 4294967295u, 1);
+    dataset_cifar10(&back, dir, 1, 0);
+    ck_assert(back.n == want.n && !memcmp(back.images, want.images, (size_t)want.n * IMG_PIXELS) &&
+              !memcmp(back.labels, want.labels, (size_t)want.n));
+    dataset_free(&back);
+    dataset_free(&want);
+    remove_cifar(dir);
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic %s --seed 4294967296", test_root(), dir);
+    ck_assert_msg(test_run(cmd, &msg) == 2 && strstr(msg, "from 0 to 4294967295"), "%s", msg);
+    free(msg);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -462,6 +486,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
+    tcase_add_test(tc, write_synthetic_takes_every_seed_the_stages_do);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -15,12 +15,12 @@
 #include "data.h"
 #include "errors.h"
 
-static long long number(const char *flag, const char *text, long long min) {
+static long long number(const char *flag, const char *text, long long min, long long max) {
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end || v < min || v > 100000000)
-        die_user("%s '%s': give a whole number from %lld to 100000000", flag, text, min);
+    if (errno || end == text || *end || v < min || v > max)
+        die_user("%s '%s': give a whole number from %lld to %lld", flag, text, min, max);
     return v;
 }
 
@@ -36,9 +36,9 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (a[0] == '-' && i + 1 >= argc) die_user("%s needs a value (see --help)", a);
-        if (!strcmp(a, "--seed")) seed = number(a, argv[++i], 0);
-        else if (!strcmp(a, "--train-size")) train = number(a, argv[++i], 5);
-        else if (!strcmp(a, "--test-size")) test = number(a, argv[++i], 1);
+        if (!strcmp(a, "--seed")) seed = number(a, argv[++i], 0, 4294967295LL); /* the stages' --seed range */
+        else if (!strcmp(a, "--train-size")) train = number(a, argv[++i], 5, 100000000);
+        else if (!strcmp(a, "--test-size")) test = number(a, argv[++i], 1, 100000000);
         else if (a[0] == '-') die_user("unknown option '%s' (see --help)", a);
         else if (dir) die_user("one directory only: '%s' and '%s'", dir, a);
         else dir = a;
