@@ -458,6 +458,21 @@ START_TEST(write_synthetic_takes_every_seed_the_stages_do) {
 }
 END_TEST
 
+/* An unknown option is named as one wherever it stands: last on the line it was taken for a known
+ * flag missing its value ("--seeds needs a value"), which sends the user looking for a value to give. */
+START_TEST(write_synthetic_names_an_unknown_last_flag) {
+    char cmd[1024], *msg;
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic /tmp/never_written --seeds", test_root());
+    ck_assert_msg(test_run(cmd, &msg) == 2 && strstr(msg, "unknown option '--seeds'") && !strstr(msg, "needs a value"),
+                  "%s", msg);
+    free(msg);
+    ck_assert(access("/tmp/never_written", F_OK) != 0);
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic /tmp/never_written --seed", test_root());
+    ck_assert_msg(test_run(cmd, &msg) == 2 && strstr(msg, "--seed needs a value"), "%s", msg);
+    free(msg);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -487,6 +502,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
     tcase_add_test(tc, write_synthetic_takes_every_seed_the_stages_do);
+    tcase_add_test(tc, write_synthetic_names_an_unknown_last_flag);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -35,7 +35,8 @@ int main(int argc, char **argv) {
                    "binary files in DIR, for ./stageN --data DIR and for other trainers\n", argv[0]);
             return 0;
         }
-        if (a[0] == '-' && i + 1 >= argc) die_user("%s needs a value (see --help)", a);
+        int known = !strcmp(a, "--seed") || !strcmp(a, "--train-size") || !strcmp(a, "--test-size");
+        if (known && i + 1 >= argc) die_user("%s needs a value (see --help)", a);
         if (!strcmp(a, "--seed")) seed = number(a, argv[++i], 0, 4294967295LL); /* the stages' --seed range */
         else if (!strcmp(a, "--train-size")) train = number(a, argv[++i], 5, 100000000);
         else if (!strcmp(a, "--test-size")) test = number(a, argv[++i], 1, 100000000);
