@@ -648,11 +648,19 @@ static int missing_ranks(Store *s, const char *fmt, char *out, size_t cap) {
     return n;
 }
 
-/* The client's half of the handshake (auth.h). 0, or -1 with *why saying what went wrong. */
+/* The client's half of the handshake (auth.h). 0, or -1 with *why saying what went wrong; -2 when the
+ * other end hung up before its greeting: the port's listener is going away — rank 0 exiting before its
+ * store served anyone (under --standalone the launcher's socket took the connection into its backlog). */
 static int client_hello(int fd, const uint8_t *secret, size_t len, double timeout, const char **why) {
     uint8_t hello[AUTH_HELLO + AUTH_NONCE], mine[AUTH_NONCE + AUTH_MAC], theirs[AUTH_MAC], want[AUTH_MAC];
     *why = "it did not send the store's greeting (is something else listening on that port?)";
-    if (net_recv_all(fd, hello, sizeof hello, timeout) < 0 || memcmp(hello, "RDZ1", AUTH_HELLO)) return -1;
+    if (net_recv_all(fd, hello, sizeof hello, timeout) < 0) {
+        if (errno != ECONNRESET) return -1;
+        *why = "it closed the connection before its greeting — rank 0, which hosts it, has probably exited: see "
+               "its error";
+        return -2;
+    }
+    if (memcmp(hello, "RDZ1", AUTH_HELLO)) return -1;
     auth_random(mine, AUTH_NONCE);
     auth_mac(secret, len, "client", hello + AUTH_HELLO, mine, mine + AUTH_NONCE);
     static _Thread_local char refused[512];
@@ -717,8 +725,10 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
                  "--master-addr and --master-port, and that rank 0 (node 0) has started",
                  rank, addr, port, timeout_s, errno_string());
     const char *why;
-    if (client_hello(s->fd, secret, secret_len, timeout_s, &why) < 0)
-        die_user("rank %d: the rendezvous store at %s:%d did not accept the handshake: %s", rank, addr, port, why);
+    int hello = client_hello(s->fd, secret, secret_len, timeout_s, &why);
+    if (hello < 0) /* a hang-up is rank 0's failure, not this rank's (as lost() says of a store lost later) */
+        die_collateral(hello == -2, hello == -2 ? 1 : 2, "rank %d: the rendezvous store at %s:%d did not accept "
+                       "the handshake: %s", rank, addr, port, why);
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
     if (getsockname(s->fd, (struct sockaddr *)&ss, &len) != 0) /* the address peers reach this rank at */

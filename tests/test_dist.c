@@ -324,6 +324,40 @@ START_TEST(net_edges_file_limit_and_closed_peer) {
 }
 END_TEST
 
+/* A rank that reaches the store's port while rank 0 is exiting (its store not yet serving: under
+ * --standalone the launcher's socket takes the connection into its backlog, then rank 0 fails — a
+ * --save directory another run holds, say — and the socket closes unanswered) blames rank 0, as a
+ * store lost later does, and marks itself collateral; it said "is something else listening on that
+ * port?", which sent the user hunting for another program. A port that answers nothing stays that. */
+static void *accept_then(void *p) {
+    int *fd = p, c = accept(fd[0], NULL, NULL);
+    if (c >= 0 && fd[1]) close(c); /* hang up at once */
+    if (c >= 0 && !fd[1]) usleep(3000000), close(c); /* hold it, silent, past the rank's timeout */
+    return NULL;
+}
+
+START_TEST(store_closed_before_its_greeting_names_rank_0) {
+    for (int hang_up = 1; hang_up >= 0; hang_up--) {
+        int port = test_free_port(), fd[2] = {net_listen("127.0.0.1", port, NULL), hang_up};
+        ck_assert(fd[0] >= 0);
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, accept_then, fd), 0);
+        OpenArg a = {.port = port, .rank = 1, .world = 2, .timeout = 1};
+        char *out;
+        int rc = test_run_captured(open_store, &a, &out);
+        if (hang_up)
+            ck_assert_msg(rc == 1 && strstr(out, "closed the connection before its greeting") &&
+                          strstr(out, "rank 0, which hosts it, has probably exited") &&
+                          !strstr(out, "something else listening"), "exit %d: %s", rc, out);
+        else
+            ck_assert_msg(rc == 2 && strstr(out, "something else listening on that port"), "exit %d: %s", rc, out);
+        free(out);
+        pthread_join(t, NULL);
+        close(fd[0]);
+    }
+}
+END_TEST
+
 START_TEST(store_port_in_use_is_clear) {
     int port = test_free_port();
     int fd = net_listen("127.0.0.1", port, NULL);
@@ -1940,6 +1974,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_bounds_message_sizes);
     tcase_add_test(tc, store_rendezvous_timeouts_are_clear);
     tcase_add_test(tc, store_port_in_use_is_clear);
+    tcase_add_test(tc, store_closed_before_its_greeting_names_rank_0);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
