@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -453,6 +454,14 @@ static void on_broken_pipe(int sig) {
 }
 
 void cli_parse(int argc, char **argv, const Option *opts, const char *prog, const char *about) {
+    /* Descriptors 0–2 closed by whoever started us (`>&- 2>&-`): the first files opened would take
+     * them, and the console lines would go into the --save directory's lock, the --report file or a
+     * checkpoint. /dev/null, read-only, holds each place: a write there still fails, as it did. */
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+            int null = open("/dev/null", O_RDONLY);
+            if (null >= 0 && null != fd) dup2(null, fd), close(null);
+        }
     /* Every stage starts here. A file-size limit (ulimit -f) would kill the process in the middle of
      * a write with SIGXFSZ, silently; ignored, the write fails with EFBIG, and the writer's own error
      * (checkpoint, report, trace) names the file and the fix. */

@@ -958,6 +958,30 @@ START_TEST(test_lost_output_is_said_unless_the_reader_left) {
 }
 END_TEST
 
+/* A run started with stdout and stderr closed (`>&- 2>&-`, a wrapper that closes them) writes its
+ * console lines into no file of its own: the files it opened took descriptors 1 and 2, so the lines
+ * went into the --save directory's .lock, the --report file or a checkpoint being written, and
+ * stage 3's launcher died of SIGPIPE writing into a socket. */
+START_TEST(test_closed_stdout_and_stderr_write_into_no_file) {
+    char dir[64] = "/tmp/test_closed_fds_XXXXXX", cmd[1024], *out;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "R=$(cd %s && pwd) && cd %s && $R/stage1 --device cpu --model tiny --train-size 64 --test-size 32 "
+             "--batch-size 16 --epochs 2 --workers 0 --save ck --report r.json >&- 2>&-; echo rc=$?; "
+             "wc -l < ck/.lock; grep -vc '^{' r.json; ls ck | wc -l", test_root(), dir);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(!strcmp(out, "rc=0\n1\n0\n2\n"), "exit, .lock's lines, report lines that are not JSON, "
+                  "checkpoints:\n%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/stage3 --device cpu --model tiny --train-size 64 --test-size 32 --batch-size 16 "
+             "--steps 2 --workers 0 --standalone >&- 2>&-; echo rc=$?", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(!strcmp(out, "rc=0\n"), "stage3 with stdout and stderr closed: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s/ck %s/r.json && rmdir %s", dir, dir, dir);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+}
+END_TEST
+
 /* The allocators that never return NULL (errors.h): xstrndup copies as strndup does; a request no
  * machine can meet ends the run with one error naming the call, its caller's file:line and the
  * bytes — not a NULL dereferenced later (the checkpoint's, --keep-last's and --trace's paths were
@@ -1168,6 +1192,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tr, test_report_replaces_an_old_file);
     tcase_add_test(tr, test_report_to_dev_null);
     tcase_add_test(tr, test_lost_output_is_said_unless_the_reader_left);
+    tcase_add_test(tr, test_closed_stdout_and_stderr_write_into_no_file);
     tcase_add_test(tr, test_allocators_never_return_null);
     tcase_add_test(tr, test_die_at_prints_its_hint);
     tcase_add_test(tr, test_failure_while_leaving_ends_the_process);
