@@ -5,8 +5,9 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (7; version 1 ended the header at 128, versions 2–4 at 192, 5–6 at 256)
- *       12    4  u32 header size in bytes (272; 128 in version 1, 192 in versions 2–4, 256 in 5–6)
+ *        8    4  u32 format version (8; version 1 ended the header at 128, versions 2–4 at 192, 5–6 at 256,
+ *                7 at 272)
+ *       12    4  u32 header size in bytes (296; 128 in version 1, 192 in versions 2–4, 256 in 5–6, 272 in 7)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
  *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
@@ -25,7 +26,10 @@
  *      248    8  f64 the base learning rate, --lr (version 6)
  *      256    8  i64 warm-up steps, --warmup-steps (version 7: 0 = none)
  *      264    8  f64 the warm-up's start factor, --warmup-start-factor (version 7; 0 without a warm-up)
- *      272       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
+ *      272    8  f64 SGD's momentum, --momentum (version 8; 0 for Adam)
+ *      280    8  f64 the weight decay, --weight-decay (version 8)
+ *      288    8  f64 clip_grad_norm_'s max_norm, --clip-grad-norm (version 8; 0 = no clipping)
+ *      296       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
  *                and for Adam f32 exp_avg_sq[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
@@ -52,8 +56,9 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 7u
-#define CKPT_HEADER 272    /* version 7 */
+#define CKPT_VERSION 8u
+#define CKPT_HEADER 296    /* version 8 */
+#define CKPT_HEADER_V7 272 /* version 7 */
 #define CKPT_HEADER_V5 256 /* versions 5 and 6 */
 #define CKPT_HEADER_V2 192 /* versions 2 to 4 */
 #define CKPT_HEADER_V1 128
@@ -87,7 +92,8 @@ static double get_f64(const unsigned char *p) {
     return v;
 }
 static uint32_t header_size(uint32_t version) {
-    return version == 1 ? CKPT_HEADER_V1 : version <= 4 ? CKPT_HEADER_V2 : version <= 6 ? CKPT_HEADER_V5 : CKPT_HEADER;
+    return version == 1 ? CKPT_HEADER_V1 : version <= 4 ? CKPT_HEADER_V2 : version <= 6 ? CKPT_HEADER_V5
+           : version == 7 ? CKPT_HEADER_V7 : CKPT_HEADER;
 }
 
 static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m) {
@@ -119,6 +125,9 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_u64(h + 240, (uint64_t)m->adam_steps);
     put_u64(h + 256, (uint64_t)m->warmup_steps);
     put_f64(h + 264, m->warmup_start_factor);
+    put_f64(h + 272, m->momentum);
+    put_f64(h + 280, m->weight_decay);
+    put_f64(h + 288, m->clip_grad_norm);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -158,6 +167,11 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
     if (m->version >= 7) {
         m->warmup_steps = (int64_t)get_u64(h + 256);
         m->warmup_start_factor = get_f64(h + 264);
+    }
+    if (m->version >= 8) {
+        m->momentum = get_f64(h + 272);
+        m->weight_decay = get_f64(h + 280);
+        m->clip_grad_norm = get_f64(h + 288);
     }
 }
 
@@ -213,6 +227,10 @@ static int counters_possible(const CheckpointMeta *m) {
                             (m->warmup_steps == 0 ? m->warmup_start_factor != 0.0
                                                   : !(m->warmup_start_factor > 0.0 && m->warmup_start_factor <= 1.0))))
         return 0; /* a warm-up's factor is in (0, 1], and there is none without a warm-up */
+    if (m->version >= 8 && !(m->momentum >= 0 && m->momentum < 1 && m->weight_decay >= 0 && m->weight_decay <= 1 &&
+                             m->clip_grad_norm >= 0 && m->clip_grad_norm <= 1e30 &&
+                             (m->optimizer == CKPT_OPT_SGD || m->momentum == 0)))
+        return 0; /* the flags' ranges (NaN fails every comparison); Adam has no momentum */
     return 1;
 }
 

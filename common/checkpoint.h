@@ -13,7 +13,8 @@
  * still read, with `version` saying what they lack: version 1 records none of the position's meaning,
  * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source, version 4
  * all but the GradScaler's state and the optimizer's kind (it is SGD's), version 5 all but the
- * learning-rate schedule, version 6 all but its warm-up. */
+ * learning-rate schedule, version 6 all but its warm-up, version 7 all but the optimizer's
+ * hyperparameters (momentum, weight decay, gradient clipping). */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -69,7 +70,13 @@ typedef struct CheckpointMeta {
     /* its linear warm-up (format version 7; none before): SequentialLR's LinearLR */
     int64_t warmup_steps;           /* 0: none */
     double warmup_start_factor;     /* LinearLR's start_factor (0 when there is no warm-up) */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 7) */
+    /* the optimizer's hyperparameters (format version 8; unknown before): what optimizer.state_dict()'s
+     * param_groups hold besides lr, and clip_grad_norm_'s max_norm, so that a resume under other
+     * values can say so */
+    double momentum;                /* --momentum (SGD's; 0 for Adam, which has none) */
+    double weight_decay;            /* --weight-decay */
+    double clip_grad_norm;          /* --clip-grad-norm (0: no clipping) */
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 8) */
     int64_t head_params;    /* in an expectation only, never saved: the floats --unused-param's extra
                              * head has in this model, so a count off by exactly that names the flag */
     uint64_t head_hash;     /* in an expectation only (--evaluate): this model's fingerprint with that head

@@ -342,7 +342,8 @@ static int same_line(const CheckpointMeta *a, const CheckpointMeta *b) {
            a->drop_last == b->drop_last && a->data_source == b->data_source && a->optimizer == b->optimizer &&
            a->schedule == b->schedule && a->schedule_steps == b->schedule_steps && a->lr == b->lr &&
            a->warmup_steps == b->warmup_steps && a->warmup_start_factor == b->warmup_start_factor &&
-           !strcmp(a->arch, b->arch) && !strcmp(a->norm, b->norm);
+           a->momentum == b->momentum && a->weight_decay == b->weight_decay &&
+           a->clip_grad_norm == b->clip_grad_norm && !strcmp(a->arch, b->arch) && !strcmp(a->norm, b->norm);
 }
 static void keep_resumed(const Run *r) {
     const TrainConfig *c = r->cfg;
@@ -414,6 +415,9 @@ static void save_checkpoint(Run *r, int64_t epoch, int64_t batch_in_epoch, int e
     Adam *adam = r->opt->adam;
     meta.optimizer = adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
     meta.adam_steps = adam ? optim_adam_steps(r->opt) : 0;
+    meta.momentum = r->opt->momentum; /* the optimizer's own: 0 for Adam, whatever --momentum says */
+    meta.weight_decay = r->opt->weight_decay;
+    meta.clip_grad_norm = r->clip.max_norm;
     size_t pb = (size_t)m->n_param_floats * sizeof(float);
     float *p = xmalloc(pb), *mom = xcalloc(1, pb), *sq = adam ? xmalloc(pb) : NULL;
     float *buf = xmalloc((size_t)(m->n_buffer_floats + 1) * sizeof(float));
@@ -606,6 +610,47 @@ static void schedule_note(Run *r) {
                   exact_g(g->lr, lr_text), warm_fix);
 }
 
+/* The optimizer's hyperparameters (format version 8) may change on a resume too, as the schedule may: this
+ * run's flags are used. PyTorch's optimizer.load_state_dict would restore the checkpoint's momentum and
+ * weight_decay from its param_groups over the script's, while clip_grad_norm_'s max_norm is the script's
+ * argument there, in no state_dict. Say what differs, and the flags that continue as the checkpoint was. */
+static void optimizer_note(Run *r) {
+    const CheckpointMeta *g = &r->resumed;
+    if (g->version < 8) return; /* an older checkpoint: nothing to compare */
+    const double then[3] = {g->momentum, g->weight_decay, g->clip_grad_norm},
+                 now[3] = {r->opt->momentum, r->opt->weight_decay, r->clip.max_norm};
+    static const char *const flag[3] = {"--momentum", "--weight-decay", "--clip-grad-norm"};
+    static const char *const group[3] = {"momentum", "weight_decay", NULL}; /* param_groups' names */
+    char was[160] = "", has[160] = "", fix[160] = "", restored[40] = "", text[32];
+    int n = 0, clip = 0;
+#define ADD(buf, sep, fmt, ...) \
+    snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s" fmt, *buf ? sep : "", __VA_ARGS__)
+    for (int i = 0; i < 3; i++) {
+        if (then[i] == now[i]) continue;
+        n++;
+        if (i == 2 && then[i] == 0) ADD(was, ", ", "no %s", flag[i]); /* 0: no clipping */
+        else ADD(was, ", ", "%s %s", flag[i], exact_g(then[i], text)); /* values that differ print apart */
+        if (i == 2 && now[i] == 0) ADD(has, ", ", "no %s", flag[i]);
+        else ADD(has, ", ", "%s %s", flag[i], exact_g(now[i], text));
+        ADD(fix, " ", "%s %s", flag[i], exact_g(then[i], text));
+        if (group[i]) ADD(restored, " and ", "%s", group[i]);
+        else clip = 1;
+    }
+#undef ADD
+    if (!n) return;
+    char torch[256];
+    if (!*restored)
+        snprintf(torch, sizeof torch, "as in PyTorch, where clip_grad_norm_ takes max_norm from the script and no "
+                 "state_dict holds it");
+    else
+        snprintf(torch, sizeof torch, "where PyTorch's optimizer.load_state_dict would restore the checkpoint's %s "
+                 "from its param_groups%s", restored,
+                 clip ? ", though not max_norm, which clip_grad_norm_ takes from the script" : "");
+    report_printf(&r->report, "note: checkpoint '%s' was trained with %s; this run has %s: this run's value%s %s used, "
+                              "%s (to continue the checkpoint as it was, resume with %s)\n",
+                  r->cfg->resume, was, has, n == 1 ? "" : "s", n == 1 ? "is" : "are", torch, fix);
+}
+
 /* A resume at an epoch's end under another world size, batch size, K or --drop-last (at_epoch_end):
  * say what changed, where the step count now stands, and the learning rate there against the one
  * the checkpoint's own schedule had reached. */
@@ -752,6 +797,7 @@ static void resume_check(Run *r) {
                       (long long)g->world_size, g->world_size == 1 ? "" : "s", (long long)g->batch_size,
                       r->world_size, c->batch_size, (long long)global, c->batch_size);
     if (r->step == g->step) schedule_note(r); /* re-counted steps: regroup_note compares the two rates */
+    optimizer_note(r);
 }
 
 /* In a job of processes every rank reads --resume's file (as every PyTorch rank calls torch.load),

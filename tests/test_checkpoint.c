@@ -30,7 +30,8 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 272    /* format version 7 */
+#define HEADER 296    /* format version 8 */
+#define HEADER_V7 272 /* format version 7 */
 #define HEADER_V5 256 /* format versions 5 and 6 */
 #define HEADER_V2 192 /* format versions 2 to 4 */
 #define FILE_BYTES (HEADER + 4 * (2 * NP + NB) + 8)
@@ -79,6 +80,9 @@ static void fixture_setup(void) {
     g_meta.lr = 0.05;
     g_meta.warmup_steps = 40; /* warmed up from 0.1 × lr over 40 steps */
     g_meta.warmup_start_factor = 0.1;
+    g_meta.momentum = 0.85; /* SGD's, with weight decay and clipping: no default among them */
+    g_meta.weight_decay = 1e-4;
+    g_meta.clip_grad_norm = 2.5;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -148,7 +152,7 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 7 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 7, little-endian */
+    ck_assert(b[8] == 8 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 8, little-endian */
     ck_assert(b[12] == (HEADER & 0xff) && b[13] == HEADER >> 8);    /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
@@ -159,6 +163,9 @@ START_TEST(test_round_trip) {
     double lr;
     memcpy(&lr, b + 248, 8);                                        /* the schedule: 176, 184, 248 */
     ck_assert(b[176] == 2 /* cosine */ && b[184] == (1760 & 0xff) && b[185] == (1760 >> 8) && lr == 0.05);
+    double hyper[3];
+    memcpy(hyper, b + 272, 24); /* the optimizer's hyperparameters: f64 at 272, 280, 288 */
+    ck_assert(hyper[0] == 0.85 && hyper[1] == 1e-4 && hyper[2] == 2.5);
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -190,9 +197,10 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.shuffle, 0);
     ck_assert_int_eq(got.drop_last, 1);
     ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
-    ck_assert_int_eq(got.version, 7);
+    ck_assert_int_eq(got.version, 8);
     ck_assert(got.schedule == CKPT_SCHED_COSINE && got.schedule_steps == 1760 && got.lr == 0.05);
     ck_assert(got.warmup_steps == 40 && got.warmup_start_factor == 0.1);
+    ck_assert(got.momentum == 0.85 && got.weight_decay == 1e-4 && got.clip_grad_norm == 2.5);
     ck_assert(got.scaler_scale == 32768.0 && got.scaler_growth_tracker == 7);
     ck_assert(got.scaler_growth_factor == 2.0 && got.scaler_backoff_factor == 0.5);
     ck_assert_int_eq(got.scaler_growth_interval, 2000);
@@ -232,6 +240,7 @@ END_TEST
 
 static void put64(unsigned char *p, int64_t v);
 static void write_resealed(const char *path, unsigned char *b, size_t n);
+static int64_t f64_bits(double v);
 
 /* Adam's checkpoint: exp_avg in momentum's place, exp_avg_sq after it, and its step count; it loads
  * only into an Adam run, and its step count is not negative (it may exceed the optimizer steps: a resume
@@ -242,6 +251,7 @@ START_TEST(test_adam_round_trip) {
     CheckpointMeta a = g_meta, got;
     a.optimizer = CKPT_OPT_ADAM;
     a.adam_steps = 1234567890000LL; /* ≤ step: skipped steps are not Adam's */
+    a.momentum = 0;                 /* Adam has none (its weight decay and clipping are g_meta's) */
     checkpoint_save(g_path, &a, g_params, g_buffers, g_mom, sq);
     size_t n;
     unsigned char *b = read_bytes(g_path, &n);
@@ -250,6 +260,7 @@ START_TEST(test_adam_round_trip) {
     checkpoint_load(g_path, &a, &got, p, bu, m, s2);
     ck_assert_int_eq(got.optimizer, CKPT_OPT_ADAM);
     ck_assert_int_eq(got.adam_steps, 1234567890000LL);
+    ck_assert(got.momentum == 0 && got.weight_decay == 1e-4 && got.clip_grad_norm == 2.5);
     ck_assert(!memcmp(p, g_params, sizeof p) && !memcmp(m, g_mom, sizeof m) && !memcmp(s2, sq, sizeof s2));
     expect_load_refused(g_path, &g_meta, "trained with --optimizer adam, but this run uses --optimizer sgd",
                         "Adam into SGD");
@@ -267,6 +278,9 @@ START_TEST(test_adam_round_trip) {
     put64(b + 240, -1);
     write_resealed(bad, b, n);
     expect_load_refused(bad, &a, "counters no save writes", "a negative Adam step count");
+    put64(b + 240, 5), put64(b + 272, f64_bits(0.9)); /* a momentum in an Adam checkpoint */
+    write_resealed(bad, b, n);
+    expect_load_refused(bad, &a, "counters no save writes", "a momentum for Adam");
     free(b);
 }
 END_TEST
@@ -352,19 +366,22 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 8;
+    b[8] = 9;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 8", "future version");
+    expect_load_refused(bad, &g_meta, "version 9", "future version");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
-    b[8] = 4; /* version 4 with version 7's header size */
+    b[8] = 4; /* version 4 with version 8's header size */
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "header size 272, expected 192", "version 4, 272-byte header");
-    b[8] = 6; /* version 6 with version 7's header size */
+    expect_load_refused(bad, &g_meta, "header size 296, expected 192", "version 4, 296-byte header");
+    b[8] = 6; /* version 6 with version 8's header size */
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "header size 272, expected 256", "version 6, 272-byte header");
-    expect_load_refused(bad, &g_meta, "use an earlier checkpoint", "version 6, 272-byte header: the fix");
+    expect_load_refused(bad, &g_meta, "header size 296, expected 256", "version 6, 296-byte header");
+    expect_load_refused(bad, &g_meta, "use an earlier checkpoint", "version 6, 296-byte header: the fix");
+    b[8] = 7; /* version 7 with version 8's header size */
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "header size 296, expected 272", "version 7, 296-byte header");
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -456,6 +473,12 @@ START_TEST(test_crafted_counters_refused) {
         {256, -1, "negative warm-up"},               {264, 0, "warm-up factor 0"},
         {264, f64_bits(1.5), "warm-up factor above 1"}, {264, f64_bits(NAN), "NaN warm-up factor"},
         {256, 0, "a factor without a warm-up"},      {256, 1760, "a warm-up as long as the schedule"},
+        /* the optimizer's hyperparameters (version 8): values the flags refuse */
+        {272, f64_bits(-0.1), "negative momentum"},  {272, f64_bits(1.0), "momentum 1"},
+        {272, f64_bits(NAN), "NaN momentum"},        {280, f64_bits(-1e-4), "negative weight decay"},
+        {280, f64_bits(2.0), "weight decay above 1"}, {280, f64_bits(NAN), "NaN weight decay"},
+        {288, f64_bits(-1.0), "negative max_norm"},  {288, f64_bits(INFINITY), "infinite max_norm"},
+        {288, f64_bits(NAN), "NaN max_norm"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(b, orig, n);
@@ -489,7 +512,7 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     return got;
 }
 
-/* b (n bytes, version 7) rewritten as an older version whose header ends at `header`: the fields
+/* b (n bytes, version 8) rewritten as an older version whose header ends at `header`: the fields
  * after it dropped, the blobs moved up. A malloc'd copy, its length in *n_old. */
 static unsigned char *as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old) {
     *n_old = n - (HEADER - header);
@@ -499,6 +522,44 @@ static unsigned char *as_version(int version, size_t header, const unsigned char
     old[8] = (unsigned char)version, old[12] = header & 0xff, old[13] = (unsigned char)(header >> 8);
     return old;
 }
+/* A version 7 file (a 272-byte header: no optimizer hyperparameters) still loads, with them unknown (0),
+ * so that a resume says nothing about them. */
+START_TEST(test_version7_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    size_t n, n7;
+    unsigned char *b = read_bytes(g_path, &n), *v7 = as_version(7, HEADER_V7, b, n, &n7);
+    CheckpointMeta got = load_resealed("v7.ckpt", v7, n7);
+    ck_assert_int_eq(got.version, 7);
+    ck_assert(got.warmup_steps == 40 && got.warmup_start_factor == 0.1);
+    ck_assert(got.momentum == 0 && got.weight_decay == 0 && got.clip_grad_norm == 0);
+    free(b), free(v7);
+}
+END_TEST
+
+/* The files committed as the fuzzer's seeds (tests/fuzz/checkpoint/), written by the trainer versions of
+ * their day — one of every header layout — still load, as the checkpoints users keep would; and only
+ * version 8 records the optimizer's hyperparameters. */
+START_TEST(test_committed_files_still_load) {
+    static const struct { const char *name; uint32_t version; int adam; } files[] = {
+        {"v1.ckpt", 1, 0}, {"v2.ckpt", 2, 0}, {"v3.ckpt", 3, 0}, {"v5.ckpt", 5, 0},
+        {"v5_adam.ckpt", 5, 1}, {"v7_warmup.ckpt", 7, 0}, {"v8_clip.ckpt", 8, 0},
+    };
+    static float p[NP], bu[NB], m[NP], sq[NP];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/tests/fuzz/checkpoint/%s", test_root(), files[i].name);
+        CheckpointMeta expect = g_meta, got;
+        expect.optimizer = files[i].adam ? CKPT_OPT_ADAM : CKPT_OPT_SGD;
+        checkpoint_load(path, &expect, &got, p, bu, m, files[i].adam ? sq : NULL);
+        ck_assert_msg(got.version == files[i].version, "%s: version %u", files[i].name, got.version);
+        if (got.version < 8)
+            ck_assert_msg(got.momentum == 0 && got.weight_decay == 0 && got.clip_grad_norm == 0, "%s", files[i].name);
+        else
+            ck_assert(got.momentum == 0.9 && got.weight_decay == 5e-4 && got.clip_grad_norm == 1.0);
+    }
+}
+END_TEST
+
 /* version 6's layout (256-byte header, no warm-up) */
 static unsigned char *as_version6(const unsigned char *b, size_t n, size_t *n6) { return as_version(6, HEADER_V5, b, n, n6); }
 
@@ -843,6 +904,8 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_version4_still_loads);
     tcase_add_test(tc, test_version5_still_loads);
     tcase_add_test(tc, test_version6_still_loads);
+    tcase_add_test(tc, test_version7_still_loads);
+    tcase_add_test(tc, test_committed_files_still_load);
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_wrong_model);

@@ -449,14 +449,14 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     long n5;
     unsigned char *b5 = (unsigned char *)test_slurp(ck, &n5);
     ck_assert_ptr_nonnull(b5);
-    ck_assert_int_eq(b5[8], 7);
-    /* version 2's layout: a 192-byte header (versions 5 and 7 add the GradScaler's 64 bytes and the
-     * warm-up's 16), and zeros where versions 3 and 4 record the sampler and the data (what version 6
-     * puts in 176–191, the schedule, version 2 does not read) */
-    long n = n5 - 80;
+    ck_assert_int_eq(b5[8], 8);
+    /* version 2's layout: a 192-byte header (versions 5, 7 and 8 add the GradScaler's 64 bytes, the
+     * warm-up's 16 and the optimizer's 24), and zeros where versions 3 and 4 record the sampler and the
+     * data (what version 6 puts in 176–191, the schedule, version 2 does not read) */
+    long n = n5 - 104;
     unsigned char *b = malloc((size_t)n);
     memcpy(b, b5, 192);
-    memcpy(b + 192, b5 + 272, (size_t)(n5 - 272));
+    memcpy(b + 192, b5 + 296, (size_t)(n5 - 296));
     free(b5);
     b[8] = 2, b[12] = 192, b[13] = 0;
     memset(b + 152, 0, 24);
@@ -469,6 +469,99 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     free(b);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
     ok_saying("stage1", args, "format version 2, which does not record --no-shuffle or --drop-last", "resumed from");
+    free(dir);
+}
+END_TEST
+
+/* The number of times `needle` occurs in `hay`. */
+static int occurrences(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+/* The optimizer's hyperparameters ride in the checkpoint (format version 8). A resume under another
+ * --momentum, --weight-decay or --clip-grad-norm used to go on with them silently; PyTorch's
+ * optimizer.load_state_dict would have restored the checkpoint's momentum and weight_decay. It still goes
+ * on with this run's flags, as under another --lr, but a note names what differs and the flags that
+ * continue the checkpoint as it was; the same flags say nothing, and so does a version 7 file, which
+ * does not record them. */
+START_TEST(resume_under_other_optimizer_flags_says_so) {
+    char *dir = test_tmpdir(), args[2048], ck[700], v7[720], *out;
+    const char *t = TINY " --train-size 96 --batch-size 8 --epochs 2";
+    snprintf(args, sizeof args, "%s --steps 5 --save %s/a", t, dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/a/step00000005.ckpt", dir);
+    static const struct { const char *flags, *was, *fix; } cases[] = {
+        {"--momentum 0.5", "was trained with --momentum 0.9; this run has --momentum 0.5: this run's value is used",
+         "restore the checkpoint's momentum from its param_groups (to continue the checkpoint as it was, resume "
+         "with --momentum 0.9)"},
+        {"--weight-decay 0.001", "was trained with --weight-decay 0.0005; this run has --weight-decay 0.001",
+         "restore the checkpoint's weight_decay from its param_groups (to continue the checkpoint as it was, "
+         "resume with --weight-decay 0.0005)"},
+        {"--clip-grad-norm 1", "was trained with no --clip-grad-norm; this run has --clip-grad-norm 1",
+         "as in PyTorch, where clip_grad_norm_ takes max_norm from the script and no state_dict holds it (to "
+         "continue the checkpoint as it was, resume with --clip-grad-norm 0)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "%s --steps 6 %s --resume %s", t, cases[i].flags, ck);
+        ok_saying("stage1", args, cases[i].was, cases[i].fix);
+    }
+    /* the same flags (the defaults, or given): no note */
+    const char *same[2] = {"", "--momentum 0.9 --weight-decay 0.0005 --clip-grad-norm 0"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --steps 6 %s --resume %s", t, same[i], ck);
+        ck_assert_int_eq(run("stage1", args, &out), 0);
+        ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "note: checkpoint"), "%s", out);
+        free(out);
+    }
+    /* a clipped run resumed unclipped and under another momentum: one note, both flags in its fix */
+    snprintf(args, sizeof args, "%s --steps 5 --clip-grad-norm 1.5 --save %s/c", t, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, "%s --steps 6 --momentum 0.5 --resume %s/c/step00000005.ckpt", t, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(occurrences(out, "note: checkpoint") == 1 &&
+                      strstr(out, "with --momentum 0.9, --clip-grad-norm 1.5; this run has --momentum 0.5, no "
+                                  "--clip-grad-norm: this run's values are used") &&
+                      strstr(out, "though not max_norm, which clip_grad_norm_ takes from the script (to continue the "
+                                  "checkpoint as it was, resume with --momentum 0.9 --clip-grad-norm 1.5)"), "%s", out);
+    free(out);
+    /* Adam has no momentum: its weight decay (stage 5) */
+    const char *adam = TINY " --train-size 96 --batch-size 8 --epochs 2 --optimizer adam --lr 0.001";
+    snprintf(args, sizeof args, "%s --steps 5 --save %s/adam", adam, dir);
+    run_ok("stage5", args);
+    snprintf(args, sizeof args, "%s --steps 6 --weight-decay 0 --resume %s/adam/step00000005.ckpt", adam, dir);
+    ok_saying("stage5", args, "was trained with --weight-decay 0.0005; this run has --weight-decay 0:",
+              "resume with --weight-decay 0.0005)");
+    /* in a job, rank 0 says it once */
+    snprintf(args, sizeof args, "%s --batch-size 4 --nproc-per-node 2 --steps 5 --save %s/job", t, dir);
+    run_ok("stage3", args);
+    snprintf(args, sizeof args, "%s --batch-size 4 --nproc-per-node 2 --steps 6 --weight-decay 0.001 --resume "
+             "%s/job/step00000005.ckpt", t, dir);
+    ck_assert_int_eq(run("stage3", args, &out), 0);
+    ck_assert_msg(occurrences(out, "this run has --weight-decay 0.001: this run's value is used") == 1, "%s", out);
+    free(out);
+    /* a version 7 file (a 272-byte header, without the optimizer's 24 bytes) loads, and says nothing of them */
+    long n8;
+    unsigned char *b = (unsigned char *)test_slurp(ck, &n8);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(b[8] == 8 && b[12] == (296 & 0xff) && b[13] == 296 >> 8);
+    memmove(b + 272, b + 296, (size_t)(n8 - 296));
+    long n = n8 - 24;
+    b[8] = 7, b[12] = 272 & 0xff, b[13] = 272 >> 8;
+    uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
+    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+    snprintf(v7, sizeof v7, "%s/v7.ckpt", dir);
+    FILE *f = fopen(v7, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
+    fclose(f);
+    free(b);
+    snprintf(args, sizeof args, "%s --steps 6 --momentum 0.5 --weight-decay 0.001 --clip-grad-norm 1 --resume %s", t,
+             v7);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "note: checkpoint"), "%s", out);
+    free(out);
     free(dir);
 }
 END_TEST
@@ -505,14 +598,14 @@ START_TEST(a_checkpoint_holding_nan_is_refused_at_once) {
     free(b);
     /* a NaN weight: refused for training and for --evaluate alike */
     snprintf(bad, sizeof bad, "%s/nan.ckpt", dir);
-    write_with_value(ck, bad, 272, NAN);
+    write_with_value(ck, bad, 296, NAN); /* the first parameter, after format 8's header */
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", bad);
     expect_refused("stage1", args, "the parameters are not finite (NaN or inf)", "use an earlier checkpoint");
     snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
     expect_refused("stage1", args, "the parameters are not finite (NaN or inf)", "use an earlier checkpoint");
     /* an infinite momentum: refused for training (--evaluate takes only the model) */
     snprintf(bad, sizeof bad, "%s/inf.ckpt", dir);
-    write_with_value(ck, bad, 272 + 4 * (long)(np + nb), INFINITY);
+    write_with_value(ck, bad, 296 + 4 * (long)(np + nb), INFINITY);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", bad);
     expect_refused("stage1", args, "the momentum buffer is not finite (NaN or inf)", "use an earlier checkpoint");
     snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
@@ -1473,7 +1566,7 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
     float *p = malloc(pb), *mom = malloc(pb), *buf = malloc((size_t)m->n_buffer_floats * sizeof(float));
     checkpoint_load(ck, &expect, &got, p, buf, mom, NULL);
     char want[300];
-    snprintf(want, sizeof want, "format 7, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
+    snprintf(want, sizeof want, "format 8, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
              "after batch 7 of epoch 1 | trained by 1 rank(s), batch 8, sgd, synthetic data, seed 0",
              (long long)m->n_param_floats, (long long)m->n_buffer_floats);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), ck);
@@ -1508,6 +1601,20 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
     snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
     ck_assert_int_eq(test_run(cmd, &out), 1);
     ck_assert_msg(strstr(out, "is corrupt: impossible world_size 0 in its header"), "%s", out);
+    free(out);
+    /* …and a momentum no --momentum gives (format 8's hyperparameters, after the warm-up) */
+    int64_t one = 1;
+    double momentum = 1.5;
+    memcpy(bytes + 120, &one, 8), memcpy(bytes + 272, &momentum, 8);
+    sum = fnv1a64(FNV1A64_INIT, bytes, (size_t)len - 8);
+    memcpy(bytes + len - 8, &sum, 8);
+    snprintf(bad, sizeof bad, "%s/momentum.ckpt", dir);
+    FILE *mo = fopen(bad, "wb");
+    fwrite(bytes, 1, (size_t)len, mo);
+    fclose(mo);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
+    ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "is corrupt: impossible momentum 1.5 in its header"), "%s", out);
     free(out);
     free(bytes);
     snprintf(bad, sizeof bad, "%s/fifo", dir); /* a FIFO would block a plain read forever */
@@ -1565,6 +1672,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
     tcase_add_test(tc, version2_checkpoint_resumes_with_a_note);
+    tcase_add_test(tc, resume_under_other_optimizer_flags_says_so);
     tcase_add_test(tc, a_checkpoint_holding_nan_is_refused_at_once);
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
     tcase_add_test(tc, resume_on_other_data_is_refused);

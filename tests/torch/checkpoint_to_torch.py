@@ -30,7 +30,7 @@ import struct
 import sys
 
 MAGIC = b"DPDDPCKP"
-HEADER_SIZE = {1: 128, 2: 192, 3: 192, 4: 192, 5: 256, 6: 256, 7: 272}
+HEADER_SIZE = {1: 128, 2: 192, 3: 192, 4: 192, 5: 256, 6: 256, 7: 272, 8: 296}
 FNV_INIT, FNV_PRIME, MASK64 = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
 OPTIMIZERS = {0: "sgd", 1: "adam"}
 DATA = {0: "unknown", 1: "synthetic", 2: "cifar10"}
@@ -78,6 +78,9 @@ def read_checkpoint(path):
         "world_size": i64(120), "batch_size": i64(128), "train_size": i64(136), "accum_steps": i64(144),
         "data_source": DATA.get(i64(168), "unknown"), "optimizer": OPTIMIZERS.get(i64(232), "?"),
         "scaler_scale": f64(192), "lr": f64(248), "warmup_steps": i64(256),
+        # the optimizer's hyperparameters (version 8; 0 before: unknown) — torch.optim's param_groups'
+        # momentum and weight_decay, and clip_grad_norm_'s max_norm
+        "momentum": f64(272), "weight_decay": f64(280), "clip_grad_norm": f64(288),
     }
     n_p, n_b = meta["n_params"], meta["n_buffers"]
     if not (0 < n_p < 1 << 40 and 0 <= n_b < 1 << 40) or meta["optimizer"] == "?":
@@ -101,6 +104,9 @@ def read_checkpoint(path):
         "accum_steps": v < 2 or 1 <= meta["accum_steps"] <= 2**31 - 1,
         "lr": v < 6 or (math.isfinite(meta["lr"]) and meta["lr"] >= 0),
         "warmup_steps": v < 7 or 0 <= meta["warmup_steps"] <= huge,
+        "momentum": v < 8 or (0 <= meta["momentum"] < 1 and (meta["optimizer"] == "sgd" or meta["momentum"] == 0)),
+        "weight_decay": v < 8 or 0 <= meta["weight_decay"] <= 1,
+        "clip_grad_norm": v < 8 or 0 <= meta["clip_grad_norm"] <= 1e30,
     }
     wrong = [k for k, ok in possible.items() if not ok]
     if wrong:  # only a hand-made file, its checksum recomputed, gets here
