@@ -181,13 +181,10 @@ void dp_report(DataParallel *dp, Run *run) {
     }
     json_num(r, "sum_ms", sum);
     json_num(r, "step_ms", run_step);
-    /* Means add where medians need not: the phases partition each step, so the mean of their sums
-     * must equal the mean step time whatever the noise (the tests check these). */
-    double sum_mean = 0, step_mean = 0;
-    for (int i = 0; i < n; i++) sum_mean += dp->step_ms[i] / n;
-    for (int i = 0; i < run->n_times; i++) step_mean += run->times[i] / run->n_times;
-    json_num(r, "sum_mean_ms", sum_mean);
-    json_num(r, "step_mean_ms", run->n_times ? step_mean : NAN);
+    /* The median of each step's phases added up (a median of wholes, where the sum above adds medians
+     * of parts) against step_ms: the tests check these two. Not means: the phases time step s from step
+     * s−1's optimizer to its own, the trainer from step s's start to step s+1's, so the two sets of
+     * steps are one apart, and one slow step in either (a busy machine) moves its mean alone. */
     json_num(r, "phase_step_ms", step);
     json_num(r, "python_ms", py_sum);
     json_num(r, "forward_gil_wait_ms", wait);

@@ -618,10 +618,13 @@ static double json_field(const char *rep, const char *type, const char *key) {
 static void check_report(const char *path, int same_algos) {
     char *rep = test_slurp(path, NULL);
     ck_assert_msg(rep, "report %s not written", path);
-    /* Means, not the medians the console shows: on a busy 2-core CI machine medians of parts need
-     * not add up to the median of the whole, but means of a partition always do. */
-    double sum = json_field(rep, "phases", "sum_mean_ms"), step = json_field(rep, "phases", "step_mean_ms");
-    ck_assert_msg(fabs(sum - step) <= 0.10 * step, "phases sum to %.3f ms on average, step %.3f ms", sum, step);
+    /* Each step's phases added up, the median over steps, against the median step time — not the
+     * console's sum of per-phase medians (medians of parts need not add up to the median of the whole
+     * on a busy machine), and not means: the two sets of timed steps are one step apart (dp_report),
+     * so one slow step moves one mean alone (seen: 64.5 against 55.3 ms, 4 suites at once). */
+    double sum = json_field(rep, "phases", "phase_step_ms"), step = json_field(rep, "phases", "step_ms");
+    ck_assert_msg(fabs(sum - step) <= 0.10 * step, "a step's phases add up to %.3f ms (median), the step takes %.3f ms",
+                  sum, step);
     const char *sum_line = strstr(rep, "\"type\":\"summary\"");
     ck_assert(sum_line);
     const char *s = strstr(sum_line, "\"peak_mem_bytes\":[");
@@ -791,7 +794,7 @@ START_TEST(stage2_phase_notes_describe_what_was_measured) {
     ck_assert_msg(strstr(out, "vs step time: n/a (no step timed") && !strstr(out, "adds up"), "%s", out);
     free(out);
     char *rep = test_slurp(path, NULL);
-    ck_assert_msg(rep && strstr(rep, "\"step_ms\":null") && strstr(rep, "\"step_mean_ms\":null") &&
+    ck_assert_msg(rep && strstr(rep, "\"step_ms\":null") &&
                   strstr(rep, "\"adds_up\":null"), "%s", rep);
     free(rep);
     snprintf(args, sizeof args, "--device cpu --model tiny --gpus 2 --batch-size 8 --train-size 161 --test-size 16 "
