@@ -31,6 +31,14 @@ def lanes(path):
         events = doc["traceEvents"] if isinstance(doc, dict) else doc
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"step_skew.py: {path}: not a readable --trace file ({e})")
+    try:
+        return steps_of(path, events)
+    except (KeyError, TypeError, AttributeError) as e:  # JSON, but not a trace-event file
+        sys.exit(f"step_skew.py: {path}: JSON, but not the trace events --trace writes ({type(e).__name__}: {e}) — "
+                 f"give it the file a stage wrote with --trace")
+
+
+def steps_of(path, events):
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans = {}

@@ -382,6 +382,39 @@ START_TEST(timeline_bad_input) {
 }
 END_TEST
 
+/* tests/step_skew.py on JSON that is no trace (a number, a list of numbers, an event without its
+ * name or pid, a time that is a string): one line naming the file and exit 1, never a Python
+ * traceback (it printed one for each). */
+START_TEST(step_skew_bad_input) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const char *bad[][2] = {
+        {"num", "5"},
+        {"ints", "[1, 2]"},
+        {"events5", "{\"traceEvents\": 5}"},
+        {"noname", "[{\"ph\": \"X\"}]"},
+        {"nopid", "[{\"ph\": \"M\", \"name\": \"thread_name\"}]"},
+        {"strts", "[{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"compute\"}},"
+                  "{\"ph\":\"X\",\"name\":\"forward\",\"pid\":0,\"tid\":1,\"ts\":\"a\",\"dur\":1},"
+                  "{\"ph\":\"X\",\"name\":\"backward\",\"pid\":0,\"tid\":1,\"ts\":\"b\",\"dur\":1}]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/%s.json", dir, bad[i][0]);
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%s\n", bad[i][1]);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/step_skew.py %s 2>&1", test_root(), path);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 1 && strstr(out, path) && strstr(out, "not the trace events --trace writes") &&
+                      !strstr(out, "Traceback"), "step_skew.py %s: exit %d:\n%s", bad[i][0], rc, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* On a GPU: device spans from CUDA events (the batch copies on the copy stream, forward / backward /
  * optimizer on the compute stream) aligned with the host's; stage 2 on two (possibly logical) GPUs. */
 START_TEST(gpu_trace) {
@@ -416,6 +449,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, a_trace_another_run_is_writing_is_refused);
     tcase_add_test(tc, another_users_trace_file_is_named);
     tcase_add_test(tc, timeline_bad_input);
+    tcase_add_test(tc, step_skew_bad_input);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
