@@ -195,9 +195,10 @@ def svg(rows, torch_rows, meta, notes=()):
     """Two panels: images/s per row (bars), peak memory per device per row (grouped bars). notes: what
     the times can and cannot show (the CPU backend's note, a one-GPU notice), drawn under the setting
     in red, so that the chart does not travel without them."""
-    allr = [r for r in rows + torch_rows if r.get("ok", True)]
-    ndev = max([len(r["mem"]) for r in allr] or [1])
-    unit = mem_unit(allr)
+    allr = rows + torch_rows  # a failed row keeps its line, saying so, as in the table
+    okr = [r for r in allr if r.get("ok", True)]
+    ndev = max([len(r["mem"]) for r in okr] or [1])
+    unit = mem_unit(okr)
     colors = ["#4878a8", "#e0884a", "#6aa56a", "#c45a5a", "#8c6bb1", "#8d6e63", "#d277b5", "#7f7f7f"]
     rowh, left, pw, gap, label_w = 26, 330, 300, 60, 110  # label_w: room for a bar's "1.61 + 1.56"
     width = left + 2 * pw + gap + label_w
@@ -211,8 +212,8 @@ def svg(rows, torch_rows, meta, notes=()):
     warn = [w for n in notes for w in wrap_words(n, (width - 20) // 6)]
     top = 50 + 14 * (len(sub) + len(warn))
     height = top + rowh * max(len(allr), 1) + 60
-    ipsmax = max([r["ips"] or 0 for r in allr] or [1]) or 1
-    memmax = max([m for r in allr for m in r["mem"]] or [1]) or 1
+    ipsmax = max([r["ips"] or 0 for r in okr] or [1]) or 1
+    memmax = max([m for r in okr for m in r["mem"]] or [1]) or 1
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
          f'font-family="sans-serif" font-size="12">',
          f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -227,6 +228,11 @@ def svg(rows, torch_rows, meta, notes=()):
         if j % 2 == 0:
             o.append(f'<rect x="0" y="{y}" width="{width}" height="{rowh}" fill="#f4f4f4"/>')
         o.append(f'<text x="{left - 8}" y="{y + rowh / 2 + 4}" text-anchor="end">{escape(r["label"])}</text>')
+        if not r.get("ok", True):
+            why = "no summary in its report" if r.get("rc", "0") == "0" else f"exit {r.get('rc')}"
+            text = f"failed ({why}: see {r.get('name', '?')}.log)"
+            o.append(f'<text x="{left + 4}" y="{y + rowh / 2 + 4}" fill="#b22222">{escape(text)}</text>')
+            continue
         if r["ips"]:
             w = pw * r["ips"] / ipsmax
             o.append(f'<rect x="{left}" y="{y + 5}" width="{w:.1f}" height="{rowh - 10}" fill="{colors[0]}"/>')
