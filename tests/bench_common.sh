@@ -112,5 +112,9 @@ bench_out_dir() {
             "and writes them anew. Keep your own files elsewhere." > "$mark" 2> /dev/null ||
             bench_die "cannot write into $var=$dir"
     fi
+    # a folder an earlier run wrote, now read-only: said once here, not as a failure of every row
+    [ -w "$dir" ] && [ -x "$dir" ] ||
+        bench_die "cannot write into $var=$dir (an earlier run's results are there) — make it writable," \
+            "or give a new or empty folder as $var=DIR"
     for p in "$@"; do rm -f -- "$dir"/$p; done
 }

@@ -212,6 +212,34 @@ START_TEST(compare_chart_names_failed_rows) {
 }
 END_TEST
 
+/* COMPARE_OUT that an earlier compare wrote (its marker inside), now read-only: one line naming the
+ * fix, exit 2, before any run, and the earlier results as they were — every row used to "fail" with
+ * the old log's tail, after an "rm: cannot remove" per file, and the table ended in a Python traceback.
+ * Root drops its power to write any file first (setpriv). */
+START_TEST(compare_read_only_results_folder_is_refused) {
+    char *dir = test_tmpdir(), cmd[4096], probe[600], out_dir[600], *out;
+    const char *as = test_unwritable_file(dir, "probe", probe, sizeof probe, "compare: a read-only COMPARE_OUT");
+    if (!as) {
+        free(dir);
+        return;
+    }
+    snprintf(out_dir, sizeof out_dir, "%s/cmp", dir);
+    snprintf(cmd, sizeof cmd, "mkdir %s && cd %s && echo old > .written-by-compare && echo old > compare.md && "
+             "echo old > stage1.log && chmod 555 %s", out_dir, out_dir, out_dir);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, LIMIT "%senv QUICK=1 COMPARE_OUT=%s bash %s/tests/compare.sh", as, out_dir, test_root());
+    int rc = test_run(cmd, &out);
+    char want[800];
+    snprintf(want, sizeof want, "error: cannot write into COMPARE_OUT=%s", out_dir);
+    ck_assert_msg(rc == 2 && strstr(out, want) && strstr(out, "give a new or empty folder") &&
+                  !strstr(out, "cannot remove") && !strstr(out, "[1/") && !strstr(out, "Traceback"),
+                  "exit %d:\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "cd %s && grep -qx old compare.md && grep -qx old stage1.log && chmod 755 .", out_dir);
+    ck_assert_msg(test_run(cmd, NULL) == 0, "the earlier results changed");
+    free(out), free(dir);
+}
+END_TEST
+
 /* A checkout with stages 1 and 3 only: rows for those, none for 2, 4, 5, and it says so. */
 START_TEST(compare_leaves_out_missing_stages) {
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -398,6 +426,7 @@ Suite *suite_compare(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, compare_leaves_out_missing_stages);
     tcase_add_test(tc, compare_chart_names_failed_rows);
+    tcase_add_test(tc, compare_read_only_results_folder_is_refused);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
