@@ -8,7 +8,8 @@ standard library only; tests/test_trace.c runs it).
 
 DDP's all-reduce makes every step go at the slowest rank's pace: in each step the other ranks
 wait for it (so do DataParallel's replicas, at the gather; a stage 2 trace shows one per device). For each rank (or run) this prints its forward+backward per step — from the first
-forward to the end of the backward on its compute lane — as median, standard deviation and 95th
+forward to the end of the backward on its compute lane; with accumulation, to the end of the step's
+last backward, the K micro-batches of one optimizer step together — as median, standard deviation and 95th
 percentile, then the wait: the mean over the steps of (the slowest rank's time - this rank's).
 From several stage 1 runs, the same pairing says what two ranks with that much step-to-step
 jitter would lose if nothing else differed: the gap between "mean of the slowest" and the slower
@@ -41,8 +42,10 @@ def lanes(path):
 def steps_of(path, events):
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    spans = {}
+    spans, steps = {}, {}
     for e in events:
+        if e.get("ph") == "X" and e["name"] == "step":  # the optimizer steps, on each process's loop lane
+            steps[e["pid"]] = steps.get(e["pid"], 0) + 1
         lane = names.get((e.get("pid"), e.get("tid")), "")
         if e.get("ph") == "X" and e["name"] in ("forward", "backward") and "compute" in lane:
             spans.setdefault((e["pid"], e["tid"]), {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
@@ -52,7 +55,12 @@ def steps_of(path, events):
         fw, bw = sorted(s.get("forward", [])), sorted(s.get("backward", []))
         if not fw or len(fw) != len(bw):
             sys.exit(f"step_skew.py: {path}: {lane} has {len(fw)} forward and {len(bw)} backward spans")
-        out[f"{path} pid {pid} tid {tid}: {lane}"] = [(b[0] + b[1] - f[0]) / 1e3 for f, b in zip(fw, bw)]
+        # accumulation (stage 4, 5): K forwards and backwards per optimizer step, and the ranks wait for
+        # each other once a step, at the last one's all-reduce: a step is its K micro-batches together
+        n = steps.get(pid, 0)
+        k = len(fw) // n if n and len(fw) % n == 0 else 1
+        out[f"{path} pid {pid} tid {tid}: {lane}"] = [(bw[i + k - 1][0] + bw[i + k - 1][1] - fw[i][0]) / 1e3
+                                                       for i in range(0, len(fw), k)]
     if not out:
         sys.exit(f"step_skew.py: {path}: no forward/backward spans on a compute lane (was it made with --trace?)")
     return out

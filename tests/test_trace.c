@@ -111,6 +111,22 @@ START_TEST(stage3_trace) {
 }
 END_TEST
 
+/* Stage 4 accumulates K = 4 micro-batches per optimizer step, and its ranks wait for each other once a
+ * step: step_skew.py counts the window's 3 optimizer steps, each its 4 forwards and backwards together
+ * (it paired every forward with its backward and printed "12 steps", each rank's wait per micro-batch). */
+START_TEST(stage4_step_skew_counts_optimizer_steps) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "timeout -k 5 120 %s/stage4 " SMALL " --train-size 1024 --workers 0 --nproc-per-node 2 --steps 6 "
+             "--master-port %d --trace %s/t.json --trace-steps 2:5 > /dev/null && python3 %s/tests/step_skew.py %s/t.json",
+             test_root(), test_free_port(), dir, test_root(), dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "2 workers (ranks, or stage 2's replicas), 3 steps;") &&
+                  strstr(out, "waits for the others"), "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* The window lies beyond the run, or before a resumed one: a valid file with no spans, and a note
  * saying why. */
 START_TEST(window_after_the_run) {
@@ -442,6 +458,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, window_from_step_0);
     tcase_add_test(tc, stage2_trace);
     tcase_add_test(tc, stage3_trace);
+    tcase_add_test(tc, stage4_step_skew_counts_optimizer_steps);
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
