@@ -523,6 +523,12 @@ void trace_finish(void) {
     else if (g.held_a < 0 && g.rank == 0) /* ended first, also right as the window opened (--steps A) */
         printf("trace: the run ended before step %lld, where --trace-steps %lld:%lld begins: the trace "
                "holds no spans\n", (long long)g.a, (long long)g.a, (long long)g.b);
+    if (g.held_a < 0) { /* the window opened as the run ended (--steps A): what came after, the final
+                           evaluation's all-reduces, belongs to no step of it — the trace holds none */
+        atomic_store(&trace_active_, 0);
+        atomic_store(&g.n, 0);
+        for (int i = 0; i < g.n_devs; i++) atomic_store(&g.devs[i].next, 0);
+    }
     close_window();
 }
 

@@ -111,6 +111,23 @@ START_TEST(stage3_trace) {
 }
 END_TEST
 
+/* --steps A with --trace-steps A:B over ranks: the window opens as the run ends, and the trace holds no
+ * span, as the run says — the final evaluation's all-reduces and broadcasts, after the last step, went
+ * into it ("the trace holds no spans", then "16 spans from 2 ranks merged"). */
+START_TEST(window_opening_at_the_end_holds_nothing) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "timeout -k 5 120 %s/stage3 " SMALL " --workers 0 --nproc-per-node 2 --steps 2 "
+             "--master-port %d --trace %s/t.json --trace-steps 2:4 && python3 -c \"import json,sys; "
+             "d=json.load(open('%s/t.json')); sys.exit(any(e['ph']=='X' for e in d['traceEvents']))\"",
+             test_root(), test_free_port(), dir, dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "the trace holds no spans") && strstr(out, "trace: 0 spans from 2 ranks"),
+                  "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* Stage 4 accumulates K = 4 micro-batches per optimizer step, and its ranks wait for each other once a
  * step: step_skew.py counts the window's 3 optimizer steps, each its 4 forwards and backwards together
  * (it paired every forward with its backward and printed "12 steps", each rank's wait per micro-batch). */
@@ -459,6 +476,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, stage2_trace);
     tcase_add_test(tc, stage3_trace);
     tcase_add_test(tc, stage4_step_skew_counts_optimizer_steps);
+    tcase_add_test(tc, window_opening_at_the_end_holds_nothing);
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
