@@ -32,14 +32,16 @@ def lanes(path):
         events = doc["traceEvents"] if isinstance(doc, dict) else doc
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"step_skew.py: {path}: not a readable --trace file ({e})")
+    other = doc.get("otherData") if isinstance(doc, dict) else None
+    window = other.get("trace_steps") if isinstance(other, dict) else None
     try:
-        return steps_of(path, events)
+        return steps_of(path, events, window)
     except (KeyError, TypeError, AttributeError) as e:  # JSON, but not a trace-event file
         sys.exit(f"step_skew.py: {path}: JSON, but not the trace events --trace writes ({type(e).__name__}: {e}) — "
                  f"give it the file a stage wrote with --trace")
 
 
-def steps_of(path, events):
+def steps_of(path, events, window):
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans, steps = {}, {}
@@ -61,6 +63,9 @@ def steps_of(path, events):
         k = len(fw) // n if n and len(fw) % n == 0 else 1
         out[f"{path} pid {pid} tid {tid}: {lane}"] = [(bw[i + k - 1][0] + bw[i + k - 1][1] - fw[i][0]) / 1e3
                                                        for i in range(0, len(fw), k)]
+    if not out and window and not any(e.get("ph") == "X" for e in events):  # written, but the run missed its window
+        sys.exit(f"step_skew.py: {path}: no spans — the run ended before its --trace-steps {window} window, or "
+                 f"was resumed past it: trace steps the run runs (--trace-steps A:B below its --steps)")
     if not out:
         sys.exit(f"step_skew.py: {path}: no forward/backward spans on a compute lane (was it made with --trace?)")
     return out

@@ -448,6 +448,21 @@ START_TEST(step_skew_bad_input) {
 }
 END_TEST
 
+/* step_skew.py on a trace whose --trace-steps window the run never reached: it says so and names the
+ * fix — it asked "was it made with --trace?", which it was. */
+START_TEST(step_skew_empty_window_says_why) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[2048], *out, *root = realpath(test_root(), NULL); /* run in dir */
+    snprintf(cmd, sizeof cmd, "cd %s && echo '{\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,"
+             "\"tid\":0,\"args\":{\"name\":\"rank 0 (stage3)\"}}],\"otherData\":{\"trace_steps\":\"100:200\","
+             "\"ranks\":2}}' > t.json && python3 %s/tests/step_skew.py t.json", dir, root);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "the run ended before its --trace-steps 100:200 window") &&
+                  !strstr(out, "was it made with --trace"), "exit %d:\n%s", rc, out);
+    free(out), free(root), free(dir);
+}
+END_TEST
+
 /* On a GPU: device spans from CUDA events (the batch copies on the copy stream, forward / backward /
  * optimizer on the compute stream) aligned with the host's; stage 2 on two (possibly logical) GPUs. */
 START_TEST(gpu_trace) {
@@ -485,6 +500,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, another_users_trace_file_is_named);
     tcase_add_test(tc, timeline_bad_input);
     tcase_add_test(tc, step_skew_bad_input);
+    tcase_add_test(tc, step_skew_empty_window_says_why);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
