@@ -195,7 +195,10 @@ for p in "${PLAN[@]}"; do
     rc=$?
     secs=$(( ($(date +%s%N) - t0) / 1000000 ))
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$st" "$label" "$rc" "$secs" "./stage$st $flags" >> "$OUT/plan.tsv" # ms
-    if [ "$rc" = 0 ]; then
+    if [ "$rc" = 0 ] && ! grep -qs '"type":"summary"' "$OUT/$name.jsonl"; then
+        echo "[$i/${#PLAN[@]}] $label FAILED (exit 0, but no summary in its report $OUT/$name.jsonl): see $OUT/$name.log"
+        FAILED=$((FAILED + 1))
+    elif [ "$rc" = 0 ]; then
         printf '[%d/%d] %-44s %s\n' "$i" "${#PLAN[@]}" "$label" "$(grep -m1 '^summary:' "$OUT/$name.log" | cut -d'|' -f4-5)"
     else
         echo "[$i/${#PLAN[@]}] $label FAILED (exit $rc): see $OUT/$name.log"; tail -n 3 "$OUT/$name.log" | sed 's/^/    /'
@@ -222,7 +225,8 @@ fi
 
 # ---- the table ----------------------------------------------------------------------------------
 if command -v python3 > /dev/null; then
-    python3 tests/compare_table.py "$OUT" || FAILED=$((FAILED + 1))
+    # it exits 1 when a row failed (counted above); with none, the table itself failed
+    python3 tests/compare_table.py "$OUT" || [ "$FAILED" -gt 0 ] || { echo "compare: tests/compare_table.py failed"; exit 1; }
 else # no Python: the runs' own summary lines still make a table of sorts
     echo "(python3 not found: no Markdown or chart; each run's summary line)"
     grep -H -m1 '^summary:' "$OUT"/*.log | sed "s|^$OUT/||"

@@ -240,6 +240,24 @@ START_TEST(compare_read_only_results_folder_is_refused) {
 }
 END_TEST
 
+/* A run that exits 0 without a summary in its report is a failed row on the console and in the count,
+ * as in the table: it printed an empty result line, and "compare: 1 run(s) failed" for the two such
+ * rows (the table's exit counted once). A checkout of stages 1 and 5, stage 5 a script that writes nothing. */
+START_TEST(compare_counts_rows_without_a_summary) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    char *root = realpath(test_root(), NULL);
+    snprintf(cmd, sizeof cmd, "cd %s && mkdir -p stages/stage1_x stages/stage5_x bin && ln -s %s/stage1 bin/stage1 && "
+             "printf '#!/bin/sh\\nexit 0\\n' > bin/stage5 && chmod +x bin/stage5", dir, root);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, LIMIT "env QUICK=1 STAGES_DIR=%s/stages BIN_DIR=%s/bin COMPARE_OUT=%s/out bash %s/tests/compare.sh",
+             dir, dir, dir, root);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && count_of(out, "FAILED (exit 0, but no summary in its report") == 2 &&
+                  strstr(out, "compare: 2 run(s) failed") && !strstr(out, "Traceback"), "exit %d:\n%s", rc, out);
+    free(out), free(root), free(dir);
+}
+END_TEST
+
 /* A checkout with stages 1 and 3 only: rows for those, none for 2, 4, 5, and it says so. */
 START_TEST(compare_leaves_out_missing_stages) {
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -427,6 +445,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, compare_leaves_out_missing_stages);
     tcase_add_test(tc, compare_chart_names_failed_rows);
     tcase_add_test(tc, compare_read_only_results_folder_is_refused);
+    tcase_add_test(tc, compare_counts_rows_without_a_summary);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
