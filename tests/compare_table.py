@@ -77,6 +77,10 @@ def load_rows(d):
         plan = [l.rstrip("\n").split("\t") for l in open(os.path.join(d, "plan.tsv")) if l.strip()]
     except OSError:
         plan = []
+    for i, fields in enumerate(plan):  # a line cut short (a full disk) or a file from elsewhere
+        if len(fields) != 6 or not fields[1].isdigit():
+            sys.exit(f"compare: {os.path.join(d, 'plan.tsv')} line {i + 1} is not one that tests/compare.sh writes "
+                     f"(name, stage, label, exit, ms, command): run make compare again")
     for name, stage, label, rc, ms, cmd in plan:
         recs = records(os.path.join(d, name + ".jsonl"))
         s = last(recs, "summary")

@@ -258,6 +258,23 @@ START_TEST(compare_counts_rows_without_a_summary) {
 }
 END_TEST
 
+/* compare_table.py on a plan.tsv it cannot read (a line cut short, a stage that is not a number): one
+ * line naming the file and the fix, never a Python traceback (ValueError on unpacking, on int()). */
+START_TEST(compare_table_refuses_a_broken_plan) {
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    const char *plans[] = {"stage1\\t1\\tstage 1\\n", "stage1\\tx\\tstage 1\\t0\\t1\\t./stage1\\n"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "printf '%s' > %s/plan.tsv && python3 %s/tests/compare_table.py %s", plans[i], dir,
+                 test_root(), dir);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 1 && strstr(out, "plan.tsv line 1 is not one that tests/compare.sh writes") &&
+                      !strstr(out, "Traceback"), "plan %d: exit %d:\n%s", i, rc, out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* A checkout with stages 1 and 3 only: rows for those, none for 2, 4, 5, and it says so. */
 START_TEST(compare_leaves_out_missing_stages) {
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -446,6 +463,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, compare_chart_names_failed_rows);
     tcase_add_test(tc, compare_read_only_results_folder_is_refused);
     tcase_add_test(tc, compare_counts_rows_without_a_summary);
+    tcase_add_test(tc, compare_table_refuses_a_broken_plan);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
