@@ -97,6 +97,12 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
                 die_user("--gil-host-us 0 scales every --gil-host-* cost to 0, so --%s would be ignored: drop one of "
                          "the two", *f);
     }
+    /* No Python modelled at all: the GIL is never taken, so its switch interval has nothing to act on */
+    int no_host = c->host_us == 0 || (c->host_us < 0 && !c->call_us && !c->module_us && !c->param_us && !c->thread_us);
+    if (c->op_us == 0 && no_host && cli_given("gil-switch-ms"))
+        die_user("%s, so the GIL is never taken and --gil-switch-ms would be ignored: %s",
+                 c->no_python ? "--no-python models no Python" : "every --gil-* cost is 0",
+                 c->no_python ? "drop one of the two" : "drop --gil-switch-ms, or give a cost above 0");
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
     c->evaluating = cli_given("evaluate");
     if (c->evaluating) c->gpus = 1; /* config_resolve refuses an explicit --gpus with it */

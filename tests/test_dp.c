@@ -869,6 +869,29 @@ START_TEST(stage2_bad_flags_are_refused_clearly) {
 }
 END_TEST
 
+/* With no Python modelled the GIL is never taken: a switch interval given would be ignored, and is
+ * refused as --no-python refuses a cost (stage2_bad_flags_are_refused_clearly). */
+START_TEST(stage2_switch_interval_without_python_is_refused) {
+    const char *cases[] = {
+        "--device cpu --train-size 16 --epochs 1 --no-python --gil-switch-ms 1",
+        "--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-us 0 --gil-switch-ms 1",
+        "--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-call-us 0 --gil-host-module-us 0 "
+        "--gil-host-param-us 0 --gil-host-thread-us 0 --gil-switch-ms 1",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = run_stage2(cases[i], &out);
+        ck_assert_msg(rc == 2 && strstr(out, "error:") && strstr(out, "--gil-switch-ms would be ignored"),
+                      "'%s' exited %d, expected 2 naming --gil-switch-ms:\n%s", cases[i], rc, out);
+        free(out);
+    }
+    char *out; /* Python modelled somewhere: the interval matters */
+    int rc = run_stage2("--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-switch-ms 1", &out);
+    ck_assert_msg(rc == 0, "exited %d:\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
 /* On a GPU machine: two logical devices (two GPUs, or one shared), both copy paths. */
 START_TEST(stage2_cuda_runs_and_phases_add_up) {
     if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
@@ -920,6 +943,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
     tcase_add_test(e2e, stage2_cpu_64_devices_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
+    tcase_add_test(e2e, stage2_switch_interval_without_python_is_refused);
     tcase_add_test(e2e, stage2_phase_notes_describe_what_was_measured);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
