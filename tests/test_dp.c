@@ -892,6 +892,33 @@ START_TEST(stage2_switch_interval_without_python_is_refused) {
 }
 END_TEST
 
+/* tests/bench_stage2.sh's split row (--dp-thread-pool --no-python) runs with the flags the calibration
+ * prints: --no-python refuses a --gil-* cost, so the row must pass only what it keeps. The row and its
+ * flags are read from the script, with a calibration line as calibrate_dp.py prints it. */
+START_TEST(stage2_bench_no_python_row_takes_the_calibrated_flags) {
+    char *dir = test_tmpdir(), path[512], cmd[1024], *out;
+    snprintf(path, sizeof path, "%s/row.sh", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert(f);
+    fprintf(f, "cd '%s' || exit 9\n"
+               "DP_FLAGS='--gil-switch-ms 5 --gil-op-us 32.41 --gil-host-call-us 51.8 --gil-host-module-us 23.64 "
+               "--gil-host-param-us 6.24 --gil-host-thread-us 125.4 --dp-plan-us 983.0 --dp-plan-bench-us 74723.4'\n"
+               "eval \"$(grep -E '^NOPY_FLAGS=' tests/bench_stage2.sh)\"\n"
+               "row=$(grep -E '^ *run stage2_pool_nopy ' tests/bench_stage2.sh | sed -E 's/.* stage2 //')\n"
+               "[ -n \"$row\" ] || { echo 'no stage2_pool_nopy row in tests/bench_stage2.sh'; exit 9; }\n"
+               "echo \"row: $row\"\n"
+               "eval \"./stage2 --device cpu --model tiny --train-size 16 --test-size 16 --epochs 1 --progress off $row\"\n",
+            test_root());
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "bash '%s' 2>&1", path);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "bench_stage2.sh's --no-python row exited %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "charge up to 983 µs") && strstr(out, "modelled Python: none"), "%s", out);
+    free(out);
+    free(dir);
+}
+END_TEST
+
 /* On a GPU machine: two logical devices (two GPUs, or one shared), both copy paths. */
 START_TEST(stage2_cuda_runs_and_phases_add_up) {
     if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
@@ -944,6 +971,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_64_devices_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
     tcase_add_test(e2e, stage2_switch_interval_without_python_is_refused);
+    tcase_add_test(e2e, stage2_bench_no_python_row_takes_the_calibrated_flags);
     tcase_add_test(e2e, stage2_phase_notes_describe_what_was_measured);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
