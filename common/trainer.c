@@ -1487,6 +1487,8 @@ static void print_flops(Run *r, const Flops *f) {
         else if (per_rank >= 1)
             snprintf(fits, sizeof fits, "--batch-size 1 with an --accum-steps of at most %lld fits the set",
                      (long long)per_rank);
+        else if (!strcmp(r->stage, "stage2")) /* one process: its devices are --gpus, not ranks */
+            snprintf(fits, sizeof fits, "the set has fewer images than the run has devices (--gpus %d)", r->world_size);
         else snprintf(fits, sizeof fits, "the set has fewer images than the job has ranks (%d)", r->world_size);
         report_printf(&r->report, "  note: a full step is %lld images and the training set has %lld, so every step "
                       "was shorter; GFLOP/step and the planned activations are a full step's — %s\n",

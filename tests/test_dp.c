@@ -919,6 +919,20 @@ START_TEST(stage2_bench_no_python_row_takes_the_calibrated_flags) {
 }
 END_TEST
 
+/* A training set smaller than the devices: the summary's note names stage 2's count, --gpus — stage 2
+ * has one process, and no ranks to lower. */
+START_TEST(stage2_set_smaller_than_the_devices_names_gpus) {
+    char *out;
+    int rc = run_stage2("--device cpu --model tiny --gpus 4 --batch-size 1 --train-size 2 --test-size 16 --epochs 1 "
+                        "--progress off", &out);
+    ck_assert_msg(rc == 0, "exited %d:\n%s", rc, out);
+    const char *note = strstr(out, "note: a full step is 4 images and the training set has 2");
+    ck_assert_msg(note, "no note of the short set:\n%s", out);
+    ck_assert_msg(strstr(note, "devices (--gpus 4)") && !strstr(note, "ranks"), "the note does not name --gpus:\n%s", out);
+    free(out);
+}
+END_TEST
+
 /* On a GPU machine: two logical devices (two GPUs, or one shared), both copy paths. */
 START_TEST(stage2_cuda_runs_and_phases_add_up) {
     if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
@@ -972,6 +986,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
     tcase_add_test(e2e, stage2_switch_interval_without_python_is_refused);
     tcase_add_test(e2e, stage2_bench_no_python_row_takes_the_calibrated_flags);
+    tcase_add_test(e2e, stage2_set_smaller_than_the_devices_names_gpus);
     tcase_add_test(e2e, stage2_phase_notes_describe_what_was_measured);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
