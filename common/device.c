@@ -18,6 +18,30 @@ typedef struct AllocRecord {
 char device_oom_fix[256] = "lower --batch-size, or use --model tiny";
 int device_oom_smaller_model = 1;
 
+/* The CPU backend's devices (stage 2's virtual ones among them) share the host's memory. Linux
+ * overcommits: allocations that each fit, but not together, all succeed, and the run is killed
+ * (exit 137, no message) as their pages fill. So their sum is held against what the kernel would
+ * hand out when the first was made. */
+static pthread_mutex_t cpu_mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t cpu_mem_in_use;
+static double cpu_mem_budget; /* 0: not read yet */
+static int cpu_devices;
+
+static int cpu_mem_take(size_t bytes) {
+    pthread_mutex_lock(&cpu_mem_lock);
+    if (cpu_mem_budget <= 0) cpu_mem_budget = host_mem_available() + (double)cpu_mem_in_use;
+    int ok = (double)cpu_mem_in_use + (double)bytes <= cpu_mem_budget;
+    if (ok) cpu_mem_in_use += bytes;
+    pthread_mutex_unlock(&cpu_mem_lock);
+    return ok;
+}
+
+static void cpu_mem_give(size_t bytes) {
+    pthread_mutex_lock(&cpu_mem_lock);
+    cpu_mem_in_use -= bytes;
+    pthread_mutex_unlock(&cpu_mem_lock);
+}
+
 #ifdef USE_CUDA
 const char *cuda_hint(cudaError_t e) {
     static _Thread_local char oom[320]; /* an error path: each thread formats its own */
@@ -102,6 +126,9 @@ void device_init(Device *d, DeviceKind kind, int index, int ordinal) {
     xmutex_init(&d->mem_lock);
     if (kind == DEV_CPU) {
         snprintf(d->name, sizeof d->name, "cpu%d", index);
+        pthread_mutex_lock(&cpu_mem_lock);
+        cpu_devices++;
+        pthread_mutex_unlock(&cpu_mem_lock);
         d->mem_total = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
         d->mem_limit = memory_cap(d->mem_total);
         return;
@@ -155,8 +182,12 @@ void device_destroy(Device *d) {
         cudaStreamDestroy(d->copy_stream);
     }
 #endif
-    if (d->kind == DEV_CPU)
-        for (int i = 0; i < d->n_allocs; i++) free(d->allocs[i].p);
+    if (d->kind == DEV_CPU) {
+        for (int i = 0; i < d->n_allocs; i++) free(d->allocs[i].p), cpu_mem_give(d->allocs[i].bytes);
+        pthread_mutex_lock(&cpu_mem_lock);
+        cpu_devices--;
+        pthread_mutex_unlock(&cpu_mem_lock);
+    }
     free(d->allocs);
     d->allocs = NULL;
     d->n_allocs = 0;
@@ -173,17 +204,28 @@ static int batch_independent(const char *what) {
     return !strcmp(what, "parameters") || !strcmp(what, "gradients") || !strncmp(what, "optimizer ", 10);
 }
 
-/* Out of memory: the device itself (capped 0), or --memory-fraction's cap (1). Not a bug, and not a
- * bad flag as such: a run-time error (exit 1) that says what did not fit and which flags would help. */
+/* Out of memory: the device itself (capped 0), --memory-fraction's cap (1), or the host's memory that
+ * the CPU devices share (2). Not a bug, and not a bad flag as such: a run-time error (exit 1) that says
+ * what did not fit and which flags would help. */
 _Noreturn static void die_oom(const Device *d, size_t rounded, const char *what, int capped) {
-    char cap[128] = "", fix[300];
-    if (capped)
+    char cap[200] = "", fix[360];
+    if (capped == 1)
         snprintf(cap, sizeof cap, ": --memory-fraction %g caps this process at %.3g MiB of the device's %.1f GiB",
                  device_memory_fraction, d->mem_limit / 1048576.0, d->mem_total / 1073741824.0);
+    pthread_mutex_lock(&cpu_mem_lock);
+    const int devices = cpu_devices;
+    const double budget = cpu_mem_budget, in_use = (double)cpu_mem_in_use;
+    pthread_mutex_unlock(&cpu_mem_lock);
+    if (capped == 2)
+        snprintf(cap, sizeof cap, ": this process's %d CPU device%s the host's memory, %.2f GiB available "
+                 "at the start, and %.2f GiB of it is taken already", devices, devices == 1 ? " draws on" : "s share",
+                 budget / 1073741824.0, in_use / 1073741824.0);
     if (batch_independent(what))
         snprintf(fix, sizeof fix, "%sthe model's own state does not fit, whatever the batch%s",
-                 capped ? "raise --memory-fraction; " : "", device_oom_smaller_model ? ": use --model tiny" : "");
-    else snprintf(fix, sizeof fix, "%s%s", capped ? "raise --memory-fraction, or " : "", device_oom_fix);
+                 capped == 1 ? "raise --memory-fraction; " : "", device_oom_smaller_model ? ": use --model tiny" : "");
+    else snprintf(fix, sizeof fix, "%s%s", capped == 1 ? "raise --memory-fraction, or " : "", device_oom_fix);
+    if (capped == 2 && devices > 1) /* stage 2's virtual devices: each holds its replica and chunk */
+        snprintf(fix + strlen(fix), sizeof fix - strlen(fix), "; or fewer devices (--gpus)");
     die_runtime("%s: cannot allocate %.1f MiB for %s (in use %.1f MiB, peak %.1f MiB)%s\n  hint: out of memory: %s",
                 d->name, rounded / 1048576.0, what, d->mem_cur / 1048576.0, d->mem_peak / 1048576.0, cap, fix);
 }
@@ -196,7 +238,8 @@ void *device_alloc(Device *d, size_t bytes, const char *what) {
     pthread_mutex_unlock(&d->mem_lock);
     if (over) die_oom(d, rounded, what, 1); /* as PyTorch's allocator past set_per_process_memory_fraction */
     if (d->kind == DEV_CPU) {
-        if (posix_memalign(&p, 64, rounded) != 0) p = NULL;
+        if (!cpu_mem_take(rounded)) die_oom(d, rounded, what, 2);
+        if (posix_memalign(&p, 64, rounded) != 0) cpu_mem_give(rounded), p = NULL;
     }
 #ifdef USE_CUDA
     else {
@@ -249,10 +292,11 @@ void device_free(Device *d, void *p) {
     int i = 0;
     while (i < d->n_allocs && d->allocs[i].p != p) i++;
     ASSERT(i < d->n_allocs); /* freeing memory this device never handed out */
-    d->mem_cur -= d->allocs[i].bytes;
+    size_t bytes = d->allocs[i].bytes;
+    d->mem_cur -= bytes;
     d->allocs[i] = d->allocs[--d->n_allocs];
     pthread_mutex_unlock(&d->mem_lock);
-    if (d->kind == DEV_CPU) free(p);
+    if (d->kind == DEV_CPU) free(p), cpu_mem_give(bytes);
 #ifdef USE_CUDA
     else {
         device_bind(d);

@@ -587,6 +587,33 @@ START_TEST(dp_counts_forwards_of_unprepared_chunks) {
 }
 END_TEST
 
+/* The CPU backend's virtual devices share the host's memory. Linux overcommits, so allocations that
+ * each fit but together exceed what the kernel would hand out all succeed, and a run that fills their
+ * pages is killed with no message (exit 137: `./stage2 --device cpu --model resnet18 --gpus 64` holds
+ * ~0.67 GiB a device at the default batch, 43 GiB on a 23 GiB host). Two devices each asking for 60 %
+ * of the available memory: the second is refused, naming the fix. Only one page of each is touched if
+ * it is not, so the test cannot take the machine's memory. */
+static void two_devices_past_available(void *arg) {
+    (void)arg;
+    Device **devs = dp_devices_create(2, DEV_CPU, &(Device){0});
+    size_t each = (size_t)(0.6 * host_mem_available());
+    for (int i = 0; i < 2; i++) {
+        char *p = device_alloc(devs[i], each, "activations and their gradients (planned arena)");
+        p[0] = 1;
+    }
+    printf("both allocations of %zu bytes returned\n", each);
+}
+
+START_TEST(dp_cpu_devices_together_past_host_memory_are_refused) {
+    char *out = NULL;
+    int st = test_run_captured(two_devices_past_available, NULL, &out);
+    ck_assert_msg(st == 1 && strstr(out, "cpu1: cannot allocate") && strstr(out, "share the host's memory") &&
+                      strstr(out, "hint: out of memory:") && strstr(out, "--gpus"),
+                  "exit %d: %s", st, out);
+    free(out);
+}
+END_TEST
+
 /* ---- ./stage2 end to end -------------------------------------------------------------------- */
 
 #define SMALL2 "--model tiny --train-size 512 --test-size 256 --batch-size 16 --progress off"
@@ -975,6 +1002,7 @@ Suite *suite_dp(void) {
     tcase_add_test(tc, plan_cache_plans_each_conv_once);
     tcase_add_test(tc, dp_new_threads_replan_every_step_the_pool_does_not);
     tcase_add_test(tc, dp_counts_forwards_of_unprepared_chunks);
+    tcase_add_test(tc, dp_cpu_devices_together_past_host_memory_are_refused);
     suite_add_tcase(s, tc);
     TCase *e2e = tcase_create("stage2");
     tcase_set_timeout(e2e, 300);
