@@ -193,6 +193,10 @@ void dp_python_init(DataParallel *dp) {
     if (cfg->host_us >= 0) {
         int sizes[DP_MAX_DEVICES];
         double full = host_cost_us(dp, dp_chunks(dp->max_batch, dp->n, sizes));
+        if (full <= 0 && cfg->host_us > 0 && dp->n == 1) /* host_cost_us: one device charges scatter's call alone */
+            die_user("--gil-host-us %g: with one device DataParallel's only own Python is scatter's call, and "
+                     "--gil-host-call-us is 0, so there is nothing to scale (set it, or pass --gil-host-us 0)",
+                     cfg->host_us);
         if (full <= 0 && cfg->host_us > 0)
             die_user("--gil-host-us %g: every --gil-host-* cost is 0, so there is nothing to scale "
                      "(set them, or pass --gil-host-us 0)", cfg->host_us);

@@ -884,6 +884,9 @@ START_TEST(stage2_bad_flags_are_refused_clearly) {
                                                                 "so --gil-host-thread-us would be ignored"},
         {"--device cpu --train-size 64 --gil-host-us 5 --gil-host-call-us 0 --gil-host-module-us 0 "
          "--gil-host-param-us 0 --gil-host-thread-us 0", "--gil-host-us"},
+        /* one device: scatter's call is DataParallel's only Python, the other costs are not 0 but unused */
+        {"--device cpu --train-size 64 --gpus 1 --gil-host-us 5 --gil-host-call-us 0",
+         "with one device DataParallel's only own Python is scatter's call, and --gil-host-call-us is 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
