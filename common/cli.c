@@ -277,10 +277,48 @@ _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     die_user("unknown option '%.*s' (see --help for the list)", (int)strcspn(arg, "="), arg);
 }
 
-/* Store `v` into o->dst after strict validation. */
-static void opt_set(const Option *o, const char *v) {
+/* Options whose default --help shows as "auto" (a value decided later: --gpus, --epochs, --model …)
+ * take "auto" as a value too, which puts that default back — what the help offers, a user may type
+ * (and a script may pass through). Read before any flag is applied, as the help reads them. */
+typedef struct AutoDefault {
+    int is_auto;
+    union { int i; int64_t l; const char *s; } v;
+} AutoDefault;
+static AutoDefault *auto_defaults;
+static const Option *auto_table; /* the table auto_defaults is read from */
+
+static void auto_defaults_read(const Option *opts) {
+    int n = 0;
+    while (opts[n].name) n++;
+    free(auto_defaults);
+    auto_table = opts;
+    auto_defaults = xcalloc((size_t)n + 1, sizeof *auto_defaults);
+    for (int i = 0; i < n; i++) {
+        const Option *o = &opts[i];
+        char buf[160];
+        if (o->kind == OPT_FLAG || o->kind == OPT_FLOAT || o->kind == OPT_STR) continue;
+        fmt_default(buf, sizeof buf, o);
+        if (strcmp(buf, "auto") || (o->kind == OPT_CHOICE && choice_ok(o->choices, "auto"))) continue; /* a choice */
+        auto_defaults[i].is_auto = 1;
+        if (o->kind == OPT_INT) auto_defaults[i].v.i = *(const int *)o->dst;
+        else if (o->kind == OPT_INT64) auto_defaults[i].v.l = *(const int64_t *)o->dst;
+        else auto_defaults[i].v.s = *(const char *const *)o->dst;
+    }
+}
+
+/* Store `v` into o->dst after strict validation. 1 when v is "auto" putting the default back (the
+ * flag then counts as not given: cli_given, as if it were left out). */
+static int opt_set(const Option *o, const char *v) {
+    const AutoDefault *ad = auto_defaults ? &auto_defaults[o - auto_table] : NULL;
+    if (ad && ad->is_auto && v && !strcmp(v, "auto")) {
+        if (o->kind == OPT_INT) *(int *)o->dst = ad->v.i;
+        else if (o->kind == OPT_INT64) *(int64_t *)o->dst = ad->v.l;
+        else *(const char **)o->dst = ad->v.s;
+        return 1;
+    }
     char range[100];
     fmt_range(range, sizeof range, o->min, o->max);
+    if (ad && ad->is_auto) strncat(range, " or auto", sizeof range - strlen(range) - 1);
     switch (o->kind) {
     case OPT_INT:
     case OPT_INT64: {
@@ -325,6 +363,7 @@ static void opt_set(const Option *o, const char *v) {
         break;
     case OPT_FLAG: *(int *)o->dst = 1; break;
     }
+    return 0;
 }
 
 /* --help wins wherever it appears (except as another flag's value), and shows the defaults as they
@@ -476,6 +515,7 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
     free(given);
     n_given = 0;
     given = xcalloc((size_t)argc + 1, sizeof *given);
+    auto_defaults_read(opts);
     if (wants_help(argc, argv, opts)) {
         cli_print_help(opts, prog, about);
         fflush(stdout);
@@ -508,7 +548,12 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
             if ((v[0] == '-' && v[1] == '-' && v[2] != 0) || !strcmp(v, "-h"))
                 die_user("--%s needs a value, got option '%s' instead", o->name, v);
         }
-        opt_set(o, v);
+        if (opt_set(o, v)) { /* "auto": as if never given, an earlier --name VALUE included */
+            int k = 0;
+            for (int j = 0; j < n_given; j++)
+                if (given[j] != o) given[k++] = given[j];
+            n_given = k;
+        }
     }
 }
 

@@ -177,6 +177,29 @@ START_TEST(test_bad_numbers) {
 }
 END_TEST
 
+/* What --help shows as "default auto" can be typed: "auto" puts that default back, and the flag then
+ * counts as not given (--evaluate adopts the checkpoint's model only where --model was not given).
+ * A default that is a number is no "auto" to put back. */
+START_TEST(test_auto_is_a_value_where_it_is_the_default) {
+    const char *args[] = {"--epochs", "7", "--epochs", "auto", "--model=tiny", "--model=auto", "--train-size", "auto",
+                          "--test-size", "auto", "--test-size", "5", "--cpu-threads", "auto", NULL};
+    parse_into(&g_cfg, args);
+    TrainConfig d;
+    config_defaults(&d);
+    ck_assert_int_eq(g_cfg.epochs, d.epochs);
+    ck_assert_str_eq(g_cfg.model, d.model);
+    ck_assert_int_eq(g_cfg.train_size, d.train_size);
+    ck_assert_int_eq(g_cfg.test_size, 5);
+    ck_assert_int_eq(g_cfg.cpu_threads, d.cpu_threads);
+    ck_assert_msg(!cli_given("epochs") && !cli_given("model") && !cli_given("train-size") && cli_given("test-size"),
+                  "an 'auto' counts as not given; a later value as given");
+    REFUSED(A("--epochs", "x"), "--epochs must be an integer in [1, 100000] or auto, got 'x'");
+    REFUSED(A("--batch-size", "auto"), "--batch-size must be an integer in [1, 65536], got 'auto'");
+    REFUSED(A("--lr", "auto"), "--lr", "'auto'");
+    REFUSED(A("--model", "automatic"), "--model must be one of resnet18|tiny");
+}
+END_TEST
+
 START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--norm", "batch"), "--norm must be one of bn|none, got 'batch'");
     REFUSED(A("--model=resnet50"), "--model", "resnet18|tiny", "'resnet50'");
@@ -1171,6 +1194,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_good_parse);
     tcase_add_test(tc, test_last_wins_flags_choices);
     tcase_add_test(tc, test_bad_numbers);
+    tcase_add_test(tc, test_auto_is_a_value_where_it_is_the_default);
     tcase_add_test(tc, test_bad_choices_and_syntax);
     tcase_add_test(tc, test_help);
     tcase_add_test(tc, test_stage_help_is_wrapped);
