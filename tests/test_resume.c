@@ -1538,6 +1538,23 @@ START_TEST(evaluate_takes_the_checkpoints_model) {
 }
 END_TEST
 
+/* Writes `bytes` into dir/name with the 8 bytes at `at` replaced by `value` and the checksum recomputed
+ * (an edit no checksum catches), and expects checkpoint_to_torch.py to refuse it saying `want`. */
+static void converter_refuses_edit(const char *dir, char *bytes, long len, long at, const void *value, const char *name,
+                                   const char *want) {
+    char bad[720], cmd[4096], *out;
+    memcpy(bytes + at, value, 8);
+    uint64_t sum = fnv1a64(FNV1A64_INIT, bytes, (size_t)len - 8);
+    memcpy(bytes + len - 8, &sum, 8);
+    snprintf(bad, sizeof bad, "%s/%s", dir, name);
+    FILE *f = fopen(bad, "wb");
+    ck_assert_msg(f && fwrite(bytes, 1, (size_t)len, f) == (size_t)len && fclose(f) == 0, "writing %s", bad);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
+    ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
+    free(out);
+}
+
 /* tests/torch/checkpoint_to_torch.py reads a checkpoint with Python's standard library alone (so CI
  * checks it): the header it prints is the one checkpoint_load reads, and a damaged or cut file is
  * refused. Where torch is installed (the device machine), the weights go into models.py's twin of
@@ -1590,32 +1607,13 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
         free(out);
     }
     /* hand-made: a world size of 0, its checksum recomputed — refused as checkpoint_load refuses it */
-    int64_t zero = 0;
-    memcpy(bytes + 120, &zero, 8);
-    uint64_t sum = fnv1a64(FNV1A64_INIT, bytes, (size_t)len - 8);
-    memcpy(bytes + len - 8, &sum, 8);
-    snprintf(bad, sizeof bad, "%s/world0.ckpt", dir);
-    FILE *w0 = fopen(bad, "wb");
-    fwrite(bytes, 1, (size_t)len, w0);
-    fclose(w0);
-    snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
-    ck_assert_int_eq(test_run(cmd, &out), 1);
-    ck_assert_msg(strstr(out, "is corrupt: impossible world_size 0 in its header"), "%s", out);
-    free(out);
-    /* …and a momentum no --momentum gives (format 8's hyperparameters, after the warm-up) */
-    int64_t one = 1;
+    int64_t zero = 0, one = 1;
     double momentum = 1.5;
-    memcpy(bytes + 120, &one, 8), memcpy(bytes + 272, &momentum, 8);
-    sum = fnv1a64(FNV1A64_INIT, bytes, (size_t)len - 8);
-    memcpy(bytes + len - 8, &sum, 8);
-    snprintf(bad, sizeof bad, "%s/momentum.ckpt", dir);
-    FILE *mo = fopen(bad, "wb");
-    fwrite(bytes, 1, (size_t)len, mo);
-    fclose(mo);
-    snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
-    ck_assert_int_eq(test_run(cmd, &out), 1);
-    ck_assert_msg(strstr(out, "is corrupt: impossible momentum 1.5 in its header"), "%s", out);
-    free(out);
+    converter_refuses_edit(dir, bytes, len, 120, &zero, "world0.ckpt", "is corrupt: impossible world_size 0 in its header");
+    memcpy(bytes + 120, &one, 8);
+    /* …and a momentum no --momentum gives (format 8's hyperparameters, after the warm-up) */
+    converter_refuses_edit(dir, bytes, len, 272, &momentum, "momentum.ckpt",
+                           "is corrupt: impossible momentum 1.5 in its header");
     free(bytes);
     snprintf(bad, sizeof bad, "%s/fifo", dir); /* a FIFO would block a plain read forever */
     ck_assert_int_eq(mkfifo(bad, 0600), 0);
