@@ -24,7 +24,8 @@
 #   COMPARE_OUT=DIR (default runs/compare), STEPS=N (timed steps per run after the 5 warm-up steps;
 #   default 200 on GPUs, 30 on the CPU, 3 with QUICK=1), GPUS=N, BATCH=N (per GPU, default 128;
 #   GPUs only — e.g. BATCH=32, where the fixed costs per step weigh most), TORCH=0,
-#   DRY=1 (print the plan and stop), STAGES_DIR / BIN_DIR (where the stage directories and binaries
+#   ROW_LIMIT=S (seconds one stage run may take before it is stopped and its row fails; default 60
+#   with QUICK=1, else 300), DRY=1 (print the plan and stop), STAGES_DIR / BIN_DIR (where the stage directories and binaries
 #   are; the defaults are this checkout — the tests point them at a checkout with a stage missing).
 # COMPARE_OUT must be a new or empty folder, or one this script wrote before (it holds the marker
 # .written-by-compare): each run deletes its *.jsonl, *.log, … there, so any other folder is refused
@@ -36,8 +37,8 @@ cd "$(dirname "$0")/.." || exit 1
 # take the GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 . tests/bench_common.sh
-USAGE="[QUICK=1] [STEPS=N] [GPUS=N] [BATCH=N] [TORCH=0] [DRY=1] [COMPARE_OUT=DIR] bash tests/compare.sh (or make compare …)"
-bench_ints "$USAGE" STEPS GPUS BATCH
+USAGE="[QUICK=1] [STEPS=N] [GPUS=N] [BATCH=N] [TORCH=0] [ROW_LIMIT=S] [DRY=1] [COMPARE_OUT=DIR] bash tests/compare.sh (or make compare …)"
+bench_ints "$USAGE" STEPS GPUS BATCH ROW_LIMIT
 bench_choice "$USAGE" QUICK 0 1
 bench_choice "$USAGE" DRY 0 1
 bench_choice "$USAGE" TORCH 0 1 auto
@@ -98,6 +99,7 @@ else
     LIMIT=300
     SETTING="tiny model (CPU-sized CNN), batch 32 per device, $STEPS timed steps after $WARMUP warm-up, synthetic data, 2 loader threads"
 fi
+LIMIT=${ROW_LIMIT:-$LIMIT}
 COMMON=(--device "$DEV" "${COMMON[@]}" --steps $((STEPS + WARMUP + 1)) --epochs 1000 --log-every 100000 --progress off)
 
 # ---- the plan: name | stage | row label | flags (rows only for the stages that exist) -------------
@@ -201,7 +203,8 @@ for p in "${PLAN[@]}"; do
     elif [ "$rc" = 0 ]; then
         printf '[%d/%d] %-44s %s\n' "$i" "${#PLAN[@]}" "$label" "$(grep -m1 '^summary:' "$OUT/$name.log" | cut -d'|' -f4-5)"
     else
-        echo "[$i/${#PLAN[@]}] $label FAILED (exit $rc): see $OUT/$name.log"; tail -n 3 "$OUT/$name.log" | sed 's/^/    /'
+        why=""; [ "$rc" = 124 ] || [ "$rc" = 137 ] && why=": stopped at its ${LIMIT} s limit (ROW_LIMIT=S gives more)"
+        echo "[$i/${#PLAN[@]}] $label FAILED (exit $rc$why): see $OUT/$name.log"; tail -n 3 "$OUT/$name.log" | sed 's/^/    /'
         FAILED=$((FAILED + 1))
     fi
 done

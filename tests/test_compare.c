@@ -258,6 +258,27 @@ START_TEST(compare_counts_rows_without_a_summary) {
 }
 END_TEST
 
+/* A row stopped at compare's time limit says so, and ROW_LIMIT sets the limit: it said only "FAILED
+ * (exit 124)". A checkout of stages 1 and 5, stage 5 a script that sleeps past ROW_LIMIT=2. */
+START_TEST(compare_names_a_row_stopped_at_its_limit) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    char *root = realpath(test_root(), NULL);
+    snprintf(cmd, sizeof cmd, "cd %s && mkdir -p stages/stage1_x stages/stage5_x bin && ln -s %s/stage1 bin/stage1 && "
+             "printf '#!/bin/sh\\nexec sleep 30\\n' > bin/stage5 && chmod +x bin/stage5", dir, root);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, LIMIT "env QUICK=1 ROW_LIMIT=2 STAGES_DIR=%s/stages BIN_DIR=%s/bin COMPARE_OUT=%s/out "
+             "bash %s/tests/compare.sh", dir, dir, dir, root);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "FAILED (exit 124: stopped at its 2 s limit (ROW_LIMIT=S gives more))") &&
+                  strstr(out, "compare: 2 run(s) failed"), "exit %d:\n%s", rc, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "env ROW_LIMIT=0 DRY=1 bash %s/tests/compare.sh", root);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc != 0 && strstr(out, "ROW_LIMIT=0 is not a whole number"), "exit %d:\n%s", rc, out);
+    free(out), free(root), free(dir);
+}
+END_TEST
+
 /* compare_table.py on a plan.tsv it cannot read (a line cut short, a stage that is not a number): one
  * line naming the file and the fix, never a Python traceback (ValueError on unpacking, on int()). */
 START_TEST(compare_table_refuses_a_broken_plan) {
@@ -464,6 +485,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, compare_read_only_results_folder_is_refused);
     tcase_add_test(tc, compare_counts_rows_without_a_summary);
     tcase_add_test(tc, compare_table_refuses_a_broken_plan);
+    tcase_add_test(tc, compare_names_a_row_stopped_at_its_limit);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
