@@ -29,7 +29,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -405,14 +404,9 @@ void dataset_write_cifar10(const Dataset *train, const Dataset *test, const char
         if (lstat(path, &st) == 0) cifar_exists(path);
     }
     Written w = {.n = 0};
-    /* A file-size limit (ulimit -f) would kill the process in the middle of a write with SIGXFSZ,
-     * silently, leaving a cut file and the whole ones before it; ignored, the write fails with EFBIG,
-     * and cifar_write_file names it and removes them (as cli_parse does for the stages' writes) */
-    void (*was)(int) = signal(SIGXFSZ, SIG_IGN);
     for (int k = 0; k < 5; k++) /* as even as it goes: the official 50000 are 5 × 10000 */
         cifar_write_file(dir, CIFAR_TRAIN_FILES[k], train, train->n * k / 5, train->n * (k + 1) / 5, &w);
     cifar_write_file(dir, CIFAR_TEST_FILES[0], test, 0, test->n, &w);
-    if (was != SIG_ERR) signal(SIGXFSZ, was);
 }
 
 void dataset_free(Dataset *ds) {
