@@ -240,42 +240,45 @@ START_TEST(compare_read_only_results_folder_is_refused) {
 }
 END_TEST
 
+/* compare.sh on a checkout of stages 1 and 5 alone, stage 5 a shell script whose body is `stage5_body`,
+ * with `knobs` before the script's other variables; its exit status, and its output in *out. */
+static int compare_with_fake_stage5(const char *stage5_body, const char *knobs, char **out) {
+    char *dir = test_tmpdir(), cmd[4096];
+    char *root = realpath(test_root(), NULL);
+    snprintf(cmd, sizeof cmd, "cd %s && mkdir -p stages/stage1_x stages/stage5_x bin && ln -s %s/stage1 bin/stage1 && "
+             "printf '#!/bin/sh\\n%s\\n' > bin/stage5 && chmod +x bin/stage5", dir, root, stage5_body);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, LIMIT "env QUICK=1 %s STAGES_DIR=%s/stages BIN_DIR=%s/bin COMPARE_OUT=%s/out "
+             "bash %s/tests/compare.sh", knobs, dir, dir, dir, root);
+    int rc = test_run(cmd, out);
+    free(root), free(dir);
+    return rc;
+}
+
 /* A run that exits 0 without a summary in its report is a failed row on the console and in the count,
  * as in the table: it printed an empty result line, and "compare: 1 run(s) failed" for the two such
  * rows (the table's exit counted once). A checkout of stages 1 and 5, stage 5 a script that writes nothing. */
 START_TEST(compare_counts_rows_without_a_summary) {
-    char *dir = test_tmpdir(), cmd[4096], *out;
-    char *root = realpath(test_root(), NULL);
-    snprintf(cmd, sizeof cmd, "cd %s && mkdir -p stages/stage1_x stages/stage5_x bin && ln -s %s/stage1 bin/stage1 && "
-             "printf '#!/bin/sh\\nexit 0\\n' > bin/stage5 && chmod +x bin/stage5", dir, root);
-    ck_assert_int_eq(test_run(cmd, NULL), 0);
-    snprintf(cmd, sizeof cmd, LIMIT "env QUICK=1 STAGES_DIR=%s/stages BIN_DIR=%s/bin COMPARE_OUT=%s/out bash %s/tests/compare.sh",
-             dir, dir, dir, root);
-    int rc = test_run(cmd, &out);
+    char *out;
+    int rc = compare_with_fake_stage5("exit 0", "", &out);
     ck_assert_msg(rc == 1 && count_of(out, "FAILED (exit 0, but no summary in its report") == 2 &&
                   strstr(out, "compare: 2 run(s) failed") && !strstr(out, "Traceback"), "exit %d:\n%s", rc, out);
-    free(out), free(root), free(dir);
+    free(out);
 }
 END_TEST
 
 /* A row stopped at compare's time limit says so, and ROW_LIMIT sets the limit: it said only "FAILED
  * (exit 124)". A checkout of stages 1 and 5, stage 5 a script that sleeps past ROW_LIMIT=2. */
 START_TEST(compare_names_a_row_stopped_at_its_limit) {
-    char *dir = test_tmpdir(), cmd[4096], *out;
-    char *root = realpath(test_root(), NULL);
-    snprintf(cmd, sizeof cmd, "cd %s && mkdir -p stages/stage1_x stages/stage5_x bin && ln -s %s/stage1 bin/stage1 && "
-             "printf '#!/bin/sh\\nexec sleep 30\\n' > bin/stage5 && chmod +x bin/stage5", dir, root);
-    ck_assert_int_eq(test_run(cmd, NULL), 0);
-    snprintf(cmd, sizeof cmd, LIMIT "env QUICK=1 ROW_LIMIT=2 STAGES_DIR=%s/stages BIN_DIR=%s/bin COMPARE_OUT=%s/out "
-             "bash %s/tests/compare.sh", dir, dir, dir, root);
-    int rc = test_run(cmd, &out);
+    char cmd[2048], *out;
+    int rc = compare_with_fake_stage5("exec sleep 30", "ROW_LIMIT=2", &out);
     ck_assert_msg(rc == 1 && strstr(out, "FAILED (exit 124: stopped at its 2 s limit (ROW_LIMIT=S gives more))") &&
                   strstr(out, "compare: 2 run(s) failed"), "exit %d:\n%s", rc, out);
     free(out);
-    snprintf(cmd, sizeof cmd, "env ROW_LIMIT=0 DRY=1 bash %s/tests/compare.sh", root);
+    snprintf(cmd, sizeof cmd, "env ROW_LIMIT=0 DRY=1 bash %s/tests/compare.sh", test_root());
     rc = test_run(cmd, &out);
     ck_assert_msg(rc != 0 && strstr(out, "ROW_LIMIT=0 is not a whole number"), "exit %d:\n%s", rc, out);
-    free(out), free(root), free(dir);
+    free(out);
 }
 END_TEST
 
