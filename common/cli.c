@@ -825,11 +825,24 @@ static void check_output(const char *flag, const char *what, const char *path, c
                      "give %s a file of its own", what, path, fd == 1 ? "output" : "error output", flag);
 }
 
+/* Two spellings of one directory that may not exist yet (so no stat): "runs/a", "./runs/a/". */
+static int same_dir_text(const char *a, const char *b) {
+    while (a[0] == '.' && a[1] == '/') a += 2;
+    while (b[0] == '.' && b[1] == '/') b += 2;
+    size_t la = strlen(a), lb = strlen(b);
+    while (la > 1 && a[la - 1] == '/') la--;
+    while (lb > 1 && b[lb - 1] == '/') lb--;
+    return la == lb && !strncmp(a, b, la);
+}
+
 /* The directory an output file goes into: missing (with the command that makes it), or a file where
- * it should be — for which mkdir -p is no fix. */
-static void check_output_dir(const char *flag, const char *path) {
+ * it should be — for which mkdir -p is no fix. --save's directory is the exception: the run creates
+ * it anyway, so `--save runs/a --report runs/a/report.jsonl` works as one would expect. */
+static void check_output_dir(const TrainConfig *c, const char *flag, const char *path) {
     char *dir = path_dir(path);
     struct stat st;
+    if (c->save && c->save[0] && stat(dir, &st) != 0 && errno == ENOENT && same_dir_text(dir, c->save))
+        make_dirs("--save", c->save);
     const int found = stat(dir, &st) == 0, e = errno;
     if (!found && e == ENOENT)
         die_user("%s '%s': directory '%s' does not exist (create it first: mkdir -p %s)", flag, path, dir, dir);
@@ -1049,14 +1062,14 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
                      i == 2 ? "the trace would be renamed over the checkpoint" : "the trace would replace the report",
                      i == 2 ? "--trace" : "--report");
     if (c->report && c->report[0]) {
-        check_output_dir("--report", c->report);
+        check_output_dir(c, "--report", c->report);
         check_output("--report", "--report", c->report, "report.jsonl");
         check_not_clobbering(c, "--report", c->report);
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
     if (c->trace && c->trace[0]) {
-        check_output_dir("--trace", c->trace);
+        check_output_dir(c, "--trace", c->trace);
         check_output("--trace", "--trace", c->trace, "trace.json"); /* the file, or where stages 3–5 merge */
         char *tmp = NULL, what[200];
         if (asprintf(&tmp, "%s.tmp", c->trace) < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);

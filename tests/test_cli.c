@@ -446,6 +446,17 @@ START_TEST(test_resolve_output_files) {
     REFUSED(A("--report", sub), "--report", "is a file, not a directory");
     REFUSED(A("--trace", sub), "--trace", "is a file, not a directory");
     unlink(out);
+    /* a missing directory is named with its mkdir — unless it is --save's, which the run creates anyway */
+    snprintf(sub, sizeof sub, "%s/new/r.json", dir);
+    snprintf(sub2, sizeof sub2, "%s/new/", dir);
+    REFUSED(A("--report", sub), "--report", "does not exist (create it first: mkdir -p");
+    REFUSED(A("--report", sub, "--save", dir), "--report", "does not exist");
+    ACCEPTED("--report", sub, "--save", sub2);
+    snprintf(sub2, sizeof sub2, "%s/new", dir);
+    struct stat made;
+    ck_assert_int_eq(stat(sub2, &made), 0);
+    ck_assert(S_ISDIR(made.st_mode));
+    ck_assert_int_eq(rmdir(sub2), 0);
     snprintf(out, sizeof out, "%s/t.json", dir);
     snprintf(rank, sizeof rank, "%s/t.json.rank12.json", dir); /* stages 3–5: rank 12's file */
     ck_assert_int_eq(mkdir(rank, 0700), 0);
