@@ -87,6 +87,8 @@ const Option *dp_options(DpConfig *c);
  * on GPU0's replica as stage 2 does after every epoch), and set what DataParallel runs as PyTorch's
  * replicas do: NCHW (--layout nhwc is refused) and op by op, without CUDA graphs. */
 void dp_config_resolve(DpConfig *c, DeviceKind kind);
+/* Why no Python is modelled ("--no-python", "every --gil-* cost is 0", …), for messages. */
+const char *dp_no_python_why(const DpConfig *c);
 
 typedef struct DataParallel DataParallel;
 

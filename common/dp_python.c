@@ -97,11 +97,13 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
                 die_user("--gil-host-us 0 scales every --gil-host-* cost to 0, so --%s would be ignored: drop one of "
                          "the two", *f);
     }
-    /* No Python modelled at all: the GIL is never taken, so its switch interval has nothing to act on */
-    int no_host = c->host_us == 0 || (c->host_us < 0 && !c->call_us && !c->module_us && !c->param_us && !c->thread_us);
+    /* No Python modelled at all: the GIL is never taken, so its switch interval has nothing to act on.
+     * The per-thread cost counts only where threads start every step (not with --dp-thread-pool). */
+    const int thread_cost = c->thread_us && !c->thread_pool;
+    int no_host = c->host_us == 0 || (c->host_us < 0 && !c->call_us && !c->module_us && !c->param_us && !thread_cost);
     if (c->op_us == 0 && no_host && cli_given("gil-switch-ms"))
         die_user("%s, so the GIL is never taken and --gil-switch-ms would be ignored: %s",
-                 c->no_python ? "--no-python models no Python" : "every --gil-* cost is 0",
+                 c->no_python ? "--no-python models no Python" : dp_no_python_why(c),
                  c->no_python ? "drop one of the two" : "drop --gil-switch-ms, or give a cost above 0");
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
     c->evaluating = cli_given("evaluate");
@@ -116,6 +118,15 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
     model_default_layout(0);
     /* ...and launch by launch, as PyTorch's eager replicas do: no CUDA graphs */
     model_default_graphs(0);
+}
+
+/* Why no Python is modelled, for the messages that say so. */
+const char *dp_no_python_why(const DpConfig *c) {
+    if (c->no_python) return "--no-python";
+    if (c->thread_pool && c->thread_us && c->host_us != 0)
+        return "every --gil-* cost is 0 but --gil-host-thread-us, which is charged per new thread, and "
+               "--dp-thread-pool starts none";
+    return "every --gil-* cost is 0";
 }
 
 /* The modules nn.Module.modules() lists for the PyTorch twin of this model (tests/torch/models.py):

@@ -74,7 +74,7 @@ void dp_describe(const DataParallel *dp, Report *r) {
                                              : "cuDNN's heuristics",
                   dp->devs[0]->benchmark ? c->plan_bench_us : c->plan_us, dp->devs[0]->benchmark ? "-bench" : "");
     if (!dp->python) {
-        report_printf(r, "modelled Python: none (--gil-op-us 0, --gil-host-us 0): the GIL is never taken\n");
+        report_printf(r, "modelled Python: none (%s): the GIL is never taken\n", dp_no_python_why(c));
         return;
     }
     double host_us, ops_us;

@@ -907,6 +907,9 @@ START_TEST(stage2_switch_interval_without_python_is_refused) {
         "--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-us 0 --gil-switch-ms 1",
         "--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-call-us 0 --gil-host-module-us 0 "
         "--gil-host-param-us 0 --gil-host-thread-us 0 --gil-switch-ms 1",
+        /* the per-new-thread cost alone, where --dp-thread-pool starts no thread per step */
+        "--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-call-us 0 --gil-host-module-us 0 "
+        "--gil-host-param-us 0 --gil-host-thread-us 100 --dp-thread-pool --gil-switch-ms 1",
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
@@ -918,6 +921,15 @@ START_TEST(stage2_switch_interval_without_python_is_refused) {
     char *out; /* Python modelled somewhere: the interval matters */
     int rc = run_stage2("--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-switch-ms 1", &out);
     ck_assert_msg(rc == 0, "exited %d:\n%s", rc, out);
+    free(out);
+    /* without the interval the run goes on, and its header says why no Python is modelled */
+    rc = run_stage2("--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-call-us 0 --gil-host-module-us 0 "
+                    "--gil-host-param-us 0 --gil-host-thread-us 100 --dp-thread-pool", &out);
+    ck_assert_msg(rc == 0 && strstr(out, "modelled Python: none (every --gil-* cost is 0 but --gil-host-thread-us"),
+                  "exited %d, or the header does not say why:\n%s", rc, out);
+    free(out);
+    rc = run_stage2("--device cpu --train-size 16 --epochs 1 --no-python", &out);
+    ck_assert_msg(rc == 0 && strstr(out, "modelled Python: none (--no-python)"), "exited %d:\n%s", rc, out);
     free(out);
 }
 END_TEST
