@@ -418,14 +418,25 @@ int amp_show_scaler(const AmpConfig *a) {
     scaler_init(&s, &d, &c, PREC_FP16, NULL);
     Optimizer o;
     optim_init(&o, &d, 1, 0.0, 0.0, 0.0);
-    float param = 0.0f, grad;
+    float param = 0.0f, grad, leaves_at = 0.0f;
+    /* the first F step taken where 1/scale overflows fp32: ours skips it, torch's does not (at a scale of 0
+     * both stay 0: nothing to say) */
+    int64_t leaves = 0;
     for (const char *q = pat; *q; q++) {
+        float before = scaler_get_scale(&s);
+        if (*q == 'F' && !leaves && before > 0.0f && !isfinite((float)(1.0 / (double)before)))
+            leaves = q - pat + 1, leaves_at = before;
         grad = *q == 'I' ? INFINITY : 1.0f;
         scaler_step(&s, &o, &param, &grad, 1, 0.0);
         scaler_update(&s);
         printf(q == pat ? "%.9g" : " %.9g", (double)scaler_get_scale(&s));
     }
     printf("\n");
+    if (leaves) /* the one place these scales are not torch's (docs/semantics.md): say so, not print it as torch's */
+        printf("note: step %lld (F) comes at scale %.9g, whose 1/scale overflows fp32: this scaler counts it as an "
+               "overflow and backs off, where torch's GradScaler counts it a finite step (it checks only the scaled "
+               "gradient, and unscales it to inf) — from that step on, these scales are not torch's "
+               "(docs/semantics.md)\n", (long long)leaves, (double)leaves_at);
     optim_destroy(&o);
     scaler_destroy(&s);
     device_destroy(&d);

@@ -68,7 +68,8 @@ Precision amp_precision(const AmpConfig *a, const Device *d);
  * cuBLAS's bf16 kernels need Ampere); *major gets the compute capability's major (0 on the CPU). */
 int amp_bf16_supported(const Device *d, int *major);
 /* --show-scaler: drive a GradScaler with the pattern's finite / inf steps, print the scale after
- * each update() on one line; returns the exit status. No device needed. */
+ * each update() on one line (and a note if an F step came where 1/scale overflows: from there the
+ * scales are not torch's); returns the exit status. No device needed. */
 int amp_show_scaler(const AmpConfig *a);
 
 typedef struct GradScaler {

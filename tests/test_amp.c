@@ -478,6 +478,30 @@ START_TEST(show_scaler_defaults_are_torchs) {
 }
 END_TEST
 
+/* Below 1/FLT_MAX (about 3e-39) our scaler counts a finite step as an overflow (docs/semantics.md: an
+ * inf 1/scale), where torch's checks only the scaled gradient and grows the scale: 4e-39 backs off to
+ * 2e-39 on the I, then torch doubles it on each F (4e-39, 8e-39) while ours keeps halving. The lesson
+ * prints our trajectory and must say where it leaves torch's; a pattern that never gets there (the
+ * fixture's IIIII from 1e-40: I steps back off in both) says nothing. */
+START_TEST(show_scaler_says_where_it_leaves_torch) {
+    char cmd[600], *out;
+    snprintf(cmd, sizeof cmd, "%s/stage5 --show-scaler IFF --init-scale 4e-39 --growth-interval 1", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(!strncmp(out, "2.00000043e-39 1.00000022e-39 5.00000108e-40\n", 45), "%s", out);
+    ck_assert_msg(strstr(out, "note: step 2 (F) comes at scale 2.00000043e-39"), "%s", out);
+    ck_assert_msg(strstr(out, "torch's GradScaler counts it a finite step"), "%s", out);
+    free(out);
+    /* …nor one that reaches a scale of 0 first (torch's stays 0 too: 0 · growth is 0) */
+    const char *same[] = {"IIIII --init-scale 1e-40 --growth-interval 10", "IFF --init-scale 1e-45 --growth-interval 1"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s/stage5 --show-scaler %s", test_root(), same[i]);
+        ck_assert_int_eq(test_run(cmd, &out), 0);
+        ck_assert_msg(!strstr(out, "note"), "%s: %s", same[i], out);
+        free(out);
+    }
+}
+END_TEST
+
 /* The scaler's rules directly: growth after exactly growth_interval finite steps, backoff and a
  * reset counter on an inf, the skipped step writing nothing (parameters AND momentum), unscaling
  * by the float of the double reciprocal, and the step after a skip proceeding normally: every step
@@ -896,6 +920,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, model_under_autocast_tracks_fp32);
     tcase_add_test(tc, show_scaler_matches_torch);
     tcase_add_test(tc, show_scaler_defaults_are_torchs);
+    tcase_add_test(tc, show_scaler_says_where_it_leaves_torch);
     tcase_add_test(tc, scaler_skips_and_scales);
     tcase_add_test(tc, forced_overflow_skips_one_step);
     tcase_add_test(tc, scaler_report_flags_ranks_that_disagree);
