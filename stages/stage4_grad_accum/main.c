@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
             ddp_forward_begin(&ddp); /* BN buffers from rank 0, after a synchronised step */
             model_forward(model, b->n, x, 1);
             xent_forward_backward(&dev, b->n, model->classes, model_logits(model), y,
-                                  1.0f / (float)(K * b->n), &log.loss[slot], &log.correct[slot],
+                                  1.0f / ((float)K * (float)b->n), &log.loss[slot], &log.correct[slot],
                                   model_dlogits(model)); /* loss / K */
             /* gradients add up in grad_flat; a synchronising backward all-reduces each bucket of the
              * sum as soon as it has produced that bucket's last gradient */
