@@ -517,6 +517,9 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
     given = xcalloc((size_t)argc + 1, sizeof *given);
     auto_defaults_read(opts);
     if (wants_help(argc, argv, opts)) {
+        /* `--help | head` (or a pager quit early) is how help gets read: end quietly, as any tool does —
+         * no training run stopped, so the broken-pipe note above would only alarm. */
+        signal(SIGPIPE, SIG_DFL);
         cli_print_help(opts, prog, about);
         fflush(stdout);
         exit(0);

@@ -595,6 +595,22 @@ START_TEST(test_other_stages_flags_are_named) {
 }
 END_TEST
 
+/* `./stage5 --help | head` is how help gets read: the reader leaves early, and the help ends quietly
+ * (SIGPIPE, exit 141, as any tool), not with the training run's "stopped — the program reading its
+ * output went away … the checkpoints already saved are intact" note, which it printed. */
+START_TEST(test_help_into_a_closed_pipe_is_quiet) {
+    for (int k = 1; k <= 5; k += 2) {
+        char cmd[700], *out;
+        /* stdout into `true`, gone before the help is written; stderr and the exit status to fd 3 */
+        snprintf(cmd, sizeof cmd, "{ { sleep 0.3; timeout 30 %s/stage%d --help 2>&3; echo \"exit $?\" >&3; } | true; } 3>&1",
+                 test_root(), k);
+        test_run(cmd, &out);
+        ck_assert_msg(strstr(out, "exit 141") && !strstr(out, "stopped"), "stage%d --help | head:\n%s", k, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* A fresh run into a --save directory that holds another run's checkpoints used to overwrite them:
  * refused, naming the newest to --resume; resuming one of them there is fine, one from elsewhere not. */
 START_TEST(test_resolve_save_holding_checkpoints) {
@@ -1215,6 +1231,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_resolve_save_holding_checkpoints);
     tcase_add_test(tc, test_every_flag_is_classified_for_evaluate);
     tcase_add_test(tc, test_other_stages_flags_are_named);
+    tcase_add_test(tc, test_help_into_a_closed_pipe_is_quiet);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);
