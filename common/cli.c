@@ -250,6 +250,20 @@ const char *cli_flag_stages(const char *name, const char **idea) {
 
 static const char *parsing_prog = "this stage"; /* cli_parse's prog, for die_unknown */
 
+/* This stage's flag that `name` is a near miss of — a unique prefix of it or one edit away (--epoch of
+ * --epochs) — or NULL: another stage's flag given here may be that typo rather than the wrong stage. */
+static const char *near_miss(const Option *opts, const char *name) {
+    const size_t len = strlen(name);
+    const char *hit = NULL;
+    int n = 0;
+    for (const Option *o = opts; o->name; o++)
+        if (len >= 2 && !strncmp(o->name, name, len)) hit = o->name, n++;
+    if (n == 1) return hit;
+    for (const Option *o = opts; o->name; o++)
+        if (edit_distance(name, o->name) == 1) return o->name;
+    return NULL;
+}
+
 _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     const size_t dashes = strspn(arg, "-");
     /* -h=1, --help=yes: the help flag, known, with a value it does not take (not "unknown option '-h'") */
@@ -269,9 +283,12 @@ _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     size_t len = strcspn(name, "=");
     snprintf(buf, sizeof buf, "%.*s", (int)(len < 120 ? len : 120), name);
     const char *idea, *stages = cli_flag_stages(buf, &idea);
-    if (stages) /* known, but not here: say where it lives */
-        die_user("--%s is a flag of stage%s %s (%s), not of %s: run ./stage%.1s (see ./stage%.1s --help)", buf,
-                 strstr(stages, "–") ? "s" : "", stages, idea, parsing_prog, stages, stages);
+    if (stages) { /* known, but not here: say where it lives, and the flag of this stage it is close to */
+        const char *near = near_miss(opts, buf);
+        die_user("--%s is a flag of stage%s %s (%s), not of %s: run ./stage%.1s (see ./stage%.1s --help)%s%s%s", buf,
+                 strstr(stages, "–") ? "s" : "", stages, idea, parsing_prog, stages, stages,
+                 near ? ", or did you mean --" : "", near ? near : "", near ? "?" : "");
+    }
     const char *s = suggest(opts, buf);
     if (s) die_user("unknown option '%.*s' (did you mean --%s?)", (int)strcspn(arg, "="), arg, s);
     die_user("unknown option '%.*s' (see --help for the list)", (int)strcspn(arg, "="), arg);

@@ -590,6 +590,16 @@ START_TEST(test_other_stages_flags_are_named) {
         free(out);
     }
     ck_assert_int_ge(others, 40);
+    /* --epoch (the sampler lesson's) given to stage 1 is most likely --epochs mistyped: both are named */
+    char cmd[600], *out;
+    snprintf(cmd, sizeof cmd, "%s/stage1 --epoch 3", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--epoch is a flag of stages 3–5") && strstr(out, "or did you mean --epochs?"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/stage1 --amp bf16", test_root()); /* nothing close: the stage alone */
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "run ./stage5") && !strstr(out, "did you mean"), "%s", out);
+    free(out);
     ck_assert_ptr_null(cli_flag_stages("lr", NULL));
     ck_assert_ptr_null(cli_flag_stages("no-such-flag", NULL));
 }
