@@ -601,13 +601,20 @@ static void schedule_note(Run *r) {
     if (c->warmup_steps > 0)
         snprintf(warm_now, sizeof warm_now, " after %lld warm-up steps from %g × lr", (long long)c->warmup_steps,
                  c->warmup_start_factor);
+    /* A cosine the checkpoint had run to its end has nothing left to continue: its own flags would make a
+     * finished run, which a resume refuses — say so instead of offering them. */
+    char fix[256];
+    if (g->schedule == CKPT_SCHED_COSINE && g->step >= g->schedule_steps)
+        snprintf(fix, sizeof fix, "its cosine ended at step %lld, so none of it is left to continue: training on "
+                 "takes a schedule of its own, as this run's", (long long)g->schedule_steps);
+    else
+        snprintf(fix, sizeof fix, "to continue its schedule, resume with --schedule %s%s --lr %s%s", was, epochs,
+                 exact_g(g->lr, lr_text), warm_fix);
     report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld steps at --lr %g%s; "
                               "this run has --schedule %s over %lld steps at --lr %g%s: at step %lld the learning rate "
-                              "is %g, not the %g that run would use (to continue its schedule, resume with --schedule "
-                              "%s%s --lr %s%s)\n",
+                              "is %g, not the %g that run would use (%s)\n",
                   c->resume, was, (long long)g->schedule_steps, g->lr, warm_then, c->schedule,
-                  (long long)r->total_steps, c->lr, warm_now, (long long)at, now, then, was, epochs,
-                  exact_g(g->lr, lr_text), warm_fix);
+                  (long long)r->total_steps, c->lr, warm_now, (long long)at, now, then, fix);
 }
 
 /* The optimizer's hyperparameters (format version 8) may change on a resume too, as the schedule may: this
