@@ -577,6 +577,18 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
     }
 }
 
+const char *cli_cpu_fallback_what(void) {
+    static char buf[200];
+    const char *model = cli_choice("model"), *data = cli_choice("data");
+    const int big_model = cli_given("model") && model && !strcmp(model, "resnet18"), own_data = data && data[0];
+    if (!big_model && !own_data) return "small model, small dataset";
+    snprintf(buf, sizeof buf, "%s, %s", big_model ? "ResNet-18 as --model asks: slow on a CPU" : "small model",
+             !own_data                 ? "small dataset"
+             : cli_given("train-size") ? "--train-size images of --data"
+                                       : "every image of --data: minutes on a CPU, --train-size N takes fewer");
+    return buf;
+}
+
 /* ----------------------------------------------------------------------------------------------
  * the shared configuration */
 

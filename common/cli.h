@@ -37,6 +37,10 @@ int cli_given(const char *name);
  * when that table has no such flag: for a check that spans two concepts' flags (amp_check reads DDP's
  * --optimizer-overlap), made once before the workers start. */
 const char *cli_choice(const char *name);
+/* What the "no CUDA GPU visible" note says the CPU run will train, in its parentheses: "small model, small
+ * dataset" for the defaults, else what --model or --data chose instead (all of --data's images are minutes
+ * of training on a CPU, and the note says how to take fewer). */
+const char *cli_cpu_fallback_what(void);
 
 /* The flags every rank of a job must agree on, as the last cli_parse left them: v[0] and v[1] name the
  * table (its flag names, their count), then one 32-bit hash per flag value — integers, so a sum over

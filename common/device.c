@@ -1,5 +1,6 @@
 /* device.c — logical devices, accounted memory, copies (see device.h). */
 #include "device.h"
+#include "cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +97,7 @@ DeviceKind device_kind_from_flag(const char *flag, int quiet) {
         return DEV_CUDA;
     }
     if (n > 0) return DEV_CUDA;
-    if (!quiet) printf("note: no CUDA GPU visible — running on the CPU backend (small model, small dataset)\n");
+    if (!quiet) printf("note: no CUDA GPU visible — running on the CPU backend (%s)\n", cli_cpu_fallback_what());
     return DEV_CPU;
 }
 

@@ -84,8 +84,8 @@ int main(int argc, char **argv) {
                   .allow_tf32 = !cfg.no_tf32};
     device_init(&dev, cuda ? DEV_CUDA : DEV_CPU, w.rank, cuda ? launch_gpu_of(&w, gpus) : 0);
     if (w.rank == 0 && !cuda && !strcmp(lc.device, "auto"))
-        printf("note: no CUDA GPU visible — %d CPU workers on the CPU backend (small model, small dataset)\n",
-               w.world_size);
+        printf("note: no CUDA GPU visible — %d CPU workers on the CPU backend (%s)\n", w.world_size,
+               cli_cpu_fallback_what());
     if (w.rank == 0 && cuda && w.local_world_size > gpus)
         printf("note: %d workers share %d GPU(s) through --comm host: the DDP mechanics are all here, but the "
                "timings do not show scaling\n", w.local_world_size, gpus);
