@@ -626,6 +626,23 @@ START_TEST(test_cpu_fallback_note_says_what_runs) {
 }
 END_TEST
 
+/* Ctrl-C on a run that saves prints how to go on. "continue with --resume X" alone was read as a command of
+ * its own: `./stage1 --resume X` meets the defaults (--batch-size 128, 8192 images) and is refused one flag
+ * at a time; the line says the resume is this same command with --resume added. */
+START_TEST(test_ctrl_c_says_to_resume_with_the_same_command) {
+    char dir[64] = "/tmp/test_ctrl_c_XXXXXX", cmd[2048], *out;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "D=%s; env --default-signal=INT timeout 120 %s/stage1 --device cpu --train-size 512 "
+             "--test-size 64 --batch-size 32 --epochs 1000 --progress off --save $D/a > $D/a.log 2>&1 & run=$!; "
+             "while ! grep -qs 'saved checkpoint' $D/a.log && kill -0 $run 2>/dev/null; do sleep 0.05; done; "
+             "kill -INT $run; wait $run; echo \"exit $?\"; cat $D/a.log; rm -rf $D", dir, test_root());
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "exit 130") && strstr(out, "stopped early by SIGINT after step ") &&
+                      strstr(out, " (added to this same command, its other flags unchanged)"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* `./stage5 --help | head` is how help gets read: the reader leaves early, and the help ends quietly
  * (SIGPIPE, exit 141, as any tool), not with the training run's "stopped — the program reading its
  * output went away … the checkpoints already saved are intact" note, which it printed. */
@@ -1264,6 +1281,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_other_stages_flags_are_named);
     tcase_add_test(tc, test_help_into_a_closed_pipe_is_quiet);
     tcase_add_test(tc, test_cpu_fallback_note_says_what_runs);
+    tcase_add_test(tc, test_ctrl_c_says_to_resume_with_the_same_command);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);
