@@ -284,6 +284,14 @@ _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     snprintf(buf, sizeof buf, "%.*s", (int)(len < 120 ? len : 120), name);
     const char *idea, *stages = cli_flag_stages(buf, &idea);
     if (stages) { /* known, but not here: say where it lives, and the flag of this stage it is close to */
+        /* the same knob under this stage's idea: DataParallel's GPUs are DDP's worker processes */
+        static const char *const same_knob[][3] = {{"gpus", "nproc-per-node", "a worker process per GPU"},
+                                                   {"nproc-per-node", "gpus", "a replica thread per GPU"}};
+        for (size_t i = 0; i < sizeof same_knob / sizeof same_knob[0]; i++)
+            if (!strcmp(buf, same_knob[i][0]) && find_option(opts, same_knob[i][1], strlen(same_knob[i][1])))
+                die_user("--%s is a flag of stage%s %s (%s), not of %s, which runs %s: --%s N (./stage%.1s is "
+                         "%s)", buf, strstr(stages, "–") ? "s" : "", stages, idea, parsing_prog, same_knob[i][2],
+                         same_knob[i][1], stages, idea);
         const char *near = near_miss(opts, buf);
         die_user("--%s is a flag of stage%s %s (%s), not of %s: run ./stage%.1s (see ./stage%.1s --help)%s%s%s", buf,
                  strstr(stages, "–") ? "s" : "", stages, idea, parsing_prog, stages, stages,

@@ -596,6 +596,20 @@ START_TEST(test_other_stages_flags_are_named) {
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "--epoch is a flag of stages 3–5") && strstr(out, "or did you mean --epochs?"), "%s", out);
     free(out);
+    /* --gpus given to DDP means its worker count: stage 3's own flag is named, not only stage 2 */
+    snprintf(cmd, sizeof cmd, "%s/stage3 --gpus 2", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--gpus is a flag of stage 2") && strstr(out, "not of stage3, which runs a worker process per GPU: --nproc-per-node N"),
+                  "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/stage2 --nproc-per-node 2", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "not of stage2, which runs a replica thread per GPU: --gpus N"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/stage1 --gpus 2", test_root()); /* stage 1 has neither: the stage alone */
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "run ./stage2") && !strstr(out, "which runs"), "%s", out);
+    free(out);
     snprintf(cmd, sizeof cmd, "%s/stage1 --amp bf16", test_root()); /* nothing close: the stage alone */
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "run ./stage5") && !strstr(out, "did you mean"), "%s", out);
