@@ -297,6 +297,13 @@ _Noreturn static void die_unknown(const Option *opts, const char *arg) {
                  strstr(stages, "–") ? "s" : "", stages, idea, parsing_prog, stages, stages,
                  near ? ", or did you mean --" : "", near ? near : "", near ? "?" : "");
     }
+    /* --cpu, --fp16, --adam: a value of one flag's choices, typed as a flag (closer than any name) */
+    const Option *owner = NULL;
+    int owners = 0;
+    for (const Option *o = opts; o->name && !choice_ok("auto|on|off", buf); o++) /* values of many flags: no */
+        if (o->kind == OPT_CHOICE && choice_ok(o->choices, buf)) owner = o, owners++;
+    if (owners == 1 && !strchr(arg, '='))
+        die_user("unknown option '%s' (did you mean --%s %s?)", arg, owner->name, buf);
     const char *s = suggest(opts, buf);
     if (s) die_user("unknown option '%.*s' (did you mean --%s?)", (int)strcspn(arg, "="), arg, s);
     die_user("unknown option '%.*s' (see --help for the list)", (int)strcspn(arg, "="), arg);

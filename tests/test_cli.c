@@ -610,6 +610,17 @@ START_TEST(test_other_stages_flags_are_named) {
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "run ./stage2") && !strstr(out, "which runs"), "%s", out);
     free(out);
+    /* a choice typed as a flag: `--cpu` is --device cpu (it used to suggest --cpu-threads) */
+    static const char *const as_flag[][2] = {{"1 --cpu", "did you mean --device cpu?"},
+                                             {"1 --tiny", "did you mean --model tiny?"},
+                                             {"5 --adam", "did you mean --optimizer adam?"},
+                                             {"1 --off", "(see --help for the list)"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "%s/stage%s", test_root(), as_flag[i][0]);
+        ck_assert_int_eq(test_run(cmd, &out), 2);
+        ck_assert_msg(strstr(out, as_flag[i][1]), "%s\n%s", cmd, out);
+        free(out);
+    }
     snprintf(cmd, sizeof cmd, "%s/stage1 --amp bf16", test_root()); /* nothing close: the stage alone */
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "run ./stage5") && !strstr(out, "did you mean"), "%s", out);
