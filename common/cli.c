@@ -1040,9 +1040,14 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         if (stat(c->resume, &st) != 0)
             die_user("--resume '%s': %s (give a file written by --save, e.g. DIR/epoch003.ckpt)",
                      c->resume, errno_string());
-        if (S_ISDIR(st.st_mode))
-            die_user("--resume '%s' is a directory: give a checkpoint file in it (e.g. %s/epoch003.ckpt)", c->resume,
-                     c->resume);
+        if (S_ISDIR(st.st_mode)) { /* a --save directory: name its newest checkpoint, the one Ctrl-C's line names */
+            char *newest = NULL;
+            if (checkpoint_list(c->resume, &newest) > 0)
+                die_user("--resume '%s' is a directory: give a checkpoint file in it (the newest: --resume %s)",
+                         c->resume, newest);
+            die_user("--resume '%s' is a directory, and holds no checkpoint: give a checkpoint file written by --save "
+                     "(e.g. DIR/epoch003.ckpt)", c->resume);
+        }
         if (!S_ISREG(st.st_mode))
             die_user("--resume '%s' is not a regular file (a device, FIFO or socket): give a checkpoint file "
                      "written by --save", c->resume);

@@ -367,7 +367,18 @@ START_TEST(test_resolve_paths) {
     fclose(f);
 
     REFUSED(A("--resume", missing), "--resume", missing);
-    REFUSED(A("--resume", dir), "--resume", "is a directory", "give a checkpoint file in it");
+    REFUSED(A("--resume", dir), "--resume", "is a directory, and holds no checkpoint", "give a checkpoint file");
+    /* a --save directory (after Ctrl-C, say): its newest checkpoint is named, not an epoch003.ckpt it lacks */
+    char ckdir[160], ck[200];
+    snprintf(ckdir, sizeof ckdir, "%s/ck", dir);
+    snprintf(ck, sizeof ck, "%s/step00000015.ckpt", ckdir);
+    ck_assert_int_eq(mkdir(ckdir, 0755), 0);
+    f = fopen(ck, "w");
+    fputs("x", f);
+    fclose(f);
+    REFUSED(A("--resume", ckdir), "is a directory: give a checkpoint file in it (the newest: --resume", ck);
+    unlink(ck);
+    rmdir(ckdir);
     REFUSED(A("--resume", "/dev/null"), "--resume '/dev/null' is not a regular file", "device"); /* not "directory" */
     REFUSED(A("--optimizer", "adam", "--momentum", "0.5"), "--momentum is SGD's", "drop --momentum");
     REFUSED(A("--keep-last", "2"), "--keep-last 2", "give --save DIR too"); /* else silently nothing */
