@@ -558,6 +558,10 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        /* "—epochs": a slide, PDF or chat turned "--" into an em dash (or "–", an en dash) */
+        if (!strncmp(a, "\xe2\x80\x94", 3) || !strncmp(a, "\xe2\x80\x93", 3))
+            die_user("'%s' starts with a long dash (%.3s), not two hyphens — a slide, PDF or chat turns '--' into "
+                     "one: type two hyphens, --%s", a, a, a + 3);
         if (a[0] != '-' || a[1] == 0)
             die_user("unexpected argument '%s' (every option is --name VALUE; see --help)", a);
         if (a[1] != '-' || a[2] == 0) die_unknown(opts, a); /* "-lr", "--" */

@@ -206,6 +206,9 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--device", "gpu"), "--device", "auto|cuda|cpu");
     REFUSED(A("--schedule", "Cosine"), "--schedule", "const|cosine");
     REFUSED(A("--progress", ""), "--progress", "auto|on|off");
+    /* copied from a slide or chat that made "--" a dash: say so, not "unexpected argument" */
+    REFUSED(A("\xe2\x80\x94" "epochs", "2"), "starts with a long dash (\xe2\x80\x94), not two hyphens", "type two hyphens, --epochs");
+    REFUSED(A("\xe2\x80\x93" "lr", "0.1"), "type two hyphens, --lr");
     REFUSED(A("--bach-size", "5"), "unknown option '--bach-size' (did you mean --batch-size?)");
     REFUSED(A("--batch", "5"), "unknown option '--batch'", "--batch-size");
     REFUSED(A("--learning-rate=0.1"), "unknown option '--learning-rate'");
