@@ -193,6 +193,23 @@ const char *const cifar10_file_names[CIFAR10_FILES] = {"data_batch_1.bin", "data
 static const char *const *const CIFAR_TRAIN_FILES = cifar10_file_names;
 static const char *const *const CIFAR_TEST_FILES = cifar10_file_names + 5;
 
+/* docs/get_cifar10.sh as the user can run it from where they are: that path from the repository root
+ * (where the tutorial runs the stages), else the one next to this binary — ./stage1 started from another
+ * directory (`../stage1`, a script's own folder) would be told of a path that is not there. */
+static const char *get_cifar10_script(void) {
+    static char path[4200];
+    if (access("docs/get_cifar10.sh", F_OK) == 0) return "docs/get_cifar10.sh";
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
+    if (slash) {
+        *slash = 0;
+        snprintf(path, sizeof path, "%s/docs/get_cifar10.sh", exe);
+        if (access(path, F_OK) == 0) return path;
+    }
+    return "docs/get_cifar10.sh";
+}
+
 /* Open one file and return its record count; every problem is the user's to fix, so die_user. */
 static FILE *cifar_open(const char *path, int64_t *records) {
     /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
@@ -201,8 +218,8 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     if (fd < 0) {
         if (errno == ENOENT) {
             const char *slash = strrchr(path, '/');
-            die_user("CIFAR-10 file '%s' not found — download the set there with docs/get_cifar10.sh %.*s, or "
-                     "drop --data to use the synthetic set", path, slash ? (int)(slash - path) : 1,
+            die_user("CIFAR-10 file '%s' not found — download the set there with %s %.*s, or "
+                     "drop --data to use the synthetic set", path, get_cifar10_script(), slash ? (int)(slash - path) : 1,
                      slash ? path : ".");
         }
         die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
@@ -211,16 +228,16 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode))
         die_user("CIFAR-10 file '%s' is not a regular file (%s) — remove it and download the set again with "
-                 "docs/get_cifar10.sh", path, S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
+                 "%s", path, S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket", get_cifar10_script());
     int64_t size = (int64_t)st.st_size;
     if (size == 0)
         die_user("CIFAR-10 file '%s' is empty (0 bytes; the official files have %d): an interrupted download? "
-                 "Re-run docs/get_cifar10.sh", path, CIFAR_RECORD * CIFAR_PER_FILE);
+                 "Re-run %s", path, CIFAR_RECORD * CIFAR_PER_FILE, get_cifar10_script());
     if (size % CIFAR_RECORD != 0)
         die_user("CIFAR-10 file '%s' has %lld bytes, which is not a whole number of %d-byte records "
                  "(1 label + 3072 pixels; the official files have %d bytes): truncated download, or not "
-                 "the binary version? Re-run docs/get_cifar10.sh",
-                 path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE);
+                 "the binary version? Re-run %s",
+                 path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE, get_cifar10_script());
     *records = size / CIFAR_RECORD;
     FILE *f = fdopen(fd, "rb");
     if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
@@ -233,9 +250,9 @@ static void cifar_dir_check(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0) {
         if (errno == ENOENT)
-            die_user("--data '%s': no such directory — download CIFAR-10 into it with docs/get_cifar10.sh %s "
+            die_user("--data '%s': no such directory — download CIFAR-10 into it with %s %s "
                      "(or give the directory that holds data_batch_1.bin … test_batch.bin), or drop --data to "
-                     "use the synthetic set", dir, dir);
+                     "use the synthetic set", dir, get_cifar10_script(), dir);
         die_user("--data '%s': %s (give the directory that holds data_batch_1.bin … test_batch.bin)", dir,
                  strerror(errno));
     }
@@ -256,11 +273,11 @@ static void cifar_dir_check(const char *dir) {
         snprintf(below, sizeof below, "%s/%s", dir, python[i]);
         if (access(below, F_OK) == 0)
             die_user("--data '%s' holds CIFAR-10's python version (pickled %s): the stages read the binary "
-                     "version — download it with docs/get_cifar10.sh DIR and give --data DIR", dir, python[i]);
+                     "version — download it with %s DIR and give --data DIR", dir, python[i], get_cifar10_script());
         snprintf(below, sizeof below, "%s/%s", dir, c100[i]);
         if (access(below, F_OK) == 0)
             die_user("--data '%s' holds CIFAR-100 (%s): the stages train on CIFAR-10's 10 classes — download "
-                     "it with docs/get_cifar10.sh DIR and give --data DIR", dir, c100[i]);
+                     "it with %s DIR and give --data DIR", dir, c100[i], get_cifar10_script());
     }
 }
 

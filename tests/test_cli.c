@@ -7,6 +7,7 @@
 #endif
 #include <fcntl.h>
 #include <math.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -682,6 +683,24 @@ START_TEST(test_ctrl_c_says_to_resume_with_the_same_command) {
 }
 END_TEST
 
+/* A --data directory that is not there is answered with the download script — by a path that runs from
+ * where the student is: from another directory `docs/get_cifar10.sh` is not there, the one next to the
+ * binary is. */
+START_TEST(test_missing_data_names_a_script_that_runs_from_here) {
+    char root[PATH_MAX], cmd[PATH_MAX + 200], want[PATH_MAX + 100], *out;
+    ck_assert_ptr_nonnull(realpath(test_root(), root));
+    snprintf(cmd, sizeof cmd, "cd / && %s/stage1 --device cpu --data no_such_data_dir", root);
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    snprintf(want, sizeof want, "download CIFAR-10 into it with %s/docs/get_cifar10.sh no_such_data_dir", root);
+    ck_assert_msg(strstr(out, want), "%s\n%s", cmd, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd %s && ./stage1 --device cpu --data no_such_data_dir", root); /* from the root */
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "with docs/get_cifar10.sh no_such_data_dir"), "%s\n%s", cmd, out);
+    free(out);
+}
+END_TEST
+
 /* `./stage5 --help | head` is how help gets read: the reader leaves early, and the help ends quietly
  * (SIGPIPE, exit 141, as any tool), not with the training run's "stopped — the program reading its
  * output went away … the checkpoints already saved are intact" note, which it printed. */
@@ -1321,6 +1340,7 @@ Suite *suite_cli(void) {
     tcase_add_test(tc, test_help_into_a_closed_pipe_is_quiet);
     tcase_add_test(tc, test_cpu_fallback_note_says_what_runs);
     tcase_add_test(tc, test_ctrl_c_says_to_resume_with_the_same_command);
+    tcase_add_test(tc, test_missing_data_names_a_script_that_runs_from_here);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("report");
     tcase_set_timeout(tr, 30);
