@@ -938,11 +938,14 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
         else
             snprintf(pieces, sizeof pieces, "%d %s", d->overlap ? d->n_buckets : 1,
                      d->overlap ? (d->n_buckets == 1 ? "bucket" : "buckets") : "piece, after backward");
+        /* GPUs move GB/s, the CPU backend's TCP ring on a tiny model hundredths of one: 3 decimals below 1,
+         * never a "0.0 GB/s" that reads as broken */
+        const double busbw = algbw * busbw_factor(d->world);
         report_printf(&r->report,
-                      "%s all-reduce %.3f ms/%s (%s in %s, algbw %.1f GB/s, busbw %.1f GB/s) | exposed "
+                      "%s all-reduce %.3f ms/%s (%s in %s, algbw %.*f GB/s, busbw %.*f GB/s) | exposed "
                       "%.3f ms = %s (after backward %.3f, buffer broadcast %.3f)\n",
                       summary ? "comm over the run:" : "  comm:", v[0], accum ? "optimizer step" : "step", mb,
-                      pieces, algbw, algbw * busbw_factor(d->world), exposed, share, v[1], v[2]);
+                      pieces, algbw < 0.95 ? 3 : 1, algbw, busbw < 0.95 ? 3 : 1, busbw, exposed, share, v[1], v[2]);
     }
     if (summary && d->world <= DDP_PER_RANK_MAX) per_rank(d);
     int64_t sb_calls, sb_bytes;

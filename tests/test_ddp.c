@@ -650,6 +650,14 @@ START_TEST(per_rank_times_are_reported) {
              test_root(), test_free_port(), path);
     ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "per rank, ms (rank 0 … 1): forward+backward "), "%s", out);
+    /* the comm line's bandwidth is the JSON's, to as many digits as it needs: on the CPU's TCP ring a tiny
+     * model moves hundredths of a GB/s, which one decimal printed as a broken-looking "0.0 GB/s" */
+    const char *bw = strstr(out, "comm over the run: ");
+    bw = bw ? strstr(bw, "algbw ") : NULL;
+    ck_assert_msg(bw, "%s", out);
+    const double printed = atof(bw + 6), json_bw = test_report_field(path, "comm_summary", "algbw_gbps");
+    ck_assert_msg(printed > 0 && fabs(printed - json_bw) <= 0.0005 + 0.05 * json_bw, "printed %s, JSON %.6g", bw,
+                  json_bw);
     free(out);
     double fb[4], ex[4], bc[4], step[1];
     ck_assert_int_eq(test_report_list(path, "comm_per_rank", "fwd_bwd_ms_per_rank", fb, 4), 2);
