@@ -210,7 +210,8 @@ static const char *suggest(const Option *opts, const char *name) {
         int d = edit_distance(name, o->name);
         if (d < best_d) best_d = d, best = o->name;
     }
-    if (best && (best_d <= 2 || best_d * 3 <= (int)len)) return best;
+    /* two edits only where the name keeps a letter of its own: '--5' is no typo of '--lr' */
+    if (best && (best_d == 1 || (best_d == 2 && (int)len > 2) || best_d * 3 <= (int)len)) return best;
     return NULL;
 }
 

@@ -214,6 +214,8 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--batch", "5"), "unknown option '--batch'", "--batch-size");
     REFUSED(A("--learning-rate=0.1"), "unknown option '--learning-rate'");
     REFUSED(A("--zzzzzzzz"), "unknown option '--zzzzzzzz'");
+    REFUSED(A("--5"), "unknown option '--5' (see --help for the list)"); /* not "did you mean --lr?" */
+    REFUSED(A("--l", "0.1"), "did you mean --lr?");
     REFUSED(A("-lr", "0.1"), "unknown option '-lr'", "--lr");
     REFUSED(A("-b", "64"), "unknown option '-b': options are long (--name VALUE; only -h is short)"); /* not "--lr?" */
     /* no name to correct: not "did you mean --lr?" (an empty name is within two edits of it) */
