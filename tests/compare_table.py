@@ -298,6 +298,21 @@ def cpu_note(d, rows):
     return notes
 
 
+def drift_note(rows):
+    """Stage 1 runs first and, outside QUICK, again last: two step times more than 10% apart mean the
+    machine's speed changed under the comparison (other work on it, a throttled GPU), and every ratio
+    against stage 1 carries that much doubt. Say so rather than print the ratios as if exact."""
+    ms = {r["name"]: r["ms"] for r in rows if r["name"] in ("stage1", "stage1_again") and r["ms"]}
+    if len(ms) < 2:
+        return ""
+    a, b = ms["stage1"], ms["stage1_again"]
+    if max(a, b) <= 1.10 * min(a, b):
+        return ""
+    return (f"warning: stage 1 took {a:.2f} ms/iter first and {b:.2f} at the end ({max(a, b) / min(a, b):.2f}×): "
+            "the machine's speed changed during the comparison (other work on it?), so the ratios carry that much "
+            "doubt — run make compare again on an idle machine")
+
+
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "runs/compare"
     meta = read_meta(d)
@@ -315,6 +330,9 @@ def main():
     if note:
         print(note)
     print_table(t)
+    drift = drift_note(rows)
+    if drift:
+        print(drift)
     if meta.get("missing"):
         print(f"(not in this checkout: stage {meta['missing']})")
     md = [f"# `{meta.get('command', 'make compare')}`", "",
@@ -324,7 +342,7 @@ def main():
         md += [f"**Notice:** {meta['notice']}.", ""]
     if note:
         md += [f"**{note}**", ""]
-    md += [markdown(t), "",
+    md += [markdown(t), ""] + ([f"**{drift}**", ""] if drift else []) + [
            "ms/iter: median step time after warm-up (stages 4–5 with accumulation: per optimizer step of K "
            "micro-batches). vs stage 1: images/s over stage 1's (its faster run) at the same per-device batch; stage 2's "
            "rows (of NCHW eager): over stage 1 run as stage 2 runs the model, NCHW without CUDA graphs. Exposed comm: "
@@ -344,7 +362,7 @@ def main():
     with open(os.path.join(d, "compare.md"), "w") as f:
         f.write("\n".join(md))
     with open(os.path.join(d, "compare.svg"), "w") as f:
-        f.write(svg(rows, torch_rows, meta, [n for n in ("notice: " + meta["notice"] if meta.get("notice") else "", note) if n]))
+        f.write(svg(rows, torch_rows, meta, [n for n in ("notice: " + meta["notice"] if meta.get("notice") else "", note, drift) if n]))
     print(f"compare: table {os.path.join(d, 'compare.md')}, chart {os.path.join(d, 'compare.svg')} (opens in any browser), "
           f"logs and reports {d}/")
     return 0 if all(r["ok"] for r in rows) else 1

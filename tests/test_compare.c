@@ -212,6 +212,31 @@ START_TEST(compare_chart_names_failed_rows) {
 }
 END_TEST
 
+/* Stage 1 runs first and again last: when the two disagree by more than 10% (a shared machine got busy
+ * between them), the table says its ratios carry that doubt — a student read 0.53× off a run whose stage
+ * 1 went from 66.6 to 124.6 ms/iter, with nothing to say so. Within 10%: no warning. */
+START_TEST(compare_warns_when_stage1_drifts) {
+    const double again[2] = {30, 21};
+    for (int i = 0; i < 2; i++) {
+        char *dir = test_tmpdir(), cmd[4096], path[600], *out, *root = realpath(test_root(), NULL);
+        snprintf(cmd, sizeof cmd, "cd %s && printf 'mode=CPU backend\\ndevice=cpu\\n' > meta.txt && "
+                 "printf 'stage1\\t1\\tstage 1\\t0\\t1\\t./stage1\\nstage1_again\\t1\\tstage 1, again\\t0\\t1\\t./stage1\\n' "
+                 "> plan.tsv && echo '{\"type\":\"summary\",\"ms_per_iter_median\":20,\"img_per_s\":800}' > stage1.jsonl && "
+                 "echo '{\"type\":\"summary\",\"ms_per_iter_median\":%g,\"img_per_s\":%g}' > stage1_again.jsonl && "
+                 "python3 %s/tests/compare_table.py %s", dir, again[i], 16000 / again[i], root, dir);
+        free(root);
+        int rc = test_run(cmd, &out);
+        const char *warning = "warning: stage 1 took 20.00 ms/iter first and 30.00 at the end (1.50×)";
+        ck_assert_msg(rc == 0 && (i == 0) == (strstr(out, warning) != NULL) && (i == 0 || !strstr(out, "warning")),
+                      "stage 1 again at %g ms: exit %d:\n%s", again[i], rc, out);
+        snprintf(path, sizeof path, "%s/compare.md", dir);
+        char *md = test_slurp(path, NULL);
+        ck_assert_msg(md && (i == 0) == (strstr(md, warning) != NULL), "%s", md ? md : "(no compare.md)");
+        free(md), free(out), free(dir);
+    }
+}
+END_TEST
+
 /* COMPARE_OUT that an earlier compare wrote (its marker inside), now read-only: one line naming the
  * fix, exit 2, before any run, and the earlier results as they were — every row used to "fail" with
  * the old log's tail, after an "rm: cannot remove" per file, and the table ended in a Python traceback.
@@ -485,6 +510,7 @@ Suite *suite_compare(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, compare_leaves_out_missing_stages);
     tcase_add_test(tc, compare_chart_names_failed_rows);
+    tcase_add_test(tc, compare_warns_when_stage1_drifts);
     tcase_add_test(tc, compare_read_only_results_folder_is_refused);
     tcase_add_test(tc, compare_counts_rows_without_a_summary);
     tcase_add_test(tc, compare_table_refuses_a_broken_plan);
