@@ -295,6 +295,22 @@ START_TEST(elementwise_and_pool_within_rounding_bound) {
 }
 END_TEST
 
+/* cast_add_clear (autocast's batched weight gradients into the fp32 gradient buffer): dst += src
+ * wherever src ≠ 0 — an addition, since under --accum-steps the buffer already holds the earlier
+ * micro-batches' sum — a zero of either sign leaves dst's bits alone (−0 stays −0), and src is
+ * cleared for the next backward. Worked by hand. */
+START_TEST(cast_add_clear_adds_into_the_fp32_gradients) {
+    float dst[5] = {1.0f, -0.0f, 2.0f, 3.0f, -0.5f}, src[5] = {0.5f, 0.0f, -0.0f, -1.0f, 0.25f};
+    ref_cast_add_clear_lp(5, src, dst);
+    const float want[5] = {1.5f, -0.0f, 2.0f, 2.0f, -0.25f};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_msg(dst[i] == want[i] && signbit(dst[i]) == signbit(want[i]), "element %d: %g, want %g", i,
+                      (double)dst[i], (double)want[i]);
+        ck_assert_msg(src[i] == 0.0f, "source element %d left %g", i, (double)src[i]);
+    }
+}
+END_TEST
+
 /* Batch norm is not linear in x, so no |·| bound: y = γ(x − μ)/σ + β. A relative error u in each x
  * moves y by ≤ u·|γ|·|x|/σ directly and through μ (≤ u·max|x|) by as much again, σ by a relative
  * ≤ u·max|x|/σ; then y is rounded (u·|y|). With these inputs (x in [−2, 3], σ ≈ 1.4, |γ| ≤ 1.5,
@@ -915,6 +931,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, scale_stored_is_one_product_rounded_once);
     tcase_add_test(tc, conv_and_linear_within_rounding_bound);
     tcase_add_test(tc, elementwise_and_pool_within_rounding_bound);
+    tcase_add_test(tc, cast_add_clear_adds_into_the_fp32_gradients);
     tcase_add_test(tc, batch_norm_within_bound);
     tcase_add_test(tc, fp16_overflows_and_underflows_bf16_does_not);
     tcase_add_test(tc, model_under_autocast_tracks_fp32);
