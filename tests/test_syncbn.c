@@ -25,6 +25,7 @@
 #include "errors.h"
 #include "model.h"
 #include "ops.h"
+#include "ops_ref.h"
 #include "report.h"
 #include "tests.h"
 
@@ -314,6 +315,37 @@ START_TEST(sync_op_cpu) {
 }
 END_TEST
 
+/* accumulate = 1 (a batch-norm input with a second consumer): the CPU sync op adds its dx to what dx
+ * held, as plain batch norm's does (test_ops_ref's test_bn_backward_accumulate) — the gradient itself
+ * is the one accumulate = 0 writes, so dx must be the prefill plus that, element by element; dγ, dβ
+ * add onto theirs either way. One rank (nothing to exchange); with the fused ReLU and without. */
+START_TEST(sync_op_cpu_accumulates) {
+    enum { N = 3, C = 4, HW = 6, CNT = N * C * HW };
+    Data d = make_data(N, C, HW, 31);
+    for (int relu = 0; relu <= 1; relu++) {
+        float rm[C] = {0}, rv[C] = {1, 1, 1, 1}, sm[C], si[C], y[CNT], buf[3 * C];
+        float dx0[CNT], dg0[C] = {0}, db0[C] = {0}, dx[CNT], dg[C], db[C], pre[CNT], pre_g[C], pre_b[C];
+        Rank k = {.pair = NULL};
+        BnSync s = {.sum = pair_sum, .ctx = &k, .rank = 0, .world = 1, .buf = buf};
+        ref_bn_forward_train_sync(PREC_FP32, N, C, HW, d.x, d.gamma, d.beta, rm, rv, 0.1f, 1e-5f, sm, si, y, relu, &s);
+        ref_bn_backward_sync(PREC_FP32, N, C, HW, d.x, y, d.dy, d.gamma, sm, si, dx0, dg0, db0, 0, relu, &s);
+        test_fill_uniform(pre, CNT, 41, -3.0f, 3.0f);
+        test_fill_uniform(pre_g, C, 42, -3.0f, 3.0f);
+        test_fill_uniform(pre_b, C, 43, -3.0f, 3.0f);
+        memcpy(dx, pre, sizeof dx), memcpy(dg, pre_g, sizeof dg), memcpy(db, pre_b, sizeof db);
+        ref_bn_backward_sync(PREC_FP32, N, C, HW, d.x, y, d.dy, d.gamma, sm, si, dx, dg, db, 1, relu, &s);
+        for (int i = 0; i < CNT; i++)
+            ck_assert_msg(dx[i] == pre[i] + dx0[i], "relu %d: dx[%d] = %.9g, want %.9g + %.9g", relu, i, (double)dx[i],
+                          (double)pre[i], (double)dx0[i]);
+        for (int ch = 0; ch < C; ch++)
+            ck_assert_msg(fabs(dg[ch] - (pre_g[ch] + dg0[ch])) <= 1e-6 * (1 + fabs(dg0[ch])) &&
+                              fabs(db[ch] - (pre_b[ch] + db0[ch])) <= 1e-6 * (1 + fabs(db0[ch])),
+                          "relu %d: channel %d's dgamma/dbeta did not add onto what they held", relu, ch);
+    }
+    free(d.x), free(d.dy);
+}
+END_TEST
+
 START_TEST(sync_op_cuda) {
     if (!test_have_gpu("SyncBatchNorm's kernels")) return;
     /* NCHW (the scalar kernels), NHWC fp32 and bf16 (the vector path: 4 | c), NHWC with c = 6 (scalar) */
@@ -530,6 +562,7 @@ Suite *suite_syncbn(void) {
     TCase *ops = tcase_create("ops");
     tcase_set_timeout(ops, 600);
     tcase_add_test(ops, sync_op_cpu);
+    tcase_add_test(ops, sync_op_cpu_accumulates);
     tcase_add_test(ops, sync_op_cuda);
     tcase_add_test(ops, sync_op_matches_torch);
     suite_add_tcase(s, ops);
