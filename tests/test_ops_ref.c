@@ -16,6 +16,7 @@
 
 #include "cpu_threads.h"
 #include "ops_ref.h"
+#include "optim.h"
 #include "tests.h"
 
 #define FD_EPS 1e-6
@@ -616,6 +617,32 @@ START_TEST(test_sgd_by_hand) {
 }
 END_TEST
 
+/* The optimizer over a flat buffer (optim.h) on the CPU device: the trajectory above in float, so
+ * optim_step must tell SGD that its first step is the first (the buffer starts as that gradient) and
+ * no later one is — and optim_step_unless with nothing to skip steps the same way. */
+START_TEST(test_optimizer_sgd_steps_by_hand) {
+    for (int unless = 0; unless <= 1; unless++) {
+        Device d;
+        device_init(&d, DEV_CPU, 0, -1);
+        Optimizer o;
+        optim_init(&o, &d, 2, 0.1, 0.9, 0.01);
+        float p[2] = {1, -2}, grads[3][2] = {{0.5f, 0}, {-1, 0}, {2, 0}};
+        const float skip = 0.0f;
+        const double want0[3] = {0.949, 1.002151, 0.848984749}, want1[3] = {-1.998, -1.994202, -1.988789598};
+        for (int step = 0; step < 3; step++) {
+            if (unless) optim_step_unless(&o, p, grads[step], 0.1, &skip);
+            else optim_step(&o, p, grads[step], 0.1);
+            ck_assert_msg(fabs(p[0] - want0[step]) < 1e-6 && fabs(p[1] - want1[step]) < 1e-6,
+                          "%s, step %d: (%.9g, %.9g), want (%.9g, %.9g)", unless ? "optim_step_unless" : "optim_step",
+                          step, (double)p[0], (double)p[1], want0[step], want1[step]);
+        }
+        ck_assert_int_eq(o.steps, 3);
+        optim_destroy(&o);
+        device_destroy(&d);
+    }
+}
+END_TEST
+
 /* ---- float vs double ----------------------------------------------------------------------------- */
 
 static float *to_f32(const double *d, int64_t n) {
@@ -893,6 +920,7 @@ Suite *suite_ops_ref(void) {
     tcase_add_test(tc, test_xent_gradcheck);
     tcase_add_test(tc, test_xent_by_hand);
     tcase_add_test(tc, test_sgd_by_hand);
+    tcase_add_test(tc, test_optimizer_sgd_steps_by_hand);
     tcase_add_test(tc, test_f32_agrees_with_f64);
     tcase_add_test(tc, test_conv_threads);
     tcase_add_test(tc, test_cpu_parallel_for_covers_once);
