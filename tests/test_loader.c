@@ -161,7 +161,7 @@ static int matches_reference(const float *got, const uint8_t *img, int ox, int o
 START_TEST(augmentation_is_crop_and_flip) {
     Dataset ds = small_set(400);
     float got[IMG_PIXELS], again[IMG_PIXELS];
-    int flips = 0, total = 0, identity = 0, ox_hist[9] = {0}, oy_hist[9] = {0};
+    int flips = 0, total = 0, identity = 0, ox_hist[9] = {0}, oy_hist[9] = {0}, corner[9][9] = {{0}};
     for (int64_t epoch = 0; epoch < 5; epoch++)
         for (int64_t i = 0; i < ds.n; i++) {
             loader_make_sample(&ds, i, 42, epoch, 1, got);
@@ -175,6 +175,7 @@ START_TEST(augmentation_is_crop_and_flip) {
             flips += mf;
             ox_hist[mx]++;
             oy_hist[my]++;
+            corner[my][mx]++;
             identity += mx == 4 && my == 4 && !mf;
             total++;
             /* keyed by (seed, epoch, index): asking again gives the same sample */
@@ -188,6 +189,11 @@ START_TEST(augmentation_is_crop_and_flip) {
         ck_assert_msg(ox_hist[k] > 150 && ox_hist[k] < 300 && oy_hist[k] > 150 && oy_hist[k] < 300,
                       "offset %d: x %d y %d times", k, ox_hist[k], oy_hist[k]);
     ck_assert_msg(identity < total / 10, "%d of %d samples unchanged", identity, total);
+    /* RandomCrop draws the corner's row and column independently: all 81 corners occur (≈ 25 times
+     * each in 2000; a column tied to the row, or one offset drawn for both, leaves most never seen) */
+    for (int y = 0; y < 9; y++)
+        for (int x = 0; x < 9; x++)
+            ck_assert_msg(corner[y][x] > 0, "crop corner (x %d, y %d) never drawn in %d samples", x, y, total);
     /* a different seed or epoch gives a different augmentation of the same sample */
     loader_make_sample(&ds, 0, 42, 0, 1, got);
     int differ = 0;
