@@ -311,6 +311,21 @@ START_TEST(cast_add_clear_adds_into_the_fp32_gradients) {
 }
 END_TEST
 
+/* count_zero_nonfinite (ops.h) adds to its counters, as the CUDA kernel's atomics do: two calls into
+ * one pair count both arrays' zeros (either sign) and non-finite values (inf, −inf, NaN); a finite
+ * value, however large or small, is neither. Counted by hand. */
+START_TEST(count_zero_nonfinite_adds_to_its_counters) {
+    const float a[6] = {0.0f, -0.0f, 1.0f, INFINITY, NAN, FLT_MAX}, b[4] = {-INFINITY, 0.0f, 1e-45f, -2.0f};
+    int64_t counts[2] = {0, 0};
+    ref_count_zero_nonfinite(6, a, counts);
+    ck_assert_msg(counts[0] == 2 && counts[1] == 2, "first array: %lld zeros, %lld non-finite; want 2, 2",
+                  (long long)counts[0], (long long)counts[1]);
+    ref_count_zero_nonfinite(4, b, counts);
+    ck_assert_msg(counts[0] == 3 && counts[1] == 3, "both arrays: %lld zeros, %lld non-finite; want 3, 3",
+                  (long long)counts[0], (long long)counts[1]);
+}
+END_TEST
+
 /* Batch norm is not linear in x, so no |·| bound: y = γ(x − μ)/σ + β. A relative error u in each x
  * moves y by ≤ u·|γ|·|x|/σ directly and through μ (≤ u·max|x|) by as much again, σ by a relative
  * ≤ u·max|x|/σ; then y is rounded (u·|y|). With these inputs (x in [−2, 3], σ ≈ 1.4, |γ| ≤ 1.5,
@@ -932,6 +947,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, conv_and_linear_within_rounding_bound);
     tcase_add_test(tc, elementwise_and_pool_within_rounding_bound);
     tcase_add_test(tc, cast_add_clear_adds_into_the_fp32_gradients);
+    tcase_add_test(tc, count_zero_nonfinite_adds_to_its_counters);
     tcase_add_test(tc, batch_norm_within_bound);
     tcase_add_test(tc, fp16_overflows_and_underflows_bf16_does_not);
     tcase_add_test(tc, model_under_autocast_tracks_fp32);
