@@ -326,6 +326,24 @@ START_TEST(count_zero_nonfinite_adds_to_its_counters) {
 }
 END_TEST
 
+/* The end of a residual block's backward (add_relu_backward_lp): ReLU's mask on dy, then one copy
+ * of it into each branch — each under its own accumulate flag (the model passes the layer's acc_in and
+ * acc_in2; in ResNet-18 both are 0, so no training run tells them apart). In fp32, by hand: y > 0 passes dy
+ * (y = 0 does not), a adds onto what it held, b is overwritten — and then the other way round. */
+START_TEST(add_relu_backward_each_branch_its_own_accumulate) {
+    const float y[4] = {1.0f, 0.0f, -1.0f, 2.0f}, dy[4] = {0.5f, 3.0f, 7.0f, -1.0f};
+    for (int a_acc = 0; a_acc <= 1; a_acc++) {
+        float da[4] = {10, 20, 30, 40}, db[4] = {10, 20, 30, 40};
+        ref_add_relu_backward_lp(PREC_FP32, 4, y, dy, da, a_acc, db, !a_acc);
+        const float fresh[4] = {0.5f, 0, 0, -1.0f}, added[4] = {10.5f, 20, 30, 39.0f};
+        const float *want_a = a_acc ? added : fresh, *want_b = a_acc ? fresh : added;
+        for (int i = 0; i < 4; i++)
+            ck_assert_msg(da[i] == want_a[i] && db[i] == want_b[i], "acc_a %d, acc_b %d, element %d: da %g db %g, want %g %g",
+                          a_acc, !a_acc, i, (double)da[i], (double)db[i], (double)want_a[i], (double)want_b[i]);
+    }
+}
+END_TEST
+
 /* Batch norm is not linear in x, so no |·| bound: y = γ(x − μ)/σ + β. A relative error u in each x
  * moves y by ≤ u·|γ|·|x|/σ directly and through μ (≤ u·max|x|) by as much again, σ by a relative
  * ≤ u·max|x|/σ; then y is rounded (u·|y|). With these inputs (x in [−2, 3], σ ≈ 1.4, |γ| ≤ 1.5,
@@ -948,6 +966,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, elementwise_and_pool_within_rounding_bound);
     tcase_add_test(tc, cast_add_clear_adds_into_the_fp32_gradients);
     tcase_add_test(tc, count_zero_nonfinite_adds_to_its_counters);
+    tcase_add_test(tc, add_relu_backward_each_branch_its_own_accumulate);
     tcase_add_test(tc, batch_norm_within_bound);
     tcase_add_test(tc, fp16_overflows_and_underflows_bf16_does_not);
     tcase_add_test(tc, model_under_autocast_tracks_fp32);
