@@ -242,8 +242,9 @@ START_TEST(conv_and_linear_within_rounding_bound) {
         ref_linear_forward_f32(m, in, out, alx, aW, ab, lya);
         check_bound("linear forward", p, lyl, ly, lya, 2, m * out);
         float *ldx = calloc(m * in, 4), *ldxl = calloc(m * in, 4), *ldxa = calloc(m * in, 4);
-        float *dW = calloc(out * in, 4), *dWl = calloc(out * in, 4), *dWa = calloc(out * in, 4);
-        float db[7] = {0}, dbl[7], dba[7] = {0};
+        /* the p gradients are fresh: what dWl and dbl held before (here 5 … 9) must not show */
+        float *dW = calloc(out * in, 4), *dWl = rnd(out * in, 8, 5, 9), *dWa = calloc(out * in, 4);
+        float db[7] = {0}, dbl[7] = {5, 6, 7, 8, 9, 5, 6}, dba[7] = {0};
         ref_linear_backward_f32(m, in, out, lx, W, ldy, ldx, dW, db, 0);
         ref_linear_backward_lp(p, m, in, out, lxl, Wl, ldyl, ldxl, dWl, dbl, 0);
         ref_linear_backward_f32(m, in, out, alx, aW, aldy, ldxa, dWa, dba, 0);
