@@ -696,10 +696,61 @@ static void regroup_note(Run *r) {
 /* A checkpoint's data position means "batch_in_epoch batches of world_size × batch_size samples of
  * epoch's permutation (or order: --no-shuffle) of train_size samples, K batches per optimizer step":
  * continue it only under the same meaning, else say which flag differs. */
+/* Stages 1 and 2 read one loader of world × batch samples a step (stage 2's GPUs share one
+ * DataLoader, as nn.DataParallel's do, and split each batch it gives): inside an epoch too, the
+ * position means those samples whichever way they are split — 3 GPUs × 16 continue as 2 × 24 or
+ * as one device's 48. A job of processes shards them by rank (stages 3–5): there each must match.
+ * Its checkpoint's steps read the same samples too (the ranks' shards interleave), unless its
+ * shards were padded or cut (world not dividing the set): so only then is the split checked. */
+static int splittable(const Run *r, const CheckpointMeta *g) {
+    return !r->sum_across && g->version >= 2 &&
+           (g->world_size == 1 || (train_size_opened > 0 && train_size_opened % g->world_size == 0));
+}
+/* Stages 4 and 5 take --accum-steps; stages 1–3 step once per batch. */
+static int stage_has_accum(const Run *r) {
+    return strcmp(r->stage, "stage1") && strcmp(r->stage, "stage2") && strcmp(r->stage, "stage3");
+}
+static int same_samples(const Run *r, const CheckpointMeta *g) {
+    return splittable(r, g) && g->world_size * g->batch_size == (int64_t)r->world_size * r->cfg->batch_size;
+}
+
+/* The flags a refused resume also needs, besides the one its message names (`skip`): every simple
+ * setting the checkpoint was trained with that this run gives otherwise, as " (it also needs --seed 0
+ * --train-size 96)". A student who forgot the run's flags then fixes them in one retry, not one refusal
+ * at a time. The world size is left to its own message, which names each stage's flag for it. */
+static void also_add(char *buf, size_t n, size_t *at, const char *skip, const char *key, const char *item) {
+    if (strcmp(key, skip) && *at < n)
+        *at += (size_t)snprintf(buf + *at, n - *at, "%s%s", *at ? " " : " (it also needs ", item);
+}
+static const char *resume_also(const Run *r, const CheckpointMeta *g, const char *skip, char *buf, size_t n) {
+    const TrainConfig *c = r->cfg;
+    const int free_batch = at_epoch_end(g) || same_samples(r, g); /* where another batch size continues */
+    char item[64];
+    size_t at = 0;
+    buf[0] = 0;
+    if (g->seed != c->seed)
+        snprintf(item, sizeof item, "--seed %lld", (long long)g->seed), also_add(buf, n, &at, skip, "--seed", item);
+    if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
+        also_add(buf, n, &at, skip, "--data",
+                 g->data_source == CKPT_DATA_CIFAR10 ? "--data with its CIFAR-10 directory" : "no --data");
+    if (g->version >= 2 && g->batch_size != c->batch_size && !free_batch)
+        snprintf(item, sizeof item, "--batch-size %lld", (long long)g->batch_size),
+            also_add(buf, n, &at, skip, "--batch-size", item);
+    if (g->version >= 2 && g->train_size && train_size_opened && g->train_size != train_size_opened)
+        snprintf(item, sizeof item, "--train-size %lld", (long long)g->train_size),
+            also_add(buf, n, &at, skip, "--train-size", item);
+    if (g->version >= 2 && g->accum_steps != r->accum && !at_epoch_end(g) && stage_has_accum(r))
+        snprintf(item, sizeof item, "--accum-steps %lld", (long long)g->accum_steps),
+            also_add(buf, n, &at, skip, "--accum-steps", item);
+    if (at && at < n) snprintf(buf + at, n - at, ")");
+    return buf;
+}
+
 static void resume_check(Run *r) {
     const TrainConfig *c = r->cfg;
     const CheckpointMeta *g = &r->resumed;
     const char *path = c->resume;
+    char also[240];
     /* stage 1 has no count to give: name the stage that has one */
     const char *ranks = !strcmp(r->stage, "stage1")   ? "the stage that wrote it (stage 2's --gpus, or stages "
                                                         "3–5's --nproc-per-node × --nnodes)"
@@ -710,16 +761,8 @@ static void resume_check(Run *r) {
      * which the learning-rate schedule and every later checkpoint's position count in — means. */
     char why[200];
     const int regrouped = at_epoch_end(g); /* world, batch, K and --drop-last may change (at_epoch_end) */
-    /* Stages 1 and 2 read one loader of world × batch samples a step (stage 2's GPUs share one
-     * DataLoader, as nn.DataParallel's do, and split each batch it gives): inside an epoch too, the
-     * position means those samples whichever way they are split — 3 GPUs × 16 continue as 2 × 24 or
-     * as one device's 48. A job of processes shards them by rank (stages 3–5): there each must match.
-     * Its checkpoint's steps read the same samples too (the ranks' shards interleave), unless its
-     * shards were padded or cut (world not dividing the set): so only then is the split checked. */
     const int64_t global = (int64_t)r->world_size * c->batch_size;
-    const int splittable = !r->sum_across && g->version >= 2 &&
-                           (g->world_size == 1 || (train_size_opened > 0 && train_size_opened % g->world_size == 0));
-    const int same_samples = splittable && g->world_size * g->batch_size == global;
+    const int same = same_samples(r, g);
     if (g->batch_in_epoch)
         snprintf(why, sizeof why, "its data position (epoch %lld, batch %lld) means other samples",
                  (long long)g->epoch + 1, (long long)g->batch_in_epoch);
@@ -727,31 +770,32 @@ static void resume_check(Run *r) {
         snprintf(why, sizeof why, "its step count (%lld steps, which the learning-rate schedule counts) means another "
                  "point of training", (long long)g->step);
     char or_global[160] = ""; /* stages 1 and 2: the other way to read the same samples */
-    if (splittable)
+    if (splittable(r, g))
         snprintf(or_global, sizeof or_global, !strcmp(r->stage, "stage2")
                      ? ", or --gpus × --batch-size giving its %lld samples a step"
                      : ", or --batch-size %lld: its samples a step", (long long)(g->world_size * g->batch_size));
     /* Stages 1–3 have no --accum-steps: a stage 4/5 checkpoint inside an epoch resumes there. Said first,
      * before another world or --batch-size: no count of those would continue it in this stage. */
-    int has_accum = strcmp(r->stage, "stage1") && strcmp(r->stage, "stage2") && strcmp(r->stage, "stage3");
-    if (g->version >= 2 && g->accum_steps != r->accum && !has_accum && !regrouped)
+    if (g->version >= 2 && g->accum_steps != r->accum && !stage_has_accum(r) && !regrouped)
         die_user("checkpoint '%s' was trained with %lld micro-batches per optimizer step (stage 4 or 5's "
                  "--accum-steps), %s takes one: its step count means other positions — resume it with stage 4 "
                  "or 5 and --accum-steps %lld", path, (long long)g->accum_steps, r->stage,
                  (long long)g->accum_steps);
-    if (g->world_size != r->world_size && !regrouped && !same_samples)
+    if (g->world_size != r->world_size && !regrouped && !same)
         die_user("checkpoint '%s' was trained on %lld device%s (ranks, or stage 2's GPUs), this run has %d: %s with "
-                 "another count — resume with %s giving %lld%s", path, (long long)g->world_size,
-                 g->world_size == 1 ? "" : "s", r->world_size, why, ranks, (long long)g->world_size, or_global);
+                 "another count — resume with %s giving %lld%s%s", path, (long long)g->world_size,
+                 g->world_size == 1 ? "" : "s", r->world_size, why, ranks, (long long)g->world_size, or_global,
+                 resume_also(r, g, "", also, sizeof also));
     /* The data source before the sizes: synthetic and CIFAR-10 sets of one size are other samples. */
     if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
         die_user("checkpoint '%s' was trained on %s, this run reads %s: its data position (epoch %lld, batch %lld) "
-                 "means other samples — %s to continue it", path,
+                 "means other samples — %s to continue it%s", path,
                  g->data_source == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data (no --data)",
                  data_source_opened == CKPT_DATA_CIFAR10 ? "CIFAR-10 (--data)" : "synthetic data",
                  (long long)g->epoch + 1, (long long)g->batch_in_epoch,
                  g->data_source == CKPT_DATA_CIFAR10 ? "pass --data with the CIFAR-10 directory it was trained on"
-                                                     : "drop --data");
+                                                     : "drop --data",
+                 resume_also(r, g, "--data", also, sizeof also));
     if (g->version == 3)
         report_printf(&r->report, "note: checkpoint '%s' has format version 3, which does not record whether it was "
                       "trained on synthetic data or --data: resuming assumes this run's is the one\n", path);
@@ -760,18 +804,20 @@ static void resume_check(Run *r) {
                       "its batch size, training-set size, --accum-steps, --no-shuffle or --drop-last: resuming "
                       "assumes this run's are the ones it was trained with\n", path);
     else {
-        if (g->batch_size != c->batch_size && !regrouped && !same_samples)
+        if (g->batch_size != c->batch_size && !regrouped && !same)
             die_user("checkpoint '%s' was trained with --batch-size %lld, this run has --batch-size %d: %s — pass "
-                     "--batch-size %lld to continue it", path, (long long)g->batch_size, c->batch_size, why,
-                     (long long)g->batch_size);
+                     "--batch-size %lld to continue it%s", path, (long long)g->batch_size, c->batch_size, why,
+                     (long long)g->batch_size, resume_also(r, g, "--batch-size", also, sizeof also));
         if (g->train_size && train_size_opened && g->train_size != train_size_opened)
             die_user("checkpoint '%s' was trained on %lld training samples, this run has %lld: its shuffled order "
-                     "differs — pass --train-size %lld (and the same --data) to continue it", path,
-                     (long long)g->train_size, (long long)train_size_opened, (long long)g->train_size);
+                     "differs — pass --train-size %lld (and the same --data) to continue it%s", path,
+                     (long long)g->train_size, (long long)train_size_opened, (long long)g->train_size,
+                     resume_also(r, g, "--train-size", also, sizeof also));
         if (g->accum_steps != r->accum && !regrouped)
             die_user("checkpoint '%s' was trained with --accum-steps %lld, this run has --accum-steps %d: its step "
-                     "count means other positions — resume with the flags it was trained with (--accum-steps %lld)",
-                     path, (long long)g->accum_steps, r->accum, (long long)g->accum_steps);
+                     "count means other positions — resume with the flags it was trained with (--accum-steps %lld)%s",
+                     path, (long long)g->accum_steps, r->accum, (long long)g->accum_steps,
+                     resume_also(r, g, "--accum-steps", also, sizeof also));
     }
     if (g->version >= 2) sampler_check(r, g); /* version 1 has had its note */
     if (g->epoch >= c->epochs)
@@ -797,7 +843,7 @@ static void resume_check(Run *r) {
     report_printf(&r->report, "resumed from %s: step %lld, epoch %lld, batch %lld\n", path, (long long)r->step,
                   (long long)g->epoch + 1, (long long)g->batch_in_epoch);
     if (regrouped) regroup_note(r);
-    else if (same_samples && g->world_size != r->world_size)
+    else if (same && g->world_size != r->world_size)
         report_printf(&r->report, "note: checkpoint '%s' was trained on %lld device%s × --batch-size %lld, this run has "
                       "%d × %d: the same %lld samples a step, so it continues at its position (each device now "
                       "computes on %d of them, and batch norm's statistics with them)\n", path,
@@ -963,10 +1009,12 @@ static void resume(Run *r) {
         evaluate_resumed(r, &got);
         return;
     }
-    if (got.seed != c->seed)
+    if (got.seed != c->seed) {
+        char also[240];
         die_user("checkpoint '%s' was trained with --seed %lld, this run has --seed %lld — pass "
-                 "--seed %lld to continue it", c->resume, (long long)got.seed, (long long)c->seed,
-                 (long long)got.seed);
+                 "--seed %lld to continue it%s", c->resume, (long long)got.seed, (long long)c->seed,
+                 (long long)got.seed, resume_also(r, &got, "--seed", also, sizeof also));
+    }
     model_write_oihw(m, p, m->param_flat); /* the file is in PyTorch's order (model.h) */
     device_copy_h2d(m->dev, m->buffer_flat, buf, (size_t)m->n_buffer_floats * sizeof(float));
     if (r->opt->momentum_buf) model_write_oihw(m, mom, r->opt->momentum_buf);

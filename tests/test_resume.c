@@ -204,6 +204,16 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     /* another --seed: another shuffle and augmentation from the same position */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --seed 7 --resume %s", ck);
     expect_refused("stage1", args, "trained with --seed 0, this run has --seed 7", "pass --seed 0");
+    /* several flags forgotten: the first refusal names them all, so one retry continues it — a resume
+     * typed with the defaults used to be refused once per flag */
+    snprintf(args, sizeof args, TINY " --train-size 90 --batch-size 32 --epochs 2 --seed 7 --resume %s", ck);
+    expect_refused("stage1", args, "pass --seed 0 to continue it (it also needs --batch-size 8 --train-size 96)",
+                   "this run has --seed 7");
+    snprintf(args, sizeof args, TINY " --train-size 90 --batch-size 32 --epochs 2 --resume %s", ck);
+    expect_refused("stage1", args, "pass --batch-size 8 to continue it (it also needs --train-size 96)",
+                   "this run has --batch-size 32");
+    snprintf(args, sizeof args, TINY " --train-size 90 --batch-size 8 --epochs 2 --resume %s", ck);
+    expect_refused("stage1", args, "--train-size 96 (and the same --data) to continue it\n", "trained on 96");
     /* stage 2 with another --gpus: another global batch */
     snprintf(args, sizeof args, TINY " --gpus 2 --train-size 96 --batch-size 8 --epochs 2 --steps 3 --save %s/b", dir);
     run_ok("stage2", args);
