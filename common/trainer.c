@@ -1011,6 +1011,7 @@ static void resume(Run *r) {
     }
     if (got.seed != c->seed) {
         char also[240];
+        free(p), free(mom), free(buf), free(sq); /* before the exit, as for --evaluate's refusals above */
         die_user("checkpoint '%s' was trained with --seed %lld, this run has --seed %lld — pass "
                  "--seed %lld to continue it%s", c->resume, (long long)got.seed, (long long)c->seed,
                  (long long)got.seed, resume_also(r, &got, "--seed", also, sizeof also));
