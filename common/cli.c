@@ -196,8 +196,9 @@ static int edit_distance(const char *a, const char *b) {
 }
 
 /* The closest option name to a misspelled one, or NULL if nothing is close: a unique prefix
- * ("--batch" → batch-size) or an edit distance of at most 2 (or a third of the name). */
-static const char *suggest(const Option *opts, const char *name) {
+ * ("--batch" → batch-size), one edit, or — `loose`, for a typo — two edits (or a third of the name),
+ * but two only where the name keeps a letter of its own: '--5' is no typo of '--lr'. */
+static const char *closest_option(const Option *opts, const char *name, int loose) {
     size_t len = strlen(name);
     const char *prefix_hit = NULL;
     int n_prefix = 0;
@@ -210,10 +211,10 @@ static const char *suggest(const Option *opts, const char *name) {
         int d = edit_distance(name, o->name);
         if (d < best_d) best_d = d, best = o->name;
     }
-    /* two edits only where the name keeps a letter of its own: '--5' is no typo of '--lr' */
-    if (best && (best_d == 1 || (best_d == 2 && (int)len > 2) || best_d * 3 <= (int)len)) return best;
+    if (best && (best_d == 1 || (loose && ((best_d == 2 && (int)len > 2) || best_d * 3 <= (int)len)))) return best;
     return NULL;
 }
+static const char *suggest(const Option *opts, const char *name) { return closest_option(opts, name, 1); }
 
 static const Option *find_option(const Option *opts, const char *name, size_t len) {
     for (const Option *o = opts; o->name; o++)
@@ -253,17 +254,7 @@ static const char *parsing_prog = "this stage"; /* cli_parse's prog, for die_unk
 
 /* This stage's flag that `name` is a near miss of — a unique prefix of it or one edit away (--epoch of
  * --epochs) — or NULL: another stage's flag given here may be that typo rather than the wrong stage. */
-static const char *near_miss(const Option *opts, const char *name) {
-    const size_t len = strlen(name);
-    const char *hit = NULL;
-    int n = 0;
-    for (const Option *o = opts; o->name; o++)
-        if (len >= 2 && !strncmp(o->name, name, len)) hit = o->name, n++;
-    if (n == 1) return hit;
-    for (const Option *o = opts; o->name; o++)
-        if (edit_distance(name, o->name) == 1) return o->name;
-    return NULL;
-}
+static const char *near_miss(const Option *opts, const char *name) { return closest_option(opts, name, 0); }
 
 _Noreturn static void die_unknown(const Option *opts, const char *arg) {
     const size_t dashes = strspn(arg, "-");
