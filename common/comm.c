@@ -44,6 +44,7 @@ const char *comm_describe(const Comm *c) { return c->desc; }
 /* Marked as collateral for the launcher, then out at once. _exit, not exit: another thread may be inside the CUDA runtime, whose exit
  * handlers could then hang. */
 void comm_fail(const Comm *c, const char *fmt, ...) {
+    launch_quiet_if_output_gone();
     fflush(stdout);
     char msg[1024];
     va_list ap;

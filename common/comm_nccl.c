@@ -47,6 +47,7 @@ static const char *op_name(OpKind k) {
 }
 
 _Noreturn static void watchdog_fail(Comm *c, const char *what) {
+    launch_quiet_if_output_gone(); /* NCCL's kernels end with the process */
     fflush(stdout);
     fprintf(stderr, "error: rank %d: %s; aborting the NCCL communicator\n", c->rank, what);
     fflush(stderr);

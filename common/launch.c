@@ -562,6 +562,12 @@ static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, siz
     snprintf(buf, len, "rank %d (local rank %d, pid %d) %s %s", c->rank, c->local_rank, (int)c->pid, how, when);
 }
 
+/* Killed by a SIGPIPE of its own: its standard output's reader went away (`./stage3 | head`), and
+ * cli.c's handler has said so. Not a failure of the run; the launcher ends the others quietly. */
+static int died_of_closed_output(const Child *c) {
+    return c->reaped && !killed_by_us(c) && !c->sigstopped && WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGPIPE;
+}
+
 /* The root cause among the workers that failed so far: one whose failure was not caused by a peer's
  * (not stopped by us, not marked collateral), the earliest (its exit() time, or when we saw it die).
  * -1 if none failed. */
@@ -851,6 +857,12 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     }
     char msg[256];
     int seen = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
+    if (seen >= 0 && died_of_closed_output(&ch[seen])) { /* `| head` ended: no failure to hunt for */
+        stop_all(ch, n);
+        fprintf(stderr, "%s: stopped all %d workers: rank %d's output was closed (SIGPIPE; its line above says what to "
+                        "do)\n", prog, n, ch[seen].rank);
+        exit(128 + SIGPIPE);
+    }
     if (seen >= 0 && unreaped(ch, n)) {
         describe_exit(&ch[seen], &slots[seen], msg, sizeof msg);
         int itself = !ch[seen].reaped, others = unreaped(ch, n) - itself; /* a stopped root is stopped too */

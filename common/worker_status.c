@@ -2,6 +2,7 @@
  * worker_status.h), with the test-only fault injection of STAGE3_FAIL_AT. */
 #include "worker_status.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -119,7 +120,18 @@ void launch_mark_collateral(void) {
     if (my_slot) __atomic_store_n(&my_slot->collateral, 1, __ATOMIC_RELAXED);
 }
 
+void launch_quiet_if_output_gone(void) {
+    struct stat st;
+    if (fstat(STDOUT_FILENO, &st) != 0 || !S_ISFIFO(st.st_mode)) return; /* a file or a terminal stays */
+    struct pollfd out = {.fd = STDOUT_FILENO, .events = POLLOUT};
+    if (poll(&out, 1, 0) != 1 || !(out.revents & POLLERR)) return; /* a pipe polls POLLERR once unread */
+    launch_mark_collateral();
+    signal(SIGPIPE, SIG_DFL); /* not cli.c's handler: its note is rank 0's to give */
+    raise(SIGPIPE);
+}
+
 void die_collateral(int collateral, int code, const char *fmt, ...) {
+    if (collateral) launch_quiet_if_output_gone();
     if (code == 2 && die_user_hook) die_user_hook();
     if (collateral) launch_mark_collateral();
     va_list ap;

@@ -52,6 +52,11 @@ void launch_mark_saving(int on);
 /* Worker, in its handler: is this signal, arriving a second time, the launcher passing on the one
  * already received (consumed once: yes)? */
 int launch_take_passed(int sig);
+/* Worker, about to report a peer's loss: if its standard output has no reader any more (`./stage3 |
+ * head` ended), that closed pipe is what stopped the job — rank 0 died of it first and said so
+ * (cli.c) — so this rank dies of the same SIGPIPE, without a word: a second error about a lost peer
+ * would send the reader looking for a failure that did not happen. Returns otherwise. */
+void launch_quiet_if_output_gone(void);
 /* die_user (code 2) or die_runtime (code 1), marked collateral first when `collateral` is true: for
  * a failure that follows from another rank's — its refusal, its loss, a verdict it left (pass 1) —
  * and for a disagreement every rank finds at once (different flags, a --resume on some ranks),

@@ -828,6 +828,30 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
 }
 END_TEST
 
+/* `./stage3 | head`: rank 0 dies of the closed pipe and says why (cli.c). Rank 1, which then loses its
+ * peer, dies of the same pipe without a word, and the launcher says only that it stopped the workers
+ * for it: no "connection reset" from rank 1 and no "job failed", which sent the reader after a failure
+ * that did not happen. Both while the ranks set up (the first line) and while they train. */
+START_TEST(a_closed_output_stops_the_job_quietly) {
+    const int lines[] = {1, 12};
+    for (int i = 0; i < 2; i++) {
+        char cmd[2048], marker[64], *out;
+        snprintf(marker, sizeof marker, "--seed %d", (int)(getpid() % 100000) * 10 + i);
+        snprintf(cmd, sizeof cmd, "{ { " LIMIT "%s/stage3 " TINY " --epochs 50 --log-every 1 --standalone %s 2>&3; "
+                 "echo \"exit $?\" >&3; } | head -n %d > /dev/null; } 3>&1", test_root(), marker, lines[i]);
+        test_run(cmd, &out);
+        ck_assert_msg(strstr(out, "exit 141"), "head -n %d: not ended by SIGPIPE:\n%s", lines[i], out);
+        ck_assert_msg(strstr(out, "stage3: stopped — the program reading its output went away (SIGPIPE") &&
+                          strstr(out, "stage3: stopped all 2 workers: rank 0's output was closed (SIGPIPE"),
+                      "head -n %d: the stop is not explained:\n%s", lines[i], out);
+        ck_assert_msg(!strstr(out, "error") && !strstr(out, "failed"), "head -n %d: a failure reported:\n%s", lines[i],
+                      out);
+        ck_assert_msg(processes_with(marker) == 0, "head -n %d: processes left behind", lines[i]);
+        free(out);
+    }
+}
+END_TEST
+
 /* A rank that dies while rank 0 writes a checkpoint: the launcher stops every worker, but the state
  * being written is complete (every rank finished that epoch), so rank 0 finishes the file first and
  * then stops (stop.h). Before, the launcher's SIGTERM killed it mid-write and the epoch was lost.
@@ -1984,6 +2008,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, ranks_on_different_communicators_are_refused);
     tcase_add_test(tc, launcher_refuses_bad_flags);
     tcase_add_test(tc, launcher_stops_everyone_when_a_rank_fails);
+    tcase_add_test(tc, a_closed_output_stops_the_job_quietly);
     tcase_add_test(tc, a_failure_waits_for_the_checkpoint_being_written);
     tcase_add_test(tc, launcher_reports_failure_with_sigchld_ignored);
     tcase_add_test(tc, fail_at_injects_where_it_says);

@@ -220,8 +220,6 @@ START_TEST(stage1_warmup_and_last_step_untimed) {
 }
 END_TEST
 
-/* Its output's reader gone (`| head`, a dropped ssh under `| tee`): SIGPIPE used to end the run
- * without a word. It still dies of SIGPIPE (141, what a launcher or shell expects), after saying why. */
 /* Each optimizer step uses the schedule's lr for that step: under a warm-up from 0.25 × 0.4 the first
  * step's lr is 0.1, so a second step starts from the same parameters as under a constant 0.1 (the
  * same loss, bit for bit), and the third from other ones (0.175 against 0.1). An lr taken one step
@@ -246,6 +244,8 @@ START_TEST(stage1_each_step_uses_its_scheduled_lr) {
 }
 END_TEST
 
+/* Its output's reader gone (`| head`, a dropped ssh under `| tee`): SIGPIPE used to end the run
+ * without a word. It still dies of SIGPIPE (141, what a launcher or shell expects), after saying why. */
 START_TEST(stage1_says_why_a_closed_pipe_stopped_it) {
     char cmd[2048], *out;
     /* stdout into `true`, which exits at once; stderr and the exit status to the captured fd 3 */
