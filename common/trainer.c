@@ -1635,7 +1635,8 @@ static void summarize(Run *r) {
         char who[64] = "";
         if (gated(r)) snprintf(who, sizeof who, " (received by %d of %d ranks)", r->stop_ranks, r->world_size);
         /* "the same command": a --resume alone meets this run's other flags' defaults (--batch-size 128, 8192
-         * images, …) and is refused one flag at a time — the data position needs the run's own */
+         * images, …) and is refused, its message listing the flags to add — the data position needs the
+         * run's own */
         report_printf(&r->report, "stopped early by SIG%s%s after step %lld of %lld: continue with --resume %s (added "
                                   "to this same command, its other flags unchanged)\n",
                       status_signal_name(r->stop_sig), who, (long long)r->step, (long long)run_last_step(r),
