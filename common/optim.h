@@ -24,7 +24,7 @@ typedef struct Optimizer {
 void optim_init(Optimizer *o, Device *dev, int64_t count, double lr, double momentum,
                 double weight_decay);
 void optim_destroy(Optimizer *o);
-/* One SGD step at learning rate lr_now (from lr_schedule). */
+/* One optimizer step (SGD, or Adam under --optimizer adam) at learning rate lr_now (from lr_schedule). */
 void optim_step(Optimizer *o, float *params, const float *grads, double lr_now);
 /* The same step taken slice by slice: optim_step_slice steps floats [off, off + count) of the flat
  * buffers (params, grads and the optimizer's state alike) and counts nothing; optim_slices_done
