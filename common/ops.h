@@ -134,10 +134,12 @@ void add_inplace(Device *d, int64_t count, const float *x, float *y);
 
 /* ================================================================================================
  * Mixed precision (stage 5): the same ops on tensors of a low-precision type p (fp16 or bf16), as
- * PyTorch's CUDA autocast runs them. A "p tensor" (void *) is, on CUDA, 16 bits per element
- * (__half / __nv_bfloat16); on the CPU backend, float elements each exactly representable in p —
- * the emulation computes every op in fp32 like the GPU and rounds where the GPU stores a p value
- * (precision.h), so values, overflow and underflow are the GPU's. precision_bytes() says which.
+ * PyTorch's CUDA autocast runs them — and, with p = fp32, the ops of every channels-last model (the
+ * CUDA default: model.c's typed walk). A "p tensor" (void *) is, on CUDA, 16 bits per element
+ * (__half / __nv_bfloat16; fp32: float); on the CPU backend, float elements each exactly
+ * representable in p — the emulation computes every op in fp32 like the GPU and rounds where the
+ * GPU stores a p value (precision.h), so values, overflow and underflow are the GPU's.
+ * precision_bytes() says which.
  * Arithmetic is fp32 everywhere (cuDNN/cuBLAS compute type FLOAT, fp32 accumulators in our
  * kernels); batch-norm parameters, running and saved statistics stay fp32 (float *).
  * An accumulate into a p tensor stores round(old + new), one rounding.
