@@ -60,7 +60,8 @@ typedef struct Worker {
     int rank, local_rank, world_size, local_world_size, node_rank;
     char master_addr[256];
     int master_port;         /* the store's port (MASTER_PORT + 1 under torchrun's agent store) */
-    const char *launcher;    /* "stage3", "torchrun", "srun", "mpirun" or "environment" */
+    const char *launcher;    /* this stage's own name ("stage3", "stage4", …: we launched it), "torchrun",
+                              * "srun", "mpirun" or "environment" */
 } Worker;
 
 /* Call at the top of main, after the flags are parsed and before any CUDA call. Without rank
