@@ -648,12 +648,11 @@ void cuda_linear_backward(Device *d, int n, int in, int out, const float *x, con
 }
 
 /* ================================================================================================
- * Mixed precision (fp16 / bf16 tensors; see ops.h). Convolution forward and backward-data are the
- * functions above: the plan's descriptors carry the element type (Conv.prec). Batch norm, as
- * PyTorch does it: fp16 through cuDNN (HALF x and y, FLOAT scale, bias and statistics — the same
- * calls as fp32, spatial mode), bf16 through our own kernel (fp32 statistics and parameters; PyTorch
- * too uses its native kernel rather than cuDNN for bf16). The linear layer is cublasGemmEx: 16-bit
- * A, B and C with CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation, C rounded once).
+ * Mixed precision (fp16 / bf16 tensors; see ops.h). Convolution is the functions above: the plan's
+ * descriptors carry the element type (Conv.prec). Batch norm is our kernels for fp16 and bf16 as for
+ * fp32 (fp32 statistics and parameters; the batch norm section above says why not cuDNN's). The
+ * linear layer is cublasGemmEx: 16-bit A, B and C with CUBLAS_COMPUTE_32F (tensor cores, fp32
+ * accumulation, C rounded once).
  * ============================================================================================== */
 
 static cudaDataType_t cublas_type(Precision p) {
