@@ -1,8 +1,9 @@
 /* kernels.cu — the CUDA kernels that cuDNN/cuBLAS do not give us (see kernels.h).
  *
- * The mixed-precision kernels (second half) are templates over the 16-bit element type T (__half or
- * __nv_bfloat16): they load T, compute in fp32 and store T rounded to nearest even — the same
- * points at which the CPU backend's emulation rounds (ops_ref.c).
+ * The mixed-precision kernels (second half) are templates over the element type T (__half or
+ * __nv_bfloat16; float too, for batch norm in fp32 and for fp32 channels-last models): they load T,
+ * compute in fp32 and store T rounded to nearest even — the same points at which the CPU backend's
+ * emulation rounds (ops_ref.c).
  *
  * Style: one thread per element in a grid-stride loop (so any count works with a bounded grid),
  * 256 threads per block, int64 indices (a flat parameter buffer may exceed 2^31 floats in
@@ -300,8 +301,9 @@ __global__ void sgd_kernel_vec4(int64_t count4, float4 *params, const float4 *gr
 }
 
 /* ================================================================================================
- * Mixed precision: T = __half (fp16) or __nv_bfloat16 (bf16). Loads widen to float exactly, stores
- * round to nearest even (cvt.rn), every sum is a float.
+ * Mixed precision: T = __half (fp16) or __nv_bfloat16 (bf16), or float (by_type's p = 0: batch norm
+ * in fp32, fp32 channels-last models). Loads widen to float exactly, stores round to nearest even
+ * (cvt.rn), every sum is a float.
  * ============================================================================================== */
 
 __device__ __forceinline__ float to_f(float v) { return v; }
