@@ -210,7 +210,7 @@ static const char *get_cifar10_script(void) {
     return "docs/get_cifar10.sh";
 }
 
-/* Open one file and return its record count; every problem is the user's to fix, so die_user. */
+/* Open one file, its record count into *records; every problem is the user's to fix, so die_user. */
 static FILE *cifar_open(const char *path, int64_t *records) {
     /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
      * before the first read. */
