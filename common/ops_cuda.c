@@ -75,7 +75,7 @@ static const int pass_algo_count[N_PASSES] = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
 
 typedef struct ConvPlanEntry {
     int n;
-    cudnnTensorDescriptor_t x_desc, y_desc; /* [n][cin][h][w], [n][cout][hout][wout] */
+    cudnnTensorDescriptor_t x_desc, y_desc; /* [n][cin][h][w], [n][cout][hout][wout]; NHWC when channels-last */
     /* One convolution descriptor per pass, because each carries the math type of the algorithm
      * chosen for that pass (cuDNN needs algorithm + math type to pick its kernel). */
     cudnnConvolutionDescriptor_t conv_desc[N_PASSES];
@@ -84,7 +84,7 @@ typedef struct ConvPlanEntry {
 } ConvPlanEntry;
 
 typedef struct ConvPlan {
-    cudnnFilterDescriptor_t w_desc; /* [cout][cin][k][k] */
+    cudnnFilterDescriptor_t w_desc; /* [cout][cin][k][k]; [cout][k][k][cin] (KRSC) when channels-last */
     int count;
     ConvPlanEntry entry[CONV_PLAN_MAX_N];
 } ConvPlan;
