@@ -168,7 +168,8 @@ typedef struct Run {
 /* Print the header (device, model, data, flags), open --report, resume from --resume if given
  * (restoring parameters, buffers, momentum and the position in the data). With
  * cfg->accum_steps > 0 the run accumulates gradients: the header shows the effective batch
- * K × batch × world, and a checkpoint must sit on a group boundary of the same K.
+ * K × batch × world, and a checkpoint inside an epoch must sit on a group boundary of the same K (one
+ * at an epoch's end may continue under another: the top of this file).
  * Several processes (stages 3–5): every rank calls this with its rank and a sum_across function;
  * only rank 0 prints, writes the report and saves checkpoints; training losses, correct counts and
  * sample counts are summed over ranks (so the report shows the job's mean), and the summary lists every
