@@ -611,7 +611,7 @@ _Noreturn static void abort_rendezvous(Store *s, const char *fmt, ...) {
     die_user("%s", reason);
 }
 
-/* Poll a counter until it reaches target (1 ms, doubling to 20 ms between looks): 1, or 0 on timeout.
+/* Poll a counter until it reaches target (1 ms, doubling up to 32 ms between looks): 1, or 0 on timeout.
  * Rendezvous and barriers are rare, so polling is simpler than server-side waiting and cannot leave a
  * request hanging on the connection when we give up. With `why` (the rendezvous), a reason left under
  * ABORT_KEY ends the wait too: -1, the reason in why[cap]. */
