@@ -2,9 +2,11 @@
  *
  * Everything we do not hand to cuDNN or cuBLAS: batch norm (fp32 and 16-bit, with a fused ReLU),
  * elementwise ops, pooling, the casts of mixed precision, the linear layer's bias, the fused
- * softmax + cross-entropy, the SGD update and the GradScaler's kernels. Each launcher enqueues on
- * `stream` and returns at once; the caller checks the launch with CHECK_LAUNCH() (device.h) right after, so a failure
- * names the op in ops_cuda.c that issued it. A count of 0 launches nothing.
+ * softmax + cross-entropy, the SGD update, the GradScaler's kernels and gradient clipping's. Each
+ * launcher enqueues on `stream` and returns at once; the caller checks the launch with CHECK_LAUNCH()
+ * (device.h) right after, so a failure names the op in ops_cuda.c that issued it. A count of 0
+ * launches nothing, except where a result must still be written: the loss (*loss, *correct) and
+ * clip_norm_coef (*norm, *coef).
  * Semantics are those of ops.h (dx overwrites when accumulate == 0, adds when accumulate == 1). */
 #ifndef KERNELS_H
 #define KERNELS_H
