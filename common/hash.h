@@ -1,8 +1,8 @@
-/* hash.h — FNV-1a, 64 bits: the one hash of this project.
+/* hash.h — FNV-1a, 64 bits: the one checksum and fingerprint of this project.
  *
  * It fingerprints a model's parameter names and shapes, checksums checkpoints, and lets DDP's ranks
  * compare their flags and models. Not cryptographic: it catches accidents (a truncated file, a
- * different model), not an attacker. */
+ * different model), not an attacker — the rendezvous's secret is proved with HMAC-SHA256 (auth.h). */
 #ifndef HASH_H
 #define HASH_H
 
