@@ -127,7 +127,7 @@ int64_t scaler_skipped(GradScaler *s);  /* optimizer steps skipped so far */
 void scaler_grad_counts(GradScaler *s, int64_t step, int64_t *zero, int64_t *nonfinite);
 /* One console line (precision, scale, skipped steps) and a {"type":"amp",...} JSON line with the
  * dtype configuration, the final scale, skipped steps and the per-step gradient counts.
- * sum_across (stage 3's Run.sum_across, or NULL for one process) sums values over the ranks: the
+ * sum_across (stage 5's Run.sum_across, or NULL for one process) sums values over the ranks: the
  * report says whether every rank ended with the same scale and skipped the same number of steps.
  * Every rank calls it (a collective); only the reporting rank prints. */
 void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,

@@ -1294,7 +1294,7 @@ void run_step_end(Run *r, StepLog *log, int slot, int64_t batch) {
 
 #define PEAKS_LISTED 64 /* ranks whose peak memory the report lists one by one (the largest counts them all) */
 
-/* Peak memory of every device of the job: this process's devices, or one per rank (stage 3), the
+/* Peak memory of every device of the job: this process's devices, or one per rank (stages 3–5), the
  * first cap of them into peaks[]. Returns how many there are (more than cap with many ranks), and the
  * largest of all of them in *max. Every rank has a slot of its own (one sum over world_size values:
  * a byte count is exact in a double), so no rank's peak is added into another's. */
