@@ -25,7 +25,8 @@
  * (scaler_step: skipped on inf/NaN; scaler_update: the new scale). Two more lines come with 16 bits:
  * --grad-comm all-reduces in fp16/bf16 (DDP's fp16_compress_hook) and --optimizer-overlap is
  * registered after the scaler, whose state it checks (amp_check has already refused it under fp16's
- * scaler: no bucket may step before every gradient is checked). Everything else is stage 4. */
+ * scaler and with --grad-stats: no bucket may step before every gradient is checked or counted).
+ * Everything else is stage 4. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,7 +150,7 @@ int main(int argc, char **argv) {
     const int K = cfg.accum_steps; /* micro-batches per optimizer step */
     GradScaler scaler; /* torch.amp.GradScaler(); disabled for bf16, off and --no-grad-scaler */
     scaler_init(&scaler, &dev, &amp, prec, &run); /* scaler.load_state_dict() when resuming */
-    ddp_register_fused_optim(&ddp, &opt, scaler.enabled || scaler.stats); /* --optimizer-overlap: not under fp16's scaler */
+    ddp_register_fused_optim(&ddp, &opt, scaler.enabled || scaler.stats); /* --optimizer-overlap: see above */
 
     if (cfg.evaluate) { /* --evaluate: test the --resume checkpoint's model, train nothing */
         double test_acc, test_loss;
