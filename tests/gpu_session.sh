@@ -32,7 +32,7 @@
 #   parityddp: its DDP row (CONFIGS=ddp2, 3 seeds): stage 3 and PyTorch DDP on two ranks — about 6.5
 #           minutes on one GPU, where both sides' ranks share it through host memory (2 min a seed)
 #   mutants: tests/gpu_mutants.sh run — one-line bugs in the CUDA code the GPU suites must catch
-#           (build them first where Check is: bash tests/gpu_mutants.sh build; carry runs/mutants)
+#           (build them first where Check is: bash tests/gpu_mutants.sh build; carry runs/mutants.tar.xz)
 #
 # Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
 # Expects the binaries built (make all tests/run_tests), or builds them.

@@ -86,10 +86,13 @@ static int close_ulps(float a, float b, int ulps) {
 
 /* Every case of the torch fixture on device d: the norm clip_grad_norm_ returned and every clipped
  * value. Ours sums the squares in double, torch per tensor in fp32 and then the norms: the norm may
- * differ by a few ulps, and the coefficient with it. */
+ * differ by a few ulps, and the coefficient with it. And the summary's clipped-steps count, which
+ * torch has no twin of: a step counts when its gradient was scaled down — the 1e-6 of "eps" too —
+ * but not an inf norm's, a step the GradScaler skips (the CUDA kernel counted it until checked). */
 static void check_torch_cases(Device *d, const char *where) {
     Fx fx = fx_open("clip.bin", "tests/torch/clip_fixture.py");
     const char *cases[] = {"clipped", "below", "eps", "zero", "inf"};
+    const int64_t counted[] = {1, 0, 1, 0, 0};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char name[64];
         int64_t n, one;
@@ -127,6 +130,8 @@ static void check_torch_cases(Device *d, const char *where) {
         /* a coefficient a few ulps off moves every value by that much; the clamp makes "below" exact */
         ck_assert_msg(worst <= (strcmp(cases[k], "below") ? 1e-6 : 0), "%s, case %s: clipped values %.3g (relative) "
                       "from torch's", where, cases[k], worst);
+        ck_assert_msg(clip_clipped_steps(&c) == counted[k], "%s, case %s: %lld clipped steps counted, not %lld", where,
+                      cases[k], (long long)clip_clipped_steps(&c), (long long)counted[k]);
         clip_destroy(&c);
         device_free(d, buf);
         free(got);
