@@ -90,7 +90,7 @@ case ${1:-} in
     rm -rf "$work"
     # ~7 MB a binary, too many for the device tool's 64 MiB carry; nearly the same bytes, so xz over
     # the tar (its window spans several binaries) packs them into a few MB.
-    tar -C "$dir" -cf - $(cd "$dir" && ls run_tests.*) | xz -9 -T"$(nproc)" > "$pack"
+    (cd "$dir" && tar -cf - run_tests.*) | xz -9 -T"$(nproc)" > "$pack"
     echo "built ${#MUTANTS[@]} mutants in $dir; packed into $pack ($(du -h "$pack" | cut -f1)): carry it" ;;
   run)
     command -v nvidia-smi > /dev/null || { echo "gpu_mutants: no GPU here (nvidia-smi not found)"; exit 2; }
