@@ -24,7 +24,12 @@ ARCH=${CUDA_ARCH:-90}
 # name | file | the line as it is | the line mutated | the suites that must fail, any of them
 # ('\|' is a literal bar). The first three were written with their tests (2026-12-04); the rest
 # (2026-12-06) probe the paths added since the GPU audit of 2026-12-02 — clipping, the 16-byte tails,
-# SyncBatchNorm's exchange, the skipped Adam step — and the accumulate flags of every backward.
+# SyncBatchNorm's exchange, the skipped Adam step — and the accumulate flags of every backward; the
+# last five, host code only a GPU runs: the CUDA graph cache's key, the conv plan's batch sizes and
+# cuBLAS's math mode. (Four more of that round are not kept: three break a guard another line
+# repeats — model_prepare clears the graphs and sizes each conv's own workspace for every batch it
+# prepares, and a TF32 algorithm is both filtered out and given fp32 math — and the fourth, graphs
+# captured while --trace records, is reached only through a stage binary, which `build` leaves as it is.)
 MUTANTS=(
   "bn-eps-outside-sqrt|common/kernels.cu|save_invstd[ch] = 1.f / sqrtf(var + eps);|save_invstd[ch] = 1.f / (sqrtf(var) + eps);|ops_cuda"
   "relu-backward-at-zero|common/kernels.cu|float g = y[i] > 0.f ? dy[i] : 0.f;|float g = y[i] >= 0.f ? dy[i] : 0.f;|ops_cuda"
@@ -49,6 +54,11 @@ MUTANTS=(
   "adam-skipped-step-applied|common/adam.cu|if (!sc->active) return;|if (!sc->active && 0) return;|adam amp"
   "conv-bwd-data-always-writes|common/ops_cuda.c|accumulate ? &ONE : &ZERO, e->x_desc, dx));|&ZERO, e->x_desc, dx));|ops_cuda"
   "linear-bwd-dx-always-writes|common/ops_cuda.c|out, accumulate ? &ONE : &ZERO, dx, in));|out, &ZERO, dx, in));|ops_cuda"
+  "graph-key-ignores-fresh|common/graph.c|if (e->key.x == k.x && e->key.n == k.n && e->key.part == k.part && e->key.fresh == k.fresh) return e;|if (e->key.x == k.x && e->key.n == k.n && e->key.part == k.part) return e;|model"
+  "graph-key-ignores-batch-size|common/graph.c|if (e->key.x == k.x && e->key.n == k.n && e->key.part == k.part && e->key.fresh == k.fresh) return e;|if (e->key.x == k.x && e->key.part == k.part && e->key.fresh == k.fresh) return e;|model"
+  "graph-key-ignores-part|common/graph.c|if (e->key.x == k.x && e->key.n == k.n && e->key.part == k.part && e->key.fresh == k.fresh) return e;|if (e->key.x == k.x && e->key.n == k.n && e->key.fresh == k.fresh) return e;|model"
+  "conv-plan-any-batch-size|common/ops_cuda.c|if (p->entry[i].n == n) return &p->entry[i];|return &p->entry[i];|ops_cuda model"
+  "linear-tf32|common/device.c|CHECK_CUBLAS(cublasSetMathMode(d->cublas, CUBLAS_DEFAULT_MATH));|CHECK_CUBLAS(cublasSetMathMode(d->cublas, CUBLAS_TF32_TENSOR_OP_MATH));|ops_cuda"
 )
 
 field() { # field K of mutant line $1

@@ -708,7 +708,10 @@ END_TEST
 
 /* CUDA graphs (graph.h) replay exactly what the eager step launches: a ResNet-18 model with graphs
  * and one without, same seed, same deterministic algorithms, trained 5 steps on two alternating
- * input buffers (the input pipe's double buffer) with SGD in between, give bit-identical logits
+ * input buffers (the input pipe's double buffer) with SGD in between, then 3 of a short last batch
+ * on the same buffers and 3 full ones again (both sizes prepared at setup, as the stages do, so both
+ * sizes' graphs share the cache: one keyed without the batch size replays the full batch's for the
+ * short one, as they read the same input buffer), give bit-identical logits
  * and gradients at every step and fire the gradient hooks in the same order — fp32 NCHW (the plain
  * walk, whose first conv reads the input buffer in backward), fp32 channels-last and fp16
  * channels-last, the last two with backward stopping for the hook only at every 7th parameter
@@ -745,6 +748,7 @@ START_TEST(cuda_graphs_replay_the_eager_step) {
             model_default_graphs(v == 0);
             m[v] = model_create_mixed(&g, "resnet18", 1, n, 11, cfg[c].p, cfg[c].cl);
             model_prepare(m[v], n);
+            model_prepare(m[v], n - 4); /* every batch size at setup, as the stages do */
             if (v == 0 && c > 0) { /* and with stops every 7th parameter, as DDP's buckets make them */
                 unsigned char stop[256] = {0};
                 for (int p = 0; p < m[v]->n_params; p += 7) stop[p] = 1;
@@ -755,19 +759,22 @@ START_TEST(cuda_graphs_replay_the_eager_step) {
         model_default_graphs(1);
         const int64_t np = m[0]->n_param_floats;
         float *gr[2] = {malloc(np * 4), malloc(np * 4)}, *lg[2] = {malloc(n * 40), malloc(n * 40)};
-        for (int step = 0; step < 5; step++) {
+        for (int step = 0; step < 11; step++) {
+            /* steps 5–7: an epoch's short last batch, on the same two input buffers, then the next
+             * epoch's full ones: a graph of one batch size is never replayed for the other */
+            const int b = step >= 5 && step < 8 ? n - 4 : n;
             HookLog h[2] = {0};
             for (int v = 0; v < 2; v++) {
                 model_zero_grad(m[v]);
-                model_forward(m[v], n, xg[step % 2], 1);
-                xent_forward_backward(&g, n, 10, model_logits(m[v]), yg, 1.0f / n, lossg, corrg, model_dlogits(m[v]));
-                model_backward(m[v], n, log_hook, &h[v]);
+                model_forward(m[v], b, xg[step % 2], 1);
+                xent_forward_backward(&g, b, 10, model_logits(m[v]), yg, 1.0f / b, lossg, corrg, model_dlogits(m[v]));
+                model_backward(m[v], b, log_hook, &h[v]);
                 device_copy_d2h(&g, gr[v], m[v]->grad_flat, np * 4);
-                device_copy_d2h(&g, lg[v], model_logits(m[v]), n * 40);
+                device_copy_d2h(&g, lg[v], model_logits(m[v]), b * 40);
                 optim_step(&opt[v], m[v]->param_flat, m[v]->grad_flat, 0.05);
             }
-            ck_assert_msg(!memcmp(lg[0], lg[1], n * 40), "config %d step %d: logits differ", c, step);
-            ck_assert_msg(!memcmp(gr[0], gr[1], np * 4), "config %d step %d: gradients differ", c, step);
+            ck_assert_msg(!memcmp(lg[0], lg[1], b * 40), "config %d step %d (batch %d): logits differ", c, step, b);
+            ck_assert_msg(!memcmp(gr[0], gr[1], np * 4), "config %d step %d (batch %d): gradients differ", c, step, b);
             ck_assert_int_eq(h[0].count, m[0]->n_params);
             ck_assert_int_eq(h[0].count, h[1].count);
             ck_assert(!memcmp(h[0].order, h[1].order, sizeof h[0].order));
@@ -788,7 +795,11 @@ END_TEST
  * ones add (beta = 1): a backward graph is captured for each, so gradient accumulation must not
  * replay the writing one. Tiny model without batch norm (two identical passes), fp32 channels-last,
  * graphs and eager, with and without hook stops: after two backwards every gradient is twice the
- * first's, and each cycle's first backward gives the same bits (eager, captured, replayed). */
+ * first's, and each cycle's first backward gives the same bits. Cycle 0 is a step without
+ * accumulation, so the writing backward is captured (cycle 1) before any adding one has run: a
+ * cache that told the two apart by input and batch size alone then replayed it for the second pass
+ * (once, not twice) — with the adding one captured first, writing where zeros are gives the same
+ * bits and hid that. Then both are replayed (cycles 2, 3). */
 START_TEST(cuda_first_backward_writes_later_ones_add) {
     if (!test_have_gpu("model: the first backward after zero_grad writes, the next adds")) return;
     Device g = {.allow_tf32 = 0, .deterministic = 1};
@@ -806,16 +817,16 @@ START_TEST(cuda_first_backward_writes_later_ones_add) {
         }
         const int64_t np = m->n_param_floats;
         float *once = malloc(np * 4), *twice = malloc(np * 4), *first = malloc(np * 4);
-        for (int cycle = 0; cycle < 3; cycle++) { /* eager, captured, replayed */
+        for (int cycle = 0; cycle < 4; cycle++) { /* writing: eager, captured, replayed; adding: eager from 1 */
             HookLog h = {0};
             model_zero_grad(m);
-            for (int pass = 0; pass < 2; pass++) {
+            for (int pass = 0; pass < (cycle ? 2 : 1); pass++) {
                 model_forward(m, n, B.xg, 1);
                 xent_forward_backward(&g, n, 10, model_logits(m), B.yg, 1.0f / n, B.loss, B.correct, model_dlogits(m));
                 model_backward(m, n, (v & 2) ? log_hook : NULL, &h);
                 device_copy_d2h(&g, pass ? twice : once, m->grad_flat, np * 4);
             }
-            for (int64_t i = 0; i < np; i++)
+            for (int64_t i = 0; i < np && cycle; i++)
                 ck_assert_msg(fabsf(twice[i] - 2 * once[i]) <= 1e-6f * fabsf(once[i]),
                               "variant %d cycle %d: grad[%lld] %g after two backwards, %g after one", v, cycle,
                               (long long)i, twice[i], once[i]);

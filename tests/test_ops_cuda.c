@@ -217,6 +217,44 @@ START_TEST(test_conv_matches_reference) {
 }
 END_TEST
 
+/* allow_tf32 = 0 (--no-tf32) means true fp32 convolutions (CUDNN_FMA_MATH); allowed, cuDNN's tensor
+ * cores round both operands to TF32's 10-bit mantissa. On a shape whose heuristic choice is a
+ * tensor-core algorithm (ResNet-18's layer 2 at batch 32), TF32 shows against the reference — its
+ * error is the proof that the shape exercises the switch — and fp32 must stay a plain fp32 sum's.
+ * The tests above may not tell them apart: on their small shapes a TF32 result passed TOL_CONV. */
+START_TEST(test_conv_without_tf32_is_fp32) {
+    if (!test_have_gpu("ops_cuda: --no-tf32 convolutions in true fp32")) return;
+    Conv c = {0};
+    conv_shape(&c.s, 128, 128, 3, 1, 1, 16, 16);
+    const int n = 32;
+    const int64_t xn = (int64_t)n * 128 * 256, wn = 128 * 128 * 9;
+    float *hx = hrand(xn, 81, -1.f, 1.f), *hw = hrand(wn, 82, -0.5f, 0.5f), *ry = hzeros(xn), *hy = hzeros(xn);
+    ref_conv_forward_f32(&c.s, n, hx, hw, ry);
+    double err[2];
+    for (int tf32 = 0; tf32 <= 1; tf32++) {
+        Device d;
+        gpu_open(&d, 0, 0);
+        if (tf32) { /* gpu_open is true fp32; the same device with TF32 allowed */
+            device_destroy(&d);
+            memset(&d, 0, sizeof d);
+            d.allow_tf32 = 1;
+            device_init(&d, DEV_CUDA, 0, 0);
+        }
+        float *x = up(&d, hx, xn), *w = up(&d, hw, wn), *y = dzeros(&d, xn);
+        conv_forward(&d, &c, n, x, w, y);
+        device_copy_d2h(&d, hy, y, (size_t)xn * sizeof(float));
+        err[tf32] = test_rel_err(hy, ry, xn);
+        device_free(&d, x), device_free(&d, w), device_free(&d, y);
+        conv_release(&d, &c);
+        device_destroy(&d);
+    }
+    printf("conv 128->128 k3 16x16 n=32 against the reference: fp32 %.3g, TF32 allowed %.3g\n", err[0], err[1]);
+    ck_assert_msg(err[1] > 1e-4, "with TF32 allowed the error is %.3g: this shape does not exercise TF32", err[1]);
+    ck_assert_msg(err[0] <= 2e-5, "with TF32 off the error is %.3g (TF32's: %.3g): not true fp32", err[0], err[1]);
+    free(hx), free(hw), free(ry), free(hy);
+}
+END_TEST
+
 /* Deterministic mode: the same inputs give the same bits, pass after pass, including the
  * backward-filter reduction (where cuDNN's fastest algorithms use atomics). Checked with the
  * heuristic choice and with the benchmark search (which must filter what it measures too). */
@@ -1508,6 +1546,7 @@ Suite *suite_ops_cuda(void) {
     /* CUDA context + cuDNN start-up take seconds per test (each runs in its own process) */
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_conv_matches_reference);
+    tcase_add_test(tc, test_conv_without_tf32_is_fp32);
     tcase_add_test(tc, test_conv_deterministic);
     tcase_add_test(tc, test_conv_benchmark);
     tcase_add_test(tc, test_bn_matches_reference);
