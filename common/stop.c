@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,6 +11,14 @@
 #include "worker_status.h"
 
 static volatile sig_atomic_t requested; /* the first signal, 0 before any */
+static int claimed;                     /* a handler is recording the first signal (set once) */
+static int first_from;                  /* who sent it: a process's pid for a kill(2), else 0 */
+static int64_t first_ns;                /* when it arrived */
+/* The same signal from the same process this soon after is that request again, not a second one:
+ * GNU timeout passes a signal on twice — to its child, then to its process group — and a job's
+ * script may do the same. A person's second Ctrl-C comes from the terminal (the kernel), and a
+ * second `kill` from a new process: both still stop at once. */
+#define SAME_REQUEST_NS 1000000000LL
 static volatile sig_atomic_t saving, deferred; /* a checkpoint write in progress; the abort it held back */
 static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
 static size_t len_int, len_term;
@@ -19,7 +28,8 @@ static void die_of(int sig) { /* its default action, now: the process dies of it
     raise(sig);
 }
 
-static void on_stop(int sig) {
+static void on_stop(int sig, siginfo_t *si, void *uc) {
+    (void)uc;
     if (launch_abort_requested()) { /* our launcher's SIGTERM after a failure elsewhere */
         if (saving && !deferred) { /* finish the checkpoint first (stop_save_end dies then) */
             deferred = sig;
@@ -28,13 +38,22 @@ static void on_stop(int sig) {
         die_of(sig);
         return;
     }
+    int64_t now = status_clock_ns(); /* clock_gettime: async-signal-safe */
+    int from = si && si->si_code == SI_USER ? (int)si->si_pid : 0;
     /* Exchanged, not tested then set: two signals that arrive together may run this on two threads. */
-    if (__atomic_exchange_n(&requested, sig, __ATOMIC_SEQ_CST)) {
+    if (__atomic_exchange_n(&claimed, 1, __ATOMIC_SEQ_CST)) {
+        /* The first is being recorded on another thread (the mask keeps this one out of its own
+         * handler): a few instructions away. */
+        while (!__atomic_load_n(&requested, __ATOMIC_ACQUIRE)) {
+        }
+        if (sig == requested && from && from == first_from && now - first_ns < SAME_REQUEST_NS) return;
         /* The second — unless it is the pair a scheduler's SIGTERM to every process makes, in either
          * order: from it, and passed on by our launcher; the launcher's token says so, once. */
         if (!launch_take_passed(sig)) die_of(sig);
         return;
     }
+    first_from = from, first_ns = now;
+    __atomic_store_n(&requested, sig, __ATOMIC_RELEASE);
     launch_mark_stopping(sig); /* our launcher waits for a worker on its way to a clean stop */
     int e = errno; /* the interrupted code may be about to read it */
     ssize_t w = sig == SIGTERM ? write(2, notice_term, len_term) : write(2, notice_int, len_int);
@@ -52,8 +71,9 @@ void stop_install(const char *prog, const char *notice) {
         len_int = strlen(notice_int), len_term = strlen(notice_term);
     }
     /* SA_RESTART: a read or write that the signal interrupts carries on (poll() loops retry on EINTR) */
-    struct sigaction sa = {.sa_handler = on_stop, .sa_flags = SA_RESTART}, old;
-    sigemptyset(&sa.sa_mask);
+    struct sigaction sa = {.sa_sigaction = on_stop, .sa_flags = SA_RESTART | SA_SIGINFO}, old;
+    sigemptyset(&sa.sa_mask); /* both blocked in the handler: neither interrupts the other's record */
+    sigaddset(&sa.sa_mask, SIGINT), sigaddset(&sa.sa_mask, SIGTERM);
     const int sigs[] = {SIGINT, SIGTERM};
     for (int i = 0; i < 2; i++) /* one ignored by whoever started us stays ignored (as Python does): a */
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) /* script's `cmd &`, nohup */

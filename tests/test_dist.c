@@ -1040,6 +1040,45 @@ START_TEST(stop_signals_request_pass_and_second) {
 }
 END_TEST
 
+/* One request sent twice is one request (stop.c): GNU timeout passes a signal on to its child, then to
+ * its process group, and two SIGINTs a moment apart used to be a second Ctrl-C — the run stopped at
+ * once, unsaved (test_cli's Ctrl-C test, now and then). The same signal from the same process within
+ * a second is the same request; from another process, or from the same one later, it is a second. */
+static void kill_self_twice_child(void *arg) {
+    double gap_s = *(double *)arg;
+    stop_install("w", "stopping after this step");
+    kill(getpid(), SIGINT); /* delivered before kill returns: this process has one thread */
+    struct timespec ts = {(time_t)gap_s, (long)((gap_s - (time_t)gap_s) * 1e9)};
+    nanosleep(&ts, NULL);
+    kill(getpid(), SIGINT);
+    fprintf(stderr, "after two kills from one process: requested %d\n", stop_requested());
+    pid_t other = fork();
+    if (other == 0) {
+        kill(getppid(), SIGINT);
+        _exit(0);
+    }
+    waitpid(other, NULL, 0);
+    fprintf(stderr, "still running after a kill from another process\n");
+}
+
+START_TEST(a_signal_sent_twice_is_one_request) {
+    char *out = NULL, want[64];
+    double gap = 0;
+    int st = test_run_captured(kill_self_twice_child, &gap, &out);
+    snprintf(want, sizeof want, "after two kills from one process: requested %d\n", SIGINT);
+    ck_assert_msg(strstr(out, want) && strstr(out, "w: SIGINT — stopping after this step"),
+                  "the same kill twice was not one request:\n%s", out);
+    ck_assert_msg(st == 128 + SIGINT && !strstr(out, "still running"),
+                  "status %d: a kill from another process did not stop it at once:\n%s", st, out);
+    free(out);
+    gap = 1.1; /* past the second in which a repeat is the same request */
+    st = test_run_captured(kill_self_twice_child, &gap, &out);
+    ck_assert_msg(st == 128 + SIGINT && !strstr(out, "after two kills"),
+                  "status %d: the same process's kill 1.1 s later did not stop it at once:\n%s", st, out);
+    free(out);
+}
+END_TEST
+
 /* A failure elsewhere during a checkpoint write (stop.c, stop.h): the launcher's SIGTERM, with the abort
  * mark on the page, waits for the write; a second one does not — it stops the worker at once. */
 static void deferred_then_second_child(void *arg) {
@@ -2022,6 +2061,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, fail_at_injects_where_it_says);
     tcase_add_test(tc, cpu_fallback_is_noted_only_under_auto);
     tcase_add_test(tc, stop_signals_request_pass_and_second);
+    tcase_add_test(tc, a_signal_sent_twice_is_one_request);
     tcase_add_test(tc, a_second_signal_during_a_deferred_save_stops_at_once);
     tcase_add_test(tc, save_delay_bounds_and_die_collateral_hook);
     tcase_add_test(tc, workers_under_torchrun_and_srun_variables);
