@@ -23,6 +23,7 @@
 #include "peak.h" /* peak_tflops */
 #include "report.h" /* report_check_free */
 #include "sampler.h" /* sampler_shard_size */
+#include "stop.h" /* signal_repeats: timeout's two copies of one signal */
 #include "store.h" /* store_dial: is the store on the port this job's own? */
 #include "trace.h" /* trace_check_free */
 
@@ -349,10 +350,14 @@ int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank %
 /* ---- the launcher ---------------------------------------------------------------------------- */
 
 static volatile sig_atomic_t got_signal, n_signals; /* the first signal; how many came (one thread) */
+static SignalSender first_signal;                    /* its sender: a repeat of it is no second (stop.h) */
 static volatile sig_atomic_t got_tstp, n_cont;       /* Ctrl-Z: pause the workers with us; SIGCONTs seen */
 static sig_atomic_t cont_at_tstp;                    /* n_cont when the Ctrl-Z came */
-static void on_signal(int sig) {
-    if (!got_signal) got_signal = sig;
+static void on_signal(int sig, siginfo_t *si, void *uc) {
+    (void)uc;
+    SignalSender now = signal_sender(sig, si);
+    if (!got_signal) got_signal = sig, first_signal = now;
+    else if (signal_repeats(&first_signal, &now)) return; /* `timeout`'s second copy: not "again" */
     n_signals++;
 }
 static void on_tstp(int sig) { (void)sig, got_tstp = 1, cont_at_tstp = n_cont; }
@@ -719,7 +724,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     /* The signals the wait loop reacts to stay blocked except inside sigsuspend: one that arrives
      * between the loop's check of got_signal and its wait stays pending and ends that wait at once,
      * instead of being noticed only when some worker exits. The workers get the old mask back. */
-    struct sigaction sa = {.sa_handler = on_signal}, tstp = {.sa_handler = on_tstp}, was;
+    struct sigaction sa = {.sa_sigaction = on_signal, .sa_flags = SA_SIGINFO}, tstp = {.sa_handler = on_tstp}, was;
     sigemptyset(&sa.sa_mask), sigemptyset(&tstp.sa_mask);
     const int stops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
     for (int i = 0; i < 4; i++) /* one ignored by whoever started us (a script's `cmd &`, nohup) stays */

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <signal.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,13 +11,21 @@
 
 static volatile sig_atomic_t requested; /* the first signal, 0 before any */
 static int claimed;                     /* a handler is recording the first signal (set once) */
-static int first_from;                  /* who sent it: a process's pid for a kill(2), else 0 */
-static int64_t first_ns;                /* when it arrived */
-/* The same signal from the same process this soon after is that request again, not a second one:
- * GNU timeout passes a signal on twice — to its child, then to its process group — and a job's
- * script may do the same. A person's second Ctrl-C comes from the terminal (the kernel), and a
- * second `kill` from a new process: both still stop at once. */
+static SignalSender first;              /* its sender and time */
+
+/* A person's second Ctrl-C comes from the terminal (the kernel), and a second `kill` from a new
+ * process: neither is a repeat, both still stop at once. */
 #define SAME_REQUEST_NS 1000000000LL
+
+SignalSender signal_sender(int sig, const siginfo_t *si) {
+    SignalSender s = {sig, si && si->si_code == SI_USER ? (int)si->si_pid : 0, status_clock_ns()};
+    return s; /* clock_gettime: async-signal-safe */
+}
+
+int signal_repeats(const SignalSender *first_one, const SignalSender *now) {
+    return now->sig == first_one->sig && now->from && now->from == first_one->from &&
+           now->ns - first_one->ns < SAME_REQUEST_NS;
+}
 static volatile sig_atomic_t saving, deferred; /* a checkpoint write in progress; the abort it held back */
 static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
 static size_t len_int, len_term;
@@ -38,21 +45,20 @@ static void on_stop(int sig, siginfo_t *si, void *uc) {
         die_of(sig);
         return;
     }
-    int64_t now = status_clock_ns(); /* clock_gettime: async-signal-safe */
-    int from = si && si->si_code == SI_USER ? (int)si->si_pid : 0;
+    SignalSender now = signal_sender(sig, si);
     /* Exchanged, not tested then set: two signals that arrive together may run this on two threads. */
     if (__atomic_exchange_n(&claimed, 1, __ATOMIC_SEQ_CST)) {
         /* The first is being recorded on another thread (the mask keeps this one out of its own
          * handler): a few instructions away. */
         while (!__atomic_load_n(&requested, __ATOMIC_ACQUIRE)) {
         }
-        if (sig == requested && from && from == first_from && now - first_ns < SAME_REQUEST_NS) return;
+        if (signal_repeats(&first, &now)) return; /* the first, passed on twice */
         /* The second — unless it is the pair a scheduler's SIGTERM to every process makes, in either
          * order: from it, and passed on by our launcher; the launcher's token says so, once. */
         if (!launch_take_passed(sig)) die_of(sig);
         return;
     }
-    first_from = from, first_ns = now;
+    first = now;
     __atomic_store_n(&requested, sig, __ATOMIC_RELEASE);
     launch_mark_stopping(sig); /* our launcher waits for a worker on its way to a clean stop */
     int e = errno; /* the interrupted code may be about to read it */

@@ -17,6 +17,9 @@
 #ifndef STOP_H
 #define STOP_H
 
+#include <signal.h>
+#include <stdint.h>
+
 /* Catch SIGINT and SIGTERM from now on — unless ignored when we started (a shell script's background
  * job ignores SIGINT, so that the script's Ctrl-C spares it; that choice is kept). notice: a line the
  * handler writes to stderr when the first one arrives (after "PROG: SIGxxx — "), or NULL to stay
@@ -29,5 +32,16 @@ int stop_requested(void);
  * the stop waits until it is on disk, then takes effect. A second signal still stops at once. */
 void stop_save_begin(void);
 void stop_save_end(void);
+
+/* A signal's sender (a process's pid for a kill(2), else 0: the terminal's Ctrl-C comes from the
+ * kernel) and arrival time. The same signal from the same process within a second of the first is
+ * that request again, not a second one: GNU timeout passes a signal on to its child, then to its
+ * process group. Used here and by the launcher (launch.c); both async-signal-safe. */
+typedef struct {
+    int sig, from;
+    int64_t ns;
+} SignalSender;
+SignalSender signal_sender(int sig, const siginfo_t *si);
+int signal_repeats(const SignalSender *first, const SignalSender *now);
 
 #endif

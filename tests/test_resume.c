@@ -1231,6 +1231,21 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
                   !strstr(out, "job failed"), "%s", out);
     free(out);
 
+    /* the same SIGTERM twice from one process, the second after the launcher passed the first on (GNU
+     * timeout sends its signal to the launcher, then to the launcher's process group): one request —
+     * every rank stops at the same step and rank 0 saves it; the second copy used to stop the job at
+     * once, unsaved */
+    snprintf(cmd, sizeof cmd, "D=%s; R=t; %s/stage3 %s --master-port %d --save $D/t > $D/t.log 2>&1 & run=$!; %s"
+             "kill -TERM $run; while ! grep -qs 'SIGTERM —' $D/t.log && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kill -TERM $run; %s cat $D/t.log", dir, test_root(), s3, test_free_port(), started, ended);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 2 of 2 ranks) after step ") &&
+                      strstr(out, "exit 143") &&
+                      strstr(out, "interrupted by SIGTERM: every worker stopped after the same step") &&
+                      !strstr(out, "job failed"),
+                  "one SIGTERM sent twice did not stop the job cleanly:\n%s", out);
+    free(out);
+
     /* at the run's last step there is nothing to stop: the run finishes, exit 0 */
     snprintf(cmd, sizeof cmd, "D=%s; R=f; env --default-signal=INT %s/stage1 " TINY " --train-size 512 --batch-size 32 "
              "--steps 20 --log-every 1 --save $D/f > $D/f.log 2>&1 & run=$!; "
