@@ -31,6 +31,7 @@
 #include "errors.h"
 #include "hash.h"
 #include "model.h" /* model_default_layout */
+#include "stop.h" /* stop_coming: a closed stdout during a clean stop */
 #include "trace.h"
 
 /* ----------------------------------------------------------------------------------------------
@@ -503,13 +504,22 @@ const char *cli_choice(const char *name) {
     return o && (o->kind == OPT_CHOICE || o->kind == OPT_STR) ? *(const char *const *)o->dst : NULL;
 }
 
-/* The line a closed stdout gets, built before any signal can come (snprintf is not signal-safe). */
-static char broken_pipe_note[320];
+/* The lines a closed stdout gets, built before any signal can come (snprintf is not signal-safe). */
+static char broken_pipe_note[320], stopping_note[320];
 
 /* Standard output's reader went away (`| head`, or `| tee` in an ssh session that dropped): the next
  * write raises SIGPIPE, whose default ends the process without a word — a run that vanished. Say why,
  * then die of the same signal, so the exit status (141) and a launcher's report stay what they were. */
 static void on_broken_pipe(int sig) {
+    if (stop_coming()) {
+        /* `./stage1 --save … | tee log` and Ctrl-C: the terminal sends it to tee as well, which dies of
+         * it. Dying here too would lose the step the stop promised to save: carry on without stdout
+         * (its writes now fail with EPIPE), and the run's last lines come on stderr (report.c). */
+        ssize_t w = write(STDERR_FILENO, stopping_note, strlen(stopping_note));
+        (void)w;
+        signal(sig, SIG_IGN);
+        return;
+    }
     ssize_t w = write(STDERR_FILENO, broken_pipe_note, strlen(broken_pipe_note));
     (void)w; /* stderr may be the same closed pipe: nothing more to do */
     signal(sig, SIG_DFL);
@@ -533,6 +543,9 @@ void cli_parse(int argc, char **argv, const Option *opts, const char *prog, cons
              "%s: stopped — the program reading its output went away (SIGPIPE: `| head` ended, or a dropped "
              "ssh session under `| tee`); the checkpoints already saved are intact. To train on after the "
              "terminal goes, write the output to a file (> log 2>&1) under nohup, tmux or screen\n", prog);
+    snprintf(stopping_note, sizeof stopping_note,
+             "%s: the program reading its output went away with the signal (`| tee` gets the terminal's Ctrl-C "
+             "too): the stop goes on, and its last lines come here\n", prog);
     signal(SIGPIPE, on_broken_pipe);
     parsed = opts;
     parsing_prog = prog;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "stop.h" /* stop_requested */
 
 #define BAR_COLS 79  /* the bar line is padded to this width, so a redraw always covers the last one */
 #define BAR_CELLS 24 /* "[=====>     ]" interior */
@@ -110,11 +111,16 @@ void report_close(Report *r) {
 void report_printf(Report *r, const char *fmt, ...) {
     if (!r->active) return;
     bar_clear(r);
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     vprintf(fmt, ap);
-    va_end(ap);
     fflush(stdout); /* people watch this live, and it may be piped through tee */
+    /* stdout's reader gone during a clean stop (cli.c carries on): the step saved and the --resume
+     * line must still reach the person who pressed Ctrl-C */
+    if (ferror(stdout) && stop_requested()) vfprintf(stderr, fmt, again);
+    va_end(again);
+    va_end(ap);
 }
 
 /* "1:02:03" above an hour, else "2:03". */

@@ -12,6 +12,7 @@
 static volatile sig_atomic_t requested; /* the first signal, 0 before any */
 static int claimed;                     /* a handler is recording the first signal (set once) */
 static SignalSender first;              /* its sender and time */
+static volatile sig_atomic_t installed; /* stop_install ran: a signal here is a request to save */
 
 /* A person's second Ctrl-C comes from the terminal (the kernel), and a second `kill` from a new
  * process: neither is a repeat, both still stop at once. */
@@ -81,12 +82,15 @@ void stop_install(const char *prog, const char *notice) {
     sigemptyset(&sa.sa_mask); /* both blocked in the handler: neither interrupts the other's record */
     sigaddset(&sa.sa_mask, SIGINT), sigaddset(&sa.sa_mask, SIGTERM);
     const int sigs[] = {SIGINT, SIGTERM};
+    installed = 1;
     for (int i = 0; i < 2; i++) /* one ignored by whoever started us stays ignored (as Python does): a */
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) /* script's `cmd &`, nohup */
             sigaction(sigs[i], &sa, NULL);
 }
 
 int stop_requested(void) { return requested; }
+
+int stop_coming(void) { return requested || (installed && launch_passed_signal()); }
 
 void stop_save_begin(void) {
     saving = 1;

@@ -27,6 +27,9 @@
 void stop_install(const char *prog, const char *notice);
 /* The first such signal received (SIGINT or SIGTERM), or 0. Async-signal-safe to read, cheap. */
 int stop_requested(void);
+/* A clean stop is requested, or our launcher has just passed one on (async-signal-safe): then a lost
+ * standard output is no reason to die unsaved — the reader (`| tee`) took the same Ctrl-C (cli.c). */
+int stop_coming(void);
 /* Around a checkpoint write. A rank that fails elsewhere makes our launcher stop every worker at once
  * (SIGTERM, then SIGKILL); the state being written is complete — every rank finished that step — so
  * the stop waits until it is on disk, then takes effect. A second signal still stops at once. */

@@ -105,6 +105,8 @@ int launch_take_passed(int sig) {
     return my_slot && __atomic_compare_exchange_n(&my_slot->passed, &want, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
+int launch_passed_signal(void) { return my_slot ? (int)__atomic_load_n(&my_slot->passed, __ATOMIC_SEQ_CST) : 0; }
+
 int launch_abort_requested(void) { return my_slot && __atomic_load_n(&my_slot->abort, __ATOMIC_RELAXED); }
 
 void launch_mark_saving(int on) {

@@ -52,6 +52,9 @@ void launch_mark_saving(int on);
 /* Worker, in its handler: is this signal, arriving a second time, the launcher passing on the one
  * already received (consumed once: yes)? */
 int launch_take_passed(int sig);
+/* Worker (async-signal-safe): the signal the launcher has passed on to it, or 0 — set just before the
+ * kill, so it may be on its way still. */
+int launch_passed_signal(void);
 /* Worker, about to report a peer's loss: if its standard output has no reader any more (`./stage3 |
  * head` ended), that closed pipe is what stopped the job — rank 0 died of it first and said so
  * (cli.c) — so this rank dies of the same SIGPIPE, without a word: a second error about a lost peer

@@ -1293,6 +1293,45 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
 }
 END_TEST
 
+/* `./stage1 --save … | tee log`, then Ctrl-C: a terminal sends SIGINT to its whole foreground process
+ * group, tee included, which dies of it — and the run's next line met a closed pipe: it died of
+ * SIGPIPE, unsaved, just after promising to save the step. Now it carries on without stdout (cli.c),
+ * saves, and its last lines — where to resume — come on stderr. In a job the launcher and tee take the
+ * Ctrl-C, the ranks the launcher's copy (the last to learn of the stop may meet the closed pipe first). */
+START_TEST(a_stop_saves_though_tee_took_the_ctrl_c) {
+    char *dir = test_tmpdir(), cmd[4096], path[600], want[600], *out;
+    const char *flags[2] = {TINY " --train-size 512 --batch-size 32 --epochs 1000 --log-every 1",
+                            TINY " --train-size 512 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 1 "
+                                 "--standalone"};
+    const char *ended = signal_ended();
+    for (int k = 0; k < 2; k++) {
+        const int stage = k ? 3 : 1;
+        /* the pipeline a terminal would run as its foreground job; the stage's own pid into tN.pid */
+        snprintf(path, sizeof path, "%s/t%d.sh", dir, stage);
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "sh -c 'echo $$ > %s/t%d.pid; exec \"$0\" \"$@\"' %s/stage%d %s --save %s/t%d 2> %s/t%d.err | tee %s/t%d.log "
+                   "> /dev/null\n", dir, stage, test_root(), stage, flags[k], dir, stage, dir, stage, dir, stage);
+        fclose(f);
+        /* setsid: a process group of its own, which the kill below signals whole, as a terminal does */
+        snprintf(cmd, sizeof cmd, "D=%s; R=t%d; env --default-signal=INT setsid sh $D/$R.sh & run=$!; " SIGNAL_STARTED
+                 "kill -INT -$run; wait $run; run=$(cat $D/$R.pid); %s cat $D/$R.err", dir, stage, ended);
+        test_run(cmd, &out);
+        snprintf(want, sizeof want, "continue with --resume %s/t%d/step", dir, stage);
+        ck_assert_msg(strstr(out, "SIGINT — ") && strstr(out, "went away with the signal") &&
+                          strstr(out, "stopped early by SIGINT") && strstr(out, want) &&
+                          !strstr(out, "stopped — the program reading"),
+                      "stage%d | tee, Ctrl-C to both: the stop did not save its step:\n%s", stage, out);
+        if (k)
+            ck_assert_msg(strstr(out, "(received by 2 of 2 ranks)") &&
+                              strstr(out, "interrupted by SIGINT: every worker stopped after the same step"),
+                          "stage3 | tee: not every rank stopped cleanly:\n%s", out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* Every stage's process ends with the code its clean stop promises: 128 + the signal (130 for a
  * SIGINT), not 0, so that `./stageN … && next` does not go on. Stages 1 and 3 are checked above;
  * here stage 2 (one process) and stages 4 and 5 (a launcher and one worker, whose exit code the
@@ -1704,6 +1743,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, two_runs_saving_into_one_directory);
     tcase_add_test(tc, a_signal_stops_at_a_step_and_saves_it);
+    tcase_add_test(tc, a_stop_saves_though_tee_took_the_ctrl_c);
     tcase_add_test(tc, every_stage_exits_128_plus_the_signal_it_stopped_for);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
     tcase_add_test(tc, a_refused_resume_is_reported_once_per_job);
