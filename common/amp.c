@@ -1,6 +1,7 @@
 /* amp.c — the --amp flags and the GradScaler (see amp.h). */
 #include "amp.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +20,14 @@ void amp_defaults(AmpConfig *a, const char *default_amp) {
 Option *amp_options(AmpConfig *a, const Option *more) {
     const double above0 = nextafter(0.0, INFINITY), above1 = nextafter(1.0, INFINITY);
     const double below1 = nextafter(1.0, 0.0);
+    /* the largest number that rounds to a finite float (FLT_MAX: so does its printed 3.40282347e+38);
+     * torch takes any init_scale whose float is finite */
+    const double top_float = nextafter((double)FLT_MAX + ldexp(1.0, 103), 0.0);
     const Option rows[] = {
         {"amp", OPT_CHOICE, &a->amp, 0, 0, "fp16|bf16|off",
          "autocast type: conv and linear in fp16 or bf16, loss in fp32, fp32 master weights "
          "(bf16 needs a GPU of compute capability 8.0+); off = fp32"},
-        {"init-scale", OPT_FLOAT, &a->init_scale, above0, 3.4e38, NULL,
+        {"init-scale", OPT_FLOAT, &a->init_scale, above0, top_float, NULL,
          "GradScaler init_scale: the first loss scale (fp16)"},
         {"growth-factor", OPT_FLOAT, &a->growth_factor, above1, 1e6, NULL,
          "GradScaler growth_factor: scale ·= this after growth-interval finite steps in a row"},

@@ -528,6 +528,22 @@ START_TEST(show_scaler_defaults_are_torchs) {
 }
 END_TEST
 
+/* At the top of fp32: torch takes init_scale=FLT_MAX, and a growth that would overflow to inf is not
+ * taken (its update keeps the scale unless scale · growth_factor is finite); a backoff halves it, and
+ * the next growth reaches FLT_MAX again. One above FLT_MAX is refused, naming the range. */
+START_TEST(show_scaler_at_the_top_of_fp32) {
+    char cmd[600], *out;
+    snprintf(cmd, sizeof cmd, "%s/stage5 --show-scaler FFIF --growth-interval 1 --init-scale %.9g", test_root(), FLT_MAX);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(!strcmp(out, "3.40282347e+38 3.40282347e+38 1.70141173e+38 3.40282347e+38\n"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/stage5 --show-scaler F --init-scale 3.5e38", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--init-scale must be a number in (0, 3.40282e+38]"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* Below 1/FLT_MAX (about 3e-39) our scaler counts a finite step as an overflow (docs/semantics.md: an
  * inf 1/scale), where torch's checks only the scaled gradient and grows the scale: 4e-39 backs off to
  * 2e-39 on the I, then torch doubles it on each F (4e-39, 8e-39) while ours keeps halving. The lesson
@@ -974,6 +990,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, show_scaler_matches_torch);
     tcase_add_test(tc, show_scaler_defaults_are_torchs);
     tcase_add_test(tc, show_scaler_says_where_it_leaves_torch);
+    tcase_add_test(tc, show_scaler_at_the_top_of_fp32);
     tcase_add_test(tc, scaler_skips_and_scales);
     tcase_add_test(tc, forced_overflow_skips_one_step);
     tcase_add_test(tc, scaler_report_flags_ranks_that_disagree);
