@@ -13,6 +13,9 @@ static volatile sig_atomic_t requested; /* the first signal, 0 before any */
 static int claimed;                     /* a handler is recording the first signal (set once) */
 static SignalSender first;              /* its sender and time */
 static volatile sig_atomic_t installed; /* stop_install ran: a signal here is a request to save */
+static volatile sig_atomic_t saving, deferred; /* a checkpoint write in progress; the abort it held back */
+static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
+static size_t len_int, len_term;
 
 /* A person's second Ctrl-C comes from the terminal (the kernel), and a second `kill` from a new
  * process: neither is a repeat, both still stop at once. */
@@ -27,9 +30,6 @@ int signal_repeats(const SignalSender *first_one, const SignalSender *now) {
     return now->sig == first_one->sig && now->from && now->from == first_one->from &&
            now->ns - first_one->ns < SAME_REQUEST_NS;
 }
-static volatile sig_atomic_t saving, deferred; /* a checkpoint write in progress; the abort it held back */
-static char notice_int[600], notice_term[600]; /* written whole by the handler (write(2) is safe there) */
-static size_t len_int, len_term;
 
 static void die_of(int sig) { /* its default action, now: the process dies of it, unsaved */
     signal(sig, SIG_DFL);

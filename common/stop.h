@@ -12,8 +12,8 @@
  *
  * A second signal stops the process at once, without saving (the default action): the way out of a
  * stop that takes too long. The same signal again from the same process within a second is not a
- * second one but the first passed on twice (GNU timeout sends it to its child, then to its group). Without --save (on the job's rank 0) nothing is installed and a signal ends the
- * run at once. */
+ * second one but the first passed on twice (GNU timeout sends it to its child, then to its group).
+ * Without --save (on the job's rank 0) nothing is installed and a signal ends the run at once. */
 #ifndef STOP_H
 #define STOP_H
 
