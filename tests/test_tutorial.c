@@ -110,6 +110,37 @@ START_TEST(tutorial_blocks_get_a_tmp_of_their_own) {
 }
 END_TEST
 
+/* The same for the page's runs/ paths (`mkdir -p runs/tutorial`, `--save runs/tutorial/ddp_run`): a
+ * reader's runs go into their own clone, git-ignored, but the doc test must leave the checkout it
+ * tests as it found it — a student's runs/tutorial/ddp_run is not its to delete, nor to fill. Only a
+ * path that starts with runs/ (or ./runs/) as a word moves: ./stage1, tests/… and docs/logs/runs/…
+ * stay as written. */
+START_TEST(tutorial_blocks_get_a_runs_of_their_own) {
+    char *dir = test_tmpdir(), en[512], name[64], real[1024], doc[2048], *out;
+    snprintf(en, sizeof en, "%s/t.md", dir);
+    snprintf(name, sizeof name, "tutorial_runs_probe_%d", (int)getpid());
+    snprintf(real, sizeof real, "%s/runs/%s", test_root(), name);
+    snprintf(doc, sizeof doc,
+             "```sh cpu-test\nrm -rf runs/%s\nmkdir -p runs/%s && echo kept > runs/%s/f\n```\n\n"
+             "```sh cpu-test\n# expect: kept\ncat runs/%s/f \"./runs/%s/f\"\ntest -x ./stage1 && test -f tests/tutorial_test.sh\n"
+             "# expect: as written: docs/logs/runs/x tests/runs/y my_runs/z\n"
+             "echo as written: docs/logs/runs/x tests/runs/y my_runs/z\n```\n",
+             name, name, name, name, name);
+    write_file(en, doc);
+    int rc = run_doc_test(en, &out);
+    struct stat st;
+    const int touched = stat(real, &st) == 0;
+    if (touched) {
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", real);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    ck_assert_msg(rc == 0, "the blocks failed:\n%s", out);
+    ck_assert_msg(!touched, "the blocks wrote the real %s:\n%s", real, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* tests/doc_check.py on a folder (NULL: the checkout the script is in — not test_root(), which under the
  * sanitizers is a folder of links without the README), with the flags checked against the built stages
  * (test_root()'s) when `flags` is set. 77 when python3 is missing. */
@@ -224,6 +255,7 @@ Suite *suite_tutorial(void) {
     tcase_add_test(tc, tutorial_cpu_commands_run);
     tcase_add_test(tc, tutorial_test_fails_on_a_broken_command);
     tcase_add_test(tc, tutorial_blocks_get_a_tmp_of_their_own);
+    tcase_add_test(tc, tutorial_blocks_get_a_runs_of_their_own);
     tcase_add_test(tc, docs_links_resolve_and_translations_match);
     tcase_add_test(tc, doc_check_fails_on_dead_links_and_drifted_translations);
     suite_add_tcase(s, tc);

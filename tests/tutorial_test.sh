@@ -22,7 +22,7 @@ md=$(abs "${1:-$here/docs/tutorial.md}")
 [ -f "$md" ] || { echo "tutorial_test: $md not found"; exit 2; }
 tmp=$(mktemp -d /tmp/tutorial_test.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-mkdir "$tmp/files" # the blocks' /tmp (see below)
+mkdir "$tmp/files" # the blocks' /tmp and runs/ (see below)
 
 # Split a Markdown file's ```sh blocks into $2/N.sh (the commands), $2/N.tag (the marker words) and
 # $2/N.line (the fence's line number); an unterminated fence is an error.
@@ -71,12 +71,16 @@ for i in $(seq 1 "$n"); do
     # machine holding it is not the tutorial's fault, so each ./stage3–5 gets a free port first (a
     # --master-port the block gives itself comes later on the line, and wins; a line with --standalone,
     # which picks its own, is left as it is).
-    # Likewise the page's files under /tmp (`rm -rf /tmp/ddp_run`, `--save /tmp/ddp_run`, reports):
-    # this run's own directory instead, shared by its blocks, so that two runs of this test on one
-    # machine (or a reader following the page meanwhile) do not delete or lock each other's files.
+    # Likewise the page's files: those under runs/ (`rm -rf runs/tutorial/ddp_run`, `--save
+    # runs/tutorial/ddp_run`, reports; a reader's go into their own clone) and any under /tmp go into
+    # this run's own directory instead, shared by its blocks, so that the checkout keeps a reader's
+    # runs/ as it was, and two runs of this test on one machine do not delete or lock each other's
+    # files. Only a path that starts with runs/ or ./runs/ as a word moves: not ./stage1, tests/…,
+    # docs/logs/runs/… or my_runs/.
     port=$(free_port)
     sed -E -e "/--standalone/!s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
-        -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" "$tmp/en/$i.sh" > "$tmp/run.sh"
+        -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" \
+        -e "s#(^|[^[:alnum:]_./-])(\./)?runs/#\1$tmp/files/runs/#g" "$tmp/en/$i.sh" > "$tmp/run.sh"
     timeout 300 bash -e -o pipefail "$tmp/run.sh" > "$tmp/out" 2>&1 < /dev/null
     rc=$?
     dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
