@@ -316,7 +316,44 @@ static _Noreturn void cifar_bad_label(const char *path, int64_t record, int labe
              path, (long long)record, label);
 }
 
+/* Two of the set's files that are one file (a link) or a copy (the same first record: the official
+ * files, and any two files of one set, start with different images; one of a single value throughout
+ * is no image but a placeholder, as tests write) — a download "fixed" by hand.
+ * Every size check passes, and the run would train on those samples twice, or test on training
+ * samples and report their accuracy as the test's. Files missing or not regular are left to
+ * cifar_open, which names them when its split needs them. */
+static void cifar_copies(const char *dir) {
+    struct {
+        dev_t dev;
+        ino_t ino;
+        int ok, image; /* image: its first record's pixels are not all one value */
+        uint8_t first[CIFAR_RECORD];
+    } f[CIFAR10_FILES];
+    char path[CIFAR10_FILES][4096];
+    for (int k = 0; k < CIFAR10_FILES; k++) {
+        snprintf(path[k], sizeof path[k], "%s/%s", dir, cifar10_file_names[k]);
+        int fd = open(path[k], O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        struct stat st;
+        f[k].ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                  pread(fd, f[k].first, CIFAR_RECORD, 0) == CIFAR_RECORD;
+        if (f[k].ok) f[k].dev = st.st_dev, f[k].ino = st.st_ino;
+        f[k].image = f[k].ok && memcmp(f[k].first + 1, f[k].first + 2, IMG_PIXELS - 1) != 0;
+        if (fd >= 0) close(fd);
+        for (int j = 0; j < k && f[k].ok; j++)
+            if (f[j].ok && ((f[j].dev == f[k].dev && f[j].ino == f[k].ino) ||
+                            (f[k].image && !memcmp(f[j].first, f[k].first, CIFAR_RECORD))))
+                die_user("CIFAR-10 files '%s' and '%s' are %s: %s — download the set again with %s %s",
+                         path[j], path[k],
+                         f[j].dev == f[k].dev && f[j].ino == f[k].ino ? "one file (a link)"
+                                                                      : "copies (they start with the same image)",
+                         k == CIFAR10_FILES - 1 ? "the test accuracy would be measured on training samples"
+                                                : "the run would train on the same samples twice",
+                         get_cifar10_script(), dir);
+    }
+}
+
 int64_t cifar10_check(const char *dir, int train, int64_t limit) {
+    if (!train) cifar_copies(dir); /* once: config_resolve checks the test split with or without training */
     CifarFiles cf;
     int64_t total = cifar_open_all(dir, train, limit, &cf), n = limit > 0 ? limit : total, i = 0, bad_r = 0;
     /* and the labels the run will read, a byte a record: a corrupt file is refused once, here, not by

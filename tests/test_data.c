@@ -333,6 +333,37 @@ START_TEST(cifar_label_out_of_range) {
 }
 END_TEST
 
+/* A file of the set that is another one (a link, or a copy made to "fix" a download): every size and
+ * label is fine, so only this check keeps the run from testing on training samples (test_batch.bin a
+ * copy of data_batch_4.bin) or training on some twice. Refused before any worker starts, naming both. */
+START_TEST(cifar_file_that_is_another_is_refused) {
+    char dir[64], a[512], b[512];
+    make_cifar(dir);
+    snprintf(a, sizeof a, "%s/data_batch_4.bin", dir);
+    snprintf(b, sizeof b, "%s/test_batch.bin", dir);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", a, b);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_error_of(call_cifar10_check, dir, 0, 0, "data_batch_4.bin' and '", "test accuracy would be measured on "
+                    "training samples");
+    ck_assert_int_eq(unlink(b), 0);
+    ck_assert_int_eq(symlink(a, b), 0);
+    expect_error_of(call_cifar10_check, dir, 0, 0, "are one file (a link)", "get_cifar10.sh");
+    ck_assert_int_eq(unlink(b), 0);
+    remove_cifar(dir);
+    make_cifar(dir);
+    snprintf(a, sizeof a, "%s/data_batch_4.bin", dir);
+    snprintf(b, sizeof b, "%s/data_batch_2.bin", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", a, b);
+    ck_assert_int_eq(system(cmd), 0);
+    expect_error_of(call_cifar10_check, dir, 0, 0, "data_batch_2.bin' and '", "train on the same samples twice");
+    remove_cifar(dir);
+    make_cifar(dir); /* a set of distinct files passes */
+    ck_assert_int_eq(cifar10_check(dir, 0, 0), TEST_RECORDS);
+    remove_cifar(dir);
+}
+END_TEST
+
 /* dataset_write_cifar10 (tests/write_synthetic, make parity): the synthetic set written as CIFAR-10
  * files reads back as the very same samples through --data's reader, split over the five training
  * files as evenly as it goes; a second write into the same folder is refused and changes nothing. */
@@ -498,6 +529,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, cifar_truncated_or_empty_file);
     tcase_add_test(tc, cifar_label_out_of_range);
     tcase_add_test(tc, cifar_limit_too_large);
+    tcase_add_test(tc, cifar_file_that_is_another_is_refused);
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
