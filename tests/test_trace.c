@@ -382,7 +382,9 @@ START_TEST(timeline_bad_input) {
              "echo '{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"forward\",\"pid\":0,\"tid\":1,\"ts\":5}]}' "
              "> nodur.json && echo '{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"forward\",\"pid\":0,"
              "\"tid\":1,\"ts\":5,\"dur\":0},{\"ph\":\"X\",\"name\":\"bad\",\"ts\":1}]}' > zero.json && "
-             "cp zero.json zero && touch o.svg", dir);
+             "cp zero.json zero && touch o.svg && echo '{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\","
+             "\"ts\":-1e308,\"dur\":1},{\"ph\":\"X\",\"name\":\"b\",\"ts\":1e308,\"dur\":1e308}]}' > far.json",
+             dir);
     ck_assert_int_eq(test_run(cmd, NULL), 0);
     const char *bad[][2] = {
         {"missing.json o.svg", "no such file"},
@@ -397,6 +399,7 @@ START_TEST(timeline_bad_input) {
         {"o.svg p.svg", "SVG picture"},
         {"zero.json no/o.svg", "mkdir -p no"},
         {"zero.json o.svg --width 0", "--width 0"},
+        {"far.json o.svg", "past any float"}, /* each time finite, their distance not: an OverflowError */
     };
     char *root = realpath(test_root(), NULL); /* the commands run in dir */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -228,6 +228,9 @@ def main():
     spans = [e for e in spans if e["name"] != "step"] or steps  # steps are drawn as bands (and as spans if alone)
     t0 = min(e["ts"] for e in spans + steps)
     t1 = max(e["ts"] + e["dur"] for e in spans + steps)
+    if not math.isfinite(t1 - t0):  # each time finite, the axis not: no picture has that width
+        die(f"{a.trace}: its spans lie {t1 - t0} µs apart, past any float — it is not a file a stage's --trace "
+            f"wrote; rerun the stage with --trace FILE")
     if t1 - t0 < 1:  # one instant (0-duration spans): a 1 µs axis, not a division by zero
         t1 = t0 + 1
 
