@@ -1685,6 +1685,22 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
     ck_assert_int_eq(test_run(cmd, &out), 1);
     ck_assert_msg(strstr(out, "is not a regular file"), "%s", out);
     free(out);
+    /* outputs named wrong: refused before any work, torch or not — torch.save over the checkpoint itself
+     * destroyed it, and a missing folder or --logits IN failed with a traceback after the conversion */
+    const char *outs[][2] = {{"--out %s", "is the checkpoint itself"},
+                             {"--logits %s/nope.f32 x.f32", "is not a file"},
+                             {"--out %s/no/model.pt", "mkdir -p"},
+                             {"--out %s/a", "is a directory"}};
+    for (int i = 0; i < 4; i++) {
+        char flags[800];
+        snprintf(flags, sizeof flags, outs[i][0], i ? dir : ck);
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s %s 2>&1", test_root(), ck, flags);
+        ck_assert_int_eq(test_run(cmd, &out), 2);
+        ck_assert_msg(strstr(out, outs[i][1]) && !strstr(out, "Traceback"), "%s: want '%s' in:\n%s", flags,
+                      outs[i][1], out);
+        free(out);
+    }
+    checkpoint_load(ck, &expect, &got, p, buf, mom, NULL); /* still whole */
     if (have_torch < 0) have_torch = system("python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (!have_torch) {
         printf("SKIP: resume: the checkpoint as a PyTorch model (its logits against models.py's) — needs torch "

@@ -169,12 +169,39 @@ def to_torch(meta, params, buffers, path):
     return model
 
 
+def check_outputs(args):
+    """What --out and --logits name, checked before any work (and before torch, which would fail late with a
+    traceback, or write over the checkpoint itself): exit 2, naming the flag and the fix."""
+    def same(a, b):
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            return False
+
+    if args.logits and not os.path.isfile(args.logits[0]):
+        fail(2, f"--logits IN '{args.logits[0]}' is not a file: give raw float32 images [N][3][32][32]")
+    outs = [("--out", args.out)] if args.out else []
+    outs += [("--logits OUT", args.logits[1])] if args.logits else []
+    for flag, path in outs:
+        parent = os.path.dirname(os.path.abspath(path))
+        if same(path, args.checkpoint) or (args.logits and same(path, args.logits[0])):
+            what = "the checkpoint" if same(path, args.checkpoint) else "--logits IN"
+            fail(2, f"{flag} '{path}' is {what} itself: writing it would destroy it — give {flag} another file name")
+        if os.path.isdir(path):
+            fail(2, f"{flag} '{path}' is a directory — give a file name in it, e.g. {os.path.join(path, 'model.pt')}")
+        if not os.path.isdir(parent):
+            fail(2, f"{flag} '{path}': directory '{parent}' does not exist (create it first: mkdir -p {parent})")
+    if len(outs) == 2 and (outs[0][1] == outs[1][1] or same(outs[0][1], outs[1][1])):
+        fail(2, f"--out and --logits OUT are the same file '{args.out}': give each its own")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("checkpoint", help="a file written by a stage's --save (DIR/epoch003.ckpt, DIR/stepNNNNNNNN.ckpt)")
     ap.add_argument("--out", help="save the model's state_dict here (torch.save)")
     ap.add_argument("--logits", nargs=2, metavar=("IN", "OUT"), help="eval-mode logits of IN's images into OUT")
     args = ap.parse_args()
+    check_outputs(args)
     meta, params, buffers = read_checkpoint(args.checkpoint)
     where = (f"epoch {meta['epoch']}" if meta["batch_in_epoch"] == 0
              else f"batch {meta['batch_in_epoch']} of epoch {meta['epoch'] + 1}")
