@@ -178,6 +178,13 @@ def check_outputs(args):
         except OSError:
             return False
 
+    def a_checkpoint(path):  # another of the run's checkpoints (--out DIR/epoch004.ckpt): as precious
+        try:
+            with open(path, "rb") as f:
+                return os.path.isfile(path) and f.read(len(MAGIC)) == MAGIC
+        except OSError:
+            return False
+
     if args.logits and not os.path.isfile(args.logits[0]):
         fail(2, f"--logits IN '{args.logits[0]}' is not a file: give raw float32 images [N][3][32][32]")
     outs = [("--out", args.out)] if args.out else []
@@ -187,6 +194,9 @@ def check_outputs(args):
         if same(path, args.checkpoint) or (args.logits and same(path, args.logits[0])):
             what = "the checkpoint" if same(path, args.checkpoint) else "--logits IN"
             fail(2, f"{flag} '{path}' is {what} itself: writing it would destroy it — give {flag} another file name")
+        if a_checkpoint(path):
+            fail(2, f"{flag} '{path}' is a checkpoint written by --save: writing it would destroy it — give {flag} "
+                    f"another file name, e.g. {'model.pt' if flag == '--out' else 'logits.f32'}")
         if os.path.isdir(path):
             fail(2, f"{flag} '{path}' is a directory — give a file name in it, e.g. {os.path.join(path, 'model.pt')}")
         if not os.path.isdir(parent):
