@@ -369,6 +369,10 @@ static int opt_set(const Option *o, const char *v) {
             die_user("--%s must be a finite number in %s, got '%s'", o->name, range, v);
         if (x < o->min || x > o->max)
             die_user("--%s must be a number in %s, got '%s' (out of range)", o->name, range, v);
+        /* not 0, but 0 in fp32 (the weights', the GradScaler's): --lr 1e-50, a slip for 1e-5, trained
+         * nothing; --clip-grad-norm 1e-50 clipped every gradient to 0; --backoff-factor 1e-50 zeroed the scale */
+        if (x != 0 && (float)x == 0)
+            die_user("--%s must be a number in %s, got '%s' (out of range: fp32 rounds it to 0)", o->name, range, v);
         *(double *)o->dst = x;
         break;
     }

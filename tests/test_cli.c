@@ -167,6 +167,12 @@ START_TEST(test_bad_numbers) {
     REFUSED(A("--lr", "0.1.2"), "--lr", "'0.1.2'");
     REFUSED(A("--lr", "0x10"), "--lr must be a decimal number", "'0x10'"); /* strtod would read 16 */
     REFUSED(A("--lr", "0X1p-3"), "--lr must be a decimal number");
+    /* above 0 as a double, 0 as the fp32 the SGD step multiplies by: a slip for 1e-5 trained nothing */
+    REFUSED(A("--lr", "1e-50"), "--lr must be a number in (0, 100], got '1e-50'", "fp32 rounds it to 0");
+    REFUSED(A("--clip-grad-norm", "1e-50"), "--clip-grad-norm", "fp32 rounds it to 0"); /* on, clipping to 0 */
+    TrainConfig tiny_lr;
+    parse_into(&tiny_lr, (const char *const[]){"--lr", "1e-45", NULL}); /* fp32's smallest value: not 0 */
+    ck_assert((float)tiny_lr.lr > 0);
     REFUSED(A("--momentum", "1"), "--momentum must be a number in [0, 1), got '1'");
     REFUSED(A("--momentum", "-0.5"), "--momentum");
     REFUSED(A("--weight-decay", "2"), "--weight-decay", "[0, 1]");
