@@ -38,8 +38,9 @@ static int env_int(const char *name, int dflt) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (*end || errno || x < 0 || x > INT_MAX)
-        die_user("environment variable %s='%s' is not a non-negative integer", name, v);
+    if (*end || errno || x < 0 || x > INT_MAX) /* 99999999999 too: it is no integer the job can use */
+        die_user("environment variable %s='%s' is not an integer from 0 to %d — a launcher (torchrun, srun, "
+                 "mpirun) sets it; if it is left over in this shell, unset %s", name, v, INT_MAX, name);
     return (int)x;
 }
 

@@ -1842,6 +1842,9 @@ START_TEST(worker_variables_out_of_range_are_refused) {
         {"RANK=0 WORLD_SIZE=4097", "", "WORLD_SIZE=4097: a job has at most 4096 ranks"},
         {"RANK=0 WORLD_SIZE=2147483647", "", "a job has at most 4096 ranks"},
         {"OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=5000", "", "OMPI_COMM_WORLD_SIZE=5000: a job has at most"},
+        /* past an int: said to be "not a non-negative integer", which it is, with no fix */
+        {"RANK=0 WORLD_SIZE=99999999999", "", "WORLD_SIZE='99999999999' is not an integer from 0 to 2147483647"},
+        {"RANK=x WORLD_SIZE=2", "", "RANK='x' is not an integer from 0 to 2147483647 — a launcher"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[512], *out;
