@@ -83,49 +83,11 @@ START_TEST(tutorial_test_fails_on_a_broken_command) {
 }
 END_TEST
 
-/* The page's blocks write fixed names under /tmp (`rm -rf /tmp/ddp_run`, then --save there): two
- * runs of the doc test on one machine deleted and locked each other's files, and another user's
- * leftover failed it. Each run now has its own /tmp for its blocks, shared from block to block, and
- * the real /tmp is not touched. */
-START_TEST(tutorial_blocks_get_a_tmp_of_their_own) {
-    char *dir = test_tmpdir(), en[512], name[64], real[128], doc[1024], *out;
+/* Runs `doc` (a page of cpu-test blocks) through the doc test, which must pass and leave `real` (a path
+ * the blocks name, moved by the test to a folder of its own) unwritten; removes it if they wrote it. */
+static void blocks_pass_leaving_alone(const char *doc, const char *real) {
+    char *dir = test_tmpdir(), en[512], *out;
     snprintf(en, sizeof en, "%s/t.md", dir);
-    snprintf(name, sizeof name, "tutorial_tmp_probe_%d", (int)getpid());
-    snprintf(real, sizeof real, "/tmp/%s", name);
-    unlink(real);
-    snprintf(doc, sizeof doc, "```sh cpu-test\nrm -rf /tmp/%s\nmkdir /tmp/%s && echo kept > /tmp/%s/f\n```\n\n"
-             "```sh cpu-test\n# expect: kept\ncat /tmp/%s/f\n```\n", name, name, name, name);
-    write_file(en, doc);
-    int rc = run_doc_test(en, &out);
-    struct stat st;
-    const int touched = stat(real, &st) == 0;
-    if (touched) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", real);
-        ck_assert_int_eq(system(cmd), 0);
-    }
-    ck_assert_msg(rc == 0, "the blocks failed:\n%s", out);
-    ck_assert_msg(!touched, "the blocks wrote the real %s:\n%s", real, out);
-    free(out), free(dir);
-}
-END_TEST
-
-/* The same for the page's runs/ paths (`mkdir -p runs/tutorial`, `--save runs/tutorial/ddp_run`): a
- * reader's runs go into their own clone, git-ignored, but the doc test must leave the checkout it
- * tests as it found it — a student's runs/tutorial/ddp_run is not its to delete, nor to fill. Only a
- * path that starts with runs/ (or ./runs/) as a word moves: ./stage1, tests/… and docs/logs/runs/…
- * stay as written. */
-START_TEST(tutorial_blocks_get_a_runs_of_their_own) {
-    char *dir = test_tmpdir(), en[512], name[64], real[1024], doc[2048], *out;
-    snprintf(en, sizeof en, "%s/t.md", dir);
-    snprintf(name, sizeof name, "tutorial_runs_probe_%d", (int)getpid());
-    snprintf(real, sizeof real, "%s/runs/%s", test_root(), name);
-    snprintf(doc, sizeof doc,
-             "```sh cpu-test\nrm -rf runs/%s\nmkdir -p runs/%s && echo kept > runs/%s/f\n```\n\n"
-             "```sh cpu-test\n# expect: kept\ncat runs/%s/f \"./runs/%s/f\"\ntest -x ./stage1 && test -f tests/tutorial_test.sh\n"
-             "# expect: as written: docs/logs/runs/x tests/runs/y my_runs/z\n"
-             "echo as written: docs/logs/runs/x tests/runs/y my_runs/z\n```\n",
-             name, name, name, name, name);
     write_file(en, doc);
     int rc = run_doc_test(en, &out);
     struct stat st;
@@ -138,6 +100,39 @@ START_TEST(tutorial_blocks_get_a_runs_of_their_own) {
     ck_assert_msg(rc == 0, "the blocks failed:\n%s", out);
     ck_assert_msg(!touched, "the blocks wrote the real %s:\n%s", real, out);
     free(out), free(dir);
+}
+
+/* A page's blocks that write fixed names under /tmp (as the tutorial's once did: `rm -rf /tmp/ddp_run`,
+ * then --save there): two runs of the doc test on one machine deleted and locked each other's files,
+ * and another user's leftover failed it. Each run has its own /tmp for its blocks, shared from block
+ * to block, and the real /tmp is not touched. */
+START_TEST(tutorial_blocks_get_a_tmp_of_their_own) {
+    char name[64], real[128], doc[1024];
+    snprintf(name, sizeof name, "tutorial_tmp_probe_%d", (int)getpid());
+    snprintf(real, sizeof real, "/tmp/%s", name);
+    unlink(real);
+    snprintf(doc, sizeof doc, "```sh cpu-test\nrm -rf /tmp/%s\nmkdir /tmp/%s && echo kept > /tmp/%s/f\n```\n\n"
+             "```sh cpu-test\n# expect: kept\ncat /tmp/%s/f\n```\n", name, name, name, name);
+    blocks_pass_leaving_alone(doc, real);
+}
+END_TEST
+
+/* The same for the page's runs/ paths (`mkdir -p runs/tutorial`, `--save runs/tutorial/ddp_run`): a
+ * reader's runs go into their own clone, git-ignored, but the doc test must leave the checkout it
+ * tests as it found it — a student's runs/tutorial/ddp_run is not its to delete, nor to fill. Only a
+ * path that starts with runs/ (or ./runs/) as a word moves: ./stage1, tests/… and docs/logs/runs/…
+ * stay as written. */
+START_TEST(tutorial_blocks_get_a_runs_of_their_own) {
+    char name[64], real[1024], doc[2048];
+    snprintf(name, sizeof name, "tutorial_runs_probe_%d", (int)getpid());
+    snprintf(real, sizeof real, "%s/runs/%s", test_root(), name);
+    snprintf(doc, sizeof doc,
+             "```sh cpu-test\nrm -rf runs/%s\nmkdir -p runs/%s && echo kept > runs/%s/f\n```\n\n"
+             "```sh cpu-test\n# expect: kept\ncat runs/%s/f \"./runs/%s/f\"\ntest -x ./stage1 && test -f tests/tutorial_test.sh\n"
+             "# expect: as written: docs/logs/runs/x tests/runs/y my_runs/z\n"
+             "echo as written: docs/logs/runs/x tests/runs/y my_runs/z\n```\n",
+             name, name, name, name, name);
+    blocks_pass_leaving_alone(doc, real);
 }
 END_TEST
 
