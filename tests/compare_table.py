@@ -59,6 +59,11 @@ def num(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+def nums(v):
+    """The finite numbers of a list (peak_mem_bytes: one per device); [] for anything else (null)."""
+    return [m for m in v if num(m) is not None] if isinstance(v, list) else []
+
+
 def read_meta(d):
     meta = {}
     try:
@@ -89,8 +94,8 @@ def load_rows(d):
                "flops": (None, None), "summary": s}
         if s:
             row.update(ms=num(s.get("ms_per_iter_median")), ips=num(s.get("img_per_s")),
-                       mem=[m for m in s.get("peak_mem_bytes", []) if num(m) is not None],
-                       device=s.get("device", ""), k=s.get("accum_steps", 1), flops=fl.stage(s))
+                       mem=nums(s.get("peak_mem_bytes")),
+                       device=s.get("device", ""), k=num(s.get("accum_steps")) or 1, flops=fl.stage(s))
             if num(s.get("exposed_comm_ms_per_step")) is not None:
                 row["exposed"], row["exposed_kind"] = s["exposed_comm_ms_per_step"], "waited"
             ph = last(recs, "phases")
@@ -105,6 +110,9 @@ def load_pytorch(d, rows_ours, meta):
     """PyTorch's rows; their FLOPs per image and per-GPU peak are stage 1's (the same model, batch and
     math), on 1 GPU or, for DataParallel / DDP, on the GPUs the comparison ran on."""
     ref = next((r["summary"] for r in rows_ours if r["name"] in ("stage1", "stage1_again") and r["summary"]), None)
+    if not (meta.get("gpus") or "1").isdigit():
+        sys.exit(f"compare: {os.path.join(d, 'meta.txt')} says gpus={meta['gpus']}, not a count that tests/compare.sh "
+                 f"writes: run make compare again")
     gpus = max(1, int(meta.get("gpus") or 1))
     rows = []
     for rec in records(os.path.join(d, "pytorch_dp.json")):
@@ -120,7 +128,7 @@ def load_pytorch(d, rows_ours, meta):
     for r in rows:
         rec = r["rec"]
         r.update(ms=num(rec.get("ms_per_iter_median")), ips=num(rec.get("img_per_s")),
-                 mem=[m for m in rec.get("peak_mem_bytes", []) if num(m) is not None], exposed=None, k=rec.get("accum_steps", 1))
+                 mem=nums(rec.get("peak_mem_bytes")), exposed=None, k=num(rec.get("accum_steps")) or 1)
         images = r["ips"] * r["ms"] / 1e3 if r["ips"] and r["ms"] else None
         r["flops"] = fl.like(ref, r["ms"], images, gpus=1 if r["base"] else gpus) if images else (None, None)
     return rows
@@ -315,6 +323,9 @@ def drift_note(rows):
 
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "runs/compare"
+    if not os.path.isdir(d):
+        print(f"compare: {d} is not a folder: give the folder tests/compare.sh wrote (default runs/compare)")
+        return 1
     meta = read_meta(d)
     rows = load_rows(d)
     torch_rows = load_pytorch(d, rows, meta)

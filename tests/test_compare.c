@@ -324,6 +324,31 @@ START_TEST(compare_table_refuses_a_broken_plan) {
 }
 END_TEST
 
+/* compare_table.py on results it did not expect: a summary whose peak_mem_bytes is null (a run that
+ * measured none, or a report edited by hand) is a row without memory, not a TypeError; a meta.txt
+ * whose gpus is no count, and a file given for the folder, are one line naming the fix. */
+START_TEST(compare_table_reads_odd_results_without_a_traceback) {
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    snprintf(cmd, sizeof cmd,
+             "printf 'stage1\\t1\\tstage 1\\t0\\t1\\t./stage1\\n' > %s/plan.tsv && echo device=cpu > %s/meta.txt && "
+             "echo '{\"type\":\"summary\",\"peak_mem_bytes\":null,\"accum_steps\":null}' > %s/stage1.jsonl && "
+             "python3 %s/tests/compare_table.py %s",
+             dir, dir, dir, test_root(), dir);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "stage 1") && !strstr(out, "Traceback"), "null peak: exit %d:\n%s", rc, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "echo gpus=x >> %s/meta.txt && python3 %s/tests/compare_table.py %s", dir, test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "says gpus=x, not a count") && !strstr(out, "Traceback"), "gpus=x: exit %d:\n%s",
+                  rc, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/compare_table.py %s/plan.tsv", test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "plan.tsv is not a folder"), "a file for the folder: exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* A checkout with stages 1 and 3 only: rows for those, none for 2, 4, 5, and it says so. */
 START_TEST(compare_leaves_out_missing_stages) {
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -514,6 +539,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, compare_read_only_results_folder_is_refused);
     tcase_add_test(tc, compare_counts_rows_without_a_summary);
     tcase_add_test(tc, compare_table_refuses_a_broken_plan);
+    tcase_add_test(tc, compare_table_reads_odd_results_without_a_traceback);
     tcase_add_test(tc, compare_names_a_row_stopped_at_its_limit);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
