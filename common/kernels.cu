@@ -10,6 +10,7 @@
  * principle) — except batch norm's, 32-bit for speed (ops_cuda.c checks every tensor fits).
  * Nothing here uses atomics on floats, so every result is bit-reproducible run to run: reductions
  * have one fixed summation order. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -1142,7 +1143,7 @@ __global__ void clip_coef_kernel(const double *partials, int parts, float max_no
     for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
     s = block_sum(s, sh);
     if (threadIdx.x != 0) return;
-    const float n = (float)sqrt(s);
+    const float n = s > FLT_MAX ? INFINITY : (float)sqrt(s); /* torch's fp32 squares overflow: ops_ref.c */
     float c = (1.0f / (n + 1e-6f)) * max_norm;
     if (c > 1.0f) c = 1.0f;
     *norm = n;

@@ -21,6 +21,7 @@
  * Mixed-precision emulation. Each p tensor is a float array of p values. The GPU computes in fp32
  * and rounds each stored result once; so do we: run the fp32 reference, round what it stored.
  * ============================================================================================== */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,7 +296,9 @@ void ref_clip_norm_coef(int64_t count, const float *g, float max_norm, float *no
                         int64_t *clipped) {
     double s = 0.0;
     for (int64_t i = 0; i < count; i++) s += (double)g[i] * (double)g[i];
-    const float n = (float)sqrt(s);
+    /* torch sums the squares in fp32 (per tensor, then the norms' squares): past FLT_MAX its norm is
+     * inf, so the coefficient is 0 and every gradient becomes 0 — a finite 2e19 is enough */
+    const float n = s > FLT_MAX ? INFINITY : (float)sqrt(s);
     /* torch: max_norm / (total_norm + 1e-6) is Tensor.__rtruediv__ = reciprocal() * max_norm, in fp32;
      * clamp(max=1.0) lets a NaN through */
     float c = (1.0f / (n + 1e-6f)) * max_norm;

@@ -51,6 +51,13 @@ START_TEST(clip_closed_form) {
     ck_assert(isinf(norm) && coef == 0.0f && clipped == 3);
     ref_clip_norm_coef(3, nan, 1.0f, &norm, &coef, &clipped); /* clamp(NaN, max=1) is NaN, as in torch */
     ck_assert(isnan(norm) && isnan(coef) && clipped == 3);
+    /* finite gradients whose squares pass FLT_MAX: torch's fp32 sum is inf, so ours is too (a double
+     * sum would give 2e19 and clip to max_norm, where torch zeroes every gradient) */
+    const float big[2] = {2e19f, 1.0f}, fits[2] = {1e19f, 1.0f};
+    ref_clip_norm_coef(2, big, 1.0f, &norm, &coef, &clipped);
+    ck_assert(isinf(norm) && coef == 0.0f && clipped == 3);
+    ref_clip_norm_coef(2, fits, 1.0f, &norm, &coef, &clipped);
+    ck_assert(norm == 1e19f && coef > 0.0f && clipped == 4);
 
     /* GradClip on the CPU backend: clips in place, reports the norm before, counts, and does
      * nothing at all when off */
@@ -91,8 +98,8 @@ static int close_ulps(float a, float b, int ulps) {
  * but not an inf norm's, a step the GradScaler skips (the CUDA kernel counted it until checked). */
 static void check_torch_cases(Device *d, const char *where) {
     Fx fx = fx_open("clip.bin", "tests/torch/clip_fixture.py");
-    const char *cases[] = {"clipped", "below", "eps", "zero", "inf"};
-    const int64_t counted[] = {1, 0, 1, 0, 0};
+    const char *cases[] = {"clipped", "below", "eps", "zero", "inf", "large", "huge"};
+    const int64_t counted[] = {1, 0, 1, 0, 0, 1, 0};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char name[64];
         int64_t n, one;

@@ -10,6 +10,9 @@ with torch's defaults (norm_type 2, foreach where supported, error_if_nonfinite 
   eps      norm equal to a tiny max_norm: the 1e-6 still clips it (by 1/1.1)
   zero     all gradients zero: norm 0, nothing changes
   inf      one gradient +inf: norm inf, the coefficient 0 (finite values become 0, the inf NaN)
+  large    one finite gradient of 1e19: its square, 1e38, still fits fp32; clipped as usual
+  huge     one finite gradient of 2e19: its square overflows torch's fp32 sum, so the norm is inf
+           and the coefficient 0 — every gradient becomes 0 (a diverging run's step)
 Records: CASE.grads [n] f32 (before, the tensors concatenated), CASE.max_norm [1] f64,
 CASE.norm [1] f32 (clip_grad_norm_'s return value: the norm before clipping), CASE.out [n] f32.
 Written by fixtures.py (the container tests/test_util.c reads).
@@ -60,6 +63,10 @@ def main():
     inf = draw(4, 0.1)
     inf[1234] = float("inf")
     case(records, "inf", inf, 1.0)
+    for name, seed, spike in (("large", 5, 1e19), ("huge", 6, 2e19)):
+        flat = draw(seed, 0.1)
+        flat[2500] = spike
+        case(records, name, flat, 1.0)
     fixtures.write(out, records)
     print(f"wrote {out} (torch {torch.__version__})", file=sys.stderr)
 
