@@ -46,6 +46,8 @@ static const char *op_name(OpKind k) {
                                     : "sum of doubles";
 }
 
+#define NCCL_SUM_SCRATCH 512 /* doubles in c->dscratch, comm_sum_doubles' device copy */
+
 _Noreturn static void watchdog_fail(Comm *c, const char *what) {
     launch_quiet_if_output_gone(); /* NCCL's kernels end with the process */
     fflush(stdout);
@@ -137,7 +139,7 @@ static void nccl_create(Comm *c, int seq) {
     /* High priority: when a bucket is ready, its all-reduce gets SMs as soon as backward's kernels
      * free some, instead of queueing behind them. */
     CHECK_CUDA(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, hi));
-    c->dscratch = device_alloc(c->dev, 512 * sizeof(double), "nccl scratch");
+    c->dscratch = device_alloc(c->dev, NCCL_SUM_SCRATCH * sizeof(double), "nccl scratch");
     ncclUniqueId id;
     char key[64];
     snprintf(key, sizeof key, "comm%d/nccl_id", seq);
@@ -199,8 +201,9 @@ static double nccl_op_ms(Comm *c, Op *op, int64_t id) {
     return ms;
 }
 
-static void nccl_sum_doubles(Comm *c, double *v, int n) {
-    ASSERT(n <= 512);
+/* One piece of nccl_sum_doubles, through the device scratch. */
+static void nccl_sum_piece(Comm *c, double *v, int n) {
+    ASSERT(n <= NCCL_SUM_SCRATCH);
     Op *op = comm_op_begin(c, OP_SUM_F64, v, n, 0, COMM_F32);
     size_t bytes = (size_t)n * sizeof(double);
     CHECK_CUDA(cudaEventRecord(op->start, c->stream));
@@ -212,6 +215,12 @@ static void nccl_sum_doubles(Comm *c, double *v, int n) {
     comm_op_publish(c); /* published before we block below, so the watchdog bounds the wait */
     CHECK_CUDA(cudaMemcpyAsync(v, c->dscratch, bytes, cudaMemcpyDeviceToHost, c->stream));
     CHECK_CUDA(cudaStreamSynchronize(c->stream));
+}
+
+/* In pieces of the scratch's size: a vector may be longer (one value per rank, up to STORE_MAX_WORLD). */
+static void nccl_sum_doubles(Comm *c, double *v, int n) {
+    for (int at = 0; at < n; at += NCCL_SUM_SCRATCH)
+        nccl_sum_piece(c, v + at, n - at < NCCL_SUM_SCRATCH ? n - at : NCCL_SUM_SCRATCH);
 }
 
 static void nccl_drain(Comm *c) { CHECK_CUDA(cudaStreamSynchronize(c->stream)); }

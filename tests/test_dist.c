@@ -671,6 +671,32 @@ START_TEST(ranks_on_different_communicators_are_refused) {
 }
 END_TEST
 
+/* comm_sum_doubles over NCCL stages the doubles through a device scratch of 512: a longer vector —
+ * peaks_of's, one peak-memory value per rank, at the end of every run of more than 512 GPU ranks
+ * (STORE_MAX_WORLD allows 4096) — failed its ASSERT(n <= 512), every rank at once. A world of one
+ * suffices to send that many through the backend (comm_sum_doubles itself skips one rank). */
+START_TEST(nccl_sums_more_doubles_than_its_scratch) {
+#ifdef USE_NCCL
+    if (!test_have_gpu("dist: NCCL sum of more than 512 doubles")) return;
+    Device dev = {0};
+    device_init(&dev, DEV_CUDA, 0, 0);
+    Store *s = store_open("127.0.0.1", test_free_port(), 0, 1, 20);
+    Comm *c = comm_create(COMM_NCCL, s, &dev, 20);
+    enum { N = STORE_MAX_WORLD + 3 };
+    double *v = malloc(N * sizeof *v);
+    for (int i = 0; i < N; i++) v[i] = i + 0.5;
+    c->be->sum_doubles(c, v, N);
+    for (int i = 0; i < N; i++) ck_assert_msg(v[i] == i + 0.5, "v[%d] = %g, expected %g", i, v[i], i + 0.5);
+    free(v);
+    comm_destroy(c);
+    store_close(s);
+    device_destroy(&dev);
+#else
+    printf("SKIP: dist: NCCL sum of more than 512 doubles — this build has no NCCL\n");
+#endif
+}
+END_TEST
+
 /* ---- the launcher ---------------------------------------------------------------------------- */
 
 #define TINY "--device cpu --model tiny --train-size 256 --test-size 64 --batch-size 16 --progress off"
@@ -2092,5 +2118,10 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
     tcase_add_test(tc, mpich_mpirun_tasks_form_one_job);
     suite_add_tcase(s, tc);
+    TCase *nccl = tcase_create("nccl"); /* CK_RUN_CASE=nccl: the GPU's one test, without the launcher's */
+    tcase_set_timeout(nccl, 120);
+    tcase_add_checked_fixture(nccl, secret_setup, NULL);
+    tcase_add_test(nccl, nccl_sums_more_doubles_than_its_scratch);
+    suite_add_tcase(s, nccl);
     return s;
 }
