@@ -125,13 +125,16 @@ void dp_epoch_end(DataParallel *dp) {
     dp->step = 0;
 }
 
+static void report_gil(DataParallel *dp, Report *r);
+
 void dp_report(DataParallel *dp, Run *run) {
     if (run->evaluated) return; /* --evaluate: no step to sum up */
     Report *r = &run->report;
     int n = dp->n_samples;
-    if (n == 0) {
+    if (n == 0) { /* no phase to time, but the GIL counted every step: its table still says what it saw */
         report_printf(r, "DataParallel phases: too few steps to time (the first %d are warm-up, and the "
                          "first step of each epoch has no input phase)\n", WARMUP_STEPS);
+        report_gil(dp, r);
         return;
     }
     double med[DP_PHASES], py[DP_PHASES], sum = 0, py_sum = 0;
@@ -194,8 +197,11 @@ void dp_report(DataParallel *dp, Run *run) {
     if (isfinite(off)) json_int(r, "adds_up", adds_up);
     else json_num(r, "adds_up", NAN); /* null: not checked */
     json_end(r);
+    report_gil(dp, r);
+}
 
-    /* the GIL */
+/* The GIL's statistics over every step of the run (warm-up included): console table and JSON. */
+static void report_gil(DataParallel *dp, Report *r) {
     Gil *g = &dp->gil;
     if (!dp->python) {
         report_printf(r, "GIL: never taken (no modelled Python)\n");

@@ -841,6 +841,22 @@ START_TEST(stage2_phase_notes_describe_what_was_measured) {
 }
 END_TEST
 
+/* A run too short to time any phase (all warm-up) still counted the GIL every step: its table and
+ * "gil" records come out — they used to be skipped with the phases, so a short run showed no GIL. */
+START_TEST(stage2_short_run_still_reports_the_gil) {
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --model tiny --gpus 2 --batch-size 8 --train-size 64 --test-size 16 "
+             "--steps 3 --progress off --report %s", path);
+    ck_assert_int_eq(run_stage2(args, &out), 0);
+    ck_assert_msg(strstr(out, "too few steps to time") && strstr(out, "GIL (switch interval 5 ms)") &&
+                  strstr(out, "replica 1"), "%s", out);
+    char *rep = test_slurp(path, NULL);
+    ck_assert_msg(rep && json_field(rep, "gil", "steps") == 3 && strstr(rep, "\"type\":\"gil_thread\""), "%s", rep);
+    free(rep), free(out), free(dir);
+}
+END_TEST
+
 /* --gpus 64, the most there may be: every device trains (a thread each, every step), the last
  * batch of 44 uses 44 of them, and the header's device list — cut at a line's length — says how many
  * it left out and which is the last, instead of ending at cpu58 under "64 replicas on". */
@@ -1031,6 +1047,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_bench_no_python_row_takes_the_calibrated_flags);
     tcase_add_test(e2e, stage2_set_smaller_than_the_devices_names_gpus);
     tcase_add_test(e2e, stage2_phase_notes_describe_what_was_measured);
+    tcase_add_test(e2e, stage2_short_run_still_reports_the_gil);
     tcase_add_test(e2e, stage2_adam_state_is_on_device0_only);
     tcase_add_test(e2e, stage2_cuda_runs_and_phases_add_up);
     suite_add_tcase(s, e2e);
