@@ -339,16 +339,15 @@ static void cifar_copies(const char *dir) {
         if (f[k].ok) f[k].dev = st.st_dev, f[k].ino = st.st_ino;
         f[k].image = f[k].ok && memcmp(f[k].first + 1, f[k].first + 2, IMG_PIXELS - 1) != 0;
         if (fd >= 0) close(fd);
-        for (int j = 0; j < k && f[k].ok; j++)
-            if (f[j].ok && ((f[j].dev == f[k].dev && f[j].ino == f[k].ino) ||
-                            (f[k].image && !memcmp(f[j].first, f[k].first, CIFAR_RECORD))))
+        for (int j = 0; j < k && f[k].ok; j++) {
+            const int link = f[j].ok && f[j].dev == f[k].dev && f[j].ino == f[k].ino;
+            if (link || (f[j].ok && f[k].image && !memcmp(f[j].first, f[k].first, CIFAR_RECORD)))
                 die_user("CIFAR-10 files '%s' and '%s' are %s: %s — download the set again with %s %s",
-                         path[j], path[k],
-                         f[j].dev == f[k].dev && f[j].ino == f[k].ino ? "one file (a link)"
-                                                                      : "copies (they start with the same image)",
+                         path[j], path[k], link ? "one file (a link)" : "copies (they start with the same image)",
                          k == CIFAR10_FILES - 1 ? "the test accuracy would be measured on training samples"
                                                 : "the run would train on the same samples twice",
                          get_cifar10_script(), dir);
+        }
     }
 }
 

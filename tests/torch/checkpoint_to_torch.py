@@ -181,8 +181,8 @@ def check_outputs(args):
     def a_checkpoint(path):  # another of the run's checkpoints (--out DIR/epoch004.ckpt): as precious
         try:
             with open(path, "rb") as f:
-                return os.path.isfile(path) and f.read(len(MAGIC)) == MAGIC
-        except OSError:
+                return f.read(len(MAGIC)) == MAGIC
+        except OSError:  # missing, or a directory
             return False
 
     if args.logits and not os.path.isfile(args.logits[0]):
@@ -191,9 +191,9 @@ def check_outputs(args):
     outs += [("--logits OUT", args.logits[1])] if args.logits else []
     for flag, path in outs:
         parent = os.path.dirname(os.path.abspath(path))
-        if same(path, args.checkpoint) or (args.logits and same(path, args.logits[0])):
-            what = "the checkpoint" if same(path, args.checkpoint) else "--logits IN"
-            fail(2, f"{flag} '{path}' is {what} itself: writing it would destroy it — give {flag} another file name")
+        for what, given in [("the checkpoint", args.checkpoint)] + ([("--logits IN", args.logits[0])] if args.logits else []):
+            if same(path, given):
+                fail(2, f"{flag} '{path}' is {what} itself: writing it would destroy it — give {flag} another file name")
         if a_checkpoint(path):
             fail(2, f"{flag} '{path}' is a checkpoint written by --save: writing it would destroy it — give {flag} "
                     f"another file name, e.g. {'model.pt' if flag == '--out' else 'logits.f32'}")
