@@ -26,7 +26,7 @@
  * All ranks of one node share CLOCK_MONOTONIC, so the merged tracks line up. Every file is written
  * as NAME.tmp (opened at start-up, so an unwritable place fails at once) and renamed to NAME only
  * when complete: a run that crashes or is interrupted leaves the previous NAME as it was (and an
- * empty NAME.tmp, emptied again by the next run).
+ * empty NAME.tmp, emptied again by the next run). One that stops diverged writes it (trainer.c).
  *
  * Cost: with --trace off (or outside the window) every hook is one predictable branch on a global
  * flag. Inside the window a span is two clock reads (or two cudaEventRecord) and one atomic

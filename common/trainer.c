@@ -472,6 +472,17 @@ static const char *state_nonfinite(Run *r) {
 /* printf shows a NaN's sign bit ("-nan", as a NaN loss often has); torch and Python print "nan" */
 static double plain_nan(double v) { return isnan(v) ? (double)NAN : v; }
 
+/* --trace: each rank's file written, then rank 0 merges them once all have been (the sum is the
+ * barrier). At the run's end, and where it stops diverged: every rank decides that at the same point. */
+static void trace_write(Run *r) {
+    trace_finish();
+    if (trace_wants_merge()) { /* every rank's file is written once all have passed here */
+        double barrier = 0;
+        sum_over_ranks(r, &barrier, 1);
+        trace_merge();
+    }
+}
+
 /* A NaN or an infinity in the state never goes away: every later step computes from it (a NaN weight
  * makes NaN activations, gradients and updates; a NaN or inf momentum, moment or running statistic
  * stays so), so the run stops instead of training on to report "final train loss nan" as a success —
@@ -480,6 +491,9 @@ static double plain_nan(double v) { return isnan(v) ? (double)NAN : v; }
  * others point to it and mark their failure as a consequence of its, so the launcher names rank 0. */
 _Noreturn static void diverged(Run *r, const char *what, const char *why, double loss) {
     const TrainConfig *c = r->cfg;
+    /* the steps that led to it are the timeline worth having: the window, or what of it ran (an
+     * unwritten trace left only an empty FILE.tmp, and the previous run's FILE, as if this one's) */
+    trace_write(r);
     if (r->rank != 0)
         die_collateral(1, 2, "rank %d: training diverged (every rank holds rank 0's state) — see rank 0's error",
                        r->rank);
@@ -1590,12 +1604,7 @@ void run_evaluated(Run *r, double test_acc, double test_loss) {
 /* The training's summary: console lines and the "summary" JSON record. */
 static void summarize(Run *r) {
     const TrainConfig *c = r->cfg;
-    trace_finish();
-    if (trace_wants_merge()) { /* every rank's file is written once all have passed here */
-        double barrier = 0;
-        sum_over_ranks(r, &barrier, 1);
-        trace_merge();
-    }
+    trace_write(r);
     double med = median_ms(r), wall = time_now() - r->t_start;
     double ips = images_per_s(r, med);
     int64_t peaks[PEAKS_LISTED];

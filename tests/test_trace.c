@@ -276,6 +276,33 @@ START_TEST(interrupted_run_keeps_the_old_trace) {
 }
 END_TEST
 
+/* A run that diverges stops with exit 2 before its end — and used to write no trace: the steps that
+ * led to the NaN were lost, only an empty FILE.tmp was left, and a FILE from an earlier run stayed at
+ * the path as if it were this one's. Now each rank writes what of the window ran (rank 0 merges), so
+ * the file parses and holds steps 1..2 of a window 1:100 in a run that stops diverged after step 3. */
+START_TEST(diverged_run_writes_its_trace) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    /* no batch norm and --lr 100: the weights grow until the test forward overflows (test loss NaN) */
+    const char *wild = "--device cpu --model tiny --norm none --train-size 64 --test-size 32 --epochs 2 --lr 100 "
+                       "--steps 3 --progress off";
+    for (int ddp = 0; ddp < 2; ddp++) {
+        char extra[128] = "--batch-size 16";
+        if (ddp) snprintf(extra, sizeof extra, "--batch-size 8 --nproc-per-node 2 --master-port %d", test_free_port());
+        snprintf(cmd, sizeof cmd, "(D=%s; echo stale > $D/t.json; timeout -k 5 120 %s/%s %s %s --trace $D/t.json "
+                 "--trace-steps 1:100; echo \"exit $?\"; python3 %s/tests/trace_check.py $D/t.json --steps 1:3 "
+                 "--pids %d --expect forward backward optimizer; test -e $D/t.json.tmp && echo LEFTOVER)",
+                 dir, test_root(), ddp ? "stage3" : "stage1", wild, extra, test_root(), ddp ? 2 : 1);
+        test_run(cmd, &out);
+        ck_assert_msg(strstr(out, "training diverged in epoch 1 (step 3") && strstr(out, "exit 2"), "%s", out);
+        ck_assert_msg(strstr(out, "ok: ") && strstr(out, "steps 1..2") && !strstr(out, "LEFTOVER") &&
+                          strstr(out, "the run ended after 3 steps, inside --trace-steps 1:100"), "%s", out);
+        free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* Two runs, one --trace FILE (two students with the same command line): the second is refused while
  * the first holds FILE.tmp, naming the fix — it used to advise "a regular file in an existing,
  * writable directory", which it was — and the first's trace is written whole. The first (timeout's
@@ -499,6 +526,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, bad_trace_flags_refused);
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
     tcase_add_test(tc, interrupted_run_keeps_the_old_trace);
+    tcase_add_test(tc, diverged_run_writes_its_trace);
     tcase_add_test(tc, a_trace_another_run_is_writing_is_refused);
     tcase_add_test(tc, another_users_trace_file_is_named);
     tcase_add_test(tc, timeline_bad_input);
