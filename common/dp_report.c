@@ -152,8 +152,8 @@ void dp_report(DataParallel *dp, Run *run) {
     double off = run_step > 0 ? (sum - run_step) / run_step : NAN;
     int adds_up = fabs(off) <= 0.10;
     const char *where = dp->devs[0]->kind == DEV_CUDA ? "device 0's stream (CUDA events)" : "wall clock";
-    report_printf(r, "DataParallel phases over %d steps (median ms per step, timed on %s; modelled "
-                     "Python = host time charged under the GIL, all threads together)\n", n, where);
+    report_printf(r, "DataParallel phases over %d step%s (median ms per step, timed on %s; modelled "
+                     "Python = host time charged under the GIL, all threads together)\n", n, n == 1 ? "" : "s", where);
     report_printf(r, "  %-10s %9s %16s\n", "phase", "measured", "modelled Python");
     for (int p = 0; p < DP_PHASES; p++) {
         char extra[64] = "";

@@ -834,7 +834,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
                 fprintf(stderr, "%s: interrupted by SIG%s: every worker stopped after the same step (saved: see rank "
                         "0's lines)\n", prog, status_signal_name(sig));
             else
-                fprintf(stderr, "%s: interrupted by SIG%s: stopped all %d workers\n", prog, status_signal_name(sig), n);
+                fprintf(stderr, "%s: interrupted by SIG%s: stopped %s %d worker%s\n", prog, status_signal_name(sig),
+                        n == 1 ? "its" : "all", n, n == 1 ? "" : "s");
             exit(128 + sig);
         }
     }
@@ -865,8 +866,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     int seen = stopped_root >= 0 ? stopped_root : first_failure(ch, slots, n);
     if (seen >= 0 && died_of_closed_output(&ch[seen])) { /* `| head` ended: no failure to hunt for */
         stop_all(ch, n);
-        fprintf(stderr, "%s: stopped all %d workers: rank %d's output was closed (SIGPIPE; its line above says what to "
-                        "do)\n", prog, n, ch[seen].rank);
+        fprintf(stderr, "%s: stopped %s %d worker%s: rank %d's output was closed (SIGPIPE; its line above says "
+                        "what to do)\n", prog, n == 1 ? "its" : "all", n, n == 1 ? "" : "s", ch[seen].rank);
         exit(128 + SIGPIPE);
     }
     if (seen >= 0 && unreaped(ch, n)) {

@@ -419,9 +419,17 @@ static const char *held_note(void) {
     static char note[160];
     note[0] = 0;
     if (g.held_b >= 0 && g.held_b < g.b)
-        snprintf(note, sizeof note, " — the run ended after %lld steps, inside --trace-steps %lld:%lld",
-                 (long long)g.held_b, (long long)g.a, (long long)g.b);
+        snprintf(note, sizeof note, " — the run ended after %lld step%s, inside --trace-steps %lld:%lld",
+                 (long long)g.held_b, g.held_b == 1 ? "" : "s", (long long)g.a, (long long)g.b);
     return note;
+}
+
+/* "steps A–B" of the window held, or "step A" when it held one (a static buffer). */
+static const char *held_steps(void) {
+    static char s[64];
+    if (g.held_b - 1 == g.held_a) snprintf(s, sizeof s, "step %lld", (long long)g.held_a);
+    else snprintf(s, sizeof s, "steps %lld–%lld", (long long)g.held_a, (long long)g.held_b - 1);
+    return s;
 }
 
 /* One event per line, lines starting with {"ph": — trace_merge relies on it. */
@@ -487,9 +495,8 @@ static void write_file(void) {
                  "where you want it; next time give --trace a regular file", g.file, g.mine.path, why, g.mine.tmp);
     long dropped = atomic_load(&g.dropped);
     if (g.rank == 0 && g.world <= 1 && g.held_a >= 0)
-        printf("trace: %d spans of steps %lld–%lld in %s (open it in Perfetto or chrome://tracing; "
-               "make timeline TRACE=%s draws it)%s\n", spans, (long long)g.held_a, (long long)g.held_b - 1, path, path,
-               held_note());
+        printf("trace: %d spans of %s in %s (open it in Perfetto or chrome://tracing; make timeline TRACE=%s "
+               "draws it)%s\n", spans, held_steps(), path, path, held_note());
     if (dropped) printf("trace: rank %d: %ld spans dropped (the buffer is full): trace fewer steps\n", g.rank, dropped);
 }
 
@@ -592,8 +599,8 @@ void trace_merge(void) {
         die_user("--trace %s: cannot write the merged file (%s); it is complete in %s — the ranks' timelines are "
                  "kept in %s.rank0.json … %s.rank%d.json (open them one by one); next time give --trace a regular "
                  "file in a writable directory", g.file, why, g.merged.tmp, g.file, g.file, g.world - 1);
-    char steps[64] = ""; /* none held (the run ended before the window, or resumed past it): said above */
-    if (g.held_a >= 0) snprintf(steps, sizeof steps, " of steps %lld–%lld", (long long)g.held_a, (long long)g.held_b - 1);
+    char steps[80] = ""; /* none held (the run ended before the window, or resumed past it): said above */
+    if (g.held_a >= 0) snprintf(steps, sizeof steps, " of %s", held_steps());
     printf("trace: %d spans%s from %d ranks merged into %s (per rank: %s.rankN.json; open it "
            "in Perfetto or chrome://tracing; make timeline TRACE=%s draws it)%s\n",
            spans, steps, g.world, g.file, g.file, g.file, held_note());

@@ -624,11 +624,12 @@ static void schedule_note(Run *r) {
     else
         snprintf(fix, sizeof fix, "to continue its schedule, resume with --schedule %s%s --lr %s%s", was, epochs,
                  exact_g(g->lr, lr_text), warm_fix);
-    report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld steps at --lr %g%s; "
-                              "this run has --schedule %s over %lld steps at --lr %g%s: at step %lld the learning rate "
-                              "is %g, not the %g that run would use (%s)\n",
-                  c->resume, was, (long long)g->schedule_steps, g->lr, warm_then, c->schedule,
-                  (long long)r->total_steps, c->lr, warm_now, (long long)at, now, then, fix);
+    report_printf(&r->report, "note: checkpoint '%s' was trained with --schedule %s over %lld step%s at --lr %g%s; "
+                              "this run has --schedule %s over %lld step%s at --lr %g%s: at step %lld the learning "
+                              "rate is %g, not the %g that run would use (%s)\n",
+                  c->resume, was, (long long)g->schedule_steps, g->schedule_steps == 1 ? "" : "s", g->lr, warm_then,
+                  c->schedule, (long long)r->total_steps, r->total_steps == 1 ? "" : "s", c->lr, warm_now,
+                  (long long)at, now, then, fix);
 }
 
 /* The optimizer's hyperparameters (format version 8) may change on a resume too, as the schedule may: this
@@ -691,12 +692,13 @@ static void regroup_note(Run *r) {
     if (!*what && r->step == g->step) return; /* the same run, continued: nothing to say */
     char then[200];
     if (r->step == g->step) /* the same steps an epoch (2 ranks × 64 → 1 × 128): nothing re-counted */
-        snprintf(then, sizeof then, ", at step %lld (%lld steps an epoch, as before)", (long long)r->step,
-                 (long long)r->steps_per_epoch);
+        snprintf(then, sizeof then, ", at step %lld (%lld step%s an epoch, as before)", (long long)r->step,
+                 (long long)r->steps_per_epoch, r->steps_per_epoch == 1 ? "" : "s");
     else
-        snprintf(then, sizeof then, " — at step %lld of this run's schedule (%lld steps an epoch; the checkpoint "
-                 "counted %lld steps), as a script that steps its scheduler once an epoch would", (long long)r->step,
-                 (long long)r->steps_per_epoch, (long long)g->step);
+        snprintf(then, sizeof then, " — at step %lld of this run's schedule (%lld step%s an epoch; the checkpoint "
+                 "counted %lld step%s), as a script that steps its scheduler once an epoch would", (long long)r->step,
+                 (long long)r->steps_per_epoch, r->steps_per_epoch == 1 ? "" : "s", (long long)g->step,
+                 g->step == 1 ? "" : "s");
     char lr_then[128] = ""; /* the same count: schedule_note compares the two schedules */
     if (g->schedule != CKPT_SCHED_UNKNOWN && r->step != g->step)
         snprintf(lr_then, sizeof lr_then, "; the learning rate there is %g (the checkpoint's schedule was at %g)",
@@ -1131,8 +1133,9 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     /* micro-batches in an optimizer step: K, or an epoch's when K is more (as PyTorch's loop would) */
     int64_t k = r->accum < batches_per_epoch ? r->accum : batches_per_epoch;
     if (cfg->evaluate) /* no training: what is tested, how (a job of processes: each rank its shard) */
-        report_printf(&r->report, "data: test set %s, %lld images | batch %d%s | seed %lld%s%s\n",
-                      test_source_opened, (long long)test_size_opened, cfg->batch_size,
+        report_printf(&r->report, "data: test set %s, %lld image%s | batch %d%s | seed %lld%s%s\n",
+                      test_source_opened, (long long)test_size_opened, test_size_opened == 1 ? "" : "s",
+                      cfg->batch_size,
                       gated(r) ? " on each rank, each its DistributedSampler shard" : "", (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "", bench_tag);
     else if (cfg->accum_steps > 0) { /* gradient accumulation: an optimizer step is K micro-batches */
@@ -1140,19 +1143,20 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         if (k < r->accum) snprintf(more, sizeof more, " (all of an epoch's: --accum-steps %d is more)", r->accum);
         report_printf(&r->report,
                       "data: %s | batch %d × %lld micro-batch%s%s × %d device(s) = effective batch %lld | %d epoch%s, "
-                      "%lld optimizer steps/epoch (%lld micro-batches) | lr %g (%s), %s, wd %g | seed "
+                      "%lld optimizer step%s/epoch (%lld micro-batch%s) | lr %g (%s), %s, wd %g | seed "
                       "%lld%s%s\n",
                       data_desc, cfg->batch_size, (long long)k, k == 1 ? "" : "es", more, world_size,
                       (long long)k * cfg->batch_size * world_size, cfg->epochs, cfg->epochs == 1 ? "" : "s",
-                      (long long)r->steps_per_epoch, (long long)batches_per_epoch, cfg->lr, cfg->schedule,
+                      (long long)r->steps_per_epoch, r->steps_per_epoch == 1 ? "" : "s", (long long)batches_per_epoch,
+                      batches_per_epoch == 1 ? "" : "es", cfg->lr, cfg->schedule,
                       optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "", bench_tag);
     } else
         report_printf(&r->report,
-                      "data: %s | batch %d × %d device(s) | %d epoch%s, %lld steps/epoch | lr %g (%s), "
+                      "data: %s | batch %d × %d device(s) | %d epoch%s, %lld step%s/epoch | lr %g (%s), "
                       "%s, wd %g | seed %lld%s%s\n",
                       data_desc, cfg->batch_size, world_size, cfg->epochs, cfg->epochs == 1 ? "" : "s",
-                      (long long)batches_per_epoch,
+                      (long long)batches_per_epoch, batches_per_epoch == 1 ? "" : "s",
                       cfg->lr, cfg->schedule, optd, cfg->weight_decay, (long long)cfg->seed,
                       cfg->deterministic ? " | deterministic" : "",
                       bench_tag);
@@ -1170,9 +1174,10 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     peak_tflops(-1, MATH_FP32, NULL, 0); /* a bad PEAK_TFLOPS is refused now, not after the run */
     if (cfg->accum_steps > batches_per_epoch && !cfg->evaluate)
         report_printf(&r->report,
-                      "note: --accum-steps %d is more than the %lld micro-batches of an epoch: one optimizer step "
-                      "per epoch, over all of them (its gradient still divided by %d)\n",
-                      cfg->accum_steps, (long long)batches_per_epoch, cfg->accum_steps);
+                      "note: --accum-steps %d is more than the %lld micro-batch%s of an epoch: one optimizer step "
+                      "per epoch, over %s (its gradient still divided by %d)\n",
+                      cfg->accum_steps, (long long)batches_per_epoch, batches_per_epoch == 1 ? "" : "es",
+                      batches_per_epoch == 1 ? "it" : "all of them", cfg->accum_steps);
     json_begin(&r->report, "config");
     json_str(&r->report, "stage", stage);
     json_str(&r->report, "device", devs[0]->name);
@@ -1217,8 +1222,8 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
         char notice[400];
         if (gated(r))
             snprintf(notice, sizeof notice, "the %d ranks stop after the next step where they compare notes (every "
-                     "--log-every %d steps, and at an epoch's end), and rank 0 saves it into %s", world_size,
-                     cfg->log_every, cfg->save);
+                     "--log-every %d step%s, and at an epoch's end), and rank 0 saves it into %s", world_size,
+                     cfg->log_every, cfg->log_every == 1 ? "" : "s", cfg->save);
         else
             snprintf(notice, sizeof notice, "stopping after this step and saving it into %s", cfg->save);
         stop_install(stage, rank == 0 ? notice : NULL);
@@ -1584,8 +1589,9 @@ void run_evaluated(Run *r, double test_acc, double test_loss) {
     size_t max_peak;
     peaks_of(r, peaks, PEAKS_LISTED, &max_peak);
     char mem[32];
-    report_printf(&r->report, "evaluated %s: test loss %.4f acc %.2f%% over %lld images of %s | peak mem %s | %.1f s\n",
-                  r->cfg->resume, test_loss, 100 * test_acc, (long long)test_size_opened, test_source_opened,
+    report_printf(&r->report, "evaluated %s: test loss %.4f acc %.2f%% over %lld image%s of %s | peak mem %s | %.1f s\n",
+                  r->cfg->resume, test_loss, 100 * test_acc, (long long)test_size_opened,
+                  test_size_opened == 1 ? "" : "s", test_source_opened,
                   fmt_bytes(mem, sizeof mem, (double)max_peak), time_now() - r->t_start);
     report_unprepared(r);
     json_begin(&r->report, "evaluate");

@@ -82,7 +82,8 @@ def main():
     steps = min(len(t) for t in ranks.values())
     times = {k: t[:steps] for k, t in ranks.items()}
     slowest = [max(t[i] for t in times.values()) for i in range(steps)]
-    print(f"{len(times)} workers (ranks, or stage 2's replicas), {steps} steps; forward+backward per step, ms")
+    print(f"{len(times)} workers (ranks, or stage 2's replicas), {steps} step{'' if steps == 1 else 's'}; "
+          f"forward+backward per step, ms")
     for k, t in times.items():
         q = sorted(t)
         wait = statistics.mean(s - x for s, x in zip(slowest, t))

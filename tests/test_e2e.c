@@ -1,7 +1,8 @@
 /* test_e2e.c — ./stage1 end to end on the CPU backend: it learns, it resumes bit for bit, it
  * refuses bad input with a clear message, runs out of memory with one, and its JSON report has what
- * scripts rely on. */
+ * scripts rely on; every stage (and step_skew.py) prints a count of one in the singular. */
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -767,6 +768,39 @@ START_TEST(every_stage_prepares_its_short_batches) {
 }
 END_TEST
 
+/* A count of one took a plural: "1 steps/epoch", "1 optimizer steps/epoch (1 micro-batches)", "the run
+ * ended after 1 steps", "trace: … of steps 0–0", "over 1 images", "DataParallel phases over 1 steps",
+ * step_skew.py's "1 steps". Runs that make each count 1, and no "1 <plural>" in what they print. */
+START_TEST(a_count_of_one_is_singular) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const char *one = "--device cpu --model tiny --test-size 1 --epochs 1 --progress off";
+    snprintf(cmd, sizeof cmd, "(D=%s; R=%s; P='--master-port %d'; "
+             "$R/stage1 %s --train-size 1 --batch-size 1 --trace $D/a.json --trace-steps 0:5 --save $D/c; "
+             "$R/stage1 --device cpu --test-size 1 --progress off --evaluate --resume $D/c/epoch001.ckpt; "
+             "$R/stage4 %s --nproc-per-node 1 --train-size 1 --batch-size 1 --accum-steps 2 $P; "
+             "$R/stage2 %s --gpus 2 --train-size 12 --batch-size 1; "
+             "$R/stage3 %s --nproc-per-node 2 --train-size 16 --batch-size 1 --steps 4 --trace $D/b.json "
+             "--trace-steps 1:2 $P && python3 $R/tests/step_skew.py $D/b.json)",
+             dir, test_root(), test_free_port(), one, one, one, one);
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "1 epoch, 1 step/epoch |") && strstr(out, "of step 0 in") &&
+                      strstr(out, "the run ended after 1 step, inside") && strstr(out, "test set synthetic") &&
+                      strstr(out, "1 image |") && strstr(out, "over 1 image of") &&
+                      strstr(out, "1 optimizer step/epoch (1 micro-batch)") &&
+                      strstr(out, "more than the 1 micro-batch of an epoch: one optimizer step per epoch, over it") &&
+                      strstr(out, "DataParallel phases over 1 step (") && strstr(out, "of step 1 from 2 ranks") &&
+                      strstr(out, "2 workers (ranks, or stage 2's replicas), 1 step;"), "%.3000s", out);
+    regex_t re;
+    ck_assert_int_eq(regcomp(&re, "(^|[^0-9.,])1 (optimizer )?(steps|images|micro-batches|workers|batches)([^a-z]|$)",
+                             REG_EXTENDED | REG_NEWLINE), 0);
+    regmatch_t m;
+    int hit = regexec(&re, out, 1, &m, 0) == 0;
+    ck_assert_msg(!hit, "a plural after 1: '%.60s'", hit ? out + m.rm_so : "");
+    regfree(&re);
+    free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_e2e(void) {
     Suite *s = suite_create("e2e");
     TCase *tc = tcase_create("stage1");
@@ -791,6 +825,10 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
     tcase_add_test(tc, stage1_divergence_stops_and_keeps_the_good_checkpoint);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("plural");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, a_count_of_one_is_singular);
     suite_add_tcase(s, tc);
     return s;
 }
