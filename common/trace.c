@@ -28,6 +28,7 @@ atomic_int trace_active_;
 typedef struct Event {
     const char *name, *cat;
     int64_t t0, t1, arg; /* ns on the host's monotonic clock */
+    int64_t step;        /* a device span's optimizer step (args.step); −1: a host span's, not written */
     int tid;
     atomic_int ready;    /* set last: the writer reads only finished entries */
 } Event;
@@ -39,7 +40,7 @@ typedef struct DevPool {
 #ifdef USE_CUDA
     cudaEvent_t ref, *ev; /* ev[2k], ev[2k+1]: span k's begin and end */
 #endif
-    struct { const char *name, *cat; int64_t arg; int lane; atomic_int ready; } *meta;
+    struct { const char *name, *cat; int64_t arg, step; int lane; atomic_int ready; } *meta;
 } DevPool;
 
 /* A trace file in the making: written under NAME.tmp, next to NAME, and renamed to NAME only once
@@ -72,6 +73,11 @@ static struct {
 } g = {.lane_mu = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local int my_tid; /* 0: not yet given a lane */
+
+/* The optimizer step running now (steps done so far), which every device span records: on a GPU the
+ * spans run after the host's step span has moved on, and a replica with no chunk in a step has no
+ * span in it, so only this number pairs one device's step with another's (tests/step_skew.py). */
+static _Atomic int64_t cur_step;
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -139,14 +145,14 @@ static int tid_self(void) {
 
 /* ---- recording -------------------------------------------------------------------------------- */
 
-static void emit(const char *name, const char *cat, int64_t t0, int64_t t1, int64_t arg, int tid) {
+static void emit(const char *name, const char *cat, int64_t t0, int64_t t1, int64_t arg, int64_t step, int tid) {
     int i = atomic_fetch_add_explicit(&g.n, 1, memory_order_relaxed);
     if (i >= MAX_EVENTS) {
         atomic_fetch_add(&g.dropped, 1);
         return;
     }
     Event *e = &g.ev[i];
-    e->name = name, e->cat = cat, e->t0 = t0, e->t1 = t1 < t0 ? t0 : t1, e->arg = arg, e->tid = tid;
+    e->name = name, e->cat = cat, e->t0 = t0, e->t1 = t1 < t0 ? t0 : t1, e->arg = arg, e->step = step, e->tid = tid;
     atomic_store_explicit(&e->ready, 1, memory_order_release);
 }
 
@@ -154,10 +160,10 @@ TraceSpan trace_begin_(const char *name, const char *cat, int64_t arg) {
     return (TraceSpan){.name = name, .cat = cat, .t0 = now_ns(), .arg = arg};
 }
 
-void trace_end_(TraceSpan s) { emit(s.name, s.cat, s.t0, now_ns(), s.arg, tid_self()); }
+void trace_end_(TraceSpan s) { emit(s.name, s.cat, s.t0, now_ns(), s.arg, -1, tid_self()); }
 
 void trace_complete_(const char *name, const char *cat, double t0, double t1, int64_t arg) {
-    emit(name, cat, (int64_t)(t0 * 1e9 + 0.5), (int64_t)(t1 * 1e9 + 0.5), arg, tid_self());
+    emit(name, cat, (int64_t)(t0 * 1e9 + 0.5), (int64_t)(t1 * 1e9 + 0.5), arg, -1, tid_self());
 }
 
 static int dev_number(const Device *d) {
@@ -170,7 +176,8 @@ static int dev_tid(int dev, int lane) { return DEV_TID + 8 * dev + lane; }
 
 TraceDev trace_dev_begin_(Device *d, TraceLane lane, void *stream, const char *name, const char *cat,
                           int64_t arg) {
-    TraceDev s = {.slot = -1, .dev = dev_number(d), .name = name, .cat = cat, .arg = arg};
+    TraceDev s = {.slot = -1, .dev = dev_number(d), .name = name, .cat = cat, .arg = arg,
+                  .step = atomic_load_explicit(&cur_step, memory_order_relaxed)};
     if (s.dev < 0) return s; /* a device the run did not register (a test's scratch device) */
     if (d->kind == DEV_CPU) {
         s.t0 = now_ns(), s.slot = lane;
@@ -186,7 +193,8 @@ TraceDev trace_dev_begin_(Device *d, TraceLane lane, void *stream, const char *n
     }
     cudaStream_t st = stream ? (cudaStream_t)stream : lane == TRACE_COPY ? d->copy_stream : d->stream;
     CHECK_CUDA(cudaEventRecord(p->ev[2 * k], st));
-    p->meta[k].name = name, p->meta[k].cat = cat, p->meta[k].arg = arg, p->meta[k].lane = lane;
+    p->meta[k].name = name, p->meta[k].cat = cat, p->meta[k].arg = arg, p->meta[k].step = s.step;
+    p->meta[k].lane = lane;
     s.slot = k, s.stream = (void *)st;
 #else
     (void)stream;
@@ -197,7 +205,7 @@ TraceDev trace_dev_begin_(Device *d, TraceLane lane, void *stream, const char *n
 void trace_dev_end_(TraceDev s) {
     DevPool *p = &g.devs[s.dev];
     if (p->d->kind == DEV_CPU) {
-        emit(s.name, s.cat, s.t0, now_ns(), s.arg, dev_tid(s.dev, s.slot));
+        emit(s.name, s.cat, s.t0, now_ns(), s.arg, s.step, dev_tid(s.dev, s.slot));
         return;
     }
 #ifdef USE_CUDA
@@ -394,7 +402,7 @@ static void resolve_devices(void) {
             CHECK_CUDA(cudaEventElapsedTime(&ms0, p->ref, p->ev[2 * k]));
             CHECK_CUDA(cudaEventElapsedTime(&ms1, p->ref, p->ev[2 * k + 1]));
             emit(p->meta[k].name, p->meta[k].cat, p->ref_ns + (int64_t)(ms0 * 1e6),
-                 p->ref_ns + (int64_t)(ms1 * 1e6), p->meta[k].arg, dev_tid(i, p->meta[k].lane));
+                 p->ref_ns + (int64_t)(ms1 * 1e6), p->meta[k].arg, p->meta[k].step, dev_tid(i, p->meta[k].lane));
         }
     }
 #endif
@@ -481,7 +489,10 @@ static void write_file(void) {
                    "\"dur\":%lld.%03lld",
                 e->name, e->cat, pid, e->tid, (long long)(e->t0 / 1000), (long long)(e->t0 % 1000),
                 (long long)(d / 1000), (long long)(d % 1000));
-        if (e->arg >= 0) fprintf(f, ",\"args\":{\"n\":%lld}", (long long)e->arg);
+        if (e->arg >= 0 && e->step >= 0)
+            fprintf(f, ",\"args\":{\"n\":%lld,\"step\":%lld}", (long long)e->arg, (long long)e->step);
+        else if (e->arg >= 0) fprintf(f, ",\"args\":{\"n\":%lld}", (long long)e->arg);
+        else if (e->step >= 0) fprintf(f, ",\"args\":{\"step\":%lld}", (long long)e->step);
         fprintf(f, "}");
         spans++;
     }
@@ -510,10 +521,11 @@ static void close_window(void) {
 
 void trace_step(int64_t done) {
     if (!g.configured) return;
+    atomic_store_explicit(&cur_step, done, memory_order_relaxed);
     if (g.first < 0) g.first = done;
     int64_t now = now_ns();
     if (trace_on()) {
-        emit("step", "step", g.step_t0, now, done - 1, tid_self());
+        emit("step", "step", g.step_t0, now, done - 1, -1, tid_self());
         if (g.held_a < 0) g.held_a = done - 1;
         g.held_b = done;
     }

@@ -124,6 +124,7 @@ typedef struct TraceDev {
     int64_t t0;  /* CPU backend: ns */
     const char *name, *cat;
     int64_t arg;
+    int64_t step; /* the optimizer step it was issued in (written as args.step) */
     void *stream;
 } TraceDev;
 /* stream: the CUDA stream the work is issued on (NULL: the lane's own stream of d). */

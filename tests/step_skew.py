@@ -7,7 +7,9 @@ standard library only; tests/test_trace.c runs it).
                                                      by step: ranks that would run side by side
 
 DDP's all-reduce makes every step go at the slowest rank's pace: in each step the other ranks
-wait for it (so do DataParallel's replicas, at the gather; a stage 2 trace shows one per device). For each rank (or run) this prints its forward+backward per step — from the first
+wait for it (so do DataParallel's replicas, at the gather; a stage 2 trace shows one per device). Steps
+are matched by the optimizer step each device span records (args.step); a step in which some worker ran
+nothing (a stage 2 replica beyond a short batch's chunks) is left out, and said. For each rank (or run) this prints its forward+backward per step — from the first
 forward to the end of the backward on its compute lane; with accumulation, to the end of the step's
 last backward, the K micro-batches of one optimizer step together — as median, standard deviation and 95th
 percentile, then the wait: the mean over the steps of (the slowest rank's time - this rank's).
@@ -42,6 +44,9 @@ def lanes(path):
 
 
 def steps_of(path, events, window):
+    """{lane: {step: forward+backward ms}}: keyed by the optimizer step each device span records
+    (args.step), so that lanes are compared step for step — a stage 2 replica given no chunk of a short
+    last batch has no span in that step. Traces written before args.step: their steps in order."""
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans, steps = {}, {}
@@ -50,19 +55,29 @@ def steps_of(path, events, window):
             steps[e["pid"]] = steps.get(e["pid"], 0) + 1
         lane = names.get((e.get("pid"), e.get("tid")), "")
         if e.get("ph") == "X" and e["name"] in ("forward", "backward") and "compute" in lane:
-            spans.setdefault((e["pid"], e["tid"]), {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            spans.setdefault((e["pid"], e["tid"]), {}).setdefault(e["name"], []).append(
+                (e["ts"], e["dur"], args.get("step")))
     out = {}
     for (pid, tid), s in sorted(spans.items()):  # a lane per (process, thread id): two may share a name
         lane = names[(pid, tid)]
         fw, bw = sorted(s.get("forward", [])), sorted(s.get("backward", []))
         if not fw or len(fw) != len(bw):
             sys.exit(f"step_skew.py: {path}: {lane} has {len(fw)} forward and {len(bw)} backward spans")
-        # accumulation (stage 4, 5): K forwards and backwards per optimizer step, and the ranks wait for
-        # each other once a step, at the last one's all-reduce: a step is its K micro-batches together
+        key = f"{path} pid {pid} tid {tid}: {lane}"
+        if all(isinstance(x[2], int) for x in fw + bw):
+            # accumulation (stage 4, 5): K forwards and backwards per optimizer step, and the ranks wait for
+            # each other once a step, at the last one's all-reduce: a step is its K micro-batches together
+            first, end = {}, {}
+            for ts, dur, st in fw:
+                first[st] = min(first.get(st, ts), ts)
+            for ts, dur, st in bw:
+                end[st] = max(end.get(st, ts + dur), ts + dur)
+            out[key] = {st: (end[st] - first[st]) / 1e3 for st in first if st in end}
+            continue
         n = steps.get(pid, 0)
         k = len(fw) // n if n and len(fw) % n == 0 else 1
-        out[f"{path} pid {pid} tid {tid}: {lane}"] = [(bw[i + k - 1][0] + bw[i + k - 1][1] - fw[i][0]) / 1e3
-                                                       for i in range(0, len(fw), k)]
+        out[key] = {i // k: (bw[i + k - 1][0] + bw[i + k - 1][1] - fw[i][0]) / 1e3 for i in range(0, len(fw), k)}
     if not out and window and not any(e.get("ph") == "X" for e in events):  # written, but the run missed its window
         sys.exit(f"step_skew.py: {path}: no spans — the run ended before its --trace-steps {window} window, or "
                  f"was resumed past it: trace steps the run runs (--trace-steps A:B below its --steps)")
@@ -79,11 +94,21 @@ def main():
         ranks.update(lanes(p))
     if len(ranks) < 2:
         sys.exit("step_skew.py: one rank only: give a multi-rank trace or several single-process ones")
-    steps = min(len(t) for t in ranks.values())
-    times = {k: t[:steps] for k, t in ranks.items()}
+    # the steps every worker ran: single-process traces (several stage 1 runs) pair their steps in order
+    if len(sys.argv) > 2:
+        ranks = {k: dict(enumerate(t[s] for s in sorted(t))) for k, t in ranks.items()}
+    common = sorted(set.intersection(*(set(t) for t in ranks.values())))
+    idle = len(set.union(*(set(t) for t in ranks.values()))) - len(common)
+    if not common:
+        sys.exit("step_skew.py: no step in which every worker ran a forward and backward: nothing to compare")
+    steps = len(common)
+    times = {k: [t[s] for s in common] for k, t in ranks.items()}
     slowest = [max(t[i] for t in times.values()) for i in range(steps)]
     print(f"{len(times)} workers (ranks, or stage 2's replicas), {steps} step{'' if steps == 1 else 's'}; "
           f"forward+backward per step, ms")
+    if idle:
+        print(f"  (left out: {idle} step{'' if idle == 1 else 's'} in which some worker had nothing to run — "
+              f"stage 2's replicas beyond a short last batch's chunks)")
     for k, t in times.items():
         q = sorted(t)
         wait = statistics.mean(s - x for s, x in zip(slowest, t))

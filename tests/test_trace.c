@@ -4,6 +4,7 @@
  * draws it; tests/step_skew.py reads every worker's steps from it; bad --trace-steps values and
  * unwritable paths are refused with a clear error; an interrupted run leaves the trace already at
  * its path intact. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,35 @@ START_TEST(stage4_step_skew_counts_optimizer_steps) {
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0 && strstr(out, "2 workers (ranks, or stage 2's replicas), 3 steps;") &&
                   strstr(out, "waits for the others"), "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
+/* Stage 2 on 4 devices, 9 images of batch 2 (8 a step): step 1 is an epoch's last, 1 image, a chunk
+ * for device 0 alone; step 2 is the next epoch's first, all four. step_skew.py took each lane's spans
+ * in order and cut them to the shortest lane, so device 0's step 1 (one image, alone) was paired with
+ * the others' step 2, and their "waits" were made up. Each device span now records its optimizer step
+ * (args.step) and step_skew.py compares the steps every worker ran: device 0's figure is its step 2
+ * (its last forward's start to its last backward's end), and the step it ran alone is left out. */
+START_TEST(step_skew_pairs_devices_by_step) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "(D=%s; R=%s; timeout -k 5 120 $R/stage2 --device cpu --model tiny --progress off --gpus 4 "
+             "--train-size 9 --test-size 1 --batch-size 2 --epochs 2 --trace $D/t.json --trace-steps 1:3 > /dev/null "
+             "&& python3 $R/tests/step_skew.py $D/t.json && python3 -c \"import json; "
+             "d = json.load(open('$D/t.json'))['traceEvents']; "
+             "t = lambda n: sorted(e['ts'] + (e['dur'] if n == 'backward' else 0) for e in d "
+             "if e.get('ph') == 'X' and e['name'] == n and e['tid'] == 1000); "
+             "print('device 0 step 2: %%.3f' %% ((t('backward')[-1] - t('forward')[-1]) / 1e3))\")",
+             dir, test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "4 workers (ranks, or stage 2's replicas), 1 step;") &&
+                      strstr(out, "left out: 1 step in which some worker had nothing to run"), "exit %d:\n%s", rc, out);
+    const char *dev0 = strstr(out, "cpu dev0 compute (wall clock): median "), *want = strstr(out, "device 0 step 2: ");
+    ck_assert_msg(dev0 && want, "%s", out);
+    double got = atof(dev0 + strlen("cpu dev0 compute (wall clock): median ")), expect = atof(want + 17);
+    ck_assert_msg(fabs(got - expect) < 0.0015, "device 0: step_skew says %.3f ms, its step 2 took %.3f ms:\n%s", got,
+                  expect, out);
     free(out), free(dir);
 }
 END_TEST
@@ -521,6 +551,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, stage2_trace);
     tcase_add_test(tc, stage3_trace);
     tcase_add_test(tc, stage4_step_skew_counts_optimizer_steps);
+    tcase_add_test(tc, step_skew_pairs_devices_by_step);
     tcase_add_test(tc, window_opening_at_the_end_holds_nothing);
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
