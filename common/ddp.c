@@ -972,10 +972,10 @@ static void report(Ddp *d, const char *type, DdpSeries *ar, DdpSeries *ex, DdpSe
         if (d->search_ms.n) snprintf(search, sizeof search, "%.1f µs/step", 1e3 * v[4]);
         report_printf(&r->report,
                       "  find_unused_parameters: search %s | %d unused parameter%s (%s of zeros in every step's "
-                      "all-reduce) | %lld used-parameter map all-reduces (%s each), %lld read back | buckets never "
-                      "rebuilt\n",
-                      search, d->n_unused, d->n_unused == 1 ? "" : "s", zeros, (long long)d->used_map_calls, map,
-                      (long long)d->used_map_readbacks);
+                      "all-reduce) | %lld used-parameter map all-reduce%s (%s each), %lld read back | buckets "
+                      "never rebuilt\n",
+                      search, d->n_unused, d->n_unused == 1 ? "" : "s", zeros, (long long)d->used_map_calls,
+                      d->used_map_calls == 1 ? "" : "s", map, (long long)d->used_map_readbacks);
     }
     json_begin(&r->report, type);
     json_int(&r->report, "epoch", r->epoch_reported); /* the epoch record's number (a partial one too) */

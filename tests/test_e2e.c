@@ -780,8 +780,9 @@ START_TEST(a_count_of_one_is_singular) {
              "$R/stage4 %s --nproc-per-node 1 --train-size 1 --batch-size 1 --accum-steps 2 $P; "
              "$R/stage2 %s --gpus 2 --train-size 12 --batch-size 1; "
              "$R/stage3 %s --nproc-per-node 2 --train-size 16 --batch-size 1 --steps 4 --trace $D/b.json "
-             "--trace-steps 1:2 $P && python3 $R/tests/step_skew.py $D/b.json)",
-             dir, test_root(), test_free_port(), one, one, one, one);
+             "--trace-steps 1:2 $P && python3 $R/tests/step_skew.py $D/b.json; "
+             "$R/stage3 %s --nproc-per-node 2 --train-size 2 --batch-size 1 --unused-param --find-unused-parameters $P)",
+             dir, test_root(), test_free_port(), one, one, one, one, one);
     test_run(cmd, &out);
     ck_assert_msg(strstr(out, "1 epoch, 1 step/epoch |") && strstr(out, "of step 0 in") &&
                       strstr(out, "the run ended after 1 step, inside") && strstr(out, "test set synthetic") &&
@@ -789,9 +790,11 @@ START_TEST(a_count_of_one_is_singular) {
                       strstr(out, "1 optimizer step/epoch (1 micro-batch)") &&
                       strstr(out, "more than the 1 micro-batch of an epoch: one optimizer step per epoch, over it") &&
                       strstr(out, "DataParallel phases over 1 step (") && strstr(out, "of step 1 from 2 ranks") &&
-                      strstr(out, "2 workers (ranks, or stage 2's replicas), 1 step;"), "%.3000s", out);
+                      strstr(out, "2 workers (ranks, or stage 2's replicas), 1 step;") &&
+                      strstr(out, "| 1 used-parameter map all-reduce ("), "%.3000s", out);
     regex_t re;
-    ck_assert_int_eq(regcomp(&re, "(^|[^0-9.,])1 (optimizer )?(steps|images|micro-batches|workers|batches)([^a-z]|$)",
+    ck_assert_int_eq(regcomp(&re, "(^|[^0-9.,])1 (optimizer |used-parameter map )?(steps|images|micro-batches|workers|"
+                                  "batches|all-reduces)([^a-z]|$)",
                              REG_EXTENDED | REG_NEWLINE), 0);
     regmatch_t m;
     int hit = regexec(&re, out, 1, &m, 0) == 0;
