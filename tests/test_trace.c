@@ -150,7 +150,8 @@ END_TEST
  * in order and cut them to the shortest lane, so device 0's step 1 (one image, alone) was paired with
  * the others' step 2, and their "waits" were made up. Each device span now records its optimizer step
  * (args.step) and step_skew.py compares the steps every worker ran: device 0's figure is its step 2
- * (its last forward's start to its last backward's end), and the step it ran alone is left out. */
+ * (its last forward's start to its last backward's end), and the step it ran alone is left out. The
+ * same key groups an epoch's short last group of micro-batches (stage 4) as the one step it is. */
 START_TEST(step_skew_pairs_devices_by_step) {
     if (!have_python()) return;
     char *dir = test_tmpdir(), cmd[4096], *out;
@@ -170,6 +171,16 @@ START_TEST(step_skew_pairs_devices_by_step) {
     double got = atof(dev0 + strlen("cpu dev0 compute (wall clock): median ")), expect = atof(want + 17);
     ck_assert_msg(fabs(got - expect) < 0.0015, "device 0: step_skew says %.3f ms, its step 2 took %.3f ms:\n%s", got,
                   expect, out);
+    free(out);
+    /* Stage 4, K = 4, 6 micro-batches a rank an epoch: optimizer steps of 4 and 2. A window over one
+     * of each (steps 1–3) used to read as 8 steps — the spans did not divide by the 3 step spans, so
+     * each micro-batch was counted as a step of its own */
+    snprintf(cmd, sizeof cmd, "timeout -k 5 120 %s/stage4 --device cpu --model tiny --progress off --workers 0 "
+             "--nproc-per-node 2 --train-size 24 --batch-size 2 --accum-steps 4 --test-size 2 --epochs 3 "
+             "--master-port %d --trace %s/a.json --trace-steps 1:4 > /dev/null && python3 %s/tests/step_skew.py %s/a.json",
+             test_root(), test_free_port(), dir, test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "2 workers (ranks, or stage 2's replicas), 3 steps;"), "exit %d:\n%s", rc, out);
     free(out), free(dir);
 }
 END_TEST
