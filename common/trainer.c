@@ -509,9 +509,22 @@ _Noreturn static void diverged(Run *r, const char *what, const char *why, double
         kept = xstrdup("; none of this state is saved, and no checkpoint was before it");
     if (n < 0) die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
     if (r->on_diverge) r->on_diverge(r->diverge_ctx);
-    die_user("training diverged in epoch %lld (step %lld, train loss %g): %s no longer finite (NaN or inf)%s, "
-             "which training never recovers from — lower --lr (now %g)%s", (long long)r->epoch + 1,
-             (long long)r->step, plain_nan(loss), what, why, c->lr, kept ? kept : "");
+    char *msg;
+    if (asprintf(&msg, "training diverged in epoch %lld (step %lld, train loss %g): %s no longer finite (NaN or "
+                       "inf)%s, which training never recovers from — lower --lr (now %g)%s", (long long)r->epoch + 1,
+                 (long long)r->step, plain_nan(loss), what, why, c->lr, kept ? kept : "") < 0)
+        die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    /* the report's last record says how the run ended, as "summary" does for one that finished: a
+     * script reading it (compare_table.py, a sweep's) sees a divergence, not a run cut short */
+    json_begin(&r->report, "diverged");
+    json_int(&r->report, "epoch", r->epoch + 1);
+    json_int(&r->report, "step", r->step);
+    json_num(&r->report, "train_loss", loss);
+    json_num(&r->report, "lr", c->lr);
+    if (r->last_saved) json_str(&r->report, "last_checkpoint", r->last_saved);
+    json_str(&r->report, "error", msg);
+    json_end(&r->report);
+    die_user("%s", msg);
 }
 
 /* How to give a run a sampler flag's setting back: only stages 3–5 have the flags. */

@@ -90,7 +90,7 @@ def load_rows(d):
         recs = records(os.path.join(d, name + ".jsonl"))
         s = last(recs, "summary")
         row = {"name": name, "stage": int(stage), "label": label, "cmd": cmd, "ok": rc == "0" and s is not None, "rc": rc,
-               "ms": None, "ips": None, "mem": [], "exposed": None, "exposed_kind": "", "device": "", "k": 1,
+               "diverged": last(recs, "diverged"), "ms": None, "ips": None, "mem": [], "exposed": None, "exposed_kind": "", "device": "", "k": 1,
                "flops": (None, None), "summary": s}
         if s:
             row.update(ms=num(s.get("ms_per_iter_median")), ips=num(s.get("img_per_s")),
@@ -134,6 +134,19 @@ def load_pytorch(d, rows_ours, meta):
     return rows
 
 
+def failed_text(r):
+    """A row that did not finish: why (its report's "diverged" record, its exit code, or the missing
+    summary), and where to look, so the table is not the end of the trail."""
+    d = r.get("diverged")
+    if isinstance(d, dict):
+        why = f"diverged at step {d.get('step', '?')}"
+    elif r.get("rc", "0") == "0":
+        why = "no summary in its report"
+    else:
+        why = f"exit {r.get('rc')}"
+    return f"failed ({why}: see {r.get('name', '?')}.log)"
+
+
 def fmt_mem(b, unit):
     return "n/a" if b is None else f"{b / unit[1]:.2f}"
 
@@ -160,8 +173,7 @@ def table(rows, torch_rows, meta):
     def line(r, base, ref):
         label = r["label"] + (f" (K={r['k']})" if r.get("k", 1) > 1 and "K=" not in r["label"] else "")
         if not r.get("ok", True):  # why, so the table is not the end of the trail
-            why = "no summary in its report" if r.get("rc", "0") == "0" else f"exit {r.get('rc')}"
-            return [label, f"failed ({why}: see {r.get('name', '?')}.log)"] + [""] * (len(head) - 2)
+            return [label, failed_text(r)] + [""] * (len(head) - 2)
         ms = "n/a" if r["ms"] is None else f"{r['ms']:.2f}"
         ips = "n/a" if r["ips"] is None else f"{r['ips']:.0f}"
         up = "n/a" if r["ips"] is None or not base else f"{r['ips'] / base:.2f}× {ref}"
@@ -241,8 +253,7 @@ def svg(rows, torch_rows, meta, notes=()):
             o.append(f'<rect x="0" y="{y}" width="{width}" height="{rowh}" fill="#f4f4f4"/>')
         o.append(f'<text x="{left - 8}" y="{y + rowh / 2 + 4}" text-anchor="end">{escape(r["label"])}</text>')
         if not r.get("ok", True):
-            why = "no summary in its report" if r.get("rc", "0") == "0" else f"exit {r.get('rc')}"
-            text = f"failed ({why}: see {r.get('name', '?')}.log)"
+            text = failed_text(r)
             o.append(f'<text x="{left + 4}" y="{y + rowh / 2 + 4}" fill="#b22222">{escape(text)}</text>')
             continue
         if r["ips"]:

@@ -189,24 +189,29 @@ END_TEST
 
 /* A row that failed keeps its line in the chart, saying so as the table does: the chart used to draw
  * only the rows that ran, so a chart of stages 1 and 2 alone could not be told from a checkout
- * without stages 3–5. One row that ran, one that exited 2, one whose report has no summary. */
+ * without stages 3–5. One row that ran, one that exited 2, one whose report has no summary, one whose
+ * report ends with a "diverged" record (a run that stopped diverged: said as such). */
 START_TEST(compare_chart_names_failed_rows) {
     char *dir = test_tmpdir(), cmd[4096], path[600], *out, *root = realpath(test_root(), NULL); /* run in dir */
     snprintf(cmd, sizeof cmd, "cd %s && printf 'mode=CPU backend, 2 devices\\ndevice=cpu\\n' > meta.txt && "
              "printf 'stage1\\t1\\tstage 1, one device\\t0\\t1\\t./stage1\\n"
-             "stage3\\t3\\tstage 3, DDP\\t2\\t1\\t./stage3\\nstage5_fp16\\t5\\tstage 5, fp16\\t0\\t1\\t./stage5\\n' "
+             "stage3\\t3\\tstage 3, DDP\\t2\\t1\\t./stage3\\nstage5_fp16\\t5\\tstage 5, fp16\\t0\\t1\\t./stage5\\n"
+             "stage4\\t4\\tstage 4, DDP\\t2\\t1\\t./stage4\\n' "
              "> plan.tsv && echo '{\"type\":\"summary\",\"ms_per_iter_median\":20,\"img_per_s\":800,"
              "\"peak_mem_bytes\":[7449600]}' > stage1.jsonl && echo '{\"type\":\"config\"}' > stage5_fp16.jsonl && "
+             "echo '{\"type\":\"diverged\",\"epoch\":2,\"step\":16}' > stage4.jsonl && "
              "python3 %s/tests/compare_table.py %s", dir, root, dir);
     free(root);
     int rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 1 && strstr(out, "failed (exit 2: see stage3.log)") && !strstr(out, "Traceback"),
+    ck_assert_msg(rc == 1 && strstr(out, "failed (exit 2: see stage3.log)") && !strstr(out, "Traceback") &&
+                      strstr(out, "failed (diverged at step 16: see stage4.log)"), /* its report's last record */
                   "exit %d:\n%s", rc, out);
     snprintf(path, sizeof path, "%s/compare.svg", dir);
     char *svg = test_slurp(path, NULL);
     ck_assert_msg(svg && strstr(svg, ">stage 1, one device<") && strstr(svg, ">stage 3, DDP<") &&
                   strstr(svg, "failed (exit 2: see stage3.log)") && strstr(svg, ">stage 5, fp16<") &&
-                  strstr(svg, "failed (no summary in its report: see stage5_fp16.log)"),
+                  strstr(svg, "failed (no summary in its report: see stage5_fp16.log)") &&
+                  strstr(svg, "failed (diverged at step 16: see stage4.log)"),
                   "the chart leaves out a failed row, or does not say it failed:\n%s", svg ? svg : "(none)");
     free(svg), free(out), free(dir);
 }

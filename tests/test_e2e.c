@@ -570,7 +570,8 @@ START_TEST(stage1_divergence_stops_and_keeps_the_good_checkpoint) {
                        "--weight-decay 1 --progress off --deterministic";
     /* --lr 20: epoch 1 ends finite (a train loss of 1e19), epoch 2 does not */
     for (int ddp = 0; ddp < 2; ddp++) {
-        snprintf(args, sizeof args, "%s --lr 20 --save %s/%s --keep-last 1 %s", wild, dir, ddp ? "c" : "a",
+        snprintf(args, sizeof args, "%s --lr 20 --save %s/%s --keep-last 1 --report %s/%s.jsonl %s", wild, dir,
+                 ddp ? "c" : "a", dir, ddp ? "c" : "a",
                  ddp ? "--nproc-per-node 2 --batch-size 16" : "--batch-size 32"); /* 8 steps an epoch */
         if (ddp) snprintf(args + strlen(args), sizeof args - strlen(args), " --master-port %d", test_free_port());
         int rc = run_stage(ddp ? "stage3" : "stage1", args, &out);
@@ -582,6 +583,19 @@ START_TEST(stage1_divergence_stops_and_keeps_the_good_checkpoint) {
                                strstr(out, "exited with code 2 at step 16 (first failure)") &&
                                strstr(out, "rank 1: training diverged")), "%s", out);
         free(out);
+        /* the report ends with how the run ended: a "diverged" record (rank 0's), not a bare epoch */
+        char rep_path[700], last[900];
+        snprintf(rep_path, sizeof rep_path, "%s/%s.jsonl", dir, ddp ? "c" : "a");
+        char *rep = test_slurp(rep_path, NULL), *nl = rep ? strrchr(rep, '\n') : NULL;
+        ck_assert_msg(nl && nl[1] == 0, "%s: no report, or its last line unfinished", rep_path);
+        *nl = 0;
+        nl = strrchr(rep, '\n');
+        snprintf(last, sizeof last, "\"last_checkpoint\":\"%s\"", path);
+        const char *head = "{\"type\":\"diverged\",\"epoch\":2,\"step\":16,";
+        ck_assert_msg(nl && !strncmp(nl + 1, head, strlen(head)) &&
+                          strstr(nl + 1, last) && strstr(nl + 1, "\"error\":\"training diverged in epoch 2") &&
+                          !strstr(rep, "\"type\":\"summary\""), "%s: last record:\n%s", rep_path, nl ? nl + 1 : rep);
+        free(rep);
         ck_assert_msg(checkpoint_finite(path), "%s holds a NaN or an inf", path);
         snprintf(path, sizeof path, "%s/%s/epoch002.ckpt", dir, ddp ? "c" : "a");
         ck_assert_msg(access(path, F_OK) != 0, "%s was written", path);
