@@ -1693,7 +1693,14 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
                              {"--out %s/a", "is a directory"},
                              {"--out %s/a/step00000007.ckpt", "is the checkpoint itself"},
                              {"--out %s/a/../a/step00000007.ckpt", "is the checkpoint itself"},
-                             {"--logits %s/a/step00000007.ckpt %s", "is a checkpoint written by --save"}};
+                             {"--logits %s/a/step00000007.ckpt %s", "is a checkpoint written by --save"},
+                             /* a folder's name (abspath drops the '/') and an empty value (an unset $VAR): they
+                              * passed, and torch.save failed after the conversion, or '--out ""' converted nothing
+                              * and exited 0 */
+                             {"--out %s/models/", "ends in '/', a directory's name"},
+                             {"--out %s/a/step00000007.ckpt/", "is a file, not a directory"},
+                             {"--out ''", "--out got an empty value"},
+                             {"--logits %s/a/step00000007.ckpt ''", "--logits OUT got an empty value"}};
     char other[720];
     snprintf(other, sizeof other, "%s/other.ckpt", dir); /* another checkpoint: as precious */
     snprintf(cmd, sizeof cmd, "cp %s %s", ck, other);

@@ -187,18 +187,30 @@ def check_outputs(args):
 
     if args.logits and not os.path.isfile(args.logits[0]):
         fail(2, f"--logits IN '{args.logits[0]}' is not a file: give raw float32 images [N][3][32][32]")
-    outs = [("--out", args.out)] if args.out else []
+    outs = [("--out", args.out)] if args.out is not None else []  # '--out ""' (an unset $VAR) is no absent --out
     outs += [("--logits OUT", args.logits[1])] if args.logits else []
     for flag, path in outs:
+        example = "model.pt" if flag == "--out" else "logits.f32"
+        if not path:
+            fail(2, f"{flag} got an empty value: give it a file name, e.g. {example}")
+        # 'models/' names a directory, existing or not: abspath would drop the '/' and the checks below pass it,
+        # and torch.save or open() then fails after the conversion with a traceback
+        if path.endswith(("/", os.sep)):
+            bare = path.rstrip("/" + os.sep) or path
+            if os.path.lexists(bare) and not os.path.isdir(bare):
+                fail(2, f"{flag} '{path}' ends in '/', but '{bare}' is a file, not a directory — give {flag} a file "
+                        f"name, e.g. {example}")
+            fail(2, f"{flag} '{path}' ends in '/', a directory's name — give a file name, e.g. "
+                    f"{os.path.join(path, example)}{'' if os.path.isdir(path) else f' (after mkdir -p {bare})'}")
         parent = os.path.dirname(os.path.abspath(path))
         for what, given in [("the checkpoint", args.checkpoint)] + ([("--logits IN", args.logits[0])] if args.logits else []):
             if same(path, given):
                 fail(2, f"{flag} '{path}' is {what} itself: writing it would destroy it — give {flag} another file name")
         if a_checkpoint(path):
             fail(2, f"{flag} '{path}' is a checkpoint written by --save: writing it would destroy it — give {flag} "
-                    f"another file name, e.g. {'model.pt' if flag == '--out' else 'logits.f32'}")
+                    f"another file name, e.g. {example}")
         if os.path.isdir(path):
-            fail(2, f"{flag} '{path}' is a directory — give a file name in it, e.g. {os.path.join(path, 'model.pt')}")
+            fail(2, f"{flag} '{path}' is a directory — give a file name in it, e.g. {os.path.join(path, example)}")
         if not os.path.isdir(parent):
             fail(2, f"{flag} '{path}': directory '{parent}' does not exist (create it first: mkdir -p {parent})")
     if len(outs) == 2 and (outs[0][1] == outs[1][1] or same(outs[0][1], outs[1][1])):
