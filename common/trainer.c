@@ -849,6 +849,19 @@ static void resume_check(Run *r) {
                      resume_also(r, g, "--accum-steps", also, sizeof also));
     }
     if (g->version >= 2) sampler_check(r, g); /* version 1 has had its note */
+    /* Stopped inside an epoch beyond this run's last: not a finished run (its own --epochs went further,
+     * which its schedule's length says when this run counts the same steps an epoch) */
+    if (g->epoch >= c->epochs && g->batch_in_epoch > 0) {
+        char fix[160];
+        snprintf(fix, sizeof fix, "pass --epochs %lld or more to continue it", (long long)g->epoch + 1);
+        if (g->version >= 6 && g->schedule_steps % r->steps_per_epoch == 0 &&
+            g->schedule_steps / r->steps_per_epoch > g->epoch)
+            snprintf(fix, sizeof fix, "pass --epochs %lld, as it was trained, to continue it (or any from %lld on)",
+                     (long long)(g->schedule_steps / r->steps_per_epoch), (long long)g->epoch + 1);
+        die_user("checkpoint '%s' stopped inside epoch %lld (batch %lld, step %lld), past this run's --epochs %d — "
+                 "nothing to resume; %s", path, (long long)g->epoch + 1, (long long)g->batch_in_epoch,
+                 (long long)g->step, c->epochs, fix);
+    }
     if (g->epoch >= c->epochs)
         die_user("checkpoint '%s' is a finished run: %lld epoch%s done (step %lld), and this run has --epochs %d — "
                  "nothing to resume; pass --epochs above %lld to train further", path, (long long)g->epoch,

@@ -248,12 +248,17 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
     ok_saying("stage1", args, "at --lr 0.05: at step 5 the learning rate is", NULL);
     /* resumed after that epoch and stopped inside the next: the report counts the epoch done before */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 14 --resume %s/c/epoch001.ckpt "
-             "--report %s/after_epoch.jsonl", dir, dir);
+             "--report %s/after_epoch.jsonl --save %s/c", dir, dir, dir);
     run_ok("stage1", args);
     char rep[700];
     snprintf(rep, sizeof rep, "%s/after_epoch.jsonl", dir);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "epochs"), 1);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "steps"), 14);
+    /* …and that stop, inside epoch 2, resumed with --epochs 1 is past this run's end, not a finished run
+     * (it was called one: '1 epoch done (step 14)') */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --resume %s/c/step00000014.ckpt", dir);
+    expect_refused("stage1", args, "stopped inside epoch 2 (batch 2, step 14), past this run's --epochs 1",
+                   "pass --epochs 2, as it was trained, to continue it");
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 5 --resume %s", ck);
     expect_refused("stage1", args, "already at step 5", "--steps");
     free(dir);
