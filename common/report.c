@@ -39,7 +39,60 @@ void report_check_free(const char *json_path) {
     if (file_locked_by_another(json_path)) report_busy(json_path);
 }
 
+/* The report on fd is the log of the run that --resume continues: its last "checkpoint" record (a
+ * line {"type":"checkpoint","path":"…",…}, as save_checkpoint writes it) names that very file. A run
+ * stopped by a signal says to resume with "this same command", --report and all: emptying the file
+ * then lost every record of the steps before the stop. Decoded as json_write_str encodes; a path it
+ * cannot give back exactly (\ufffd) or that no longer leads to the file continues nothing. */
+static int report_continues(const char *json_path, const struct stat *opened, const char *resumed) {
+    static const char head[] = "{\"type\":\"checkpoint\",\"path\":\"";
+    struct stat want, got;
+    int rd = open(json_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); /* the write end cannot read */
+    FILE *f = rd >= 0 && fstat(rd, &got) == 0 && got.st_dev == opened->st_dev && got.st_ino == opened->st_ino
+                  ? fdopen(rd, "r") : NULL;
+    if (!f) {
+        if (rd >= 0) close(rd);
+        return 0;
+    }
+    char *line = NULL, *last = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0)
+        if (!strncmp(line, head, sizeof head - 1)) free(last), last = xstrdup(line + sizeof head - 1);
+    free(line);
+    fclose(f);
+    int same = 0;
+    if (last && stat(resumed, &want) == 0) {
+        char *o = last; /* decoded in place: never longer than its encoding */
+        const char *p = last;
+        int ok = 0;
+        for (; *p; p++) {
+            if (*p == '"') { /* the string's end (before the NUL below, which may land on it) */
+                ok = 1;
+                break;
+            }
+            if (*p != '\\') {
+                *o++ = *p;
+                continue;
+            }
+            static const char from[] = "\"\\nrtbf", to[] = "\"\\\n\r\t\b\f";
+            const char *k = p[1] ? strchr(from, p[1]) : NULL;
+            unsigned u;
+            if (k) *o++ = to[k - from], p++;
+            else if (p[1] == 'u' && sscanf(p + 2, "%4x", &u) == 1 && u > 0 && u < 0x20) *o++ = (char)u, p += 5;
+            else break; /* \ufffd: a byte the report could not keep */
+        }
+        *o = 0;
+        same = ok && stat(last, &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino;
+    }
+    free(last);
+    return same;
+}
+
 void report_open(Report *r, const char *json_path, const char *progress_flag, int active) {
+    report_open_resumed(r, json_path, progress_flag, active, NULL);
+}
+
+void report_open_resumed(Report *r, const char *json_path, const char *progress_flag, int active, const char *resumed) {
     memset(r, 0, sizeof *r);
     r->active = active;
     if (!active) return;
@@ -72,7 +125,12 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
         struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
         if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES))
             report_busy(json_path);
-        if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
+        if (S_ISREG(st.st_mode) && resumed && resumed[0] && report_continues(json_path, &st, resumed)) {
+            if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0)
+                die_user("cannot append to --report file '%s': %s", json_path, errno_string());
+            printf("note: --report '%s' is the log of the run that --resume '%s' continues (its last checkpoint "
+                   "record): this run appends its records to it\n", json_path, resumed);
+        } else if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
             die_user("cannot truncate --report file '%s': %s", json_path, errno_string());
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
         r->json = fdopen(fd, "w");

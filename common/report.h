@@ -23,6 +23,10 @@ typedef struct Report {
  * truncated; failure to open it, or a path that is a FIFO, socket or directory, is a user error
  * naming the path. A write that fails later (a full disk) ends the run with an error (exit 1). */
 void report_open(Report *r, const char *json_path, const char *progress_flag, int active);
+/* report_open for a run that continues the checkpoint `resumed` (--resume; NULL: none): a report that
+ * is the log of the run that checkpoint belongs to — its last "checkpoint" record names that file, as
+ * after a stop resumed with the same command — is appended to, not emptied. */
+void report_open_resumed(Report *r, const char *json_path, const char *progress_flag, int active, const char *resumed);
 /* The launcher's look (stages 3–5), before any worker: json_path another run is writing, or another
  * user's file, refused with report_open's message — not after the rendezvous. Creates nothing. */
 void report_check_free(const char *json_path);

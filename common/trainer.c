@@ -1140,7 +1140,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
     r->times = xmalloc((size_t)r->cap_times * sizeof(double));
     r->state_counts = device_alloc(m->dev, 2 * RUN_STATE_PARTS * sizeof(int64_t), "divergence check");
     clip_init(&r->clip, m->dev, m->n_param_floats, cfg->evaluate ? 0 : cfg->clip_grad_norm);
-    report_open(&r->report, cfg->report, cfg->progress, rank == 0);
+    report_open_resumed(&r->report, cfg->report, cfg->progress, rank == 0, cfg->evaluate ? NULL : cfg->resume);
     char desc[128], optd[96];
     char where[sizeof devs[0]->name + 32];
     snprintf(where, sizeof where, "%s", devs[0]->name);

@@ -87,6 +87,42 @@ static void expect_continued_exactly(const char *dir, int skip, int total) {
         ck_assert_msg(a[i + skip] == b[i], "step %d: %.9g vs %.9g", i + skip + 1, a[i + skip], b[i]);
 }
 
+/* A run stopped and resumed with "this same command" (the stop line's advice), --report and all, keeps
+ * one report: the resumed run's records follow the stopped run's, every step's loss the uninterrupted
+ * run's — the file used to be emptied, losing steps 1 to 5. A report whose last checkpoint record is
+ * another file (here the run's end, resumed from step 5 again) is still emptied, as any other run's.
+ * Stage 1, and a 2-rank stage 3, whose rank 0 writes the report. */
+START_TEST(a_resumed_run_continues_its_report) {
+    char *dir = test_tmpdir(), args[2048], path[700];
+    double a[64], b[64];
+    const char *stages[2][2] = {{"stage1", ""}, {"stage3", "--nproc-per-node 2"}};
+    for (int s = 0; s < 2; s++) {
+        const char *stage = stages[s][0], *more = stages[s][1];
+        const char *flags = TINY " --train-size 64 --batch-size 8 --epochs 2 --log-every 1";
+        snprintf(args, sizeof args, "%s %s --report %s/%s_whole.jsonl", flags, more, dir, stage);
+        run_ok(stage, args);
+        snprintf(args, sizeof args, "%s %s --steps 5 --save %s/%s --report %s/%s.jsonl", flags, more, dir, stage, dir,
+                 stage);
+        run_ok(stage, args);
+        snprintf(args, sizeof args, "%s %s --save %s/%s --report %s/%s.jsonl --resume %s/%s/step00000005.ckpt", flags,
+                 more, dir, stage, dir, stage, dir, stage);
+        ok_saying(stage, args, "is the log of the run that --resume", "this run appends its records to it");
+        snprintf(path, sizeof path, "%s/%s_whole.jsonl", dir, stage);
+        const int total = test_read_losses(path, a, 64);
+        ck_assert_int_eq(total, s ? 8 : 16); /* stage 3: 2 ranks × 8 a step */
+        snprintf(path, sizeof path, "%s/%s.jsonl", dir, stage);
+        ck_assert_int_eq(test_read_losses(path, b, 64), total);
+        for (int i = 0; i < total; i++) ck_assert_msg(a[i] == b[i], "%s step %d: %.9g vs %.9g", stage, i + 1, a[i], b[i]);
+        /* its last checkpoint record is now epoch002.ckpt: resuming step 5 again starts a report of its own */
+        snprintf(args, sizeof args, "%s %s --report %s/%s.jsonl --resume %s/%s/step00000005.ckpt", flags, more, dir,
+                 stage, dir, stage);
+        run_ok(stage, args);
+        ck_assert_int_eq(test_read_losses(path, b, 64), total - 5);
+    }
+    free(dir);
+}
+END_TEST
+
 /* --warmup-steps: every step's lr is torch's SequentialLR([LinearLR, CosineAnnealingLR]) (the fixture's
  * "cosine+warmup=3,0.25" case: 3 epochs of 3 steps); a run stopped inside the warm-up and resumed ends
  * where the uninterrupted one ends, bit for bit; a resume under another warm-up continues, saying where
@@ -1764,6 +1800,7 @@ Suite *suite_resume(void) {
     TCase *tc = tcase_create("resume");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, resume_under_other_flags_is_refused_or_exact);
+    tcase_add_test(tc, a_resumed_run_continues_its_report);
     tcase_add_test(tc, another_split_of_the_same_samples_continues);
     tcase_add_test(tc, resume_at_an_epoch_end_regroups);
     tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
