@@ -44,7 +44,7 @@ void report_check_free(const char *json_path) {
  * stopped by a signal says to resume with "this same command", --report and all: emptying the file
  * then lost every record of the steps before the stop. Decoded as json_write_str encodes; a path it
  * cannot give back exactly (\ufffd) or that no longer leads to the file continues nothing. */
-static int report_continues(const char *json_path, const struct stat *opened, const char *resumed) {
+static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut) {
     static const char head[] = "{\"type\":\"checkpoint\",\"path\":\"";
     struct stat want, got;
     int rd = open(json_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); /* the write end cannot read */
@@ -56,8 +56,12 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     }
     char *line = NULL, *last = NULL;
     size_t cap = 0;
-    while (getline(&line, &cap, f) > 0)
+    ssize_t len;
+    *cut = 0;
+    while ((len = getline(&line, &cap, f)) > 0) {
         if (!strncmp(line, head, sizeof head - 1)) free(last), last = xstrdup(line + sizeof head - 1);
+        *cut = line[len - 1] != '\n'; /* the last line cut short: a run killed as it wrote */
+    }
     free(line);
     fclose(f);
     int same = 0;
@@ -125,8 +129,10 @@ void report_open_resumed(Report *r, const char *json_path, const char *progress_
         struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
         if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES))
             report_busy(json_path);
-        if (S_ISREG(st.st_mode) && resumed && resumed[0] && report_continues(json_path, &st, resumed)) {
-            if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0)
+        int cut = 0;
+        if (S_ISREG(st.st_mode) && resumed && resumed[0] && report_continues(json_path, &st, resumed, &cut)) {
+            /* a line cut short ends before this run's first, which would otherwise be glued to it */
+            if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0 || (cut && write(fd, "\n", 1) != 1))
                 die_user("cannot append to --report file '%s': %s", json_path, errno_string());
             printf("note: --report '%s' is the log of the run that --resume '%s' continues (its last checkpoint "
                    "record): this run appends its records to it\n", json_path, resumed);
