@@ -221,6 +221,32 @@ static void describe_port(const Worker *w, int agent) {
                  "--master-port cannot override: export a free MASTER_PORT to every rank", port);
 }
 
+/* torchrun numbers each node's workers in one block: its agent gives node GROUP_RANK the ranks
+ * first … first + LOCAL_WORLD_SIZE - 1, first being the workers of nodes 0 … GROUP_RANK - 1 (at least
+ * one each), and RANK = first + LOCAL_RANK. Variables that break this came from two jobs, or from a
+ * script that set one by hand: refused, not run with a node rank (--node-rank's check) or a local
+ * rank (the GPU, the cores' share) that is not this worker's. srun and mpirun are not held to it:
+ * their cyclic distributions number the ranks across the nodes. A LOCAL_WORLD_SIZE left unset is
+ * not checked (its default, the world, would make every job one node): hand-started workers of
+ * several nodes may leave it out. */
+static void torchrun_layout_check(const Worker *w) {
+    int first = w->rank - w->local_rank;
+    if (first < 0)
+        refuse(NULL, "LOCAL_RANK=%d is above RANK=%d: a worker's rank is its node's first rank plus its local "
+               "rank (as torchrun numbers them) — check LOCAL_RANK", w->local_rank, w->rank);
+    if (is_set("LOCAL_WORLD_SIZE") && first + w->local_world_size > w->world_size)
+        refuse(NULL, "RANK=%d LOCAL_RANK=%d LOCAL_WORLD_SIZE=%d put this node's ranks at %d … %d, past WORLD_SIZE=%d "
+               "— check LOCAL_RANK and LOCAL_WORLD_SIZE", w->rank, w->local_rank, w->local_world_size, first,
+               first + w->local_world_size - 1, w->world_size);
+    if (w->node_rank > 0 && is_set("LOCAL_WORLD_SIZE") && w->local_world_size == w->world_size)
+        refuse(NULL, "GROUP_RANK=%d, but LOCAL_WORLD_SIZE = WORLD_SIZE = %d makes this a job of one node, node 0 "
+               "— check GROUP_RANK (or LOCAL_WORLD_SIZE, for a job of several nodes)", w->node_rank, w->world_size);
+    if (w->node_rank > first)
+        refuse(NULL, "GROUP_RANK=%d, but this node's first rank is %d (RANK - LOCAL_RANK%s): each node before it "
+               "holds a worker at least, so GROUP_RANK is at most %d — check GROUP_RANK and LOCAL_RANK",
+               w->node_rank, first, is_set("LOCAL_RANK") ? "" : "; an unset LOCAL_RANK is RANK", first);
+}
+
 /* Fill w from the launcher's variables; 0 when there are none (we are to launch). */
 static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     memset(w, 0, sizeof *w);
@@ -302,6 +328,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     if (w->local_world_size > w->world_size)
         refuse(NULL, "%d workers per node but %d in the whole job: a node cannot hold more workers than the job — "
                "check LOCAL_WORLD_SIZE (or the launcher's own local size)", w->local_world_size, w->world_size);
+    if (!strcmp(rank_var, "RANK")) torchrun_layout_check(w);
     if (w->master_port < 1 || w->master_port > 65535)
         die_user("the rendezvous port %d is out of range (1–65535) — %s", w->master_port, store_port_fix);
     /* Started by another launcher, our own launch flags would be silently ignored: say so when they

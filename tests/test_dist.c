@@ -1981,6 +1981,49 @@ START_TEST(worker_view_from_launcher_variables) {
 }
 END_TEST
 
+/* torchrun numbers a node's workers in one block (RANK = the node's first rank + LOCAL_RANK, node
+ * GROUP_RANK after GROUP_RANK nodes of a worker at least): variables that break it were accepted —
+ * GROUP_RANK=1 in a one-node job trained as if node 0, and LOCAL_RANK above RANK or a block past
+ * WORLD_SIZE started a worker that waited for a rank no one would start. Each is refused, naming the
+ * variable to check; the layouts torchrun gives (two nodes of 2, nodes of 4 and 3), a hand-started
+ * worker of node 1 without LOCAL_WORLD_SIZE, and srun's cyclic numbering still pass. */
+START_TEST(torchrun_layouts_that_cannot_be_are_refused) {
+    static const struct { const char *env, *says; } bad[] = {
+        {"RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=1",
+         "GROUP_RANK=1, but LOCAL_WORLD_SIZE = WORLD_SIZE = 1 makes this a job of one node, node 0"},
+        {"RANK=1 WORLD_SIZE=2 GROUP_RANK=1", "first rank is 0 (RANK - LOCAL_RANK; an unset LOCAL_RANK is RANK)"},
+        {"RANK=0 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2", "LOCAL_RANK=1 is above RANK=0"},
+        {"RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2",
+         "put this node's ranks at 1 … 2, past WORLD_SIZE=2 — check LOCAL_RANK and LOCAL_WORLD_SIZE"},
+        {"RANK=2 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=3",
+         "GROUP_RANK=3, but this node's first rank is 2 (RANK - LOCAL_RANK): each node before it"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out;
+        int rc = test_run_captured(print_worker_view, (void *)bad[i].env, &out);
+        ck_assert_msg(rc == 2 && strstr(out, bad[i].says) && strstr(out, "in the environment"),
+                      "%s: exit %d, expected 2 naming '%s':\n%s", bad[i].env, rc, bad[i].says, out);
+        free(out);
+    }
+    static const struct { const char *env, *view; } good[] = {
+        {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 TORCHELASTIC_RUN_ID=x",
+         "rank 3 local 1/2 world 4 node 1"},
+        {"RANK=5 WORLD_SIZE=7 LOCAL_RANK=1 LOCAL_WORLD_SIZE=3 GROUP_RANK=1 TORCHELASTIC_RUN_ID=x",
+         "rank 5 local 1/3 world 7 node 1"},
+        {"RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 GROUP_RANK=1", "rank 1 local 0/2 world 2 node 1"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=1 SLURM_TASKS_PER_NODE=2(x2)",
+         "rank 1 local 0/2 world 4 node 1"},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char *out;
+        int rc = test_run_captured(print_worker_view, (void *)good[i].env, &out);
+        ck_assert_msg(rc == 0 && strstr(out, good[i].view), "%s: exit %d, expected '%s':\n%s", good[i].env, rc,
+                      good[i].view, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* What is not a task of an srun step launches here: an sbatch script (SLURM_PROCID=0 and the job's
  * SLURM_NTASKS, but no step id) used to make ./stage3 rank 0 of the job's tasks, waiting
  * --rdzv-timeout for ranks that never start; the shell of srun --pty bash (a step of one task) used
@@ -2114,6 +2157,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, worker_variables_out_of_range_are_refused);
     tcase_add_test(tc, per_task_gpu_under_srun_and_mpirun);
     tcase_add_test(tc, worker_view_from_launcher_variables);
+    tcase_add_test(tc, torchrun_layouts_that_cannot_be_are_refused);
     tcase_add_test(tc, slurm_batch_script_and_one_task_step_launch_here);
     tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
     tcase_add_test(tc, mpich_mpirun_tasks_form_one_job);
