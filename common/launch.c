@@ -247,6 +247,28 @@ static void torchrun_layout_check(const Worker *w) {
                w->node_rank, first, is_set("LOCAL_RANK") ? "" : "; an unset LOCAL_RANK is RANK", first);
 }
 
+/* --master-addr is a host alone, and so is MASTER_ADDR (from: who exported it, NULL for the flag).
+ * Written with its port (torchrun's --rdzv-endpoint form), in brackets or as a URL it does not
+ * resolve — which node 0 reports as a host name problem, and any other node only after
+ * --rdzv-timeout: say how to write it instead, at once, on every node. */
+static void check_master_addr(const char *addr, const char *from) {
+    const char *colon = strchr(addr, ':');
+    char name[24], set[24], port[24], by[128] = "";
+    snprintf(name, sizeof name, "%s", from ? "MASTER_ADDR" : "--master-addr");
+    snprintf(set, sizeof set, "%s", from ? "MASTER_ADDR=" : "--master-addr ");
+    snprintf(port, sizeof port, "%s", from ? "MASTER_PORT" : "--master-port");
+    if (from) snprintf(by, sizeof by, " (%s)", from);
+    if (strstr(addr, "://"))
+        die_user("%s '%s' is a URL: give the host alone (e.g. %s10.0.0.1) and its port with %s%s", name, addr, set,
+                 port, by);
+    if (addr[0] == '[')
+        die_user("%s '%s': write an IPv6 address without brackets (%s%.*s), and its port with %s%s", name, addr, set,
+                 (int)strcspn(addr + 1, "]"), addr + 1, port, by);
+    if (colon && !strchr(colon + 1, ':')) /* one colon: host:port (an IPv6 address has two or more) */
+        die_user("%s '%s' carries a port: give them apart, %s%.*s %s%s%s%s", name, addr, set, (int)(colon - addr),
+                 addr, port, from ? "=" : " ", colon + 1, by);
+}
+
 /* Fill w from the launcher's variables; 0 when there are none (we are to launch). */
 static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     memset(w, 0, sizeof *w);
@@ -297,6 +319,14 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         return 0;
     }
     describe_port(w, agent);
+    /* MASTER_ADDR that another launcher or a script exported wins over --master-addr (refused below when
+     * they differ): the store's errors name it, and its form is checked as the flag's is */
+    if (addr && addr[0] && strcmp(w->launcher, prog)) {
+        const char *from = !strcmp(w->launcher, "torchrun") ? "torchrun sets it from its own --master-addr"
+                                                             : "exported to every rank by your job script";
+        check_master_addr(addr, from);
+        snprintf(store_addr_name, sizeof store_addr_name, "MASTER_ADDR (%s)", from);
+    }
     if (strcmp(w->launcher, prog) && cfg->standalone) { /* the port is the other launcher's to pick */
         /* MASTER_PORT as it was set (under torchrun's agent, ours is one above it); srun and mpirun
          * often set none, and their ranks meet at the agreed --master-port */
@@ -931,25 +961,9 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     exit(code ? code : 1);
 }
 
-/* --master-addr is a host alone. Written with its port (torchrun's --rdzv-endpoint form), in brackets or
- * as a URL it does not resolve — which node 0 reports as a host name problem, and any other node only
- * after --rdzv-timeout: say how to write it instead, at once, on every node. */
-static void check_master_addr(const char *addr) {
-    const char *colon = strchr(addr, ':');
-    if (strstr(addr, "://"))
-        die_user("--master-addr '%s' is a URL: give the host alone (e.g. --master-addr 10.0.0.1) and its port with "
-                 "--master-port", addr);
-    if (addr[0] == '[')
-        die_user("--master-addr '%s': write an IPv6 address without brackets (--master-addr %.*s), and its port "
-                 "with --master-port", addr, (int)strcspn(addr + 1, "]"), addr + 1);
-    if (colon && !strchr(colon + 1, ':')) /* one colon: host:port (an IPv6 address has two or more) */
-        die_user("--master-addr '%s' carries a port: give them apart, --master-addr %.*s --master-port %s", addr,
-                 (int)(colon - addr), addr, colon + 1);
-}
-
 void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w) {
     (void)argc;
-    check_master_addr(cfg->master_addr);
+    check_master_addr(cfg->master_addr, NULL);
     const char *base = strrchr(argv[0], '/');
     base = base ? base + 1 : argv[0];
     if (!strncmp(base, "stage", 5)) snprintf(prog, sizeof prog, "%s", base);

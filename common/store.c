@@ -454,13 +454,12 @@ static Server *server_start(const char *addr, int port, const uint8_t *secret, s
         }
         if (errno == ENOENT)
             die_user("rank 0 cannot listen on %s:%d: no such host name (it does not resolve) — check "
-                     "--master-addr: a host name or address of the node that runs rank 0 (node 0)", addr, port);
+                     "%s: a host name or address of the node that runs rank 0 (node 0)", addr, port, store_addr_name);
         if (errno == EADDRNOTAVAIL)
             die_user("rank 0 cannot listen on %s:%d: that is not an address of this machine — "
-                     "--master-addr must be an address of the node that runs rank 0 (node 0)",
-                     addr, port);
-        die_user("rank 0 cannot listen on %s:%d: %s — check --master-addr and --master-port", addr, port,
-                 errno_string());
+                     "%s must be an address of the node that runs rank 0 (node 0)", addr, port, store_addr_name);
+        die_user("rank 0 cannot listen on %s:%d: %s — check %s and --master-port", addr, port, errno_string(),
+                 store_addr_name);
     }
     Server *sv = server_new(secret, len, timeout_s);
     sv->fd = fd;
@@ -526,6 +525,7 @@ struct Store {
 };
 
 char store_port_fix[320] = "pick a free one with --master-port";
+char store_addr_name[96] = "--master-addr";
 char store_world_fix[200] = "start every node with the same --nnodes and --nproc-per-node";
 char store_rank_fix[200] = "check --node-rank and --nproc-per-node on every node";
 
@@ -718,12 +718,12 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     s->fd = net_connect(addr, port, timeout_s);
     if (s->fd < 0 && errno == ENOENT)
         die_user("rank %d could not reach the rendezvous store at %s:%d: no such host name (it did not resolve "
-                 "within %.0f s) — check --master-addr: a host name or address of the node that runs rank 0 (node 0)",
-                 rank, addr, port, timeout_s);
+                 "within %.0f s) — check %s: a host name or address of the node that runs rank 0 (node 0)",
+                 rank, addr, port, timeout_s, store_addr_name);
     if (s->fd < 0)
         die_user("rank %d could not reach the rendezvous store at %s:%d within %.0f s (%s) — check "
-                 "--master-addr and --master-port, and that rank 0 (node 0) has started",
-                 rank, addr, port, timeout_s, errno_string());
+                 "%s and --master-port, and that rank 0 (node 0) has started",
+                 rank, addr, port, timeout_s, errno_string(), store_addr_name);
     const char *why;
     int hello = client_hello(s->fd, secret, secret_len, timeout_s, &why);
     if (hello < 0) /* a hang-up is rank 0's failure, not this rank's (as lost() says of a store lost later) */

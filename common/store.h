@@ -42,6 +42,9 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
  * --master-port" unless the worker's launcher set it (launch.c), where --master-port is refused —
  * then the MASTER_PORT to export, or torchrun's --master-port. Ends the port-in-use errors. */
 extern char store_port_fix[320];
+/* What names the store's address in its errors: "--master-addr", or MASTER_ADDR and who exported it
+ * when another launcher or a script did (launch.c): --master-addr cannot override that. */
+extern char store_addr_name[96];
 /* …and what sets the world size and the ranks (our launcher's flags by default; launch.c says
  * WORLD_SIZE and RANK, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE for a job another launcher started). */
 extern char store_world_fix[200];

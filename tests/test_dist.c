@@ -1851,6 +1851,42 @@ START_TEST(barrier_waits_for_every_rank) {
 }
 END_TEST
 
+/* A MASTER_ADDR that srun's job script or torchrun exported wins over --master-addr (which is refused
+ * when it differs), yet its errors said "check --master-addr", and its form was not checked: written
+ * with its port, rank 1 waited out --rdzv-timeout to report a name that "did not resolve". Each now
+ * names MASTER_ADDR and who set it, the form at once. */
+START_TEST(an_exported_master_addr_is_named) {
+    char env[512], args[256], *out;
+    int port = test_free_port();
+    snprintf(args, sizeof args, TINY " --steps 1 --rdzv-timeout 5");
+    const struct { const char *launcher, *addr, *says, *by; } cases[] = {
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_NODEID=1 SLURM_NTASKS=2 SLURM_TASKS_PER_NODE='1(x2)'",
+         "127.0.0.1:%d", "MASTER_ADDR '127.0.0.1:%d' carries a port: give them apart, MASTER_ADDR=127.0.0.1 "
+         "MASTER_PORT=%d", "exported to every rank by your job script"},
+        {"RANK=0 WORLD_SIZE=1 TORCHELASTIC_RUN_ID=t", "[::1]", "(MASTER_ADDR=::1)", "torchrun sets it"},
+        {"RANK=0 WORLD_SIZE=1 TORCHELASTIC_RUN_ID=t", "nosuchhost.invalid",
+         "no such host name (it does not resolve) — check MASTER_ADDR (", "torchrun sets it"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_NODEID=1 SLURM_NTASKS=2 SLURM_TASKS_PER_NODE='1(x2)'",
+         "nosuchhost.invalid", "did not resolve within 5 s) — check MASTER_ADDR (", "your job script"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char addr[64], says[256];
+        snprintf(addr, sizeof addr, cases[i].addr, port);
+        snprintf(says, sizeof says, cases[i].says, port, port);
+        snprintf(env, sizeof env, "%s MASTER_PORT=%d MASTER_ADDR=%s", cases[i].launcher, port, addr);
+        double t0 = time_now();
+        int rc = stage3(env, args, &out);
+        double took = time_now() - t0;
+        ck_assert_msg(rc == 2 && strstr(out, says) && strstr(out, cases[i].by) && !strstr(out, "check --master-addr") &&
+                          !strstr(out, "apart, --master-addr"),
+                      "%s: exit %d, expected 2 naming '%s' and '%s':\n%s", env, rc, says, cases[i].by, out);
+        /* the form is refused at once; a name that does not resolve is known only after the timeout */
+        ck_assert_msg(strstr(out, "resolve") || took < 4 * test_time_scale(), "%s: took %.1f s:\n%s", env, took, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* A launcher's variables that cannot describe this job are refused before anything starts: a rank
  * equal to the world size, and a world that --nnodes × --nproc-per-node contradicts. */
 START_TEST(worker_variables_out_of_range_are_refused) {
@@ -2119,6 +2155,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_port_in_use_is_clear);
     tcase_add_test(tc, store_closed_before_its_greeting_names_rank_0);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
+    tcase_add_test(tc, an_exported_master_addr_is_named);
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
