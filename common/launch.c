@@ -221,6 +221,31 @@ static void describe_port(const Worker *w, int agent) {
                  "--master-port cannot override: export a free MASTER_PORT to every rank", port);
 }
 
+/* RANK and WORLD_SIZE that no torchrun set, in a task of srun or mpirun: they win over the
+ * launcher's own (torchrun run inside srun sets them so), but an sbatch script's `export
+ * RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` is evaluated once, in the script: every task is then
+ * rank 0, and they fail as 'two workers given RANK=0' on one node, 'not an address of this machine'
+ * on another — with the leftover's advice to let stage3 start its own workers. A RANK that differs
+ * from the launcher's rank in a world of the launcher's size is that mistake: refused, with the fix.
+ * A different world is a launcher of the user's own inside each task: left alone. */
+static void exported_for_every_task(const Worker *w) {
+    const char *who, *rank_var;
+    int rank, world;
+    if ((world = slurm_step_tasks()) > 0) who = "srun", rank_var = "SLURM_PROCID";
+    else if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE"))
+        who = "mpirun", rank_var = "OMPI_COMM_WORLD_RANK", world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    else if ((world = pmi_tasks()) > 0) who = "mpirun", rank_var = "PMI_RANK";
+    else return;
+    rank = env_int(rank_var, 0);
+    if (world != w->world_size || rank == w->rank) return;
+    die_user("this is %s's task %s=%d of %d, but RANK=%d — RANK and WORLD_SIZE were given to every task alike "
+             "(%s): unset them, and %s's own variables decide, or set them per task (%s bash -c 'RANK=$%s … ./%s …') "
+             "(%s)", who, rank_var, rank, world, w->rank,
+             strcmp(who, "srun") ? "exported in the shell that started mpirun"
+                                 : "a batch script's export RANK=$SLURM_PROCID is evaluated once, in the script",
+             who, who, rank_var, prog, origin);
+}
+
 /* torchrun numbers each node's workers in one block: its agent gives node GROUP_RANK the ranks
  * first … first + LOCAL_WORLD_SIZE - 1, first being the workers of nodes 0 … GROUP_RANK - 1 (at least
  * one each), and RANK = first + LOCAL_RANK. Variables that break this came from two jobs, or from a
@@ -288,6 +313,7 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
                       : getenv("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                       : "environment";
         describe_origin(w, TORCHRUN_VARS);
+        if (!strcmp(w->launcher, "environment")) exported_for_every_task(w);
         /* torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers to share it;
          * we speak our own protocol, so ours goes next door. */
         const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");

@@ -2060,6 +2060,45 @@ START_TEST(torchrun_layouts_that_cannot_be_are_refused) {
 }
 END_TEST
 
+/* An sbatch script's `export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` is evaluated once: every
+ * srun task had RANK=0 and was rank 0 — failing as 'two workers given RANK=0' (or 'not an address of
+ * this machine' on another node) with advice to unset them and let stage3 launch. A RANK that
+ * differs from srun's or mpirun's rank in a world of their size is now refused naming both and the
+ * fix; the same values per task, torchrun's own (inside srun) and a launcher of the user's own in
+ * each task (another world size) still pass. */
+START_TEST(rank_exported_to_every_task_is_refused) {
+    static const struct { const char *env, *says; } bad[] = {
+        {"RANK=0 WORLD_SIZE=2 SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2",
+         "this is srun's task SLURM_PROCID=1 of 2, but RANK=0 — RANK and WORLD_SIZE were given to every task alike"},
+        {"RANK=0 WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4",
+         "this is mpirun's task OMPI_COMM_WORLD_RANK=3 of 4, but RANK=0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out;
+        int rc = test_run_captured(print_worker_view, (void *)bad[i].env, &out);
+        ck_assert_msg(rc == 2 && strstr(out, bad[i].says) && strstr(out, "own variables decide") &&
+                          !strstr(out, "to let stage3 start its own workers"),
+                      "%s: exit %d, expected 2 naming '%s':\n%s", bad[i].env, rc, bad[i].says, out);
+        free(out);
+    }
+    static const struct { const char *env, *view; } good[] = {
+        {"RANK=1 WORLD_SIZE=2 SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2",
+         "rank 1 local 1/2 world 2 node 0 port 29500 via environment"},
+        {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 TORCHELASTIC_RUN_ID=x SLURM_STEP_ID=0 "
+         "SLURM_PROCID=1 SLURM_LOCALID=0 SLURM_NTASKS=2", "rank 3 local 1/2 world 4 node 1 port 29500 via torchrun"},
+        {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 SLURM_STEP_ID=0 SLURM_PROCID=1 "
+         "SLURM_LOCALID=0 SLURM_NTASKS=2", "rank 3 local 1/2 world 4 node 1 port 29500 via environment"},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char *out;
+        int rc = test_run_captured(print_worker_view, (void *)good[i].env, &out);
+        ck_assert_msg(rc == 0 && strstr(out, good[i].view), "%s: exit %d, expected '%s':\n%s", good[i].env, rc,
+                      good[i].view, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* What is not a task of an srun step launches here: an sbatch script (SLURM_PROCID=0 and the job's
  * SLURM_NTASKS, but no step id) used to make ./stage3 rank 0 of the job's tasks, waiting
  * --rdzv-timeout for ranks that never start; the shell of srun --pty bash (a step of one task) used
@@ -2195,6 +2234,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, per_task_gpu_under_srun_and_mpirun);
     tcase_add_test(tc, worker_view_from_launcher_variables);
     tcase_add_test(tc, torchrun_layouts_that_cannot_be_are_refused);
+    tcase_add_test(tc, rank_exported_to_every_task_is_refused);
     tcase_add_test(tc, slurm_batch_script_and_one_task_step_launch_here);
     tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
     tcase_add_test(tc, mpich_mpirun_tasks_form_one_job);
