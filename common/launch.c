@@ -353,6 +353,18 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         check_master_addr(addr, from);
         snprintf(store_addr_name, sizeof store_addr_name, "MASTER_ADDR (%s)", from);
     }
+    if (strcmp(w->launcher, prog)) { /* the address and port as they were set; not our --nnodes, --node-rank */
+        int a = addr && addr[0], p = is_set("MASTER_PORT"), tr = !strcmp(w->launcher, "torchrun");
+        const char *who = tr ? "torchrun sets them from its own --master-addr and --master-port"
+                             : "exported to every rank by your job script";
+        if (a && p)
+            snprintf(store_endpoint, sizeof store_endpoint, "MASTER_ADDR and MASTER_PORT (%s%s)", who,
+                     agent ? "; our store is on MASTER_PORT + 1" : "");
+        else
+            snprintf(store_endpoint, sizeof store_endpoint, "%s and %s", store_addr_name,
+                     p ? "MASTER_PORT (exported to every rank by your job script)" : "--master-port");
+        snprintf(store_join_check, sizeof store_join_check, "%s", store_endpoint);
+    }
     if (strcmp(w->launcher, prog) && cfg->standalone) { /* the port is the other launcher's to pick */
         /* MASTER_PORT as it was set (under torchrun's agent, ours is one above it); srun and mpirun
          * often set none, and their ranks meet at the agreed --master-port */

@@ -458,8 +458,7 @@ static Server *server_start(const char *addr, int port, const uint8_t *secret, s
         if (errno == EADDRNOTAVAIL)
             die_user("rank 0 cannot listen on %s:%d: that is not an address of this machine — "
                      "%s must be an address of the node that runs rank 0 (node 0)", addr, port, store_addr_name);
-        die_user("rank 0 cannot listen on %s:%d: %s — check %s and --master-port", addr, port, errno_string(),
-                 store_addr_name);
+        die_user("rank 0 cannot listen on %s:%d: %s — check %s", addr, port, errno_string(), store_endpoint);
     }
     Server *sv = server_new(secret, len, timeout_s);
     sv->fd = fd;
@@ -526,6 +525,8 @@ struct Store {
 
 char store_port_fix[320] = "pick a free one with --master-port";
 char store_addr_name[96] = "--master-addr";
+char store_endpoint[256] = "--master-addr and --master-port";
+char store_join_check[256] = "--master-addr (and --master-port, --nnodes, --node-rank)";
 char store_world_fix[200] = "start every node with the same --nnodes and --nproc-per-node";
 char store_rank_fix[200] = "check --node-rank and --nproc-per-node on every node";
 
@@ -722,8 +723,8 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
                  rank, addr, port, timeout_s, store_addr_name);
     if (s->fd < 0)
         die_user("rank %d could not reach the rendezvous store at %s:%d within %.0f s (%s) — check "
-                 "%s and --master-port, and that rank 0 (node 0) has started",
-                 rank, addr, port, timeout_s, errno_string(), store_addr_name);
+                 "%s, and that rank 0 (node 0) has started",
+                 rank, addr, port, timeout_s, errno_string(), store_endpoint);
     const char *why;
     int hello = client_hello(s->fd, secret, secret_len, timeout_s, &why);
     if (hello < 0) /* a hang-up is rank 0's failure, not this rank's (as lost() says of a store lost later) */
@@ -764,8 +765,8 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     if (!joined) {
         char who[600];
         int n = missing_ranks(s, "rdzv/host/%d", who, sizeof who);
-        die_collateral(1, 2, "%s did not join within %.0f s — check --master-addr (and --master-port, --nnodes, "
-                       "--node-rank) on %s", who, timeout_s, n == 1 ? "its node" : "their nodes");
+        die_collateral(1, 2, "%s did not join within %.0f s — check %s on %s", who, timeout_s, store_join_check,
+                       n == 1 ? "its node" : "their nodes");
     }
     opening = NULL;
     return s;

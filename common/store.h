@@ -45,6 +45,11 @@ extern char store_port_fix[320];
 /* What names the store's address in its errors: "--master-addr", or MASTER_ADDR and who exported it
  * when another launcher or a script did (launch.c): --master-addr cannot override that. */
 extern char store_addr_name[96];
+/* …the address and port together ("--master-addr and --master-port", or the variables and who set
+ * them), and what to check on the node of a rank that did not join: our launcher's flags, or the
+ * other launcher's address and port. */
+extern char store_endpoint[256];
+extern char store_join_check[256];
 /* …and what sets the world size and the ranks (our launcher's flags by default; launch.c says
  * WORLD_SIZE and RANK, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE for a job another launcher started). */
 extern char store_world_fix[200];

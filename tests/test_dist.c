@@ -409,11 +409,13 @@ START_TEST(store_port_in_use_is_clear) {
     ck_assert_msg(strstr(out, "port 65536 is out of range") && strstr(out, "MASTER_PORT=65535 for its own store") &&
                   strstr(out, "--master-port P below 65535"), "%s", out);
     free(out);
-    /* and a worker whose peer never comes, started with torchrun's variables */
+    /* and a worker whose peer never comes, started with torchrun's variables: the exported address and
+     * port are named (--master-addr cannot override them) */
     snprintf(args, sizeof args, "--device cpu --model tiny --train-size 256 --rdzv-timeout 1");
     snprintf(env, sizeof env, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d", test_free_port());
     ck_assert_int_eq(stage3(env, args, &out), 2);
-    ck_assert_msg(strstr(out, "rank 1 did not join within 1 s — check --master-addr"), "%s", out);
+    ck_assert_msg(strstr(out, "rank 1 did not join within 1 s — check MASTER_ADDR and MASTER_PORT (exported"), "%s",
+                  out);
     free(out);
 }
 END_TEST
@@ -1887,6 +1889,33 @@ START_TEST(an_exported_master_addr_is_named) {
 }
 END_TEST
 
+/* A rank that never arrives, or a store that cannot be reached, in a job of srun's or torchrun's: the
+ * errors said "check --master-port" and "--nnodes, --node-rank" — flags that the launcher's exported
+ * MASTER_PORT overrides (and that are refused when they differ). They now name the variables and who
+ * set them. */
+START_TEST(a_missing_rank_names_the_launchers_variables) {
+    static const struct { const char *env, *says; } cases[] = {
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2 MASTER_ADDR=127.0.0.1",
+         "within 2 s (Connection refused) — check MASTER_ADDR and MASTER_PORT (exported to every rank by your job "
+         "script), and that rank 0"},
+        {"RANK=0 WORLD_SIZE=2 TORCHELASTIC_RUN_ID=t MASTER_ADDR=127.0.0.1",
+         "rank 1 did not join within 2 s — check MASTER_ADDR and MASTER_PORT (torchrun sets them from its own "
+         "--master-addr and --master-port) on its node"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2",
+         "rank 1 did not join within 2 s — check --master-addr and MASTER_PORT (exported to every rank by your job "
+         "script) on its node"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char env[512], *out;
+        snprintf(env, sizeof env, "%s MASTER_PORT=%d", cases[i].env, test_free_port());
+        int rc = stage3(env, TINY " --steps 1 --rdzv-timeout 2", &out);
+        ck_assert_msg(rc == 2 && strstr(out, cases[i].says) && !strstr(out, "--nnodes"),
+                      "%s: exit %d, expected 2 naming '%s':\n%s", env, rc, cases[i].says, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* A launcher's variables that cannot describe this job are refused before anything starts: a rank
  * equal to the world size, and a world that --nnodes × --nproc-per-node contradicts. */
 START_TEST(worker_variables_out_of_range_are_refused) {
@@ -2195,6 +2224,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_closed_before_its_greeting_names_rank_0);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
     tcase_add_test(tc, an_exported_master_addr_is_named);
+    tcase_add_test(tc, a_missing_rank_names_the_launchers_variables);
     tcase_add_test(tc, too_few_file_descriptors_is_clear);
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
