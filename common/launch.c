@@ -301,6 +301,9 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     snprintf(w->master_addr, sizeof w->master_addr, "%s", addr && addr[0] ? addr : cfg->master_addr);
     w->master_port = env_int("MASTER_PORT", cfg->master_port);
     const char *world_var = "WORLD_SIZE", *rank_var = "RANK";
+    /* the local rank's and the local size's source, for the error that refuses them (torchrun's
+     * defaults, when unset, are RANK and WORLD_SIZE) */
+    char local_var[64] = "LOCAL_RANK", local_size_var[96] = "LOCAL_WORLD_SIZE";
     int agent = 0;
     if (is_set("RANK")) {
         if (!is_set("WORLD_SIZE")) refuse_partial("torchrun", TORCHRUN_VARS);
@@ -314,6 +317,9 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
                                                       : "environment";
         describe_origin(w, TORCHRUN_VARS);
         if (!strcmp(w->launcher, "environment")) exported_for_every_task(w);
+        if (!is_set("LOCAL_RANK")) snprintf(local_var, sizeof local_var, "LOCAL_RANK (unset: RANK)");
+        if (!is_set("LOCAL_WORLD_SIZE"))
+            snprintf(local_size_var, sizeof local_size_var, "LOCAL_WORLD_SIZE (unset: WORLD_SIZE)");
         /* torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers to share it;
          * we speak our own protocol, so ours goes next door. */
         const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
@@ -327,12 +333,25 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         w->launcher = "srun";
         rank_var = "SLURM_PROCID", world_var = slurm_name("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
         describe_origin(w, SRUN_VARS);
+        const char *list = slurm_name("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
+        snprintf(local_var, sizeof local_var, "SLURM_LOCALID");
+        if (is_set(list) || is_set("SLURM_NTASKS_PER_NODE"))
+            snprintf(local_size_var, sizeof local_size_var, "%s's count for node %d",
+                     is_set(list) ? list : "SLURM_NTASKS_PER_NODE", w->node_rank);
+        else
+            snprintf(local_size_var, sizeof local_size_var, "%s (no tasks-per-node variable: one node)", world_var);
     } else if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE")) {
         mpirun_worker(w, MPIRUN_VARS, env_int("OMPI_COMM_WORLD_SIZE", 1));
         rank_var = MPIRUN_VARS[0], world_var = MPIRUN_VARS[1];
+        snprintf(local_var, sizeof local_var, "%s", MPIRUN_VARS[2]);
+        snprintf(local_size_var, sizeof local_size_var, "%s%s", MPIRUN_VARS[3],
+                 is_set(MPIRUN_VARS[3]) ? "" : " (unset: the world size)");
     } else if ((w->world_size = pmi_tasks()) > 0) { /* unread, each task started a launcher of its own */
         mpirun_worker(w, PMI_VARS, w->world_size);
         rank_var = PMI_VARS[0], world_var = PMI_VARS[1];
+        snprintf(local_var, sizeof local_var, "%s", PMI_VARS[2]);
+        snprintf(local_size_var, sizeof local_size_var, "%s%s", PMI_VARS[3],
+                 is_set(PMI_VARS[3]) ? "" : " (unset: the world size)");
     } else {
         /* Complete sets of another launcher come first (an sbatch script often exports WORLD_SIZE
          * for srun's tasks); a partial set alone is refused. */
@@ -392,7 +411,8 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     if (w->rank >= w->world_size)
         refuse(NULL, "rank %d of a world of %d: %s must be below %s", w->rank, w->world_size, rank_var, world_var);
     if (w->local_world_size < 1 || w->local_rank >= w->local_world_size)
-        refuse(NULL, "local rank %d of %d workers per node is out of range", w->local_rank, w->local_world_size);
+        refuse(NULL, "local rank %d of %d workers per node is out of range: %s must be below %s — check them", w->local_rank,
+               w->local_world_size, local_var, local_size_var);
     if (w->local_world_size > w->world_size)
         refuse(NULL, "%d workers per node but %d in the whole job: a node cannot hold more workers than the job — "
                "check LOCAL_WORLD_SIZE (or the launcher's own local size)", w->local_world_size, w->world_size);

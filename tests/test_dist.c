@@ -1936,6 +1936,14 @@ START_TEST(worker_variables_out_of_range_are_refused) {
         /* past an int: said to be "not a non-negative integer", which it is, with no fix */
         {"RANK=0 WORLD_SIZE=99999999999", "", "WORLD_SIZE='99999999999' is not an integer from 0 to 2147483647"},
         {"RANK=x WORLD_SIZE=2", "", "RANK='x' is not an integer from 0 to 2147483647 — a launcher"},
+        /* a local rank out of range named neither its variable nor the one it must stay below — nor,
+         * for a LOCAL_RANK left unset, that it was RANK */
+        {"RANK=3 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2", "",
+         "local rank 3 of 2 workers per node is out of range: LOCAL_RANK (unset: RANK) must be below LOCAL_WORLD_SIZE"},
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=2 SLURM_NODEID=1 SLURM_NTASKS=4 SLURM_TASKS_PER_NODE='2(x2)'", "",
+         "SLURM_LOCALID must be below SLURM_TASKS_PER_NODE's count for node 1"},
+        {"OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=2 OMPI_COMM_WORLD_LOCAL_SIZE=2", "",
+         "OMPI_COMM_WORLD_LOCAL_RANK must be below OMPI_COMM_WORLD_LOCAL_SIZE"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[512], *out;
