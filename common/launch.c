@@ -226,8 +226,10 @@ static void describe_port(const Worker *w, int agent) {
  * RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` is evaluated once, in the script: every task is then
  * rank 0, and they fail as 'two workers given RANK=0' on one node, 'not an address of this machine'
  * on another — with the leftover's advice to let stage3 start its own workers. A RANK that differs
- * from the launcher's rank in a world of the launcher's size is that mistake: refused, with the fix.
- * A different world is a launcher of the user's own inside each task: left alone. */
+ * from the launcher's rank in a world of the launcher's size is that mistake, and a world smaller than
+ * the launcher's tasks (RANK=0 WORLD_SIZE=1 left over in a shell: each task trained alone) is no job
+ * at all: both refused, with the fix. A larger world is a launcher of the user's own inside each task
+ * (one task per node starting several workers): left alone. */
 static void exported_for_every_task(const Worker *w) {
     const char *who, *rank_var;
     int rank, world;
@@ -237,12 +239,13 @@ static void exported_for_every_task(const Worker *w) {
     else if ((world = pmi_tasks()) > 0) who = "mpirun", rank_var = "PMI_RANK";
     else return;
     rank = env_int(rank_var, 0);
-    if (world != w->world_size || rank == w->rank) return;
-    die_user("this is %s's task %s=%d of %d, but RANK=%d — RANK and WORLD_SIZE were given to every task alike "
-             "(%s): unset them, and %s's own variables decide, or set them per task (%s bash -c 'RANK=$%s … ./%s …') "
-             "(%s)", who, rank_var, rank, world, w->rank,
+    if (w->world_size > world || (w->world_size == world && rank == w->rank)) return;
+    die_user("this is %s's task %s=%d of %d, but RANK=%d WORLD_SIZE=%d — given to every task alike (%s): unset them, "
+             "and %s's own variables decide, or set them per task (%s bash -c 'RANK=$%s … ./%s …') (%s)", who,
+             rank_var, rank, world, w->rank, w->world_size,
              strcmp(who, "srun") ? "exported in the shell that started mpirun"
-                                 : "a batch script's export RANK=$SLURM_PROCID is evaluated once, in the script",
+                                 : "a batch script's export RANK=$SLURM_PROCID is evaluated once, in the script; or left "
+                                   "over in the shell",
              who, who, rank_var, prog, origin);
 }
 

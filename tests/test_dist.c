@@ -2099,16 +2099,20 @@ END_TEST
 
 /* An sbatch script's `export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` is evaluated once: every
  * srun task had RANK=0 and was rank 0 — failing as 'two workers given RANK=0' (or 'not an address of
- * this machine' on another node) with advice to unset them and let stage3 launch. A RANK that
- * differs from srun's or mpirun's rank in a world of their size is now refused naming both and the
- * fix; the same values per task, torchrun's own (inside srun) and a launcher of the user's own in
- * each task (another world size) still pass. */
+ * this machine' on another node) with advice to unset them and let stage3 launch; RANK=0 WORLD_SIZE=1
+ * left over in a shell made each task a job of its own. A RANK that differs from srun's or mpirun's
+ * rank in a world of their size, and a world smaller than their tasks, are now refused naming both
+ * and the fix; the same values per task, torchrun's own (inside srun) and a launcher of the user's
+ * own in each task (a larger world) still pass. */
 START_TEST(rank_exported_to_every_task_is_refused) {
     static const struct { const char *env, *says; } bad[] = {
         {"RANK=0 WORLD_SIZE=2 SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2",
-         "this is srun's task SLURM_PROCID=1 of 2, but RANK=0 — RANK and WORLD_SIZE were given to every task alike"},
+         "this is srun's task SLURM_PROCID=1 of 2, but RANK=0 WORLD_SIZE=2 — given to every task alike"},
         {"RANK=0 WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4",
-         "this is mpirun's task OMPI_COMM_WORLD_RANK=3 of 4, but RANK=0"},
+         "this is mpirun's task OMPI_COMM_WORLD_RANK=3 of 4, but RANK=0 WORLD_SIZE=4"},
+        /* a smaller world: left over in a shell, each task was a job of its own, task 0 too */
+        {"RANK=0 WORLD_SIZE=1 SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2",
+         "this is srun's task SLURM_PROCID=0 of 2, but RANK=0 WORLD_SIZE=1 — given to every task alike"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out;
