@@ -632,6 +632,37 @@ static int wait_count(Store *s, const char *key, int64_t target, double timeout,
     }
 }
 
+/* ", and ADDR is a loopback address here …" when every address addr resolves to on this machine is
+ * loopback (127.0.0.0/8, ::1): a job whose ranks run on other machines cannot meet there — "localhost"
+ * given by mistake, or a host name that Debian's /etc/hosts maps to 127.0.1.1 on node 0. A job of one
+ * machine (as the tests run two "nodes") is fine there, so this only adds to a timeout's message. */
+static void loopback_hint(const char *addr, char *out, size_t cap) {
+    out[0] = 0;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(addr, NULL, &hints, &res) != 0 || !res) return;
+    int all = 1;
+    char first[INET6_ADDRSTRLEN] = "";
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int lo = 0;
+        if (a->ai_family == AF_INET) {
+            const struct in_addr *in = &((const struct sockaddr_in *)a->ai_addr)->sin_addr;
+            lo = (ntohl(in->s_addr) >> 24) == 127;
+            if (!first[0]) inet_ntop(AF_INET, in, first, sizeof first);
+        } else if (a->ai_family == AF_INET6) {
+            const struct in6_addr *in6 = &((const struct sockaddr_in6 *)a->ai_addr)->sin6_addr;
+            lo = IN6_IS_ADDR_LOOPBACK(in6) || (IN6_IS_ADDR_V4MAPPED(in6) && in6->s6_addr[12] == 127);
+            if (!first[0]) inet_ntop(AF_INET6, in6, first, sizeof first);
+        }
+        all &= lo;
+    }
+    freeaddrinfo(res);
+    char as[INET6_ADDRSTRLEN + 4] = ""; /* a name's address; an address given as such is not repeated */
+    if (strcmp(addr, first)) snprintf(as, sizeof as, " (%s)", first);
+    if (all)
+        snprintf(out, cap, "; and %s is a loopback address here%s, which reaches this machine only: for ranks on "
+                 "several machines give node 0's network address (hostname -I on it)", addr, as);
+}
+
 /* "rank 3" or "ranks 2, 3, 5" (the first few) for the ranks whose key fmt % r does not exist. */
 static int missing_ranks(Store *s, const char *fmt, char *out, size_t cap) {
     int n = 0;
@@ -721,10 +752,15 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
         die_user("rank %d could not reach the rendezvous store at %s:%d: no such host name (it did not resolve "
                  "within %.0f s) — check %s: a host name or address of the node that runs rank 0 (node 0)",
                  rank, addr, port, timeout_s, store_addr_name);
-    if (s->fd < 0)
+    if (s->fd < 0) {
+        int e = errno;
+        char hint[320];
+        loopback_hint(addr, hint, sizeof hint);
+        errno = e;
         die_user("rank %d could not reach the rendezvous store at %s:%d within %.0f s (%s) — check "
-                 "%s, and that rank 0 (node 0) has started",
-                 rank, addr, port, timeout_s, errno_string(), store_endpoint);
+                 "%s, and that rank 0 (node 0) has started%s",
+                 rank, addr, port, timeout_s, errno_string(), store_endpoint, hint);
+    }
     const char *why;
     int hello = client_hello(s->fd, secret, secret_len, timeout_s, &why);
     if (hello < 0) /* a hang-up is rank 0's failure, not this rank's (as lost() says of a store lost later) */
@@ -765,8 +801,10 @@ Store *store_open(const char *addr, int port, int rank, int world, double timeou
     if (!joined) {
         char who[600];
         int n = missing_ranks(s, "rdzv/host/%d", who, sizeof who);
-        die_collateral(1, 2, "%s did not join within %.0f s — check %s on %s", who, timeout_s, store_join_check,
-                       n == 1 ? "its node" : "their nodes");
+        char hint[320];
+        loopback_hint(addr, hint, sizeof hint);
+        die_collateral(1, 2, "%s did not join within %.0f s — check %s on %s%s", who, timeout_s, store_join_check,
+                       n == 1 ? "its node" : "their nodes", hint);
     }
     opening = NULL;
     return s;

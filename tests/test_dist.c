@@ -225,6 +225,28 @@ START_TEST(store_rendezvous_timeouts_are_clear) {
 }
 END_TEST
 
+/* A store on a loopback address serves this machine alone: "localhost" given by mistake for a job of
+ * several machines, or node 0's host name that Debian's /etc/hosts maps to 127.0.1.1 there. Both sides
+ * timed out telling the other nodes to check --master-addr; the timeouts now say the address is
+ * loopback here, and what to give instead. */
+START_TEST(a_loopback_master_addr_is_named_on_timeout) {
+    static const struct { const char *addr; int rank; const char *says; } cases[] = {
+        {"127.0.0.1", 0, "rank 1 did not join within 1 s"},
+        {"localhost", 0, "localhost is a loopback address here (127."},
+        {"localhost", 1, "rank 1 could not reach the rendezvous store at localhost:"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        OpenArg a = {.port = test_free_port(), .rank = cases[i].rank, .world = 2, .timeout = 1, .addr = cases[i].addr};
+        ck_assert_int_eq(test_run_captured(open_store, &a, &out), 2);
+        ck_assert_msg(strstr(out, cases[i].says) && strstr(out, " is a loopback address here") &&
+                          strstr(out, "give node 0's network address"), "%s rank %d:\n%s", cases[i].addr, cases[i].rank,
+                      out);
+        free(out);
+    }
+}
+END_TEST
+
 /* rank 0 given a --master-addr it cannot host on: a name that does not resolve, and an address of
  * another machine (TEST-NET-1), each with its own advice; another rank given a name that does not
  * resolve */
@@ -2232,6 +2254,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, store_set_get_add_barrier);
     tcase_add_test(tc, store_bounds_message_sizes);
     tcase_add_test(tc, store_rendezvous_timeouts_are_clear);
+    tcase_add_test(tc, a_loopback_master_addr_is_named_on_timeout);
     tcase_add_test(tc, store_port_in_use_is_clear);
     tcase_add_test(tc, store_closed_before_its_greeting_names_rank_0);
     tcase_add_test(tc, store_bad_master_addr_is_clear);
