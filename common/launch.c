@@ -115,14 +115,23 @@ static int is_set(const char *name) {
     return v && v[0];
 }
 
-/* The tasks of an MPICH or Intel MPI mpirun, when it is a job to join; 0 otherwise. Inside an srun
- * step srun decides (Slurm's PMI2 plugin sets PMI_RANK and PMI_SIZE too, even in srun --pty bash's
- * one task), and a job of one task is not one, as for srun. */
+/* The tasks of an MPICH or Intel MPI mpirun, when it is a job to join; 0 otherwise (a job of one task
+ * is not one, as for srun). Inside an srun step PMI_RANK and PMI_SIZE are either Slurm's PMI2 plugin's
+ * — srun's own numbers, and srun's variables decide, with its local ranks — or those of a Hydra
+ * mpirun in a Slurm allocation, which starts its proxies with srun, one task per node: then the step's
+ * variables are the proxies' (SLURM_PROCID = the node), and PMI's are the job's. */
 static int pmi_tasks(void) {
-    if (!is_set("PMI_RANK") || slurm_in_step()) return 0;
+    if (!is_set("PMI_RANK")) return 0;
     int n = env_int("PMI_SIZE", 0);
-    return n > 1 ? n : 0;
+    if (n <= 1 || (slurm_in_step() && n == slurm_step_tasks() && env_int("PMI_RANK", 0) == env_int("SLURM_PROCID", -1)))
+        return 0;
+    return n;
 }
+
+/* Open MPI's mpirun sets OMPI_COMM_WORLD_* in its processes, which no srun does: they come first. In a
+ * Slurm allocation mpirun starts its daemons with srun, one task per node, so its processes there also
+ * carry that step's variables — the daemons' (SLURM_PROCID = the node, the step's tasks = the nodes). */
+static int ompi_set(void) { return is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE"); }
 
 /* Those of vars that are set, as "NAME=value NAME=value" (with_values) or "NAME NAME"; how many. */
 static int list_set(const char *const *vars, int with_values, char *out, size_t cap) {
@@ -233,10 +242,9 @@ static void describe_port(const Worker *w, int agent) {
 static void exported_for_every_task(const Worker *w) {
     const char *who, *rank_var;
     int rank, world;
-    if ((world = slurm_step_tasks()) > 0) who = "srun", rank_var = "SLURM_PROCID";
-    else if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE"))
-        who = "mpirun", rank_var = "OMPI_COMM_WORLD_RANK", world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    if (ompi_set()) who = "mpirun", rank_var = "OMPI_COMM_WORLD_RANK", world = env_int("OMPI_COMM_WORLD_SIZE", 1);
     else if ((world = pmi_tasks()) > 0) who = "mpirun", rank_var = "PMI_RANK";
+    else if ((world = slurm_step_tasks()) > 0) who = "srun", rank_var = "SLURM_PROCID";
     else return;
     rank = env_int(rank_var, 0);
     if (w->world_size > world || (w->world_size == world && rank == w->rank)) return;
@@ -328,6 +336,18 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
         agent = store && !strcmp(store, "True");
         w->master_port += agent;
+    } else if (ompi_set()) { /* before srun's: see ompi_set */
+        mpirun_worker(w, MPIRUN_VARS, env_int("OMPI_COMM_WORLD_SIZE", 1));
+        rank_var = MPIRUN_VARS[0], world_var = MPIRUN_VARS[1];
+        snprintf(local_var, sizeof local_var, "%s", MPIRUN_VARS[2]);
+        snprintf(local_size_var, sizeof local_size_var, "%s%s", MPIRUN_VARS[3],
+                 is_set(MPIRUN_VARS[3]) ? "" : " (unset: the world size)");
+    } else if ((w->world_size = pmi_tasks()) > 0) { /* unread, each task started a launcher of its own */
+        mpirun_worker(w, PMI_VARS, w->world_size);
+        rank_var = PMI_VARS[0], world_var = PMI_VARS[1];
+        snprintf(local_var, sizeof local_var, "%s", PMI_VARS[2]);
+        snprintf(local_size_var, sizeof local_size_var, "%s%s", PMI_VARS[3],
+                 is_set(PMI_VARS[3]) ? "" : " (unset: the world size)");
     } else if ((w->world_size = slurm_step_tasks()) > 0) {
         w->rank = env_int("SLURM_PROCID", 0);
         w->local_rank = env_int("SLURM_LOCALID", 0);
@@ -343,18 +363,6 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
                      is_set(list) ? list : "SLURM_NTASKS_PER_NODE", w->node_rank);
         else
             snprintf(local_size_var, sizeof local_size_var, "%s (no tasks-per-node variable: one node)", world_var);
-    } else if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE")) {
-        mpirun_worker(w, MPIRUN_VARS, env_int("OMPI_COMM_WORLD_SIZE", 1));
-        rank_var = MPIRUN_VARS[0], world_var = MPIRUN_VARS[1];
-        snprintf(local_var, sizeof local_var, "%s", MPIRUN_VARS[2]);
-        snprintf(local_size_var, sizeof local_size_var, "%s%s", MPIRUN_VARS[3],
-                 is_set(MPIRUN_VARS[3]) ? "" : " (unset: the world size)");
-    } else if ((w->world_size = pmi_tasks()) > 0) { /* unread, each task started a launcher of its own */
-        mpirun_worker(w, PMI_VARS, w->world_size);
-        rank_var = PMI_VARS[0], world_var = PMI_VARS[1];
-        snprintf(local_var, sizeof local_var, "%s", PMI_VARS[2]);
-        snprintf(local_size_var, sizeof local_size_var, "%s%s", PMI_VARS[3],
-                 is_set(PMI_VARS[3]) ? "" : " (unset: the world size)");
     } else {
         /* Complete sets of another launcher come first (an sbatch script often exports WORLD_SIZE
          * for srun's tasks); a partial set alone is refused. */

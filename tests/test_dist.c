@@ -2060,6 +2060,14 @@ START_TEST(worker_view_from_launcher_variables) {
         /* Slurm's PMI2 plugin sets PMI_RANK and PMI_SIZE in srun's tasks too: srun's variables decide */
         {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 PMI_RANK=1 PMI_SIZE=2",
          "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
+        /* …but a Hydra mpirun in a Slurm allocation starts its proxies with srun, one task per node: the
+         * step's variables are the proxies' (node 1 of 2), PMI's are the job's */
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2 SLURM_LOCALID=0 SLURM_NODEID=1 PMI_RANK=6 PMI_SIZE=8 "
+         "MPI_LOCALRANKID=2 MPI_LOCALNRANKS=4", "rank 6 local 2/4 world 8 node 1 port 29500 via mpirun"},
+        /* and so does Open MPI's, whose processes there carry its daemons' srun step */
+        {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2 SLURM_LOCALID=0 SLURM_NODEID=1 OMPI_COMM_WORLD_RANK=5 "
+         "OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_LOCAL_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=4",
+         "rank 5 local 1/4 world 8 node 1 port 29500 via mpirun"},
         {"RANK=0 WORLD_SIZE=1 SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=3",
          "rank 0 local 0/1 world 1 node 0 port 29500 via environment"},
         /* an sbatch script's export WORLD_SIZE=… beside srun's complete set: srun's, as before */
