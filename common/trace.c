@@ -57,6 +57,7 @@ typedef struct Out {
 static struct {
     char file[4096];
     int configured, opened, closed, written, rank, world;
+    int none;         /* resumed past the window: nothing written, NAME left as it was (trace_finish) */
     Out mine, merged; /* this process's file; rank 0 of several: the merged one */
     int64_t a, b, step_t0, first; /* first: the step the run started at (−1 before any; a resumed run's is past 0) */
     int64_t held_a, held_b;       /* the steps whose spans the trace holds, [held_a, held_b) (held_b ≤ b when
@@ -534,12 +535,31 @@ void trace_step(int64_t done) {
     g.step_t0 = now_ns();
 }
 
+/* An Out not to be written after all: closed, its temporary file removed — NAME is untouched. */
+static void out_discard(Out *o) {
+    if (!o->f) return;
+    fclose(o->f);
+    o->f = NULL;
+    if (o->tmp[0]) unlink(o->tmp);
+}
+
 void trace_finish(void) {
     if (!g.configured || g.written) return;
-    if (g.held_a < 0 && g.rank == 0 && g.first >= g.b) /* resumed past the window */
-        printf("trace: the run started at step %lld, after the --trace-steps %lld:%lld window: the trace holds "
-               "no spans\n", (long long)g.first, (long long)g.a, (long long)g.b);
-    else if (g.held_a < 0 && g.rank == 0) /* ended first, also right as the window opened (--steps A) */
+    if (g.held_a < 0 && g.first >= g.b) {
+        /* Resumed past the window (every rank alike: they resume at one step): an empty trace would
+         * replace the one the run before the stop wrote — "add --resume to the same command" keeps
+         * --trace — so nothing is written, and NAME stays as it was. */
+        if (g.rank == 0)
+            printf("trace: the run started at step %lld, after the --trace-steps %lld:%lld window: it traced "
+                   "nothing and writes no trace (%s, if there, is left as it was)\n", (long long)g.first,
+                   (long long)g.a, (long long)g.b, g.file);
+        atomic_store(&trace_active_, 0);
+        out_discard(&g.mine);
+        out_discard(&g.merged);
+        g.none = g.written = 1;
+        return;
+    }
+    if (g.held_a < 0 && g.rank == 0) /* ended first, also right as the window opened (--steps A) */
         printf("trace: the run ended before step %lld, where --trace-steps %lld:%lld begins: the trace "
                "holds no spans\n", (long long)g.a, (long long)g.a, (long long)g.b);
     if (g.held_a < 0) { /* the window opened as the run ended (--steps A): what came after, the final
@@ -563,7 +583,7 @@ void trace_resume(int was_on) {
     atomic_store(&trace_active_, 1);
 }
 
-int trace_wants_merge(void) { return g.configured && g.world > 1; }
+int trace_wants_merge(void) { return g.configured && g.world > 1 && !g.none; }
 
 int trace_rank_file_seen(int r) {
     char path[4300];

@@ -204,18 +204,29 @@ START_TEST(window_after_the_run) {
                   rc, out);
     free(out);
     /* or before it: a run resumed at step 5 with --trace-steps 2:5 traces nothing, and says why (it
-     * used to say the run "ended before step 2") */
-    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 5 --save %s/c && %s/stage1 " SMALL " --workers 0 "
-             "--steps 8 --resume %s/c/step00000005.ckpt --trace %s/r.json --trace-steps 2:5", test_root(), dir,
+     * used to say the run "ended before step 2") — and writes nothing: resumed with the command that
+     * traced steps 2–4 before the stop, it used to replace that trace with an empty one */
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 5 --save %s/c --trace %s/r.json --trace-steps 2:5",
              test_root(), dir, dir);
     rc = test_run(cmd, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "the run started at step 5, after the --trace-steps 2:5 window") &&
-                  !strstr(out, "ended before"), "(%d)\n%s", rc, out);
+    ck_assert_msg(rc == 0 && strstr(out, "spans of steps 2–4 in"), "(%d)\n%s", rc, out);
+    free(out);
     char path[600];
     snprintf(path, sizeof path, "%s/r.json", dir);
-    char *json = test_slurp(path, NULL);
-    ck_assert_msg(json && strstr(json, "traceEvents") && !strstr(json, "\"ph\":\"X\""), "%s: %s", path, json);
-    free(json), free(out);
+    long before_len = 0, after_len = 0;
+    char *before = test_slurp(path, &before_len);
+    ck_assert_msg(before && strstr(before, "\"ph\":\"X\""), "%s: %s", path, before);
+    snprintf(cmd, sizeof cmd, "%s/stage1 " SMALL " --workers 0 --steps 8 --resume %s/c/step00000005.ckpt --trace "
+             "%s/r.json --trace-steps 2:5", test_root(), dir, dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "the run started at step 5, after the --trace-steps 2:5 window") &&
+                  strstr(out, "writes no trace") && !strstr(out, "ended before"), "(%d)\n%s", rc, out);
+    char *json = test_slurp(path, &after_len), tmp[620];
+    ck_assert_msg(json && after_len == before_len && !memcmp(json, before, (size_t)before_len),
+                  "%s: the earlier run's trace was replaced (%ld bytes, was %ld)", path, after_len, before_len);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    ck_assert_msg(access(tmp, F_OK) != 0, "%s was left behind", tmp);
+    free(json), free(before), free(out);
     /* the same over ranks: the merged file's line names no steps either (it said "steps -1–-2") */
     snprintf(cmd, sizeof cmd, "timeout -k 5 120 %s/stage3 " SMALL " --steps 2 --nproc-per-node 2 --master-port %d "
              "--trace %s/m.json --trace-steps 100:200", test_root(), test_free_port(), dir);
