@@ -371,9 +371,9 @@ void scaler_report(GradScaler *s, const AmpConfig *a, Precision p, Report *r,
     else if (s->evaluating) /* --evaluate: a forward under autocast, and no gradient to scale */
         report_printf(r, "amp: %s autocast (evaluation: no gradients, so no GradScaler)\n", precision_name(p));
     else if (s->enabled)
-        report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer steps %sskipped "
+        report_printf(r, "amp: %s autocast, GradScaler scale %g, %lld of %lld optimizer step%s %sskipped "
                       "(inf/NaN gradients)%s\n", precision_name(p), (double)scale, (long long)skipped,
-                      (long long)s->steps, s->first_step ? "since the resume " : "",
+                      (long long)s->steps, s->steps == 1 ? "" : "s", s->first_step ? "since the resume " : "",
                       ranks > 1 ? (agree ? ", the same on every rank" : ", RANKS DISAGREE") : "");
     else
         report_printf(r, "amp: %s autocast, no GradScaler%s\n", precision_name(p),

@@ -858,6 +858,10 @@ START_TEST(stage5_test_inf_step_past_the_end_says_so) {
                              rep, &out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "--test-inf-step 5 is after step 3, this run's last: no inf is injected") &&
                       strstr(out, "0 of 3 optimizer steps skipped"), "%s", out);
+    free(out);
+    /* a run of one optimizer step says "of 1 optimizer step", as the summary and the clipping line do */
+    ck_assert_msg(run_stage5("--nproc-per-node 1 --steps 1 --amp fp16 --test-inf-step 1", rep, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "1 of 1 optimizer step skipped") && !strstr(out, "1 optimizer steps"), "%s", out);
     free(out), free(rep), free(dir);
 }
 END_TEST
