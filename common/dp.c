@@ -46,7 +46,9 @@ Device **dp_devices_create(int n, DeviceKind kind, const Device *opts) {
     for (int i = 0; i < n; i++) {
         devs[i] = xcalloc(1, sizeof(Device));
         devs[i]->deterministic = opts->deterministic;
-        devs[i]->benchmark = opts->benchmark;
+        /* cudnn.benchmark exists only on CUDA: a CPU device that kept it would charge --dp-plan-bench-us
+         * for every plan, though the run says the flag changes nothing there */
+        devs[i]->benchmark = kind == DEV_CUDA && opts->benchmark;
         devs[i]->allow_tf32 = opts->allow_tf32;
         device_init(devs[i], kind, i, kind == DEV_CUDA ? i % visible : -1);
         if (kind == DEV_CUDA && n > visible) { /* say which logical device a line is about */

@@ -757,6 +757,27 @@ START_TEST(stage2_cpu_variants_run) {
 }
 END_TEST
 
+/* --cudnn-benchmark on the CPU backend changes nothing, as the run's note says: a new thread's plans are
+ * charged --dp-plan-us, not --dp-plan-bench-us (the CPU devices kept the flag, and each step was charged
+ * 7 x 26.3 ms more per replica thread by default). Both charges given, far apart, to tell them apart. */
+START_TEST(stage2_cpu_cudnn_benchmark_changes_no_charge) {
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    snprintf(args, sizeof args, "--device cpu --gpus 2 --model tiny --train-size 64 --test-size 8 --batch-size 4 "
+             "--steps 8 --progress off --cudnn-benchmark --dp-plan-us 100 --dp-plan-bench-us 5000 --report %s", path);
+    int rc = run_stage2(args, &out);
+    ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
+    ck_assert_msg(strstr(out, "changes only GPU runs") && strstr(out, "a calibrated charge up to 100 µs (--dp-plan-us)"),
+                  "the header names the charge without --cudnn-benchmark:\n%s", out);
+    char *rep = test_slurp(path, NULL);
+    double misses = json_field(rep, "phases", "plan_misses_per_thread"), ms = json_field(rep, "phases", "plan_ms_per_thread");
+    ck_assert_msg(misses == 7, "each new thread plans the tiny model's 7 convolutions, got %g:\n%s", misses, out);
+    ck_assert_msg(ms >= misses * 0.1 * 0.99 && ms < misses * 1.0, "planning %.3f ms a thread for %g plans: charged "
+                  "at --dp-plan-us 100, not --dp-plan-bench-us 5000 (%.1f ms)\n%s", ms, misses, misses * 5.0, out);
+    free(rep), free(out), free(dir);
+}
+END_TEST
+
 /* The forward's GIL wait is the mean over the replica threads, not their sum. On the CPU each
  * thread's wait lies inside the forward phase (both on the wall clock), so the mean can never
  * exceed the phase, step by step and so in the median. With four threads whose forward is mostly
@@ -1040,6 +1061,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_learns_and_phases_add_up);
     tcase_add_test(e2e, stage2_cpu_short_last_batch_matches_stage1);
     tcase_add_test(e2e, stage2_cpu_variants_run);
+    tcase_add_test(e2e, stage2_cpu_cudnn_benchmark_changes_no_charge);
     tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
     tcase_add_test(e2e, stage2_cpu_64_devices_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
