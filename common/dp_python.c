@@ -97,18 +97,21 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
                 die_user("--gil-host-us 0 scales every --gil-host-* cost to 0, so --%s would be ignored: drop one of "
                          "the two", *f);
     }
+    c->evaluating = cli_given("evaluate");
+    if (c->evaluating) c->gpus = 1; /* config_resolve refuses an explicit --gpus with it */
+    if (!c->gpus) c->gpus = kind == DEV_CUDA ? device_cuda_count() : 2;
     /* No Python modelled at all: the GIL is never taken, so its switch interval has nothing to act on.
-     * The per-thread cost counts only where threads start every step (not with --dp-thread-pool). */
+     * The per-thread cost counts only where threads start every step (not with --dp-thread-pool); one
+     * device charges scatter's call alone (host_cost_us; a --gil-host-us total with it at 0 is
+     * refused in dp_python_init). */
     const int thread_cost = c->thread_us && !c->thread_pool;
-    int no_host = c->host_us == 0 || (c->host_us < 0 && !c->call_us && !c->module_us && !c->param_us && !thread_cost);
+    int no_host = c->host_us == 0 ||
+                  (c->host_us < 0 && !c->call_us && (c->gpus == 1 || (!c->module_us && !c->param_us && !thread_cost)));
     if (c->op_us == 0 && no_host && cli_given("gil-switch-ms"))
         die_user("%s, so the GIL is never taken and --gil-switch-ms would be ignored: %s",
                  c->no_python ? "--no-python models no Python" : dp_no_python_why(c),
                  c->no_python ? "drop one of the two" : "drop --gil-switch-ms, or give a cost above 0");
     if (c->p2p_flag) c->p2p = !strcmp(c->p2p_flag, "on");
-    c->evaluating = cli_given("evaluate");
-    if (c->evaluating) c->gpus = 1; /* config_resolve refuses an explicit --gpus with it */
-    if (!c->gpus) c->gpus = kind == DEV_CUDA ? device_cuda_count() : 2;
     /* The replica threads run the model one op at a time (dp_threads.c), as nn.DataParallel's
      * replicas do, on fp32 NCHW (PyTorch's default layout) — the typed channels-last walk casts
      * the whole model's weights first and cannot be cut into single ops. */
@@ -123,6 +126,9 @@ void dp_config_resolve(DpConfig *c, DeviceKind kind) {
 /* Why no Python is modelled, for the messages that say so. */
 const char *dp_no_python_why(const DpConfig *c) {
     if (c->no_python) return "--no-python";
+    if (c->gpus == 1 && c->host_us != 0) /* the other --gil-host-* costs may be set: one device never uses them */
+        return "--gil-op-us is 0, and with one device DataParallel's only own Python is scatter's call, whose "
+               "--gil-host-call-us is 0";
     if (c->thread_pool && c->thread_us && c->host_us != 0)
         return "every --gil-* cost is 0 but --gil-host-thread-us, which is charged per new thread, and "
                "--dp-thread-pool starts none";

@@ -947,6 +947,8 @@ START_TEST(stage2_switch_interval_without_python_is_refused) {
         /* the per-new-thread cost alone, where --dp-thread-pool starts no thread per step */
         "--device cpu --train-size 16 --epochs 1 --gil-op-us 0 --gil-host-call-us 0 --gil-host-module-us 0 "
         "--gil-host-param-us 0 --gil-host-thread-us 100 --dp-thread-pool --gil-switch-ms 1",
+        /* one device: scatter's call is its only own Python (the other --gil-host-* costs are unused) */
+        "--device cpu --train-size 16 --epochs 1 --gpus 1 --gil-op-us 0 --gil-host-call-us 0 --gil-switch-ms 1",
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
@@ -967,6 +969,12 @@ START_TEST(stage2_switch_interval_without_python_is_refused) {
     free(out);
     rc = run_stage2("--device cpu --train-size 16 --epochs 1 --no-python", &out);
     ck_assert_msg(rc == 0 && strstr(out, "modelled Python: none (--no-python)"), "exited %d:\n%s", rc, out);
+    free(out);
+    /* one device with its module, parameter and thread costs set: not "every --gil-* cost is 0" */
+    rc = run_stage2("--device cpu --train-size 16 --epochs 1 --gpus 1 --gil-op-us 0 --gil-host-call-us 0", &out);
+    ck_assert_msg(rc == 0 && strstr(out, "modelled Python: none (--gil-op-us is 0, and with one device DataParallel's "
+                                         "only own Python is scatter's call, whose --gil-host-call-us is 0)"),
+                  "exited %d, or the header does not say why:\n%s", rc, out);
     free(out);
 }
 END_TEST
