@@ -73,12 +73,26 @@ void dp_describe(const DataParallel *dp, Report *r) {
                   : dp->devs[0]->benchmark   ? "a cudnnFind search, --cudnn-benchmark"
                                              : "cuDNN's heuristics",
                   dp->devs[0]->benchmark ? c->plan_bench_us : c->plan_us, dp->devs[0]->benchmark ? "-bench" : "");
+    double host_us = 0, ops_us = 0;
+    if (dp->python) dp_python_us(dp, dp->max_batch, &host_us, &ops_us);
+    /* The header's settings as a record too: without it a report of the pool, of --no-python or of
+     * --p2p off reads exactly like the default's, and the "phases" record cannot be told apart. */
+    json_begin(r, "dp");
+    json_int(r, "replicas", dp->n);
+    json_str(r, "forward", dp->n == 1 ? "main thread" : c->thread_pool ? "thread pool" : "new threads");
+    json_int(r, "p2p", c->p2p);
+    json_num(r, "plan_charge_us", dp->devs[0]->benchmark ? c->plan_bench_us : c->plan_us);
+    json_int(r, "python", dp->python);
+    json_num(r, "switch_ms", c->switch_ms);
+    json_num(r, "op_us", dp->python ? c->op_us : 0);
+    json_num(r, "host_ms_per_step", 1e-3 * host_us); /* DataParallel's own, full step, after --gil-host-us */
+    json_int(r, "modules", dp->n_modules);
+    json_int(r, "tensors", dp->n_tensors);
+    json_end(r);
     if (!dp->python) {
         report_printf(r, "modelled Python: none (%s): the GIL is never taken\n", dp_no_python_why(c));
         return;
     }
-    double host_us, ops_us;
-    dp_python_us(dp, dp->max_batch, &host_us, &ops_us);
     report_printf(r,
                   "modelled Python, charged as time holding the GIL (switch interval %g ms): %g µs per "
                   "forward op × %d ops per replica, and DataParallel's own %.2f ms per step (replicate "

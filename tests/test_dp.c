@@ -778,6 +778,44 @@ START_TEST(stage2_cpu_cudnn_benchmark_changes_no_charge) {
 }
 END_TEST
 
+/* --report holds what the header says of DataParallel: a "dp" record with the replicas, the forward's
+ * threads, the copies and the modelled costs — without it the default's, the pool's and --no-python's
+ * reports had the same records, and a script could not tell which run a "phases" record came from. */
+START_TEST(stage2_report_records_the_dataparallel_settings) {
+    char *dir = test_tmpdir(), args[1024], path[512], *out;
+    struct { const char *flags, *forward; int replicas, p2p, python; double plan_us; } cases[] = {
+        {"--gpus 2", "\"forward\":\"new threads\"", 2, 1, 1, 983},
+        {"--gpus 3 --dp-thread-pool --p2p off --dp-plan-us 50", "\"forward\":\"thread pool\"", 3, 0, 1, 50},
+        {"--gpus 2 --no-python", "\"forward\":\"new threads\"", 2, 1, 0, 983},
+        {"--gpus 1", "\"forward\":\"main thread\"", 1, 1, 1, 983},
+    };
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "--device cpu --model tiny --train-size 8 --test-size 4 --batch-size 2 --steps 1 "
+                 "--progress off %s --report %s", cases[i].flags, path);
+        int rc = run_stage2(args, &out);
+        ck_assert_msg(rc == 0, "'%s' exited %d:\n%s", cases[i].flags, rc, out);
+        char *rep = test_slurp(path, NULL);
+        const char *rec = strstr(rep, "\"type\":\"dp\"");
+        ck_assert_msg(rec, "'%s': no dp record:\n%s", cases[i].flags, rep);
+        const char *end = strchr(rec, '\n'), *fw = strstr(rec, cases[i].forward);
+        ck_assert_msg(fw && fw < end, "'%s': the dp record does not say %s:\n%s", cases[i].flags, cases[i].forward, rep);
+        ck_assert_int_eq((int)json_field(rep, "dp", "replicas"), cases[i].replicas);
+        ck_assert_int_eq((int)json_field(rep, "dp", "p2p"), cases[i].p2p);
+        ck_assert_int_eq((int)json_field(rep, "dp", "python"), cases[i].python);
+        ck_assert(json_field(rep, "dp", "plan_charge_us") == cases[i].plan_us);
+        /* the header's "DataParallel's own X ms per step", and none without Python */
+        double host = json_field(rep, "dp", "host_ms_per_step");
+        char own[64];
+        snprintf(own, sizeof own, "DataParallel's own %.2f ms per step", host);
+        ck_assert_msg(cases[i].python ? strstr(out, own) != NULL : host == 0, "'%s': host_ms_per_step %g against:\n%s",
+                      cases[i].flags, host, out);
+        free(rep), free(out);
+    }
+    free(dir);
+}
+END_TEST
+
 /* The forward's GIL wait is the mean over the replica threads, not their sum. On the CPU each
  * thread's wait lies inside the forward phase (both on the wall clock), so the mean can never
  * exceed the phase, step by step and so in the median. With four threads whose forward is mostly
@@ -1070,6 +1108,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_short_last_batch_matches_stage1);
     tcase_add_test(e2e, stage2_cpu_variants_run);
     tcase_add_test(e2e, stage2_cpu_cudnn_benchmark_changes_no_charge);
+    tcase_add_test(e2e, stage2_report_records_the_dataparallel_settings);
     tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
     tcase_add_test(e2e, stage2_cpu_64_devices_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
