@@ -93,6 +93,15 @@ void dp_describe(const DataParallel *dp, Report *r) {
         report_printf(r, "modelled Python: none (%s): the GIL is never taken\n", dp_no_python_why(c));
         return;
     }
+    if (dp->n == 1) { /* no replicate, reduce or thread: the module, called after scatter (host_cost_us) */
+        report_printf(r,
+                      "modelled Python, charged as time holding the GIL (switch interval %g ms): %g µs per "
+                      "forward op × %d ops, and DataParallel's own %.2f ms per step (one device: scatter's call "
+                      "alone, --gil-host-call-us %g%s; no replicas, so nothing is replicated or reduced)\n",
+                      c->switch_ms, c->op_us, dp->master->n_layers, 1e-3 * host_us, c->call_us,
+                      c->host_us >= 0 ? ", scaled by --gil-host-us" : "");
+        return;
+    }
     report_printf(r,
                   "modelled Python, charged as time holding the GIL (switch interval %g ms): %g µs per "
                   "forward op × %d ops per replica, and DataParallel's own %.2f ms per step (replicate "

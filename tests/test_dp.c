@@ -810,6 +810,10 @@ START_TEST(stage2_report_records_the_dataparallel_settings) {
         snprintf(own, sizeof own, "DataParallel's own %.2f ms per step", host);
         ck_assert_msg(cases[i].python ? strstr(out, own) != NULL : host == 0, "'%s': host_ms_per_step %g against:\n%s",
                       cases[i].flags, host, out);
+        /* one device replicates nothing: its header must not say what replicate copies */
+        if (cases[i].replicas == 1)
+            ck_assert_msg(!strstr(out, "replicate copies") && strstr(out, "one device: scatter's call alone"),
+                          "'%s': the header describes replicas one device does not have:\n%s", cases[i].flags, out);
         free(rep), free(out);
     }
     free(dir);
