@@ -93,7 +93,8 @@ def main():
     for p in sys.argv[1:]:
         ranks.update(lanes(p))
     if len(ranks) < 2:
-        sys.exit("step_skew.py: one rank only: give a multi-rank trace or several single-process ones")
+        sys.exit("step_skew.py: one worker only (one rank, or stage 2 with one device): give a trace of several "
+                 "ranks or devices, or several single-process ones")
     # the steps every worker ran: single-process traces (several stage 1 runs) pair their steps in order
     if len(sys.argv) > 2:
         ranks = {k: dict(enumerate(t[s] for s in sorted(t))) for k, t in ranks.items()}
