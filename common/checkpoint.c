@@ -378,8 +378,9 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
                  "earlier checkpoint", path, (long long)size, (long long)want_model);
     uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
     if (version < 1 || version > CKPT_VERSION)
-        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u (use the trainer "
-                 "version that wrote it)", path, version, CKPT_VERSION);
+        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u: use the trainer "
+                 "version that wrote it — or, if this one wrote it, the file was damaged after it was written "
+                 "(a flipped bit); use an earlier checkpoint", path, version, CKPT_VERSION);
     if (hsize != header_size(version))
         die_user("checkpoint '%s' is corrupt: header size %u, expected %u — the file was damaged after it was "
                  "written; use an earlier checkpoint", path, hsize, header_size(version));

@@ -369,6 +369,8 @@ START_TEST(test_bad_magic_version_missing) {
     b[8] = 9;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 9", "future version");
+    /* a flipped bit (8 → 9) reads the same: the message names both causes, and the fix for each */
+    expect_load_refused(bad, &g_meta, "or, if this one wrote it, the file was damaged", "future version: damaged?");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
