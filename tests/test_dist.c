@@ -2036,6 +2036,23 @@ static void print_worker_view(void *env) {
            w.world_size, w.node_rank, w.master_port, w.launcher);
 }
 
+/* The worker that env's launcher variables make: its view line holds `view` (exit 0). */
+static void expect_worker_view(const char *env, const char *view) {
+    char *out;
+    int rc = test_run_captured(print_worker_view, (void *)env, &out);
+    ck_assert_msg(rc == 0 && strstr(out, view), "%s: exit %d, expected '%s':\n%s", env, rc, view, out);
+    free(out);
+}
+
+/* …or no worker: refused (exit 2) with a message holding `says` and `also`, and never `never`. */
+static void expect_worker_refused(const char *env, const char *says, const char *also, const char *never) {
+    char *out;
+    int rc = test_run_captured(print_worker_view, (void *)env, &out);
+    ck_assert_msg(rc == 2 && strstr(out, says) && strstr(out, also) && !(never && strstr(out, never)),
+                  "%s: exit %d, expected 2 naming '%s' and '%s':\n%s", env, rc, says, also, out);
+    free(out);
+}
+
 START_TEST(worker_view_from_launcher_variables) {
     static const struct { const char *env, *view; } cases[] = {
         {"RANK=1 WORLD_SIZE=2", "rank 1 local 1/2 world 2 node 0 port 29500 via environment"},
@@ -2074,13 +2091,7 @@ START_TEST(worker_view_from_launcher_variables) {
         {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 WORLD_SIZE=2",
          "rank 1 local 1/2 world 2 node 0 port 29500 via srun"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *out;
-        int rc = test_run_captured(print_worker_view, (void *)cases[i].env, &out);
-        ck_assert_msg(rc == 0 && strstr(out, cases[i].view), "%s: exit %d, expected '%s':\n%s", cases[i].env, rc,
-                      cases[i].view, out);
-        free(out);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_worker_view(cases[i].env, cases[i].view);
 }
 END_TEST
 
@@ -2101,13 +2112,8 @@ START_TEST(torchrun_layouts_that_cannot_be_are_refused) {
         {"RANK=2 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=3",
          "GROUP_RANK=3, but this node's first rank is 2 (RANK - LOCAL_RANK): each node before it"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char *out;
-        int rc = test_run_captured(print_worker_view, (void *)bad[i].env, &out);
-        ck_assert_msg(rc == 2 && strstr(out, bad[i].says) && strstr(out, "in the environment"),
-                      "%s: exit %d, expected 2 naming '%s':\n%s", bad[i].env, rc, bad[i].says, out);
-        free(out);
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_worker_refused(bad[i].env, bad[i].says, "in the environment", NULL);
     static const struct { const char *env, *view; } good[] = {
         {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 TORCHELASTIC_RUN_ID=x",
          "rank 3 local 1/2 world 4 node 1"},
@@ -2117,13 +2123,7 @@ START_TEST(torchrun_layouts_that_cannot_be_are_refused) {
         {"SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=1 SLURM_TASKS_PER_NODE=2(x2)",
          "rank 1 local 0/2 world 4 node 1"},
     };
-    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
-        char *out;
-        int rc = test_run_captured(print_worker_view, (void *)good[i].env, &out);
-        ck_assert_msg(rc == 0 && strstr(out, good[i].view), "%s: exit %d, expected '%s':\n%s", good[i].env, rc,
-                      good[i].view, out);
-        free(out);
-    }
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) expect_worker_view(good[i].env, good[i].view);
 }
 END_TEST
 
@@ -2144,14 +2144,8 @@ START_TEST(rank_exported_to_every_task_is_refused) {
         {"RANK=0 WORLD_SIZE=1 SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2",
          "this is srun's task SLURM_PROCID=0 of 2, but RANK=0 WORLD_SIZE=1 — given to every task alike"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char *out;
-        int rc = test_run_captured(print_worker_view, (void *)bad[i].env, &out);
-        ck_assert_msg(rc == 2 && strstr(out, bad[i].says) && strstr(out, "own variables decide") &&
-                          !strstr(out, "to let stage3 start its own workers"),
-                      "%s: exit %d, expected 2 naming '%s':\n%s", bad[i].env, rc, bad[i].says, out);
-        free(out);
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_worker_refused(bad[i].env, bad[i].says, "own variables decide", "to let stage3 start its own workers");
     static const struct { const char *env, *view; } good[] = {
         {"RANK=1 WORLD_SIZE=2 SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NTASKS=2",
          "rank 1 local 1/2 world 2 node 0 port 29500 via environment"},
@@ -2160,13 +2154,7 @@ START_TEST(rank_exported_to_every_task_is_refused) {
         {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 SLURM_STEP_ID=0 SLURM_PROCID=1 "
          "SLURM_LOCALID=0 SLURM_NTASKS=2", "rank 3 local 1/2 world 4 node 1 port 29500 via environment"},
     };
-    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
-        char *out;
-        int rc = test_run_captured(print_worker_view, (void *)good[i].env, &out);
-        ck_assert_msg(rc == 0 && strstr(out, good[i].view), "%s: exit %d, expected '%s':\n%s", good[i].env, rc,
-                      good[i].view, out);
-        free(out);
-    }
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) expect_worker_view(good[i].env, good[i].view);
 }
 END_TEST
 
