@@ -128,10 +128,21 @@ static int pmi_tasks(void) {
     return n;
 }
 
-/* Open MPI's mpirun sets OMPI_COMM_WORLD_* in its processes, which no srun does: they come first. In a
- * Slurm allocation mpirun starts its daemons with srun, one task per node, so its processes there also
- * carry that step's variables — the daemons' (SLURM_PROCID = the node, the step's tasks = the nodes). */
-static int ompi_set(void) { return is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE"); }
+/* Which launcher's variables, other than torchrun's, describe this process's job, and its world size
+ * (0: none). Open MPI's mpirun sets OMPI_COMM_WORLD_* in its processes, which no srun does, so they come
+ * first: in a Slurm allocation mpirun starts its daemons with srun, one task per node, and its processes
+ * there also carry that step's variables — the daemons' (SLURM_PROCID = the node, the step's tasks =
+ * the nodes). Then Hydra's PMI (pmi_tasks), then srun's step. */
+typedef enum { ENV_NONE, ENV_OMPI, ENV_PMI, ENV_SRUN } EnvLauncher;
+static EnvLauncher env_launcher(int *world) {
+    if (is_set("OMPI_COMM_WORLD_RANK") && is_set("OMPI_COMM_WORLD_SIZE")) {
+        *world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+        return ENV_OMPI;
+    }
+    if ((*world = pmi_tasks()) > 0) return ENV_PMI;
+    if ((*world = slurm_step_tasks()) > 0) return ENV_SRUN;
+    return ENV_NONE;
+}
 
 /* Those of vars that are set, as "NAME=value NAME=value" (with_values) or "NAME NAME"; how many. */
 static int list_set(const char *const *vars, int with_values, char *out, size_t cap) {
@@ -240,13 +251,12 @@ static void describe_port(const Worker *w, int agent) {
  * at all: both refused, with the fix. A larger world is a launcher of the user's own inside each task
  * (one task per node starting several workers): left alone. */
 static void exported_for_every_task(const Worker *w) {
-    const char *who, *rank_var;
-    int rank, world;
-    if (ompi_set()) who = "mpirun", rank_var = "OMPI_COMM_WORLD_RANK", world = env_int("OMPI_COMM_WORLD_SIZE", 1);
-    else if ((world = pmi_tasks()) > 0) who = "mpirun", rank_var = "PMI_RANK";
-    else if ((world = slurm_step_tasks()) > 0) who = "srun", rank_var = "SLURM_PROCID";
-    else return;
-    rank = env_int(rank_var, 0);
+    int world;
+    const EnvLauncher other = env_launcher(&world);
+    if (other == ENV_NONE) return;
+    const char *who = other == ENV_SRUN ? "srun" : "mpirun",
+               *rank_var = other == ENV_OMPI ? "OMPI_COMM_WORLD_RANK" : other == ENV_PMI ? "PMI_RANK" : "SLURM_PROCID";
+    const int rank = env_int(rank_var, 0);
     if (w->world_size > world || (w->world_size == world && rank == w->rank)) return;
     die_user("this is %s's task %s=%d of %d, but RANK=%d WORLD_SIZE=%d — given to every task alike (%s): unset them, "
              "and %s's own variables decide, or set them per task (%s bash -c 'RANK=$%s … ./%s …') (%s)", who,
@@ -288,11 +298,9 @@ static void torchrun_layout_check(const Worker *w) {
  * resolve — which node 0 reports as a host name problem, and any other node only after
  * --rdzv-timeout: say how to write it instead, at once, on every node. */
 static void check_master_addr(const char *addr, const char *from) {
-    const char *colon = strchr(addr, ':');
-    char name[24], set[24], port[24], by[128] = "";
-    snprintf(name, sizeof name, "%s", from ? "MASTER_ADDR" : "--master-addr");
-    snprintf(set, sizeof set, "%s", from ? "MASTER_ADDR=" : "--master-addr ");
-    snprintf(port, sizeof port, "%s", from ? "MASTER_PORT" : "--master-port");
+    const char *colon = strchr(addr, ':'), *name = from ? "MASTER_ADDR" : "--master-addr",
+               *set = from ? "MASTER_ADDR=" : "--master-addr ", *port = from ? "MASTER_PORT" : "--master-port";
+    char by[128] = "";
     if (from) snprintf(by, sizeof by, " (%s)", from);
     if (strstr(addr, "://"))
         die_user("%s '%s' is a URL: give the host alone (e.g. %s10.0.0.1) and its port with %s%s", name, addr, set,
@@ -315,7 +323,8 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     /* the local rank's and the local size's source, for the error that refuses them (torchrun's
      * defaults, when unset, are RANK and WORLD_SIZE) */
     char local_var[64] = "LOCAL_RANK", local_size_var[96] = "LOCAL_WORLD_SIZE";
-    int agent = 0;
+    int agent = 0, world = 0;
+    EnvLauncher other;
     if (is_set("RANK")) {
         if (!is_set("WORLD_SIZE")) refuse_partial("torchrun", TORCHRUN_VARS);
         w->rank = env_int("RANK", 0);
@@ -336,19 +345,14 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
         const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
         agent = store && !strcmp(store, "True");
         w->master_port += agent;
-    } else if (ompi_set()) { /* before srun's: see ompi_set */
-        mpirun_worker(w, MPIRUN_VARS, env_int("OMPI_COMM_WORLD_SIZE", 1));
-        rank_var = MPIRUN_VARS[0], world_var = MPIRUN_VARS[1];
-        snprintf(local_var, sizeof local_var, "%s", MPIRUN_VARS[2]);
-        snprintf(local_size_var, sizeof local_size_var, "%s%s", MPIRUN_VARS[3],
-                 is_set(MPIRUN_VARS[3]) ? "" : " (unset: the world size)");
-    } else if ((w->world_size = pmi_tasks()) > 0) { /* unread, each task started a launcher of its own */
-        mpirun_worker(w, PMI_VARS, w->world_size);
-        rank_var = PMI_VARS[0], world_var = PMI_VARS[1];
-        snprintf(local_var, sizeof local_var, "%s", PMI_VARS[2]);
-        snprintf(local_size_var, sizeof local_size_var, "%s%s", PMI_VARS[3],
-                 is_set(PMI_VARS[3]) ? "" : " (unset: the world size)");
-    } else if ((w->world_size = slurm_step_tasks()) > 0) {
+    } else if ((other = env_launcher(&world)) == ENV_OMPI || other == ENV_PMI) {
+        const char *const *vars = other == ENV_OMPI ? MPIRUN_VARS : PMI_VARS;
+        mpirun_worker(w, vars, world);
+        rank_var = vars[0], world_var = vars[1];
+        snprintf(local_var, sizeof local_var, "%s", vars[2]);
+        snprintf(local_size_var, sizeof local_size_var, "%s%s", vars[3], is_set(vars[3]) ? "" : " (unset: the world size)");
+    } else if (other == ENV_SRUN) {
+        w->world_size = world;
         w->rank = env_int("SLURM_PROCID", 0);
         w->local_rank = env_int("SLURM_LOCALID", 0);
         w->node_rank = env_int("SLURM_NODEID", 0);

@@ -42,8 +42,8 @@ void report_check_free(const char *json_path) {
 /* The report on fd is the log of the run that --resume continues: its last "checkpoint" record (a
  * line {"type":"checkpoint","path":"…",…}, as save_checkpoint writes it) names that very file. A run
  * stopped by a signal says to resume with "this same command", --report and all: emptying the file
- * then lost every record of the steps before the stop. Decoded as json_write_str encodes; a path it
- * cannot give back exactly (\ufffd) or that no longer leads to the file continues nothing. */
+ * then lost every record of the steps before the stop. A path that no longer leads to the file
+ * continues nothing. */
 static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut) {
     static const char head[] = "{\"type\":\"checkpoint\",\"path\":\"";
     struct stat want, got;
@@ -64,29 +64,13 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     }
     free(line);
     fclose(f);
-    int same = 0;
-    if (last && stat(resumed, &want) == 0) {
-        char *o = last; /* decoded in place: never longer than its encoding */
-        const char *p = last;
-        int ok = 0;
-        for (; *p; p++) {
-            if (*p == '"') { /* the string's end (before the NUL below, which may land on it) */
-                ok = 1;
-                break;
-            }
-            if (*p != '\\') {
-                *o++ = *p;
-                continue;
-            }
-            static const char from[] = "\"\\nrtbf", to[] = "\"\\\n\r\t\b\f";
-            const char *k = p[1] ? strchr(from, p[1]) : NULL;
-            unsigned u;
-            if (k) *o++ = to[k - from], p++;
-            else if (p[1] == 'u' && sscanf(p + 2, "%4x", &u) == 1 && u > 0 && u < 0x20) *o++ = (char)u, p += 5;
-            else break; /* \ufffd: a byte the report could not keep */
-        }
-        *o = 0;
-        same = ok && stat(last, &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino;
+    /* the path as json_write_str wrote it, up to its closing quote; one it had to escape (a quote, a
+     * backslash, a control or non-UTF-8 byte) is not decoded: such a report is started afresh */
+    size_t n = last ? strcspn(last, "\"\\") : 0;
+    int same = last && last[n] == '"' && stat(resumed, &want) == 0;
+    if (same) {
+        last[n] = 0;
+        same = stat(last, &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino;
     }
     free(last);
     return same;
