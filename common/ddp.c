@@ -861,6 +861,7 @@ void ddp_backward_end(Ddp *d) {
 
 void ddp_evaluate(Ddp *d, InputPipe *in, int64_t n_test, StepLog *scratch, double *accuracy,
                   double *loss) {
+    launch_mark_epoch_end(); /* a failure from here is not the last step's (the launcher's report) */
     /* model.eval(); with torch.no_grad(): the first forward broadcasts (if a synchronised step came
      * before, or no step yet: the flag starts set), and a forward without gradients leaves
      * require_forward_param_sync off. */

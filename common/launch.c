@@ -685,13 +685,21 @@ static int pass_signal_on(Child *ch, int n, int sig) {
 }
 
 static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, size_t len) {
-    char how[64], when[64];
+    char how[64], when[96];
     if (WIFEXITED(c->status)) snprintf(how, sizeof how, "exited with code %d", WEXITSTATUS(c->status));
     else
         snprintf(how, sizeof how, "was killed by signal %d (SIG%s)", WTERMSIG(c->status),
                  status_signal_name(WTERMSIG(c->status)));
     int64_t step = __atomic_load_n(&slot->step, __ATOMIC_RELAXED);
-    if (step > 0) snprintf(when, sizeof when, "at step %lld", (long long)step);
+    /* where it was: in a step, or past one — evaluating, or at the checkpoint (saving, or rank 0's
+     * write awaited) — where an out-of-memory is not the training step's */
+    int at_end = (int)__atomic_load_n(&slot->epoch_end, __ATOMIC_RELAXED);
+    int saving = (int)__atomic_load_n(&slot->saving, __ATOMIC_RELAXED);
+    if (saving) snprintf(when, sizeof when, "while writing the checkpoint after step %lld", (long long)step);
+    else if (at_end && step > 0)
+        snprintf(when, sizeof when, "after step %lld, evaluating or at the epoch's checkpoint", (long long)step);
+    else if (at_end) snprintf(when, sizeof when, "while evaluating (before any step)");
+    else if (step > 0) snprintf(when, sizeof when, "at step %lld", (long long)step);
     else snprintf(when, sizeof when, "during setup (before step 1)");
     if (c->sigstopped) /* the failure is the others' timeout: this one stopped answering them */
         snprintf(how, sizeof how, "was stopped by SIG%s and stopped answering", status_signal_name(c->stop_sig));

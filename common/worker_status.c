@@ -80,7 +80,10 @@ static void parse_fail_at(void) {
 }
 
 void launch_step(int64_t step) {
-    if (my_slot) __atomic_store_n(&my_slot->step, step, __ATOMIC_RELAXED);
+    if (my_slot) {
+        __atomic_store_n(&my_slot->epoch_end, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&my_slot->step, step, __ATOMIC_RELAXED);
+    }
     if (step != fail_step || my_rank != fail_rank) return;
     fflush(stdout);
     fprintf(stderr, "rank %d: failing on purpose at step %lld (STAGE3_FAIL_AT=%s)\n", my_rank,
@@ -90,6 +93,10 @@ void launch_step(int64_t step) {
         raise(fail_signal);
     }
     exit(3);
+}
+
+void launch_mark_epoch_end(void) {
+    if (my_slot) __atomic_store_n(&my_slot->epoch_end, 1, __ATOMIC_RELAXED);
 }
 
 void launch_mark_stopped(int sig) {

@@ -23,6 +23,7 @@ typedef struct StatusSlot {
     int64_t passed;      /* set by the launcher before it passes a signal on: the same signal from
                           * elsewhere too (a scheduler's SIGTERM to every process) is not a second */
     int64_t saving;      /* a checkpoint write in progress: a failure's stop waits for it (stop.h) */
+    int64_t epoch_end;   /* past its last step: evaluating, or at the epoch's checkpoint (until the next step) */
 } StatusSlot;
 
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
@@ -34,6 +35,9 @@ void status_attach(int fd, int local_rank, int rank);
 /* Worker: "I am in step `step`" (1-based; cheap: one store to shared memory), and the test-only
  * STAGE3_FAIL_AT=r:s[:SIG] fault: rank r exits with code 3 (or kills itself with SIG) at step s. */
 void launch_step(int64_t step);
+/* Worker: "my steps are done for now: I evaluate, or wait at the epoch's checkpoint" — so that a
+ * failure there is not reported as one inside the last step. The next launch_step clears it. */
+void launch_mark_epoch_end(void);
 /* Worker: the failure about to be reported is a consequence of another rank's (a closed
  * connection, a collective that timed out), so the launcher blames the other one. */
 void launch_mark_collateral(void);

@@ -931,6 +931,11 @@ START_TEST(a_failure_waits_for_the_checkpoint_being_written) {
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit 137") && strstr(out, "job failed: rank 1 (local rank 1"),
                   "rank 1 killed during the save: the job must fail on it (exit 137):\n%s", out);
+    /* …and where it was: not in its last step, which had finished, but waiting at the epoch's end for
+     * rank 0's write (the status page's epoch_end mark) */
+    ck_assert_msg(strstr(out, "was killed by signal 9 (SIGKILL) after step ") &&
+                      strstr(out, ", evaluating or at the epoch's checkpoint"),
+                  "rank 1 died at the epoch's end, not in a step:\n%s", out);
     /* a SIGKILL the launcher did not send: most often the kernel's OOM killer, and the hint says so */
     ck_assert_msg(strstr(out, "most often the kernel's out-of-memory killer"), "%s", out);
     ck_assert_msg(strstr(out, "saved checkpoint ") && strstr(out, "/ck/epoch001.ckpt\n") && strstr(out, "stopping now"),
