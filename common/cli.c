@@ -491,10 +491,23 @@ void cli_lesson_flags(const char *lesson, const char *prints, const char *const 
     /* where a job would run and how it shows progress: a lesson on the host, printing one line, has
      * nothing to get wrong from them (scripts and the doc test pass --master-port to every run) */
     static const char *const anywhere[] = {"device", "master-port", "master-addr", "progress", NULL};
-    for (int i = 0; i < n_given; i++)
-        if (!listed(uses, given[i]->name) && !listed(anywhere, given[i]->name))
-            die_user("--%s is not read by --%s, which prints %s and exits: drop --%s (or drop --%s to train)",
-                     given[i]->name, lesson, prints, given[i]->name, lesson);
+    /* every such flag at once: a training command turned into a lesson carries several, and naming
+     * them one refusal at a time makes the user run it once per flag */
+    char unread[1024] = "";
+    size_t len = 0;
+    int count = 0;
+    for (int i = 0; i < n_given; i++) {
+        if (listed(uses, given[i]->name) || listed(anywhere, given[i]->name)) continue;
+        count++;
+        if (len < sizeof unread)
+            len += (size_t)snprintf(unread + len, sizeof unread - len, "%s--%s", len ? " " : "", given[i]->name);
+    }
+    if (count == 1)
+        die_user("%s is not read by --%s, which prints %s and exits: drop %s (or drop --%s to train)", unread, lesson,
+                 prints, unread, lesson);
+    if (count > 1)
+        die_user("%s are not read by --%s, which prints %s and exits: drop them (or drop --%s to train)", unread,
+                 lesson, prints, lesson);
 }
 
 int cli_given(const char *name) {

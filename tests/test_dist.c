@@ -741,6 +741,10 @@ START_TEST(launcher_refuses_bad_flags) {
         /* a flag the lesson does not read: refused, not silently ignored */
         {"--show-sampler --dataset-size 10 --world-size 2 --rank 1 --resume /nonexistent",
          "--resume is not read by --show-sampler"},
+        /* several: named in one refusal, not one per run */
+        {"--show-sampler --dataset-size 10 --lr 0.5 --world-size 2 --epochs 3 --bucket-mb 5",
+         "--lr --epochs --bucket-mb are not read by --show-sampler, which prints one rank's sample indices and "
+         "exits: drop them"},
         {"--device cpu --report /nonexistent/dir/r.jsonl", "/nonexistent/dir"},
         /* the sampler lesson's flags in a training run: refused, where they used to be ignored */
         {"--device cpu --world-size 4", "--world-size only applies to --show-sampler"},
