@@ -1725,8 +1725,24 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
     converter_refuses_edit(dir, bytes, len, 120, &zero, "world0.ckpt", "is corrupt: impossible world_size 0 in its header");
     memcpy(bytes + 120, &one, 8);
     /* …and a momentum no --momentum gives (format 8's hyperparameters, after the warm-up) */
+    double mom_ok; /* the run's, put back after */
+    memcpy(&mom_ok, bytes + 272, 8);
     converter_refuses_edit(dir, bytes, len, 272, &momentum, "momentum.ckpt",
                            "is corrupt: impossible momentum 1.5 in its header");
+    memcpy(bytes + 272, &mom_ok, 8);
+    /* a NaN weight, then a NaN running statistic (a double NaN's high half is a float NaN), checksum
+     * recomputed: refused as --evaluate refuses it, where it converted to a model of NaN outputs */
+    uint32_t hsize;
+    memcpy(&hsize, bytes + 12, 4);
+    const double nan_ = NAN;
+    char *keep = malloc((size_t)len);
+    memcpy(keep, bytes, (size_t)len);
+    converter_refuses_edit(dir, bytes, len, hsize + 40, &nan_, "nan_param.ckpt",
+                           "cannot be used: the parameters are not finite (NaN or inf) — the run that saved it had diverged");
+    memcpy(bytes, keep, (size_t)len);
+    converter_refuses_edit(dir, bytes, len, hsize + 4 * (long)m->n_param_floats, &nan_, "nan_buffer.ckpt",
+                           "cannot be used: the batch-norm running statistics are not finite");
+    free(keep);
     free(bytes);
     snprintf(bad, sizeof bad, "%s/fifo", dir); /* a FIFO would block a plain read forever */
     ck_assert_int_eq(mkfifo(bad, 0600), 0);

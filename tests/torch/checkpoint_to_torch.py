@@ -115,6 +115,12 @@ def read_checkpoint(path):
     floats.frombytes(raw[hsize:hsize + 4 * (n_p + n_b)])
     if sys.byteorder != "little":
         floats.byteswap()
+    # as the trainer's --evaluate and --resume refuse it (trainer.c refuse_nonfinite): a NaN model converts
+    # to a state_dict whose every output is NaN. The trainer never saves one; an older build or an edit might.
+    for what, blob in (("the parameters are", floats[:n_p]), ("the batch-norm running statistics are", floats[n_p:])):
+        if not all(map(math.isfinite, blob)):
+            fail(1, f"checkpoint '{path}' cannot be used: {what} not finite (NaN or inf) — the run that saved it had "
+                    f"diverged; use an earlier checkpoint of that run")
     return meta, floats[:n_p], floats[n_p:]
 
 
