@@ -210,6 +210,17 @@ static const char *get_cifar10_script(void) {
     return "docs/get_cifar10.sh";
 }
 
+/* The fix for a file of the set that is there but bad: remove it, then the script for the file's folder.
+ * Both halves matter. Without the folder the script fills ./data/cifar-10-batches-bin, not the one the
+ * run reads; and it leaves alone a folder whose six files have the official size, so a copy, a link or
+ * a corrupt label byte among them would still be there after a bare re-run ("already in DIR"). */
+static const char *refetch(const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    snprintf(buf, len, "remove '%s' and download the set again with %s %.*s", path, get_cifar10_script(),
+             slash ? (int)(slash - path) : 1, slash ? path : ".");
+    return buf;
+}
+
 /* Open one file, its record count into *records; every problem is the user's to fix, so die_user. */
 static FILE *cifar_open(const char *path, int64_t *records) {
     /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
@@ -225,19 +236,20 @@ static FILE *cifar_open(const char *path, int64_t *records) {
         die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
     }
     struct stat st;
+    char fix[4400];
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode))
-        die_user("CIFAR-10 file '%s' is not a regular file (%s) — remove it and download the set again with "
-                 "%s", path, S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket", get_cifar10_script());
+        die_user("CIFAR-10 file '%s' is not a regular file (%s) — %s", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket", refetch(path, fix, sizeof fix));
     int64_t size = (int64_t)st.st_size;
     if (size == 0)
         die_user("CIFAR-10 file '%s' is empty (0 bytes; the official files have %d): an interrupted download? "
-                 "Re-run %s", path, CIFAR_RECORD * CIFAR_PER_FILE, get_cifar10_script());
+                 "%s", path, CIFAR_RECORD * CIFAR_PER_FILE, refetch(path, fix, sizeof fix));
     if (size % CIFAR_RECORD != 0)
         die_user("CIFAR-10 file '%s' has %lld bytes, which is not a whole number of %d-byte records "
                  "(1 label + 3072 pixels; the official files have %d bytes): truncated download, or not "
-                 "the binary version? Re-run %s",
-                 path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE, get_cifar10_script());
+                 "the binary version? %s",
+                 path, (long long)size, CIFAR_RECORD, CIFAR_RECORD * CIFAR_PER_FILE, refetch(path, fix, sizeof fix));
     *records = size / CIFAR_RECORD;
     FILE *f = fdopen(fd, "rb");
     if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
@@ -312,8 +324,9 @@ static int64_t cifar_open_all(const char *dir, int train, int64_t limit, CifarFi
 }
 
 static _Noreturn void cifar_bad_label(const char *path, int64_t record, int label) {
-    die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the CIFAR-100 format?",
-             path, (long long)record, label);
+    char fix[4400];
+    die_user("CIFAR-10 file '%s', record %lld: label %d is outside 0..9 — corrupt file, or the CIFAR-100 format? "
+             "%s", path, (long long)record, label, refetch(path, fix, sizeof fix));
 }
 
 /* Two of the set's files that are one file (a link) or a copy (the same first record: the official
@@ -341,12 +354,13 @@ static void cifar_copies(const char *dir) {
         if (fd >= 0) close(fd);
         for (int j = 0; j < k && f[k].ok; j++) {
             const int link = f[j].ok && f[j].dev == f[k].dev && f[j].ino == f[k].ino;
+            char fix[4400];
             if (link || (f[j].ok && f[k].image && !memcmp(f[j].first, f[k].first, CIFAR_RECORD)))
-                die_user("CIFAR-10 files '%s' and '%s' are %s: %s — download the set again with %s %s",
-                         path[j], path[k], link ? "one file (a link)" : "copies (they start with the same image)",
+                die_user("CIFAR-10 files '%s' and '%s' are %s: %s — %s", path[j], path[k],
+                         link ? "one file (a link)" : "copies (they start with the same image)",
                          k == CIFAR10_FILES - 1 ? "the test accuracy would be measured on training samples"
                                                 : "the run would train on the same samples twice",
-                         get_cifar10_script(), dir);
+                         refetch(path[k], fix, sizeof fix));
         }
     }
 }

@@ -504,6 +504,106 @@ START_TEST(write_synthetic_names_an_unknown_last_flag) {
 }
 END_TEST
 
+/* A file of the set that is there but bad is refused with a fix that works when followed to the letter:
+ * remove the file, then the download script *given the --data folder* (without it the script fills
+ * ./data/cifar-10-batches-bin, not the folder the run reads). The removal matters as much: the script
+ * leaves alone a set whose six files have the official size, so a copy, a link or a corrupt label byte
+ * among them is still there after a bare re-run ("CIFAR-10 is already in DIR"). Followed here on files
+ * of the official size (sparse), with a curl that fails: the script must set out to download. */
+#define OFFICIAL_BYTES 30730000
+
+static void official_file(const char *dir, const char *name, int seed, int label) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint8_t rec[RECORD];
+    rec[0] = (uint8_t)label;
+    for (int p = 0; p < IMG_PIXELS; p++) rec[1 + p] = pixel_of(seed, p);
+    ck_assert_int_eq(fwrite(rec, 1, RECORD, f), RECORD);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(truncate(path, OFFICIAL_BYTES), 0); /* the rest: zero bytes (label 0), no disk */
+}
+
+static void official_set(const char *dir) {
+    for (int k = 0; k < 6; k++) official_file(dir, FILES[k], k, label_of(k));
+}
+
+/* Do what msg says (remove 'PATH', then get_cifar10.sh DIR, with curl failing): the script must try to
+ * download, not find the set complete. */
+static void follow_fix(const char *msg, const char *dir, const char *bin) {
+    const char *rm = strstr(msg, "remove '"), *script = strstr(msg, "get_cifar10.sh ");
+    ck_assert_msg(rm && script, "no 'remove ...' and 'get_cifar10.sh DIR' in: %s", msg);
+    char path[512], arg[512], cmd[2048], *out;
+    rm += strlen("remove '");
+    const char *end = strchr(rm, '\'');
+    ck_assert_ptr_nonnull(end);
+    snprintf(path, sizeof path, "%.*s", (int)(end - rm), rm);
+    ck_assert_msg(!strncmp(path, dir, strlen(dir)), "removes '%s', outside %s", path, dir);
+    script += strlen("get_cifar10.sh ");
+    snprintf(arg, sizeof arg, "%.*s", (int)strcspn(script, " \n,;"), script);
+    ck_assert_str_eq(arg, dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "PATH='%s':\"$PATH\" bash %s/docs/get_cifar10.sh '%s'", bin, test_root(), arg);
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "download failed (curl)") && !strstr(out, "already in"),
+                  "%s (fix from: %s) exited %d: %s", cmd, msg, rc, out);
+    free(out);
+}
+
+static void expect_fix(void (*fn)(void *), const char *dir, int train, const char *bin, const char *needle) {
+    CifarCall call = {dir, train, 0};
+    char *msg;
+    int status = test_run_captured(fn, &call, &msg);
+    ck_assert_msg(status == 2, "'%s': exit status %d, message: %s", needle, status, msg);
+    ck_assert_msg(strstr(msg, needle), "message does not name '%s': %s", needle, msg);
+    follow_fix(msg, dir, bin);
+    free(msg);
+    official_set(dir); /* whole again for the next case */
+}
+
+START_TEST(bad_file_errors_name_a_fix_that_works) {
+    char *dir = test_tmpdir(), *bin = test_tmpdir(), path[512], other[512], cmd[1200];
+    snprintf(path, sizeof path, "%s/curl", bin); /* a download that fails at once: no network needed */
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("#!/bin/sh\nexit 7\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    official_set(dir);
+    ck_assert_int_eq(cifar10_check(dir, 0, 1), 10000); /* the official set passes */
+    snprintf(cmd, sizeof cmd, "bash %s/docs/get_cifar10.sh '%s'", test_root(), dir);
+    char *out;
+    ck_assert_int_eq(test_run(cmd, &out), 0); /* and the script takes it for complete */
+    ck_assert_msg(strstr(out, "already in"), "%s", out);
+    free(out);
+    official_file(dir, FILES[1], 0, label_of(0)); /* a copy of data_batch_1.bin */
+    expect_fix(call_cifar10_check, dir, 0, bin, "are copies");
+    snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+    snprintf(other, sizeof other, "%s/data_batch_4.bin", dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(symlink(other, path), 0);
+    expect_fix(call_cifar10_check, dir, 0, bin, "one file (a link)");
+    official_file(dir, FILES[2], 2, 12); /* a label byte out of range */
+    expect_fix(call_cifar10_check, dir, 1, bin, "label 12 is outside");
+    official_file(dir, FILES[2], 2, 12); /* the reader's own check says the same */
+    expect_fix(call_cifar10, dir, 1, bin, "label 12 is outside");
+    snprintf(path, sizeof path, "%s/data_batch_2.bin", dir);
+    ck_assert_int_eq(truncate(path, OFFICIAL_BYTES - RECORD + 5), 0);
+    expect_fix(call_cifar10, dir, 1, bin, "not a whole number");
+    ck_assert_int_eq(truncate(path, 0), 0);
+    expect_fix(call_cifar10, dir, 1, bin, "is empty");
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkdir(path, 0755), 0); /* a directory under the file's name */
+    expect_fix(call_cifar10, dir, 1, bin, "a directory");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, bin);
+    ck_assert_int_eq(system(cmd), 0);
+    free(dir);
+    free(bin);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -530,6 +630,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, cifar_label_out_of_range);
     tcase_add_test(tc, cifar_limit_too_large);
     tcase_add_test(tc, cifar_file_that_is_another_is_refused);
+    tcase_add_test(tc, bad_file_errors_name_a_fix_that_works);
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
