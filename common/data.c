@@ -226,17 +226,25 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
      * before the first read. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    char fix[4400];
     if (fd < 0) {
-        if (errno == ENOENT) {
-            const char *slash = strrchr(path, '/');
+        const char *slash = strrchr(path, '/');
+        if (errno == ENOENT)
             die_user("CIFAR-10 file '%s' not found — download the set there with %s %.*s, or "
                      "drop --data to use the synthetic set", path, get_cifar10_script(), slash ? (int)(slash - path) : 1,
                      slash ? path : ".");
+        if (errno == EACCES) { /* whose permission it is: a folder that may not be entered denies every file */
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+            if (access(dir, X_OK) != 0)
+                die_user("--data folder '%s' may not be entered (no search permission, so none of its files can be "
+                         "read) — chmod a+x '%s', or run as a user who may read it", dir, dir);
+            die_user("CIFAR-10 file '%s' is not readable (permission denied) — chmod a+r '%s', or run as a user "
+                     "who may read it", path, path);
         }
-        die_user("cannot open CIFAR-10 file '%s': %s", path, strerror(errno));
+        die_user("cannot open CIFAR-10 file '%s': %s — %s", path, strerror(errno), refetch(path, fix, sizeof fix));
     }
     struct stat st;
-    char fix[4400];
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode))
         die_user("CIFAR-10 file '%s' is not a regular file (%s) — %s", path,
