@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "errors.h"
 #include "hash.h"
 #include "tests.h"
 
@@ -119,6 +120,33 @@ START_TEST(synthetic_is_learnable_not_trivial) {
     free(mean);
     dataset_free(&tr);
     dataset_free(&te);
+}
+END_TEST
+
+/* Sets that host memory cannot hold are the flags' fault, said as such before any sample is made — not
+ * "malloc failed" at a line of data.c (exit 1), after the training set, when only the two together do
+ * not fit. Stages 1 and 2 (one process each; stages 3–5's launcher has its own check). */
+START_TEST(sets_larger_than_host_memory_are_refused_up_front) {
+    double have = host_mem_available();
+    /* half as much again as fits: far enough past that memory freed meanwhile cannot make it fit (and
+     * this suite generate gigabytes of samples on a shared machine) */
+    long long n = (long long)(1.5 * have / (IMG_PIXELS + 1));
+    if (n > 1000000000LL) {
+        printf("SKIP: sets larger than host memory — this machine holds more than --train-size allows\n");
+        return;
+    }
+    const char *runs[] = {"stage1 --train-size %lld --test-size 8", "stage2 --train-size 64 --test-size %lld"};
+    for (int i = 0; i < 2; i++) {
+        char args[128], cmd[1024], *out;
+        snprintf(args, sizeof args, runs[i], n);
+        snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/%s --device cpu --model tiny --progress off --epochs 1",
+                 test_root(), args);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, "error: the training and test sets are held whole in host memory") == out &&
+                          strstr(out, "give a smaller --train-size or --test-size") && !strchr(out, '\n')[1],
+                      "%s: exit %d\n%s", cmd, rc, out);
+        free(out);
+    }
 }
 END_TEST
 
@@ -655,6 +683,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, synthetic_train_and_test_differ);
     tcase_add_test(tc, synthetic_labels_balanced_and_pixels_spread);
     tcase_add_test(tc, synthetic_is_learnable_not_trivial);
+    tcase_add_test(tc, sets_larger_than_host_memory_are_refused_up_front);
     suite_add_tcase(s, tc);
     tc = tcase_create("cifar10");
     tcase_add_test(tc, cifar_reads_valid_files);
