@@ -517,6 +517,33 @@ START_TEST(write_synthetic_takes_every_seed_the_stages_do) {
 }
 END_TEST
 
+/* Sizes host memory cannot hold are refused before anything is made, the folder included — not a
+ * "malloc failed" at a line of data.c (exit 1), and an empty DIR left behind. */
+START_TEST(write_synthetic_refuses_sizes_past_host_memory) {
+    long long n = (long long)(1.5 * host_mem_available() / (IMG_PIXELS + 1)); /* half as much again as fits */
+    if (n > 100000000LL) {
+        printf("SKIP: write_synthetic past host memory — this machine holds more than --train-size allows\n");
+        return;
+    }
+    char *top = test_tmpdir(), dir[600], cmd[1400], *msg;
+    snprintf(dir, sizeof dir, "%s/new", top);
+    const char *sizes[] = {"--train-size %lld", "--test-size %lld"};
+    for (int i = 0; i < 2; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, sizes[i], n);
+        snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/tests/write_synthetic %s %s", test_root(), dir, flag);
+        int rc = test_run(cmd, &msg);
+        ck_assert_msg(rc == 2 && strstr(msg, "of host memory") && strstr(msg, "give smaller ones") &&
+                          !strchr(msg, '\n')[1],
+                      "%s: exit %d: %s", cmd, rc, msg);
+        free(msg);
+        ck_assert_msg(access(dir, F_OK) != 0, "%s was made", dir);
+    }
+    ck_assert_int_eq(rmdir(top), 0);
+    free(top);
+}
+END_TEST
+
 /* An unknown option is named as one wherever it stands: last on the line it was taken for a known
  * flag missing its value ("--seeds needs a value"), which sends the user looking for a value to give. */
 START_TEST(write_synthetic_names_an_unknown_last_flag) {
@@ -699,6 +726,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
     tcase_add_test(tc, write_synthetic_takes_every_seed_the_stages_do);
     tcase_add_test(tc, write_synthetic_names_an_unknown_last_flag);
+    tcase_add_test(tc, write_synthetic_refuses_sizes_past_host_memory);
     suite_add_tcase(s, tc);
     return s;
 }

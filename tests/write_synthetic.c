@@ -50,6 +50,14 @@ int main(int argc, char **argv) {
         else dir = a;
     }
     if (!dir) die_user("give the directory to write into: %s DIR (see --help)", argv[0]);
+    /* Both sets are made whole in memory before a byte is written: sizes it cannot hold are the flags'
+     * fault, said before DIR is made (checked allocation by allocation, the training set was generated
+     * before the test set's malloc failed, "out of host memory" at a line of data.c, exit 1). */
+    double need = (double)(train + test) * (IMG_PIXELS + 1), have = host_mem_available();
+    if (have > 0 && need > have)
+        die_user("--train-size %lld and --test-size %lld need %.2f GiB of host memory (both sets are made whole "
+                 "before writing), more than the %.2f GiB available here — give smaller ones", train, test,
+                 need / 1073741824.0, have / 1073741824.0);
     make_dirs("DIR", dir); /* and its parents: the tutorial's data/synthetic in a fresh clone */
     Dataset tr, te;
     dataset_synthetic(&tr, train, (uint64_t)seed, 1);
