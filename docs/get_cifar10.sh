@@ -41,6 +41,16 @@ if complete; then
     exit 0
 fi
 
+# What would stop the unpacking, said now rather than after a 163 MB download: DIR a file (mkdir -p
+# said only "File exists"), or a directory under one of the six names (mv would move the new file into
+# it, and the final check blame the sizes).
+[ ! -e "$DIR" ] || [ -d "$DIR" ] || die "$DIR exists and is not a directory: give the folder to unpack into"
+for f in $FILES; do
+    if [ -e "$DIR/$f" ] && [ ! -f "$DIR/$f" ]; then
+        die "$DIR/$f is not a regular file (a directory?): remove it (rm -r), then run this again"
+    fi
+done
+
 md5_of() {
     if command -v md5sum >/dev/null 2>&1; then
         md5sum "$1" | cut -d' ' -f1
@@ -66,8 +76,11 @@ cleanup() {
 TMP=""
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP # so that the cleanup runs on Ctrl-C too
-mkdir -p "$DIR"
-TMP="$(mktemp -d "$DIR/.download.XXXXXX")"
+err="$(mkdir -p "$DIR" 2>&1)" || die "cannot create $DIR (${err#mkdir: }): give a folder you may write to"
+TMP="$(mktemp -d "$DIR/.download.XXXXXX" 2>&1)" || {
+    err="$TMP" TMP=""
+    die "cannot write into $DIR (${err#mktemp: }): give a folder you may write to"
+}
 ARCHIVE="$TMP/cifar-10-binary.tar.gz"
 
 # A stalled network must not hang the script: give up on a connection after 20 s, and on a

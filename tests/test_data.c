@@ -692,6 +692,52 @@ START_TEST(unreadable_file_or_folder_names_the_fix) {
 }
 END_TEST
 
+/* docs/get_cifar10.sh refuses, in one line naming the fix and before any download, what would stop its
+ * unpacking: DIR a file (mkdir -p said only "File exists"), a folder it cannot make, or a directory
+ * under one of the six names (mv moved the new file into it; the final check then blamed the sizes).
+ * The curl here records that it was called. */
+START_TEST(get_cifar10_refuses_what_would_stop_the_unpacking) {
+    char *top = test_tmpdir(), path[600], marker[600], cmd[2400], *out;
+    snprintf(marker, sizeof marker, "%s/curl_ran", top);
+    snprintf(path, sizeof path, "%s/curl", top);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "#!/bin/sh\ntouch '%s'\nexit 7\n", marker);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/file", top);
+    ck_assert_ptr_nonnull(f = fopen(path, "w"));
+    fclose(f);
+    char set[600], batch3[700];
+    snprintf(set, sizeof set, "%s/set", top);
+    snprintf(batch3, sizeof batch3, "%s/set/data_batch_3.bin", top);
+    ck_assert_int_eq(mkdir(set, 0755), 0);
+    ck_assert_int_eq(mkdir(batch3, 0755), 0);
+    const struct {
+        const char *dir, *says;
+    } cases[] = {{path, "exists and is not a directory"},
+                 {"file/sub", "cannot create"},
+                 {set, "data_batch_3.bin is not a regular file (a directory?): remove it (rm -r)"}};
+    for (int i = 0; i < 3; i++) {
+        char dir[700];
+        snprintf(dir, sizeof dir, "%s%s%s", cases[i].dir[0] == '/' ? "" : top, cases[i].dir[0] == '/' ? "" : "/",
+                 cases[i].dir);
+        snprintf(cmd, sizeof cmd, "PATH='%s':\"$PATH\" bash %s/docs/get_cifar10.sh '%s'", top, test_root(), dir);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 1 && strstr(out, "error: ") == out && strstr(out, cases[i].says) &&
+                          !strchr(out, '\n')[1] && access(marker, F_OK) != 0,
+                      "%s: exit %d, curl %s: %s", cmd, rc, access(marker, F_OK) ? "not run" : "ran", out);
+        free(out);
+    }
+    ck_assert_int_eq(rmdir(batch3), 0);
+    ck_assert_int_eq(rmdir(set), 0);
+    snprintf(cmd, sizeof cmd, "rm -f '%s' '%s/curl'", path, top);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(rmdir(top), 0);
+    free(top);
+}
+END_TEST
+
 START_TEST(cifar_limit_too_large) {
     char dir[64];
     make_cifar(dir);
@@ -721,6 +767,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, cifar_file_that_is_another_is_refused);
     tcase_add_test(tc, bad_file_errors_name_a_fix_that_works);
     tcase_add_test(tc, unreadable_file_or_folder_names_the_fix);
+    tcase_add_test(tc, get_cifar10_refuses_what_would_stop_the_unpacking);
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
