@@ -273,6 +273,9 @@ static void cifar_dir_check(const char *dir) {
             die_user("--data '%s': no such directory — download CIFAR-10 into it with %s %s "
                      "(or give the directory that holds data_batch_1.bin … test_batch.bin), or drop --data to "
                      "use the synthetic set", dir, get_cifar10_script(), dir);
+        if (errno == EACCES) /* the folder may be right: a folder above it is what denies it */
+            die_user("--data '%s' cannot be reached: a folder on its path may not be entered (no search "
+                     "permission) — chmod a+x the folders above it, or run as a user who may read it", dir);
         die_user("--data '%s': %s (give the directory that holds data_batch_1.bin … test_batch.bin)", dir,
                  strerror(errno));
     }

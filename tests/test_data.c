@@ -687,7 +687,21 @@ START_TEST(unreadable_file_or_folder_names_the_fix) {
     ck_assert_msg(strstr(out, path) && strstr(out, "chmod a+x"), "%s", out);
     free(out);
     ck_assert_int_eq(chmod(dir, 0755), 0);
-    remove_cifar(dir);
+    /* the folder right, but one above it closed: not "give the directory that holds data_batch_1.bin" */
+    char *top = test_tmpdir(), inner[256], said[512];
+    snprintf(inner, sizeof inner, "%s/cifar", top);
+    ck_assert_int_eq(rename(dir, inner), 0);
+    ck_assert_int_eq(chmod(top, 0600), 0);
+    snprintf(cmd, sizeof cmd, "%stimeout -k 5 60 %s/stage1 --device cpu --model tiny --progress off --epochs 1 --data %s",
+             root ? drop : "", test_root(), inner);
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    snprintf(said, sizeof said, "--data '%s' cannot be reached: a folder on its path may not be entered", inner);
+    ck_assert_msg(strstr(out, said) && strstr(out, "chmod a+x the folders above it"), "%s", out);
+    free(out);
+    ck_assert_int_eq(chmod(top, 0700), 0);
+    remove_cifar(inner);
+    ck_assert_int_eq(rmdir(top), 0);
+    free(top);
     free(dir);
 }
 END_TEST
