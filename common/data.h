@@ -31,8 +31,10 @@ void dataset_synthetic(Dataset *ds, int64_t n, uint64_t seed, int train);
 
 /* CIFAR-10 binary: train = data_batch_1..5.bin (50000), test = test_batch.bin (10000).
  * limit > 0 keeps the first `limit` samples (--train-size / --test-size); asking for more than the
- * files hold is a user error. Errors (die_user): directory or file missing, size not a multiple of
- * 3073, truncated file, label outside 0..9 (names the file and record index). */
+ * files hold is a user error. Errors (die_user): directory or file missing or unreadable, size not a
+ * multiple of 3073, truncated file, label outside 0..9 (names the file and record index). A file that
+ * is there but bad is to be removed before docs/get_cifar10.sh DIR runs again (the script keeps a set
+ * whose files have the official size), and every message says so. */
 void dataset_cifar10(Dataset *ds, const char *dir, int train, int64_t limit);
 /* What dataset_cifar10 checks (the directory, each file's size, the limit, the labels it will read),
  * with the same errors, reading a byte a record; returns the split's record count. config_resolve runs
