@@ -15,9 +15,12 @@ int64_t sampler_num_samples(int64_t n, int world, int drop_last) {
 
 int64_t sampler_shard_size(int64_t n, int world, int drop_last) {
     int64_t shard = sampler_num_samples(n, world, drop_last);
+    /* Three fixes, as the set allows: --train-size grows only the synthetic set (--data's files hold what
+     * they hold, and asking them for more is refused), so fewer ranks is named too. */
     if (shard < 1)
-        die_user("--drop-last with %lld training samples and %d ranks leaves no sample per rank — give "
-                 "--train-size %d or more, or drop --drop-last", (long long)n, world, world);
+        die_user("--drop-last with %lld training samples and %d ranks leaves no sample per rank — drop --drop-last, "
+                 "run at most %lld rank%s, or train on %d samples or more (--train-size %d with the synthetic set)",
+                 (long long)n, world, (long long)n, n == 1 ? "" : "s", world, world);
     return shard;
 }
 

@@ -16,8 +16,8 @@
 
 /* Indices per rank: ceil((N − R) / R) with drop_last when N % R ≠ 0, else ceil(N / R). */
 int64_t sampler_num_samples(int64_t n, int world, int drop_last);
-/* sampler_num_samples for a training set, refused with a clear error (naming the fix) when
- * --drop-last leaves a rank no sample at all. */
+/* sampler_num_samples for a training set, refused with a clear error (naming the fixes: no --drop-last,
+ * fewer ranks, or a larger synthetic set) when --drop-last leaves a rank no sample at all. */
 int64_t sampler_shard_size(int64_t n, int world, int drop_last);
 /* Rank `rank`'s indices for `epoch` into out[0 .. sampler_num_samples − 1]. */
 void sampler_indices(int64_t n, int world, int rank, uint64_t seed, int64_t epoch, int shuffle,

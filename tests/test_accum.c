@@ -431,8 +431,9 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
     snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --train-size 1 --test-size 16 --nproc-per-node 2 --drop-last "
              "--master-port %d", test_root(), test_free_port());
     ck_assert_int_eq(test_run(cmd, &out), 2);
-    const char *said = strstr(out, "--drop-last with 1 training samples and 2 ranks leaves no sample per rank — give "
-                                   "--train-size 2 or more, or drop --drop-last");
+    const char *said = strstr(out, "--drop-last with 1 training samples and 2 ranks leaves no sample per rank — drop "
+                                   "--drop-last, run at most 1 rank, or train on 2 samples or more (--train-size 2 "
+                                   "with the synthetic set)");
     ck_assert_msg(said && !strstr(said + 1, "--drop-last with 1") && !strstr(out, "launching"), "%s", out);
     free(out);
     /* …also where --data's files hold fewer samples than the job has ranks (one record a file here) */
@@ -442,7 +443,13 @@ START_TEST(accum_beyond_an_epoch_steps_once_per_epoch) {
     ck_assert_int_eq(test_run(cmd, &out), 2);
     said = strstr(out, "--drop-last with 5 training samples and 6 ranks leaves no sample per rank");
     ck_assert_msg(said && !strstr(said + 1, "--drop-last with 5") && !strstr(out, "launching"), "%s", out);
+    /* and the fix it names works with --data, where a larger --train-size is refused (the files hold 5):
+     * at most 5 ranks */
+    ck_assert_msg(strstr(said, "run at most 5 ranks"), "%s", out);
     free(out);
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage4 " TINY " --data %s --nproc-per-node 5 --drop-last --steps 1 "
+             "--master-port %d", test_root(), dir, test_free_port());
+    test_run_ok(cmd, "--drop-last on 5 samples with the 5 ranks the refusal names", NULL);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "optimizer_steps"), 2);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "micro_steps"), 6);
     ck_assert_int_eq((int)test_report_field(rep, "summary", "allreduce_calls"), 2);
