@@ -20,6 +20,9 @@ It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and check
    code span that starts with a flag (`--name`, `--name VALUE`) names a flag of some stage: a flag
    renamed or removed cannot live on in the lessons. A span like `--gil-*` names a family, and
    FOREIGN lists the other programs' flags the pages quote.
+4. Report records (where ROOT has common/ or stages/). Every `--report` record type the C code
+   writes (`json_begin(r, "TYPE")`, or DDP's `report(d, "TYPE", …)`) is named as `TYPE` in the
+   README's "What each run prints" section: a record a script may meet is never an undocumented one.
 
 It prints one line per problem, naming the file and line, and exits 1 if there is any.
 """
@@ -41,6 +44,9 @@ SPAN_FLAG = re.compile(r"`(--[a-z][a-z0-9-]*)")
 HELP_FLAG = re.compile(r"^\s+(--[a-z][a-z0-9-]*)", re.M)
 # Flags of other programs that the pages quote in a code span of their own.
 FOREIGN = {"--kernel-name-exclude": "compute-sanitizer"}
+# A --report record type as the code writes it: json_begin's literal, or the type ddp.c's report() passes on.
+RECORD = re.compile(r'\bjson_begin\([^,()]+,\s*"(\w+)"\)|\breport\(d,\s*"(\w+)"')
+RECORDS_SECTION = "What each run prints"
 
 
 def md_files(root):
@@ -213,6 +219,45 @@ def check_flags(root, path, flags, problems):
             problems.append(f"{rel}:{line}: `{flag}` is no stage's flag")
 
 
+def record_types(root):
+    """Each --report record type the C sources under ROOT write, with the first file that writes it."""
+    types = {}
+    for sub in ("common", "stages"):
+        for d, dirs, files in os.walk(os.path.join(root, sub)):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith((".c", ".cu")):
+                    path = os.path.join(d, f)
+                    with open(path, encoding="utf-8", errors="replace") as fh:
+                        for m in RECORD.finditer(fh.read()):
+                            types.setdefault(m.group(1) or m.group(2), os.path.relpath(path, root))
+    return types
+
+
+def check_records(root, pages, problems):
+    types = record_types(root)
+    if not types:
+        return  # no C sources here (a test's folder of pages)
+    readme = os.path.join(root, "README.md")
+    if readme not in pages:
+        problems.append(f"README.md: missing, and the code writes --report records ({', '.join(sorted(types))})")
+        return
+    prose, headings = pages[readme][0], pages[readme][1]
+    start = next(((no, lvl) for no, lvl, text in headings if text == RECORDS_SECTION), None)
+    if start is None:
+        problems.append(f"README.md: no '{RECORDS_SECTION}' section, where the --report record types are listed")
+        return
+    end = next((no for no, lvl, _ in headings if no > start[0] and lvl <= start[1]), float("inf"))
+    named = set()
+    for no, line in prose:
+        if start[0] < no < end:
+            named.update(re.findall(r"`\"?(\w+)\"?`", line))
+    for t, where in sorted(types.items()):
+        if t not in named:
+            problems.append(f"README.md:{start[0]}: the --report record `{t}` ({where} writes it) is not named "
+                            f"under '{RECORDS_SECTION}'")
+
+
 def main():
     # The default is the checkout this script is in, found through links (the sanitizer builds run the
     # tests from a folder that links to tests/, stages/ and docs/ but holds no README.md).
@@ -241,6 +286,7 @@ def main():
         check_links(root, path, page[0], pages, problems)
         if flags:
             check_flags(root, path, flags, problems)
+    check_records(root, pages, problems)
     twins = 0
     for path in pages:
         if path.endswith(".zh-CN.md"):

@@ -243,6 +243,33 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
 }
 END_TEST
 
+/* Report records: a record type the code writes (json_begin's literal, or ddp.c's report()) that the
+ * README's "What each run prints" does not name is a problem; one named only outside that section is too. */
+START_TEST(doc_check_names_every_report_record) {
+    char *dir = test_tmpdir(), path[600], *out = NULL;
+    snprintf(path, sizeof path, "%s/common", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/common/w.c", dir);
+    write_file(path, "json_begin(&r->report, \"config\");\njson_begin(r, \"summary\");\n"
+                     "json_begin(s->report, \"novel\");\nreport(d, \"comm_epoch\", &a, &b, &c);\n"
+                     "json_begin(&r->report, type);\n");
+    snprintf(path, sizeof path, "%s/README.md", dir);
+    write_file(path, "# R\n\n## What each run prints\n\nRecords: `config`, `\"summary\"`, `comm_epoch`.\n\n"
+                     "## Next\n\n`novel` named elsewhere does not count.\n");
+    int rc = run_doc_check(dir, 0, &out);
+    if (rc == 77) { free(dir); return; }
+    ck_assert_msg(rc == 1 && strstr(out, "README.md:3: the --report record `novel` (common/w.c writes it) is not "
+                                         "named under 'What each run prints'") && strstr(out, "1 problems"),
+                  "a record type the README does not list passed doc_check (or a listed one was flagged):\n%s", out);
+    free(out);
+    /* Listed: it passes. */
+    write_file(path, "# R\n\n## What each run prints\n\n`config`, `summary`, `comm_epoch` and `novel`.\n");
+    rc = run_doc_check(dir, 0, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "0 problems"), "every record listed, yet doc_check failed:\n%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 Suite *suite_tutorial(void) {
     Suite *s = suite_create("tutorial");
     TCase *tc = tcase_create("core");
@@ -253,6 +280,7 @@ Suite *suite_tutorial(void) {
     tcase_add_test(tc, tutorial_blocks_get_a_runs_of_their_own);
     tcase_add_test(tc, docs_links_resolve_and_translations_match);
     tcase_add_test(tc, doc_check_fails_on_dead_links_and_drifted_translations);
+    tcase_add_test(tc, doc_check_names_every_report_record);
     suite_add_tcase(s, tc);
     return s;
 }
