@@ -166,6 +166,7 @@ help:
 	@echo "                (QUICK=1: tiny model, a few steps, the CPU backend without a GPU; COMPARE_OUT=DIR, new or empty)"
 	@echo "make doc-check  every relative link of the Markdown resolves; each X.zh-CN.md keeps its English page's"
 	@echo "                headings, code and tables; every ./stageN command and \`--flag\` names a real flag;"
+	@echo "                a bench command quoted next to its log has the log's step counts;"
 	@echo "                the README names every --report record type the code writes"
 	@echo "                (tests/doc_check.py; make test runs it, and the tutorial's commands)"
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"

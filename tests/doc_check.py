@@ -20,7 +20,11 @@ It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and check
    code span that starts with a flag (`--name`, `--name VALUE`) names a flag of some stage: a flag
    renamed or removed cannot live on in the lessons. A span like `--gil-*` names a family, and
    FOREIGN lists the other programs' flags the pages quote.
-4. Report records (where ROOT has common/ or stages/). Every `--report` record type the C code
+4. Bench commands against their logs. A code span quoting a script run (`STEPS=150 bash
+   tests/bench_stage1.sh`) followed, in the same paragraph, by a link to a log whose header (its
+   leading # lines) names the command it ran: the step counts (STEPS=, SLOW_STEPS=, …) must be the
+   log's, so the command a page gives is the one that made its figures.
+5. Report records (where ROOT has common/ or stages/). Every `--report` record type the C code
    writes (`json_begin(r, "TYPE")`, or DDP's `report(d, "TYPE", …)`) is named as `TYPE` in the
    README's "What each run prints" section: a record a script may meet is never an undocumented one.
 
@@ -44,6 +48,10 @@ SPAN_FLAG = re.compile(r"`(--[a-z][a-z0-9-]*)")
 HELP_FLAG = re.compile(r"^\s+(--[a-z][a-z0-9-]*)", re.M)
 # Flags of other programs that the pages quote in a code span of their own.
 FOREIGN = {"--kernel-name-exclude": "compute-sanitizer"}
+# A script run quoted in a code span (it may wrap), and a link to a log; the step counts compared.
+BENCH_SPAN = re.compile(r"`((?:[A-Z][A-Z0-9_]*=[^\s`]+\s+)*)bash\s+(tests/[\w.-]+\.sh)[^`]*`")
+LOG_LINK = re.compile(r"\]\(([^()\s]*logs/[^()\s#]+)\)")
+STEP_VAR = re.compile(r"^(?:\w+_)?STEPS$")
 # A --report record type as the code writes it: json_begin's literal, or the type ddp.c's report() passes on.
 RECORD = re.compile(r'\bjson_begin\([^,()]+,\s*"(\w+)"\)|\breport\(d,\s*"(\w+)"')
 RECORDS_SECTION = "What each run prints"
@@ -219,6 +227,53 @@ def check_flags(root, path, flags, problems):
             problems.append(f"{rel}:{line}: `{flag}` is no stage's flag")
 
 
+def step_counts(words):
+    """The step-count assignments (STEPS=150, MEM_STEPS=10) among a command's VAR=VALUE words."""
+    pairs = (w.split("=", 1) for w in words.split())
+    return {k: v for k, v in pairs if STEP_VAR.match(k)}
+
+
+def log_command(path, script):
+    """The step counts of `… bash SCRIPT` as the log's header names it, or None (no such header)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.startswith("#"):
+                return None
+            m = re.search(r"((?:[A-Z][A-Z0-9_]*=\S+\s+)*)bash\s+" + re.escape(script) + r"\b", line)
+            if m:
+                return step_counts(m.group(1))
+    return None
+
+
+def check_bench_commands(root, path, prose, problems):
+    rel = os.path.relpath(path, root)
+    paragraphs, cur = [], []
+    for no, line in prose + [(None, "")]:
+        if line.strip():
+            cur.append((no, line))
+        elif cur:
+            paragraphs.append(cur)
+            cur = []
+    for para in paragraphs:
+        text = "\n".join(line for _, line in para)
+        spans = list(BENCH_SPAN.finditer(text))
+        for i, m in enumerate(spans):
+            end = spans[i + 1].start() if i + 1 < len(spans) else len(text)
+            link = LOG_LINK.search(text, m.end(), end)  # this command's log: before the next command
+            if not link:
+                continue
+            log = os.path.normpath(os.path.join(os.path.dirname(path), link.group(1)))
+            ran = log_command(log, m.group(2)) if os.path.isfile(log) else None
+            if ran is None:
+                continue
+            quoted = step_counts(m.group(1))
+            if quoted != ran:
+                no = para[0][0] + text.count("\n", 0, m.start())
+                want = " ".join(f"{k}={v}" for k, v in sorted(ran.items())) or "no step count (the default)"
+                problems.append(f"{rel}:{no}: `{' '.join(m.group(0)[1:-1].split())}` — its log "
+                                f"{os.path.basename(log)} ran it with {want}")
+
+
 def record_types(root):
     """Each --report record type the C sources under ROOT write, with the first file that writes it."""
     types = {}
@@ -284,6 +339,7 @@ def main():
         pages[path] = (prose, headings, blocks, tables, anchors(headings))
     for path, page in pages.items():
         check_links(root, path, page[0], pages, problems)
+        check_bench_commands(root, path, page[0], problems)
         if flags:
             check_flags(root, path, flags, problems)
     check_records(root, pages, problems)

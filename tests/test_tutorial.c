@@ -243,6 +243,34 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
 }
 END_TEST
 
+/* Bench commands: a quoted `bash tests/X.sh` whose linked log ran it with other step counts is named,
+ * wrapped over two lines too; the log's own counts quoted, a log without a header naming the command,
+ * or a link that belongs to the next command, pass. */
+START_TEST(doc_check_matches_bench_commands_to_their_logs) {
+    char *dir = test_tmpdir(), path[600], *out = NULL;
+    snprintf(path, sizeof path, "%s/logs", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/logs/a.txt", dir);
+    write_file(path, "# NCCL_NVLS_ENABLE=0 STEPS=150 bash tests/bench_x.sh (make x), one GPU\nx 4.24 ms\n");
+    snprintf(path, sizeof path, "%s/logs/plain.txt", dir);
+    write_file(path, "x 4.30 ms\n# STEPS=9 bash tests/bench_x.sh\n");
+    snprintf(path, sizeof path, "%s/page.md", dir);
+    write_file(path, "# P\n\n4.24 ms (`bash tests/bench_x.sh`, [log](logs/a.txt)).\n\n"
+                     "4.24 ms (`MEM_STEPS=3 STEPS=150 bash\ntests/bench_x.sh`, [log](logs/a.txt)).\n\n"
+                     "4.24 ms (`STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt)); 4.30 ms (`bash tests/bench_x.sh`,\n"
+                     "[log](logs/plain.txt)).\n\n"
+                     "Runs: `bash tests/bench_x.sh` at 300 steps, and `STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt).\n");
+    int rc = run_doc_check(dir, 0, &out);
+    if (rc == 77) { free(dir); return; }
+    ck_assert_msg(rc == 1 &&
+                      strstr(out, "page.md:3: `bash tests/bench_x.sh` — its log a.txt ran it with STEPS=150") &&
+                      strstr(out, "page.md:5: `MEM_STEPS=3 STEPS=150 bash tests/bench_x.sh` — its log a.txt ran it "
+                                  "with STEPS=150") && strstr(out, "2 problems"),
+                  "a bench command unlike its log's passed doc_check (or a matching one was flagged):\n%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* Report records: a record type the code writes (json_begin's literal, or ddp.c's report()) that the
  * README's "What each run prints" does not name is a problem; one named only outside that section is too. */
 START_TEST(doc_check_names_every_report_record) {
@@ -281,6 +309,7 @@ Suite *suite_tutorial(void) {
     tcase_add_test(tc, docs_links_resolve_and_translations_match);
     tcase_add_test(tc, doc_check_fails_on_dead_links_and_drifted_translations);
     tcase_add_test(tc, doc_check_names_every_report_record);
+    tcase_add_test(tc, doc_check_matches_bench_commands_to_their_logs);
     suite_add_tcase(s, tc);
     return s;
 }
