@@ -21,9 +21,10 @@ It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and check
    renamed or removed cannot live on in the lessons. A span like `--gil-*` names a family, and
    FOREIGN lists the other programs' flags the pages quote.
 4. Bench commands against their logs. A code span quoting a script run (`STEPS=150 bash
-   tests/bench_stage1.sh`) followed, in the same paragraph, by a link to a log whose header (its
-   leading # lines) names the command it ran: the step counts (STEPS=, SLOW_STEPS=, …) must be the
-   log's, so the command a page gives is the one that made its figures.
+   tests/bench_stage1.sh`, or `make bench`: the Makefile's recipe `bash tests/bench_stage1.sh`)
+   followed, in the same paragraph, by a link to a log whose header (its leading # lines) names the
+   command it ran: the step counts (STEPS=, SLOW_STEPS=, …) must be the log's, so the command a page
+   gives is the one that made its figures.
 5. Report records (where ROOT has common/ or stages/). Every `--report` record type the C code
    writes (`json_begin(r, "TYPE")`, or DDP's `report(d, "TYPE", …)`) is named as `TYPE` in the
    README's "What each run prints" section: a record a script may meet is never an undocumented one.
@@ -49,7 +50,9 @@ HELP_FLAG = re.compile(r"^\s+(--[a-z][a-z0-9-]*)", re.M)
 # Flags of other programs that the pages quote in a code span of their own.
 FOREIGN = {"--kernel-name-exclude": "compute-sanitizer"}
 # A script run quoted in a code span (it may wrap), and a link to a log; the step counts compared.
-BENCH_SPAN = re.compile(r"`((?:[A-Z][A-Z0-9_]*=[^\s`]+\s+)*)bash\s+(tests/[\w.-]+\.sh)[^`]*`")
+BENCH_SPAN = re.compile(r"`((?:[A-Z][A-Z0-9_]*=[^\s`]+\s+)*)(?:bash\s+(tests/[\w.-]+\.sh)[^`]*|"
+                        r"make\s+([\w-]+)((?:\s+[A-Z][A-Z0-9_]*=[^\s`]+)*))`")
+MAKE_RULE = re.compile(r"^([\w-]+):[^\n=]*\n\t(?:@)?bash\s+(tests/[\w.-]+\.sh)\s*$", re.M)
 LOG_LINK = re.compile(r"\]\(([^()\s]*logs/[^()\s#]+)\)")
 STEP_VAR = re.compile(r"^(?:\w+_)?STEPS$")
 # A --report record type as the code writes it: json_begin's literal, or the type ddp.c's report() passes on.
@@ -245,7 +248,16 @@ def log_command(path, script):
     return None
 
 
-def check_bench_commands(root, path, prose, problems):
+def make_scripts(root):
+    """Each make target whose recipe is one `bash tests/X.sh`, to that script."""
+    try:
+        with open(os.path.join(root, "Makefile"), encoding="utf-8") as f:
+            return dict(MAKE_RULE.findall(f.read()))
+    except OSError:
+        return {}
+
+
+def check_bench_commands(root, path, prose, problems, targets):
     rel = os.path.relpath(path, root)
     paragraphs, cur = [], []
     for no, line in prose + [(None, "")]:
@@ -262,11 +274,12 @@ def check_bench_commands(root, path, prose, problems):
             link = LOG_LINK.search(text, m.end(), end)  # this command's log: before the next command
             if not link:
                 continue
+            script = m.group(2) or targets.get(m.group(3))
             log = os.path.normpath(os.path.join(os.path.dirname(path), link.group(1)))
-            ran = log_command(log, m.group(2)) if os.path.isfile(log) else None
+            ran = log_command(log, script) if script and os.path.isfile(log) else None
             if ran is None:
                 continue
-            quoted = step_counts(m.group(1))
+            quoted = step_counts(m.group(1) + " " + (m.group(4) or ""))
             if quoted != ran:
                 no = para[0][0] + text.count("\n", 0, m.start())
                 want = " ".join(f"{k}={v}" for k, v in sorted(ran.items())) or "no step count (the default)"
@@ -329,7 +342,7 @@ def main():
     flags = stage_flags(stages) if stages else None
     if stages and flags is None:
         raise SystemExit(f"doc_check: --stages {stages}: ./stage1 … ./stage5 are not all built there (make all)")
-    problems, pages = [], {}
+    problems, pages, targets = [], {}, make_scripts(root)
     for path in md_files(root):
         try:
             prose, headings, blocks, tables = parse(path)
@@ -339,7 +352,7 @@ def main():
         pages[path] = (prose, headings, blocks, tables, anchors(headings))
     for path, page in pages.items():
         check_links(root, path, page[0], pages, problems)
-        check_bench_commands(root, path, page[0], problems)
+        check_bench_commands(root, path, page[0], problems, targets)
         if flags:
             check_flags(root, path, flags, problems)
     check_records(root, pages, problems)

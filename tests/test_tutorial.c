@@ -243,9 +243,9 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
 }
 END_TEST
 
-/* Bench commands: a quoted `bash tests/X.sh` whose linked log ran it with other step counts is named,
- * wrapped over two lines too; the log's own counts quoted, a log without a header naming the command,
- * or a link that belongs to the next command, pass. */
+/* Bench commands: a quoted `bash tests/X.sh` (or `make T`, whose recipe runs it) whose linked log ran it
+ * with other step counts is named, wrapped over two lines too; the log's own counts quoted, a log
+ * without a header naming the command, or a link that belongs to the next command, pass. */
 START_TEST(doc_check_matches_bench_commands_to_their_logs) {
     char *dir = test_tmpdir(), path[600], *out = NULL;
     snprintf(path, sizeof path, "%s/logs", dir);
@@ -259,13 +259,17 @@ START_TEST(doc_check_matches_bench_commands_to_their_logs) {
                      "4.24 ms (`MEM_STEPS=3 STEPS=150 bash\ntests/bench_x.sh`, [log](logs/a.txt)).\n\n"
                      "4.24 ms (`STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt)); 4.30 ms (`bash tests/bench_x.sh`,\n"
                      "[log](logs/plain.txt)).\n\n"
-                     "Runs: `bash tests/bench_x.sh` at 300 steps, and `STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt).\n");
+                     "Runs: `bash tests/bench_x.sh` at 300 steps, and `STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt).\n\n"
+                     "`make x` ([log](logs/a.txt)); `make x STEPS=150` ([log](logs/a.txt)).\n");
+    snprintf(path, sizeof path, "%s/Makefile", dir); /* make x runs the script: its spans are the script's */
+    write_file(path, "all: x\n\nx: stage1\n\tbash tests/bench_x.sh\n");
     int rc = run_doc_check(dir, 0, &out);
     if (rc == 77) { free(dir); return; }
     ck_assert_msg(rc == 1 &&
                       strstr(out, "page.md:3: `bash tests/bench_x.sh` — its log a.txt ran it with STEPS=150") &&
                       strstr(out, "page.md:5: `MEM_STEPS=3 STEPS=150 bash tests/bench_x.sh` — its log a.txt ran it "
-                                  "with STEPS=150") && strstr(out, "2 problems"),
+                                  "with STEPS=150") &&
+                      strstr(out, "page.md:13: `make x` — its log a.txt ran it with STEPS=150") && strstr(out, "3 problems"),
                   "a bench command unlike its log's passed doc_check (or a matching one was flagged):\n%s", out);
     free(out), free(dir);
 }
