@@ -302,6 +302,12 @@ static void cifar_dir_check(const char *dir) {
             die_user("--data '%s' holds CIFAR-100 (%s): the stages train on CIFAR-10's 10 classes — download "
                      "it with %s DIR and give --data DIR", dir, c100[i], get_cifar10_script());
     }
+    /* The archive downloaded by hand (or a workshop's copy) but not unpacked: the script unpacks it,
+     * checked against the official MD5, with no network. */
+    snprintf(below, sizeof below, "%s/cifar-10-binary.tar.gz", dir);
+    if (access(below, F_OK) == 0)
+        die_user("--data '%s' holds the archive cifar-10-binary.tar.gz, not yet unpacked — unpack it there with "
+                 "%s --archive %s %s", dir, get_cifar10_script(), below, dir);
 }
 
 /* The set's files, opened: every one exists and has a sane size, so a broken download is reported

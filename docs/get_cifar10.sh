@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # get_cifar10.sh — download the CIFAR-10 binary version and unpack it for --data.
 #
-# Usage: docs/get_cifar10.sh [DIR]        (default: ./data/cifar-10-batches-bin)
+# Usage: docs/get_cifar10.sh [DIR]                   (default: ./data/cifar-10-batches-bin)
+#        docs/get_cifar10.sh --archive FILE [DIR]    unpack a cifar-10-binary.tar.gz you already have
+#                                                    (a machine without network: a workshop's copy)
 #
 # Afterwards DIR holds data_batch_1.bin .. data_batch_5.bin (50000 training images) and
 # test_batch.bin (10000 test images), each record 1 label byte + 3072 pixel bytes, and you can run
@@ -9,6 +11,7 @@
 # The archive (~163 MB) comes from the dataset's official page, https://www.cs.toronto.edu/~kriz/cifar.html,
 # and is checked against its published MD5 before anything is unpacked. Running the script again
 # when DIR is already complete does nothing. Needs curl or wget, tar, and md5sum (or md5 on macOS).
+# --archive FILE: no download; FILE must be that same archive (its MD5 is checked as a download's).
 set -euo pipefail
 
 URL="https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
@@ -16,16 +19,29 @@ MD5="c32a1d4ab5d03f1284b67883e8d87530"
 FILES="data_batch_1.bin data_batch_2.bin data_batch_3.bin data_batch_4.bin data_batch_5.bin test_batch.bin"
 RECORD_BYTES=30730000 # 10000 records × 3073 bytes in every file
 
-DIR="${1:-./data/cifar-10-batches-bin}"
-if [ "$#" -gt 1 ] || [ "${DIR#-}" != "$DIR" ]; then
-    echo "usage: $0 [DIR]   (default ./data/cifar-10-batches-bin)" >&2
+usage() {
+    echo "usage: $0 [--archive FILE] [DIR]   (default DIR ./data/cifar-10-batches-bin; FILE: a" \
+        "cifar-10-binary.tar.gz already downloaded)" >&2
     exit 2
-fi
-
+}
 die() {
     echo "error: $*" >&2
     exit 1
 }
+
+GIVEN="" # --archive FILE
+if [ "${1:-}" = "--archive" ]; then
+    [ "$#" -ge 2 ] && [ -n "$2" ] || usage
+    GIVEN="$2"
+    shift 2
+fi
+DIR="${1:-./data/cifar-10-batches-bin}"
+if [ "$#" -gt 1 ] || [ "${DIR#-}" != "$DIR" ]; then usage; fi
+if [ -n "$GIVEN" ]; then # before anything is made: a wrong path is the whole run's mistake
+    [ -e "$GIVEN" ] || die "--archive $GIVEN: no such file (give the cifar-10-binary.tar.gz you downloaded)"
+    [ -f "$GIVEN" ] || die "--archive $GIVEN is not a regular file (give the cifar-10-binary.tar.gz itself)"
+    [ -r "$GIVEN" ] || die "--archive $GIVEN is not readable (permission denied): chmod a+r it"
+fi
 
 file_size() { wc -c <"$1" | tr -d ' '; }
 
@@ -61,6 +77,12 @@ md5_of() {
     fi
 }
 
+if [ -n "$GIVEN" ]; then # checked first: a wrong file makes no folder
+    GOT="$(md5_of "$GIVEN")"
+    [ "$GOT" = "$MD5" ] || die "--archive $GIVEN has MD5 $GOT, expected $MD5: not the binary version's" \
+        "cifar-10-binary.tar.gz (the python or matlab one?), or a damaged copy — get it again from $URL"
+fi
+
 # Download next to the destination (same filesystem) and clean up whatever happens: the temporary
 # folder always, and on failure the folders this run created for DIR, if they are still empty.
 CREATED="" # the topmost folder of DIR's path that did not exist before
@@ -85,11 +107,15 @@ ARCHIVE="$TMP/cifar-10-binary.tar.gz"
 
 # A stalled network must not hang the script: give up on a connection after 20 s, and on a
 # transfer slower than 1 kB/s for 60 s (wget: nothing received for 60 s), retrying 3 times.
-echo "downloading $URL"
-if command -v curl >/dev/null 2>&1; then
+if [ -n "$GIVEN" ]; then
+    ARCHIVE="$GIVEN"
+    echo "unpacking $GIVEN (MD5 $MD5: the official archive)"
+elif command -v curl >/dev/null 2>&1; then
+    echo "downloading $URL"
     curl -fL --retry 3 --connect-timeout 20 --speed-limit 1024 --speed-time 60 -o "$ARCHIVE" "$URL" ||
         die "download failed (curl): no network, a stalled connection, or the URL moved?"
 elif command -v wget >/dev/null 2>&1; then
+    echo "downloading $URL"
     wget --tries=3 --dns-timeout=20 --connect-timeout=20 --read-timeout=60 -O "$ARCHIVE" "$URL" ||
         die "download failed (wget): no network, a stalled connection, or the URL moved?"
 else

@@ -295,6 +295,15 @@ START_TEST(cifar_missing_directory_or_file) {
         unlink(inner);
         if (slash) *slash = 0, rmdir(inner);
     }
+    /* the archive itself, not unpacked: named, with the script's offline --archive that unpacks it */
+    snprintf(inner, sizeof inner, "%s/cifar-10-binary.tar.gz", above);
+    FILE *tgz = fopen(inner, "w");
+    ck_assert_ptr_nonnull(tgz);
+    fclose(tgz);
+    char unpack[400];
+    snprintf(unpack, sizeof unpack, "docs/get_cifar10.sh --archive %s %s", inner, above);
+    expect_user_error(above, 1, 0, "holds the archive cifar-10-binary.tar.gz, not yet unpacked", unpack);
+    unlink(inner);
     rmdir(above);
     snprintf(path, sizeof path, "%s/data_batch_3.bin", dir);
     unlink(path);
@@ -743,6 +752,28 @@ START_TEST(get_cifar10_refuses_what_would_stop_the_unpacking) {
                       "%s: exit %d, curl %s: %s", cmd, rc, access(marker, F_OK) ? "not run" : "ran", out);
         free(out);
     }
+    /* --archive FILE (no network): a missing file, and one that is not the official archive (its MD5),
+     * refused before DIR is made and without a download */
+    const struct {
+        const char *archive, *says;
+    } given[] = {{"nope.tar.gz", "nope.tar.gz: no such file"},
+                 {"file", "has MD5 d41d8cd98f00b204e9800998ecf8427e, expected c32a1d4ab5d03f1284b67883e8d87530"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "PATH='%s':\"$PATH\" bash %s/docs/get_cifar10.sh --archive '%s/%s' '%s/new'", top,
+                 test_root(), top, given[i].archive, top);
+        int rc = test_run(cmd, &out);
+        char made[700];
+        snprintf(made, sizeof made, "%s/new", top);
+        ck_assert_msg(rc == 1 && strstr(out, "error: --archive ") == out && strstr(out, given[i].says) &&
+                          access(marker, F_OK) != 0 && access(made, F_OK) != 0,
+                      "%s: exit %d, curl %s, DIR %s: %s", cmd, rc, access(marker, F_OK) ? "not run" : "ran",
+                      access(made, F_OK) ? "not made" : "made", out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "bash %s/docs/get_cifar10.sh --archive 2>&1", test_root()); /* no FILE: usage */
+    ck_assert_int_eq(test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "usage: ") && strstr(out, "[--archive FILE] [DIR]"), "%s", out);
+    free(out);
     ck_assert_int_eq(rmdir(batch3), 0);
     ck_assert_int_eq(rmdir(set), 0);
     snprintf(cmd, sizeof cmd, "rm -f '%s' '%s/curl'", path, top);
