@@ -55,7 +55,8 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "off: optimizer.step() after backward; in-backward: ddp_model._register_fused_optim, each bucket stepped "
          "as soon as its all-reduce is done, on a side stream while backward goes on; after-backward (ours): each "
          "bucket stepped after backward as soon as its all-reduce is done, beside the last all-reduce (not with "
-         "fp16's GradScaler, --no-overlap or stages 4–5's --sync-each-micro-step)"},
+         "--clip-grad-norm, --no-overlap, stages 4–5's --sync-each-micro-step, or stage 5's --grad-stats, "
+         "--no-grad-scaler and fp16's GradScaler)"},
         {"find-unused-parameters", OPT_FLAG, &f->find_unused, 0, 0, NULL,
          "DistributedDataParallel(find_unused_parameters=True): every step, find the parameters the forward did "
          "not use and mark them ready (the price: that search, their zero gradients all-reduced, one more "

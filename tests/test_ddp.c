@@ -1037,20 +1037,49 @@ START_TEST(optimizer_in_backward_same_bits) {
 }
 END_TEST
 
-/* The combinations that cannot work are refused before training, naming the fix. */
+/* The --help entry of --optimizer-overlap in `stage` (from its line to the next flag's), its wrapped
+ * lines joined by single spaces. */
+static char *optimizer_overlap_help(const char *stage) {
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "%s/%s --help", test_root(), stage);
+    test_run_ok(cmd, "--help", &out);
+    char *entry = strstr(out, "\n  --optimizer-overlap");
+    ck_assert_msg(entry, "%s --help has no --optimizer-overlap:\n%s", stage, out);
+    char *end = strstr(entry + 1, "\n  --");
+    if (end) *end = 0;
+    char *joined = xstrdup(entry), *w = joined;
+    for (const char *r = entry; *r; r++)
+        if (!(*r == ' ' || *r == '\n') || (w > joined && w[-1] != ' ')) *w++ = (*r == '\n') ? ' ' : *r;
+    *w = 0;
+    free(out);
+    return joined;
+}
+
+/* The combinations that cannot work are refused before training, naming the fix — and the flag's
+ * --help names each of them (it listed only three, so `--help` let a student pair it with
+ * --clip-grad-norm or --grad-stats and meet the refusal only at run time). */
 START_TEST(optimizer_in_backward_refusals) {
     static const struct {
-        const char *cmd, *says;
+        const char *cmd, *says, *help_names;
     } cases[] = {
-        {"stage3 " CPU_FUSED " --optimizer-overlap in-backward --no-overlap", "drop one of the two"},
+        {"stage3 " CPU_FUSED " --optimizer-overlap in-backward --no-overlap", "drop one of the two", "--no-overlap"},
+        {"stage3 " CPU_FUSED " --optimizer-overlap after-backward --clip-grad-norm 1", "before that norm exists",
+         "--clip-grad-norm"},
         {"stage4 " CPU_FUSED " --optimizer-overlap after-backward --accum-steps 2 --sync-each-micro-step",
-         "every micro-batch"},
-        {"stage5 " CPU_FUSED " --optimizer-overlap in-backward --amp fp16", "--amp bf16"},
+         "every micro-batch", "--sync-each-micro-step"},
+        {"stage5 " CPU_FUSED " --optimizer-overlap in-backward --amp fp16", "--amp bf16", "fp16's GradScaler"},
         {"stage5 " CPU_FUSED " --optimizer-overlap after-backward --amp fp16 --no-grad-scaler",
-         "cannot run with --no-grad-scaler"},
-        {"stage5 " CPU_FUSED " --optimizer-overlap after-backward --amp bf16 --grad-stats", "cannot run with --grad-stats"},
+         "cannot run with --no-grad-scaler", "--no-grad-scaler"},
+        {"stage5 " CPU_FUSED " --optimizer-overlap after-backward --amp bf16 --grad-stats", "cannot run with --grad-stats",
+         "--grad-stats"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char stage[16], *help;
+        snprintf(stage, sizeof stage, "%.6s", cases[i].cmd);
+        help = optimizer_overlap_help(stage);
+        ck_assert_msg(strstr(help, cases[i].help_names), "%s --help does not say --optimizer-overlap is refused with %s:\n%s",
+                      stage, cases[i].help_names, help);
+        free(help);
         char cmd[2048], *out;
         snprintf(cmd, sizeof cmd, LIMIT "%s/%s --steps 2 --master-port %d", test_root(), cases[i].cmd, test_free_port());
         int rc = test_run(cmd, &out);
