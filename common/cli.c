@@ -733,8 +733,8 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"cudnn-benchmark", OPT_FLAG, &c->cudnn_benchmark, 0, 0, NULL,
          "time cuDNN's conv algorithms once and use the fastest (torch.backends.cudnn.benchmark = True)"},
         {"no-tf32", OPT_FLAG, &c->no_tf32, 0, 0, NULL,
-         "full-FP32 convolutions and matmuls instead of TF32 "
-         "(torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False)"},
+         "full-FP32 convolutions instead of TF32 (torch.backends.cudnn.allow_tf32 = False); fp32 matmuls "
+         "never use TF32 here (PyTorch's default, torch.backends.cuda.matmul.allow_tf32 = False)"},
         {"no-cuda-graph", OPT_FLAG, &c->no_cuda_graph, 0, 0, NULL,
          "launch the training step's kernels one by one instead of replaying them as CUDA graphs "
          "(PyTorch eager does; torch.cuda.graphs does not). Stage 2 never uses graphs"},

@@ -273,6 +273,13 @@ START_TEST(test_help) {
             snprintf(flag, sizeof flag, "--%s", o->name);
             ck_assert_msg(strstr(out, flag), "help lacks %s:\n%s", flag, out);
             ck_assert_msg(o->help && o->help[0], "%s has no help text", flag);
+            /* --no-tf32 changes the convolutions only: the linear layer's cuBLAS handle runs plain fp32
+             * whatever the flag (device.c: CUBLAS_DEFAULT_MATH, PyTorch's default matmul) — the help
+             * once said "convolutions and matmuls", mapping it to matmul.allow_tf32 = False too */
+            if (!strcmp(o->name, "no-tf32"))
+                ck_assert_msg(strstr(o->help, "cudnn.allow_tf32 = False") && !strstr(o->help, "and matmuls") &&
+                                  !strstr(o->help, "= torch.backends.cuda.matmul.allow_tf32 = False"),
+                              "--no-tf32's help: %s", o->help);
         }
         free(t);
         ck_assert(strstr(out, "--gpus"));
