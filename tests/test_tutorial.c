@@ -3,7 +3,8 @@
  * resolves and every translation (X.zh-CN.md, docs/tutorial.zh-CN.md among them) keeps the headings,
  * code blocks — commands and their cpu-test markers included — and tables of the page it translates
  * (tests/doc_check.py). The other tests feed both scripts small broken pages, so we know they fail —
- * naming the block, file and line — when a command breaks, a link dies or a translation drifts. */
+ * naming the block, file and line — when a command breaks, a link dies or a translation drifts. The
+ * stage READMEs' transcripts (a bare ``` block of `$ ` commands and their output) run too. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,56 @@ START_TEST(tutorial_cpu_commands_run) {
         ck_assert_msg(strstr(out, must[i]), "the doc test did not run a block with '%s':\n%s", must[i], out);
     printf("%s", strstr(out, "tutorial_test:") ? strstr(out, "tutorial_test:") : "");
     free(out);
+}
+END_TEST
+
+/* Every English page with a transcript (its zh-CN twin holds the same code blocks: doc_check): the
+ * commands run and print the lines the page shows. */
+START_TEST(readme_transcripts_run) {
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "cd %s && n=0; for f in $(grep -l '^\\$ ' stages/*/README.md docs/*.md | grep -v zh-CN); "
+             "do n=$((n + 1)); bash tests/tutorial_test.sh $f || echo \"FAILED: $f\"; done; echo \"pages: $n\"",
+             test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(!strstr(out, "FAILED: ") && !strstr(out, "FAIL: "), "a page's transcript drifted:\n%s", out);
+    /* it ran the READMEs' runs: the sampler's three ranks, stage 4's two runs, stage 5's inf step */
+    const char *must[] = {"transcript  1 (line", "--show-sampler --dataset-size 10 --world-size 3",
+                          "./stage4 --device cpu --epochs 1 --train-size 4096 --deterministic", "--test-inf-step 3"};
+    for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
+        ck_assert_msg(strstr(out, must[i]), "no transcript with '%s' ran:\n%s", must[i], out);
+    free(out);
+}
+END_TEST
+
+/* A transcript's rules: its lines in order, each whole, `…` and `...` any text, a `...` line any lines;
+ * a wrong figure or a line out of order fails, naming the transcript, its line and the line missing. */
+START_TEST(transcript_test_fails_on_a_drifted_line) {
+    char *dir = test_tmpdir(), md[512], *out;
+    snprintf(md, sizeof md, "%s/t.md", dir);
+    const char *good = "# t\n\n```\n$ printf 'a 1\\nnoise\\nsummary: 3 steps in 4.2 s | loss 2.5 | x\\n'\n"
+                       "a 1\n...\nsummary: 3 steps in … s | loss 2.5 ...\n```\n";
+    write_file(md, good);
+    int rc = run_doc_test(md, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "ok   transcript  1 (line   4)") && strstr(out, "1 transcripts"),
+                  "a transcript that holds passed nothing:\n%s", out);
+    free(out);
+    const char *bad[] = {
+        "# t\n\n```\n$ printf 'a 1\\nsummary: 3 steps in 4.2 s | loss 2.5\\n'\nsummary: 3 steps in … s | loss 2.6\n```\n",
+        "# t\n\n```\n$ printf 'b\\na\\n'\na\nb\n```\n",         /* out of order */
+        "# t\n\n```\n$ printf 'a 10\\n'\na 1\n```\n",               /* a part of a line is not the line */
+        "# t\n\n```\n$ printf 'a\\n'; exit 3\na\n```\n"};           /* a failing command */
+    const char *says[] = {"printed no line like 'summary: 3 steps in … s | loss 2.6'", "printed no line like 'b'",
+                          "printed no line like 'a 1'", "exited with code 3"};
+    for (int i = 0; i < 4; i++) {
+        write_file(md, bad[i]);
+        rc = run_doc_test(md, &out);
+        ck_assert_msg(rc != 0 && strstr(out, "FAIL: transcript 1 (") && strstr(out, "line 4)") && strstr(out, says[i]),
+                      "case %d: want '%s':\n%s", i, says[i], out);
+        free(out);
+    }
+    unlink(md);
+    rmdir(dir);
+    free(dir);
 }
 END_TEST
 
@@ -308,6 +359,8 @@ Suite *suite_tutorial(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, tutorial_cpu_commands_run);
     tcase_add_test(tc, tutorial_test_fails_on_a_broken_command);
+    tcase_add_test(tc, readme_transcripts_run);
+    tcase_add_test(tc, transcript_test_fails_on_a_drifted_line);
     tcase_add_test(tc, tutorial_blocks_get_a_tmp_of_their_own);
     tcase_add_test(tc, tutorial_blocks_get_a_runs_of_their_own);
     tcase_add_test(tc, docs_links_resolve_and_translations_match);

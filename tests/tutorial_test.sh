@@ -13,6 +13,11 @@
 #   ```sh                    shown, never run (GPU commands, `make`, long runs)
 # Inside a cpu-test block, a comment line `# expect: TEXT` says the block's output must contain TEXT
 # (a fixed string): what the page's prose quotes from that output, so the figures cannot drift.
+#
+# A bare ``` block whose first line starts with `$ ` is a transcript (a stage README's way to show a
+# run): its `$ ` lines run, in order, and must exit 0; every other line is output that must appear,
+# in order, as a whole line — where `…` or `...` stands for any text, and a line of just `...` for any
+# lines. So a README's quoted run cannot drift either. A page with transcripts needs no cpu-test block.
 # That the Chinese translation holds the same blocks, markers and commands is tests/doc_check.py's
 # check (every translation's, this one's included).
 set -u
@@ -36,6 +41,45 @@ split_blocks() {
         inb                        { print > (dir "/" n ".sh") }
         END { if (inb) { print "unterminated ```sh block at the end of the file"; exit 1 } print n + 0 > (dir "/count") }
     ' "$1"
+}
+# A Markdown file's transcripts (bare ``` blocks whose first line starts with "$ ") into $2/tN.cmd (the
+# commands, "$ " dropped), $2/tN.want (the output lines) and $2/tN.line; their count into $2/tcount.
+split_transcripts() {
+    mkdir -p "$2"
+    awk -v dir="$2" '
+        !inb && /^```[ \t]*$/ { inb = 1; first = 1; next }
+        !inb && /^```/        { inb = 2; next }
+        inb && /^```[ \t]*$/  { inb = 0; next }
+        inb == 1 && first     { first = 0
+                                if (substr($0, 1, 2) != "$ ") { inb = 2; next }
+                                n++; printf "" > (dir "/t" n ".cmd"); printf "" > (dir "/t" n ".want")
+                                print NR > (dir "/t" n ".line") }
+        inb == 1 && substr($0, 1, 2) == "$ " { print substr($0, 3) > (dir "/t" n ".cmd"); next }
+        inb == 1              { print > (dir "/t" n ".want") }
+        END { print n + 0 > (dir "/tcount") }
+    ' "$1"
+}
+# The first line of $1 (wanted output lines, `…`/`...` as wildcards) that $2 (the output) lacks, in
+# order; nothing when every one is there.
+first_missing() {
+    awk -v want="$1" '
+        function matches(l, w,   parts, k, i, at, p) {
+            gsub(/\.\.\./, "…", w); sub(/[ \t]+$/, "", w); sub(/[ \t]+$/, "", l)
+            k = split(w, parts, "…")
+            if (k == 1) return l == w
+            if (substr(l, 1, length(parts[1])) != parts[1]) return 0
+            at = length(parts[1]) + 1
+            for (i = 2; i < k; i++) {
+                p = index(substr(l, at), parts[i]); if (!p) return 0
+                at += p - 1 + length(parts[i])
+            }
+            return length(parts[k]) == 0 || (length(l) - at + 1 >= length(parts[k]) &&
+                                              substr(l, length(l) - length(parts[k]) + 1) == parts[k])
+        }
+        BEGIN { while ((getline w < want) > 0) { t = w; gsub(/[ \t]/, "", t); if (t != "...") W[++nw] = w } j = 1 }
+        j <= nw && matches($0, W[j]) { j++ }
+        END { if (j <= nw) print W[j] }
+    ' "$2"
 }
 # A loopback port nothing listens on, below the kernel's ephemeral range (32768 and up).
 free_port() {
@@ -101,6 +145,31 @@ for i in $(seq 1 "$n"); do
         printf 'ok   block %2d (line %3d, %5s s, exit %d): %s\n' "$i" "$line" "$dt" "$rc" "$first"
     fi
 done
-echo "tutorial_test: $ran CPU blocks run, $pending pending (cpu-test-pending), $n \`\`\`sh blocks in $name"
-[ "$ran" -gt 0 ] || { echo "FAIL: no cpu-test block found in $name"; fail=1; }
+
+# The transcripts: the same rewrites of ports, /tmp and runs/ as the blocks above.
+split_transcripts "$md" "$tmp/tr"
+nt=$(cat "$tmp/tr/tcount")
+for i in $(seq 1 "$nt"); do
+    line=$(cat "$tmp/tr/t$i.line")
+    port=$(free_port)
+    sed -E -e "/--standalone/!s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
+        -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" \
+        -e "s#(^|[^[:alnum:]_./-])(\./)?runs/#\1$tmp/files/runs/#g" "$tmp/tr/t$i.cmd" > "$tmp/run.sh"
+    timeout 300 bash -e -o pipefail "$tmp/run.sh" > "$tmp/out" 2>&1 < /dev/null
+    rc=$?
+    missing=$(first_missing "$tmp/tr/t$i.want" "$tmp/out")
+    if [ "$rc" != 0 ] || [ -n "$missing" ]; then
+        what="exited with code $rc"
+        [ "$rc" = 0 ] && what="printed no line like '$missing' (after the lines before it)"
+        echo "FAIL: transcript $i ($name line $line) $what:"
+        sed 's/^/    $ /' "$tmp/tr/t$i.cmd"
+        echo "  last lines of its output:"
+        tail -n 15 "$tmp/out" | sed 's/^/    /'
+        fail=1
+    else
+        printf 'ok   transcript %2d (line %3d): %s\n' "$i" "$line" "$(head -n1 "$tmp/tr/t$i.cmd")"
+    fi
+done
+echo "tutorial_test: $ran CPU blocks run, $pending pending (cpu-test-pending), $n \`\`\`sh blocks, $nt transcripts in $name"
+[ "$ran" -gt 0 ] || [ "$nt" -gt 0 ] || { echo "FAIL: no cpu-test block or transcript found in $name"; fail=1; }
 exit $fail
