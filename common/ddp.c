@@ -48,7 +48,8 @@ Option *ddp_options(DdpFlags *f, const Option *extra) {
          "that holds this many MiB; 0: whatever the other buckets leave (PyTorch)"},
         {"broadcast-buffers", OPT_CHOICE, &f->broadcast_buffers, 0, 0, "before-forward|after-forward",
          "when rank 0's BN buffers are broadcast: before the next forward, which waits for it (PyTorch's default), "
-         "or after the forward, overlapped with its backward (PyTorch's POST_FORWARD buffer hook); the same values"},
+         "or from the first gradient hook of the synchronising backward, overlapped with it (modelled on PyTorch's "
+         "POST_FORWARD buffer hook, which fires after other forwards); the same values as before-forward"},
         {"no-overlap", OPT_FLAG, &f->no_overlap, 0, 0, NULL,
          "all-reduce all gradients once after backward instead of bucket by bucket during it (the experiment)"},
         {"optimizer-overlap", OPT_CHOICE, &f->optimizer_overlap, 0, 0, "off|in-backward|after-backward",

@@ -39,12 +39,15 @@
  * before it or no step at all (the flag starts set: --evaluate's one evaluation broadcasts), and
  * leaves the flag off. Parameters and buffers are broadcast once at the start.
  * The broadcast before a forward waits in the open: the compute stream can start nothing until the
- * ranks have met and the buffers arrived. --broadcast-buffers after-forward moves it (PyTorch's
- * _register_buffer_comm_hook with _BufferCommHookLocation.POST_FORWARD, whose futures are awaited
- * at the end of backward): a forward whose backward synchronises owes the broadcast, and that
- * backward's first gradient hook issues it (PyTorch's hook issues it as the forward returns), ahead
- * of the first bucket, so it runs on the communication stream while backward computes, and
- * ddp_backward_end's wait covers it. Nothing
+ * ranks have met and the buffers arrived. --broadcast-buffers after-forward moves it (modelled on
+ * PyTorch's _register_buffer_comm_hook with _BufferCommHookLocation.POST_FORWARD, whose futures are
+ * awaited at the end of the next synchronising backward): a forward whose backward synchronises owes
+ * the broadcast, and that backward's first gradient hook issues it, ahead of the first bucket, so it
+ * runs on the communication stream while backward computes, and ddp_backward_end's wait covers it.
+ * PyTorch's hook is tied to other forwards: _post_forward tests require_forward_param_sync before
+ * setting it, so it fires after the forwards the default broadcasts before — under no_sync the
+ * group's first, after an evaluation the evaluation's first, not the next training one — and the
+ * ranks' buffers can differ again at the next forward. Ours keeps the default's values. Nothing
  * touches the buffers between that forward and the next one (backward and the optimizer do not
  * read them), so every forward and every evaluation sees the very buffers PyTorch's default gives
  * it — even under no_sync, since the forward that owes the broadcast is exactly the one after which
