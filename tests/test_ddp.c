@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -982,6 +983,96 @@ START_TEST(find_unused_parameters_trains) {
 }
 END_TEST
 
+/* ---- the compression hook (stage 5's --grad-comm) -------------------------------------------------- */
+
+/* fp16_compress_hook's arithmetic, per element, for two ranks: buffer.to(float16).div_(2) on each rank
+ * (on a CUDA tensor a multiply by fp32's 1/2, rounded once to fp16), the fp16 SUM (one rounding for
+ * two terms, in either order), copied back into the fp32 bucket. */
+static float torch_fp16_hook_mean(float g0, float g1) {
+    float q0 = f16_to_f32(f32_to_f16(f16_to_f32(f32_to_f16(g0)) * 0.5f));
+    float q1 = f16_to_f32(f32_to_f16(f16_to_f32(f32_to_f16(g1)) * 0.5f));
+    return f16_to_f32(f32_to_f16(q0 + q1));
+}
+
+/* Rank r's gradient element i: uniform values, and three that tell the orders apart — cast first
+ * (the hook's) or divide first: 70000 is inf in fp16 before the division and 35000 after it, so the
+ * GradScaler would skip the step with the one and not the other; 2.75·2⁻²⁴ rounds (cast, then
+ * halve, ties to even) to 2⁻²³ and (halve, then cast) to 2⁻²⁴; and −70000 + 70000 is inf − inf. */
+static void hook_grads(float *g, int64_t n, int rank) {
+    test_fill_uniform(g, n, 17 + (uint64_t)rank, -3.0f, 3.0f);
+    g[0] = rank == 0 ? 70000.0f : 1.0f;
+    g[1] = rank == 0 ? 2.75f * ldexpf(1.0f, -24) : 0.0f;
+    g[2] = rank == 0 ? -70000.0f : 70000.0f;
+}
+
+/* One rank of compress_hook_casts_then_divides, in a process of its own: 0 if every averaged element
+ * is torch's, else 1 (with a line on stderr). */
+static int hook_rank(int rank, int port) {
+    Device dev = {0};
+    device_init(&dev, DEV_CPU, 0, 0);
+    setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
+    Store *store = store_open("127.0.0.1", port, rank, 2, 10);
+    Comm *comm = comm_create(COMM_HOST, store, &dev, 10);
+    TrainConfig cfg;
+    config_defaults(&cfg);
+    Model *m = model_create(&dev, "tiny", 1, 1, 0);
+    Run run = {.cfg = &cfg, .world_size = 2, .rank = rank, .model = m};
+    report_open(&run.report, "", "off", 0);
+    Ddp d;
+    DdpFlags f;
+    free(ddp_options(&f, NULL));
+    f.bucket_mb = 0.01, f.bucket_mb_given = 1; /* several buckets: each cast and reduced on its own */
+    ddp_init(&d, &run, comm, &f);
+    ddp_register_comm_hook(&d, PREC_FP16);
+    int64_t n = m->n_param_floats;
+    float *mine = malloc((size_t)n * sizeof(float)), *other = malloc((size_t)n * sizeof(float));
+    hook_grads(mine, n, rank), hook_grads(other, n, 1 - rank);
+    memcpy(m->grad_flat, mine, (size_t)n * sizeof(float));
+    int order[512], bad = 0;
+    int k = ready_order(m, order);
+    ddp_forward_begin(&d);
+    for (int i = 0; i < k; i++) ddp_grad_ready(&d, order[i]);
+    ddp_backward_end(&d);
+    if (d.allreduce_calls < 2) fprintf(stderr, "rank %d: %lld all-reduces, expected one per bucket\n", rank,
+                                       (long long)d.allreduce_calls), bad = 1;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        float want = torch_fp16_hook_mean(rank ? other[i] : mine[i], rank ? mine[i] : other[i]), got = m->grad_flat[i];
+        if (memcmp(&got, &want, sizeof got) && !(isnan(got) && isnan(want)))
+            fprintf(stderr, "rank %d: element %lld = %.9g, fp16_compress_hook gives %.9g\n", rank, (long long)i, got,
+                    want), bad = 1;
+    }
+    ddp_destroy(&d);
+    free(mine), free(other);
+    model_destroy(m);
+    comm_destroy(comm);
+    store_close(store);
+    device_destroy(&dev);
+    return bad;
+}
+
+/* --grad-comm fp16 is fp16_compress_hook: each bucket cast to fp16, divided by the world size (in
+ * fp16, after the cast), summed in fp16 and copied back — its bits, element for element, on two
+ * ranks (two processes: each its own model and reducer). The order matters beyond rounding: a
+ * scaled gradient above fp16's range is inf whatever the division would have made of it, and the
+ * scaler then skips the step (stage 5's README). */
+START_TEST(compress_hook_casts_then_divides) {
+    ck_assert(isinf(torch_fp16_hook_mean(70000.0f, 1.0f)) && torch_fp16_hook_mean(2.75f * ldexpf(1.0f, -24), 0) ==
+                                                                ldexpf(1.0f, -23)); /* the reference itself */
+    int port = test_free_port();
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        pid[r] = fork();
+        ck_assert(pid[r] >= 0);
+        if (pid[r] == 0) _exit(hook_rank(r, port));
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        ck_assert(waitpid(pid[r], &st, 0) == pid[r]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d (its line above)", r, st);
+    }
+}
+END_TEST
+
 /* ---- the optimizer in backward ------------------------------------------------------------------ */
 
 /* Run `stage args` with each --optimizer-overlap and require the same final checkpoint, byte for
@@ -1224,6 +1315,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, unused_param_reducer);
     tcase_add_test(tc, unused_param_stops_every_rank);
     tcase_add_test(tc, find_unused_parameters_trains);
+    tcase_add_test(tc, compress_hook_casts_then_divides);
     tcase_add_test(tc, optimizer_in_backward_same_bits);
     tcase_add_test(tc, optimizer_in_backward_refusals);
     tcase_add_test(tc, every_ddp_stage_reports_each_epochs_comm);
