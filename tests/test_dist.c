@@ -604,6 +604,65 @@ START_TEST(host_ring_16bit_mean_is_pytorchs) {
 }
 END_TEST
 
+/* The fp32 mean all-reduce, DDP's gradient averaging (no hook): the reducer multiplies each rank's
+ * gradients by fp32's 1/world as it copies them into the bucket (reducer.cpp, mark_variable_ready_dense:
+ * at::mul(grad, 1/div_factor_)) and the bucket is then SUM all-reduced — each contribution rounded on
+ * its own, not the sum divided. Rank 0 holds a, rank 1 b, the others −0, so only one addition rounds
+ * and its order cannot matter: every rank must end with exactly fp32(a·w) + fp32(b·w), w = fp32(1/world).
+ * The data tells that apart from a mean taken after the sum, multiplied or divided (the test checks it
+ * has such elements), and holds ±3e38 pairs whose sum overflows before the division, not after it. */
+enum { MEAN32_N = 4096 };
+
+static float mean32_input(int rank, int i) {
+    if (rank > 1) return -0.0f;
+    if (i < 2) return i ? -3e38f : 3e38f; /* a + b = ±6e38: inf when summed first */
+    uint32_t u = (uint32_t)i * 2654435761u + (uint32_t)rank * 40503u;
+    float v = ldexpf(1.0f + (float)(u % 8388608u) / 8388608.0f, (int)((u >> 23) % 60) - 30);
+    return (u >> 7) & 1 ? -v : v;
+}
+
+static void *mean32_rank_main(void *p) {
+    RankArg *a = p;
+    HostRank hr;
+    host_rank_open(&hr, a);
+    const float w = 1.0f / (float)a->world;
+    float *x = malloc(MEAN32_N * sizeof(float));
+    for (int i = 0; i < MEAN32_N; i++) x[i] = mean32_input(a->rank, i);
+    comm_allreduce_mean_async(hr.c, x, MEAN32_N, COMM_F32);
+    comm_wait(hr.c);
+    for (int i = 0; i < MEAN32_N; i++) {
+        volatile float qa = mean32_input(0, i) * w, qb = mean32_input(1, i) * w, want = qa + qb;
+        if (memcmp(&x[i], (const float *)&want, sizeof(float))) {
+            snprintf(a->msg, sizeof a->msg, "world %d, rank %d: element %d is %.9g, expected %.9g (each contribution "
+                     "times 1/world, then summed)", a->world, a->rank, i, x[i], want);
+            free(x);
+            return NULL;
+        }
+    }
+    free(x);
+    host_rank_close(&hr);
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(host_ring_f32_mean_is_pytorchs) {
+    /* the data tells "times 1/world, then sum" from "sum, then times 1/world" and "sum, then / world" */
+    const float w3 = 1.0f / 3.0f;
+    int after_mul = 0, after_div = 0;
+    for (int i = 0; i < MEAN32_N; i++) {
+        volatile float a = mean32_input(0, i), b = mean32_input(1, i), qa = a * w3, qb = b * w3, want = qa + qb,
+                       sum = a + b, mul = sum * w3, div = sum / 3.0f;
+        after_mul += memcmp((const float *)&mul, (const float *)&want, sizeof(float)) != 0;
+        after_div += memcmp((const float *)&div, (const float *)&want, sizeof(float)) != 0;
+    }
+    ck_assert_msg(after_mul > 100 && after_div > 100, "only %d / %d of %d elements tell the orders apart", after_mul,
+                  after_div, MEAN32_N);
+    const int worlds[] = {2, 3, 5};
+    for (size_t k = 0; k < sizeof worlds / sizeof worlds[0]; k++)
+        run_rank_threads(worlds[k], mean32_rank_main, (RankArg){.port = test_free_port()});
+}
+END_TEST
+
 /* A communicator remembers its last OPS operations in a ring of slots. When a peer stalls, a rank
  * can issue OPS operations ahead of it; the next one must wait for the oldest to finish, not reuse
  * its slot while it is still in flight. Rank 1 starts 0.5 s late; rank 0 issues OPS + 8 small
@@ -2269,6 +2328,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, net_edges_file_limit_and_closed_peer);
     tcase_add_test(tc, host_ring_allreduce_is_exact);
     tcase_add_test(tc, host_ring_16bit_mean_is_pytorchs);
+    tcase_add_test(tc, host_ring_f32_mean_is_pytorchs);
     tcase_add_test(tc, host_ring_issue_waits_for_a_free_slot);
     tcase_add_test(tc, ranks_on_different_communicators_are_refused);
     tcase_add_test(tc, launcher_refuses_bad_flags);
