@@ -12,7 +12,8 @@
  *
  * And the pitfall of a parameter the forward never uses (--unused-param): harmless without DDP, the
  * job stopped at the next step without --find-unused-parameters, training as one device with it —
- * each against what torch does (tests/fixtures/ddp_unused.txt). */
+ * each against what torch does (tests/fixtures/ddp_unused.txt). And, with two ranks in two processes,
+ * the fp16 compression hook's arithmetic and which rank the buffers come from, against PyTorch's. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -983,7 +984,7 @@ START_TEST(find_unused_parameters_trains) {
 }
 END_TEST
 
-/* ---- the compression hook (stage 5's --grad-comm) -------------------------------------------------- */
+/* ---- two ranks, two processes: the compression hook, the buffer broadcasts ----------------------- */
 
 /* fp16_compress_hook's arithmetic, per element, for two ranks: buffer.to(float16).div_(2) on each rank
  * (on a CUDA tensor a multiply by fp32's 1/2, rounded once to fp16), the fp16 SUM (one rounding for
@@ -1005,24 +1006,46 @@ static void hook_grads(float *g, int64_t n, int rank) {
     g[2] = rank == 0 ? -70000.0f : 70000.0f;
 }
 
-/* One rank of compress_hook_casts_then_divides, in a process of its own: 0 if every averaged element
- * is torch's, else 1 (with a line on stderr). */
-static int hook_rank(int rank, int port) {
-    Device dev = {0};
-    device_init(&dev, DEV_CPU, 0, 0);
+/* One rank of a two-rank job over the host ring: the tiny model with batch norm, its Run. */
+static void two_rank_open(OneRank *o, int rank, int port) {
+    memset(o, 0, sizeof *o);
+    device_init(&o->dev, DEV_CPU, 0, 0);
     setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1);
-    Store *store = store_open("127.0.0.1", port, rank, 2, 10);
-    Comm *comm = comm_create(COMM_HOST, store, &dev, 10);
-    TrainConfig cfg;
-    config_defaults(&cfg);
-    Model *m = model_create(&dev, "tiny", 1, 1, 0);
-    Run run = {.cfg = &cfg, .world_size = 2, .rank = rank, .model = m};
-    report_open(&run.report, "", "off", 0);
+    o->store = store_open("127.0.0.1", port, rank, 2, 10);
+    o->comm = comm_create(COMM_HOST, o->store, &o->dev, 10);
+    config_defaults(&o->cfg);
+    o->m = model_create(&o->dev, "tiny", 1, 1, 0);
+    o->run = (Run){.cfg = &o->cfg, .world_size = 2, .rank = rank, .model = o->m};
+    report_open(&o->run.report, "", "off", 0);
+}
+
+/* rank_main(0, port) and rank_main(1, port), each in a process of its own (each its own model and
+ * reducer; threads would share the CPU backend's state); each returns 0, or 1 with a line on stderr. */
+static void run_two_rank_processes(int (*rank_main)(int rank, int port)) {
+    int port = test_free_port();
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        pid[r] = fork();
+        ck_assert(pid[r] >= 0);
+        if (pid[r] == 0) _exit(rank_main(r, port));
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        ck_assert(waitpid(pid[r], &st, 0) == pid[r]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d (its line above)", r, st);
+    }
+}
+
+/* One rank of compress_hook_casts_then_divides: 0 if every averaged element is torch's. */
+static int hook_rank(int rank, int port) {
+    OneRank o;
+    two_rank_open(&o, rank, port);
+    Model *m = o.m;
     Ddp d;
     DdpFlags f;
     free(ddp_options(&f, NULL));
     f.bucket_mb = 0.01, f.bucket_mb_given = 1; /* several buckets: each cast and reduced on its own */
-    ddp_init(&d, &run, comm, &f);
+    ddp_init(&d, &o.run, o.comm, &f);
     ddp_register_comm_hook(&d, PREC_FP16);
     int64_t n = m->n_param_floats;
     float *mine = malloc((size_t)n * sizeof(float)), *other = malloc((size_t)n * sizeof(float));
@@ -1043,10 +1066,7 @@ static int hook_rank(int rank, int port) {
     }
     ddp_destroy(&d);
     free(mine), free(other);
-    model_destroy(m);
-    comm_destroy(comm);
-    store_close(store);
-    device_destroy(&dev);
+    one_rank_close(&o);
     return bad;
 }
 
@@ -1058,18 +1078,65 @@ static int hook_rank(int rank, int port) {
 START_TEST(compress_hook_casts_then_divides) {
     ck_assert(isinf(torch_fp16_hook_mean(70000.0f, 1.0f)) && torch_fp16_hook_mean(2.75f * ldexpf(1.0f, -24), 0) ==
                                                                 ldexpf(1.0f, -23)); /* the reference itself */
-    int port = test_free_port();
-    pid_t pid[2];
-    for (int r = 0; r < 2; r++) {
-        pid[r] = fork();
-        ck_assert(pid[r] >= 0);
-        if (pid[r] == 0) _exit(hook_rank(r, port));
+    run_two_rank_processes(hook_rank);
+}
+END_TEST
+
+/* Rank r's buffers: a value of its own in every float (t tells the moments apart). */
+static void own_buffers(Model *m, int rank, float t) {
+    for (int64_t i = 0; i < m->n_buffer_floats; i++) m->buffer_flat[i] = (float)(100 * rank) + t + (float)i;
+}
+
+/* Whether every buffer float is rank `from`'s own_buffers(·, from, t). */
+static int buffers_are(const Model *m, int from, float t) {
+    for (int64_t i = 0; i < m->n_buffer_floats; i++)
+        if (m->buffer_flat[i] != (float)(100 * from) + t + (float)i) return 0;
+    return 1;
+}
+
+/* One rank of buffer_broadcasts_come_from_rank_0: 0 if the buffers were rank 0's (or its own) at each
+ * moment checked. */
+static int buffers_rank(int rank, int port) {
+    OneRank o;
+    two_rank_open(&o, rank, port);
+    Model *m = o.m;
+    int order[512], n = ready_order(m, order), bad = 0;
+    for (int after = 0; after < 2 && !bad; after++) {
+        const char *mode = after ? "after-forward" : "before-forward";
+        Ddp d;
+        DdpFlags f;
+        free(ddp_options(&f, NULL));
+        f.broadcast_buffers = mode;
+        own_buffers(m, rank, 0.25f);
+        ddp_init(&d, &o.run, o.comm, &f);
+        if (!buffers_are(m, 0, 0.25f))
+            fprintf(stderr, "rank %d, %s: after DDP's construction the buffers are not rank 0's\n", rank, mode), bad = 1;
+        own_buffers(m, rank, 0.5f); /* as a forward of its own batch would leave them */
+        ddp_forward_begin(&d);
+        /* the default broadcasts before this forward (the flag starts set); after-forward does not */
+        if (!bad && !buffers_are(m, after ? rank : 0, 0.5f))
+            fprintf(stderr, "rank %d, %s: before the first forward the buffers are not %s\n", rank, mode,
+                    after ? "its own" : "rank 0's"), bad = 1;
+        own_buffers(m, rank, 0.75f); /* the forward updates them */
+        for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+        ddp_backward_end(&d);
+        /* after-forward: the synchronising backward broadcast what that forward left on rank 0 */
+        if (!bad && !buffers_are(m, after ? 0 : rank, 0.75f))
+            fprintf(stderr, "rank %d, %s: after the backward the buffers are not %s\n", rank, mode,
+                    after ? "rank 0's" : "its own"), bad = 1;
+        ddp_destroy(&d);
     }
-    for (int r = 0; r < 2; r++) {
-        int st = 0;
-        ck_assert(waitpid(pid[r], &st, 0) == pid[r]);
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d (its line above)", r, st);
-    }
+    one_rank_close(&o);
+    return bad;
+}
+
+/* broadcast_buffers=True: the buffers every rank holds are rank 0's — from DDP's construction
+ * (_sync_module_states, src=0), before each forward that require_forward_param_sync marks (the flag
+ * starts set), or with --broadcast-buffers after-forward from the synchronising backward, and never
+ * another rank's. Nothing else shows it: every rank builds the same buffers, and in training batch
+ * norm normalises with its batch's statistics, not these. */
+START_TEST(buffer_broadcasts_come_from_rank_0) {
+    run_two_rank_processes(buffers_rank);
 }
 END_TEST
 
@@ -1316,6 +1383,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, unused_param_stops_every_rank);
     tcase_add_test(tc, find_unused_parameters_trains);
     tcase_add_test(tc, compress_hook_casts_then_divides);
+    tcase_add_test(tc, buffer_broadcasts_come_from_rank_0);
     tcase_add_test(tc, optimizer_in_backward_same_bits);
     tcase_add_test(tc, optimizer_in_backward_refusals);
     tcase_add_test(tc, every_ddp_stage_reports_each_epochs_comm);
