@@ -49,11 +49,13 @@ int64_t comm_allreduce_async(Comm *c, float *buf, int64_t count);
 typedef enum { COMM_F32 = 0, COMM_F16 = 1, COMM_BF16 = 2 } CommDtype;
 /* The mean over ranks, the way DDP averages gradients: each rank's values multiplied by fp32's
  * 1/world and rounded once to the element type, then summed — PyTorch's arithmetic, bit for bit per
- * contribution: DDP's reducer multiplies fp32 gradients by 1/world (gradient_as_bucket_view=False,
- * the default; with True it calls div_(world), which on a CUDA tensor is the same multiply by the
- * fp32 reciprocal — only a CPU tensor under gloo is truly divided, which can differ by an ulp when
- * world is not a power of two: docs/semantics.md), and the compression hooks' div_(world) on a CUDA
- * fp16/bf16 tensor is a multiply by the fp32 reciprocal too. NCCL: ncclAvg, whose kernel
+ * contribution: DDP's reducer multiplies fp32 gradients by 1/world as it copies them into the bucket
+ * (gradient_as_bucket_view=False, the default — and with True too whenever .grad is not yet the
+ * bucket's view, as after zero_grad()'s default set_to_none; on a view it calls div_(world), which on
+ * a CUDA tensor is the same multiply by the fp32 reciprocal — only a CPU tensor under gloo is truly
+ * divided, which can differ by an ulp when world is not a power of two: docs/semantics.md), and the
+ * compression hooks' div_(world) on a CUDA fp16/bf16 tensor is a multiply by the fp32 reciprocal
+ * too. NCCL: ncclAvg, whose kernel
  * multiplies as it reads (no pass of its own), wherever its factor is that one (comm_internal.h:
  * fp32, or a power-of-two world); else a multiply pass on the communication stream and a SUM. Host
  * ring: the multiply on the host copy, before the ring. */
