@@ -639,6 +639,35 @@ START_TEST(ddp_cpu_matches_one_device) {
 }
 END_TEST
 
+/* Sharded evaluation (ddp_evaluate): DistributedSampler pads the test set to a multiple of R, and the
+ * padding (repeats of the first samples) must not be scored — each rank counts only its real samples
+ * (sampler_num_real). With 67 test samples, 2 and 3 ranks both pad; the sums they all-reduce must be
+ * stage 1's over the whole set: the same accuracy (correct / 67) and loss. ddp_cpu_matches_one_device
+ * compares training only, at a test set R divides, so it cannot tell. */
+START_TEST(sharded_evaluation_scores_each_test_sample_once) {
+    char *dir = test_tmpdir(), cmd[4096], rep[600], *out;
+    const char *common = "--device cpu --model tiny --test-size 67 --deterministic --progress off";
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --train-size 32 --batch-size 16 --epochs 1 --save %s/a --report "
+             "%s/one.jsonl", test_root(), common, dir, dir);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stage1 failed:\n%s", out);
+    free(out);
+    snprintf(rep, sizeof rep, "%s/one.jsonl", dir);
+    double acc = test_report_field(rep, "epoch", "test_acc"), loss = test_report_field(rep, "epoch", "test_loss");
+    ck_assert_msg(acc > 0 && loss > 0, "no test result in %s", rep);
+    for (int world = 2; world <= 3; world++) {
+        snprintf(rep, sizeof rep, "%s/ddp%d.jsonl", dir, world);
+        snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 %s --nproc-per-node %d --master-port %d --evaluate --resume "
+                 "%s/a/epoch001.ckpt --report %s", test_root(), common, world, test_free_port(), dir, rep);
+        ck_assert_msg(test_run(cmd, &out) == 0, "stage3, %d ranks, failed:\n%s", world, out);
+        free(out);
+        double a = test_report_field(rep, "evaluate", "test_acc"), l = test_report_field(rep, "evaluate", "test_loss");
+        ck_assert_msg(a == acc && fabs(l - loss) <= 1e-5 * loss, "%d ranks on 67 test samples: acc %.9g loss %.9g, "
+                      "one device's %.9g %.9g (padding scored?)", world, a, l, acc, loss);
+    }
+    free(dir);
+}
+END_TEST
+
 /* The summary's per-rank line: each rank's forward + backward and its waits, side by side (the
  * averages hide which rank was late). Two CPU workers: one value per rank, each a real duration
  * inside the step; one worker: no such line, one value in the JSON. */
@@ -1377,6 +1406,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, buckets_are_torchs);
     tcase_add_test(tc, command_line_buckets_are_torchs);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
+    tcase_add_test(tc, sharded_evaluation_scores_each_test_sample_once);
     tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
     tcase_add_test(tc, unused_param_reducer);
