@@ -668,6 +668,32 @@ START_TEST(sharded_evaluation_scores_each_test_sample_once) {
 }
 END_TEST
 
+/* BN's running statistics are buffers each rank updates from its own batches; DDP broadcasts rank 0's
+ * before every synchronised forward and before evaluation, so every rank scores its shard with the
+ * buffers rank 0 saves. The epoch's test result of a --norm bn stage 3 run must then be a one-device
+ * evaluation of its checkpoint: without the broadcast, rank 1 scores with buffers of its own. */
+START_TEST(evaluation_uses_rank_0s_broadcast_buffers) {
+    char *dir = test_tmpdir(), cmd[4096], rep[600], *out;
+    const char *common = "--device cpu --model tiny --norm bn --test-size 64 --deterministic --progress off";
+    snprintf(rep, sizeof rep, "%s/ddp.jsonl", dir);
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage3 %s --nproc-per-node 2 --train-size 64 --batch-size 8 --epochs 1 "
+             "--master-port %d --save %s/s3 --report %s", test_root(), common, test_free_port(), dir, rep);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stage3 failed:\n%s", out);
+    free(out);
+    double acc = test_report_field(rep, "epoch", "test_acc"), loss = test_report_field(rep, "epoch", "test_loss");
+    ck_assert_msg(acc > 0 && loss > 0, "no test result in %s", rep);
+    snprintf(rep, sizeof rep, "%s/one.jsonl", dir);
+    snprintf(cmd, sizeof cmd, LIMIT "%s/stage1 %s --evaluate --resume %s/s3/epoch001.ckpt --report %s", test_root(),
+             common, dir, rep);
+    ck_assert_msg(test_run(cmd, &out) == 0, "stage1 --evaluate failed:\n%s", out);
+    free(out);
+    double a = test_report_field(rep, "evaluate", "test_acc"), l = test_report_field(rep, "evaluate", "test_loss");
+    ck_assert_msg(a == acc && fabs(l - loss) <= 1e-5 * loss, "stage 3's epoch test: acc %.9g loss %.9g; one device "
+                  "evaluating its checkpoint: %.9g %.9g (buffers not rank 0's?)", acc, loss, a, l);
+    free(dir);
+}
+END_TEST
+
 /* The summary's per-rank line: each rank's forward + backward and its waits, side by side (the
  * averages hide which rank was late). Two CPU workers: one value per rank, each a real duration
  * inside the step; one worker: no such line, one value in the JSON. */
@@ -1407,6 +1433,7 @@ Suite *suite_ddp(void) {
     tcase_add_test(tc, command_line_buckets_are_torchs);
     tcase_add_test(tc, ddp_cpu_matches_one_device);
     tcase_add_test(tc, sharded_evaluation_scores_each_test_sample_once);
+    tcase_add_test(tc, evaluation_uses_rank_0s_broadcast_buffers);
     tcase_add_test(tc, per_rank_times_are_reported);
     tcase_add_test(tc, unused_param_without_ddp);
     tcase_add_test(tc, unused_param_reducer);
