@@ -97,6 +97,27 @@ n=$(cat "$tmp/en/count")
 fail=0
 name=${md#$here/}
 
+# Run the commands in file $1 under bash -e -o pipefail, from the repository root: output into
+# $tmp/out, exit status into rc. The blocks use the default rendezvous port (29500), as a reader types
+# them. Another job on this machine holding it is not the tutorial's fault, so each ./stage3–5 gets a
+# free port first (a --master-port the block gives itself comes later on the line, and wins; a line
+# with --standalone, which picks its own, is left as it is).
+# Likewise the page's files: those under runs/ (`rm -rf runs/tutorial/ddp_run`, `--save
+# runs/tutorial/ddp_run`, reports; a reader's go into their own clone) and any under /tmp go into
+# this run's own directory instead, shared by its blocks, so that the checkout keeps a reader's
+# runs/ as it was, and two runs of this test on one machine do not delete or lock each other's
+# files. Only a path that starts with runs/ or ./runs/ as a word moves: not ./stage1, tests/…,
+# docs/logs/runs/… or my_runs/.
+run_block() {
+    local port
+    port=$(free_port)
+    sed -E -e "/--standalone/!s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
+        -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" \
+        -e "s#(^|[^[:alnum:]_./-])(\./)?runs/#\1$tmp/files/runs/#g" "$1" > "$tmp/run.sh"
+    timeout 300 bash -e -o pipefail "$tmp/run.sh" > "$tmp/out" 2>&1 < /dev/null
+    rc=$?
+}
+
 # Run the CPU blocks.
 cd "$here" || exit 1
 ran=0 pending=0
@@ -111,22 +132,7 @@ for i in $(seq 1 "$n"); do
     for w in $tag; do case "$w" in exit=*) expect=${w#exit=} ;; esac; done
     first=$(strip_comments "$tmp/en/$i.sh" | head -n1)
     t0=$(date +%s.%N)
-    # The blocks use the default rendezvous port (29500), as a reader types them. Another job on this
-    # machine holding it is not the tutorial's fault, so each ./stage3–5 gets a free port first (a
-    # --master-port the block gives itself comes later on the line, and wins; a line with --standalone,
-    # which picks its own, is left as it is).
-    # Likewise the page's files: those under runs/ (`rm -rf runs/tutorial/ddp_run`, `--save
-    # runs/tutorial/ddp_run`, reports; a reader's go into their own clone) and any under /tmp go into
-    # this run's own directory instead, shared by its blocks, so that the checkout keeps a reader's
-    # runs/ as it was, and two runs of this test on one machine do not delete or lock each other's
-    # files. Only a path that starts with runs/ or ./runs/ as a word moves: not ./stage1, tests/…,
-    # docs/logs/runs/… or my_runs/.
-    port=$(free_port)
-    sed -E -e "/--standalone/!s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
-        -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" \
-        -e "s#(^|[^[:alnum:]_./-])(\./)?runs/#\1$tmp/files/runs/#g" "$tmp/en/$i.sh" > "$tmp/run.sh"
-    timeout 300 bash -e -o pipefail "$tmp/run.sh" > "$tmp/out" 2>&1 < /dev/null
-    rc=$?
+    run_block "$tmp/en/$i.sh"
     dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     ran=$((ran + 1))
     missing=""
@@ -146,17 +152,12 @@ for i in $(seq 1 "$n"); do
     fi
 done
 
-# The transcripts: the same rewrites of ports, /tmp and runs/ as the blocks above.
+# The transcripts, run as the blocks are (run_block).
 split_transcripts "$md" "$tmp/tr"
 nt=$(cat "$tmp/tr/tcount")
 for i in $(seq 1 "$nt"); do
     line=$(cat "$tmp/tr/t$i.line")
-    port=$(free_port)
-    sed -E -e "/--standalone/!s#(^|[[:space:]])\./stage([345])([[:space:]]|\$)#\1./stage\2 --master-port $port\3#g" \
-        -e "s#(^|[^[:alnum:]_.])/tmp/#\1$tmp/files/#g" \
-        -e "s#(^|[^[:alnum:]_./-])(\./)?runs/#\1$tmp/files/runs/#g" "$tmp/tr/t$i.cmd" > "$tmp/run.sh"
-    timeout 300 bash -e -o pipefail "$tmp/run.sh" > "$tmp/out" 2>&1 < /dev/null
-    rc=$?
+    run_block "$tmp/tr/t$i.cmd"
     missing=$(first_missing "$tmp/tr/t$i.want" "$tmp/out")
     if [ "$rc" != 0 ] || [ -n "$missing" ]; then
         what="exited with code $rc"
