@@ -210,14 +210,21 @@ static const char *get_cifar10_script(void) {
     return "docs/get_cifar10.sh";
 }
 
+/* The folder of a file's path ("." for a bare name), into buf. */
+static const char *folder_of(const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    snprintf(buf, len, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    return buf;
+}
+
 /* The fix for a file of the set that is there but bad: remove it, then the script for the file's folder.
  * Both halves matter. Without the folder the script fills ./data/cifar-10-batches-bin, not the one the
  * run reads; and it leaves alone a folder whose six files have the official size, so a copy, a link or
  * a corrupt label byte among them would still be there after a bare re-run ("already in DIR"). */
 static const char *refetch(const char *path, char *buf, size_t len) {
-    const char *slash = strrchr(path, '/');
-    snprintf(buf, len, "remove '%s' and download the set again with %s %.*s", path, get_cifar10_script(),
-             slash ? (int)(slash - path) : 1, slash ? path : ".");
+    char dir[4096];
+    snprintf(buf, len, "remove '%s' and download the set again with %s %s", path, get_cifar10_script(),
+             folder_of(path, dir, sizeof dir));
     return buf;
 }
 
@@ -226,23 +233,21 @@ static FILE *cifar_open(const char *path, int64_t *records) {
     /* O_NONBLOCK: opening a FIFO put there must not wait forever for a writer; the type is checked
      * before the first read. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    char fix[4400];
+    char fix[4400], dir[4096];
     if (fd < 0) {
-        const char *slash = strrchr(path, '/');
-        if (errno == ENOENT)
-            die_user("CIFAR-10 file '%s' not found — download the set there with %s %.*s, or "
-                     "drop --data to use the synthetic set", path, get_cifar10_script(), slash ? (int)(slash - path) : 1,
-                     slash ? path : ".");
-        if (errno == EACCES) { /* whose permission it is: a folder that may not be entered denies every file */
-            char dir[4096];
-            snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+        const int err = errno;
+        folder_of(path, dir, sizeof dir);
+        if (err == ENOENT)
+            die_user("CIFAR-10 file '%s' not found — download the set there with %s %s, or drop --data to use the "
+                     "synthetic set", path, get_cifar10_script(), dir);
+        if (err == EACCES) { /* whose permission it is: a folder that may not be entered denies every file */
             if (access(dir, X_OK) != 0)
                 die_user("--data folder '%s' may not be entered (no search permission, so none of its files can be "
                          "read) — chmod a+x '%s', or run as a user who may read it", dir, dir);
             die_user("CIFAR-10 file '%s' is not readable (permission denied) — chmod a+r '%s', or run as a user "
                      "who may read it", path, path);
         }
-        die_user("cannot open CIFAR-10 file '%s': %s — %s", path, strerror(errno), refetch(path, fix, sizeof fix));
+        die_user("cannot open CIFAR-10 file '%s': %s — %s", path, strerror(err), refetch(path, fix, sizeof fix));
     }
     struct stat st;
     if (fstat(fd, &st) != 0) die_user("cannot stat CIFAR-10 file '%s': %s", path, strerror(errno));

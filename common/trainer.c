@@ -36,10 +36,8 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
      * says "malloc failed" at a line of data.c. Stages 3–5's launcher asks the same for all its workers. */
     double need = data_host_bytes(cfg), have = host_mem_available();
     if (have > 0 && need > have)
-        die_user("the training and test sets are held whole in host memory (%.2f GiB: %lld + %lld images of %d "
-                 "bytes), more than the %.2f GiB available here — give a smaller --train-size or --test-size",
-                 need / 1073741824.0, (long long)data_train_size(cfg),
-                 (long long)(cfg->test_size > 0 ? cfg->test_size : cfg->data_test_records), IMG_PIXELS + 1,
+        die_user("the training and test sets are held whole in host memory (%.2f GiB), more than the %.2f GiB "
+                 "available here — give a smaller --train-size or --test-size", need / 1073741824.0,
                  have / 1073741824.0);
     if (cfg->evaluate) /* the loop never reads it: one synthetic sample stands in (CIFAR-10's test file suffices) */
         dataset_synthetic(train, 1, (uint64_t)cfg->seed, 1);

@@ -122,8 +122,10 @@ else
     die "neither curl nor wget found: install one, or download $URL by hand and unpack it into $DIR"
 fi
 
-GOT="$(md5_of "$ARCHIVE")"
-[ "$GOT" = "$MD5" ] || die "MD5 of the download is $GOT, expected $MD5: corrupt or incomplete download; run again"
+if [ -z "$GIVEN" ]; then # a given archive was checked before DIR was made
+    GOT="$(md5_of "$ARCHIVE")"
+    [ "$GOT" = "$MD5" ] || die "MD5 of the download is $GOT, expected $MD5: corrupt or incomplete download; run again"
+fi
 
 # The archive holds cifar-10-batches-bin/{data_batch_*.bin,test_batch.bin,batches.meta.txt,readme.html}.
 tar -xzf "$ARCHIVE" -C "$TMP" || die "could not unpack $ARCHIVE"
