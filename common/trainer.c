@@ -1484,6 +1484,18 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
                           sm.scaler_scale, (long long)r->epoch + 1, sm.scaler_backoff_factor);
         }
     }
+    /* An epoch's loop ends at its last batch or at a stop (--steps, a signal). One that ran out of
+     * batches with some not yet stepped — a stage that skips the last, partial accumulation group —
+     * would read here as a stop inside the epoch, and the loop would run that epoch again, for ever. */
+    if (r->start_batch < r->batches_per_epoch && !run_done(r)) {
+        char why[200], which[64];
+        if (r->start_batch + 1 == r->batches_per_epoch) snprintf(which, sizeof which, "batch %lld", (long long)r->batches_per_epoch);
+        else snprintf(which, sizeof which, "batches %lld-%lld", (long long)r->start_batch + 1, (long long)r->batches_per_epoch);
+        snprintf(why, sizeof why, "epoch %lld's loop ended with its %s (of %lld) not stepped, and no stop asked for",
+                 (long long)r->epoch + 1, which, (long long)r->batches_per_epoch);
+        die_at(__FILE__, __LINE__, "run_epoch_end", why,
+               "this is a bug in the stage's loop: every batch must end in a step (run_step_end)");
+    }
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
         r->epoch++;
         r->start_batch = 0;
