@@ -639,6 +639,33 @@ START_TEST(stage1_divergence_stops_and_keeps_the_good_checkpoint) {
 }
 END_TEST
 
+/* The other side of fp16's exception above: a finite state whose fp16 forward overflows in training
+ * as well (its training loss NaN too) is diverged, not "early on" — every later step is skipped, so
+ * it would train nothing more. The weights of two --lr 100 steps (finite in fp32: test loss 3e15)
+ * resumed under --amp fp16 overflow at once. Without the training-loss condition the run took the
+ * note and went on, exit 0, and saved the state as a good checkpoint. */
+START_TEST(stage5_fp16_overflow_in_training_too_is_diverged) {
+    char *dir = test_tmpdir(), args[2048], path[700], *out;
+    const char *flags = "--device cpu --model tiny --norm none --train-size 64 --test-size 32 --batch-size 16 "
+                        "--epochs 2 --lr 100 --progress off";
+    snprintf(args, sizeof args, "%s --steps 2 --save %s/a", flags, dir);
+    ck_assert_int_eq(run_stage("stage1", args, &out), 0);
+    free(out);
+    snprintf(args, sizeof args, "%s --nproc-per-node 1 --amp fp16 --master-port %d --resume %s/a/step00000002.ckpt "
+             "--save %s/b", flags, test_free_port(), dir, dir);
+    int rc = run_stage("stage5", args, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "train loss nan") && strstr(out, "test loss nan") &&
+                      strstr(out, "training diverged in epoch 1 (step 4, train loss nan): the test loss is no longer "
+                                  "finite") &&
+                      !strstr(out, "note: the test forward overflowed fp16's range") && !strstr(out, "summary:"),
+                  "exit %d:\n%s", rc, out);
+    free(out);
+    snprintf(path, sizeof path, "%s/b/epoch001.ckpt", dir);
+    ck_assert_msg(access(path, F_OK) != 0, "%s was written", path);
+    free(dir);
+}
+END_TEST
+
 /* On CUDA, checkpoints are in PyTorch's order whatever --layout (model.h, "The public order"): a
  * channels-last run and an NCHW run save the same parameters after 5 steps, and a channels-last
  * checkpoint resumed with --layout nchw ends where the channels-last run does. Not bit for bit
@@ -841,6 +868,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, unprepared_forwards_reach_the_report);
     tcase_add_test(tc, stage1_progress_bar_waits_for_a_loss);
     tcase_add_test(tc, stage1_divergence_stops_and_keeps_the_good_checkpoint);
+    tcase_add_test(tc, stage5_fp16_overflow_in_training_too_is_diverged);
     tcase_add_test(tc, stage1_cuda_checkpoints_cross_layouts);
     suite_add_tcase(s, tc);
     tc = tcase_create("plural");
