@@ -1342,6 +1342,27 @@ START_TEST(a_signal_stops_at_a_step_and_saves_it) {
 }
 END_TEST
 
+/* Two signals of different kinds in one vote — a Ctrl-C reaching one rank, a scheduler's SIGTERM another,
+ * before the ranks next compare notes (the epoch's end: --log-every 1000): the job stops for the SIGTERM
+ * (exit 143), which outranks a Ctrl-C (stop_take), whichever rank got which. A stop for the SIGINT
+ * (130) would tell a requeueing scheduler that a person interrupted the job. */
+START_TEST(a_sigterm_outranks_a_sigint_in_one_vote) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    /* 128 steps an epoch: after the first (its buckets rebuilt) the next vote is seconds away */
+    const char *s3 = TINY " --train-size 4096 --batch-size 16 --epochs 1000 --nproc-per-node 2 --log-every 1000";
+    snprintf(cmd, sizeof cmd, "D=%s; R=a; env --default-signal=INT %s/stage3 %s --master-port %d --save $D/a > $D/a.log "
+             "2>&1 & run=$!; while ! grep -qs 'buckets rebuilt' $D/a.log && kill -0 $run 2>/dev/null; do sleep 0.01; "
+             "done; set -- $(cat /proc/$run/task/$run/children); kill -INT $1; kill -TERM $2; %s cat $D/a.log", dir,
+             test_root(), s3, test_free_port(), signal_ended());
+    test_run(cmd, &out);
+    ck_assert_msg(strstr(out, "stopped early by SIGTERM (received by 2 of 2 ranks) after step ") &&
+                      strstr(out, "exit 143") && strstr(out, "every worker stopped early for a SIGTERM") &&
+                      !strstr(out, "job failed"),
+                  "a SIGINT and a SIGTERM in one vote did not stop the job for the SIGTERM:\n%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* `./stage1 --save … | tee log`, then Ctrl-C: a terminal sends SIGINT to its whole foreground process
  * group, tee included, which dies of it — and the run's next line met a closed pipe: it died of
  * SIGPIPE, unsaved, just after promising to save the step. Now it carries on without stdout (cli.c),
@@ -1839,6 +1860,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
     tcase_add_test(tc, two_runs_saving_into_one_directory);
     tcase_add_test(tc, a_signal_stops_at_a_step_and_saves_it);
+    tcase_add_test(tc, a_sigterm_outranks_a_sigint_in_one_vote);
     tcase_add_test(tc, a_stop_saves_though_tee_took_the_ctrl_c);
     tcase_add_test(tc, every_stage_exits_128_plus_the_signal_it_stopped_for);
     tcase_add_test(tc, resume_in_the_wrong_stage_names_the_right_one);
