@@ -2307,6 +2307,39 @@ START_TEST(different_stages_on_two_nodes_are_refused) {
 END_TEST
 
 /* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
+/* The launcher's last resort (launch.c, stop_all): a worker still alive LAUNCH_GRACE_S after its SIGTERM
+ * — stuck in a driver call — gets a SIGKILL, and that kill is the launcher's, not the worker's failure.
+ * Here the workers ignore SIGTERM (ignored by whoever started the launcher: it stays ignored, in the
+ * workers too), so a SIGHUP to the launcher, passed on as a SIGTERM, stops nothing; after LAUNCH_STOP_S
+ * the launcher stops them (SIGTERM: ignored again) and LAUNCH_GRACE_S later kills them: exit 129, an
+ * interruption, no worker left. Without the SIGKILL the launcher waited for ever (and the job with it);
+ * with its kills counted as the workers' own failures it reported "job failed … SIGKILL" and an OOM hint. */
+START_TEST(workers_that_ignore_sigterm_are_killed) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    const int limit = (int)((LAUNCH_STOP_S + LAUNCH_GRACE_S + 30) * 10 * test_time_scale()); /* in 0.1 s */
+    snprintf(cmd, sizeof cmd,
+             "D=%s; (trap '' TERM; exec %s/stage3 " TINY " --epochs 100000 --nproc-per-node 2 --master-port %d "
+             "> $D/out.txt 2>&1) & run=$!; "
+             "while ! grep -qs 'buckets rebuilt' $D/out.txt && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
+             "kids=$(cat /proc/$run/task/$run/children); t0=$(date +%%s); kill -HUP $run; "
+             "i=0; while kill -0 $run 2>/dev/null && [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); done; "
+             "kill -9 $run 2>/dev/null && echo 'launcher still running: killed'; wait $run; echo \"exit $?\"; "
+             "echo \"took $(( $(date +%%s) - t0 )) s\"; "
+             "for k in $kids; do kill -0 $k 2>/dev/null && echo \"LEFTOVER worker $k\" && kill -9 $k; done; cat $D/out.txt",
+             dir, test_root(), test_free_port(), limit);
+    test_run(cmd, &out);
+    long took = -1;
+    const char *t = strstr(out, "took ");
+    if (t) sscanf(t, "took %ld s", &took);
+    ck_assert_msg(strstr(out, "exit 129") && strstr(out, "interrupted by SIGHUP: stopped all 2 workers") &&
+                      !strstr(out, "job failed") && !strstr(out, "out-of-memory") && !strstr(out, "LEFTOVER") &&
+                      took >= (long)(LAUNCH_STOP_S + LAUNCH_GRACE_S) - 1,
+                  "workers ignoring SIGTERM were not killed after the grace period (%ld s):\n%s", took,
+                  strlen(out) > 3000 ? out + strlen(out) - 3000 : out); /* a Check message has a limit */
+    free(out), free(dir);
+}
+END_TEST
+
 static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
 
 Suite *suite_dist(void) {
@@ -2369,6 +2402,11 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, different_stages_on_two_nodes_are_refused);
     tcase_add_test(tc, mpich_mpirun_tasks_form_one_job);
     suite_add_tcase(s, tc);
+    TCase *kill9 = tcase_create("stop_all_kill"); /* its own case: 35 s of waiting (CK_RUN_CASE=stop_all_kill) */
+    tcase_set_timeout(kill9, 300);
+    tcase_add_checked_fixture(kill9, secret_setup, NULL);
+    tcase_add_test(kill9, workers_that_ignore_sigterm_are_killed);
+    suite_add_tcase(s, kill9);
     TCase *nccl = tcase_create("nccl"); /* CK_RUN_CASE=nccl: the GPU's one test, without the launcher's */
     tcase_set_timeout(nccl, 120);
     tcase_add_checked_fixture(nccl, secret_setup, NULL);
