@@ -347,9 +347,12 @@ START_TEST(resume_at_an_epoch_end_regroups) {
     snprintf(args, sizeof args, "%s --batch-size 16 --epochs 3 --resume %s --save %s/b8 --keep-last 1 --report "
              "%s/b16.jsonl", t, path, dir, dir);
     ck_assert_int_eq(run("stage1", args, &out), 0);
+    char lr_note[160]; /* the rate its next step (step 7: index 6 of 18) takes, against the ended cosine's */
+    snprintf(lr_note, sizeof lr_note, "; the learning rate there is %g (the checkpoint's schedule was at 0)\n",
+             lr_schedule("cosine", 0.05, 0, 0, 6, 18));
     ck_assert_msg(strstr(out, "--batch-size 8 → 16") && strstr(out, "at step 6 of this run's schedule (6 steps an "
                                                                   "epoch; the checkpoint counted 12 steps)") &&
-                      strstr(out, "the checkpoint's schedule was at 0)") && /* its cosine had ended */
+                      strstr(out, lr_note) && /* its cosine had ended */
                       strstr(out, "summary: 18 steps (12 in this run, resumed at 6)"), "%s", out);
     free(out);
     char *after = test_slurp(path, &n1);
