@@ -226,6 +226,14 @@ START_TEST(another_split_of_the_same_samples_continues) {
     snprintf(args, sizeof args, "%s --batch-size 16 --nproc-per-node 1 --master-port %d --resume %s", flags,
              test_free_port(), ck);
     expect_refused("stage3", args, "trained on 2 devices (ranks", "--nproc-per-node");
+    /* a job's shards read the same samples as one loader only where the ranks divide the set: 97 samples
+     * over 2 ranks pad one shard (splittable), so batch 3 of its epoch is not one device's batch 3 of 16 */
+    snprintf(args, sizeof args, TINY " --norm none --train-size 97 --epochs 2 --batch-size 8 --steps 3 "
+             "--nproc-per-node 2 --master-port %d --save %s/p", test_free_port(), dir);
+    run_ok("stage3", args);
+    snprintf(args, sizeof args, TINY " --norm none --train-size 97 --epochs 2 --batch-size 16 --resume "
+             "%s/p/step00000003.ckpt", dir);
+    expect_refused("stage1", args, "trained on 2 devices", "its data position (epoch 1, batch 3) means other samples");
     free(dir);
 }
 END_TEST
