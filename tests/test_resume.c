@@ -543,6 +543,42 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
 }
 END_TEST
 
+/* A checkpoint's step count and its data position must be a point of this run's schedule (resume_check's
+ * last check): a file whose step disagrees with its epoch and batch — written by another tool, or edited,
+ * its checksum made good — is refused naming the flags, not resumed with the learning rate of one point
+ * and the samples of another. Here step 2 at batch 2 (8 batches an epoch) is rewritten as step 3, then
+ * batch 2 as batch 9 (past the epoch's 8). */
+START_TEST(a_checkpoint_whose_step_and_position_disagree_is_refused) {
+    char *dir = test_tmpdir(), args[2048], ck[700];
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --steps 2 --save %s", dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/step00000002.ckpt", dir);
+    long n;
+    unsigned char *b0 = (unsigned char *)test_slurp(ck, &n);
+    ck_assert_ptr_nonnull(b0);
+    const struct { int offset, was, now; } edit[2] = {{80, 2, 3}, {96, 2, 9}}; /* i64 step; i64 batch_in_epoch */
+    for (int e = 0; e < 2; e++) {
+        unsigned char *b = malloc((size_t)n);
+        memcpy(b, b0, (size_t)n);
+        ck_assert_int_eq(b[edit[e].offset], edit[e].was);
+        b[edit[e].offset] = (unsigned char)edit[e].now;
+        uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
+        for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+        char path[720];
+        snprintf(path, sizeof path, "%s/edited%d.ckpt", dir, e);
+        FILE *f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
+        fclose(f);
+        free(b);
+        snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", path);
+        expect_refused("stage1", args, "is not a position of this run's schedule (8 batches per epoch)",
+                       "resume with the --batch-size, --train-size");
+    }
+    free(b0), free(dir);
+}
+END_TEST
+
 /* The number of times `needle` occurs in `hay`. */
 static int occurrences(const char *hay, const char *needle) {
     int n = 0;
@@ -1862,6 +1898,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, warmup_follows_torch_and_resumes_exactly);
     tcase_add_test(tc, resume_under_other_sampler_flags_is_refused_or_exact);
     tcase_add_test(tc, version2_checkpoint_resumes_with_a_note);
+    tcase_add_test(tc, a_checkpoint_whose_step_and_position_disagree_is_refused);
     tcase_add_test(tc, resume_under_other_optimizer_flags_says_so);
     tcase_add_test(tc, a_checkpoint_holding_nan_is_refused_at_once);
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
