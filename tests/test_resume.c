@@ -313,6 +313,16 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
                    "pass --epochs 2, as it was trained, to continue it");
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 2 --steps 5 --resume %s", ck);
     expect_refused("stage1", args, "already at step 5", "--steps");
+    /* a finished cosine run trained further (--epochs 1 → 3, the same --lr): its cosine ended at step 12,
+     * at 0, and this run's longer one is at 0.075 there — the note says the rate jumps and that nothing is
+     * left to continue, though no flag but the length differs */
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --save %s/f", dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 3 --steps 13 --resume %s/f/epoch001.ckpt",
+             dir);
+    ok_saying("stage1", args, "trained with --schedule cosine over 12 steps at --lr 0.1; this run has --schedule "
+              "cosine over 36 steps at --lr 0.1: at step 12 the learning rate is",
+              "its cosine ended at step 12, so none of it is left to continue");
     free(dir);
 }
 END_TEST
