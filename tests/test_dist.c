@@ -2306,7 +2306,6 @@ START_TEST(different_stages_on_two_nodes_are_refused) {
 }
 END_TEST
 
-/* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
 /* The launcher's last resort (launch.c, stop_all): a worker still alive LAUNCH_GRACE_S after its SIGTERM
  * — stuck in a driver call — gets a SIGKILL, and that kill is the launcher's, not the worker's failure.
  * Here the workers ignore SIGTERM (ignored by whoever started the launcher: it stays ignored, in the
@@ -2340,6 +2339,7 @@ START_TEST(workers_that_ignore_sigterm_are_killed) {
 }
 END_TEST
 
+/* Every rank needs the job's rendezvous secret (auth.h); the launcher's own tests start without it. */
 static void secret_setup(void) { setenv("STAGE_RDZV_SECRET", TEST_SECRET, 1); }
 
 Suite *suite_dist(void) {
