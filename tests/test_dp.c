@@ -642,7 +642,7 @@ static double json_field(const char *rep, const char *type, const char *key) {
  * replica's thread times the algorithms itself and may pick one with a larger workspace than device
  * 0's (seen once on an H200: 116.7 against 104.6 MB), as two PyTorch threads may; same_algos = 0
  * then skips the comparison. */
-static void check_report(const char *path, int same_algos) {
+static void check_report(const char *path, int same_algos, double tol) {
     char *rep = test_slurp(path, NULL);
     ck_assert_msg(rep, "report %s not written", path);
     /* Each step's phases added up, the median over steps, against the median step time — not the
@@ -650,8 +650,9 @@ static void check_report(const char *path, int same_algos) {
      * on a busy machine), and not means: the two sets of timed steps are one step apart (dp_report),
      * so one slow step moves one mean alone (seen: 64.5 against 55.3 ms, 4 suites at once). */
     double sum = json_field(rep, "phases", "phase_step_ms"), step = json_field(rep, "phases", "step_ms");
-    ck_assert_msg(fabs(sum - step) <= 0.10 * step, "a step's phases add up to %.3f ms (median), the step takes %.3f ms",
-                  sum, step);
+    ck_assert_msg(fabs(sum - step) <= tol * step,
+                  "a step's phases add up to %.3f ms (median), the step takes %.3f ms (allowed: ±%.0f%%)", sum, step,
+                  100 * tol);
     const char *sum_line = strstr(rep, "\"type\":\"summary\"");
     ck_assert(sum_line);
     const char *s = strstr(sum_line, "\"peak_mem_bytes\":[");
@@ -704,7 +705,7 @@ START_TEST(stage2_cpu_learns_and_phases_add_up) {
                   json_field(rep, "phases", "steps"));
     ck_assert_msg(json_field(rep, "gil", "steps") == 64, "GIL over %g steps", json_field(rep, "gil", "steps"));
     free(rep);
-    check_report(path, 1);
+    check_report(path, 1, 0.10);
     free(out), free(dir);
 }
 END_TEST
@@ -745,7 +746,7 @@ START_TEST(stage2_cpu_variants_run) {
     int rc = run_stage2(args, &out);
     ck_assert_msg(rc == 0, "stage2 failed (%d):\n%s", rc, out);
     ck_assert_msg(strstr(out, "persistent threads") && strstr(out, "--p2p off"), "%s", out);
-    check_report(path, 1);
+    check_report(path, 1, 0.10);
     char *rep = test_slurp(path, NULL);
     ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == 0, "the pool's caches stay warm:\n%s", out);
     free(rep);
@@ -1076,7 +1077,11 @@ START_TEST(stage2_cuda_runs_and_phases_add_up) {
                  "--batch-size 64 --steps 40 --progress off %s --report %s", variants[v], path);
         int rc = run_stage2(args, &out);
         ck_assert_msg(rc == 0, "stage2 %s failed (%d):\n%s", variants[v], rc, out);
-        check_report(path, v != 2); /* v = 2: --cudnn-benchmark */
+        /* ±25% on CUDA, where the two sets of steps are timed on a GPU that run_suites.sh's other lanes
+         * share: their time slices delay one step here and one there (30.6 against 26.4 ms, one H100,
+         * 4 suites at once, 2026-12-07). A phase left out of the sum, or counted twice, shows here
+         * only if it is a quarter of the step; the CPU runs above keep the ±10% check. */
+        check_report(path, v != 2, 0.25); /* v = 2: --cudnn-benchmark */
         char *rep = test_slurp(path, NULL);
         ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == misses[v], "%s:\n%s", variants[v], out);
         free(rep);
