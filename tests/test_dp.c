@@ -1079,8 +1079,9 @@ START_TEST(stage2_cuda_runs_and_phases_add_up) {
         ck_assert_msg(rc == 0, "stage2 %s failed (%d):\n%s", variants[v], rc, out);
         /* ±25% on CUDA, where the two sets of steps are timed on a GPU that run_suites.sh's other lanes
          * share: their time slices delay one step here and one there (30.6 against 26.4 ms, one H100,
-         * 4 suites at once: docs/logs/gpu_suites_H100_2026-12-07b.txt). A phase left out of the sum, or counted twice, shows here
-         * only if it is a quarter of the step; the CPU runs above keep the ±10% check. */
+         * 4 suites at once: docs/logs/gpu_suites_H100_2026-12-07b.txt). A phase left out of the sum,
+         * or counted twice, shows here only if it is a quarter of the step; the CPU runs above keep
+         * the ±10% check. */
         check_report(path, v != 2, 0.25); /* v = 2: --cudnn-benchmark */
         char *rep = test_slurp(path, NULL);
         ck_assert_msg(json_field(rep, "phases", "plan_misses_per_thread") == misses[v], "%s:\n%s", variants[v], out);
