@@ -520,6 +520,17 @@ START_TEST(resume_under_other_sampler_flags_is_refused_or_exact) {
 }
 END_TEST
 
+/* Writes the n bytes of an edited checkpoint to path with its checksum made good again (the file's
+ * last 8 bytes: FNV-1a of the rest, little-endian), so that the loader reaches the edited field. */
+static void write_resealed(const char *path, unsigned char *b, long n) {
+    uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
+    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
+    fclose(f);
+}
+
 /* A version 2 checkpoint (before the sampler was recorded) resumes with a note that says so. */
 START_TEST(version2_checkpoint_resumes_with_a_note) {
     char *dir = test_tmpdir(), args[2048], ck[700];
@@ -540,12 +551,7 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     free(b5);
     b[8] = 2, b[12] = 192, b[13] = 0;
     memset(b + 152, 0, 24);
-    uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
-    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
-    FILE *f = fopen(ck, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
-    fclose(f);
+    write_resealed(ck, b, n);
     free(b);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
     ok_saying("stage1", args, "format version 2, which does not record --no-shuffle or --drop-last", "resumed from");
@@ -572,14 +578,9 @@ START_TEST(a_checkpoint_whose_step_and_position_disagree_is_refused) {
         memcpy(b, b0, (size_t)n);
         ck_assert_int_eq(b[edit[e].offset], edit[e].was);
         b[edit[e].offset] = (unsigned char)edit[e].now;
-        uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
-        for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
         char path[720];
         snprintf(path, sizeof path, "%s/edited%d.ckpt", dir, e);
-        FILE *f = fopen(path, "wb");
-        ck_assert_ptr_nonnull(f);
-        ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
-        fclose(f);
+        write_resealed(path, b, n);
         free(b);
         snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", path);
         expect_refused("stage1", args, "is not a position of this run's schedule (8 batches per epoch)",
@@ -665,13 +666,8 @@ START_TEST(resume_under_other_optimizer_flags_says_so) {
     memmove(b + 272, b + 296, (size_t)(n8 - 296));
     long n = n8 - 24;
     b[8] = 7, b[12] = 272 & 0xff, b[13] = 272 >> 8;
-    uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
-    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
     snprintf(v7, sizeof v7, "%s/v7.ckpt", dir);
-    FILE *f = fopen(v7, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
-    fclose(f);
+    write_resealed(v7, b, n);
     free(b);
     snprintf(args, sizeof args, "%s --steps 6 --momentum 0.5 --weight-decay 0.001 --clip-grad-norm 1 --resume %s", t,
              v7);
@@ -692,12 +688,7 @@ static void write_with_value(const char *from, const char *to, long offset, floa
     ck_assert_ptr_nonnull(b);
     ck_assert_int_gt(n, offset + 4 + 8);
     memcpy(b + offset, &v, 4);
-    uint64_t h = fnv1a64(FNV1A64_INIT, b, (size_t)n - 8);
-    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
-    FILE *f = fopen(to, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
-    fclose(f);
+    write_resealed(to, b, n);
     free(b);
 }
 
@@ -1735,11 +1726,8 @@ static void converter_refuses_edit(const char *dir, char *bytes, long len, long 
                                    const char *want) {
     char bad[720], cmd[4096], *out;
     memcpy(bytes + at, value, 8);
-    uint64_t sum = fnv1a64(FNV1A64_INIT, bytes, (size_t)len - 8);
-    memcpy(bytes + len - 8, &sum, 8);
     snprintf(bad, sizeof bad, "%s/%s", dir, name);
-    FILE *f = fopen(bad, "wb");
-    ck_assert_msg(f && fwrite(bytes, 1, (size_t)len, f) == (size_t)len && fclose(f) == 0, "writing %s", bad);
+    write_resealed(bad, (unsigned char *)bytes, len);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), bad);
     ck_assert_int_eq(test_run(cmd, &out), 1);
     ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
