@@ -1413,6 +1413,16 @@ static void collect_times(Run *r, StepLog *log, double *loss, double *acc) {
 
 void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, double data_wait_s) {
     const TrainConfig *c = r->cfg;
+    /* An epoch's loop ends at its last batch or at a stop (--steps, a signal). One that ran out of
+     * batches with some not yet stepped — a stage that skips the last, partial accumulation group —
+     * would read below as a stop inside the epoch, and the loop would run that epoch again, for ever. */
+    if (r->start_batch < r->batches_per_epoch && !run_done(r)) {
+        char why[160];
+        snprintf(why, sizeof why, "epoch %lld's loop ended with %lld of its %lld batches stepped, and no stop asked for",
+                 (long long)r->epoch + 1, (long long)r->start_batch, (long long)r->batches_per_epoch);
+        die_at(__FILE__, __LINE__, "run_epoch_end", why,
+               "this is a bug in the stage's loop: every batch must end in a step (run_step_end)");
+    }
     double loss, acc;
     collect_times(r, log, &loss, &acc);
     r->data_wait_s += data_wait_s;
@@ -1483,18 +1493,6 @@ void run_epoch_end(Run *r, StepLog *log, double test_acc, double test_loss, doub
                           "defaults, 0.5 and 65536, are PyTorch's); --grad-stats counts the inf/NaN gradients\n",
                           sm.scaler_scale, (long long)r->epoch + 1, sm.scaler_backoff_factor);
         }
-    }
-    /* An epoch's loop ends at its last batch or at a stop (--steps, a signal). One that ran out of
-     * batches with some not yet stepped — a stage that skips the last, partial accumulation group —
-     * would read here as a stop inside the epoch, and the loop would run that epoch again, for ever. */
-    if (r->start_batch < r->batches_per_epoch && !run_done(r)) {
-        char why[200], which[64];
-        if (r->start_batch + 1 == r->batches_per_epoch) snprintf(which, sizeof which, "batch %lld", (long long)r->batches_per_epoch);
-        else snprintf(which, sizeof which, "batches %lld-%lld", (long long)r->start_batch + 1, (long long)r->batches_per_epoch);
-        snprintf(why, sizeof why, "epoch %lld's loop ended with its %s (of %lld) not stepped, and no stop asked for",
-                 (long long)r->epoch + 1, which, (long long)r->batches_per_epoch);
-        die_at(__FILE__, __LINE__, "run_epoch_end", why,
-               "this is a bug in the stage's loop: every batch must end in a step (run_step_end)");
     }
     if (r->start_batch >= r->batches_per_epoch) { /* a whole epoch: continue at the next one */
         r->epoch++;

@@ -527,8 +527,7 @@ static void write_resealed(const char *path, unsigned char *b, long n) {
     for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fwrite(b, 1, (size_t)n, f), n);
-    fclose(f);
+    ck_assert_msg(fwrite(b, 1, (size_t)n, f) == (size_t)n && fclose(f) == 0, "writing %s", path);
 }
 
 /* A version 2 checkpoint (before the sampler was recorded) resumes with a note that says so. */
