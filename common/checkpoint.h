@@ -39,8 +39,8 @@ typedef struct CheckpointMeta {
     /* what the position means (format version 2): one step reads world_size × batch_size samples of
      * a permutation of train_size samples seeded by seed + epoch, and an optimizer step is
      * accum_steps such batches; a run continues a checkpoint only when all of them agree, but for
-     * world size, batch size and accum_steps at an epoch's end (trainer.c's at_epoch_end), and for
-     * stages 1–2's other split of the same world_size × batch_size samples (trainer.c's same_samples) */
+     * world size, batch size and accum_steps at an epoch's end (resume.c's at_epoch_end), and for
+     * stages 1–2's other split of the same world_size × batch_size samples (resume.c's same_samples) */
     int64_t batch_size;     /* per rank (stage 2: per GPU) */
     int64_t train_size;     /* samples in the training set (0: unknown) */
     int64_t accum_steps;    /* micro-batches per optimizer step (1 without accumulation) */

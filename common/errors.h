@@ -22,7 +22,7 @@ _Noreturn void die_user(const char *fmt, ...) __attribute__((format(printf, 1, 2
  * fuzzers in tests/fuzz/ longjmp back, so rejected input is not a crash). */
 extern void (*die_user_hook)(void);
 /* When set, the first failure (die_at, die_user, die_runtime) calls it once, after printing and
- * before exiting: a process's last words to peers that wait on it (trainer.c's resume gate tells the
+ * before exiting: a process's last words to peers that wait on it (resume.c's gate tells the
  * other ranks that rank 0 refused the checkpoint, so they need not wait for a timeout). */
 extern void (*die_last_words)(void);
 /* A failure at run time that is nobody's bug (a peer process died, a timeout): "error: <message>"

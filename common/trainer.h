@@ -14,7 +14,7 @@
  * images/s counts K × batch × world images per step) and checkpoints all count optimizer steps; an
  * epoch has ceil(batches / K) of them, its last group possibly shorter. Checkpoints therefore
  * always sit on a group boundary, and a resume inside an epoch must use the same K (at an epoch's
- * end another K is taken, its step count re-counted: trainer.c's at_epoch_end). */
+ * end another K is taken, its step count re-counted: resume.c's at_epoch_end). */
 #ifndef TRAINER_H
 #define TRAINER_H
 

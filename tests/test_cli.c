@@ -1223,7 +1223,7 @@ static void die_twice_child(void *arg) {
     die_user("the first failure");
 }
 
-/* A failure inside the exit itself — here the last words (trainer.c's resume gate sends them over a
+/* A failure inside the exit itself — here the last words (resume.c's gate sends them over a
  * socket, which can fail) — comes from the thread already leaving: errors.c ends the process at once
  * then, with both messages out. Were it taken for another thread's failure, that thread would wait
  * for an exit that never comes, and the run would hang instead of failing. */

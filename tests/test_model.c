@@ -937,7 +937,7 @@ static void save_public(Model *m, const Optimizer *o, const char *path) {
     free(p), free(mom), free(buf);
 }
 
-/* ... and loads, as trainer.c resumes. */
+/* ... and loads, as resume.c resumes. */
 static void load_public(Model *m, Optimizer *o, const char *path) {
     CheckpointMeta expect = {0}, got;
     snprintf(expect.arch, sizeof expect.arch, "%s", m->arch);

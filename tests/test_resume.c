@@ -328,7 +328,7 @@ START_TEST(resume_under_other_flags_is_refused_or_exact) {
 END_TEST
 
 /* At an epoch's end a checkpoint means only "E epochs done", so another world size, batch size, K or
- * --drop-last continues it (trainer.c's at_epoch_end), as a PyTorch script that loads its state and
+ * --drop-last continues it (resume.c's at_epoch_end), as a PyTorch script that loads its state and
  * starts the next epoch would: from 2 ranks × 8 to one device × 16 (the same global batch, the
  * same steps an epoch) the run goes on as one device × 16 from the start would, to DDP's float
  * rounding; from batch 8 to batch 16 the step count is re-counted (12 → 6) and every later step's
@@ -898,7 +898,7 @@ START_TEST(resume_in_the_wrong_stage_names_the_right_one) {
 END_TEST
 
 /* A job of processes refuses a bad --resume once, not once per rank: rank 0 checks the file first and
- * the other ranks wait for it (trainer.c's resume_gate) — at the file's own checks (run_begin) and at
+ * the other ranks wait for it (resume.c's gate) — at the file's own checks (run_begin) and at
  * those against the sampler's flags (run_sampler). A waiting rank may say that rank 0 went away. */
 START_TEST(a_refused_resume_is_reported_once_per_job) {
     char *dir = test_tmpdir(), args[2048], path[700], *out;

@@ -115,7 +115,7 @@ def read_checkpoint(path):
     floats.frombytes(raw[hsize:hsize + 4 * (n_p + n_b)])
     if sys.byteorder != "little":
         floats.byteswap()
-    # as the trainer's --evaluate and --resume refuse it (trainer.c refuse_nonfinite): a NaN model converts
+    # as the trainer's --evaluate and --resume refuse it (resume.c refuse_nonfinite): a NaN model converts
     # to a state_dict whose every output is NaN. The trainer never saves one; an older build or an edit might.
     for what, blob in (("the parameters are", floats[:n_p]), ("the batch-norm running statistics are", floats[n_p:])):
         if not all(map(math.isfinite, blob)):

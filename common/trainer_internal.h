@@ -1,0 +1,30 @@
+/* trainer_internal.h — what the run's two files share, and the stage mains do not need.
+ *
+ * The run (trainer.h) is spread over two files, one job each:
+ *   trainer.c  the datasets, device input, step statistics, evaluation, and the run itself: its
+ *              report, timing, the checkpoints it writes, the stop at a divergence or a signal;
+ *   resume.c   resuming from a --resume checkpoint: what is checked against the run, what may change
+ *              with a note, and the gate by which a job's rank 0 checks before the other ranks. */
+#ifndef TRAINER_INTERNAL_H
+#define TRAINER_INTERNAL_H
+
+#include <stdint.h>
+
+#include "trainer.h"
+
+/* ---- trainer.c: what data_open opened, for what a checkpoint's data position means ---- */
+extern int64_t train_size_opened;
+extern int data_source_opened; /* CKPT_DATA_* */
+
+/* ---- resume.c ---- */
+/* A job of processes (stages 3–5, more than one rank): the ranks sum, and rank 0 speaks for them. */
+static inline int gated(const Run *r) { return r->sum_across && r->world_size > 1; }
+/* Around run_begin's checks (second = 0) and run_sampler's (second = 1): rank 0 checks, then sums;
+ * the others sum, then check. gate_flags is set while rank 0 checks the flags, before the file. */
+extern int gate_flags;
+void gate_before_checks(Run *r, int second);
+void gate_after_checks(Run *r, int second);
+/* Load --resume's checkpoint into the run and check it (run_begin; a job's sampler at run_sampler). */
+void resume(Run *r);
+
+#endif
