@@ -396,10 +396,10 @@ static void resume_check(Run *r) {
 
 /* In a job of processes every rank reads --resume's file (as every PyTorch rank calls torch.load),
  * so a file they all refuse would print the same error once per rank. Rank 0 checks first; the
- * others wait for its verdict in a two-value sum, and check after it. When rank 0 refuses the file,
- * its error is printed and its last words (die_last_words) put a large negative number into that
- * sum: the others stop at once with one line pointing at it — not at a timeout, also under srun or
- * mpirun, where no launcher of ours stops them. Every rank sums once at each of two points
+ * others wait for its verdict in a small sum (GATE_VALUES numbers), and check after it. When rank 0
+ * refuses the file, its error is printed and its last words (die_last_words) put a large negative
+ * number into that sum: the others stop at once with one line pointing at it — not at a timeout,
+ * also under srun or mpirun, where no launcher of ours stops them. Every rank sums once at each of two points
  * (run_begin's file checks, run_sampler's checks against the sampler flags), resumed or not, so the
  * sums pair up. They also count the ranks given a --resume and, at the second, add the steps the
  * ranks resumed at (a stale file of the same name on one node would put that rank at another) and
