@@ -1,8 +1,10 @@
-/* trainer_internal.h — what the run's two files share, and the stage mains do not need.
+/* trainer_internal.h — what the run's three files share, and the stage mains do not need.
  *
- * The run (trainer.h) is spread over two files, one job each:
- *   trainer.c  the datasets, device input, step statistics, evaluation, and the run itself: its
- *              report, timing, the checkpoints it writes, the stop at a divergence or a signal;
+ * What trainer.h declares is spread over three files, one job each:
+ *   input.c    the run's input: the datasets from the flags, the loader's settings, each batch moved to
+ *              the device (InputPipe);
+ *   trainer.c  step statistics, evaluation, and the run itself: its report, timing, the checkpoints it
+ *              writes, the stop at a divergence or a signal;
  *   resume.c   resuming from a --resume checkpoint: what is checked against the run, what may change
  *              with a note, and the gate by which a job's rank 0 checks before the other ranks. */
 #ifndef TRAINER_INTERNAL_H
@@ -12,9 +14,12 @@
 
 #include "trainer.h"
 
-/* ---- trainer.c: what data_open opened, for what a checkpoint's data position means ---- */
+/* ---- input.c: what data_open opened, for what a checkpoint's data position means (trainer.c
+ * writes it, resume.c checks it) and what --evaluate reports ---- */
 extern int64_t train_size_opened;
 extern int data_source_opened; /* CKPT_DATA_* */
+extern int64_t test_size_opened;
+extern char test_source_opened[sizeof ((Dataset *)0)->source];
 
 /* ---- resume.c ---- */
 /* A job of processes (stages 3–5, more than one rank): the ranks sum, and rank 0 speaks for them. */
