@@ -512,7 +512,7 @@ static void refuse_nonfinite(const char *path, const float *x, int64_t n, const 
                      "diverged; use an earlier checkpoint of that run (and, to train on, a lower --lr)", path, what);
 }
 
-void resume(Run *r) {
+void run_resume(Run *r) {
     const TrainConfig *c = r->cfg;
     Model *m = r->model;
     CheckpointMeta expect = {0}, got;

@@ -530,7 +530,7 @@ void run_begin(Run *r, const TrainConfig *cfg, const char *stage, Device **devs,
                  "epochs", (long long)cfg->warmup_steps, cfg->schedule, (long long)r->total_steps, cfg->epochs,
                  (long long)r->steps_per_epoch);
     gate_flags = 0;
-    if (cfg->resume[0]) resume(r);
+    if (cfg->resume[0]) run_resume(r);
     gate_after_checks(r, 0);
     if (cfg->save[0] && rank == 0) { /* now, not after an epoch of training */
         /* The names this run writes: the ends of the epochs it completes — up to --epochs, or to where

@@ -30,6 +30,6 @@ extern int gate_flags;
 void gate_before_checks(Run *r, int second);
 void gate_after_checks(Run *r, int second);
 /* Load --resume's checkpoint into the run and check it (run_begin; a job's sampler at run_sampler). */
-void resume(Run *r);
+void run_resume(Run *r);
 
 #endif
