@@ -35,7 +35,9 @@
 #           (build them first where Check is: bash tests/gpu_mutants.sh build; carry runs/mutants.tar.xz)
 #
 # Logs go to $OUT (the device tool's folder) or runs/gpu: session.log plus one tar of everything.
-# Expects the binaries built (make all tests/run_tests), or builds them.
+# Expects the binaries built (make all tests/run_tests), or builds them. A GPU machine without Check
+# (the C test library) cannot build tests/run_tests: build it where Check is (it links Check
+# statically, so it runs there), copy it over, and run `make all tests/write_synthetic` there.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . tests/bench_common.sh # bench_gpus
@@ -47,7 +49,10 @@ log() { echo "=== $* ($(date +%T))"; }
 [ $# -gt 0 ] || set -- stage1
 {
   log "gpu"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  if [ ! -x ./stage1 ] || [ ! -x tests/run_tests ]; then make all tests/run_tests; fi
+  if [ ! -x ./stage1 ] || [ ! -x tests/write_synthetic ]; then make all tests/write_synthetic; fi
+  if [ ! -x tests/run_tests ] && ! make tests/run_tests; then
+    echo "tests/run_tests could not be built here (no Check?): build it where Check is and copy it over"
+  fi
   for part in "$@"; do
     case $part in
       stage1)
