@@ -766,6 +766,16 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     ck_assert_int_eq(mkdir(path, 0700), 0);
     snprintf(args, sizeof args, TINY " --train-size 64 --epochs 1 --save %s/names", dir);
     expect_refused("stage1", args, "epoch001.ckpt' exists and is not a regular file", "remove it");
+    /* --steps 8 at an epoch's end (4 steps an epoch) writes epoch002.ckpt, never step00000008.ckpt:
+     * a directory under that name is no obstacle, and the run trains and saves */
+    snprintf(path, sizeof path, "%s/boundary", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/boundary/step00000008.ckpt", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 16 --epochs 3 --steps 8 --save %s/boundary", dir);
+    run_ok("stage1", args);
+    snprintf(path, sizeof path, "%s/boundary/epoch002.ckpt", dir);
+    ck_assert_msg(access(path, F_OK) == 0, "no %s", path);
     /* a file-size limit below the checkpoint's size (590 KB): not a silent SIGXFSZ death but the save's
      * error, naming ulimit -f; the checkpoint resumed from is untouched and no .tmp is left */
     snprintf(args, sizeof args, TINY " --train-size 96 --batch-size 8 --epochs 1 --save %s/fsz", dir);
