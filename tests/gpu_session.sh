@@ -22,8 +22,9 @@
 #           also land in $OUT/compare/
 #   variants1, variants2: tests/bench_stage3_variants.sh (2 GPUs) split in two halves that each fit a
 #           10-minute device call: first the exposed-part flags, DDP without a peer, the second GPU
-#           alone and both at once, stage 5; then NCCL's CTA and protocol settings, bucket sizes,
-#           --no-overlap and the in-backward optimizer overlap
+#           alone and both at once, stage 5, --no-cuda-graph and --sync-bn (rows 26-27); then NCCL's
+#           CTA and protocol settings, bucket sizes, --no-overlap and the in-backward optimizer overlap.
+#           Together they name every row of the script (its ONLY keys) but the references it adds itself
 #   twogpu: (2 GPUs) the suites whose NCCL tests need two GPUs (ddp, dist, syncbn), STEPS=100
 #           tests/bench_stage3.sh (stage 3's scaling, --sync-bn over NCCL), tests/bench_stage5.sh (its
 #           2-GPU --grad-comm fp32 / fp16 rows) and tests/gpu_faults.sh nccl — one device call
@@ -79,7 +80,7 @@ log() { echo "=== $* ($(date +%T))"; }
         mkdir -p "$OUT/compare" && cp "$LOGS"/compare/compare.md "$LOGS"/compare/compare.svg "$OUT/compare/" ;;
       variants1)
         log "bench stage3 variants, first half"
-        ONLY="s3 bafter last1 afterbwd all3 one gpu1 both s5 s5exp" BENCH_OUT="$LOGS/variants1" \
+        ONLY="s3 bafter last1 afterbwd all3 one gpu1 both s5 s5exp eager syncbn" BENCH_OUT="$LOGS/variants1" \
           bash tests/bench_stage3_variants.sh ;;
       variants2)
         log "bench stage3 variants, second half"
