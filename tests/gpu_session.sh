@@ -25,7 +25,8 @@
 #           alone and both at once, stage 5, --no-cuda-graph and --sync-bn (rows 26-27); then NCCL's
 #           CTA and protocol settings, bucket sizes, --no-overlap and the in-backward optimizer overlap.
 #           Together they name every row of the script (its ONLY keys) but the references it adds itself
-#   twogpu: (2 GPUs) the suites with NCCL checks only two GPUs run (ddp, syncbn, accum) and dist, STEPS=100
+#   twogpu: (2 GPUs) the suites with checks only two GPUs run (ddp, syncbn, accum over NCCL; dp and
+#           trace: stage 2's peer copies and GPU0's extra memory on a second physical GPU), STEPS=100
 #           tests/bench_stage3.sh (stage 3's scaling, --sync-bn over NCCL), tests/bench_stage5.sh (its
 #           2-GPU --grad-comm fp32 / fp16 rows) and tests/gpu_faults.sh nccl — one device call
 #   parity: make parity's precisions (tests/train_parity.sh CONFIGS="fp32 fp16 bf16"): stages 1 and 5
@@ -94,13 +95,13 @@ log() { echo "=== $* ($(date +%T))"; }
       twogpu)
         bench_gpus # NGPU, GPU_HOW: as the benchmarks count them (CUDA_VISIBLE_DEVICES too)
         [ "$NGPU" -ge 2 ] || { echo "twogpu needs 2 GPUs: $GPU_HOW"; continue; }
-        log "tests ddp dist syncbn accum (2 GPUs)"; JOBS=3 bash tests/run_suites.sh ddp dist syncbn accum
+        log "tests ddp syncbn accum dp trace (2 GPUs)"; JOBS=3 bash tests/run_suites.sh ddp syncbn accum dp trace
         echo "run_suites exit $?"
         log "bench stage3"; STEPS=100 BENCH_OUT="$LOGS/bench3" bash tests/bench_stage3.sh
         log "bench stage5"; BENCH_OUT="$LOGS/bench5" bash tests/bench_stage5.sh
         log "gpu faults nccl"; bash tests/gpu_faults.sh nccl; echo "gpu_faults exit $?" ;;
       *) echo "unknown part '$part' (stage1, tests, stage2, stage3, stage4, compare, variants1, variants2," \
-              "mutants, twogpu)"; exit 2 ;;
+              "parity, parityddp, mutants, twogpu)"; exit 2 ;;
     esac
   done
   log "done"
