@@ -395,10 +395,23 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
                  "written; use an earlier checkpoint", path);
     /* A flipped bit in a size field makes a whole file look cut short or overlong; when the file is
      * exactly as long as this model's checkpoint, it is the header that changed, not the file's end. */
-    if (size != want && size == want_model - CKPT_HEADER + (int64_t)hsize)
+    if (size != want && size == want_model - CKPT_HEADER + (int64_t)hsize) {
+        /* Unless the header names this very model with the other optimizer: then an Adam file cut
+         * short at exactly SGD's length (or an SGD file grown to Adam's) tells the same story as a
+         * flipped optimizer field, and the message cannot pick one. */
+        if (m.n_params == expect->n_params && m.n_buffers == expect->n_buffers &&
+            m.optimizer != (any_optimizer ? CKPT_OPT_SGD : expect->optimizer))
+            die_user("checkpoint '%s' is corrupt: its header describes this model trained with --optimizer %s, "
+                     "%lld bytes, but the file has %lld, the length of an --optimizer %s checkpoint — %s, or its "
+                     "header was damaged after it was written; use an earlier checkpoint", path,
+                     m.optimizer == CKPT_OPT_ADAM ? "adam" : "sgd", (long long)want, (long long)size,
+                     m.optimizer == CKPT_OPT_ADAM ? "sgd" : "adam",
+                     size < want ? "the save was cut short at exactly that length"
+                                 : "bytes were appended after it was written");
         die_user("checkpoint '%s' is corrupt: its header implies %lld bytes, but the file has %lld, the length of "
                  "this model's checkpoint — the header was damaged after it was written; use an earlier checkpoint",
                  path, (long long)want, (long long)size);
+    }
     if (size < want)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want);

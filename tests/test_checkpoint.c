@@ -282,6 +282,31 @@ START_TEST(test_adam_round_trip) {
     write_resealed(bad, b, n);
     expect_load_refused(bad, &a, "counters no save writes", "a momentum for Adam");
     free(b);
+    /* An Adam file cut short at exactly SGD's length, resumed with SGD's flags (or evaluated), and an SGD
+     * file grown to Adam's, resumed with Adam's: each could be that or a flipped optimizer field, and the
+     * message names both (not "the header was damaged" alone, which reads as certain). */
+    checkpoint_save(g_path, &a, g_params, g_buffers, g_mom, sq);
+    b = read_bytes(g_path, &n);
+    write_bytes(bad, b, FILE_BYTES);
+    char says[96];
+    snprintf(says, sizeof says, "--optimizer adam, %d bytes, but the file has %d", FILE_BYTES + 4 * NP, FILE_BYTES);
+    expect_load_refused(bad, &g_meta, says, "Adam cut to SGD's length: what the header says");
+    expect_load_refused(bad, &g_meta, "cut short at exactly that length, or its header was damaged",
+                        "Adam cut to SGD's length: both stories");
+    CheckpointMeta any = g_meta;
+    any.optimizer = CKPT_OPT_ANY;
+    expect_load_refused(bad, &any, "the length of an --optimizer sgd checkpoint — the save was cut short",
+                        "Adam cut to SGD's length, --evaluate");
+    free(b);
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    b = read_bytes(g_path, &n);
+    unsigned char *grown = calloc(FILE_BYTES + 4 * NP, 1);
+    memcpy(grown, b, n);
+    write_bytes(bad, grown, FILE_BYTES + 4 * NP);
+    expect_load_refused(bad, &a, "bytes were appended after it was written, or its header was damaged",
+                        "SGD grown to Adam's length");
+    free(grown);
+    free(b);
 }
 END_TEST
 
