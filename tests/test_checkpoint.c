@@ -306,6 +306,21 @@ START_TEST(test_adam_round_trip) {
     expect_load_refused(bad, &a, "bytes were appended after it was written, or its header was damaged",
                         "SGD grown to Adam's length");
     free(grown);
+    /* …but a header naming Adam and another buffer count does not describe this model: only the damaged
+     * header explains a file of exactly this model's SGD length (not a cut-short Adam save of this model) */
+    unsigned char *two = malloc(n);
+    memcpy(two, b, n);
+    two[232] = 1, two[64] ^= 1; /* the optimizer (Adam) and a bit of n_buffers */
+    write_bytes(bad, two, n);
+    snprintf(says, sizeof says, "the file has %d, the length of this model's checkpoint — the header was damaged",
+             FILE_BYTES);
+    expect_load_refused(bad, &g_meta, says, "Adam and another buffer count in an SGD file's header");
+    LoadJob j = {bad, g_meta};
+    char *out = NULL;
+    test_run_captured(load_child, &j, &out);
+    ck_assert_msg(!strstr(out, "describes this model"), "a header with another buffer count is said to describe this "
+                  "model: %s", out);
+    free(out), free(two);
     free(b);
 }
 END_TEST
@@ -559,6 +574,18 @@ START_TEST(test_version7_still_loads) {
     ck_assert_int_eq(got.version, 7);
     ck_assert(got.warmup_steps == 40 && got.warmup_start_factor == 0.1);
     ck_assert(got.momentum == 0 && got.weight_decay == 0 && got.clip_grad_norm == 0);
+    /* a flipped bit in a size field of an older, shorter header is a damaged header too: the file is as
+     * long as this model's checkpoint in that version's layout (not in the current one's) */
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/v7_flipped.ckpt", g_dir);
+    for (size_t at = 56; at <= 64; at += 8) {
+        v7[at] ^= 1;
+        write_bytes(bad, v7, n7);
+        v7[at] ^= 1;
+        char what[64];
+        snprintf(what, sizeof what, "version 7: bit 0 of byte %zu (a size field) flipped", at);
+        expect_load_refused(bad, &g_meta, "the header was damaged after it was written", what);
+    }
     free(b), free(v7);
 }
 END_TEST
