@@ -448,9 +448,10 @@ static void check_against(const char *ref, const char *ddp, const char *arch, in
            micro = test_report_field(pb, "comm_summary", "micro_steps");
     ck_assert_msg(ex == micro * 2 * 7 && micro >= steps, "%s: %g exchanges in %g micro-steps (tiny: 14 each)", what, ex,
                   micro);
-    /* and the header's figure per micro-step is what the exchanges then carry (world × 3 floats per channel) */
+    /* and the header's figures per micro-step are what the exchanges then are and carry (one all-reduce
+     * per layer each way; world × 3 floats per channel) */
     char want[96], b[32];
-    snprintf(want, sizeof want, "small all-reduces (%s) per micro-step",
+    snprintf(want, sizeof want, "— %.0f small all-reduces (%s) per micro-step", ex / micro,
              fmt_bytes(b, sizeof b, test_report_field(pb, "comm_summary", "syncbn_bytes") / micro));
     ck_assert_msg(strstr(out, want), "%s: the header does not say '%s'\n%s", what, want, out);
     free(out);
