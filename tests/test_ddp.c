@@ -355,6 +355,20 @@ START_TEST(last_bucket_too_large_is_said) {
                   strstr(out, "ddp: note: --last-bucket-mb asks for 100.00 MiB, more than any tail of the reverse "
                               "parameter order holds") && strstr(out, "— give --last-bucket-mb 0.2"),
                   "%s", out);
+    /* said once: the rebuild, whose plan has no last bucket either, says it only where the first plan had one */
+    int notes = 0;
+    for (const char *p = out; (p = strstr(p, "ddp: note: --last-bucket-mb asks for")); p++) notes++;
+    ck_assert_msg(notes == 1, "the --last-bucket-mb note said %d times, want once:\n%s", notes, out);
+    free(out);
+    /* under --find-unused-parameters the plan falls back to PyTorch's (parameter order, reversed); the note
+     * still gives the longest tail of the reverse order (all but fc.bias: 286.56 KiB), not "drop it" */
+    snprintf(cmd, sizeof cmd, common, test_root(), test_free_port(), 100.0);
+    strcat(cmd, " --find-unused-parameters");
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "(cut in parameter order, then reversed, first cap 1 MiB, cap 25.00 MiB, no last bucket "
+                              "of its own)") &&
+                  strstr(out, "— give --last-bucket-mb 0.2798 or less (at most 286.56 KiB here), or 0"),
+                  "--find-unused-parameters: %s", out);
     free(out);
     /* 1 KiB short of the whole model: the reverse order's tail (all but fc.bias) holds it, the ready
      * order's (all but fc.weight and fc.bias) does not */
@@ -364,7 +378,10 @@ START_TEST(last_bucket_too_large_is_said) {
                   strstr(out, "(first cap 1 MiB, no last bucket of its own): 1 bucket:") &&
                   !strstr(out, "last as before") &&
                   strstr(out, "ddp: note: --last-bucket-mb asks for ") &&
-                  strstr(out, "more than any tail of the gradient-ready order holds"), "%s", out);
+                  strstr(out, "more than any tail of the gradient-ready order holds") &&
+                  /* its longest contiguous tail: all but fc.weight and fc.bias (with fc.bias, reported second,
+                   * the tail skips fc.weight: not one slice of the buffer) */
+                  strstr(out, "give --last-bucket-mb 0.2774 or less (at most 284.06 KiB here)"), "%s", out);
     free(out);
 }
 END_TEST
