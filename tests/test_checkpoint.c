@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "errors.h"
 #include "tests.h"
 
 
@@ -432,6 +433,29 @@ START_TEST(test_bad_magic_version_missing) {
 }
 END_TEST
 
+/* --evaluate's expect of a model without --unused-param's head (run_resume sizes its arrays for the model
+ * and the head): a file of another parameter count must not be read into them — a canary after the
+ * array, checked as the load refuses the file, says whether it was. */
+static struct {
+    float p[NP - 20 + 10]; /* the model's NP − 20 and a head of 10 */
+    float canary[64];
+} g_head_room;
+static void head_canary_hook(void) {
+    for (int i = 0; i < 64; i++)
+        if (g_head_room.canary[i] != 12345.0f) {
+            fprintf(stderr, "canary overwritten: the file's parameters were read past the model's and head's\n");
+            return;
+        }
+}
+static void load_head_child(void *arg) {
+    LoadJob *j = arg;
+    static float b[NB + 16], m[NP + 16];
+    for (int i = 0; i < 64; i++) g_head_room.canary[i] = 12345.0f;
+    die_user_hook = head_canary_hook;
+    CheckpointMeta got;
+    checkpoint_load(j->path, &j->expect, &got, g_head_room.p, b, m, NULL);
+}
+
 START_TEST(test_wrong_model) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     CheckpointMeta e = g_meta;
@@ -455,6 +479,15 @@ START_TEST(test_wrong_model) {
     expect_load_refused(g_path, &e, "extra head of --unused-param (stages 3–5) — pass it", "head in the file");
     e.head_params = 11;
     expect_load_refused(g_path, &e, "saved by a different model definition", "off by another count");
+    /* evaluating (a head's hash to accept): a file 20 parameters larger than a model with a head of 10 is
+     * refused without being read into arrays sized for the model and its head */
+    e = g_meta;
+    e.n_params = NP - 20, e.head_params = 10, e.head_hash = 0x1234, e.evaluating = 1;
+    LoadJob j = {g_path, e};
+    char *out = NULL;
+    ck_assert_int_eq(test_run_captured(load_head_child, &j, &out), 2);
+    ck_assert_msg(strstr(out, "has 1000 parameters, but this tiny model has 980") && !strstr(out, "canary"), "%s", out);
+    free(out);
     e = g_meta;
     e.n_buffers = NB + 1;
     expect_load_refused(g_path, &e, "buffer", "n_buffers");
