@@ -716,6 +716,16 @@ START_TEST(a_checkpoint_holding_nan_is_refused_at_once) {
     expect_refused("stage1", args, "the momentum buffer is not finite (NaN or inf)", "use an earlier checkpoint");
     snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
     ok_saying("stage1", args, "evaluated", NULL);
+    /* Adam's second moment, the blob after exp_avg (in momentum's place): an infinite exp_avg_sq is refused
+     * too (its square root would silence that weight's updates) */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --steps 2 --optimizer adam --save %s/adam",
+             dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/adam/step00000002.ckpt", dir);
+    snprintf(bad, sizeof bad, "%s/adam_inf.ckpt", dir);
+    write_with_value(ck, bad, 296 + 4 * (long)(2 * np + nb + 1), INFINITY); /* the second of exp_avg_sq */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --optimizer adam --resume %s", bad);
+    expect_refused("stage1", args, "Adam's moments are not finite (NaN or inf)", "use an earlier checkpoint");
     free(dir);
 }
 END_TEST
