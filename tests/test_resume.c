@@ -372,6 +372,9 @@ START_TEST(resume_at_an_epoch_end_regroups) {
                                                                   "epoch; the checkpoint counted 12 steps)") &&
                       strstr(out, lr_note) && /* its cosine had ended */
                       strstr(out, "summary: 18 steps (12 in this run, resumed at 6)"), "%s", out);
+    /* re-counted steps: the regroup note gives both rates; schedule_note, which compares the two schedules
+     * step by step in one count, says nothing (its "at step 12" would be the checkpoint's count) */
+    ck_assert_msg(!strstr(out, "was trained with --schedule"), "a schedule note for re-counted steps:\n%s", out);
     free(out);
     char *after = test_slurp(path, &n1);
     ck_assert_msg(before && after && n0 == n1 && !memcmp(before, after, (size_t)n0), "%s was changed", path);
@@ -389,6 +392,13 @@ START_TEST(resume_at_an_epoch_end_regroups) {
     ck_assert(g.step == 18 && g.epoch == 3 && g.batch_size == 16 && g.world_size == 1);
     snprintf(path, sizeof path, "%s/b8/epoch002.ckpt", dir); /* --keep-last 1: this run's own older one went */
     ck_assert_int_ne(access(path, F_OK), 0);
+    /* refused for another --seed, the "also needs" list names no --batch-size: at an epoch's end any
+     * batch size continues it */
+    snprintf(args, sizeof args, "%s --batch-size 16 --epochs 3 --seed 7 --resume %s/b8/epoch001.ckpt", t, dir);
+    ck_assert_int_eq(run("stage1", args, &out), 2);
+    ck_assert_msg(strstr(out, "pass --seed 0 to continue it") && !strstr(out, "--batch-size 8"),
+                  "the refusal asks for a batch size an epoch's end does not need:\n%s", out);
+    free(out);
     /* inside an epoch it is still refused (resume_under_other_flags_is_refused_or_exact), and so is a
      * step past --steps in this run's count */
     snprintf(args, sizeof args, "%s --batch-size 4 --epochs 3 --steps 20 --resume %s/b8/epoch001.ckpt", t, dir);
@@ -554,6 +564,28 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     free(b);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
     ok_saying("stage1", args, "format version 2, which does not record --no-shuffle or --drop-last", "resumed from");
+    /* at an epoch's end, resumed with --drop-last: version 2 recorded no --drop-last, so the regroup note
+     * (nothing else changed) must not claim one went from off to on */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --save %s/e", dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/e/epoch001.ckpt", dir);
+    b5 = (unsigned char *)test_slurp(ck, &n5);
+    ck_assert_ptr_nonnull(b5);
+    b = malloc((size_t)n);
+    memcpy(b, b5, 192);
+    memcpy(b + 192, b5 + 296, (size_t)(n5 - 296));
+    free(b5);
+    b[8] = 2, b[12] = 192, b[13] = 0;
+    memset(b + 152, 0, 24);
+    write_resealed(ck, b, n);
+    free(b);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --steps 9 --nproc-per-node 1 "
+             "--drop-last --resume %s", ck);
+    char *out;
+    ck_assert_int_eq(run("stage3", args, &out), 0);
+    ck_assert_msg(strstr(out, "format version 2, which does not record") && !strstr(out, "--drop-last off → on"),
+                  "version 2 has no --drop-last to have changed:\n%s", out);
+    free(out);
     free(dir);
 }
 END_TEST
@@ -909,6 +941,21 @@ START_TEST(resume_in_the_wrong_stage_names_the_right_one) {
     expect_refused("stage1", args, "stage1 takes one", "resume it with stage 4 or 5 and --accum-steps 2");
     snprintf(args, sizeof args, "%s --steps 4 --gpus 2 --batch-size 4 --resume %s/acc/step00000002.ckpt", t, dir);
     expect_refused("stage2", args, "stage2 takes one", "resume it with stage 4 or 5 and --accum-steps 2");
+    /* refused for another flag first (the seed, read before the position is judged): its "also needs" list
+     * names no --accum-steps, which stage 1 does not have */
+    snprintf(args, sizeof args, "%s --steps 4 --seed 7 --resume %s/acc/step00000002.ckpt", t, dir);
+    char *out;
+    ck_assert_int_eq(run("stage1", args, &out), 2);
+    ck_assert_msg(strstr(out, "pass --seed 0 to continue it") && !strstr(out, "--accum-steps 2"),
+                  "stage 1's refusal names a flag it does not have:\n%s", out);
+    free(out);
+    /* at an epoch's end the accumulation may change, as the batch size may (at_epoch_end): a stage without
+     * --accum-steps continues a stage 4 epoch, saying so */
+    snprintf(args, sizeof args, "%s --nproc-per-node 1 --accum-steps 2 --save %s/end", t, dir);
+    run_ok("stage4", args);
+    snprintf(args, sizeof args, TINY " --train-size 80 --batch-size 8 --epochs 2 --nproc-per-node 1 --resume "
+             "%s/end/epoch001.ckpt", dir);
+    ok_saying("stage3", args, "ends epoch 1, and this run has --accum-steps 2 → 1", "at step 10 of this run's schedule");
     snprintf(args, sizeof args, "%s --steps 2 --nproc-per-node 2 --save %s/two", t, dir);
     run_ok("stage3", args);
     snprintf(args, sizeof args, "%s --steps 4 --resume %s/two/step00000002.ckpt", t, dir);
