@@ -586,6 +586,24 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     ck_assert_msg(strstr(out, "format version 2, which does not record") && !strstr(out, "--drop-last off → on"),
                   "version 2 has no --drop-last to have changed:\n%s", out);
     free(out);
+    /* a version 1 file does not say what its step count means (no batch size): even at an epoch's end it
+     * continues only on the world size it was trained on (at_epoch_end is version 2 on) */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --gpus 2 --save %s/w2", dir);
+    run_ok("stage2", args);
+    snprintf(ck, sizeof ck, "%s/w2/epoch001.ckpt", dir);
+    b5 = (unsigned char *)test_slurp(ck, &n5);
+    ck_assert_ptr_nonnull(b5);
+    n = n5 - (296 - 128);
+    b = malloc((size_t)n);
+    memcpy(b, b5, 128);
+    memcpy(b + 128, b5 + 296, (size_t)(n5 - 296));
+    free(b5);
+    b[8] = 1, b[12] = 128, b[13] = 0;
+    write_resealed(ck, b, n);
+    free(b);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", ck);
+    expect_refused("stage1", args, "trained on 2 devices (ranks, or stage 2's GPUs), this run has 1",
+                   "its step count (4 steps, which the learning-rate schedule counts) means another point of training");
     free(dir);
 }
 END_TEST
