@@ -806,6 +806,8 @@ END_TEST
 /* ---- --save checked before training ---- */
 
 static void probe_child(void *dir) { checkpoint_probe(dir, 0, 3, 7, NULL, 0, 0); }
+/* a run resumed from the end of epoch 1 (step 12), training to the end of epoch 3 (step 36) */
+static void resumed_probe_child(void *dir) { checkpoint_probe(dir, 1, 3, 0, "elsewhere/epoch001.ckpt", 12, 36); }
 
 START_TEST(test_save_probe) {
     char sub[200], file[240], *out;
@@ -875,6 +877,20 @@ START_TEST(test_save_probe) {
     ck_assert_int_eq(mkfifo(file, 0600), 0);
     ck_assert_int_eq(test_run_captured(probe_child, sub, &out), 2);
     ck_assert_msg(strstr(out, file) && strstr(out, "the checkpoint of --steps 7"), "%s", out);
+    free(out);
+    /* a resumed run: a later checkpoint of its line under a name it writes is refused (it would be
+     * written over), but a regular .tmp file there — a save interrupted before its rename — is not one */
+    snprintf(sub, sizeof sub, "%s/resumed", g_dir);
+    checkpoint_probe(sub, 0, 0, 0, NULL, 0, 0); /* creates it */
+    snprintf(file, sizeof file, "%s/epoch003.ckpt.tmp", sub);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    ck_assert_msg(test_run_captured(resumed_probe_child, sub, &out) == 0, "a resumed run refused an interrupted "
+                  "save's .tmp as a later checkpoint: %s", out);
+    free(out);
+    snprintf(file, sizeof file, "%s/epoch003.ckpt", sub);
+    write_bytes(file, (const unsigned char *)"x", 1);
+    ck_assert_int_eq(test_run_captured(resumed_probe_child, sub, &out), 2);
+    ck_assert_msg(strstr(out, file) && strstr(out, "a later checkpoint than --resume"), "%s", out);
     free(out);
 }
 END_TEST
