@@ -586,6 +586,26 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     ck_assert_msg(strstr(out, "format version 2, which does not record") && !strstr(out, "--drop-last off → on"),
                   "version 2 has no --drop-last to have changed:\n%s", out);
     free(out);
+    /* a version 4 file (the same 192-byte header, with the sampler and the data source recorded) says
+     * nothing of what versions 2 and 3 did not record */
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 2 --save %s/v4", dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/v4/step00000002.ckpt", dir);
+    b5 = (unsigned char *)test_slurp(ck, &n5);
+    ck_assert_ptr_nonnull(b5);
+    n = n5 - 104;
+    b = malloc((size_t)n);
+    memcpy(b, b5, 192);
+    memcpy(b + 192, b5 + 296, (size_t)(n5 - 296));
+    free(b5);
+    b[8] = 4, b[12] = 192, b[13] = 0;
+    write_resealed(ck, b, n);
+    free(b);
+    snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "does not record"), "a version 4 file noted as an older "
+                  "one:\n%s", out);
+    free(out);
     /* a version 1 file does not say what its step count means (no batch size): even at an epoch's end it
      * continues only on the world size it was trained on (at_epoch_end is version 2 on) */
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --gpus 2 --save %s/w2", dir);
