@@ -40,7 +40,7 @@ void report_check_free(const char *json_path) {
 }
 
 /* The report on fd is the log of the run that --resume continues: its last "checkpoint" record (a
- * line {"type":"checkpoint","path":"…",…}, as save_checkpoint writes it) names that very file. A run
+ * line {"type":"checkpoint","path":"…",…}, as run_save writes it) names that very file. A run
  * stopped by a signal says to resume with "this same command", --report and all: emptying the file
  * then lost every record of the steps before the stop. A path that no longer leads to the file
  * continues nothing. */
