@@ -15,7 +15,7 @@
 
 #include "trainer.h"
 
-/* ---- input.c: what data_open opened, for what a checkpoint's data position means (trainer.c
+/* ---- input.c: what data_open opened, for what a checkpoint's data position means (save.c
  * writes it, resume.c checks it) and what --evaluate reports ---- */
 extern int64_t train_size_opened;
 extern int data_source_opened; /* CKPT_DATA_* */

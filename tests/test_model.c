@@ -921,7 +921,7 @@ START_TEST(model_params_seam_reorders_conv_weights_only) {
 }
 END_TEST
 
-/* One checkpoint of model m (and its optimizer's momentum) through the seam, as trainer.c saves. */
+/* One checkpoint of model m (and its optimizer's momentum) through the seam, as save.c saves. */
 static void save_public(Model *m, const Optimizer *o, const char *path) {
     CheckpointMeta meta = {0};
     snprintf(meta.arch, sizeof meta.arch, "%s", m->arch);
