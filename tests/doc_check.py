@@ -29,6 +29,9 @@ It reads every *.md under ROOT (skipping runs/, data/ and dot-folders) and check
    writes (`json_begin(r, "TYPE")`, or DDP's `report(d, "TYPE", …)`) is named as `TYPE` in the
    README's "What each run prints" section: a record a script may meet is never an undocumented one.
 
+6. Logs. Every file in docs/logs is named (its file name) by a page, a script or a source: a log is
+   kept to back a figure, and one that nothing cites any longer is clutter a reader cannot place.
+
 It prints one line per problem, naming the file and line, and exits 1 if there is any.
 """
 import os
@@ -326,6 +329,29 @@ def check_records(root, pages, problems):
                             f"under '{RECORDS_SECTION}'")
 
 
+CITING = (".md", ".sh", ".py", ".c", ".h", ".cu")
+
+
+def check_logs(root, problems):
+    logs = os.path.join(root, "docs", "logs")
+    if not os.path.isdir(logs):
+        return
+    names = sorted(f for f in os.listdir(logs) if os.path.isfile(os.path.join(logs, f)))
+    text = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith(".") and
+                         os.path.join(d, x) != logs)  # a log does not cite itself
+        for f in sorted(files):
+            if f.endswith(CITING) or f == "Makefile":
+                with open(os.path.join(d, f), encoding="utf-8", errors="replace") as fh:
+                    text.append(fh.read())
+    text = "\n".join(text)
+    for name in names:
+        if name not in text:
+            problems.append(f"docs/logs/{name}: no page, script or source names it (cite it where it backs a "
+                            f"figure, or remove it)")
+
+
 def main():
     # The default is the checkout this script is in, found through links (the sanitizer builds run the
     # tests from a folder that links to tests/, stages/ and docs/ but holds no README.md).
@@ -356,6 +382,7 @@ def main():
         if flags:
             check_flags(root, path, flags, problems)
     check_records(root, pages, problems)
+    check_logs(root, problems)
     twins = 0
     for path in pages:
         if path.endswith(".zh-CN.md"):

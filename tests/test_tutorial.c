@@ -326,6 +326,35 @@ START_TEST(doc_check_matches_bench_commands_to_their_logs) {
 }
 END_TEST
 
+/* Logs: a file in docs/logs that no page, script or source names is a problem; one a page links, one a
+ * script names, and one named only by another log (a log is no citation) are told apart. */
+START_TEST(doc_check_names_logs_nothing_cites) {
+    char *dir = test_tmpdir(), path[600], *out = NULL;
+    const char *logs[] = {"docs", "docs/logs", "tests"};
+    for (size_t i = 0; i < sizeof logs / sizeof logs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, logs[i]);
+        ck_assert_int_eq(mkdir(path, 0755), 0);
+    }
+    const char *files[][2] = {
+        {"docs/logs/linked.txt", "x 4.24 ms\n"},
+        {"docs/logs/scripted.jsonl", "{}\n"},
+        {"docs/logs/orphan.txt", "see also linked.txt and orphan_2.md\n"},
+        {"docs/logs/orphan_2.md", "# a log that names only itself: orphan_2.md\n"},
+        {"docs/page.md", "# P\n\n4.24 ms ([log](logs/linked.txt)).\n"},
+        {"tests/bench.sh", "echo > docs/logs/scripted.jsonl\n"}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i][0]);
+        write_file(path, files[i][1]);
+    }
+    int rc = run_doc_check(dir, 0, &out);
+    if (rc == 77) { free(dir); return; }
+    ck_assert_msg(rc == 1 && strstr(out, "docs/logs/orphan.txt: no page, script or source names it") &&
+                      strstr(out, "docs/logs/orphan_2.md: no page, script or source names it") && strstr(out, "2 problems"),
+                  "a log nothing cites passed doc_check (or a cited one was flagged):\n%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* Report records: a record type the code writes (json_begin's literal, or ddp.c's report()) that the
  * README's "What each run prints" does not name is a problem; one named only outside that section is too. */
 START_TEST(doc_check_names_every_report_record) {
@@ -367,6 +396,7 @@ Suite *suite_tutorial(void) {
     tcase_add_test(tc, doc_check_fails_on_dead_links_and_drifted_translations);
     tcase_add_test(tc, doc_check_names_every_report_record);
     tcase_add_test(tc, doc_check_matches_bench_commands_to_their_logs);
+    tcase_add_test(tc, doc_check_names_logs_nothing_cites);
     suite_add_tcase(s, tc);
     return s;
 }
