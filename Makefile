@@ -167,7 +167,7 @@ help:
 	@echo "make doc-check  every relative link of the Markdown resolves; each X.zh-CN.md keeps its English page's"
 	@echo "                headings, code and tables; every ./stageN command and \`--flag\` names a real flag;"
 	@echo "                a bench command quoted next to its log has the log's step counts;"
-	@echo "                the README names every --report record type the code writes"
+	@echo "                the README names every --report record type the code writes; every log in docs/logs is cited"
 	@echo "                (tests/doc_check.py; make test runs it, the tutorial's commands and the READMEs' transcripts)"
 	@echo "make sanitize   the CPU suite under AddressSanitizer + UBSan with leak checks (build/asan; SUITES=\"a b\" for some)"
 	@echo "make tsan       the threaded suites under ThreadSanitizer (build/tsan)"
