@@ -2312,12 +2312,14 @@ END_TEST
  * workers too), so a SIGHUP to the launcher, passed on as a SIGTERM, stops nothing; after LAUNCH_STOP_S
  * the launcher stops them (SIGTERM: ignored again) and LAUNCH_GRACE_S later kills them: exit 129, an
  * interruption, no worker left. Without the SIGKILL the launcher waited for ever (and the job with it);
- * with its kills counted as the workers' own failures it reported "job failed … SIGKILL" and an OOM hint. */
+ * with its kills counted as the workers' own failures it reported "job failed … SIGKILL" and an OOM hint.
+ * SIGHUP is restored with env: a suite started under nohup ignores it, and the launcher would keep it
+ * ignored too (as it should), so the test would wait for a stop that never comes. */
 START_TEST(workers_that_ignore_sigterm_are_killed) {
     char *dir = test_tmpdir(), cmd[4096], *out;
     const int limit = (int)((LAUNCH_STOP_S + LAUNCH_GRACE_S + 30) * 10 * test_time_scale()); /* in 0.1 s */
     snprintf(cmd, sizeof cmd,
-             "D=%s; (trap '' TERM; exec %s/stage3 " TINY " --epochs 100000 --nproc-per-node 2 --master-port %d "
+             "D=%s; (trap '' TERM; exec env --default-signal=HUP %s/stage3 " TINY " --epochs 100000 --nproc-per-node 2 --master-port %d "
              "> $D/out.txt 2>&1) & run=$!; "
              "while ! grep -qs 'buckets rebuilt' $D/out.txt && kill -0 $run 2>/dev/null; do sleep 0.01; done; "
              "kids=$(cat /proc/$run/task/$run/children); t0=$(date +%%s); kill -HUP $run; "
