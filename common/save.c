@@ -1,6 +1,6 @@
-/* save.c — the checkpoints a run writes (--save: at each epoch's end, and where a stop request ends it
- * inside an epoch) and which of them it keeps (--keep-last). Reading one back is resume.c's job; the
- * file format is checkpoint.c's. */
+/* save.c — the checkpoints a run writes (--save: at each epoch's end, and where the run stops inside an
+ * epoch: --steps, or a Ctrl-C / SIGTERM) and which of them it keeps (--keep-last). Reading one back is
+ * resume.c's job; the file format is checkpoint.c's. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
