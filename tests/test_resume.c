@@ -540,28 +540,35 @@ static void write_resealed(const char *path, unsigned char *b, long n) {
     ck_assert_msg(fwrite(b, 1, (size_t)n, f) == (size_t)n && fclose(f) == 0, "writing %s", path);
 }
 
+/* Writes the checkpoint `from` (today's format, version 8: a 296-byte header) to `to` as an older
+ * version's file: each older header is a prefix of today's (versions 5, 7 and 8 added the GradScaler's
+ * 64 bytes, the warm-up's 16 and the optimizer's 24 at its end), so its first hsize bytes, then the
+ * blobs, with the version and header size set and the checksum made good. Versions 1 and 2 recorded no
+ * sampler or data source: zeros where versions 3 and 4 put them (152–175; what version 6 puts in
+ * 176–191, the schedule, the older versions do not read). */
+static void write_as_version(const char *from, const char *to, int version, int hsize) {
+    long n8;
+    unsigned char *b8 = (unsigned char *)test_slurp(from, &n8);
+    ck_assert_ptr_nonnull(b8);
+    ck_assert(b8[8] == 8 && b8[12] == (296 & 0xff) && b8[13] == 296 >> 8);
+    long n = n8 - (296 - hsize);
+    unsigned char *b = malloc((size_t)n);
+    memcpy(b, b8, (size_t)hsize);
+    memcpy(b + hsize, b8 + 296, (size_t)(n8 - 296));
+    free(b8);
+    b[8] = (unsigned char)version, b[12] = (unsigned char)(hsize & 0xff), b[13] = (unsigned char)(hsize >> 8);
+    if (version <= 2 && hsize >= 176) memset(b + 152, 0, 24);
+    write_resealed(to, b, n);
+    free(b);
+}
+
 /* A version 2 checkpoint (before the sampler was recorded) resumes with a note that says so. */
 START_TEST(version2_checkpoint_resumes_with_a_note) {
     char *dir = test_tmpdir(), args[2048], ck[700];
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 2 --save %s", dir);
     run_ok("stage1", args);
     snprintf(ck, sizeof ck, "%s/step00000002.ckpt", dir);
-    long n5;
-    unsigned char *b5 = (unsigned char *)test_slurp(ck, &n5);
-    ck_assert_ptr_nonnull(b5);
-    ck_assert_int_eq(b5[8], 8);
-    /* version 2's layout: a 192-byte header (versions 5, 7 and 8 add the GradScaler's 64 bytes, the
-     * warm-up's 16 and the optimizer's 24), and zeros where versions 3 and 4 record the sampler and the
-     * data (what version 6 puts in 176–191, the schedule, version 2 does not read) */
-    long n = n5 - 104;
-    unsigned char *b = malloc((size_t)n);
-    memcpy(b, b5, 192);
-    memcpy(b + 192, b5 + 296, (size_t)(n5 - 296));
-    free(b5);
-    b[8] = 2, b[12] = 192, b[13] = 0;
-    memset(b + 152, 0, 24);
-    write_resealed(ck, b, n);
-    free(b);
+    write_as_version(ck, ck, 2, 192);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
     ok_saying("stage1", args, "format version 2, which does not record --no-shuffle or --drop-last", "resumed from");
     /* at an epoch's end, resumed with --drop-last: version 2 recorded no --drop-last, so the regroup note
@@ -569,16 +576,7 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --save %s/e", dir);
     run_ok("stage1", args);
     snprintf(ck, sizeof ck, "%s/e/epoch001.ckpt", dir);
-    b5 = (unsigned char *)test_slurp(ck, &n5);
-    ck_assert_ptr_nonnull(b5);
-    b = malloc((size_t)n);
-    memcpy(b, b5, 192);
-    memcpy(b + 192, b5 + 296, (size_t)(n5 - 296));
-    free(b5);
-    b[8] = 2, b[12] = 192, b[13] = 0;
-    memset(b + 152, 0, 24);
-    write_resealed(ck, b, n);
-    free(b);
+    write_as_version(ck, ck, 2, 192);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --steps 9 --nproc-per-node 1 "
              "--drop-last --resume %s", ck);
     char *out;
@@ -591,16 +589,7 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 2 --save %s/v4", dir);
     run_ok("stage1", args);
     snprintf(ck, sizeof ck, "%s/v4/step00000002.ckpt", dir);
-    b5 = (unsigned char *)test_slurp(ck, &n5);
-    ck_assert_ptr_nonnull(b5);
-    n = n5 - 104;
-    b = malloc((size_t)n);
-    memcpy(b, b5, 192);
-    memcpy(b + 192, b5 + 296, (size_t)(n5 - 296));
-    free(b5);
-    b[8] = 4, b[12] = 192, b[13] = 0;
-    write_resealed(ck, b, n);
-    free(b);
+    write_as_version(ck, ck, 4, 192);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
     ck_assert_int_eq(run("stage1", args, &out), 0);
     ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "does not record"), "a version 4 file noted as an older "
@@ -611,16 +600,7 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --gpus 2 --save %s/w2", dir);
     run_ok("stage2", args);
     snprintf(ck, sizeof ck, "%s/w2/epoch001.ckpt", dir);
-    b5 = (unsigned char *)test_slurp(ck, &n5);
-    ck_assert_ptr_nonnull(b5);
-    n = n5 - (296 - 128);
-    b = malloc((size_t)n);
-    memcpy(b, b5, 128);
-    memcpy(b + 128, b5 + 296, (size_t)(n5 - 296));
-    free(b5);
-    b[8] = 1, b[12] = 128, b[13] = 0;
-    write_resealed(ck, b, n);
-    free(b);
+    write_as_version(ck, ck, 1, 128);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", ck);
     expect_refused("stage1", args, "trained on 2 devices (ranks, or stage 2's GPUs), this run has 1",
                    "its step count (4 steps, which the learning-rate schedule counts) means another point of training");
@@ -728,16 +708,8 @@ START_TEST(resume_under_other_optimizer_flags_says_so) {
     ck_assert_msg(occurrences(out, "this run has --weight-decay 0.001: this run's value is used") == 1, "%s", out);
     free(out);
     /* a version 7 file (a 272-byte header, without the optimizer's 24 bytes) loads, and says nothing of them */
-    long n8;
-    unsigned char *b = (unsigned char *)test_slurp(ck, &n8);
-    ck_assert_ptr_nonnull(b);
-    ck_assert(b[8] == 8 && b[12] == (296 & 0xff) && b[13] == 296 >> 8);
-    memmove(b + 272, b + 296, (size_t)(n8 - 296));
-    long n = n8 - 24;
-    b[8] = 7, b[12] = 272 & 0xff, b[13] = 272 >> 8;
     snprintf(v7, sizeof v7, "%s/v7.ckpt", dir);
-    write_resealed(v7, b, n);
-    free(b);
+    write_as_version(ck, v7, 7, 272);
     snprintf(args, sizeof args, "%s --steps 6 --momentum 0.5 --weight-decay 0.001 --clip-grad-norm 1 --resume %s", t,
              v7);
     ck_assert_int_eq(run("stage1", args, &out), 0);
