@@ -396,11 +396,10 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     /* A flipped bit in a size field makes a whole file look cut short or overlong; when the file is
      * exactly as long as this model's checkpoint, it is the header that changed, not the file's end. */
     if (size != want && size == want_model - CKPT_HEADER + (int64_t)hsize) {
-        /* Unless the header names this very model with the other optimizer: then an Adam file cut
-         * short at exactly SGD's length (or an SGD file grown to Adam's) tells the same story as a
-         * flipped optimizer field, and the message cannot pick one. */
-        if (m.n_params == expect->n_params && m.n_buffers == expect->n_buffers &&
-            m.optimizer != (any_optimizer ? CKPT_OPT_SGD : expect->optimizer))
+        /* Unless the header names this very model — then, the lengths differing, with the other
+         * optimizer: an Adam file cut short at exactly SGD's length (or an SGD file grown to Adam's)
+         * tells the same story as a flipped optimizer field, and the message cannot pick one. */
+        if (m.n_params == expect->n_params && m.n_buffers == expect->n_buffers)
             die_user("checkpoint '%s' is corrupt: its header describes this model trained with --optimizer %s, "
                      "%lld bytes, but the file has %lld, the length of an --optimizer %s checkpoint — %s, or its "
                      "header was damaged after it was written; use an earlier checkpoint", path,

@@ -361,6 +361,19 @@ START_TEST(test_truncated) {
 }
 END_TEST
 
+/* A flipped bit in a size field (n_params at byte 56, n_buffers at 64) of the checkpoint bytes b makes
+ * the file look cut short or overlong; written to bad, it must read as a damaged header instead. */
+static void expect_size_flips_refused(const char *bad, unsigned char *b, size_t n, const char *what_prefix) {
+    for (size_t at = 56; at <= 64; at += 8) {
+        b[at] ^= 1;
+        write_bytes(bad, b, n);
+        b[at] ^= 1;
+        char what[96];
+        snprintf(what, sizeof what, "%sbit 0 of byte %zu (a size field) flipped", what_prefix, at);
+        expect_load_refused(bad, &g_meta, "the header was damaged after it was written", what);
+    }
+}
+
 START_TEST(test_flipped_byte) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n;
@@ -380,15 +393,7 @@ START_TEST(test_flipped_byte) {
             expect_load_refused(bad, &g_meta, "corrupt: checksum mismatch", what);
         }
     }
-    /* a flipped bit in a size field (n_params, n_buffers) is a damaged header, not a cut-short file */
-    for (size_t at = 56; at <= 64; at += 8) {
-        b[at] ^= 1;
-        write_bytes(bad, b, n);
-        b[at] ^= 1;
-        char what[64];
-        snprintf(what, sizeof what, "bit 0 of byte %zu (a size field) flipped", at);
-        expect_load_refused(bad, &g_meta, "the header was damaged after it was written", what);
-    }
+    expect_size_flips_refused(bad, b, n, "");
     free(b);
 }
 END_TEST
@@ -587,22 +592,12 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     return got;
 }
 
-/* b (n bytes, version 8) rewritten as an older version whose header ends at `header`: the fields
- * after it dropped, the blobs moved up. A malloc'd copy, its length in *n_old. */
-static unsigned char *as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old) {
-    *n_old = n - (HEADER - header);
-    unsigned char *old = malloc(*n_old);
-    memcpy(old, b, header);
-    memcpy(old + header, b + HEADER, n - HEADER);
-    old[8] = (unsigned char)version, old[12] = header & 0xff, old[13] = (unsigned char)(header >> 8);
-    return old;
-}
 /* A version 7 file (a 272-byte header: no optimizer hyperparameters) still loads, with them unknown (0),
  * so that a resume says nothing about them. */
 START_TEST(test_version7_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n, n7;
-    unsigned char *b = read_bytes(g_path, &n), *v7 = as_version(7, HEADER_V7, b, n, &n7);
+    unsigned char *b = read_bytes(g_path, &n), *v7 = test_ckpt_as_version(7, HEADER_V7, b, n, &n7);
     CheckpointMeta got = load_resealed("v7.ckpt", v7, n7);
     ck_assert_int_eq(got.version, 7);
     ck_assert(got.warmup_steps == 40 && got.warmup_start_factor == 0.1);
@@ -611,14 +606,7 @@ START_TEST(test_version7_still_loads) {
      * long as this model's checkpoint in that version's layout (not in the current one's) */
     char bad[160];
     snprintf(bad, sizeof bad, "%s/v7_flipped.ckpt", g_dir);
-    for (size_t at = 56; at <= 64; at += 8) {
-        v7[at] ^= 1;
-        write_bytes(bad, v7, n7);
-        v7[at] ^= 1;
-        char what[64];
-        snprintf(what, sizeof what, "version 7: bit 0 of byte %zu (a size field) flipped", at);
-        expect_load_refused(bad, &g_meta, "the header was damaged after it was written", what);
-    }
+    expect_size_flips_refused(bad, v7, n7, "version 7: ");
     free(b), free(v7);
 }
 END_TEST
@@ -648,7 +636,9 @@ START_TEST(test_committed_files_still_load) {
 END_TEST
 
 /* version 6's layout (256-byte header, no warm-up) */
-static unsigned char *as_version6(const unsigned char *b, size_t n, size_t *n6) { return as_version(6, HEADER_V5, b, n, n6); }
+static unsigned char *as_version6(const unsigned char *b, size_t n, size_t *n6) {
+    return test_ckpt_as_version(6, HEADER_V5, b, n, n6);
+}
 
 /* A version 6 file (a 256-byte header: no warm-up) still loads, with no warm-up. */
 START_TEST(test_version6_still_loads) {
@@ -664,7 +654,9 @@ START_TEST(test_version6_still_loads) {
 END_TEST
 
 /* version 4's layout (192-byte header, no scaler state) */
-static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) { return as_version(4, HEADER_V2, b, n, n4); }
+static unsigned char *as_version4(const unsigned char *b, size_t n, size_t *n4) {
+    return test_ckpt_as_version(4, HEADER_V2, b, n, n4);
+}
 
 /* A version 4 file (a 192-byte header: no GradScaler state) still loads, its scaler fields zero. */
 START_TEST(test_version4_still_loads) {
@@ -683,7 +675,7 @@ END_TEST
 START_TEST(test_version1_still_loads) {
     checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
     size_t n, n1;
-    unsigned char *b = read_bytes(g_path, &n), *v1 = as_version(1, 128, b, n, &n1);
+    unsigned char *b = read_bytes(g_path, &n), *v1 = test_ckpt_as_version(1, 128, b, n, &n1);
     CheckpointMeta got = load_resealed("v1.ckpt", v1, n1);
     ck_assert_int_eq(got.version, 1);
     ck_assert_int_eq(got.step, g_meta.step);

@@ -540,25 +540,20 @@ static void write_resealed(const char *path, unsigned char *b, long n) {
     ck_assert_msg(fwrite(b, 1, (size_t)n, f) == (size_t)n && fclose(f) == 0, "writing %s", path);
 }
 
-/* Writes the checkpoint `from` (today's format, version 8: a 296-byte header) to `to` as an older
- * version's file: each older header is a prefix of today's (versions 5, 7 and 8 added the GradScaler's
- * 64 bytes, the warm-up's 16 and the optimizer's 24 at its end), so its first hsize bytes, then the
- * blobs, with the version and header size set and the checksum made good. Versions 1 and 2 recorded no
+/* Writes the checkpoint `from` (today's format) to `to` as an older version's file
+ * (test_ckpt_as_version: versions 5, 7 and 8 added the GradScaler's 64 bytes, the warm-up's 16 and the
+ * optimizer's 24 at the header's end), the checksum made good. Versions 1 and 2 recorded no
  * sampler or data source: zeros where versions 3 and 4 put them (152–175; what version 6 puts in
  * 176–191, the schedule, the older versions do not read). */
 static void write_as_version(const char *from, const char *to, int version, int hsize) {
     long n8;
+    size_t n;
     unsigned char *b8 = (unsigned char *)test_slurp(from, &n8);
     ck_assert_ptr_nonnull(b8);
-    ck_assert(b8[8] == 8 && b8[12] == (296 & 0xff) && b8[13] == 296 >> 8);
-    long n = n8 - (296 - hsize);
-    unsigned char *b = malloc((size_t)n);
-    memcpy(b, b8, (size_t)hsize);
-    memcpy(b + hsize, b8 + 296, (size_t)(n8 - 296));
+    unsigned char *b = test_ckpt_as_version(version, (size_t)hsize, b8, (size_t)n8, &n);
     free(b8);
-    b[8] = (unsigned char)version, b[12] = (unsigned char)(hsize & 0xff), b[13] = (unsigned char)(hsize >> 8);
     if (version <= 2 && hsize >= 176) memset(b + 152, 0, 24);
-    write_resealed(to, b, n);
+    write_resealed(to, b, (long)n);
     free(b);
 }
 

@@ -215,6 +215,17 @@ char *test_slurp(const char *path, long *len) {
     return b;
 }
 
+unsigned char *test_ckpt_as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old) {
+    const size_t now = 296; /* version 8's header */
+    ck_assert(n > now && b[8] == 8 && b[12] == (now & 0xff) && b[13] == now >> 8 && header <= now);
+    *n_old = n - (now - header);
+    unsigned char *old = malloc(*n_old);
+    memcpy(old, b, header);
+    memcpy(old + header, b + now, n - now);
+    old[8] = (unsigned char)version, old[12] = (unsigned char)(header & 0xff), old[13] = (unsigned char)(header >> 8);
+    return old;
+}
+
 char *test_tmpdir(void) {
     char *t = strdup("/tmp/tests_XXXXXX");
     ck_assert(mkdtemp(t));

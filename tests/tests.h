@@ -72,6 +72,11 @@ int test_report_list(const char *path, const char *type, const char *key, double
 int test_torch_schedule(const char *schedule, int total, double lr, double *out, int max);
 /* A whole file as a malloc'd NUL-terminated string (NULL if missing); *len gets its size. */
 char *test_slurp(const char *path, long *len);
+/* The bytes b (n, a checkpoint in today's format: version 8, a 296-byte header) rewritten as an older
+ * version whose header ends at `header` (each older header is a prefix of today's): the fields after it
+ * dropped, the blobs moved up, version and header size set. A malloc'd copy, its length in *n_old; the
+ * checksum is the caller's to make good. */
+unsigned char *test_ckpt_as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old);
 /* A fresh directory under /tmp (malloc'd path). */
 char *test_tmpdir(void);
 /* Another user's file, as a run meets it in a shared directory: DIR made sticky and world-writable (as
