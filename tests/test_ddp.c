@@ -34,6 +34,7 @@
 #include "loader.h"
 #include "model.h"
 #include "ops.h"
+#include "optim.h"
 #include "sampler.h"
 #include "store.h"
 
@@ -921,6 +922,33 @@ START_TEST(unused_param_reducer) {
     die_user_hook = NULL;
     ck_assert_msg(stopped, "the forward after an unfinished reduction went ahead");
     ddp_destroy(&d);
+
+    /* Under --optimizer-overlap DDP steps the optimizer bucket by bucket: with nothing launched,
+     * nothing steps, and the step is not counted either — Adam's next bias correction (and the
+     * checkpoint's step count) must not include a step no parameter took. */
+    for (int mode = 0; mode < 2; mode++) {
+        DdpFlags g = f;
+        g.optimizer_overlap = mode ? "in-backward" : "after-backward";
+        ddp_init(&d, &o.run, o.comm, &g);
+        Optimizer opt;
+        optim_init_named(&opt, "adam", &o.dev, m->n_param_floats, 0.1, 0.0, 0.0);
+        ddp_register_fused_optim(&d, &opt, 0);
+        ck_assert_ptr_eq(d.fused_optim, &opt);
+        float w0 = m->param_flat[0];
+        model_zero_grad(m);
+        for (int64_t i = 0; i < m->n_param_floats; i++) m->grad_flat[i] = 1.0f;
+        ddp_forward_begin(&d);
+        for (int i = 0; i < n; i++) ddp_grad_ready(&d, order[i]);
+        ck_assert_int_eq(d.next, 0);
+        ddp_backward_end(&d);
+        ck_assert_msg(opt.steps == 0 && optim_adam_steps(&opt) == 0,
+                      "%s: a step with no bucket launched was counted (steps %lld, Adam's %lld)", g.optimizer_overlap,
+                      (long long)opt.steps, (long long)optim_adam_steps(&opt));
+        ck_assert(m->param_flat[0] == w0);
+        ddp_destroy(&d);
+        optim_destroy(&opt);
+        model_set_hook_after_layer(m, 0);
+    }
 
     f.find_unused = 1;
     ddp_init(&d, &o.run, o.comm, &f);
