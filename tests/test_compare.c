@@ -9,6 +9,8 @@
  * - A stage missing from the checkout gets no row (a fake checkout of stages 1 and 3 only).
  * - Stages 2–5 on the CPU backend print that statement once per job (rank 0 only), stage 1 never.
  * - A run too short to time any step reports "n/a" on the console and null in JSON, not 0.
+ * - tests/bench_stage3.sh's table (tests/bench_stage3_table.py) does its two-GPU arithmetic right on
+ *   made-up results of a two-GPU run: scaling, goals, and the second GPU's cost per rank.
  * - tests/bench_stage3_variants.sh (2 GPUs) runs every row and reads every figure, on the CPU; the two
  *   halves tests/gpu_session.sh splits it into (variants1, variants2) name every row between them.
  * - tests/train_parity.sh (make parity: GPU + torch) trains on the written synthetic files and prints
@@ -451,6 +453,96 @@ START_TEST(bench_stage3_variants_cpu_smoke) {
 }
 END_TEST
 
+/* A file of made-up results in a bench's results folder. */
+static void put(const char *dir, const char *name, const char *text) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+#define S3_SUMMARY(ms, img, world, mem)                                                                          \
+    "{\"type\":\"summary\",\"ms_per_iter_median\":" ms ",\"img_per_s\":" img ",\"world_size\":" world              \
+    ",\"batch_size\":128,\"peak_mem_bytes\":[" mem "],\"achieved_tflops\":40.0,\"peak_tflops\":494.7,"            \
+    "\"peak_devices\":" world ",\"peak_math\":\"tf32\",\"peak_source\":\"made up\"}\n"
+
+/* tests/bench_stage3.sh's table (tests/bench_stage3_table.py) on made-up results of a two-GPU run: its
+ * two-GPU lines — the scaling against the faster stage 1, the goals, and where the second GPU's time goes
+ * per rank — run only where two GPUs are lent, so their arithmetic is checked here, figure by figure.
+ * The same folder read as a one-GPU run (two workers sharing it) claims no scaling; a rank with no timed
+ * wait ("n/a") prints as such and gives no split rather than a traceback. */
+START_TEST(bench_stage3_table_two_gpu_arithmetic) {
+    char *dir = test_tmpdir(), cmd[2048], *out;
+    put(dir, "stage1.jsonl", S3_SUMMARY("4.30", "29767.44", "1", "780000000"));
+    put(dir, "stage1_again.jsonl", S3_SUMMARY("4.24", "30188.68", "1", "780000000"));
+    /* 2 × 128 images in 4.50 ms against the faster stage 1's 128 in 4.24 ms: 94.2% */
+    put(dir, "stage3.jsonl",
+        S3_SUMMARY("4.50", "56888.89", "2", "760000000,750000000")
+        "{\"type\":\"comm_summary\",\"exposed_ms_median\":0.1,\"exposed_pct\":2.2}\n"
+        "{\"type\":\"comm_per_rank\",\"fwd_bwd_ms_per_rank\":[3.9,3.95],\"exposed_backward_ms_per_rank\":[0.08,0.05],"
+        "\"bcast_ms_per_rank\":[0.03,0.02]}\n");
+    put(dir, "stage3_one.jsonl",
+        S3_SUMMARY("4.28", "29906.54", "1", "770000000")
+        "{\"type\":\"comm_per_rank\",\"fwd_bwd_ms_per_rank\":[3.85],\"exposed_backward_ms_per_rank\":[0.01],"
+        "\"bcast_ms_per_rank\":[0.005]}\n");
+    put(dir, "stage1_gpu1.jsonl", S3_SUMMARY("4.26", "30046.95", "1", "780000000"));
+    put(dir, "stage1_both0.jsonl", S3_SUMMARY("4.31", "29698.38", "1", "780000000"));
+    put(dir, "stage1_both1.jsonl", S3_SUMMARY("4.33", "29561.20", "1", "780000000"));
+    snprintf(cmd, sizeof cmd, "cd %s && python3 tests/bench_stage3_table.py %s '2 GPUs' 2", test_root(), dir);
+    int rc = test_run(cmd, &out);
+    /* extra 4.50 − 4.24 = 260 µs; machinery 4.28 − 4.24 = 40; rank 0: forward+backward 3.90 − 3.85 = 50,
+     * waits (0.08 + 0.03) − (0.01 + 0.005) = 95, rest 260 − 40 − 50 − 95 = 75; rank 1: 100, 55, 65 */
+    static const char *const want[] = {
+        "stage 1 measured twice: 4.30 and 4.24 ms/iter; the faster is the scaling reference",
+        "94.2%",
+        "stage 1 on the second GPU: 4.26 ms/iter (on the first: 4.24)",
+        "stage 1 on both GPUs at once, independent runs: 4.31 / 4.33 ms/iter",
+        "stage 3 with one process (no peer): 4.28 ms/iter, +40 us over stage 1",
+        "stage 3 per rank, ms: forward+backward 3.900 / 3.950 | waited after backward 0.080 / 0.050 | waited for "
+        "buffers 0.030 / 0.020",
+        "two-GPU cost over stage 1, us/step: 260 = machinery 40 + per rank (rank 0: forward+backward +50, waits +95, "
+        "rest +75; rank 1: forward+backward +100, waits +55, rest +65)",
+        "goals: scaling >= 97%: FAIL (94.2%) | exposed comm <= 5% of the step: PASS (2.2%) | memory max/min <= 1.05: "
+        "PASS (1.013)",
+        "torchrun --no-python ./stage3: not run"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        ck_assert_msg(rc == 0 && strstr(out, want[i]), "exit %d, no '%s' in:\n%s", rc, want[i], out);
+    free(out);
+
+    /* the same results as a one-GPU run's: no scaling claimed, no split, the goals deferred */
+    snprintf(cmd, sizeof cmd, "cd %s && python3 tests/bench_stage3_table.py %s '2 workers on 1 GPU' 1", test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "n/a (1 GPU)") && !strstr(out, "94.2%") && !strstr(out, "two-GPU cost") &&
+                      strstr(out, "goals: scaling and exposed-communication goals need 2 GPUs"),
+                  "one GPU, exit %d:\n%s", rc, out);
+    free(out);
+
+    /* 2 × 128 images in 4.36 ms: 97.2%, the goal met */
+    put(dir, "stage3.jsonl",
+        S3_SUMMARY("4.36", "58715.60", "2", "760000000,750000000")
+        "{\"type\":\"comm_summary\",\"exposed_ms_median\":0.1,\"exposed_pct\":2.3}\n"
+        "{\"type\":\"comm_per_rank\",\"fwd_bwd_ms_per_rank\":[3.9,3.95],\"exposed_backward_ms_per_rank\":[0.08,0.05],"
+        "\"bcast_ms_per_rank\":[0.03,null]}\n");
+    snprintf(cmd, sizeof cmd, "cd %s && python3 tests/bench_stage3_table.py %s '2 GPUs' 2", test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "goals: scaling >= 97%: PASS (97.2%)") &&
+                      strstr(out, "waited for buffers 0.030 / n/a") && !strstr(out, "two-GPU cost") &&
+                      !strstr(out, "Traceback"),
+                  "97.2%% and a rank without a timed broadcast, exit %d:\n%s", rc, out);
+    free(out);
+
+    /* bench_stage3.sh prints this table (a heredoc copy of it in the script would go unchecked) */
+    snprintf(cmd, sizeof cmd, "grep -c 'python3 tests/bench_stage3_table.py \"$OUT\" \"$MODE\" \"$NGPU\"' "
+             "%s/tests/bench_stage3.sh; grep -c \"<<'PY'\" %s/tests/bench_stage3.sh", test_root(), test_root());
+    test_run(cmd, &out);
+    ck_assert_msg(!strcmp(out, "1\n0\n"), "tests/bench_stage3.sh should call the table once and keep no Python of "
+                  "its own (grep counts: %s)", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* A 2-GPU session runs bench_stage3_variants.sh as gpu_session.sh's two halves, each an ONLY list that
  * fits one 10-minute device call: a row added to the script and to neither list would never run there
  * (rows 26-27, --no-cuda-graph and --sync-bn, were left out for three days). Every row must be named
@@ -578,6 +670,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
     tcase_add_test(tc, bench_stage3_variants_cpu_smoke);
+    tcase_add_test(tc, bench_stage3_table_two_gpu_arithmetic);
     tcase_add_test(tc, train_parity_cpu_smoke);
     tcase_add_test(tc, run_suites_sums_and_fails);
     suite_add_tcase(s, tc);
