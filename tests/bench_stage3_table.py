@@ -133,12 +133,12 @@ if pr:
 def per_rank_values(p):
     return list(zip(p["fwd_bwd_ms_per_rank"], p["exposed_backward_ms_per_rank"], p["bcast_ms_per_rank"]))
 
-if s3 and s1 and one and pr and pr1 and not shared and all(
-        v is not None for rank in per_rank_values(pr) + per_rank_values(pr1) for v in rank):
+ranks, alone = (per_rank_values(pr), per_rank_values(pr1)) if pr and pr1 else ([], [])
+if s3 and s1 and one and ranks and alone and not shared and None not in sum(ranks + alone, ()):  # null: n/a
     extra, mach = s3["ms_per_iter_median"] - s1["ms_per_iter_median"], one["ms_per_iter_median"] - s1["ms_per_iter_median"]
-    fb1, ex1, bc1 = per_rank_values(pr1)[0]
+    fb1, ex1, bc1 = alone[0]
     parts = []
-    for r, (fb, ex, bc) in enumerate(per_rank_values(pr)):
+    for r, (fb, ex, bc) in enumerate(ranks):
         grow, wait = fb - fb1, (ex + bc) - (ex1 + bc1)
         parts.append(f"rank {r}: forward+backward {1e3 * grow:+.0f}, waits {1e3 * wait:+.0f}, "
                      f"rest {1e3 * (extra - mach - grow - wait):+.0f}")

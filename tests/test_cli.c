@@ -451,13 +451,6 @@ static void accepted(const char *const *args) {
 }
 #define ACCEPTED(...) accepted((const char *const[]){__VA_ARGS__, NULL})
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* --report files are emptied at the start, --trace files replaced at the end: a FIFO (which used to hang --trace forever), a
  * directory (stages 3–5 used to find out after training, at the merge), the --resume checkpoint or
  * each other (both used to be truncated or interleaved), or any checkpoint are refused before. */
@@ -471,7 +464,7 @@ START_TEST(test_resolve_output_files) {
     /* a file where the directory should be: not "does not exist (create it first: mkdir -p …)", which
      * mkdir refuses */
     snprintf(out, sizeof out, "%s/plain", dir);
-    write_text(out, "a file\n");
+    test_write_text(out, "a file\n");
     snprintf(sub, sizeof sub, "%s/plain/r.json", dir);
     REFUSED(A("--report", sub), "--report", "is a file, not a directory");
     REFUSED(A("--trace", sub), "--trace", "is a file, not a directory");
@@ -501,7 +494,7 @@ START_TEST(test_resolve_output_files) {
     ACCEPTED("--trace", out);
     /* a checkpoint (its magic, whatever follows) is never a --report or --trace */
     snprintf(ck, sizeof ck, "%s/epoch001.ckpt", dir);
-    write_text(ck, "DPDDPCKP and the rest of a checkpoint");
+    test_write_text(ck, "DPDDPCKP and the rest of a checkpoint");
     REFUSED(A("--report", ck), "--report", ck, "is a checkpoint", "give --report another file name");
     REFUSED(A("--trace", ck), "--trace", "is a checkpoint");
     /* the same file under two flags: the same inode (a hard link), or the same new path spelled twice */
@@ -515,7 +508,7 @@ START_TEST(test_resolve_output_files) {
     snprintf(same, sizeof same, "%s/sub/../r.out", dir);
     snprintf(out, sizeof out, "%s/r.out", dir);
     REFUSED(A("--report", out, "--trace", same), "--report", "--trace", "same file", "corrupting the other");
-    write_text(out, "an earlier report\n");
+    test_write_text(out, "an earlier report\n");
     REFUSED(A("--report", same, "--trace", out), "same file");
     snprintf(same, sizeof same, "%s/sub/t.json", dir);
     ACCEPTED("--report", out, "--trace", same, "--resume", ck);
@@ -744,15 +737,15 @@ START_TEST(test_resolve_save_holding_checkpoints) {
     const char *not_ckpt[] = {"epoch01.ckpt", "epoch001.ckpt.tmp", "notes.txt", "step1.ckpt"};
     for (int i = 0; i < 4; i++) {
         snprintf(path, sizeof path, "%s/%s", save, not_ckpt[i]);
-        write_text(path, "x");
+        test_write_text(path, "x");
     }
     snprintf(path, sizeof path, "%s/epoch004.ckpt", save);
     ck_assert_int_eq(mkdir(path, 0700), 0);
     ACCEPTED("--save", save);
     snprintf(path, sizeof path, "%s/epoch001.ckpt", save);
-    write_text(path, "x");
+    test_write_text(path, "x");
     snprintf(newest, sizeof newest, "%s/step00000020.ckpt", save);
-    write_text(newest, "x");
+    test_write_text(newest, "x");
     struct timespec old[2] = {{1000, 0}, {1000, 0}};
     ck_assert_int_eq(utimensat(AT_FDCWD, path, old, 0), 0); /* written before step00000020.ckpt */
     char fix[500];
@@ -764,7 +757,7 @@ START_TEST(test_resolve_save_holding_checkpoints) {
     snprintf(fix, sizeof fix, "%s/../ckpts//", save); /* another spelling of it */
     ACCEPTED("--save", fix, "--resume", newest);
     snprintf(path, sizeof path, "%s/elsewhere.ckpt", dir);
-    write_text(path, "x");
+    test_write_text(path, "x");
     REFUSED(A("--save", save, "--resume", path), "--save", "--resume", "is not one of them", newest);
     free(dir);
 }

@@ -457,10 +457,7 @@ END_TEST
 static void put(const char *dir, const char *name, const char *text) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    ck_assert_msg(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
+    test_write_text(path, text);
 }
 
 #define S3_SUMMARY(ms, img, world, mem)                                                                          \

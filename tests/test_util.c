@@ -215,6 +215,12 @@ char *test_slurp(const char *path, long *len) {
     return b;
 }
 
+void test_write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f, "cannot write %s", path);
+    ck_assert_msg(fputs(text, f) >= 0 && fclose(f) == 0, "writing %s", path);
+}
+
 unsigned char *test_ckpt_as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old) {
     const size_t now = 296; /* version 8's header */
     ck_assert(n > now && b[8] == 8 && b[12] == (now & 0xff) && b[13] == now >> 8 && header <= now);

@@ -72,6 +72,8 @@ int test_report_list(const char *path, const char *type, const char *key, double
 int test_torch_schedule(const char *schedule, int total, double lr, double *out, int max);
 /* A whole file as a malloc'd NUL-terminated string (NULL if missing); *len gets its size. */
 char *test_slurp(const char *path, long *len);
+/* text written to path (created or emptied); a test failure if it cannot be. */
+void test_write_text(const char *path, const char *text);
 /* The bytes b (n, a checkpoint in today's format: version 8, a 296-byte header) rewritten as an older
  * version whose header ends at `header` (each older header is a prefix of today's): the fields after it
  * dropped, the blobs moved up, version and header size set. A malloc'd copy, its length in *n_old; the
