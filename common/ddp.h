@@ -4,7 +4,8 @@
  * terms): the gradients already sit contiguously in parameter order, and a bucket is a run of
  * parameters, so it needs no buffer of its own, no copy in and no copy out — and no second
  * gradient-sized allocation per GPU. At first the buckets follow *reverse* parameter order (the
- * order backward roughly produces gradients), each closed once it reaches --bucket-mb. After the
+ * order backward roughly produces gradients), each closed once it reaches --bucket-mb (PyTorch
+ * 2.11 all-reduces its first step as one bucket instead: docs/semantics.md). After the
  * first synchronised step they are rebuilt once, in the order the gradients really became ready,
  * the first closed at 1 MiB so the first all-reduce starts as early as possible — only with
  * --bucket-mb left out: a cap given caps the first bucket too, as PyTorch's bucket_cap_mb does.
