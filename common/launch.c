@@ -1030,10 +1030,15 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         snprintf(others + strlen(others), sizeof others - strlen(others), "; %d other worker%s failed too",
                  after, after == 1 ? "" : "s");
     fprintf(stderr, "%s: job failed: %s (first failure)%s\n", prog, msg, others);
-    if (!killed_by_us(&ch[root]) && !ch[root].sigstopped && WIFSIGNALED(ch[root].status) &&
-        WTERMSIG(ch[root].status) == SIGKILL)
-        fprintf(stderr, "  hint: a SIGKILL this launcher did not send is most often the kernel's out-of-memory killer "
-                        "(dmesg says so): lower --batch-size or --train-size, or run fewer workers on this host\n");
+    if (!killed_by_us(&ch[root]) && !ch[root].sigstopped && WIFSIGNALED(ch[root].status)) {
+        /* a signal the worker raised on purpose has a known cause: no guess at another */
+        if (__atomic_load_n(&slots[root].on_purpose, __ATOMIC_RELAXED) == WTERMSIG(ch[root].status))
+            fprintf(stderr, "  note: STAGE3_FAIL_AT (test-only) made it raise this signal — unset it to train\n");
+        else if (WTERMSIG(ch[root].status) == SIGKILL)
+            fprintf(stderr, "  hint: a SIGKILL this launcher did not send is most often the kernel's out-of-memory "
+                            "killer (dmesg says so): lower --batch-size or --train-size, or run fewer workers on "
+                            "this host\n");
+    }
     /* The root's own code, or 128 + its signal; 1 for a stopped root, whose SIGTERM was ours (143 would
      * say one came from outside). */
     int code = killed_by_us(&ch[root])      ? 1

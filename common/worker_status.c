@@ -89,6 +89,7 @@ void launch_step(int64_t step) {
     fprintf(stderr, "rank %d: failing on purpose at step %lld (STAGE3_FAIL_AT=%s)\n", my_rank,
             (long long)step, getenv("STAGE3_FAIL_AT"));
     if (fail_signal) {
+        if (my_slot) __atomic_store_n(&my_slot->on_purpose, fail_signal, __ATOMIC_RELAXED);
         signal(fail_signal, SIG_DFL);
         raise(fail_signal);
     }

@@ -24,6 +24,7 @@ typedef struct StatusSlot {
                           * elsewhere too (a scheduler's SIGTERM to every process) is not a second */
     int64_t saving;      /* a checkpoint write in progress: a failure's stop waits for it (stop.h) */
     int64_t epoch_end;   /* past its last step: evaluating, or at the epoch's checkpoint (until the next step) */
+    int64_t on_purpose;  /* the signal STAGE3_FAIL_AT made it raise (test-only): no hint guesses a cause */
 } StatusSlot;
 
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */

@@ -943,6 +943,12 @@ START_TEST(launcher_stops_everyone_when_a_rank_fails) {
         ck_assert_msg(strstr(out, "job failed: ") && strstr(out, cases[i].expect), "%s: root cause not named:\n%s",
                       cases[i].fail, out);
         ck_assert_msg(strstr(out, "at step "), "%s: step not named:\n%s", cases[i].fail, out);
+        /* the injected SIGKILL is named as such, not blamed on the OOM killer (that hint is for a SIGKILL
+         * from outside: a_failure_waits_for_the_checkpoint_being_written's kill -9) */
+        int injected = strstr(cases[i].fail, ":KILL") != NULL;
+        ck_assert_msg(!strstr(out, "out-of-memory killer") &&
+                          !!strstr(out, "note: STAGE3_FAIL_AT (test-only) made it raise this signal") == injected,
+                      "%s: the signal's note is wrong:\n%s", cases[i].fail, out);
         ck_assert_msg(processes_with(marker) == 0, "%s: processes left behind", cases[i].fail);
         free(out);
     }
