@@ -381,9 +381,7 @@ START_TEST(test_resolve_paths) {
     snprintf(missing, sizeof missing, "%s/missing.ckpt", dir);
     snprintf(report_missing, sizeof report_missing, "%s/no/such/dir/r.jsonl", dir);
     snprintf(report_ok, sizeof report_ok, "%s/r.jsonl", dir);
-    FILE *f = fopen(file, "w");
-    fputs("x", f);
-    fclose(f);
+    test_write_text(file, "x");
 
     REFUSED(A("--resume", missing), "--resume", missing);
     REFUSED(A("--resume", dir), "--resume", "is a directory, and holds no checkpoint", "give a checkpoint file");
@@ -392,9 +390,7 @@ START_TEST(test_resolve_paths) {
     snprintf(ckdir, sizeof ckdir, "%s/ck", dir);
     snprintf(ck, sizeof ck, "%s/step00000015.ckpt", ckdir);
     ck_assert_int_eq(mkdir(ckdir, 0755), 0);
-    f = fopen(ck, "w");
-    fputs("x", f);
-    fclose(f);
+    test_write_text(ck, "x");
     REFUSED(A("--resume", ckdir), "is a directory: give a checkpoint file in it (the newest: --resume", ck);
     unlink(ck);
     rmdir(ckdir);

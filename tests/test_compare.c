@@ -619,11 +619,9 @@ END_TEST
 START_TEST(run_suites_sums_and_fails) {
     char *dir = test_tmpdir(), cmd[2048], fake[1024], *out;
     snprintf(fake, sizeof fake, "%s/fake_runner", dir);
-    FILE *f = fopen(fake, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("#!/bin/sh\nif [ \"$1\" = adam ]; then echo 'adam went wrong here'; echo '50%: Checks: 2, Failures: 1, "
-          "Errors: 0'; exit 1; fi\necho 'SKIP: rng: a thing'; echo '100%: Checks: 3, Failures: 0, Errors: 0'\n", f);
-    fclose(f);
+    test_write_text(fake, "#!/bin/sh\nif [ \"$1\" = adam ]; then echo 'adam went wrong here'; echo '50%: Checks: 2, "
+                          "Failures: 1, Errors: 0'; exit 1; fi\necho 'SKIP: rng: a thing'; echo '100%: Checks: 3, "
+                          "Failures: 0, Errors: 0'\n");
     ck_assert_int_eq(chmod(fake, 0755), 0);
     snprintf(cmd, sizeof cmd, "JOBS=2 TEST_BIN=%s bash %s/tests/run_suites.sh rng adam", fake, test_root());
     int rc = test_run(cmd, &out);

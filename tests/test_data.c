@@ -630,10 +630,7 @@ static void expect_fix(void (*fn)(void *), const char *dir, int train, const cha
 START_TEST(bad_file_errors_name_a_fix_that_works) {
     char *dir = test_tmpdir(), *bin = test_tmpdir(), path[512], other[512], cmd[1200];
     snprintf(path, sizeof path, "%s/curl", bin); /* a download that fails at once: no network needed */
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("#!/bin/sh\nexit 7\n", f);
-    ck_assert_int_eq(fclose(f), 0);
+    test_write_text(path, "#!/bin/sh\nexit 7\n");
     ck_assert_int_eq(chmod(path, 0755), 0);
     official_set(dir);
     ck_assert_int_eq(cifar10_check(dir, 0, 1), 10000); /* the official set passes */

@@ -1685,10 +1685,7 @@ START_TEST(srun_ranks_agree_on_the_resume) {
     ck_assert_int_eq(stage3(NULL, a0, &out), 0);
     free(out);
     snprintf(a0, sizeof a0, "%s/bad", dir);
-    FILE *f = fopen(a0, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("not a checkpoint\n", f);
-    fclose(f);
+    test_write_text(a0, "not a checkpoint\n");
     snprintf(a0, sizeof a0, "--epochs 3 --comm-timeout 60 --resume %s/bad", dir);
     double t0 = time_now();
     run_srun_pair(a0, a0, &out);

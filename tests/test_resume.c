@@ -844,8 +844,7 @@ START_TEST(fifos_full_disks_and_bad_save_dirs_fail_at_once) {
     snprintf(path, sizeof path, "%s/part", dir);
     ck_assert_int_eq(mkdir(path, 0755), 0);
     snprintf(path, sizeof path, "%s/part/epoch001.ckpt.tmp", dir);
-    FILE *pf = fopen(path, "w");
-    ck_assert(pf && fputs("half a checkpoint", pf) >= 0 && fclose(pf) == 0);
+    test_write_text(path, "half a checkpoint");
     snprintf(args, sizeof args, TINY " --train-size 32 --batch-size 16 --epochs 1 --save %s/part", dir);
     ok_saying("stage1", args, "holds 1 partial checkpoint (epoch001.ckpt.tmp), left by a save that was interrupted",
               "no run reads it");
@@ -978,10 +977,7 @@ START_TEST(a_refused_resume_is_reported_once_per_job) {
     snprintf(args, sizeof args, "%s --epochs 1 --save %s/j", t, dir);
     run_ok("stage3", args);
     snprintf(path, sizeof path, "%s/not_a_checkpoint", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("not a checkpoint at all\n", f);
-    fclose(f);
+    test_write_text(path, "not a checkpoint at all\n");
     static const struct { const char *flags, *file, *said; } cases[] = {
         {"--epochs 2", "not_a_checkpoint", "is not a checkpoint of this trainer"}, /* checkpoint_load */
         {"--epochs 2 --seed 7", "j/epoch001.ckpt", "trained with --seed 0, this run has --seed 7"},

@@ -20,13 +20,6 @@ static int run_doc_test(const char *md, char **out) {
     return test_run(cmd, out);
 }
 
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    ck_assert_msg(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 START_TEST(tutorial_cpu_commands_run) {
     char *out;
     int rc = run_doc_test(NULL, &out);
@@ -66,7 +59,7 @@ START_TEST(transcript_test_fails_on_a_drifted_line) {
     snprintf(md, sizeof md, "%s/t.md", dir);
     const char *good = "# t\n\n```\n$ printf 'a 1\\nnoise\\nsummary: 3 steps in 4.2 s | loss 2.5 | x\\n'\n"
                        "a 1\n...\nsummary: 3 steps in … s | loss 2.5 ...\n```\n";
-    write_file(md, good);
+    test_write_text(md, good);
     int rc = run_doc_test(md, &out);
     ck_assert_msg(rc == 0 && strstr(out, "ok   transcript  1 (line   4)") && strstr(out, "1 transcripts"),
                   "a transcript that holds passed nothing:\n%s", out);
@@ -79,7 +72,7 @@ START_TEST(transcript_test_fails_on_a_drifted_line) {
     const char *says[] = {"printed no line like 'summary: 3 steps in … s | loss 2.6'", "printed no line like 'b'",
                           "printed no line like 'a 1'", "exited with code 3"};
     for (int i = 0; i < 4; i++) {
-        write_file(md, bad[i]);
+        test_write_text(md, bad[i]);
         rc = run_doc_test(md, &out);
         ck_assert_msg(rc != 0 && strstr(out, "FAIL: transcript 1 (") && strstr(out, "line 4)") && strstr(out, says[i]),
                       "case %d: want '%s':\n%s", i, says[i], out);
@@ -100,7 +93,7 @@ START_TEST(tutorial_test_fails_on_a_broken_command) {
     const char *doc_en = "# t\n\n```sh cpu-test\n./stage1 --help   # every flag\n```\n\ntext\n\n"
                          "```sh cpu-test\n./stage1 --device cpu --no-such-flag\n```\n\n"
                          "```sh cpu-test-pending\nexit 7\n```\n";
-    write_file(en, doc_en);
+    test_write_text(en, doc_en);
     int rc = run_doc_test(en, &out);
     ck_assert_msg(rc != 0, "a broken command passed the doc test:\n%s", out);
     ck_assert_msg(strstr(out, "FAIL: block 2 (") && strstr(out, "line 9)"), "the failure does not name block 2, line 9:\n%s", out);
@@ -110,24 +103,24 @@ START_TEST(tutorial_test_fails_on_a_broken_command) {
     free(out);
 
     /* Fixed, the same tutorial passes (so it was the command, not the harness). */
-    write_file(en, "```sh cpu-test\n./stage1 --help\n```\n```sh cpu-test exit=1\nfalse\n```\n");
+    test_write_text(en, "```sh cpu-test\n./stage1 --help\n```\n```sh cpu-test exit=1\nfalse\n```\n");
     rc = run_doc_test(en, &out);
     ck_assert_msg(rc == 0, "a good tutorial failed:\n%s", out);
     free(out);
 
     /* exit=N is checked exactly: a command expected to fail that succeeds is a failure. */
-    write_file(en, "```sh cpu-test exit=3\ntrue\n```\n");
+    test_write_text(en, "```sh cpu-test exit=3\ntrue\n```\n");
     rc = run_doc_test(en, &out);
     ck_assert_msg(rc != 0 && strstr(out, "FAIL: block 1") && strstr(out, "expects 3"), "exit=3 not enforced:\n%s", out);
     free(out);
 
     /* '# expect: TEXT' lines: the output must hold each; the first missing one is named. */
-    write_file(en, "```sh cpu-test\necho 'lr 0.202'\n# expect: lr 0.202\n# expect: lr 0.334\n```\n");
+    test_write_text(en, "```sh cpu-test\necho 'lr 0.202'\n# expect: lr 0.202\n# expect: lr 0.334\n```\n");
     rc = run_doc_test(en, &out);
     ck_assert_msg(rc != 0 && strstr(out, "FAIL: block 1") && strstr(out, "printed no 'lr 0.334'") &&
                       !strstr(out, "printed no 'lr 0.202'"), "'# expect:' not enforced:\n%s", out);
     free(out);
-    write_file(en, "```sh cpu-test\necho 'lr 0.202, lr 0.334'\n# expect: lr 0.202\n# expect: lr 0.334\n```\n");
+    test_write_text(en, "```sh cpu-test\necho 'lr 0.202, lr 0.334'\n# expect: lr 0.202\n# expect: lr 0.334\n```\n");
     rc = run_doc_test(en, &out);
     ck_assert_msg(rc == 0, "a block that prints what it expects failed:\n%s", out);
     free(out), free(dir);
@@ -139,7 +132,7 @@ END_TEST
 static void blocks_pass_leaving_alone(const char *doc, const char *real) {
     char *dir = test_tmpdir(), en[512], *out;
     snprintf(en, sizeof en, "%s/t.md", dir);
-    write_file(en, doc);
+    test_write_text(en, doc);
     int rc = run_doc_test(en, &out);
     struct stat st;
     const int touched = stat(real, &st) == 0;
@@ -228,15 +221,15 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     ck_assert_int_eq(mkdir(sub, 0755), 0);
     char other[600];
     snprintf(other, sizeof other, "%s/other.md", sub);
-    write_file(other, "# Other\n\n## Why `--cudnn-benchmark` lost, and what fixed it\n\n## 为什么：慢（两倍）\n\n"
+    test_write_text(other, "# Other\n\n## Why `--cudnn-benchmark` lost, and what fixed it\n\n## 为什么：慢（两倍）\n\n"
                       "[back](../page.md#two-steps) [dead](../gone.md) [web](https://example.com/x.md)\n");
-    write_file(en, "# Page\n\n[中文](page.zh-CN.md) [ok](sub/other.md#why---cudnn-benchmark-lost-and-what-fixed-it)"
+    test_write_text(en, "# Page\n\n[中文](page.zh-CN.md) [ok](sub/other.md#why---cudnn-benchmark-lost-and-what-fixed-it)"
                    " [zh anchor](sub/other.md#为什么慢两倍) `[not a link](nowhere.md)`\n\n"
                    "## Two steps\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
                    "```sh\n./stage1 --help   # every flag\n```\n\n```text\nloss 2.30\n```\n\n"
                    "[bad anchor](#three-steps)\n");
     /* Good: translated comments and prose only. */
-    write_file(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+    test_write_text(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
                    "```sh\n# 一条注释\n./stage1 --help   # 所有参数\n```\n\n```text\nloss 2.30\n```\n");
     int rc = run_doc_check(dir, 0, &out);
     if (rc == 77) { free(dir); return; }
@@ -249,7 +242,7 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     free(out);
 
     /* The translation drifts: a heading level, a command, an output line, a table row, the link back. */
-    write_file(zh, "# 页\n\n### 两步\n\n| a | b |\n|---|---|\n\n"
+    test_write_text(zh, "# 页\n\n### 两步\n\n| a | b |\n|---|---|\n\n"
                    "```sh\n./stage1 --help --x   # 所有参数\n```\n\n```text\nloss 2.31\n```\n");
     rc = run_doc_check(dir, 0, &out);
     ck_assert_msg(rc == 1, "a drifted translation passed doc_check:\n%s", out);
@@ -263,7 +256,7 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     free(out);
 
     /* A block's marker changed (the tutorial test would run it in one language only), and one missing. */
-    write_file(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+    test_write_text(zh, "# 页\n\n[English](page.md)\n\n## 两步\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
                    "```sh cpu-test\n./stage1 --help\n```\n");
     rc = run_doc_check(dir, 0, &out);
     ck_assert_msg(rc == 1 && strstr(out, "page.zh-CN.md: 1 code blocks, page.md has 2") &&
@@ -279,11 +272,11 @@ START_TEST(doc_check_fails_on_dead_links_and_drifted_translations) {
     ck_assert_int_eq(unlink(other), 0);
     char page[1024];
     snprintf(page, sizeof page, "# 页\n\n[English](page.md)\n\n%s", block);
-    write_file(zh, page); /* the translation holds the same block: its three problems are reported too */
+    test_write_text(zh, page); /* the translation holds the same block: its three problems are reported too */
     snprintf(page, sizeof page, "# Page\n\n[中文](page.zh-CN.md)\n\n%s"
                    "`./stage5 --amp bf16` and `--grad-com fp16`, the `--gil-*` family, `--kernel-name-exclude`, "
                    "`--grad-comm fp16`; torchrun --nproc-per-node 2 ./stage3 --epochs 1\n", block);
-    write_file(en, page);
+    test_write_text(en, page);
     rc = run_doc_check(dir, 1, &out);
     ck_assert_msg(rc == 1 && strstr(out, "page.md:6: ./stage1 has no flag --nproc-per-node") &&
                       strstr(out, "page.md:8: ./stage3 has no flag --no-such-flag") &&
@@ -302,18 +295,18 @@ START_TEST(doc_check_matches_bench_commands_to_their_logs) {
     snprintf(path, sizeof path, "%s/logs", dir);
     ck_assert_int_eq(mkdir(path, 0755), 0);
     snprintf(path, sizeof path, "%s/logs/a.txt", dir);
-    write_file(path, "# NCCL_NVLS_ENABLE=0 STEPS=150 bash tests/bench_x.sh (make x), one GPU\nx 4.24 ms\n");
+    test_write_text(path, "# NCCL_NVLS_ENABLE=0 STEPS=150 bash tests/bench_x.sh (make x), one GPU\nx 4.24 ms\n");
     snprintf(path, sizeof path, "%s/logs/plain.txt", dir);
-    write_file(path, "x 4.30 ms\n# STEPS=9 bash tests/bench_x.sh\n");
+    test_write_text(path, "x 4.30 ms\n# STEPS=9 bash tests/bench_x.sh\n");
     snprintf(path, sizeof path, "%s/page.md", dir);
-    write_file(path, "# P\n\n4.24 ms (`bash tests/bench_x.sh`, [log](logs/a.txt)).\n\n"
+    test_write_text(path, "# P\n\n4.24 ms (`bash tests/bench_x.sh`, [log](logs/a.txt)).\n\n"
                      "4.24 ms (`MEM_STEPS=3 STEPS=150 bash\ntests/bench_x.sh`, [log](logs/a.txt)).\n\n"
                      "4.24 ms (`STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt)); 4.30 ms (`bash tests/bench_x.sh`,\n"
                      "[log](logs/plain.txt)).\n\n"
                      "Runs: `bash tests/bench_x.sh` at 300 steps, and `STEPS=150 bash tests/bench_x.sh`, [log](logs/a.txt).\n\n"
                      "`make x` ([log](logs/a.txt)); `make x STEPS=150` ([log](logs/a.txt)).\n");
     snprintf(path, sizeof path, "%s/Makefile", dir); /* make x runs the script: its spans are the script's */
-    write_file(path, "all: x\n\nx: stage1\n\tbash tests/bench_x.sh\n");
+    test_write_text(path, "all: x\n\nx: stage1\n\tbash tests/bench_x.sh\n");
     int rc = run_doc_check(dir, 0, &out);
     if (rc == 77) { free(dir); return; }
     ck_assert_msg(rc == 1 &&
@@ -344,7 +337,7 @@ START_TEST(doc_check_names_logs_nothing_cites) {
         {"tests/bench.sh", "echo > docs/logs/scripted.jsonl\n"}};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i][0]);
-        write_file(path, files[i][1]);
+        test_write_text(path, files[i][1]);
     }
     int rc = run_doc_check(dir, 0, &out);
     if (rc == 77) { free(dir); return; }
@@ -362,11 +355,11 @@ START_TEST(doc_check_names_every_report_record) {
     snprintf(path, sizeof path, "%s/common", dir);
     ck_assert_int_eq(mkdir(path, 0755), 0);
     snprintf(path, sizeof path, "%s/common/w.c", dir);
-    write_file(path, "json_begin(&r->report, \"config\");\njson_begin(r, \"summary\");\n"
+    test_write_text(path, "json_begin(&r->report, \"config\");\njson_begin(r, \"summary\");\n"
                      "json_begin(s->report, \"novel\");\nreport(d, \"comm_epoch\", &a, &b, &c);\n"
                      "json_begin(&r->report, type);\n");
     snprintf(path, sizeof path, "%s/README.md", dir);
-    write_file(path, "# R\n\n## What each run prints\n\nRecords: `config`, `\"summary\"`, `comm_epoch`.\n\n"
+    test_write_text(path, "# R\n\n## What each run prints\n\nRecords: `config`, `\"summary\"`, `comm_epoch`.\n\n"
                      "## Next\n\n`novel` named elsewhere does not count.\n");
     int rc = run_doc_check(dir, 0, &out);
     if (rc == 77) { free(dir); return; }
@@ -375,7 +368,7 @@ START_TEST(doc_check_names_every_report_record) {
                   "a record type the README does not list passed doc_check (or a listed one was flagged):\n%s", out);
     free(out);
     /* Listed: it passes. */
-    write_file(path, "# R\n\n## What each run prints\n\n`config`, `summary`, `comm_epoch` and `novel`.\n");
+    test_write_text(path, "# R\n\n## What each run prints\n\n`config`, `summary`, `comm_epoch` and `novel`.\n");
     rc = run_doc_check(dir, 0, &out);
     ck_assert_msg(rc == 0 && strstr(out, "0 problems"), "every record listed, yet doc_check failed:\n%s", out);
     free(out), free(dir);
