@@ -115,7 +115,8 @@ void linear_backward(Device *d, int n, int in, int out, const float *x, const fl
 /* ---- fused softmax + cross-entropy (mean reduction) and its gradient --------------------------- */
 /* For n rows of `classes` logits and int32 labels: per-sample loss_i = logsumexp(z_i) − z_i[label].
  * Writes *loss = scale · Σ loss_i, dlogits = scale · (softmax(z) − onehot(label)), and
- * *correct = number of rows whose argmax (first maximum) equals the label.
+ * *correct = number of rows whose argmax (first maximum; a NaN counts as the maximum, as in
+ * torch.argmax) equals the label.
  * The mean loss of a batch of B is scale = 1/B; DataParallel passes 1/(global batch).
  * loss and correct are single device values (written, not accumulated). */
 void xent_forward_backward(Device *d, int n, int classes, const float *logits,

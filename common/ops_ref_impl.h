@@ -608,9 +608,9 @@ void REF_FN(ref_xent_forward_backward)(int n, int classes, const T *logits,
         T *dz = dlogits + (int64_t)i * classes;
         int label = labels[i];
         ASSERT(label >= 0 && label < classes);
-        int argmax = 0; /* strict > keeps the FIRST maximum, as torch.argmax does */
+        int argmax = 0; /* the FIRST maximum, a NaN above all, as torch.argmax (strict >) */
         for (int j = 1; j < classes; j++)
-            if (z[j] > z[argmax]) argmax = j;
+            if (z[j] > z[argmax] || (isnan(z[j]) && !isnan(z[argmax]))) argmax = j;
         double zmax = z[argmax], sum = 0;
         for (int j = 0; j < classes; j++) sum += exp((double)z[j] - zmax);
         double lse = zmax + log(sum);

@@ -583,6 +583,23 @@ START_TEST(test_xent_by_hand) {
 }
 END_TEST
 
+/* A NaN logit is the maximum, as torch.argmax has it (NaN propagates; the first NaN wins): row 0's
+ * first NaN is at 1, row 2's NaN beats the 9 before it. Ignoring NaNs counted rows 0 and 2 wrong. */
+START_TEST(test_xent_nan_is_the_maximum) {
+    float zf[4][4] = {{1, NAN, 3, NAN}, {NAN, 5, 1, 1}, {2, 9, NAN, 0}, {1, 2, 3, 4}}, dzf[16], lossf;
+    double zd[4][4], dzd[16], lossd;
+    int32_t labels[4] = {1, 0, 2, 3}, correct = -1;
+    for (int i = 0; i < 16; i++) zd[i / 4][i % 4] = zf[i / 4][i % 4];
+    ref_xent_forward_backward_f32(4, 4, &zf[0][0], labels, 0.25f, &lossf, &correct, dzf);
+    ck_assert_int_eq(correct, 4);
+    ck_assert(isnan(lossf));
+    correct = -1;
+    ref_xent_forward_backward_f64(4, 4, &zd[0][0], labels, 0.25, &lossd, &correct, dzd);
+    ck_assert_int_eq(correct, 4);
+    ck_assert(isnan(lossd));
+}
+END_TEST
+
 /* ---- SGD ------------------------------------------------------------------------------------------ */
 
 /* Three steps of PyTorch's SGD(lr 0.1, momentum 0.9, weight_decay 0.01), worked by hand.
@@ -919,6 +936,7 @@ Suite *suite_ops_ref(void) {
     tcase_add_test(tc, test_linear_gradcheck_and_accumulate);
     tcase_add_test(tc, test_xent_gradcheck);
     tcase_add_test(tc, test_xent_by_hand);
+    tcase_add_test(tc, test_xent_nan_is_the_maximum);
     tcase_add_test(tc, test_sgd_by_hand);
     tcase_add_test(tc, test_optimizer_sgd_steps_by_hand);
     tcase_add_test(tc, test_f32_agrees_with_f64);
