@@ -203,17 +203,22 @@ __global__ void __launch_bounds__(XENT_THREADS)
         const float *z = logits + (int64_t)row * classes;
         float *dz = dlogits + (int64_t)row * classes;
 
-        /* 1. row maximum and its first index (argmax picks the first maximum, as torch.argmax) */
+        /* 1. row maximum and its first index (argmax picks the first maximum, a NaN above all, as
+         *    torch.argmax): one total order, so every lane ends with the same pair */
         float m = -INFINITY;
         int arg = -1;
         for (int j = lane; j < classes; j += 32) {
             float v = z[j];
-            if (arg < 0 || v > m) { m = v; arg = j; }
+            if (arg < 0 || v > m || (isnan(v) && !isnan(m))) { m = v; arg = j; }
         }
         for (int off = 16; off > 0; off >>= 1) {
             float om = __shfl_xor_sync(full, m, off);
             int oa = __shfl_xor_sync(full, arg, off);
-            if (oa >= 0 && (arg < 0 || om > m || (om == m && oa < arg))) { m = om; arg = oa; }
+            const bool onan = isnan(om), mnan = isnan(m);
+            if (oa >= 0 && (arg < 0 || om > m || (onan && !mnan) || ((om == m || (onan && mnan)) && oa < arg))) {
+                m = om;
+                arg = oa;
+            }
         }
 
         /* 2. Σ exp(z − max): subtracting the max keeps exp from overflowing */

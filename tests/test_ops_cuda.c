@@ -642,6 +642,49 @@ START_TEST(test_xent_matches_reference) {
 }
 END_TEST
 
+/* A NaN logit is the row's maximum (torch.argmax: the first NaN wins). Each row below puts a NaN
+ * after a larger finite logit, in another lane; when the warp's max-merge ignored NaNs (one lane
+ * kept the NaN, lane 0 the finite maximum) row 0 of the 10-class case counted as wrong. */
+START_TEST(test_xent_nan_is_the_maximum) {
+    if (!test_have_gpu("ops_cuda: softmax cross-entropy, NaN logits")) return;
+    Device d;
+    gpu_open(&d, 0, 0);
+    const int cls[2] = {10, 100};
+    for (int k = 0; k < 2; k++) {
+        const int n = 4, classes = cls[k];
+        const int64_t cnt = (int64_t)n * classes;
+        float *hz = hrand(cnt, 6400 + k, -3.f, 3.f);
+        int32_t hl[4];
+        /* row 0: 10 at 3, NaN at 5; row 1: NaNs at the last and at 1; row 2: NaN at 0; row 3: none */
+        hz[3] = 10.f, hz[5] = NAN, hl[0] = 5;
+        hz[classes + classes - 1] = NAN, hz[classes + 1] = NAN, hz[classes + 2] = 10.f, hl[1] = 1;
+        hz[2 * classes] = NAN, hz[2 * classes + classes / 2] = 10.f, hl[2] = 0;
+        hz[3 * classes + 7] = 10.f, hl[3] = 7;
+        float rloss = 0, *rdz = hzeros(cnt);
+        int32_t rcorrect = -1;
+        ref_xent_forward_backward_f32(n, classes, hz, hl, 1.f / n, &rloss, &rcorrect, rdz);
+        ck_assert_int_eq(rcorrect, 4);
+        float *z = up(&d, hz, cnt), *dz = dzeros(&d, cnt), *loss = dzeros(&d, 1);
+        int32_t *labels = device_alloc(&d, sizeof hl, "test labels");
+        int32_t *correct = device_alloc(&d, sizeof(int32_t), "test correct");
+        device_copy_h2d(&d, labels, hl, sizeof hl);
+        xent_forward_backward(&d, n, classes, z, labels, 1.f / n, loss, correct, dz);
+        float gloss;
+        int32_t gcorrect;
+        device_copy_d2h(&d, &gloss, loss, sizeof gloss);
+        device_copy_d2h(&d, &gcorrect, correct, sizeof gcorrect);
+        ck_assert_msg(gcorrect == rcorrect, "xent classes=%d with NaN logits: correct %d, reference %d", classes,
+                      gcorrect, rcorrect);
+        ck_assert_msg(isnan(gloss) && isnan(rloss), "xent classes=%d with NaN logits: loss %g, reference %g",
+                      classes, (double)gloss, (double)rloss);
+        device_free(&d, z), device_free(&d, dz), device_free(&d, loss), device_free(&d, labels);
+        device_free(&d, correct);
+        free(hz), free(rdz);
+    }
+    device_destroy(&d);
+}
+END_TEST
+
 /* ---- SGD ------------------------------------------------------------------------------------- */
 
 /* Four optimizer steps (the first initialises the momentum buffer) on params[off .. off+count),
@@ -1554,6 +1597,7 @@ Suite *suite_ops_cuda(void) {
     tcase_add_test(tc, test_avgpool_matches_reference);
     tcase_add_test(tc, test_linear_matches_reference);
     tcase_add_test(tc, test_xent_matches_reference);
+    tcase_add_test(tc, test_xent_nan_is_the_maximum);
     tcase_add_test(tc, test_sgd_matches_reference);
     tcase_add_test(tc, test_memory_accounted);
     tcase_add_test(tc, test_lp_elementwise_exact);
