@@ -515,7 +515,9 @@ void cuda_bn_prepare(Device *d, int nhwc, int n, int c, int hw) {
 
 /* The scratch for one call: bn_prepare grew it at setup (the step never allocates). */
 static float *bn_scratch(Device *d, int nhwc, int n, int c, int hw) {
-    ASSERT((int64_t)n * c * hw < UINT32_MAX); /* the kernels' 32-bit indexing */
+    /* the kernels' 32-bit indexing: a grid-stride index (stride up to 2^21) must not wrap past 2^32,
+     * so at most 2^31 − 1 values, the bound model_create enforces on every activation */
+    ASSERT((int64_t)n * c * hw <= INT32_MAX);
     if (launch_bn_scratch_floats(nhwc, n, c, hw) * sizeof(float) > d->bn_scratch_bytes)
         die_at(__FILE__, __LINE__, "bn_scratch", "batch norm ran on a shape bn_prepare never saw",
                "call bn_prepare (model_prepare does) for every batch size before the step");
