@@ -30,6 +30,7 @@ ARCH=${CUDA_ARCH:-90}
 # repeats — model_prepare clears the graphs and sizes each conv's own workspace for every batch it
 # prepares, and a TF32 algorithm is both filtered out and given fp32 math — and the fourth, graphs
 # captured while --trace records, is reached only through a stage binary, which `build` leaves as it is.)
+# xent-merge-ignores-nan came with test_xent_nan_is_the_maximum (2026-12-07).
 MUTANTS=(
   "bn-eps-outside-sqrt|common/kernels.cu|save_invstd[ch] = 1.f / sqrtf(var + eps);|save_invstd[ch] = 1.f / (sqrtf(var) + eps);|ops_cuda"
   "relu-backward-at-zero|common/kernels.cu|float g = y[i] > 0.f ? dy[i] : 0.f;|float g = y[i] >= 0.f ? dy[i] : 0.f;|ops_cuda"
@@ -51,6 +52,7 @@ MUTANTS=(
   "clip-coef-not-clamped|common/kernels.cu|if (c > 1.0f) c = 1.0f;|if (c > 1.0f) c = c;|clip ops_cuda"
   "clip-counts-inf-norm|common/kernels.cu|if (c < 1.0f && isfinite(n)) *clipped += 1;|if (c < 1.0f) *clipped += 1;|clip ops_cuda"
   "scale-vec-drops-tail|common/kernels.cu|VEC_TAIL(k, count, 4) x[k] *= a;|VEC_TAIL(k, count, 4) x[k] *= 1.f;|clip ops_cuda"
+  "xent-merge-ignores-nan|common/kernels.cu|if (oa >= 0 && (arg < 0 \|\| om > m \|\| (onan && !mnan) \|\| ((om == m \|\| (onan && mnan)) && oa < arg))) {|if (oa >= 0 && (arg < 0 \|\| om > m \|\| ((om == m \|\| (onan && mnan)) && oa < arg))) {|ops_cuda"
   "adam-skipped-step-applied|common/adam.cu|if (!sc->active) return;|if (!sc->active && 0) return;|adam amp"
   "conv-bwd-data-always-writes|common/ops_cuda.c|accumulate ? &ONE : &ZERO, e->x_desc, dx));|&ZERO, e->x_desc, dx));|ops_cuda"
   "linear-bwd-dx-always-writes|common/ops_cuda.c|out, accumulate ? &ONE : &ZERO, dx, in));|out, &ZERO, dx, in));|ops_cuda"
