@@ -700,8 +700,9 @@ Option *config_options(TrainConfig *c, const Option *extra) {
         {"steps", OPT_INT64, &c->steps, 0, 1e12, NULL,
          "stop after this many optimizer steps (0 = no limit: run all epochs)"},
         {"batch-size", OPT_INT, &c->batch_size, 1, 65536, NULL,
-         "samples per device in each forward and backward (DataLoader batch_size); an optimizer step takes one "
-         "such batch, or --accum-steps of them where the stage accumulates"},
+         "samples per device in each forward and backward (DataLoader batch_size; stage 2's one DataLoader "
+         "batches --gpus times it, which DataParallel scatters); an optimizer step takes one such batch on each "
+         "device, or --accum-steps of them where the stage accumulates"},
         {"lr", OPT_FLOAT, &c->lr, above0, 100, NULL, "peak learning rate (torch.optim.SGD / Adam lr)"},
         {"momentum", OPT_FLOAT, &c->momentum, 0, below1, NULL, "SGD momentum (torch.optim.SGD momentum)"},
         {"weight-decay", OPT_FLOAT, &c->weight_decay, 0, 1, NULL,

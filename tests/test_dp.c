@@ -1063,6 +1063,22 @@ START_TEST(stage2_set_smaller_than_the_devices_names_gpus) {
 }
 END_TEST
 
+/* --help names each flag's PyTorch counterpart. Stage 2's --batch-size is per device, so its
+ * DataLoader's batch_size is --gpus times it (DataParallel scatters that batch), and an optimizer
+ * step takes one such batch on each device: "DataLoader batch_size" alone is stage 1's answer. */
+START_TEST(stage2_help_batch_size_names_the_dataloader_batch) {
+    TrainConfig cfg;
+    config_defaults(&cfg);
+    DpConfig dpc = dp_config_defaults();
+    const Option *o = config_options(&cfg, dp_options(&dpc));
+    while (o->name && strcmp(o->name, "batch-size")) o++;
+    ck_assert_msg(o->name, "no --batch-size row");
+    ck_assert_msg(strstr(o->help, "stage 2's one DataLoader batches --gpus times it") &&
+                      strstr(o->help, "one such batch on each device"),
+                  "--batch-size's help: %s", o->help);
+}
+END_TEST
+
 /* On a GPU machine: two logical devices (two GPUs, or one shared), both copy paths. */
 START_TEST(stage2_cuda_runs_and_phases_add_up) {
     if (!test_have_gpu("dp: ./stage2 on CUDA logical devices")) return;
@@ -1122,6 +1138,7 @@ Suite *suite_dp(void) {
     tcase_add_test(e2e, stage2_cpu_gil_wait_is_per_thread);
     tcase_add_test(e2e, stage2_cpu_64_devices_run);
     tcase_add_test(e2e, stage2_bad_flags_are_refused_clearly);
+    tcase_add_test(e2e, stage2_help_batch_size_names_the_dataloader_batch);
     tcase_add_test(e2e, stage2_switch_interval_without_python_is_refused);
     tcase_add_test(e2e, stage2_bench_no_python_row_takes_the_calibrated_flags);
     tcase_add_test(e2e, stage2_set_smaller_than_the_devices_names_gpus);
