@@ -16,9 +16,10 @@
  * off, median of 100 calls; run by tests/bench_stage2.sh on 2026-11-29 — docs/stage2.md). Rerun it on
  * your machine: it prints the flags to pass. op_us is the serialized (GIL-held) part of one of
  * ResNet-18's forward ops: 46.5 µs per op from one thread, 70.8 µs with two threads at once, and the
- * difference, 70.77 − 46.54 = 24.24 µs, is the default (a conv's Python, with its argument parsing,
- * costs more than a tiny elementwise op's). A lower bound: the rest of an op (22.3 µs) cannot hide
- * the other thread's turn, so two lock-bound threads take ~2 × the serialized part per op, and
+ * difference, 24.24 µs (70.77 − 46.54 = 24.23 as printed; the script subtracts unrounded figures), is
+ * the default (a conv's Python, with its argument parsing, costs more than a tiny elementwise
+ * op's). A lower bound: the rest of an op (22.3 µs) cannot hide the other thread's turn, so two
+ * lock-bound threads take ~2 × the serialized part per op, and
  * 70.8 µs means ~35 µs; with 24.24 the model's two threads take ~48.5 µs an op (its README says so).
  *
  * plan_us / plan_bench_us: what planning one forward convolution costs a thread whose plan cache
