@@ -229,7 +229,8 @@ def svg(rows, torch_rows, meta, notes=()):
     sub, line = [], ""  # the setting, wrapped at commas to the chart's width (~6 px a character)
     for part in meta.get("setting", "").split(", "):
         if line and 6 * (len(line) + len(part) + 2) > width - 20:
-            sub.append(line + ","), (line := part)
+            sub.append(line + ",")
+            line = part
         else:
             line = f"{line}, {part}" if line else part
     sub.append(line)

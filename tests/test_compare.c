@@ -357,6 +357,23 @@ START_TEST(compare_table_reads_odd_results_without_a_traceback) {
 }
 END_TEST
 
+/* The Python tools a student runs — make compare's table, make timeline, the trace checks — parse as
+ * Python 3.7 (they run on 3.6 too): RHEL/Rocky 8's and Ubuntu 18.04's python3 is 3.6, and one ':=' in
+ * compare_table.py ended make compare there in a SyntaxError instead of the table. ast's
+ * feature_version refuses what 3.7 lacks (Python 3.9 and later; older ones check nothing here). */
+START_TEST(python_tools_parse_as_python_3_7) {
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd,
+             "cd %s && python3 -c 'import ast, sys\nfor f in sys.argv[1:]:\n    sys.version_info < (3, 9) or "
+             "ast.parse(open(f, encoding=\"utf-8\").read(), f, feature_version=(3, 7))' tests/compare_table.py "
+             "tests/bench_flops.py tests/timeline.py tests/step_skew.py tests/trace_check.py 2>&1",
+             test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
 /* A checkout with stages 1 and 3 only: rows for those, none for 2, 4, 5, and it says so. */
 START_TEST(compare_leaves_out_missing_stages) {
     char *dir = test_tmpdir(), cmd[2048], *out;
@@ -661,6 +678,7 @@ Suite *suite_compare(void) {
     tcase_add_test(tc, compare_counts_rows_without_a_summary);
     tcase_add_test(tc, compare_table_refuses_a_broken_plan);
     tcase_add_test(tc, compare_table_reads_odd_results_without_a_traceback);
+    tcase_add_test(tc, python_tools_parse_as_python_3_7);
     tcase_add_test(tc, compare_names_a_row_stopped_at_its_limit);
     tcase_add_test(tc, short_runs_say_na_and_cpu_runs_say_what_they_show);
     tcase_add_test(tc, compare_quick_has_every_stage);
