@@ -29,11 +29,28 @@ import sys
 def lanes(path):
     """{rank label: [forward+backward ms of each step]} from one trace file."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit(f"step_skew.py: {path}: {e.strerror} — give the file a stage's --trace FILE wrote")
+    except ValueError:  # UnicodeDecodeError
+        sys.exit(f"step_skew.py: {path}: binary data, not a trace — give the file a stage's --trace FILE wrote")
+    rerun = "the run that wrote it did not finish (interrupted or crashed; FILE.tmp is such a file): rerun it"
+    if not text.strip():
+        sys.exit(f"step_skew.py: {path} is empty — {rerun}")
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        sys.exit(f"step_skew.py: {path}: JSON nested too deeply, not a trace — give the file a stage's --trace FILE wrote")
+    except ValueError as e:
+        if text.lstrip().startswith(("{", "[")):
+            sys.exit(f"step_skew.py: {path} is not complete JSON ({e}) — cut short: {rerun}")
+        sys.exit(f"step_skew.py: {path} is not JSON ({e}) — give the file a stage's --trace FILE wrote")
+    try:
         events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"step_skew.py: {path}: not a readable --trace file ({e})")
+    except KeyError:
+        sys.exit(f"step_skew.py: {path}: JSON, but not the trace events --trace writes (no \"traceEvents\") — "
+                 f"give it the file a stage wrote with --trace")
     other = doc.get("otherData") if isinstance(doc, dict) else None
     window = other.get("trace_steps") if isinstance(other, dict) else None
     try:

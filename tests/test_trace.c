@@ -530,6 +530,35 @@ START_TEST(step_skew_bad_input) {
 }
 END_TEST
 
+/* step_skew.py and trace_check.py on a trace that is missing, empty (a FILE.tmp a crashed run left) or
+ * cut short: one line that names the fix — rerun the run that wrote it, or give the file --trace wrote —
+ * and exit 1, never a traceback. They said only "not a readable --trace file (Expecting value: …)" and
+ * "is not valid JSON: [Errno 2] No such file …", which named neither. */
+START_TEST(step_skew_and_trace_check_name_the_fix_for_a_cut_trace) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[2048], *out, path[600], *root = realpath(test_root(), NULL); /* run in dir */
+    snprintf(path, sizeof path, "%s/empty.json", dir);
+    test_write_text(path, "");
+    snprintf(path, sizeof path, "%s/cut.json", dir);
+    test_write_text(path, "{\"traceEvents\":[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,\"ti");
+    const char *files[][2] = {{"missing.json", "give the file a stage's --trace FILE wrote"},
+                              {"empty.json", "rerun it"},
+                              {"cut.json", "rerun it"}};
+    const char *tools[] = {"step_skew.py %s", "trace_check.py %s --steps 5:8"};
+    for (size_t t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            char args[700];
+            snprintf(args, sizeof args, tools[t], files[i][0]);
+            snprintf(cmd, sizeof cmd, "cd %s && python3 %s/tests/%s 2>&1", dir, root, args);
+            int rc = test_run(cmd, &out);
+            ck_assert_msg(rc == 1 && strstr(out, files[i][0]) && strstr(out, files[i][1]) && !strstr(out, "Traceback"),
+                          "%s: exit %d, want 1 and '%s':\n%s", args, rc, files[i][1], out);
+            free(out);
+        }
+    free(root), free(dir);
+}
+END_TEST
+
 /* step_skew.py on a trace whose --trace-steps window the run never reached: it says so and names the
  * fix — it asked "was it made with --trace?", which it was. */
 START_TEST(step_skew_empty_window_says_why) {
@@ -584,6 +613,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, another_users_trace_file_is_named);
     tcase_add_test(tc, timeline_bad_input);
     tcase_add_test(tc, step_skew_bad_input);
+    tcase_add_test(tc, step_skew_and_trace_check_name_the_fix_for_a_cut_trace);
     tcase_add_test(tc, step_skew_empty_window_says_why);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
