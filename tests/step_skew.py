@@ -22,6 +22,8 @@ times are eager's; the spread from step to step and between ranks is what this i
 """
 import json
 import math
+import os
+import re
 import statistics
 import sys
 
@@ -106,6 +108,16 @@ def steps_of(path, events, window):
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__.split("\n\n")[1])
+    # A stage 3-5 trace FILE holds every rank, and FILE.rankN.json is rank N's copy of its part: given
+    # both (a glob of the trace folder), or one file twice, each rank was counted as two workers.
+    real = [os.path.realpath(p) for p in sys.argv[1:]]
+    for i, p in enumerate(sys.argv[1:]):
+        whole = re.fullmatch(r"(.+)\.rank([0-9]+)\.json", real[i])
+        if real[i] in real[:i]:
+            sys.exit(f"step_skew.py: {p} is given twice: give each trace once")
+        if whole and whole.group(1) in real:
+            sys.exit(f"step_skew.py: {p} is rank {whole.group(2)}'s part of {sys.argv[1 + real.index(whole.group(1))]}, "
+                     f"which is given too and holds every rank: give that file alone")
     ranks = {}
     for p in sys.argv[1:]:
         ranks.update(lanes(p))

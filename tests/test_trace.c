@@ -559,6 +559,45 @@ START_TEST(step_skew_and_trace_check_name_the_fix_for_a_cut_trace) {
 }
 END_TEST
 
+/* A stage 3-5 trace FILE holds every rank, and FILE.rankN.json beside it rank N's part: step_skew.py
+ * given both (a glob of the trace folder) counted each rank twice — "4 workers" for a run of two, exit 0 — and
+ * so did one file given twice. Both are refused, naming the file to give; FILE alone pairs its ranks. */
+START_TEST(step_skew_counts_each_rank_once) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out, path[600], *root = realpath(test_root(), NULL); /* run in dir */
+    char trace[4096] = "{\"traceEvents\":[", span[256];
+    for (int pid = 0; pid < 2; pid++) {
+        snprintf(span, sizeof span, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":1000,"
+                 "\"args\":{\"name\":\"cpu dev%d compute (wall clock)\"}},", pid, pid);
+        strcat(trace, span);
+        for (int step = 5; step < 7; step++)
+            for (int bw = 0; bw < 2; bw++) {
+                snprintf(span, sizeof span, "{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,"
+                         "\"tid\":1000,\"ts\":%d,\"dur\":%d,\"args\":{\"step\":%d}},", bw ? "backward" : "forward",
+                         bw ? "backward" : "forward", pid, 1000 * step + 10 * bw, 10 + pid, step);
+                strcat(trace, span);
+            }
+    }
+    trace[strlen(trace) - 1] = 0; /* the last comma */
+    strcat(trace, "]}\n");
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, i ? "%s/t.json.rank0.json" : "%s/t.json", dir);
+        test_write_text(path, trace);
+    }
+    const char *cases[][3] = {{"t.json", "0", "2 workers"},
+                              {"t.json t.json.rank0.json", "1", "t.json.rank0.json is rank 0's part of t.json"},
+                              {"t.json ./t.json", "1", "./t.json is given twice"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "cd %s && python3 %s/tests/step_skew.py %s 2>&1", dir, root, cases[i][0]);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == atoi(cases[i][1]) && strstr(out, cases[i][2]) && !strstr(out, "Traceback"),
+                      "step_skew.py %s: exit %d, want %s and '%s':\n%s", cases[i][0], rc, cases[i][1], cases[i][2], out);
+        free(out);
+    }
+    free(root), free(dir);
+}
+END_TEST
+
 /* step_skew.py on a trace whose --trace-steps window the run never reached: it says so and names the
  * fix — it asked "was it made with --trace?", which it was. */
 START_TEST(step_skew_empty_window_says_why) {
@@ -614,6 +653,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, timeline_bad_input);
     tcase_add_test(tc, step_skew_bad_input);
     tcase_add_test(tc, step_skew_and_trace_check_name_the_fix_for_a_cut_trace);
+    tcase_add_test(tc, step_skew_counts_each_rank_once);
     tcase_add_test(tc, step_skew_empty_window_says_why);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, gpu_trace);
