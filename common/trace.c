@@ -44,9 +44,9 @@ typedef struct DevPool {
 } DevPool;
 
 /* A trace file in the making: written under NAME.tmp, next to NAME, and renamed to NAME only once
- * complete, so a run that crashes or is interrupted (Ctrl-C) leaves the previous NAME as it was. The
- * .tmp file is opened when the trace is configured — an unwritable place fails at start-up, not after
- * training — and kept open until the end. A character device (/dev/null) is written in place. */
+ * complete, so a run that crashes or is killed (Ctrl-C without --save) leaves the previous NAME as it
+ * was. The .tmp file is opened when the trace is configured — an unwritable place fails at start-up,
+ * not after training — and kept open until the end. A character device (/dev/null) is written in place. */
 typedef struct Out {
     FILE *f;
     char path[4200]; /* NAME, a symlink resolved (the file it points to is replaced, the link kept) */

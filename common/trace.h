@@ -25,8 +25,9 @@
  * FILE.rankN.json per rank; rank 0 merges them into FILE at the end (run_finish, after a barrier).
  * All ranks of one node share CLOCK_MONOTONIC, so the merged tracks line up. Every file is written
  * as NAME.tmp (opened at start-up, so an unwritable place fails at once) and renamed to NAME only
- * when complete: a run that crashes or is interrupted leaves the previous NAME as it was (and an
- * empty NAME.tmp, emptied again by the next run). One that stops diverged writes it (trainer.c).
+ * when complete: a run that crashes or is killed leaves the previous NAME as it was (and an empty
+ * NAME.tmp, emptied again by the next run). One that stops diverged, or on a signal with --save,
+ * writes it (trainer.c).
  *
  * Cost: with --trace off (or outside the window) every hook is one predictable branch on a global
  * flag. Inside the window a span is two clock reads (or two cudaEventRecord) and one atomic
