@@ -598,6 +598,7 @@ void trace_merge(void) {
     FILE *out = g.merged.f;
     fprintf(out, "{\"traceEvents\":[");
     int first = 1, spans = 0;
+    long dropped = 0; /* the ranks' otherData.dropped, summed: trace_check.py reads it off the merged file */
     char *line = NULL;
     size_t cap = 0;
     for (int r = 0; r < g.world; r++) {
@@ -610,6 +611,8 @@ void trace_merge(void) {
         }
         ssize_t len;
         while ((len = getline(&line, &cap, f)) > 0) {
+            const char *d = strstr(line, "\"otherData\":");
+            if (d && (d = strstr(d, "\"dropped\":"))) dropped += strtol(d + 10, NULL, 10);
             if (strncmp(line, "{\"ph\":", 6)) continue;
             while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == ',')) line[--len] = 0;
             fprintf(out, "%s\n%s", first ? "" : ",", line);
@@ -619,8 +622,8 @@ void trace_merge(void) {
         fclose(f);
     }
     free(line);
-    fprintf(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"ranks\":%d}}\n",
-            (long long)g.a, (long long)g.b, g.world);
+    fprintf(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"trace_steps\":\"%lld:%lld\",\"ranks\":%d,"
+                 "\"dropped\":%ld}}\n", (long long)g.a, (long long)g.b, g.world, dropped);
     int failed = out_commit(&g.merged, &why);
     /* the rank files are complete: each rank renamed its own before the barrier */
     if (failed == 1)

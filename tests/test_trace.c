@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "tests.h"
+#include "trace.h"
 
 #define SMALL "--device cpu --model tiny --train-size 256 --test-size 32 --batch-size 16 --epochs 1 --progress off"
 
@@ -408,6 +409,38 @@ START_TEST(another_users_trace_file_is_named) {
 }
 END_TEST
 
+/* Rank 0 of a two-rank run, its trace window 0:1, merging with rank 1's file (made here, 7 spans dropped):
+ * in a child (test_run_captured), the trace's state being the process's. */
+static void merge_as_rank0(void *file) {
+    trace_configure(file, "0:1", 0, 2, "rank 0", NULL, 0);
+    trace_step(0); /* opens the window */
+    trace_step(1); /* closes it: rank 0's file written */
+    trace_finish();
+    trace_merge();
+}
+
+/* Spans a rank's full buffer dropped are counted in the merged file too, where trace_check.py looks
+ * (otherData.dropped): the merge wrote only "ranks", so a stage 4 trace of 220 long steps with 17220
+ * spans dropped on each rank passed that check, failing only later on "step spans [0, …]" with no
+ * word of the cause, while step_skew.py said "has 6223 forward and 6222 backward spans". */
+START_TEST(merged_trace_counts_dropped_spans) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), path[700], file[700], cmd[2048], *out;
+    snprintf(path, sizeof path, "%s/t.json.rank1.json", dir);
+    test_write_text(path, "{\"traceEvents\":[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,\"tid\":0,"
+                          "\"args\":{\"name\":\"rank 1\"}}\n],\"displayTimeUnit\":\"ms\",\"otherData\":"
+                          "{\"trace_steps\":\"0:1\",\"dropped\":7}}\n");
+    snprintf(file, sizeof file, "%s/t.json", dir);
+    int rc = test_run_captured(merge_as_rank0, file, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "from 2 ranks merged"), "exit %d:\n%s", rc, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "python3 %s/tests/trace_check.py %s --steps 0:1 --pids 2 2>&1", test_root(), file);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 1 && strstr(out, "7 spans were dropped") && !strstr(out, "Traceback"), "exit %d:\n%s", rc, out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* tests/trace_check.py rejects a broken trace with a FAIL line, never a Python traceback: an event
  * that is no object, a lane name or step number missing, a NaN time, spans dropped by the writer, and
  * a --steps that is not A:B. */
@@ -656,6 +689,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, step_skew_counts_each_rank_once);
     tcase_add_test(tc, step_skew_empty_window_says_why);
     tcase_add_test(tc, trace_check_rejects_broken_files);
+    tcase_add_test(tc, merged_trace_counts_dropped_spans);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);
     return s;
