@@ -746,8 +746,8 @@ static void print_flops(Run *r, const Flops *f) {
                  f->devices == 1 ? "" : "s", f->source);
     report_printf(&r->report, "  compute: %.1f GFLOP/step (conv + linear, forward + backward) | %s | %s\n",
                   f->per_step / 1e9, rate, of);
-    /* A set smaller than one step's images: no step was full, yet the figures above (and the planned
-     * activations) are a full step's, as --batch-size asked. */
+    /* A set smaller than one step's images: no step was full, yet the figures above are a full step's
+     * and the planned activations a full micro-batch's, as --batch-size and --accum-steps asked. */
     int64_t full = (int64_t)r->world_size * r->cfg->batch_size * r->accum;
     if (train_size_opened > 0 && train_size_opened < full) {
         const int64_t per_rank = train_size_opened / r->world_size, batch = per_rank / r->accum;
@@ -760,7 +760,8 @@ static void print_flops(Run *r, const Flops *f) {
             snprintf(fits, sizeof fits, "the set has fewer images than the run has devices (--gpus %d)", r->world_size);
         else snprintf(fits, sizeof fits, "the set has fewer images than the job has ranks (%d)", r->world_size);
         report_printf(&r->report, "  note: a full step is %lld images and the training set has %lld, so every step "
-                      "was shorter; GFLOP/step and the planned activations are a full step's — %s\n",
+                      "was shorter; GFLOP/step is a full step's and the planned activations a full "
+                      "--batch-size's — %s\n",
                       (long long)full, (long long)train_size_opened, fits);
     }
 }
