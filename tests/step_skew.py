@@ -20,34 +20,21 @@ run's own mean is what the jitter alone costs.
 --trace runs eager (no CUDA graphs: events are recorded around each stretch of ops), so absolute
 times are eager's; the spread from step to step and between ranks is what this is for.
 """
-import json
 import math
 import os
 import re
 import statistics
 import sys
 
+import trace_file
+
 
 def lanes(path):
     """{rank label: [forward+backward ms of each step]} from one trace file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        sys.exit(f"step_skew.py: {path}: {e.strerror} — give the file a stage's --trace FILE wrote")
-    except ValueError:  # UnicodeDecodeError
-        sys.exit(f"step_skew.py: {path}: binary data, not a trace — give the file a stage's --trace FILE wrote")
-    rerun = "the run that wrote it did not finish (interrupted or crashed; FILE.tmp is such a file): rerun it"
-    if not text.strip():
-        sys.exit(f"step_skew.py: {path} is empty — {rerun}")
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        sys.exit(f"step_skew.py: {path}: JSON nested too deeply, not a trace — give the file a stage's --trace FILE wrote")
-    except ValueError as e:
-        if text.lstrip().startswith(("{", "[")):
-            sys.exit(f"step_skew.py: {path} is not complete JSON ({e}) — cut short: {rerun}")
-        sys.exit(f"step_skew.py: {path} is not JSON ({e}) — give the file a stage's --trace FILE wrote")
+        doc = trace_file.read(path)
+    except trace_file.BadTrace as e:
+        sys.exit(f"step_skew.py: {e}")
     try:
         events = doc["traceEvents"] if isinstance(doc, dict) else doc
     except KeyError:

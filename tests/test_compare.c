@@ -357,16 +357,17 @@ START_TEST(compare_table_reads_odd_results_without_a_traceback) {
 }
 END_TEST
 
-/* The Python tools a student runs — make compare's table, make timeline, the trace checks — parse as
- * Python 3.7 (they run on 3.6 too): RHEL/Rocky 8's and Ubuntu 18.04's python3 is 3.6, and one ':=' in
- * compare_table.py ended make compare there in a SyntaxError instead of the table. ast's
- * feature_version refuses what 3.7 lacks (Python 3.9 and later; older ones check nothing here). */
+/* The Python tools a student runs — make compare's table, make timeline, the trace checks and their
+ * reader — parse as Python 3.7 (they run on 3.6 too): RHEL/Rocky 8's and Ubuntu 18.04's python3 is
+ * 3.6, and one ':=' in compare_table.py ended make compare there in a SyntaxError instead of the
+ * table. ast's feature_version refuses what 3.7 lacks (Python 3.9 and later; older ones check
+ * nothing here). */
 START_TEST(python_tools_parse_as_python_3_7) {
     char cmd[2048], *out;
     snprintf(cmd, sizeof cmd,
              "cd %s && python3 -c 'import ast, sys\nfor f in sys.argv[1:]:\n    sys.version_info < (3, 9) or "
              "ast.parse(open(f, encoding=\"utf-8\").read(), f, feature_version=(3, 7))' tests/compare_table.py "
-             "tests/bench_flops.py tests/timeline.py tests/step_skew.py tests/trace_check.py 2>&1",
+             "tests/bench_flops.py tests/timeline.py tests/step_skew.py tests/trace_check.py tests/trace_file.py 2>&1",
              test_root());
     int rc = test_run(cmd, &out);
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);

@@ -16,13 +16,14 @@ warning and the rest is drawn.
 """
 import argparse
 import collections
-import json
 import math
 import os
 import re
 import stat
 import sys
 from xml.sax.saxutils import escape as sax_escape
+
+import trace_file
 
 USAGE = "python3 tests/timeline.py TRACE.json OUT.svg [--title TEXT] [--width PX]"
 WIDTH_MIN, WIDTH_MAX = 400, 20000  # below: no room for the plot next to the lane names
@@ -130,27 +131,10 @@ def check_paths(a):
 
 def load(path):
     """The trace's events (a list of dicts), or die naming what is wrong with the file."""
-    rerun = "the run that wrote it did not finish (interrupted or crashed); rerun it"
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        die(f"{path}: {e.strerror} — give the file a stage's --trace FILE wrote")
-    if not data.strip():
-        die(f"{path} is empty — {rerun}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        die(f"{path} is not a trace (binary data, not JSON text) — give the file a stage's --trace FILE wrote")
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        die(f"{path} is not a trace (JSON nested too deeply) — give the file a stage's --trace FILE wrote")
-    except ValueError as e:
-        where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
-        if text.lstrip().startswith(("{", "[")):
-            die(f"{path} is not complete JSON ({where}) — truncated: {rerun}")
-        die(f"{path} is not JSON ({where}) — give the file a stage's --trace FILE wrote")
+        doc = trace_file.read(path)
+    except trace_file.BadTrace as e:
+        die(str(e))
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc  # the object form, or the bare array
     if not isinstance(events, list):
         die(f"{path} is JSON but not a Chrome trace (no \"traceEvents\" list) — give the file a stage's "

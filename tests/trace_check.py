@@ -12,10 +12,11 @@ NAME given with --expect occurs. Prints one line per failure and exits 1, or "ok
 """
 import argparse
 import collections
-import json
 import math
 import re
 import sys
+
+import trace_file
 
 
 def main():
@@ -31,21 +32,10 @@ def main():
         return 2
     first, end = int(m.group(1)), int(m.group(2))
     bad = []
-    rerun = "the run that wrote it did not finish (interrupted or crashed; FILE.tmp is such a file): rerun it"
     try:
-        with open(a.file, encoding="utf-8") as f:
-            text = f.read()
-        doc = json.loads(text)
-    except OSError as e:
-        print(f"FAIL: {a.file}: {e.strerror} — give the file a stage's --trace FILE wrote")
-        return 1
-    except RecursionError:
-        print(f"FAIL: {a.file} is not valid JSON: nested too deeply")
-        return 1
-    except ValueError as e:  # a JSON error, or a UnicodeDecodeError
-        cut = isinstance(e, json.JSONDecodeError) and (not text.strip() or text.lstrip().startswith(("{", "[")))
-        print(f"FAIL: {a.file} is not valid JSON: {e}" + (f" — {'empty' if not text.strip() else 'cut short'}: {rerun}"
-                                                         if cut else ""))
+        doc = trace_file.read(a.file)
+    except trace_file.BadTrace as e:
+        print(f"FAIL: {e}")
         return 1
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):

@@ -1,0 +1,38 @@
+"""trace_file.py — reads a --trace file for the trace tools (timeline.py, step_skew.py, trace_check.py).
+
+One reader, so that each tool says the same thing of the same broken file: missing, empty (the
+FILE.tmp a killed run leaves), cut short (a run that died writing it), binary, or not JSON — each
+with its fix. Python 3.6+, standard library only.
+"""
+import json
+
+GIVE = "give the file a stage's --trace FILE wrote"
+RERUN = "the run that wrote it did not finish (interrupted or crashed; FILE.tmp is such a file): rerun it"
+
+
+class BadTrace(Exception):
+    """What is wrong with the file, and the fix: one line for the tool to print."""
+
+
+def read(path):
+    """The file's JSON document (the trace object, or a bare event array); BadTrace if it has none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BadTrace(f"{path}: {e.strerror} — {GIVE}")
+    if not data.strip():
+        raise BadTrace(f"{path} is empty — {RERUN}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadTrace(f"{path} is not a trace (binary data, not JSON text) — {GIVE}")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadTrace(f"{path} is not a trace (JSON nested too deeply) — {GIVE}")
+    except ValueError as e:
+        where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
+        if text.lstrip().startswith(("{", "[")):
+            raise BadTrace(f"{path} is not complete JSON ({where}) — cut short: {RERUN}")
+        raise BadTrace(f"{path} is not JSON ({where}) — {GIVE}")
