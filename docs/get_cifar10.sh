@@ -19,16 +19,17 @@ MD5="c32a1d4ab5d03f1284b67883e8d87530"
 FILES="data_batch_1.bin data_batch_2.bin data_batch_3.bin data_batch_4.bin data_batch_5.bin test_batch.bin"
 RECORD_BYTES=30730000 # 10000 records × 3073 bytes in every file
 
-usage() {
+usage() { # $1: the exit code (0 when asked for with --help, to stdout; 2 for a wrong command line)
     echo "usage: $0 [--archive FILE] [DIR]   (default DIR ./data/cifar-10-batches-bin; FILE: a" \
-        "cifar-10-binary.tar.gz already downloaded)" >&2
-    exit 2
+        "cifar-10-binary.tar.gz already downloaded)" >&"$(( ${1:-2} ? 2 : 1 ))"
+    exit "${1:-2}"
 }
 die() {
     echo "error: $*" >&2
     exit 1
 }
 
+case "${1:-}" in -h | --help) usage 0 ;; esac
 GIVEN="" # --archive FILE
 if [ "${1:-}" = "--archive" ]; then
     [ "$#" -ge 2 ] && [ -n "$2" ] || usage

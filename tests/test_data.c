@@ -771,6 +771,11 @@ START_TEST(get_cifar10_refuses_what_would_stop_the_unpacking) {
     ck_assert_int_eq(test_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "usage: ") && strstr(out, "[--archive FILE] [DIR]"), "%s", out);
     free(out);
+    /* --help asked for: the usage on stdout and exit 0, not a directory called "--help" or exit 2 */
+    snprintf(cmd, sizeof cmd, "bash %s/docs/get_cifar10.sh --help 2>/dev/null", test_root());
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "usage: ") && strstr(out, "[--archive FILE] [DIR]"), "%s", out);
+    free(out);
     ck_assert_int_eq(rmdir(batch3), 0);
     ck_assert_int_eq(rmdir(set), 0);
     snprintf(cmd, sizeof cmd, "rm -f '%s' '%s/curl'", path, top);
