@@ -25,7 +25,7 @@ static void say(const char *msg) {
  * crashed when two ranks in one test process failed together; stage 2's device threads can fail
  * together too). The first failure exits; one from another thread, already printed, waits for that
  * exit. A failure inside the exit itself (an exit handler's) ends the process at once. */
-static _Noreturn void leave(int code) {
+_Noreturn void die_exit(int code) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     static int leaving;
     static pthread_t leaver;
@@ -36,6 +36,7 @@ static _Noreturn void leave(int code) {
     if (again) _exit(code);
     if (!first)
         for (;;) pause();
+    if (die_exit_note) die_exit_note();
     void (*last)(void) = die_last_words;
     die_last_words = NULL;
     if (last) last();
@@ -43,6 +44,7 @@ static _Noreturn void leave(int code) {
 }
 
 void (*die_last_words)(void);
+void (*die_exit_note)(void);
 
 void die_at(const char *file, int line, const char *call, const char *why, const char *hint) {
     fflush(stdout);
@@ -50,7 +52,7 @@ void die_at(const char *file, int line, const char *call, const char *why, const
     int k = snprintf(msg, sizeof msg, "%s:%d: %s failed: %s\n", file, line, call, why ? why : "(no reason given)");
     if (hint && hint[0] && k >= 0 && (size_t)k < sizeof msg) snprintf(msg + k, sizeof msg - k, "  hint: %s\n", hint);
     say(msg);
-    leave(1);
+    die_exit(1);
 }
 
 void (*die_user_hook)(void);
@@ -72,7 +74,7 @@ void die_vcode(int code, const char *fmt, va_list ap) {
     }
     va_end(copy);
     free(body), free(msg);
-    leave(code);
+    die_exit(code);
 }
 
 void die_user(const char *fmt, ...) {

@@ -25,6 +25,13 @@ extern void (*die_user_hook)(void);
  * before exiting: a process's last words to peers that wait on it (resume.c's gate tells the
  * other ranks that rank 0 refused the checkpoint, so they need not wait for a timeout). */
 extern void (*die_last_words)(void);
+/* When set, the first failure calls it before its last words and before exit()'s handlers: when the
+ * process decided to exit (worker_status.c's exit time for the launcher), which a library's slow
+ * teardown in an exit handler of its own (the CUDA runtime's) would otherwise put seconds later. */
+extern void (*die_exit_note)(void);
+/* Exit with `code` as a failure that has printed its message already: the path every die_* ends in
+ * (the exit note, the last words, one exit() per process however many threads fail). */
+_Noreturn void die_exit(int code);
 /* A failure at run time that is nobody's bug (a peer process died, a timeout): "error: <message>"
  * and exit(1). printf-style. */
 _Noreturn void die_runtime(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

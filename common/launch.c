@@ -523,6 +523,7 @@ typedef struct Child {
     int rank, local_rank;
     int status, reaped, stopped_by_us;
     int passed;               /* the signal the launcher passed on to it (pass_signal_on), or 0 */
+    int64_t stop_ns;          /* when stop_all first stopped it (status_clock_ns), 0 if never */
     int sigstopped, stop_sig; /* stopped now (SIGSTOP, SIGTSTP…): it answers no one, yet has not failed */
     int64_t reap_ns;
 } Child;
@@ -548,9 +549,16 @@ static int failed(const Child *c) {
     return c->reaped && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
 }
 
+/* Had chosen to exit (its status slot's exit_ns) before stop_all stopped it: still inside exit(), a
+ * GPU context's teardown, when the SIGKILL after the grace period came. Its failure is its own. */
+static int exiting_when_stopped(const Child *c) {
+    const int64_t exit_ns = page ? __atomic_load_n(&page[c->local_rank].exit_ns, __ATOMIC_RELAXED) : 0;
+    return exit_ns && c->stop_ns && exit_ns < c->stop_ns;
+}
+
 /* Ended by the SIGTERM or SIGKILL of stop_all, not by its own failure. */
 static int killed_by_us(const Child *c) {
-    if (!WIFSIGNALED(c->status)) return 0;
+    if (!WIFSIGNALED(c->status) || exiting_when_stopped(c)) return 0;
     int sig = WTERMSIG(c->status);
     return (c->stopped_by_us && (sig == SIGTERM || sig == SIGKILL)) || (c->passed && sig == c->passed);
 }
@@ -573,8 +581,16 @@ static int saving(const Child *ch, int n) {
 static void stop_all(Child *ch, int n) {
     for (int i = 0; i < n; i++) /* abort first: a worker that saves must not take this SIGTERM as a request */
         if (page) __atomic_store_n(&page[i].abort, 1, __ATOMIC_RELAXED);
+    /* One that has chosen to exit already gets no SIGTERM, which would end it mid-exit, as one we stopped,
+     * and lose its failure (it may be the first): it ends with its own code, or the SIGKILL below. */
+    const int64_t now = status_clock_ns();
     for (int i = 0; i < n; i++)
-        if (!ch[i].reaped) ch[i].stopped_by_us = 1, kill(ch[i].pid, SIGTERM), kill(ch[i].pid, SIGCONT);
+        if (!ch[i].reaped) {
+            if (!ch[i].stop_ns) ch[i].stop_ns = now;
+            ch[i].stopped_by_us = 1;
+            if (!page || !__atomic_load_n(&page[i].exit_ns, __ATOMIC_RELAXED)) kill(ch[i].pid, SIGTERM);
+            kill(ch[i].pid, SIGCONT);
+        }
     int64_t deadline = status_clock_ns() + (int64_t)(LAUNCH_GRACE_S * 1e9);
     const int64_t save_limit = status_clock_ns() + (int64_t)(LAUNCH_SAVE_S * 1e9);
     int sent_kill = 0;
@@ -703,6 +719,9 @@ static void describe_exit(const Child *c, const StatusSlot *slot, char *buf, siz
     else snprintf(when, sizeof when, "during setup (before step 1)");
     if (c->sigstopped) /* the failure is the others' timeout: this one stopped answering them */
         snprintf(how, sizeof how, "was stopped by SIG%s and stopped answering", status_signal_name(c->stop_sig));
+    else if (WIFSIGNALED(c->status) && exiting_when_stopped(c)) /* its exit code is lost with it */
+        snprintf(how, sizeof how, "chose to exit, and was still exiting when killed (SIG%s)",
+                 status_signal_name(WTERMSIG(c->status)));
     snprintf(buf, len, "rank %d (local rank %d, pid %d) %s %s", c->rank, c->local_rank, (int)c->pid, how, when);
 }
 
@@ -712,8 +731,14 @@ static int died_of_closed_output(const Child *c) {
     return c->reaped && !killed_by_us(c) && !c->sigstopped && WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGPIPE;
 }
 
+/* When a reaped worker failed: when it chose to exit, or when we saw it die (of a signal). */
+static int64_t failure_ns(const Child *c, const StatusSlot *slot) {
+    int64_t t = __atomic_load_n(&slot->exit_ns, __ATOMIC_RELAXED);
+    return t ? t : c->reap_ns;
+}
+
 /* The root cause among the workers that failed so far: one whose failure was not caused by a peer's
- * (not stopped by us, not marked collateral), the earliest (its exit() time, or when we saw it die).
+ * (not stopped by us, not marked collateral), the earliest (when it chose to exit, or when we saw it die).
  * -1 if none failed. */
 static int first_failure(const Child *ch, const StatusSlot *slots, int n) {
     int root = -1, best_collateral = 1;
@@ -721,8 +746,7 @@ static int first_failure(const Child *ch, const StatusSlot *slots, int n) {
     for (int i = 0; i < n; i++) {
         if (!failed(&ch[i]) || killed_by_us(&ch[i]) || stopped_clean(&ch[i], &slots[i])) continue;
         int coll = (int)__atomic_load_n(&slots[i].collateral, __ATOMIC_RELAXED);
-        int64_t t = __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
-        if (!t) t = ch[i].reap_ns;
+        int64_t t = failure_ns(&ch[i], &slots[i]);
         if (root < 0 || coll < best_collateral || (coll == best_collateral && t < best))
             root = i, best = t, best_collateral = coll;
     }
@@ -985,9 +1009,11 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
     /* Workers that fail together (the same bad flag in every rank) exit within milliseconds of each
      * other: collect those for up to 0.1 s — and up to 2 s for one that has called exit() but is still
      * tearing down (a GPU context takes a while), or while every failure so far is collateral (the
-     * rank that caused it is still on its way out) — so both lines below name the same first failure. */
+     * rank that caused it is still on its way out) — so both lines below name the same first failure.
+     * One that chose to exit before the failure seen so far may be the first: it is waited for as long
+     * as stop_all would wait before its SIGKILL (it gets no SIGTERM), LAUNCH_GRACE_S. */
     for (int64_t t0 = status_clock_ns();;) {
-        int st, exiting = 0;
+        int st, exiting = 0, earlier = 0;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             reap(ch, n, pid, st);
@@ -996,8 +1022,12 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         for (int i = 0; i < n; i++) exiting += !ch[i].reaped && __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
         int root = first_failure(ch, slots, n);
         int known = stopped_root >= 0 || (root >= 0 && !__atomic_load_n(&slots[root].collateral, __ATOMIC_RELAXED));
-        int64_t waited = status_clock_ns() - t0;
-        if (pid < 0 || !unreaped(ch, n) || waited > 2000000000 || (waited > 100000000 && !exiting && known)) break;
+        for (int i = 0; i < n && root >= 0 && stopped_root < 0; i++) {
+            int64_t t = ch[i].reaped ? 0 : __atomic_load_n(&slots[i].exit_ns, __ATOMIC_RELAXED);
+            earlier += t && t < failure_ns(&ch[root], &slots[root]);
+        }
+        int64_t waited = status_clock_ns() - t0, most = earlier ? (int64_t)(LAUNCH_GRACE_S * 1e9) : 2000000000;
+        if (pid < 0 || !unreaped(ch, n) || waited > most || (waited > 100000000 && !exiting && known)) break;
         usleep(2000);
     }
     char msg[256];
@@ -1030,7 +1060,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
         snprintf(others + strlen(others), sizeof others - strlen(others), "; %d other worker%s failed too",
                  after, after == 1 ? "" : "s");
     fprintf(stderr, "%s: job failed: %s (first failure)%s\n", prog, msg, others);
-    if (!killed_by_us(&ch[root]) && !ch[root].sigstopped && WIFSIGNALED(ch[root].status)) {
+    if (!killed_by_us(&ch[root]) && !ch[root].sigstopped && !exiting_when_stopped(&ch[root]) &&
+        WIFSIGNALED(ch[root].status)) {
         /* a signal the worker raised on purpose has a known cause: no guess at another */
         if (__atomic_load_n(&slots[root].on_purpose, __ATOMIC_RELAXED) == WTERMSIG(ch[root].status))
             fprintf(stderr, "  note: STAGE3_FAIL_AT (test-only) made it raise this signal — unset it to train\n");
@@ -1040,8 +1071,8 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
                             "this host\n");
     }
     /* The root's own code, or 128 + its signal; 1 for a stopped root, whose SIGTERM was ours (143 would
-     * say one came from outside). */
-    int code = killed_by_us(&ch[root])      ? 1
+     * say one came from outside), and for one our SIGKILL ended inside its exit (its code is lost). */
+    int code = killed_by_us(&ch[root]) || (WIFSIGNALED(ch[root].status) && exiting_when_stopped(&ch[root])) ? 1
                : WIFEXITED(ch[root].status) ? WEXITSTATUS(ch[root].status)
                                             : 128 + WTERMSIG(ch[root].status);
     exit(code ? code : 1);

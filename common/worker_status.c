@@ -19,6 +19,7 @@ static StatusSlot *my_slot;   /* worker: its slot, or NULL when not started by o
 static int fail_rank = -1, fail_signal = 0;
 static int64_t fail_step = -1;
 static long save_delay_ms; /* STAGE3_SAVE_DELAY_MS (test-only): a checkpoint write held open this long */
+static long exit_delay_ms; /* STAGE3_EXIT_DELAY_MS (test-only): an exit() that takes this long more */
 static int my_rank;
 
 int64_t status_clock_ns(void) {
@@ -50,19 +51,33 @@ StatusSlot *status_page_create(int n, int *fd) {
 
 /* ---- the worker side ------------------------------------------------------------------------- */
 
+/* The first call wins: die_* calls it as it decides to exit, the exit handler once exit() gets to it. */
 static void note_exit(void) {
-    if (my_slot) __atomic_store_n(&my_slot->exit_ns, status_clock_ns(), __ATOMIC_RELAXED);
+    int64_t none = 0;
+    if (my_slot)
+        __atomic_compare_exchange_n(&my_slot->exit_ns, &none, status_clock_ns(), 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
-/* STAGE3_FAIL_AT=r:s[:SIG] and STAGE3_SAVE_DELAY_MS=N (test-only). */
+/* A slow library teardown, as the CUDA runtime's exit handlers take on a GPU (test-only). */
+static void delay_exit(void) {
+    struct timespec ts = {exit_delay_ms / 1000, exit_delay_ms % 1000 * 1000000L}, rest;
+    while (nanosleep(&ts, &rest) != 0) ts = rest;
+}
+
+/* A test-only delay in milliseconds from the environment, 0 when unset. */
+static long delay_ms(const char *name) {
+    const char *d = getenv(name);
+    if (!d || !d[0]) return 0;
+    char *end;
+    long ms = strtol(d, &end, 10);
+    if (*end || ms < 0 || ms > 600000) die_user("%s='%s': expected milliseconds, 0 to 600000", name, d);
+    return ms;
+}
+
+/* STAGE3_FAIL_AT=r:s[:SIG], STAGE3_SAVE_DELAY_MS=N and STAGE3_EXIT_DELAY_MS=N (test-only). */
 static void parse_fail_at(void) {
-    const char *d = getenv("STAGE3_SAVE_DELAY_MS");
-    if (d && d[0]) {
-        char *end;
-        save_delay_ms = strtol(d, &end, 10);
-        if (*end || save_delay_ms < 0 || save_delay_ms > 600000)
-            die_user("STAGE3_SAVE_DELAY_MS='%s': expected milliseconds, 0 to 600000", d);
-    }
+    save_delay_ms = delay_ms("STAGE3_SAVE_DELAY_MS");
+    exit_delay_ms = delay_ms("STAGE3_EXIT_DELAY_MS");
     const char *v = getenv("STAGE3_FAIL_AT");
     if (!v || !v[0]) return;
     char sig[16] = "";
@@ -93,7 +108,7 @@ void launch_step(int64_t step) {
         signal(fail_signal, SIG_DFL);
         raise(fail_signal);
     }
-    exit(3);
+    die_exit(3); /* as a real failure leaves: its exit time noted first */
 }
 
 void launch_mark_epoch_end(void) {
@@ -159,5 +174,9 @@ void status_attach(int fd, int local_rank, int rank) {
     close(fd); /* the mapping stays */
     if (p == MAP_FAILED) return;
     my_slot = (StatusSlot *)p + local_rank;
+    die_exit_note = note_exit;
     atexit(note_exit);
+    /* registered after note_exit, so it runs before it, as the exit handlers of a library first
+     * called later do (the CUDA runtime's) */
+    if (exit_delay_ms) atexit(delay_exit);
 }

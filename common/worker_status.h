@@ -15,7 +15,7 @@
 /* One cache line per local worker. */
 typedef struct StatusSlot {
     int64_t step;        /* step the worker is in (0: still setting up) */
-    int64_t exit_ns;     /* status_clock_ns() when it called exit() (0: it did not, e.g. a signal) */
+    int64_t exit_ns;     /* status_clock_ns() when it chose to exit (die_*, exit()); 0: it did not (a signal) */
     int64_t collateral;  /* its failure was caused by another rank's */
     int64_t stopped;     /* the signal it stopped early for, saved (stop.h): no failure, 0 if none */
     int64_t stopping;    /* a signal asked it to stop cleanly (set in its handler): it is on its way */
@@ -30,7 +30,9 @@ typedef struct StatusSlot {
 /* Launcher: a shared page of n slots; *fd is the descriptor to pass to the workers. */
 StatusSlot *status_page_create(int n, int *fd);
 /* Worker: map slot local_rank of the page behind fd (fd < 0: no page), and read the test-only
- * STAGE3_FAIL_AT fault for `rank`. */
+ * STAGE3_FAIL_AT fault for `rank`, and STAGE3_EXIT_DELAY_MS=N: with a page, every exit() of this
+ * worker takes N ms longer, in an exit handler that runs before the page's own (as a GPU context's
+ * teardown does), so that a test can fail another rank while this one is still exiting. */
 void status_attach(int fd, int local_rank, int rank);
 
 /* Worker: "I am in step `step`" (1-based; cheap: one store to shared memory), and the test-only

@@ -1771,6 +1771,32 @@ START_TEST(launcher_names_one_first_failure) {
 }
 END_TEST
 
+/* Two ranks fail on their own, the first still inside its exit() (a GPU context's teardown takes
+ * seconds; STAGE3_EXIT_DELAY_MS stands in for it) when the second dies: rank 1 exits with code 3 at
+ * step 3, and rank 0, waiting in that step's all-reduce for it, is then killed from outside. The first
+ * failure is rank 1's, and it is the one named. The launcher used to SIGTERM rank 1 mid-exit after its
+ * 2 s wait, count it as one it had stopped, and blame rank 0's later SIGSEGV. */
+START_TEST(launcher_names_the_first_failure_while_it_exits) {
+    char *dir = test_tmpdir(), cmd[4096], *out;
+    int seed = (int)(getpid() % 100000) * 10 + 9;
+    snprintf(cmd, sizeof cmd,
+             "D=%s; { STAGE3_FAIL_AT=1:3 STAGE3_EXIT_DELAY_MS=4000 " LIMIT "%s/stage3 " TINY " --steps 6 "
+             "--nproc-per-node 2 --master-port %d --seed %d > $D/out.txt 2>&1; echo \"exit $?\" >> $D/out.txt; } & "
+             "for i in $(seq 1 2400); do grep -q 'failing on purpose' $D/out.txt 2>/dev/null && break; sleep 0.05; done; "
+             "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline | grep -q -- '--seed %d ' || continue; "
+             "tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK=0 && kill -SEGV ${p#/proc/} && echo 'rank 0 killed'; done; "
+             "wait; cat $D/out.txt",
+             dir, test_root(), test_free_port(), seed, seed);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "rank 0 killed\n"), "rank 0 was not killed meanwhile:\n%s", out);
+    ck_assert_msg(strstr(out, "job failed: rank 1 (local rank 1") &&
+                      strstr(out, "exited with code 3 at step 3 (first failure); 1 other worker failed too") &&
+                      strstr(out, "exit 3\n"),
+                  "rank 1 failed first, and is the one to name:\n%s", out);
+    free(out), free(dir);
+}
+END_TEST
+
 /* Two workers of `stage` as our launcher starts them (rank r with ARGS_r, both with ENV), beside the
  * status page it reads after a failure: rc[r] is rank r's exit code, and collateral[r] whether it
  * marked its failure as caused by another rank's. The launcher blames a non-collateral failure
@@ -2393,6 +2419,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, srun_ranks_agree_on_the_resume);
     tcase_add_test(tc, mismatched_world_size_stops_every_node_at_once);
     tcase_add_test(tc, launcher_names_one_first_failure);
+    tcase_add_test(tc, launcher_names_the_first_failure_while_it_exits);
     tcase_add_test(tc, failures_caused_by_a_peer_are_marked_collateral);
     tcase_add_test(tc, barrier_waits_for_every_rank);
     tcase_add_test(tc, a_rank_claimed_twice_is_refused);
