@@ -465,15 +465,19 @@ static int worker_from_env(const LaunchConfig *cfg, Worker *w) {
     return 1;
 }
 
+int launch_node_gpus(const char *launcher, int gpus, int local_workers) {
+    /* srun / mpirun often give each task its own GPU (CUDA_VISIBLE_DEVICES per task): one visible
+     * GPU is then this worker's own. */
+    int per_task_gpu = gpus == 1 && (!strcmp(launcher, "srun") || !strcmp(launcher, "mpirun"));
+    return per_task_gpu ? local_workers : gpus;
+}
+
 void launch_resolve(const LaunchConfig *cfg, const char *launcher, int gpus, int local_workers,
                     int *cuda, CommKind *comm) {
     if (!strcmp(cfg->device, "cuda") && gpus == 0)
         die_user("--device cuda: no CUDA GPU is visible — run with --device cpu");
     *cuda = !strcmp(cfg->device, "cuda") || (!strcmp(cfg->device, "auto") && gpus > 0);
-    /* srun / mpirun often give each task its own GPU (CUDA_VISIBLE_DEVICES per task): one visible
-     * GPU is then this worker's own. */
-    int per_task_gpu = gpus == 1 && (!strcmp(launcher, "srun") || !strcmp(launcher, "mpirun"));
-    *comm = comm_choose(cfg->comm, *cuda, per_task_gpu ? local_workers : gpus, local_workers);
+    *comm = comm_choose(cfg->comm, *cuda, launch_node_gpus(launcher, gpus, local_workers), local_workers);
 }
 
 int launch_gpu_of(const Worker *w, int gpus) { return gpus > 0 ? w->local_rank % gpus : 0; }

@@ -74,6 +74,10 @@ void launch_or_join(int argc, char **argv, const LaunchConfig *cfg, Worker *w);
  * workers. */
 void launch_resolve(const LaunchConfig *cfg, const char *launcher, int gpus, int local_workers,
                     int *cuda, CommKind *comm);
+/* The GPUs this node's `local_workers` have between them, `gpus` being those this process sees: under
+ * srun or mpirun one visible GPU is a task's own (CUDA_VISIBLE_DEVICES per task), so one each. Fewer
+ * than local_workers: workers share GPUs (--comm host). */
+int launch_node_gpus(const char *launcher, int gpus, int local_workers);
 /* The GPU a worker uses: its local rank (NCCL), or local rank mod GPUs (--comm host shares). */
 int launch_gpu_of(const Worker *w, int gpus);
 

@@ -1932,6 +1932,20 @@ START_TEST(worker_gpu_follows_its_local_rank) {
 }
 END_TEST
 
+/* The GPUs a node's workers have: under srun or mpirun one visible GPU is each task's own, so 4 tasks
+ * with one each have 4 and share none — rank 0 used to print "4 workers share 1 GPU(s) through --comm
+ * host" there, for a job that ran NCCL on 4 GPUs. Under our launcher or torchrun every worker sees the
+ * node's GPUs, and more workers than GPUs share them. */
+START_TEST(node_gpus_count_each_tasks_own) {
+    ck_assert_int_eq(launch_node_gpus("srun", 1, 4), 4);
+    ck_assert_int_eq(launch_node_gpus("mpirun", 1, 2), 2);
+    ck_assert_int_eq(launch_node_gpus("srun", 2, 4), 2); /* two visible: the node's, shared */
+    ck_assert_int_eq(launch_node_gpus("stage3", 1, 2), 1);
+    ck_assert_int_eq(launch_node_gpus("torchrun", 1, 2), 1);
+    ck_assert_int_eq(launch_node_gpus("environment", 2, 2), 2);
+}
+END_TEST
+
 /* A barrier lets no rank through before every rank has reached it: rank 0 waits in one while rank 1
  * watches for the mark rank 0 sets right after it, for half a second, and only then arrives. */
 static double second_barrier_s; /* how long rank 0 waited in its second barrier */
@@ -2425,6 +2439,7 @@ Suite *suite_dist(void) {
     tcase_add_test(tc, a_rank_claimed_twice_is_refused);
     tcase_add_test(tc, two_nodes_of_two_workers);
     tcase_add_test(tc, worker_gpu_follows_its_local_rank);
+    tcase_add_test(tc, node_gpus_count_each_tasks_own);
     tcase_add_test(tc, worker_variables_out_of_range_are_refused);
     tcase_add_test(tc, per_task_gpu_under_srun_and_mpirun);
     tcase_add_test(tc, worker_view_from_launcher_variables);

@@ -77,9 +77,10 @@ int main(int argc, char **argv) {
     if (w.rank == 0 && !cuda && !strcmp(lc.device, "auto"))
         printf("note: no CUDA GPU visible — %d CPU workers on the CPU backend (%s)\n", w.world_size,
                cli_cpu_fallback_what());
-    if (w.rank == 0 && cuda && w.local_world_size > gpus)
+    int node_gpus = launch_node_gpus(w.launcher, gpus, w.local_world_size); /* srun's: one per task */
+    if (w.rank == 0 && cuda && w.local_world_size > node_gpus)
         printf("note: %d workers share %d GPU(s) through --comm host: the DDP mechanics are all here, but the "
-               "timings do not show scaling\n", w.local_world_size, gpus);
+               "timings do not show scaling\n", w.local_world_size, node_gpus);
 
     /* Rendezvous (rank 0 hosts the store), then the communicator built over it. */
     Store *store = store_open(w.master_addr, w.master_port, w.rank, w.world_size, f.rdzv_timeout);
