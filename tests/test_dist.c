@@ -1783,6 +1783,7 @@ START_TEST(launcher_names_the_first_failure_while_it_exits) {
              "D=%s; { STAGE3_FAIL_AT=1:3 STAGE3_EXIT_DELAY_MS=4000 " LIMIT "%s/stage3 " TINY " --steps 6 "
              "--nproc-per-node 2 --master-port %d --seed %d > $D/out.txt 2>&1; echo \"exit $?\" >> $D/out.txt; } & "
              "for i in $(seq 1 2400); do grep -q 'failing on purpose' $D/out.txt 2>/dev/null && break; sleep 0.05; done; "
+             "sleep 0.3; " /* by then rank 1, whose line comes just before its exit(), is inside its 4 s */
              "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline | grep -q -- '--seed %d ' || continue; "
              "tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx RANK=0 && kill -SEGV ${p#/proc/} && echo 'rank 0 killed'; done; "
              "wait; cat $D/out.txt",
