@@ -646,6 +646,100 @@ START_TEST(scaler_skips_and_scales) {
 }
 END_TEST
 
+/* The outside oracle for a skipped SGD step: torch.optim.SGD (momentum 0.9, weight decay 5e-4)
+ * stepped by torch.amp.GradScaler on a GPU along a pattern whose first attempt overflows
+ * (tests/torch/sgd_scaler_fixture.py). With the default foreach SGD the scaler keeps its contract on
+ * the host: a skipped step does not call step(), so nothing moves and the momentum buffer is born at
+ * the first step taken. Ours skips on the device, from a zeroed buffer: 0.9 · 0 + g is that birth,
+ * so parameters, buffer and scale must follow torch's after every attempt. (Measured relative to the
+ * largest value, as the Adam oracle is: torch's CUDA kernels round their own way.) */
+enum { SGD_FX_N = 1003, SGD_FX_STEPS = 6 };
+static const void *sgd_fx(const Fx *fx, const char *cas, const char *field, int dtype, int64_t count) {
+    char k[64];
+    snprintf(k, sizeof k, "%s.%s", cas, field);
+    int64_t n;
+    int dt;
+    const void *p = fx_get(fx, k, &n, &dt);
+    ck_assert_msg(dt == dtype && n == count, "%s: dtype %d, %lld values", k, dt, (long long)n);
+    return p;
+}
+START_TEST(sgd_under_the_scaler_matches_torch) {
+    enum { N = SGD_FX_N, STEPS = SGD_FX_STEPS };
+    Fx fx = fx_open("sgd_scaler.bin", "tests/torch/sgd_scaler_fixture.py");
+    int64_t attempts;
+    int dt;
+    const double *pat = fx_get(&fx, "foreach.pattern", &attempts, &dt);
+    ck_assert(dt == 1 && attempts > STEPS && attempts < 32 && pat[0] != 0); /* the first attempt overflows */
+    const float *p0 = sgd_fx(&fx, "foreach", "p0", 0, N), *grads = sgd_fx(&fx, "foreach", "grads", 0, STEPS * N);
+    const float *want_p = sgd_fx(&fx, "foreach", "params", 0, attempts * N),
+                *want_buf = sgd_fx(&fx, "foreach", "buf", 0, attempts * N);
+    const double *lrs = sgd_fx(&fx, "foreach", "lrs", 1, STEPS), *scales = sgd_fx(&fx, "foreach", "scales", 1, attempts);
+    Device d = cpu();
+    AmpConfig a;
+    amp_defaults(&a, "fp16");
+    a.init_scale = 1024, a.growth_interval = 1000;
+    GradScaler s;
+    scaler_init(&s, &d, &a, PREC_FP16, NULL);
+    Optimizer o;
+    optim_init(&o, &d, N, lrs[0], 0.9, 5e-4);
+    float *p = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float));
+    memcpy(p, p0, N * sizeof(float));
+    int taken = 0;
+    double worst = 0;
+    for (int64_t t = 0; t < attempts; t++) {
+        const int skip = pat[t] != 0;
+        const float scale = scaler_get_scale(&s);
+        for (int i = 0; i < N; i++) /* the fixture's I gradient: inf, NaN at every third */
+            g[i] = skip ? (i % 3 ? INFINITY : NAN) : grads[(size_t)taken * N + i] * scale;
+        scaler_step(&s, &o, p, g, N, lrs[skip ? (taken ? taken - 1 : 0) : taken]);
+        scaler_update(&s);
+        taken += !skip;
+        double e = test_rel_err(p, want_p + t * N, N);
+        ck_assert_msg(e <= 1e-6, "attempt %lld (%c): parameters %.3g from torch's SGD under GradScaler", (long long)t + 1,
+                      skip ? 'I' : 'F', e);
+        if (!isnan(want_buf[t * N])) { /* torch holds a buffer once a step was taken */
+            double eb = test_rel_err(o.momentum_buf, want_buf + t * N, N);
+            ck_assert_msg(eb <= 1e-6, "attempt %lld: momentum buffer %.3g from torch's", (long long)t + 1, eb);
+            if (eb > worst) worst = eb;
+        } else {
+            ck_assert_msg(taken == 0, "attempt %lld: torch holds no buffer after a step was taken", (long long)t + 1);
+        }
+        ck_assert_msg(scaler_get_scale(&s) == (float)scales[t], "attempt %lld: scale %g, torch's %g", (long long)t + 1,
+                      (double)scaler_get_scale(&s), scales[t]);
+        if (e > worst) worst = e;
+    }
+    ck_assert_int_eq(taken, STEPS);
+    /* torch's SGD(fused=True), from the same start: the scaler hands it found_inf, and it leaves the
+     * parameters alone on the skipped first attempt — but it has already made its momentum buffer,
+     * torch.empty_like(grad): memory the caching allocator hands back, never written. The next step
+     * is no longer the first, so it takes 0.9 · that + g. Ours keeps to the contract (foreach's
+     * trajectory) and so leaves the fused one at the first step taken; this says both, from the
+     * fixture, so a torch that mends it shows here when the fixture is made again. */
+    const float *fused_p = sgd_fx(&fx, "fused", "params", 0, attempts * N),
+                *fused_buf = sgd_fx(&fx, "fused", "buf", 0, attempts * N);
+    ck_assert_msg(!memcmp(fused_p, p0, N * sizeof(float)), "torch's fused SGD moved the parameters on a skipped step");
+    int written = 0;
+    for (int i = 0; i < N; i++) written += fused_buf[i] != 0.f;
+    ck_assert_msg(written > 0, "torch's fused SGD held a zero buffer after the skipped first attempt: the lesson's "
+                  "claim (an unset buffer) no longer holds for the torch that made the fixture");
+    double reuse = 0; /* fused buf after the first step taken = 0.9 · (its unset buffer) + (g + wd · p0) */
+    for (int i = 0; i < N; i++) {
+        const float d_p = grads[i] + 5e-4f * p0[i];
+        reuse = fmax(reuse, fabs((double)fused_buf[N + i] - (0.9 * (double)fused_buf[i] + d_p)));
+    }
+    ck_assert_msg(reuse <= 1e-5, "torch's fused SGD: the first step taken is not 0.9 * its unset buffer + g (%.3g)",
+                  reuse);
+    const double apart = test_rel_err(want_p + N, fused_p + N, N);
+    ck_assert_msg(apart > 1e-2, "foreach and fused SGD agree after the first step taken (%.3g)", apart);
+    printf("sgd under the scaler (first attempt skipped): within %.2g of torch's foreach SGD; torch's fused SGD "
+           "%.2g away after one step (its unset buffer)\n", worst, apart);
+    free(p), free(g);
+    optim_destroy(&o);
+    scaler_destroy(&s);
+    device_destroy(&d);
+}
+END_TEST
+
 /* Backoffs from the smallest allowed --init-scale cross 1/FLT_MAX: the steps are skipped, never
  * trained into NaN (they were: the loss read -nan with exit 0), and since no step can be taken again
  * the run says so at the epoch's end, once, and what to change (it used to go on in silence). */
@@ -996,6 +1090,7 @@ Suite *suite_amp(void) {
     tcase_add_test(tc, show_scaler_says_where_it_leaves_torch);
     tcase_add_test(tc, show_scaler_at_the_top_of_fp32);
     tcase_add_test(tc, scaler_skips_and_scales);
+    tcase_add_test(tc, sgd_under_the_scaler_matches_torch);
     tcase_add_test(tc, forced_overflow_skips_one_step);
     tcase_add_test(tc, scaler_report_flags_ranks_that_disagree);
     tcase_add_test(tc, stage5_learns_in_fp16_and_bf16);

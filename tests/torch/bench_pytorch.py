@@ -8,7 +8,9 @@ Same model (models.py), synthetic data already on the GPU, SGD with momentum 0.9
 5e-4, cudnn.benchmark on (--cudnn-benchmark off: off). Default: fp32 with PyTorch's default TF32 policy for convolutions.
 --amp fp16|bf16: torch.autocast with that dtype (fp16 with a torch.amp.GradScaler, as the
 recipe says; bf16 without); --channels-last: model and input in torch.channels_last; --fused:
-SGD(fused=True), one kernel for the whole update; --compile: torch.compile(model) (its warm-up
+SGD(fused=True), one kernel for the whole update (with fp16, mind torch 2.11's fused SGD under a
+GradScaler: after a skipped first step it steps from an unset momentum buffer — stage 5's lesson,
+tests/torch/sgd_scaler_fixture.py; timing is unaffected, training is); --compile: torch.compile(model) (its warm-up
 compiles, so more warm-up steps are used). Each step is timed with CUDA events at step starts
 (as the C stages do); the median is reported, warm-up excluded. Prints one JSON line:
 ms_per_iter_median, img_per_s, peak_mem_bytes.

@@ -8,9 +8,10 @@
 #   bash tests/torch/regen_fixtures.sh           # rewrite tests/fixtures/ (after a PyTorch upgrade;
 #                                                # then `make test`, and commit with the version)
 #   LIST=1 bash tests/torch/regen_fixtures.sh    # which script makes which file (needs no torch)
-# Needs python3 with torch. Three fixtures need a CUDA GPU (fused Adam, CUDA autocast, SyncBatchNorm); without one
-# they are skipped, visibly, and the committed files stay. CHECK also runs the GradScaler
-# trajectories on CUDA and compares them with the CPU's (scaler.txt says they are the same rule).
+# Needs python3 with torch. Four fixtures need a CUDA GPU (fused Adam, fused SGD, CUDA autocast,
+# SyncBatchNorm); without one they are skipped, visibly, and the committed files stay. CHECK also
+# runs the GradScaler trajectories on CUDA and compares them with the CPU's (scaler.txt says they
+# are the same rule).
 # Where a fixture differs, tests/torch/compare_fixtures.py says which records and by how much.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -24,6 +25,7 @@ GENERATORS=(
     "adam.bin|cpu|python3 $T/make_adam_fixture.py @/adam.bin"
     "clip.bin|cpu|python3 $T/clip_fixture.py @/clip.bin"
     "adam_scaler.bin|cuda|python3 $T/adam_scaler_fixture.py @/adam_scaler.bin"
+    "sgd_scaler.bin|cuda|python3 $T/sgd_scaler_fixture.py @/sgd_scaler.bin"
     "syncbn.bin|cuda|python3 $T/syncbn_fixture.py @/syncbn.bin"
     "scaler.txt|cpu|python3 $T/scaler_fixture.py > @/scaler.txt"
     "schedule.txt|cpu|python3 $T/schedule_fixture.py > @/schedule.txt"
