@@ -929,6 +929,27 @@ static void check_output_dir(const TrainConfig *c, const char *flag, const char 
     free(dir);
 }
 
+/* The directory a file will be created in takes one: a directory without write permission, a read-only
+ * mount, or a pseudo-filesystem that stat calls a directory (/sys, /proc) refused the trace's .tmp only
+ * after the run header (stages 3–5: in every worker, after the launch). access(W_OK) is no test of it
+ * (root passes, and it knows nothing of /sys): a file is made there and removed at once, under a name
+ * of this process's own (mkstemp), so that ranks checking one directory at the same time never meet. */
+static void check_dir_takes_files(const char *flag, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) return; /* a device (/dev/null) is written in place */
+    char *dir = path_dir(path), *probe = NULL;
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (asprintf(&probe, "%s/.%.40s.probe.XXXXXX", dir, base) < 0)
+        die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
+    int fd = mkostemp(probe, O_CLOEXEC);
+    if (fd < 0)
+        die_user("%s '%s': cannot create a file in directory '%s' (%s) — give %s a path in a directory you can "
+                 "write (e.g. ./%s)", flag, path, dir, errno_string(), flag, base[0] ? base : "trace.json");
+    close(fd);
+    unlink(probe);
+    free(probe), free(dir);
+}
+
 /* Stages 3–5 write --trace FILE per rank into FILE.rankN.json first (through FILE.rankN.json.tmp):
  * any of those names already there must take a file too (how many ranks there will be is not known
  * here, so every N is checked). */
@@ -1157,6 +1178,12 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         free(tmp);
         check_rank_files(c->trace);
         check_not_clobbering(c, "--trace", c->trace);
+        check_dir_takes_files("--trace", c->trace);
+        /* One process (stages 1 and 2, which have no --nproc-per-node): the file another run is writing,
+         * or another user's, refused now as trace_configure would after the run header. Stages 3–5's
+         * launcher does this for every rank (launch.c); a worker must not, its rank 0 may hold the lock. */
+        if (!(last_table && find_option(last_table, "nproc-per-node", strlen("nproc-per-node"))))
+            trace_check_free(c->trace, 0, 1, 1);
     }
     /* What an out-of-memory error will advise (device.c): the levers this run has. Accumulation keeps
      * the optimizer's batch while a micro-batch shrinks (stages 4 and 5). */

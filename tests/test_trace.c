@@ -311,6 +311,23 @@ START_TEST(unwritable_trace_files_fail_at_once) {
 }
 END_TEST
 
+/* A directory that takes no file (no write permission, a read-only mount, /proc or /sys): refused with the
+ * other flag checks, naming the fix — it was found only when the trace's .tmp was opened, after the run
+ * header, and in stages 3–5 by every worker after the launch. /proc refuses new files even to root. */
+START_TEST(trace_directory_without_room_is_refused_up_front) {
+    for (int stage = 1; stage <= 5; stage++) {
+        char cmd[2048], *out;
+        snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage%d " SMALL " --steps 1 --trace /proc/t.json%s", test_root(),
+                 stage, stage >= 3 ? " --nproc-per-node 2 --standalone" : "");
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, "--trace '/proc/t.json': cannot create a file in directory '/proc'") &&
+                      strstr(out, "give --trace a path in a directory you can write") && !strstr(out, "parameters,") &&
+                      !strstr(out, "launching"), "stage %d: exit %d:\n%s", stage, rc, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* The file is written under FILE.tmp and renamed into place when complete: a run interrupted while
  * tracing (Ctrl-C) leaves the trace an earlier run wrote there as it was (it used to be emptied when
  * the run started). */
@@ -380,6 +397,7 @@ START_TEST(a_trace_another_run_is_writing_is_refused) {
              "another --trace file, or wait for that one to end", dir);
     ck_assert_msg(strstr(out, "stage1 exit 2") && strstr(out, "stage3 exit 2") && strstr(out, want), "%s", out);
     ck_assert_msg(!strstr(out, "launching"), "stage 3 started its workers:\n%s", out);
+    ck_assert_msg(!strstr(out, "parameters,"), "stage 1 printed its run header before refusing:\n%s", out);
     ck_assert_msg(strstr(out, "first exit 0") && strstr(out, "whole"), "%s", out);
     free(out), free(dir);
 }
@@ -679,6 +697,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, window_after_the_run);
     tcase_add_test(tc, bad_trace_flags_refused);
     tcase_add_test(tc, unwritable_trace_files_fail_at_once);
+    tcase_add_test(tc, trace_directory_without_room_is_refused_up_front);
     tcase_add_test(tc, interrupted_run_keeps_the_old_trace);
     tcase_add_test(tc, diverged_run_writes_its_trace);
     tcase_add_test(tc, a_trace_another_run_is_writing_is_refused);
