@@ -53,14 +53,24 @@ def steps_of(path, events, window):
     """{lane: {step: forward+backward ms}}: keyed by the optimizer step each device span records
     (args.step), so that lanes are compared step for step — a stage 2 replica given no chunk of a short
     last batch has no span in that step. Traces written before args.step: their steps in order."""
+    # a hand-edited field of another type: what it is, not a TypeError deep in the sums (or a NaN time,
+    # which reached statistics.pstdev and ended in a traceback)
+    not_ours = f"step_skew.py: {path}: JSON, but not the trace events --trace writes"
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    for (pid, tid), name in names.items():
+        if not isinstance(name, str):
+            sys.exit(f"{not_ours} (lane pid {pid} tid {tid} is named {name!r}, not text) — give it the file a "
+                     f"stage wrote with --trace")
     spans, steps = {}, {}
     for e in events:
         if e.get("ph") == "X" and e["name"] == "step":  # the optimizer steps, on each process's loop lane
             steps[e["pid"]] = steps.get(e["pid"], 0) + 1
         lane = names.get((e.get("pid"), e.get("tid")), "")
         if e.get("ph") == "X" and e["name"] in ("forward", "backward") and "compute" in lane:
+            if not all(trace_file.is_number(e[k]) for k in ("ts", "dur")):
+                sys.exit(f"{not_ours} (a {e['name']} span's ts {e['ts']!r} or dur {e['dur']!r} is not a finite "
+                         f"number) — give it the file a stage wrote with --trace")
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             spans.setdefault((e["pid"], e["tid"]), {}).setdefault(e["name"], []).append(
                 (e["ts"], e["dur"], args.get("step")))

@@ -581,6 +581,90 @@ START_TEST(step_skew_bad_input) {
 }
 END_TEST
 
+/* Two ranks' traces, each with one field made another type by hand (what trace_check.py, timeline.py
+ * and step_skew.py may be given), written into dir as NAME.json: good (as the writer writes it), lane5
+ * (the loop and compute lanes named 5), proclist (a process named [1]), pidlist (a span's pid [0]),
+ * sortx (a sort index "x"), mname (a metadata event named [1]), nan and big (a forward's ts NaN, or 10^400),
+ * and huge (a 5000-digit integer, which Python 3.11's json refuses). */
+static void write_typed_traces(const char *dir) {
+    char path[700], cmd[1024];
+    snprintf(path, sizeof path, "%s/gen.py", dir);
+    test_write_text(path,
+        "import json\n"
+        "def M(n, pid, tid, a): return {'ph': 'M', 'name': n, 'pid': pid, 'tid': tid, 'args': a}\n"
+        "def X(n, pid, tid, ts, dur, a):\n"
+        "    return {'ph': 'X', 'name': n, 'cat': n, 'pid': pid, 'tid': tid, 'ts': ts, 'dur': dur, 'args': a}\n"
+        "def base():\n"
+        "    ev = []\n"
+        "    for r in (0, 1):\n"
+        "        ev += [M('process_name', r, 0, {'name': 'rank %d' % r}), M('thread_name', r, 1, {'name': 'main'}),\n"
+        "               M('thread_name', r, 1000, {'name': 'cpu dev%d compute' % r}), X('step', r, 1, 0, 100, {'n': 0}),\n"
+        "               X('forward', r, 1000, 1, 10, {'step': 0}), X('backward', r, 1000, 11, 10, {'step': 0})]\n"
+        "    return {'traceEvents': ev, 'otherData': {'dropped': 0}}\n"
+        "cases = {'good': lambda e, o: None,\n"
+        "         'lane5': lambda e, o: (e[1]['args'].update(name=5), e[2]['args'].update(name=5)),\n"
+        "         'proclist': lambda e, o: e[0]['args'].update(name=[1]),\n"
+        "         'pidlist': lambda e, o: e[4].update(pid=[0]),\n"
+        "         'sortx': lambda e, o: e.append(M('thread_sort_index', 0, 1, {'sort_index': 'x'})),\n"
+        "         'mname': lambda e, o: e.append({'ph': 'M', 'name': [1], 'pid': 0, 'tid': 1, 'args': {}}),\n"
+        "         'nan': lambda e, o: e[4].update(ts=float('nan')),\n"
+        "         'big': lambda e, o: e[4].update(ts=10 ** 400)}\n"
+        "for name, change in cases.items():\n"
+        "    d = base()\n"
+        "    change(d['traceEvents'], d['otherData'])\n"
+        "    open(name + '.json', 'w').write(json.dumps(d))\n"
+        "open('huge.json', 'w').write('{\"traceEvents\": [' + '1' * 5000 + ']}')\n");
+    snprintf(cmd, sizeof cmd, "cd %s && python3 gen.py", dir);
+    ck_assert_int_eq(test_run(cmd, NULL), 0);
+}
+
+/* The trace tools on a hand-edited trace whose fields have other types than the writer's: one line that
+ * names the field, and the exit status of a bad file, never a Python traceback — trace_check.py stopped
+ * at name.startswith on a lane named 5, at an unhashable pid, at a 400-digit ts (OverflowError, as
+ * timeline.py and step_skew.py did), step_skew.py at statistics.pstdev on a NaN ts; a process named [1]
+ * or a sort index "x" passed, and a 5000-digit integer was called a file "cut short: rerun it". */
+START_TEST(trace_tools_name_a_field_of_the_wrong_type) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[4096], *out, *root = realpath(test_root(), NULL); /* run in dir */
+    write_typed_traces(dir);
+    const char *check = "trace_check.py %s.json --steps 0:1 --pids 2", *skew = "step_skew.py %s.json",
+               *draw = "timeline.py %s.json o.svg";
+    const struct { const char *file, *tool; int rc; const char *want; } cases[] = {
+        {"good", check, 0, "ok: "},
+        {"good", skew, 0, "2 workers"},
+        {"good", draw, 0, "timeline: "},
+        {"lane5", check, 1, "FAIL: thread_name event whose args.name is 5, not text"},
+        {"lane5", skew, 1, "lane pid 0 tid 1 is named 5, not text"},
+        {"proclist", check, 1, "FAIL: process_name event whose args.name is [1], not text"},
+        {"pidlist", check, 1, "FAIL: a span whose pid or tid is not an integer"},
+        {"pidlist", skew, 1, "not the trace events --trace writes"},
+        {"pidlist", draw, 0, "1 malformed event(s) skipped"},
+        {"sortx", check, 1, "FAIL: thread_sort_index event whose args.sort_index is 'x', not an integer"},
+        {"mname", check, 1, "FAIL: metadata event whose name is [1], not text"},
+        {"nan", check, 1, "FAIL: bad ts/dur"},
+        {"nan", skew, 1, "a forward span's ts nan or dur 10 is not a finite number"},
+        {"big", check, 1, "FAIL: bad ts/dur"},
+        {"big", skew, 1, "is not a finite number"},
+        {"big", draw, 0, "1 malformed event(s) skipped (the first: \"ts\" or \"dur\" is not a finite number)"},
+        /* Python 3.11's json refuses it (older ones read a number: "not an event object" and the like) */
+        {"huge", check, 1, ""},
+        {"huge", skew, 1, ""},
+        {"huge", draw, 2, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[200];
+        snprintf(args, sizeof args, cases[i].tool, cases[i].file);
+        snprintf(cmd, sizeof cmd, "cd %s && python3 %s/tests/%s 2>&1", dir, root, args);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == cases[i].rc && strstr(out, cases[i].want) && !strstr(out, "Traceback") &&
+                      !strstr(out, "cut short"), "%s: exit %d, want %d and '%s':\n%s", args, rc, cases[i].rc,
+                      cases[i].want, out);
+        free(out);
+    }
+    free(root), free(dir);
+}
+END_TEST
+
 /* step_skew.py and trace_check.py on a trace that is missing, empty (a FILE.tmp a crashed run left) or
  * cut short: one line that names the fix — rerun the run that wrote it, or give the file --trace wrote —
  * and exit 1, never a traceback. They said only "not a readable --trace file (Expecting value: …)" and
@@ -708,6 +792,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, step_skew_counts_each_rank_once);
     tcase_add_test(tc, step_skew_empty_window_says_why);
     tcase_add_test(tc, trace_check_rejects_broken_files);
+    tcase_add_test(tc, trace_tools_name_a_field_of_the_wrong_type);
     tcase_add_test(tc, merged_trace_counts_dropped_spans);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);

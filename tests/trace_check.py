@@ -4,7 +4,7 @@
     python3 tests/trace_check.py FILE --steps A:B [--pids N] [--expect NAME ...]
 
 Checks: the file is JSON of the form {"traceEvents": [...]}; every "X" event has name, cat, ph, ts,
-dur >= 0, pid, tid; every lane used has a thread_name and every pid a process_name ("M" events);
+dur >= 0, pid, tid, each of the writer's type (text, finite numbers, integers); every lane used has a thread_name and every pid a process_name ("M" events);
 spans on one (pid, tid) lane nest — two spans either are disjoint or one contains the other, never
 a partial overlap; host lanes are sorted (thread_sort_index) loop, replicas, autograd, communication,
 loaders, each kind by number; the "step" spans are exactly steps A..B-1 on each process (the window); every
@@ -12,7 +12,6 @@ NAME given with --expect occurs. Prints one line per failure and exits 1, or "ok
 """
 import argparse
 import collections
-import math
 import re
 import sys
 
@@ -47,22 +46,39 @@ def main():
         args = e.get("args")
         return args.get(key) if isinstance(args, dict) else None
 
+    def is_int(v):  # the writer's pids, tids, sort indices and step numbers (a JSON true is no 1)
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    # A hand-edited file may hold any JSON where a field is expected: each wrong type is a FAIL line that
+    # names the field, never a Python traceback (a lane named 5 stopped it at name.startswith).
     for e in events:
         if not isinstance(e, dict):
             bad.append(f"an entry of traceEvents is not an event object: {e!r}")
             continue
         ph = e.get("ph")
         if ph == "M":
-            key = {"thread_name": "name", "thread_sort_index": "sort_index", "process_name": "name"}.get(e.get("name"))
-            needs_tid = e.get("name") != "process_name"
-            if key and (arg(e, key) is None or "pid" not in e or (needs_tid and "tid" not in e)):
+            what = e.get("name")
+            key = {"thread_name": "name", "thread_sort_index": "sort_index",
+                   "process_name": "name"}.get(what) if isinstance(what, str) else None
+            needs_tid = what != "process_name"
+            value = arg(e, key) if key else None
+            if not isinstance(what, str):
+                bad.append(f"metadata event whose name is {what!r}, not text: {e}")
+            elif key and (value is None or "pid" not in e or (needs_tid and "tid" not in e)):
                 bad.append(f"metadata event without pid{', tid' if needs_tid else ''} or args.{key}: {e}")
-            elif e.get("name") == "thread_name":
+            elif key and not (is_int(e["pid"]) and (not needs_tid or is_int(e["tid"]))):
+                bad.append(f"{what} event whose pid{' or tid' if needs_tid else ''} is not an integer: {e}")
+            elif key == "name" and not isinstance(value, str):
+                bad.append(f"{what} event whose args.name is {value!r}, not text (a lane or process is named "
+                           f"by a string): {e}")
+            elif key == "sort_index" and not is_int(value):
+                bad.append(f"thread_sort_index event whose args.sort_index is {value!r}, not an integer: {e}")
+            elif what == "thread_name":
                 lanes.add((e["pid"], e["tid"]))
-                lane_name[(e["pid"], e["tid"])] = arg(e, "name")
-            elif e.get("name") == "thread_sort_index":
-                lane_index[(e["pid"], e["tid"])] = arg(e, "sort_index")
-            elif e.get("name") == "process_name":
+                lane_name[(e["pid"], e["tid"])] = value
+            elif what == "thread_sort_index":
+                lane_index[(e["pid"], e["tid"])] = value
+            elif what == "process_name":
                 procs.add(e["pid"])
             continue
         if ph != "X":
@@ -72,10 +88,16 @@ def main():
         if missing:
             bad.append(f"span without {missing}: {e}")
             continue
-        if not all(isinstance(e[k], (int, float)) and math.isfinite(e[k]) for k in ("ts", "dur")) or e["dur"] < 0:
+        if not (isinstance(e["name"], str) and isinstance(e["cat"], str)):
+            bad.append(f"a span whose name or cat is not text: {e}")
+            continue
+        if not (is_int(e["pid"]) and is_int(e["tid"])):
+            bad.append(f"a span whose pid or tid is not an integer: {e}")
+            continue
+        if not all(trace_file.is_number(e[k]) for k in ("ts", "dur")) or e["dur"] < 0:
             bad.append(f"bad ts/dur: {e}")
             continue
-        if e["name"] == "step" and not isinstance(arg(e, "n"), int):
+        if e["name"] == "step" and not is_int(arg(e, "n")):
             bad.append(f"a step span without its step number (args.n): {e}")
             continue
         spans.append(e)

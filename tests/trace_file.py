@@ -2,9 +2,11 @@
 
 One reader, so that each tool says the same thing of the same broken file: missing, empty (the
 FILE.tmp a killed run leaves), cut short (a run that died writing it), binary, or not JSON — each
-with its fix. Python 3.6+, standard library only.
+with its fix; and one test of a field that must be a number (a hand-edited file may hold any JSON
+there). Python 3.6+, standard library only.
 """
 import json
+import math
 
 GIVE = "give the file a stage's --trace FILE wrote"
 RERUN = "the run that wrote it did not finish (interrupted or crashed; FILE.tmp is such a file): rerun it"
@@ -31,8 +33,21 @@ def read(path):
         return json.loads(text)
     except RecursionError:
         raise BadTrace(f"{path} is not a trace (JSON nested too deeply) — {GIVE}")
-    except ValueError as e:
-        where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}: {e.msg}"
         if text.lstrip().startswith(("{", "[")):
             raise BadTrace(f"{path} is not complete JSON ({where}) — cut short: {RERUN}")
         raise BadTrace(f"{path} is not JSON ({where}) — {GIVE}")
+    except ValueError as e:  # JSON, but what Python will not read: an integer of over 4300 digits
+        raise BadTrace(f"{path} is not a trace ({e}) — {GIVE}")
+
+
+def is_number(v):
+    """A finite JSON number (a JSON true is none): math.isfinite alone raised OverflowError on an integer
+    past any float (a hand-typed ts of 400 digits)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
