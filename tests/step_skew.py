@@ -42,6 +42,9 @@ def lanes(path):
                  f"give it the file a stage wrote with --trace")
     other = doc.get("otherData") if isinstance(doc, dict) else None
     window = other.get("trace_steps") if isinstance(other, dict) else None
+    dropped = trace_file.dropped(other)
+    if dropped:  # the steps that lost spans would be miscounted, or refused, with no word of the cause
+        print(f"step_skew.py: warning: {path}: {dropped}", file=sys.stderr)
     try:
         return steps_of(path, events, window)
     except (KeyError, TypeError, AttributeError) as e:  # JSON, but not a trace-event file

@@ -585,7 +585,7 @@ END_TEST
  * and step_skew.py may be given), written into dir as NAME.json: good (as the writer writes it), lane5
  * (the loop and compute lanes named 5), proclist (a process named [1]), pidlist (a span's pid [0]),
  * sortx (a sort index "x"), mname (a metadata event named [1]), nan and big (a forward's ts NaN, or 10^400),
- * and huge (a 5000-digit integer, which Python 3.11's json refuses). */
+ * dropped (otherData.dropped 7, the rest whole), dropx (otherData.dropped "x"), and huge (a 5000-digit integer, which Python 3.11's json refuses). */
 static void write_typed_traces(const char *dir) {
     char path[700], cmd[1024];
     snprintf(path, sizeof path, "%s/gen.py", dir);
@@ -608,7 +608,9 @@ static void write_typed_traces(const char *dir) {
         "         'sortx': lambda e, o: e.append(M('thread_sort_index', 0, 1, {'sort_index': 'x'})),\n"
         "         'mname': lambda e, o: e.append({'ph': 'M', 'name': [1], 'pid': 0, 'tid': 1, 'args': {}}),\n"
         "         'nan': lambda e, o: e[4].update(ts=float('nan')),\n"
-        "         'big': lambda e, o: e[4].update(ts=10 ** 400)}\n"
+        "         'big': lambda e, o: e[4].update(ts=10 ** 400),\n"
+        "         'dropped': lambda e, o: o.update(dropped=7),\n"
+        "         'dropx': lambda e, o: o.update(dropped='x')}\n"
         "for name, change in cases.items():\n"
         "    d = base()\n"
         "    change(d['traceEvents'], d['otherData'])\n"
@@ -646,6 +648,8 @@ START_TEST(trace_tools_name_a_field_of_the_wrong_type) {
         {"big", check, 1, "FAIL: bad ts/dur"},
         {"big", skew, 1, "is not a finite number"},
         {"big", draw, 0, "1 malformed event(s) skipped (the first: \"ts\" or \"dur\" is not a finite number)"},
+        {"dropx", check, 1, "FAIL: otherData.dropped is 'x', not a count of spans"},
+        {"dropx", draw, 0, "warning: dropx.json: otherData.dropped is 'x', not a count of spans"},
         /* Python 3.11's json refuses it (older ones read a number: "not an event object" and the like) */
         {"huge", check, 1, ""},
         {"huge", skew, 1, ""},
@@ -659,6 +663,28 @@ START_TEST(trace_tools_name_a_field_of_the_wrong_type) {
         ck_assert_msg(rc == cases[i].rc && strstr(out, cases[i].want) && !strstr(out, "Traceback") &&
                       !strstr(out, "cut short"), "%s: exit %d, want %d and '%s':\n%s", args, rc, cases[i].rc,
                       cases[i].want, out);
+        free(out);
+    }
+    free(root), free(dir);
+}
+END_TEST
+
+/* A trace whose writer dropped spans (its buffer full: otherData.dropped) is drawn by timeline.py and read
+ * by step_skew.py with a warning that says so, in trace_check.py's words — timeline.py drew the gaps with
+ * no word of why, and step_skew.py gave figures from the spans left. */
+START_TEST(timeline_and_step_skew_warn_of_dropped_spans) {
+    if (!have_python()) return;
+    char *dir = test_tmpdir(), cmd[2048], *out, *root = realpath(test_root(), NULL); /* run in dir */
+    write_typed_traces(dir);
+    const char *tools[][2] = {{"timeline.py dropped.json o.svg", "timeline: "}, {"step_skew.py dropped.json", "2 workers"},
+                              {"trace_check.py dropped.json --steps 0:1 --pids 2", "FAIL: "}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "cd %s && python3 %s/tests/%s 2>&1", dir, root, tools[i][0]);
+        int rc = test_run(cmd, &out);
+        ck_assert_msg(rc == (i == 2) && strstr(out, tools[i][1]) &&
+                      strstr(out, "7 spans were dropped (the writer's buffer was full): trace fewer steps") &&
+                      (i == 2 || strstr(out, "warning: ")) && !strstr(out, "Traceback"), "%s: exit %d:\n%s", tools[i][0], rc,
+                      out);
         free(out);
     }
     free(root), free(dir);
@@ -793,6 +819,7 @@ Suite *suite_trace(void) {
     tcase_add_test(tc, step_skew_empty_window_says_why);
     tcase_add_test(tc, trace_check_rejects_broken_files);
     tcase_add_test(tc, trace_tools_name_a_field_of_the_wrong_type);
+    tcase_add_test(tc, timeline_and_step_skew_warn_of_dropped_spans);
     tcase_add_test(tc, merged_trace_counts_dropped_spans);
     tcase_add_test(tc, gpu_trace);
     suite_add_tcase(s, tc);

@@ -12,7 +12,8 @@ documents.
 
 Bad input (a missing, empty, truncated or non-trace file, OUT naming the trace itself, a bad --width)
 is one line "error: ..." saying what to do, exit status 2; spans that lack a field are skipped with a
-warning and the rest is drawn.
+warning and the rest is drawn, and so is a trace whose writer dropped spans (otherData.dropped), with a
+warning that names it as tests/trace_check.py does.
 """
 import argparse
 import collections
@@ -129,7 +130,8 @@ def check_paths(a):
 
 
 def load(path):
-    """The trace's events (a list of dicts), or die naming what is wrong with the file."""
+    """The trace's events (a list of dicts) and what otherData.dropped says (trace_file.dropped: None when
+    the writer dropped no span), or die naming what is wrong with the file."""
     try:
         doc = trace_file.read(path)
     except trace_file.BadTrace as e:
@@ -138,7 +140,7 @@ def load(path):
     if not isinstance(events, list):
         die(f"{path} is JSON but not a Chrome trace (no \"traceEvents\" list) — give the file a stage's "
             f"--trace FILE wrote")
-    return events
+    return events, trace_file.dropped(doc.get("otherData") if isinstance(doc, dict) else None)
 
 
 def sane_span(e):
@@ -166,7 +168,9 @@ def main():
     if not WIDTH_MIN <= a.width <= WIDTH_MAX:
         die(f"--width {a.width}: give the picture's width in pixels, {WIDTH_MIN} to {WIDTH_MAX} (default 1400)")
     check_paths(a)
-    events = load(a.trace)
+    events, dropped = load(a.trace)
+    if dropped:  # the picture would show a gap, or lanes ending early, with no word of why
+        print(f"warning: {a.trace}: {dropped}; the picture lacks them", file=sys.stderr)
 
     pname, tname, torder, porder = {}, {}, {}, {}
     spans, skipped, why_skipped = [], 0, None

@@ -142,9 +142,9 @@ def main():
             stack.append((t0, t1, name))
 
     # the window: each process has the step spans A..B-1 and nothing outside [first step, last step]
-    other = doc.get("otherData") if isinstance(doc.get("otherData"), dict) else {}
-    if other.get("dropped"):
-        bad.append(f"{other['dropped']} spans were dropped (the writer's buffer was full): trace fewer steps")
+    dropped = trace_file.dropped(doc.get("otherData"))
+    if dropped:
+        bad.append(dropped)
     for pid in sorted(procs):
         steps = sorted(e["args"]["n"] for e in spans if e["pid"] == pid and e["name"] == "step")
         if steps != list(range(first, end)):

@@ -3,7 +3,7 @@
 One reader, so that each tool says the same thing of the same broken file: missing, empty (the
 FILE.tmp a killed run leaves), cut short (a run that died writing it), binary, or not JSON — each
 with its fix; and one test of a field that must be a number (a hand-edited file may hold any JSON
-there). Python 3.6+, standard library only.
+there), and one line for the spans the writer dropped. Python 3.6+, standard library only.
 """
 import json
 import math
@@ -40,6 +40,17 @@ def read(path):
         raise BadTrace(f"{path} is not JSON ({where}) — {GIVE}")
     except ValueError as e:  # JSON, but what Python will not read: an integer of over 4300 digits
         raise BadTrace(f"{path} is not a trace ({e}) — {GIVE}")
+
+
+def dropped(other):
+    """What otherData.dropped (other: the trace's otherData) tells, as one line — the spans the writer had
+    no room for, or a hand-edited value that is no count — or None when nothing was dropped."""
+    n = other.get("dropped") if isinstance(other, dict) else None
+    if n is None or n == 0 and type(n) is int:
+        return None
+    if type(n) is not int or n < 0:
+        return f"otherData.dropped is {n!r}, not a count of spans — give the file a stage's --trace FILE wrote"
+    return f"{n} spans were dropped (the writer's buffer was full): trace fewer steps"
 
 
 def is_number(v):
