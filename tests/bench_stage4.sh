@@ -31,7 +31,8 @@ bench_ints "[STEPS=N] [STEPS4=N] [K=N] [BENCH_FLAGS=\"...\"] [BENCH_OUT=DIR] bas
 # here, and on shared hosts it can take the GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${BENCH_OUT:-runs/bench_stage4}
-STEPS=${STEPS:-300}    # timed optimizer steps of the stage 1 / stage 3 rows
+STEPS=${STEPS:-300}    # the stage 1 / stage 3 rows run STEPS + 5 optimizer steps: the first 5 are warm-up, and
+                       # each epoch's last step is not timed either, so the median is over a few fewer than STEPS
 K=${K:-4}
 STEPS4=${STEPS4:-$(( (STEPS + K - 1) / K * 2 ))} # stage 4 steps are K× longer: fewer, still hundreds of micro-steps
 if [[ " ${BENCH_FLAGS:-} " =~ [[:space:]]--device(=|[[:space:]]+)cpu[[:space:]] ]]; then
