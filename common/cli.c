@@ -378,6 +378,13 @@ static int opt_set(const Option *o, const char *v) {
     }
     case OPT_STR: /* an empty value would read as "not given" (--resume "" trains from scratch) */
         if (v[0] == 0) die_user("--%s got an empty value: give it %s, or leave the flag out", o->name, opt_metavar(o));
+        /* --report " " (a variable that held a space) wrote a file named " " */
+        if (v[strspn(v, " \t\n")] == 0)
+            die_user("--%s got only spaces: give it %s, or leave the flag out", o->name, opt_metavar(o));
+        /* "-" is standard output or input to most tools: --report - wrote a file named "-" instead */
+        if (!strcmp(v, "-") && strcmp(opt_metavar(o), "STR"))
+            die_user("--%s '-': no flag here reads or writes standard input or output — give --%s a %s (write ./- "
+                     "for one really named '-')", o->name, o->name, opt_metavar(o));
         /* The shell expands ~ only at the start of a word: --save=~/ck reaches us as a folder named "~"
          * in the current one, which a later `rm -rf ~` to clean it up would make a disaster. */
         if (v[0] == '~')

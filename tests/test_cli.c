@@ -244,6 +244,14 @@ START_TEST(test_bad_choices_and_syntax) {
     REFUSED(A("--save", "-h"), "--save needs a value, got option '-h' instead");
     REFUSED(A("--epochs", "-h"), "--epochs needs a value, got option '-h' instead");
     REFUSED(A("--data", "~"), "--data '~' starts with '~'");
+    /* a variable that held a space, and "-" for standard output: --report " " and --report - wrote files of
+     * those names here, and --trace - a trace named "-" */
+    REFUSED(A("--report", " "), "--report got only spaces", "give it FILE, or leave the flag out");
+    REFUSED(A("--data=\t"), "--data got only spaces");
+    REFUSED(A("--report", "-"), "--report '-': no flag here reads or writes standard input or output",
+            "give --report a FILE (write ./- for one really named '-')");
+    REFUSED(A("--trace=-"), "--trace '-'", "give --trace a FILE");
+    REFUSED(A("--save", "-"), "--save '-'", "give --save a DIR");
     REFUSED(A("--deterministic=1"), "--deterministic is a flag", "'1'");
     REFUSED(A("--pin-memory=true"), "--pin-memory");
     REFUSED(A("train"), "unexpected argument 'train'");
