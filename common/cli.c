@@ -938,10 +938,10 @@ static void check_output_dir(const TrainConfig *c, const char *flag, const char 
 
 /* The directory a file will be created in takes one: a directory without write permission, a read-only
  * mount, or a pseudo-filesystem that stat calls a directory (/sys, /proc) refused the trace's .tmp only
- * after the run header (stages 3–5: in every worker, after the launch). access(W_OK) is no test of it
+ * after the run header, and stages 3–5's report and trace after the launch. access(W_OK) is no test of it
  * (root passes, and it knows nothing of /sys): a file is made there and removed at once, under a name
  * of this process's own (mkstemp), so that ranks checking one directory at the same time never meet. */
-static void check_dir_takes_files(const char *flag, const char *path) {
+static void check_dir_takes_files(const char *flag, const char *path, const char *example) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) return; /* a device (/dev/null) is written in place */
     char *dir = path_dir(path), *probe = NULL;
@@ -951,7 +951,7 @@ static void check_dir_takes_files(const char *flag, const char *path) {
     int fd = mkostemp(probe, O_CLOEXEC);
     if (fd < 0)
         die_user("%s '%s': cannot create a file in directory '%s' (%s) — give %s a path in a directory you can "
-                 "write (e.g. ./%s)", flag, path, dir, errno_string(), flag, base[0] ? base : "trace.json");
+                 "write (e.g. ./%s)", flag, path, dir, errno_string(), flag, base[0] ? base : example);
     close(fd);
     unlink(probe);
     free(probe), free(dir);
@@ -1172,6 +1172,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         check_output_dir(c, "--report", c->report);
         check_output("--report", "--report", c->report, "report.jsonl");
         check_not_clobbering(c, "--report", c->report);
+        check_dir_takes_files("--report", c->report, "report.jsonl");
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
@@ -1185,7 +1186,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         free(tmp);
         check_rank_files(c->trace);
         check_not_clobbering(c, "--trace", c->trace);
-        check_dir_takes_files("--trace", c->trace);
+        check_dir_takes_files("--trace", c->trace, "trace.json");
         /* One process (stages 1 and 2, which have no --nproc-per-node): the file another run is writing,
          * or another user's, refused now as trace_configure would after the run header. Stages 3–5's
          * launcher does this for every rank (launch.c); a worker must not, its rank 0 may hold the lock. */

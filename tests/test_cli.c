@@ -415,6 +415,9 @@ START_TEST(test_resolve_paths) {
     free(long_path);
     REFUSED(A("--data", file), "--data", "not a directory");
     REFUSED(A("--report", report_missing), "--report", "does not exist");
+    /* a directory that takes no file (/proc does not, even for root): stages 3–5 found it after the launch */
+    REFUSED(A("--report", "/proc/r.jsonl"), "--report '/proc/r.jsonl': cannot create a file in directory '/proc'",
+            "give --report a path in a directory you can write (e.g. ./r.jsonl)");
     REFUSED(A("--report", dir), "--report", "is a directory");
     REFUSED(A("--save", file), "--save", "not a directory");
 

@@ -313,7 +313,8 @@ END_TEST
 
 /* A directory that takes no file (no write permission, a read-only mount, /proc or /sys): refused with the
  * other flag checks, naming the fix — it was found only when the trace's .tmp was opened, after the run
- * header, and in stages 3–5 by every worker after the launch. /proc refuses new files even to root. */
+ * header, and in stages 3–5 by every worker after the launch (--report by rank 0, likewise). /proc refuses
+ * new files even to root. */
 START_TEST(trace_directory_without_room_is_refused_up_front) {
     for (int stage = 1; stage <= 5; stage++) {
         char cmd[2048], *out;
@@ -325,6 +326,14 @@ START_TEST(trace_directory_without_room_is_refused_up_front) {
                       !strstr(out, "launching"), "stage %d: exit %d:\n%s", stage, rc, out);
         free(out);
     }
+    /* --report likewise: stages 3–5's rank 0 found it after the launch */
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage3 " SMALL " --steps 1 --report /proc/r.jsonl --nproc-per-node 2 "
+             "--standalone", test_root());
+    int rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "--report '/proc/r.jsonl': cannot create a file in directory '/proc'") &&
+                  !strstr(out, "launching"), "stage 3: exit %d:\n%s", rc, out);
+    free(out);
 }
 END_TEST
 
