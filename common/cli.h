@@ -119,6 +119,10 @@ Option *config_options(TrainConfig *c, const Option *extra);
  * launcher): it takes the directory's lock for the rest of its life (checkpoint_lock), before it
  * checks what the directory holds. */
 void config_resolve(TrainConfig *c, int cuda, int saver);
+/* The directory path's file will be created in takes a new file (a file of this process's own name is
+ * made there and removed): refused, naming flag and the fix (example: a file name to suggest), when it
+ * does not — no write permission, a read-only mount, /proc or /sys. A device (/dev/null) passes. */
+void cli_check_dir_takes_files(const char *flag, const char *path, const char *example);
 /* What --evaluate makes of a flag: 1 it still counts (what the model is, how its forward runs, the
  * test data, where the job runs, what is reported), 0 only training reads it (refused with
  * --evaluate), −1 a flag this list does not know yet (a test keeps every stage's table classified). */

@@ -791,7 +791,10 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
 
     /* Outputs another run is writing (or another user's): refused here, with the workers' own message,
      * before a rendezvous that every rank would wait through for rank 0 to find it. */
-    if (cfg->node_rank == 0) report_check_free(cfg->report); /* rank 0 writes it */
+    if (cfg->node_rank == 0) { /* rank 0 writes it */
+        report_check_free(cfg->report);
+        cli_check_dir_takes_files("--report", cfg->report, "report.jsonl");
+    }
     trace_check_free(cfg->trace, first, n, world);
     if (cfg->train_size > 0) sampler_shard_size(cfg->train_size, world, cfg->drop_last); /* each rank would, alike */
     double need = n * cfg->data_bytes, have = host_mem_available(); /* every worker holds both sets whole */
