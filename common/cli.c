@@ -941,10 +941,11 @@ static void check_output_dir(const TrainConfig *c, const char *flag, const char 
  * after the run header, and stages 3–5's report and trace after the launch. access(W_OK) is no test of it
  * (root passes, and it knows nothing of /sys): a file is made there and removed at once, under a name
  * of this process's own (mkstemp), so that ranks checking one directory at the same time never meet. */
-void cli_check_dir_takes_files(const char *flag, const char *path, const char *example) {
+void cli_check_dir_takes_files(const char *flag, const char *path, const char *example, int in_place) {
     struct stat st;
     if (!path || !path[0]) return;
-    if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) return; /* a device (/dev/null) is written in place */
+    const int exists = stat(path, &st) == 0;
+    if (exists && (S_ISCHR(st.st_mode) || in_place)) return; /* written where it is (a device: /dev/null) */
     char *dir = path_dir(path), *probe = NULL;
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
     if (asprintf(&probe, "%s/.%.40s.probe.XXXXXX", dir, base) < 0)
@@ -1176,7 +1177,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         /* rank 0 writes it: stages 3–5's launcher of node 0 checks (launch.c) — another node's rank may
          * have no such directory to write in, and needs none */
         if (!(last_table && find_option(last_table, "nproc-per-node", strlen("nproc-per-node"))))
-            cli_check_dir_takes_files("--report", c->report, "report.jsonl");
+            cli_check_dir_takes_files("--report", c->report, "report.jsonl", 1);
     }
     int64_t ta, tb;
     trace_parse_steps(c->trace_steps, &ta, &tb); /* checked even without --trace: a typo is refused */
@@ -1190,7 +1191,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         free(tmp);
         check_rank_files(c->trace);
         check_not_clobbering(c, "--trace", c->trace);
-        cli_check_dir_takes_files("--trace", c->trace, "trace.json"); /* every rank writes one there */
+        cli_check_dir_takes_files("--trace", c->trace, "trace.json", 0); /* every rank writes one there */
         /* One process (stages 1 and 2, which have no --nproc-per-node): the file another run is writing,
          * or another user's, refused now as trace_configure would after the run header. Stages 3–5's
          * launcher does this for every rank (launch.c); a worker must not, its rank 0 may hold the lock. */

@@ -121,8 +121,9 @@ Option *config_options(TrainConfig *c, const Option *extra);
 void config_resolve(TrainConfig *c, int cuda, int saver);
 /* The directory path's file will be created in takes a new file (a file of this process's own name is
  * made there and removed): refused, naming flag and the fix (example: a file name to suggest), when it
- * does not — no write permission, a read-only mount, /proc or /sys. A device (/dev/null) passes. */
-void cli_check_dir_takes_files(const char *flag, const char *path, const char *example);
+ * does not — no write permission, a read-only mount, /proc or /sys. A device (/dev/null) passes, and so
+ * does an existing file that is written in place (in_place: --report; --trace writes FILE.tmp first). */
+void cli_check_dir_takes_files(const char *flag, const char *path, const char *example, int in_place);
 /* What --evaluate makes of a flag: 1 it still counts (what the model is, how its forward runs, the
  * test data, where the job runs, what is reported), 0 only training reads it (refused with
  * --evaluate), −1 a flag this list does not know yet (a test keeps every stage's table classified). */

@@ -793,7 +793,7 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
      * before a rendezvous that every rank would wait through for rank 0 to find it. */
     if (cfg->node_rank == 0) { /* rank 0 writes it */
         report_check_free(cfg->report);
-        cli_check_dir_takes_files("--report", cfg->report, "report.jsonl");
+        cli_check_dir_takes_files("--report", cfg->report, "report.jsonl", 1);
     }
     trace_check_free(cfg->trace, first, n, world);
     if (cfg->train_size > 0) sampler_shard_size(cfg->train_size, world, cfg->drop_last); /* each rank would, alike */

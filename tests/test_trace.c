@@ -334,6 +334,35 @@ START_TEST(trace_directory_without_room_is_refused_up_front) {
     ck_assert_msg(rc == 2 && strstr(out, "--report '/proc/r.jsonl': cannot create a file in directory '/proc'") &&
                   !strstr(out, "launching"), "stage 3: exit %d:\n%s", rc, out);
     free(out);
+    /* …but a --report file already there is written in place: its directory need not take new files. A
+     * directory this user may not write (root drops its power to write any file first, as
+     * test_unwritable_file does), holding a report file it may; a new name there is refused. */
+    const int root = geteuid() == 0;
+    const char *as = root ? "setpriv --bounding-set -dac_override,-dac_read_search " : "";
+    if (root && system("setpriv --bounding-set -dac_override,-dac_read_search true > /dev/null 2>&1") != 0) {
+        printf("SKIP: trace: a --report file in a read-only directory — running as root, and setpriv is missing or "
+               "may not drop root's power to write any file here (CAP_SETPCAP)\n");
+        return;
+    }
+    char *dir = test_tmpdir(), path[700];
+    snprintf(path, sizeof path, "%s/r.jsonl", dir);
+    test_write_text(path, "");
+    ck_assert_int_eq(chmod(path, 0666), 0);
+    ck_assert_int_eq(chmod(dir, 0555), 0);
+    for (int stage = 1; stage <= 3; stage += 2) {
+        snprintf(cmd, sizeof cmd, "%stimeout -k 5 60 %s/stage%d " SMALL " --steps 1 --report %s%s", as, test_root(),
+                 stage, path, stage == 3 ? " --nproc-per-node 2 --standalone" : "");
+        rc = test_run(cmd, &out);
+        ck_assert_msg(rc == 0 && strstr(out, "summary:"), "stage %d, a report file in place: exit %d:\n%s", stage, rc,
+                      out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "%s%s/stage1 " SMALL " --steps 1 --report %s/new.jsonl", as, test_root(), dir);
+    rc = test_run(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, "cannot create a file in directory"), "a new report: exit %d:\n%s", rc, out);
+    free(out);
+    ck_assert_int_eq(chmod(dir, 0755), 0); /* for the cleanup */
+    free(dir);
 }
 END_TEST
 
