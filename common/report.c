@@ -39,12 +39,24 @@ void report_check_free(const char *json_path) {
     if (file_locked_by_another(json_path)) report_busy(json_path);
 }
 
+/* The "step" a record holds (",\"step\":N", as json_int writes it; a quote after a comma is never inside
+ * a string, where json_write_str escapes it), or −1 when it has none. */
+static int64_t record_step(const char *line) {
+    const char *p = strstr(line, ",\"step\":");
+    return p ? strtoll(p + 8, NULL, 10) : -1;
+}
+
 /* The report on fd is the log of the run that --resume continues: its last "checkpoint" record (a
- * line {"type":"checkpoint","path":"…",…}, as run_save writes it) names that very file. A run
+ * line {"type":"checkpoint","path":"…","step":S}, as run_save writes it) names that very file. A run
  * stopped by a signal says to resume with "this same command", --report and all: emptying the file
  * then lost every record of the steps before the stop. A path that no longer leads to the file
- * continues nothing. */
-static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut) {
+ * continues nothing. A run that went on past that checkpoint and ended without saving again (killed,
+ * a node lost, diverged) left records of steps after S, which this run trains again: *drop gets the
+ * offset of the first line after the checkpoint record that holds a step past S (what follows it is
+ * that run's), or −1, and dropped[] the first and last steps from there — as PyTorch's
+ * SummaryWriter(purge_step=S + 1) drops a crashed run's later events. */
+static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut,
+                            off_t *drop, int64_t dropped[2]) {
     static const char head[] = "{\"type\":\"checkpoint\",\"path\":\"";
     struct stat want, got;
     int rd = open(json_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); /* the write end cannot read */
@@ -57,10 +69,21 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     char *line = NULL, *last = NULL;
     size_t cap = 0;
     ssize_t len;
-    *cut = 0;
+    off_t at = 0;
+    int64_t saved = -1; /* the last checkpoint record's step */
+    *cut = 0, *drop = -1;
     while ((len = getline(&line, &cap, f)) > 0) {
-        if (!strncmp(line, head, sizeof head - 1)) free(last), last = xstrdup(line + sizeof head - 1);
+        const int64_t step = record_step(line);
+        if (!strncmp(line, head, sizeof head - 1)) {
+            free(last), last = xstrdup(line + sizeof head - 1);
+            saved = step, *drop = -1;
+        } else if (last && *drop < 0 && saved >= 0 && step > saved) {
+            *drop = at, dropped[0] = dropped[1] = step;
+        } else if (*drop >= 0 && step > dropped[1]) {
+            dropped[1] = step;
+        }
         *cut = line[len - 1] != '\n'; /* the last line cut short: a run killed as it wrote */
+        at += (off_t)len;
     }
     free(line);
     fclose(f);
@@ -114,12 +137,24 @@ void report_open_resumed(Report *r, const char *json_path, const char *progress_
         if (S_ISREG(st.st_mode) && fcntl(fd, F_OFD_SETLK, &lk) != 0 && (errno == EAGAIN || errno == EACCES))
             report_busy(json_path);
         int cut = 0;
-        if (S_ISREG(st.st_mode) && resumed && resumed[0] && report_continues(json_path, &st, resumed, &cut)) {
+        off_t drop = -1;
+        int64_t dropped[2] = {0, 0};
+        if (S_ISREG(st.st_mode) && resumed && resumed[0] &&
+            report_continues(json_path, &st, resumed, &cut, &drop, dropped)) {
             /* a line cut short ends before this run's first, which would otherwise be glued to it */
-            if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0 || (cut && write(fd, "\n", 1) != 1))
+            if ((drop >= 0 && ftruncate(fd, drop) != 0) || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_APPEND) != 0 ||
+                (cut && drop < 0 && write(fd, "\n", 1) != 1))
                 die_user("cannot append to --report file '%s': %s", json_path, errno_string());
             printf("note: --report '%s' is the log of the run that --resume '%s' continues (its last checkpoint "
                    "record): this run appends its records to it\n", json_path, resumed);
+            if (drop >= 0) {
+                char steps[64];
+                if (dropped[0] == dropped[1]) snprintf(steps, sizeof steps, "step %lld", (long long)dropped[0]);
+                else snprintf(steps, sizeof steps, "steps %lld to %lld", (long long)dropped[0], (long long)dropped[1]);
+                printf("note: --report '%s' goes on past that checkpoint, with records of %s from a run that ended "
+                       "without saving them (killed, or diverged): they are dropped, as this run trains those steps "
+                       "again\n", json_path, steps);
+            }
         } else if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
             die_user("cannot truncate --report file '%s': %s", json_path, errno_string());
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);

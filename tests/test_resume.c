@@ -131,6 +131,42 @@ START_TEST(a_resumed_run_continues_its_report) {
 }
 END_TEST
 
+/* A job killed after its epoch-1 checkpoint (rank 0 SIGKILLed at step 7: a lost node, the OOM killer)
+ * left report records of steps 5 and 6, past that checkpoint's step 4; resumed from it with the same
+ * command, it trains them again. The report then holds each step once, every loss the uninterrupted
+ * run's, and says what it dropped — it used to hold steps 5 and 6 twice, the dead run's and the
+ * resumed one's. The records of the steps up to the checkpoint written after it (the epoch's "comm"
+ * records) stay. */
+START_TEST(a_report_past_its_checkpoint_is_cut_back_on_resume) {
+    char *dir = test_tmpdir(), args[2048], path[700], *out;
+    double a[64], b[64];
+    const char *flags = TINY " --train-size 64 --batch-size 8 --epochs 2 --log-every 1 --nproc-per-node 2";
+    snprintf(args, sizeof args, "%s --report %s/whole.jsonl", flags, dir);
+    run_ok("stage3", args);
+    snprintf(path, sizeof path, "%s/whole.jsonl", dir);
+    const int total = test_read_losses(path, a, 64);
+    ck_assert_int_eq(total, 8); /* 4 steps an epoch */
+    snprintf(args, sizeof args, "%s --save %s/ck --report %s/run.jsonl", flags, dir, dir);
+    setenv("STAGE3_FAIL_AT", "0:7:KILL", 1);
+    int rc = run("stage3", args, &out);
+    unsetenv("STAGE3_FAIL_AT");
+    snprintf(path, sizeof path, "%s/run.jsonl", dir);
+    ck_assert_msg(rc != 0 && test_read_losses(path, b, 64) == 6, "exit %d, %d steps:\n%s", rc,
+                  test_read_losses(path, b, 64), out);
+    free(out);
+    snprintf(args, sizeof args, "%s --save %s/ck --report %s/run.jsonl --resume %s/ck/epoch001.ckpt", flags, dir, dir,
+             dir);
+    ok_saying("stage3", args, "this run appends its records to it",
+              "with records of steps 5 to 6 from a run that ended without saving them");
+    ck_assert_int_eq(test_read_losses(path, b, 64), total);
+    for (int i = 0; i < total; i++) ck_assert_msg(a[i] == b[i], "step %d: %.9g vs %.9g", i + 1, a[i], b[i]);
+    double comm[64];
+    ck_assert_int_eq(test_report_series(path, "comm", "step", comm, 64), total); /* steps 1–4's, 1–4 written after */
+    for (int i = 0; i < total; i++) ck_assert_msg(comm[i] == i + 1, "comm record %d is step %g", i + 1, comm[i]);
+    free(dir);
+}
+END_TEST
+
 /* --warmup-steps: every step's lr is torch's SequentialLR([LinearLR, CosineAnnealingLR]) (the fixture's
  * "cosine+warmup=3,0.25" case: 3 epochs of 3 steps); a run stopped inside the warm-up and resumed ends
  * where the uninterrupted one ends, bit for bit; a resume under another warm-up continues, saying where
@@ -1985,6 +2021,10 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, evaluate_takes_the_checkpoints_model);
     tcase_add_test(tc, a_checkpoint_is_a_pytorch_model);
     suite_add_tcase(s, tc);
+    TCase *cut = tcase_create("report_past_checkpoint"); /* its own case: CK_RUN_CASE=report_past_checkpoint */
+    tcase_set_timeout(cut, 300);
+    tcase_add_test(cut, a_report_past_its_checkpoint_is_cut_back_on_resume);
+    suite_add_tcase(s, cut);
     TCase *keep = tcase_create("regrouped_save_dir"); /* its own case: CK_RUN_CASE=regrouped_save_dir */
     tcase_set_timeout(keep, 300);
     tcase_add_test(keep, keep_last_leaves_the_line_a_regrouped_resume_came_from);
