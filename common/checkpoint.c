@@ -293,8 +293,8 @@ static void fsync_dir_of(const char *path) {
     free(dir);
 }
 
-void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
-                     const float *buffers, const float *momentum, const float *exp_avg_sq) {
+uint64_t checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
+                         const float *buffers, const float *momentum, const float *exp_avg_sq) {
     ASSERT((meta->optimizer == CKPT_OPT_ADAM) == (exp_avg_sq != NULL));
     size_t plen = strlen(path);
     char *tmp = xmalloc(plen + 5);
@@ -320,6 +320,7 @@ void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *
     if (rename(tmp, path) != 0) save_fail(tmp, -1, "rename to final name", path, errno);
     fsync_dir_of(path);
     free(tmp);
+    return h;
 }
 
 /* ----------------------------------------------------------------------------------------------
@@ -514,6 +515,18 @@ int checkpoint_peek_meta(const char *path, CheckpointMeta *m) {
     close(f);
     if (ok) header_decode(h, m);
     return ok;
+}
+
+int checkpoint_file_checksum(const char *path, uint64_t *sum) {
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) return 0;
+    struct stat st;
+    unsigned char magic[8], end[8];
+    int yes = fstat(f, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= CKPT_HEADER_V1 + 8 &&
+              pread(f, magic, 8, 0) == 8 && !memcmp(magic, CKPT_MAGIC, 8) && pread(f, end, 8, st.st_size - 8) == 8;
+    close(f);
+    if (yes) *sum = get_u64(end);
+    return yes;
 }
 
 int checkpoint_is_one(const char *path) {

@@ -94,8 +94,8 @@ enum { CKPT_SCHED_UNKNOWN = 0, CKPT_SCHED_CONST = 1, CKPT_SCHED_COSINE = 2 };
 
 /* Write atomically. params/momentum have n_params floats, buffers n_buffers floats (host memory);
  * exp_avg_sq (n_params floats) is given exactly when meta->optimizer is Adam (momentum is then its
- * exp_avg), NULL for SGD. */
-void checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
+ * exp_avg), NULL for SGD. Returns the file's checksum (its last 8 bytes: checkpoint_file_checksum). */
+uint64_t checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
                      const float *buffers, const float *momentum, const float *exp_avg_sq);
 
 /* Read and verify `path` against `expect` (arch, norm, n_params, n_buffers, shape_hash and the
@@ -145,6 +145,12 @@ void checkpoint_lock_check(const char *dir);
  * regular file with a readable header of a version this trainer knows, 0 otherwise (checkpoint_load
  * says what is wrong with it). */
 int checkpoint_peek_meta(const char *path, CheckpointMeta *m);
+
+/* The checksum a checkpoint file ends with (what checkpoint_save returned for it; unverified): 1 and
+ * *sum when path is a regular file of at least a header and a checksum that starts with the magic, 0
+ * otherwise. Two files with one checksum hold one checkpoint, wherever they are (a report's record
+ * names a file by it too: report.c). Never blocks. */
+int checkpoint_file_checksum(const char *path, uint64_t *sum);
 
 /* 1 if path is a regular file that starts with a checkpoint's magic (whatever its version or state):
  * what --report / --trace must never truncate. Never blocks (a FIFO is not one). */

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checkpoint.h" /* checkpoint_file_checksum: which checkpoint a report's record names */
 #include "errors.h"
 #include "stop.h" /* stop_requested */
 
@@ -47,11 +48,11 @@ static int64_t record_step(const char *line) {
 }
 
 /* The report on fd is the log of the run that --resume continues: its last "checkpoint" record (a
- * line {"type":"checkpoint","path":"…","step":S}, as run_save writes it) names that very file. A run
- * stopped by a signal says to resume with "this same command", --report and all: emptying the file
- * then lost every record of the steps before the stop. A path that no longer leads to the file
- * continues nothing. A run that went on past that checkpoint and ended without saving again (killed,
- * a node lost, diverged) left records of steps after S, which this run trains again: *drop gets the
+ * line {"type":"checkpoint","path":"…","step":S,"checksum":"…"}, as run_save writes it) names that very
+ * file, by its checksum. A run stopped by a signal says to resume with "this same command", --report
+ * and all: emptying the file then lost every record of the steps before the stop. A run that went on
+ * past that checkpoint and ended without saving again (killed, a node lost, diverged) left records of
+ * steps after S, which this run trains again: *drop gets the
  * offset of the first line after the checkpoint record that holds a step past S (what follows it is
  * that run's), or −1, and dropped[] the first and last steps from there — as PyTorch's
  * SummaryWriter(purge_step=S + 1) drops a crashed run's later events. */
@@ -87,13 +88,24 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     }
     free(line);
     fclose(f);
-    /* the path as json_write_str wrote it, up to its closing quote; one it had to escape (a quote, a
-     * backslash, a control or non-UTF-8 byte) is not decoded: such a report is started afresh */
-    size_t n = last ? strcspn(last, "\"\\") : 0;
-    int same = last && last[n] == '"' && stat(resumed, &want) == 0;
-    if (same) {
-        last[n] = 0;
-        same = stat(last, &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino;
+    if (!last) return 0;
+    /* The file the record names: the same checksum (the record's, checkpoint_save's), wherever it is now —
+     * resumed from another directory, the record's relative path leads nowhere, or elsewhere; moved, its
+     * path is another — or, for a record without one (an older build's), its path, as json_write_str
+     * wrote it, up to its closing quote; one it had to escape (a quote, a backslash, a control or
+     * non-UTF-8 byte) is not decoded: such a report is started afresh */
+    const char *ck = strstr(last, ",\"checksum\":\"");
+    char *end = NULL;
+    uint64_t sum = 0, was = ck ? strtoull(ck + 13, &end, 16) : 0;
+    int same = 0;
+    if (ck && end == ck + 29 && *end == '"') {
+        same = checkpoint_file_checksum(resumed, &sum) && sum == was;
+    } else {
+        size_t n = strcspn(last, "\"\\");
+        if (last[n] == '"' && stat(resumed, &want) == 0) {
+            last[n] = 0;
+            same = stat(last, &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino;
+        }
     }
     free(last);
     return same;

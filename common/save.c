@@ -143,13 +143,17 @@ void run_save(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
     /* epochNNN = NNN epochs completed; stepNNN = stopped inside an epoch after NNN steps */
     char *path = checkpoint_path(c->save, epoch, r->step, end_of_epoch);
     stop_save_begin(); /* a failure elsewhere waits for this write (stop.h) */
-    checkpoint_save(path, &meta, p, buf, mom, sq);
+    const uint64_t sum = checkpoint_save(path, &meta, p, buf, mom, sq);
     report_printf(&r->report, "saved checkpoint %s\n", path);
     stop_save_end();
     prune_checkpoints(c->keep_last, path);
     json_begin(&r->report, "checkpoint");
     json_str(&r->report, "path", path);
     json_int(&r->report, "step", r->step);
+    char hex[17]; /* the file's own checksum: a --resume of it from another directory, or after it moved,
+                   * is still known for this run's file (report.c) */
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
+    json_str(&r->report, "checksum", hex);
     json_end(&r->report);
     free(r->last_saved);
     r->last_saved = path;

@@ -167,6 +167,45 @@ START_TEST(a_report_past_its_checkpoint_is_cut_back_on_resume) {
 }
 END_TEST
 
+/* A stopped run resumed from another directory (a job script that cd's elsewhere, absolute paths
+ * where the first run gave relative ones) or after its folder moved still continues its report: the
+ * report's checkpoint record names the file by its checksum too, not only by the path as the first
+ * run, in its own directory, wrote it. That path leads nowhere from here, and the report, its steps 1
+ * to 5, used to be emptied without a word. */
+START_TEST(a_report_continues_from_another_directory_or_a_moved_one) {
+    char *dir = test_tmpdir(), cmd[12288], path[700], *out, root[4096];
+    double a[64], b[64];
+    const char *flags = TINY " --train-size 64 --batch-size 8 --epochs 2 --log-every 1";
+    ck_assert(realpath(test_root(), root)); /* the runs below start in other directories */
+    snprintf(cmd, sizeof cmd, "%s --report %s/whole.jsonl", flags, dir);
+    run_ok("stage1", cmd);
+    snprintf(path, sizeof path, "%s/whole.jsonl", dir);
+    const int total = test_read_losses(path, a, 64);
+    ck_assert_int_eq(total, 16);
+    /* stopped at step 5 in DIR/a, with paths relative to it */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/a && cd %s/a && " LIMIT "%s/stage1 %s --steps 5 --save ck --report run.jsonl",
+             dir, dir, root, flags);
+    ck_assert_msg(test_run(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* resumed from DIR: "ck/step00000005.ckpt" is no file there */
+    snprintf(cmd, sizeof cmd, "cd %s && " LIMIT "%s/stage1 %s --steps 10 --save a/ck --report a/run.jsonl --resume "
+             "a/ck/step00000005.ckpt", dir, root, flags);
+    ck_assert_msg(test_run(cmd, &out) == 0 && strstr(out, "this run appends its records to it"), "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/a/run.jsonl", dir);
+    ck_assert_int_eq(test_read_losses(path, b, 64), 10);
+    /* the folder moved, resumed from inside its new name: the record's path "a/ck/step00000010.ckpt" is gone */
+    snprintf(cmd, sizeof cmd, "mv %s/a %s/b && cd %s/b && " LIMIT "%s/stage1 %s --save ck --report run.jsonl --resume "
+             "ck/step00000010.ckpt", dir, dir, dir, root, flags);
+    ck_assert_msg(test_run(cmd, &out) == 0 && strstr(out, "this run appends its records to it"), "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/b/run.jsonl", dir);
+    ck_assert_int_eq(test_read_losses(path, b, 64), total);
+    for (int i = 0; i < total; i++) ck_assert_msg(a[i] == b[i], "step %d: %.9g vs %.9g", i + 1, a[i], b[i]);
+    free(dir);
+}
+END_TEST
+
 /* --warmup-steps: every step's lr is torch's SequentialLR([LinearLR, CosineAnnealingLR]) (the fixture's
  * "cosine+warmup=3,0.25" case: 3 epochs of 3 steps); a run stopped inside the warm-up and resumed ends
  * where the uninterrupted one ends, bit for bit; a resume under another warm-up continues, saying where
@@ -2021,9 +2060,10 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, evaluate_takes_the_checkpoints_model);
     tcase_add_test(tc, a_checkpoint_is_a_pytorch_model);
     suite_add_tcase(s, tc);
-    TCase *cut = tcase_create("report_past_checkpoint"); /* its own case: CK_RUN_CASE=report_past_checkpoint */
+    TCase *cut = tcase_create("resumed_report"); /* its own case: CK_RUN_CASE=resumed_report */
     tcase_set_timeout(cut, 300);
     tcase_add_test(cut, a_report_past_its_checkpoint_is_cut_back_on_resume);
+    tcase_add_test(cut, a_report_continues_from_another_directory_or_a_moved_one);
     suite_add_tcase(s, cut);
     TCase *keep = tcase_create("regrouped_save_dir"); /* its own case: CK_RUN_CASE=regrouped_save_dir */
     tcase_set_timeout(keep, 300);
