@@ -52,10 +52,10 @@ static int64_t record_step(const char *line) {
  * file, by its checksum. A run stopped by a signal says to resume with "this same command", --report
  * and all: emptying the file then lost every record of the steps before the stop. A run that went on
  * past that checkpoint and ended without saving again (killed, a node lost, diverged) left records of
- * steps after S, which this run trains again: *drop gets the
- * offset of the first line after the checkpoint record that holds a step past S (what follows it is
- * that run's), or −1, and dropped[] the first and last steps from there — as PyTorch's
- * SummaryWriter(purge_step=S + 1) drops a crashed run's later events. */
+ * steps after S, which this run trains again: *drop gets the offset of the first line after the
+ * checkpoint record that holds a step past S (what follows it is that run's) — or of the "config"
+ * records the file ends with (below) —, or −1, and dropped[] the first and last steps from there, as
+ * PyTorch's SummaryWriter(purge_step=S + 1) drops a crashed run's later events. */
 static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut,
                             off_t *drop, int64_t dropped[2]) {
     static const char head[] = "{\"type\":\"checkpoint\",\"path\":\"";
@@ -70,11 +70,13 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     char *line = NULL, *last = NULL;
     size_t cap = 0;
     ssize_t len;
-    off_t at = 0;
+    off_t at = 0, idle = -1; /* idle: where the "config" records the file ends with, after the checkpoint's, begin */
     int64_t saved = -1; /* the last checkpoint record's step */
     *cut = 0, *drop = -1;
     while ((len = getline(&line, &cap, f)) > 0) {
         const int64_t step = record_step(line);
+        if (last && !strncmp(line, "{\"type\":\"config\",", 17)) idle = idle < 0 ? at : idle;
+        else idle = -1;
         if (!strncmp(line, head, sizeof head - 1)) {
             free(last), last = xstrdup(line + sizeof head - 1);
             saved = step, *drop = -1;
@@ -89,6 +91,10 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     free(line);
     fclose(f);
     if (!last) return 0;
+    /* A run that wrote its "config" record and nothing after it trained nothing: a --resume refused
+     * (another --seed, --batch-size …) before this one, or a run killed in its first steps. Its record
+     * would read as a run of its own: dropped too (dropped[0] stays 0: no step to name). */
+    if (*drop < 0 && idle >= 0) *drop = idle, dropped[0] = dropped[1] = 0;
     /* The file the record names: the same checksum (the record's, checkpoint_save's), wherever it is now —
      * resumed from another directory, the record's relative path leads nowhere, or elsewhere; moved, its
      * path is another — or, for a record without one (an older build's), its path, as json_write_str
@@ -159,7 +165,7 @@ void report_open_resumed(Report *r, const char *json_path, const char *progress_
                 die_user("cannot append to --report file '%s': %s", json_path, errno_string());
             printf("note: --report '%s' is the log of the run that --resume '%s' continues (its last checkpoint "
                    "record): this run appends its records to it\n", json_path, resumed);
-            if (drop >= 0) {
+            if (drop >= 0 && dropped[0] > 0) {
                 char steps[64];
                 if (dropped[0] == dropped[1]) snprintf(steps, sizeof steps, "step %lld", (long long)dropped[0]);
                 else snprintf(steps, sizeof steps, "steps %lld to %lld", (long long)dropped[0], (long long)dropped[1]);

@@ -206,6 +206,36 @@ START_TEST(a_report_continues_from_another_directory_or_a_moved_one) {
 }
 END_TEST
 
+/* A --resume refused (here another --seed) has written its "config" record when it is refused: the
+ * report it continues used to keep that record of a run that trained nothing, and every refused try
+ * added one, each reading as a run of its own. The resume that then continues drops them: the report
+ * holds the stopped run's config and its own, and every step once. */
+START_TEST(a_refused_resume_leaves_no_record_in_the_report) {
+    char *dir = test_tmpdir(), args[2048], path[700];
+    double a[64], b[64], cfg[8];
+    const char *flags = TINY " --train-size 64 --batch-size 8 --epochs 2 --log-every 1";
+    snprintf(args, sizeof args, "%s --report %s/whole.jsonl", flags, dir);
+    run_ok("stage1", args);
+    snprintf(path, sizeof path, "%s/whole.jsonl", dir);
+    const int total = test_read_losses(path, a, 64);
+    snprintf(args, sizeof args, "%s --steps 5 --save %s/ck --report %s/run.jsonl", flags, dir, dir);
+    run_ok("stage1", args);
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --seed %d --save %s/ck --report %s/run.jsonl --resume %s/ck/step00000005.ckpt",
+                 flags, 3 + i, dir, dir, dir);
+        expect_refused("stage1", args, "was trained with --seed 0", "pass --seed 0 to continue it");
+    }
+    snprintf(args, sizeof args, "%s --save %s/ck --report %s/run.jsonl --resume %s/ck/step00000005.ckpt", flags, dir,
+             dir, dir);
+    ok_saying("stage1", args, "this run appends its records to it", NULL);
+    snprintf(path, sizeof path, "%s/run.jsonl", dir);
+    ck_assert_int_eq(test_report_series(path, "config", "batch_size", cfg, 8), 2);
+    ck_assert_int_eq(test_read_losses(path, b, 64), total);
+    for (int i = 0; i < total; i++) ck_assert_msg(a[i] == b[i], "step %d: %.9g vs %.9g", i + 1, a[i], b[i]);
+    free(dir);
+}
+END_TEST
+
 /* --warmup-steps: every step's lr is torch's SequentialLR([LinearLR, CosineAnnealingLR]) (the fixture's
  * "cosine+warmup=3,0.25" case: 3 epochs of 3 steps); a run stopped inside the warm-up and resumed ends
  * where the uninterrupted one ends, bit for bit; a resume under another warm-up continues, saying where
@@ -2064,6 +2094,7 @@ Suite *suite_resume(void) {
     tcase_set_timeout(cut, 300);
     tcase_add_test(cut, a_report_past_its_checkpoint_is_cut_back_on_resume);
     tcase_add_test(cut, a_report_continues_from_another_directory_or_a_moved_one);
+    tcase_add_test(cut, a_refused_resume_leaves_no_record_in_the_report);
     suite_add_tcase(s, cut);
     TCase *keep = tcase_create("regrouped_save_dir"); /* its own case: CK_RUN_CASE=regrouped_save_dir */
     tcase_set_timeout(keep, 300);
