@@ -50,12 +50,14 @@ static int64_t record_step(const char *line) {
 /* The report on fd is the log of the run that --resume continues: its last "checkpoint" record (a
  * line {"type":"checkpoint","path":"…","step":S,"checksum":"…"}, as run_save writes it) names that very
  * file, by its checksum. A run stopped by a signal says to resume with "this same command", --report
- * and all: emptying the file then lost every record of the steps before the stop. A run that went on
- * past that checkpoint and ended without saving again (killed, a node lost, diverged) left records of
- * steps after S, which this run trains again: *drop gets the offset of the first line after the
- * checkpoint record that holds a step past S (what follows it is that run's) — or of the "config"
- * records the file ends with (below) —, or −1, and dropped[] the first and last steps from there, as
- * PyTorch's SummaryWriter(purge_step=S + 1) drops a crashed run's later events. */
+ * and all: emptying the file then lost every record of the steps before the stop.
+ * What follows that record and is not the stopped run's own (the epoch's last "comm" records, its
+ * summary) is superseded by this run, as PyTorch's SummaryWriter(purge_step=S + 1) drops a crashed
+ * run's later events: records of steps past S (the run went on and was killed, or diverged, before
+ * its next save), and every run begun after it (its "config" record: a --resume refused, or one that
+ * was killed before saving — an earlier resume of this checkpoint, whose steps another batch size may
+ * have counted from below S). *drop gets the offset of the first such line, or −1; dropped[] the first
+ * and last "step" records' steps from there (0: none). */
 static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut,
                             off_t *drop, int64_t dropped[2]) {
     static const char head[] = "{\"type\":\"checkpoint\",\"path\":\"";
@@ -70,20 +72,20 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     char *line = NULL, *last = NULL;
     size_t cap = 0;
     ssize_t len;
-    off_t at = 0, idle = -1; /* idle: where the "config" records the file ends with, after the checkpoint's, begin */
+    off_t at = 0;
     int64_t saved = -1; /* the last checkpoint record's step */
     *cut = 0, *drop = -1;
     while ((len = getline(&line, &cap, f)) > 0) {
         const int64_t step = record_step(line);
-        if (last && !strncmp(line, "{\"type\":\"config\",", 17)) idle = idle < 0 ? at : idle;
-        else idle = -1;
         if (!strncmp(line, head, sizeof head - 1)) {
             free(last), last = xstrdup(line + sizeof head - 1);
-            saved = step, *drop = -1;
-        } else if (last && *drop < 0 && saved >= 0 && step > saved) {
-            *drop = at, dropped[0] = dropped[1] = step;
-        } else if (*drop >= 0 && step > dropped[1]) {
-            dropped[1] = step;
+            saved = step, *drop = -1, dropped[0] = dropped[1] = 0;
+        } else if (last && *drop < 0 && ((saved >= 0 && step > saved) || !strncmp(line, "{\"type\":\"config\",", 17))) {
+            *drop = at;
+        }
+        if (*drop >= 0 && step >= 0 && !strncmp(line, "{\"type\":\"step\",", 15)) {
+            if (!dropped[0] || step < dropped[0]) dropped[0] = step;
+            if (step > dropped[1]) dropped[1] = step;
         }
         *cut = line[len - 1] != '\n'; /* the last line cut short: a run killed as it wrote */
         at += (off_t)len;
@@ -91,10 +93,6 @@ static int report_continues(const char *json_path, const struct stat *opened, co
     free(line);
     fclose(f);
     if (!last) return 0;
-    /* A run that wrote its "config" record and nothing after it trained nothing: a --resume refused
-     * (another --seed, --batch-size …) before this one, or a run killed in its first steps. Its record
-     * would read as a run of its own: dropped too (dropped[0] stays 0: no step to name). */
-    if (*drop < 0 && idle >= 0) *drop = idle, dropped[0] = dropped[1] = 0;
     /* The file the record names: the same checksum (the record's, checkpoint_save's), wherever it is now —
      * resumed from another directory, the record's relative path leads nowhere, or elsewhere; moved, its
      * path is another — or, for a record without one (an older build's), its path, as json_write_str

@@ -236,6 +236,39 @@ START_TEST(a_refused_resume_leaves_no_record_in_the_report) {
 }
 END_TEST
 
+/* A resume that was killed before it saved is superseded by the next resume of the same checkpoint,
+ * even where its steps, counted under another batch size (a regrouped resume at an epoch's end), do not
+ * pass the checkpoint's: a 2-rank job at --batch-size 8 (4 steps an epoch) killed at step 6 after
+ * epoch001.ckpt (step 4); resumed at --batch-size 16 (2 steps an epoch: it goes on from step 2),
+ * killed at step 4 after writing step 3; resumed so again, to the end. The report holds the first
+ * run's steps 1–4 and the last run's 3–6, two configs — the killed resume's config and step 3 used
+ * to stay, as that step 3 is not past the checkpoint's step 4. */
+START_TEST(a_resume_killed_before_saving_is_superseded_by_the_next) {
+    char *dir = test_tmpdir(), args[2048], path[700], *out;
+    double steps[64], cfg[8];
+    char flags[512];
+    snprintf(flags, sizeof flags, TINY " --train-size 64 --epochs 3 --log-every 1 --nproc-per-node 2 --save %s/ck "
+             "--report %s/run.jsonl", dir, dir);
+    const char *env[2] = {"0:6:KILL", "0:4:KILL"};
+    for (int i = 0; i < 3; i++) {
+        if (!i) snprintf(args, sizeof args, "%s --batch-size 8", flags);
+        else snprintf(args, sizeof args, "%s --batch-size 16 --resume %s/ck/epoch001.ckpt", flags, dir);
+        if (i < 2) setenv("STAGE3_FAIL_AT", env[i], 1);
+        int rc = run("stage3", args, &out);
+        unsetenv("STAGE3_FAIL_AT");
+        ck_assert_msg(i < 2 ? rc != 0 : rc == 0, "run %d: exit %d\n%s", i + 1, rc, out);
+        free(out);
+    }
+    snprintf(path, sizeof path, "%s/run.jsonl", dir);
+    ck_assert_int_eq(test_report_series(path, "config", "batch_size", cfg, 8), 2);
+    const int n = test_report_series(path, "step", "step", steps, 64);
+    const double want[] = {1, 2, 3, 4, 3, 4, 5, 6};
+    ck_assert_msg(n == 8, "%d step records", n);
+    for (int i = 0; i < 8; i++) ck_assert_msg(steps[i] == want[i], "step record %d is step %g", i + 1, steps[i]);
+    free(dir);
+}
+END_TEST
+
 /* --warmup-steps: every step's lr is torch's SequentialLR([LinearLR, CosineAnnealingLR]) (the fixture's
  * "cosine+warmup=3,0.25" case: 3 epochs of 3 steps); a run stopped inside the warm-up and resumed ends
  * where the uninterrupted one ends, bit for bit; a resume under another warm-up continues, saying where
@@ -2095,6 +2128,7 @@ Suite *suite_resume(void) {
     tcase_add_test(cut, a_report_past_its_checkpoint_is_cut_back_on_resume);
     tcase_add_test(cut, a_report_continues_from_another_directory_or_a_moved_one);
     tcase_add_test(cut, a_refused_resume_leaves_no_record_in_the_report);
+    tcase_add_test(cut, a_resume_killed_before_saving_is_superseded_by_the_next);
     suite_add_tcase(s, cut);
     TCase *keep = tcase_create("regrouped_save_dir"); /* its own case: CK_RUN_CASE=regrouped_save_dir */
     tcase_set_timeout(keep, 300);
