@@ -55,8 +55,8 @@ static int64_t record_step(const char *line) {
  * summary) is superseded by this run, as PyTorch's SummaryWriter(purge_step=S + 1) drops a crashed
  * run's later events: records of steps past S (the run went on and was killed, or diverged, before
  * its next save), and every run begun after it (its "config" record: a --resume refused, or one that
- * was killed before saving — an earlier resume of this checkpoint, whose steps another batch size may
- * have counted from below S). *drop gets the offset of the first such line, or −1; dropped[] the first
+ * never saved — killed, or run without --save —, an earlier resume of this checkpoint whose steps
+ * another batch size may have counted from below S). *drop gets the offset of the first such line, or −1; dropped[] the first
  * and last "step" records' steps from there (0: none). */
 static int report_continues(const char *json_path, const struct stat *opened, const char *resumed, int *cut,
                             off_t *drop, int64_t dropped[2]) {
@@ -168,8 +168,8 @@ void report_open_resumed(Report *r, const char *json_path, const char *progress_
                 if (dropped[0] == dropped[1]) snprintf(steps, sizeof steps, "step %lld", (long long)dropped[0]);
                 else snprintf(steps, sizeof steps, "steps %lld to %lld", (long long)dropped[0], (long long)dropped[1]);
                 printf("note: --report '%s' goes on past that checkpoint, with records of %s from a run that ended "
-                       "without saving them (killed, or diverged): they are dropped, as this run trains those steps "
-                       "again\n", json_path, steps);
+                       "without saving them (killed, diverged, or run without --save): they are dropped, as this run "
+                       "trains those steps again\n", json_path, steps);
             }
         } else if (S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0)
             die_user("cannot truncate --report file '%s': %s", json_path, errno_string());

@@ -28,7 +28,7 @@ void report_open(Report *r, const char *json_path, const char *progress_flag, in
  * after a stop resumed with the same command — is appended to, not emptied; records after that one of
  * steps past the checkpoint's (a run killed or diverged before its next save), which this run trains
  * again, are dropped first, and a note says so; so is every run begun after it, which never saved (a
- * refused --resume, or an earlier resume of that checkpoint that was killed). */
+ * refused --resume, or an earlier resume of that checkpoint, killed or run without --save). */
 void report_open_resumed(Report *r, const char *json_path, const char *progress_flag, int active, const char *resumed);
 /* The launcher's look (stages 3–5), before any worker: json_path another run is writing, or another
  * user's file, refused with report_open's message — not after the rendezvous. Creates nothing. */
