@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,12 +441,15 @@ static _Noreturn void cifar_exists(const char *path) {
 }
 
 /* The inverse of dataset_cifar10: the set in the official binary layout, so that another trainer
- * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. O_EXCL: a file of that
- * name already there (real CIFAR-10, an earlier export) is never overwritten. A failed write removes
- * every file this export wrote, the partial one and the whole ones before it: left behind, they would
- * make the rerun refuse the folder. */
+ * (tests/torch/train_parity.py) can read exactly the bytes --data gives ours. A file of one of the six
+ * names already there (real CIFAR-10, an earlier export) is never overwritten. Each file is written as
+ * NAME.tmp and fsynced, and only once all six are whole are they renamed to their names (then the
+ * directory fsynced), as a checkpoint's save does: an export killed part-way leaves no file under a
+ * CIFAR-10 name — a cut test_batch.bin of whole records would read as a smaller test set — only .tmp
+ * files, which the rerun replaces (saying so). A failed write removes every file this export wrote:
+ * left behind, they would make the rerun refuse the folder. */
 typedef struct Written {
-    char path[CIFAR10_FILES][4096];
+    char path[CIFAR10_FILES][4096]; /* the .tmp files written, or (renamed) their final names */
     int n;
 } Written;
 
@@ -453,28 +457,48 @@ static void cifar_unwrite(const Written *w) {
     for (int k = 0; k < w->n; k++) unlink(w->path[k]);
 }
 
+/* Test-only: WRITE_SYNTHETIC_KILL_AFTER=N makes the export kill itself (SIGKILL, as `kill -9` or the
+ * out-of-memory killer would) once N bytes of it are written and flushed — a kill part-way, for the
+ * test that the rerun then works. */
+static long long cifar_kill_after(void) {
+    const char *v = getenv("WRITE_SYNTHETIC_KILL_AFTER");
+    if (!v || !v[0]) return 0;
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (errno || *end || n < 1)
+        die_user("WRITE_SYNTHETIC_KILL_AFTER='%s' (test-only): expected a byte count above 0 — unset it to export", v);
+    return n;
+}
+
 static void cifar_write_file(const char *dir, const char *name, const Dataset *ds, int64_t from, int64_t to,
-                             Written *w) {
-    char *path = w->path[w->n];
-    snprintf(path, sizeof w->path[0], "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+                             Written *w, long long kill_after, long long *written) {
+    char *tmp = w->path[w->n], path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof w->path[0], "%s/%s.tmp", dir, name);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int err = errno;
         cifar_unwrite(w);
-        if (err == EEXIST) cifar_exists(path);
-        die_user("cannot create '%s': %s (check that the directory exists and is writable)", path, strerror(err));
+        die_user("cannot create '%s': %s (check that the directory exists and is writable%s)", tmp, strerror(err),
+                 err == EEXIST ? ", and remove what is at that name" : "");
     }
     w->n++;
     FILE *f = fdopen(fd, "wb");
-    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), path);
+    if (!f) die_at(__FILE__, __LINE__, "fdopen", errno_string(), tmp);
     uint8_t record[CIFAR_RECORD];
     int ok = 1;
     for (int64_t i = from; i < to && ok; i++) {
         record[0] = ds->labels[i];
         memcpy(record + 1, ds->images + (size_t)i * IMG_PIXELS, IMG_PIXELS);
         ok = fwrite(record, 1, CIFAR_RECORD, f) == CIFAR_RECORD;
+        if (ok && kill_after && (*written += CIFAR_RECORD) >= kill_after) {
+            fflush(f);
+            raise(SIGKILL);
+        }
     }
     int err = ok ? 0 : errno;
+    if (ok && (fflush(f) != 0 || fsync(fd) != 0)) ok = 0, err = errno; /* before the rename, as a save does */
     if (fclose(f) != 0 && ok) ok = 0, err = errno;
     if (!ok) {
         cifar_unwrite(w);
@@ -492,10 +516,40 @@ void dataset_write_cifar10(const Dataset *train, const Dataset *test, const char
         snprintf(path, sizeof path, "%s/%s", dir, cifar10_file_names[k]);
         if (lstat(path, &st) == 0) cifar_exists(path);
     }
+    int left = 0; /* an interrupted export's .tmp files: replaced (anything but a file there: open says what) */
+    for (int k = 0; k < CIFAR10_FILES; k++) {
+        snprintf(path, sizeof path, "%s/%s.tmp", dir, cifar10_file_names[k]);
+        left += lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0;
+    }
+    if (left)
+        printf("note: removed %d partial file%s (NAME.bin.tmp) in '%s', left by an export that was interrupted\n",
+               left, left == 1 ? "" : "s", dir);
     Written w = {.n = 0};
+    long long kill_after = cifar_kill_after(), written = 0;
     for (int k = 0; k < 5; k++) /* as even as it goes: the official 50000 are 5 × 10000 */
-        cifar_write_file(dir, CIFAR_TRAIN_FILES[k], train, train->n * k / 5, train->n * (k + 1) / 5, &w);
-    cifar_write_file(dir, CIFAR_TEST_FILES[0], test, 0, test->n, &w);
+        cifar_write_file(dir, CIFAR_TRAIN_FILES[k], train, train->n * k / 5, train->n * (k + 1) / 5, &w,
+                         kill_after, &written);
+    cifar_write_file(dir, CIFAR_TEST_FILES[0], test, 0, test->n, &w, kill_after, &written);
+    /* All six whole: now their names. RENAME_NOREPLACE keeps "never overwritten" against a file made
+     * there since the check above; a file system without it gets a plain rename (the check stands). */
+    for (int k = 0; k < CIFAR10_FILES; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, cifar10_file_names[k]);
+        int rc = renameat2(AT_FDCWD, w.path[k], AT_FDCWD, path, RENAME_NOREPLACE);
+        if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) rc = rename(w.path[k], path);
+        if (rc != 0) {
+            int err = errno;
+            cifar_unwrite(&w);
+            if (err == EEXIST) cifar_exists(path);
+            die_runtime("renaming '%s' to '%s' failed: %s — the %d file(s) written there are removed", w.path[k],
+                        path, strerror(err), w.n);
+        }
+        snprintf(w.path[k], sizeof w.path[0], "%s", path); /* a later failure removes it under its name */
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the renames themselves durable */
+    if (fd >= 0) {
+        fsync(fd); /* some file systems cannot fsync a directory: the data itself is synced already */
+        close(fd);
+    }
 }
 
 void dataset_free(Dataset *ds) {

@@ -47,7 +47,8 @@ extern const char *const cifar10_file_names[CIFAR10_FILES];
 /* Both sets as CIFAR-10 binary files in dir (which must exist): train as data_batch_1..5.bin (split
  * as evenly as it goes, at least 5 samples), test as test_batch.bin. A folder holding any of the six
  * names already is refused (die_user) before a file is written; a failed write removes every file
- * this call wrote. */
+ * this call wrote. Each is written as NAME.tmp, fsynced, and renamed to NAME once all six are whole,
+ * so a killed export leaves only .tmp files, which the next call replaces (with a note). */
 void dataset_write_cifar10(const Dataset *train, const Dataset *test, const char *dir);
 
 void dataset_free(Dataset *ds);

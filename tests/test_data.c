@@ -2,6 +2,7 @@
  * and the CIFAR-10 reader on small files written to a temporary directory, including every
  * user error it must report (exit code 2, a message naming the offending file). */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,6 +503,49 @@ START_TEST(a_write_that_fails_part_way_leaves_no_files) {
 }
 END_TEST
 
+/* An export killed part-way (kill -9, the out-of-memory killer; here WRITE_SYNTHETIC_KILL_AFTER, 40
+ * records into test_batch.bin) leaves no file under a CIFAR-10 name: written in place, test_batch.bin
+ * was left cut at a whole record — a valid file of 40 test samples instead of 100 — and the rerun
+ * refused the folder ("already exists"). Now only NAME.tmp files are left, and the rerun replaces
+ * them, says so, and writes the whole set. */
+START_TEST(an_export_killed_part_way_leaves_no_cut_file_and_the_rerun_works) {
+    char dir[64] = "/tmp/test_cifar_XXXXXX", path[512], cmd[1024], *msg;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "WRITE_SYNTHETIC_KILL_AFTER=%d exec %s/tests/write_synthetic %s --train-size 50 "
+             "--test-size 100", (50 + 40) * RECORD, test_root(), dir);
+    int rc = test_run(cmd, &msg);
+    ck_assert_msg(rc == 128 + SIGKILL, "exit %d: %s", rc, msg);
+    free(msg);
+    for (int k = 0; k < 6; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, FILES[k]);
+        ck_assert_msg(access(path, F_OK) != 0, "%s is there after the export was killed", path);
+    }
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic %s --train-size 50 --test-size 100", test_root(), dir);
+    rc = test_run(cmd, &msg);
+    ck_assert_msg(rc == 0 && strstr(msg, "note: removed 6 partial files") && strstr(msg, "interrupted"),
+                  "exit %d: %s", rc, msg);
+    free(msg);
+    ck_assert_int_eq(cifar10_check(dir, 1, 0), 50);
+    ck_assert_int_eq(cifar10_check(dir, 0, 0), 100);
+    Dataset te, back;
+    dataset_synthetic(&te, 100, 0, 0);
+    dataset_cifar10(&back, dir, 0, 0);
+    ck_assert(back.n == te.n && !memcmp(back.images, te.images, (size_t)te.n * IMG_PIXELS));
+    dataset_free(&back);
+    dataset_free(&te);
+    remove_cifar(dir);
+    ck_assert_msg(access(dir, F_OK) != 0, "%s held more than the six files after the rerun (a .tmp?)", dir);
+    /* a bad value of the hook is refused, naming it, before anything is written */
+    snprintf(cmd, sizeof cmd, "WRITE_SYNTHETIC_KILL_AFTER=x %s/tests/write_synthetic %s --train-size 5 "
+             "--test-size 1", test_root(), dir);
+    rc = test_run(cmd, &msg);
+    ck_assert_msg(rc == 2 && strstr(msg, "WRITE_SYNTHETIC_KILL_AFTER='x'") && strstr(msg, "unset it"), "exit %d: %s",
+                  rc, msg);
+    free(msg);
+    rmdir(dir);
+}
+END_TEST
+
 /* Every seed the stages take (--seed 0 … 4294967295, mt19937's 32 bits) can be written out: the file
  * holds synthetic(seed) as ./stageN --seed S draws it (the tool refused seeds above 100000000, so
  * another trainer could not read the data of a run at --seed 123456789). */
@@ -818,6 +862,7 @@ Suite *suite_data(void) {
     tcase_add_test(tc, synthetic_written_as_cifar_reads_back);
     tcase_add_test(tc, write_into_a_folder_with_one_of_the_files_writes_none);
     tcase_add_test(tc, a_write_that_fails_part_way_leaves_no_files);
+    tcase_add_test(tc, an_export_killed_part_way_leaves_no_cut_file_and_the_rerun_works);
     tcase_add_test(tc, write_synthetic_takes_every_seed_the_stages_do);
     tcase_add_test(tc, write_synthetic_names_an_unknown_last_flag);
     tcase_add_test(tc, write_synthetic_refuses_sizes_past_host_memory);

@@ -6,7 +6,9 @@
  * --data (defaults: seed 0, 50000 and 10000, the GPU run's sizes). Another trainer can then read the
  * same bytes — tests/train_parity.sh trains PyTorch on them beside ./stage1 --data DIR, which is how
  * we check that our trainer learns as PyTorch does — and so can yours. DIR is created if it is
- * missing, with its parents; a file already there is never overwritten. */
+ * missing, with its parents; a file already there is never overwritten. The files get their names only
+ * once all six are whole (written as NAME.tmp first): an export killed part-way leaves only .tmp files,
+ * which a rerun replaces. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
