@@ -944,10 +944,10 @@ static void check_output_dir(const TrainConfig *c, const char *flag, const char 
 void cli_check_dir_takes_files(const char *flag, const char *path, const char *example, int in_place) {
     struct stat st;
     if (!path || !path[0]) return;
-    const int exists = stat(path, &st) == 0;
+    const int exists = stat(path, &st) == 0, is_dir = exists && S_ISDIR(st.st_mode);
     if (exists && (S_ISCHR(st.st_mode) || in_place)) return; /* written where it is (a device: /dev/null) */
-    char *dir = path_dir(path), *probe = NULL;
-    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char *dir = is_dir ? xstrdup(path) : path_dir(path), *probe = NULL; /* a directory (--save): files go in it */
+    const char *slash = strrchr(path, '/'), *base = is_dir ? example : slash ? slash + 1 : path;
     if (asprintf(&probe, "%s/.%.40s.probe.XXXXXX", dir, base) < 0)
         die_at(__FILE__, __LINE__, "asprintf", "out of memory", NULL);
     int fd = mkostemp(probe, O_CLOEXEC);

@@ -122,7 +122,8 @@ void config_resolve(TrainConfig *c, int cuda, int saver);
 /* The directory path's file will be created in takes a new file (a file of this process's own name is
  * made there and removed): refused, naming flag and the fix (example: a file name to suggest), when it
  * does not — no write permission, a read-only mount, /proc or /sys. A device (/dev/null) passes, and so
- * does an existing file that is written in place (in_place: --report; --trace writes FILE.tmp first). */
+ * does an existing file that is written in place (in_place: --report; --trace writes FILE.tmp first).
+ * A path that is a directory (--save DIR) is checked itself: its files go in it. */
 void cli_check_dir_takes_files(const char *flag, const char *path, const char *example, int in_place);
 /* What --evaluate makes of a flag: 1 it still counts (what the model is, how its forward runs, the
  * test data, where the job runs, what is reported), 0 only training reads it (refused with

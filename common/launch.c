@@ -791,9 +791,13 @@ _Noreturn static void launcher_run(char **argv, const LaunchConfig *cfg) {
 
     /* Outputs another run is writing (or another user's): refused here, with the workers' own message,
      * before a rendezvous that every rank would wait through for rank 0 to find it. */
-    if (cfg->node_rank == 0) { /* rank 0 writes it */
+    if (cfg->node_rank == 0) { /* rank 0 writes them: the report, and the checkpoints (save.c) */
         report_check_free(cfg->report);
         cli_check_dir_takes_files("--report", cfg->report, "report.jsonl", 1);
+        if (cfg->save && cfg->save[0]) { /* rank 0 would make it and find it unwritable only after the launch */
+            make_dirs("--save", cfg->save);
+            cli_check_dir_takes_files("--save", cfg->save, "checkpoints", 0);
+        }
     }
     trace_check_free(cfg->trace, first, n, world);
     if (cfg->train_size > 0) sampler_shard_size(cfg->train_size, world, cfg->drop_last); /* each rank would, alike */

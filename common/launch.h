@@ -48,6 +48,8 @@ typedef struct LaunchConfig {
     const char *comm;        /* --comm: auto | nccl | host */
     const char *report, *trace; /* --report, --trace (NULL or "": none): refused before any worker when
                                  * another run is writing them, not after the rendezvous */
+    const char *save;        /* --save DIR (NULL or "": none): node 0's launcher, where rank 0 saves, makes
+                              * it and checks that it takes files before any worker starts */
     int64_t train_size;      /* the training set's size (data_train_size; 0: not checked here) */
     int drop_last;           /* --drop-last: with train_size, a shard left empty is refused here, once —
                               * the workers' refusal came once per rank, the same line */

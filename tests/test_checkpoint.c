@@ -948,6 +948,30 @@ END_TEST
 
 static void path_child(void *arg) { free(checkpoint_path((const char *)arg, 1, 1, 1)); }
 
+/* --save DIR that cannot be made, or takes no file: refused with the other flag checks in every stage,
+ * before the run header. Stages 3–5 found it in rank 0 after the launch (the other workers were then
+ * stopped); node 0's launcher, where rank 0 saves, now makes it and checks it first. /proc refuses new
+ * files and directories even to root. */
+START_TEST(test_save_dir_without_room_refused_before_launch) {
+    if (access("/proc/self/status", F_OK) != 0) return; /* no /proc: nothing here to test it with */
+    static const char *const dirs[] = {"/proc/ck", "/proc"};
+    for (int stage = 1; stage <= 5; stage++)
+        for (int i = 0; i < 2; i++) {
+            char cmd[1024], *out;
+            snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage%d --device cpu --model tiny --train-size 256 "
+                     "--test-size 32 --batch-size 16 --steps 1 --progress off --save %s%s", test_root(), stage,
+                     dirs[i], stage >= 3 ? " --nproc-per-node 2 --standalone" : "");
+            int rc = test_run(cmd, &out);
+            char said[64];
+            snprintf(said, sizeof said, "--save '%s': cannot", dirs[i]);
+            ck_assert_msg(rc == 2 && strstr(out, said) && strstr(out, "give --save a") && !strstr(out, "launching") &&
+                          !strstr(out, "parameters,") && !strstr(out, "rank 0"), "stage %d, --save %s: exit %d:\n%s",
+                          stage, dirs[i], rc, out);
+            free(out);
+        }
+}
+END_TEST
+
 START_TEST(test_checkpoint_path) {
     char dir[160];
     snprintf(dir, sizeof dir, "%s/run/ckpts", g_dir); /* two levels to create */
@@ -1006,6 +1030,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_committed_files_still_load);
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
+    tcase_add_test(tc, test_save_dir_without_room_refused_before_launch);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);
     tcase_add_test(tc, test_checkpoint_path);

@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
      * launcher — it starts the workers (before any CUDA call) and never returns. */
     LaunchConfig lc = {.nproc_per_node = f.nproc_per_node, .nnodes = f.nnodes, .node_rank = f.node_rank,
                        .master_addr = f.master_addr, .master_port = f.master_port, .standalone = f.standalone,
-                       .device = cfg.device, .comm = f.comm, .report = cfg.report, .trace = cfg.trace,
+                       .device = cfg.device, .comm = f.comm, .report = cfg.report, .trace = cfg.trace, .save = cfg.save,
                        .train_size = data_train_size(&check), .drop_last = f.drop_last,
                        .data_bytes = data_host_bytes(&check)};
     Worker w;
