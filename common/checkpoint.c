@@ -354,6 +354,47 @@ static void read_blob(int f, const char *path, void *dst, size_t len, uint64_t *
     }
 }
 
+/* The start of a checkpoint (its first got bytes, at most CKPT_HEADER_V1, in hd; the file has size)
+ * checked: the magic, a whole version-1 header, a version this trainer reads and that version's header
+ * size. Anything else is a user error naming the file and the fix. want: this model's checkpoint size,
+ * for the message of a truncated file (0: not known yet — checkpoint_check_start). Returns the header's
+ * size. */
+static uint32_t header_start(const unsigned char *hd, size_t got, const char *path, int64_t size, int64_t want) {
+    if (size == 0 && want == 0) /* a save renames a whole file into place: no save of ours leaves one empty */
+        die_user("'%s' is empty, not a checkpoint (give --resume a file written by --save, e.g. DIR/epoch003.ckpt)",
+                 path);
+    size_t mlen = got < 8 ? got : 8;
+    if (memcmp(hd, CKPT_MAGIC, mlen) != 0) /* a short prefix of the magic reads as truncated */
+        die_user("'%s' is not a checkpoint of this trainer (wrong magic; expected a file written by --save)", path);
+    if (got < CKPT_HEADER_V1 && want > 0)
+        die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
+                 "earlier checkpoint", path, (long long)size, (long long)want);
+    if (got < CKPT_HEADER_V1)
+        die_user("checkpoint '%s' is truncated: %lld bytes, less than a checkpoint's header (%d) — was the save "
+                 "interrupted? use an earlier checkpoint", path, (long long)size, CKPT_HEADER_V1);
+    uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
+    if (version < 1 || version > CKPT_VERSION)
+        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u: use the trainer "
+                 "version that wrote it — or, if this one wrote it, the file was damaged after it was written "
+                 "(a flipped bit); use an earlier checkpoint", path, version, CKPT_VERSION);
+    if (hsize != header_size(version))
+        die_user("checkpoint '%s' is corrupt: header size %u, expected %u — the file was damaged after it was "
+                 "written; use an earlier checkpoint", path, hsize, header_size(version));
+    return hsize;
+}
+
+void checkpoint_check_start(const char *path) {
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) die_user("cannot open checkpoint '%s': %s (check the --resume path)", path, errno_string());
+    struct stat st;
+    unsigned char hd[CKPT_HEADER_V1] = {0};
+    const int regular = fstat(f, &st) == 0 && S_ISREG(st.st_mode);
+    const size_t got = regular ? read_full(f, hd, CKPT_HEADER_V1) : 0;
+    close(f); /* before any refusal: the fuzzer (tests/fuzz/fuzz_cli.c) goes on after one */
+    if (!regular) die_user("checkpoint '%s' is not a regular file (give --resume a .ckpt file)", path);
+    header_start(hd, got, path, (int64_t)st.st_size, 0);
+}
+
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum, float *exp_avg_sq) {
     /* O_NONBLOCK: a FIFO given to --resume must not wait for a writer; the type is checked first */
@@ -370,21 +411,7 @@ void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointM
     const int64_t want_model = ckpt_size(expect->n_params, expect->n_buffers, expect->optimizer);
 
     unsigned char hd[CKPT_HEADER] = {0}; /* the largest header */
-    size_t got = read_full(f, hd, CKPT_HEADER_V1);
-    size_t mlen = got < 8 ? got : 8;
-    if (memcmp(hd, CKPT_MAGIC, mlen) != 0) /* a short prefix of the magic reads as truncated */
-        die_user("'%s' is not a checkpoint of this trainer (wrong magic; expected a file written by --save)", path);
-    if (got < CKPT_HEADER_V1)
-        die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
-                 "earlier checkpoint", path, (long long)size, (long long)want_model);
-    uint32_t version = get_u32(hd + 8), hsize = get_u32(hd + 12);
-    if (version < 1 || version > CKPT_VERSION)
-        die_user("checkpoint '%s' has format version %u; this trainer reads versions 1 to %u: use the trainer "
-                 "version that wrote it — or, if this one wrote it, the file was damaged after it was written "
-                 "(a flipped bit); use an earlier checkpoint", path, version, CKPT_VERSION);
-    if (hsize != header_size(version))
-        die_user("checkpoint '%s' is corrupt: header size %u, expected %u — the file was damaged after it was "
-                 "written; use an earlier checkpoint", path, hsize, header_size(version));
+    uint32_t hsize = header_start(hd, read_full(f, hd, CKPT_HEADER_V1), path, size, want_model);
     if (hsize > CKPT_HEADER_V1 && read_full(f, hd + CKPT_HEADER_V1, hsize - CKPT_HEADER_V1) != hsize - CKPT_HEADER_V1)
         die_user("checkpoint '%s' is truncated: %lld of %lld bytes — was the save interrupted? use an "
                  "earlier checkpoint", path, (long long)size, (long long)want_model);

@@ -106,6 +106,13 @@ uint64_t checkpoint_save(const char *path, const CheckpointMeta *meta, const flo
 void checkpoint_load(const char *path, const CheckpointMeta *expect, CheckpointMeta *meta,
                      float *params, float *buffers, float *momentum, float *exp_avg_sq);
 
+/* The start of a checkpoint, as checkpoint_load checks it first: the magic, a whole first header, a
+ * version this trainer reads and its header size — so that --resume with a file that is no checkpoint
+ * (another file, an empty one) is refused with the other flag checks (cli.c), before the run header
+ * and the model. The rest (sizes, checksum, the model) is checkpoint_load's. A problem is a user error
+ * (exit 2) naming the file and the fix, in checkpoint_load's words. */
+void checkpoint_check_start(const char *path);
+
 /* The model a checkpoint was saved for (its header's arch and norm), so that --evaluate builds that
  * model without being told. 0 when the file is no readable checkpoint (checkpoint_load then says
  * what is wrong with it); arch and norm get NUL-terminated strings of at most 31 and 7 bytes. */

@@ -1109,6 +1109,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
             die_user("--resume '%s' is not a regular file (a device, FIFO or socket): give a checkpoint file "
                      "written by --save", c->resume);
         if (access(c->resume, R_OK) != 0) die_user("--resume '%s' is not readable: %s", c->resume, errno_string());
+        checkpoint_check_start(c->resume); /* no checkpoint at all (wrong magic, empty): now, not after the model */
     }
     /* The sampler lesson's flags (stages 3–5): --show-sampler returns before this, so a training run that
      * has them would ignore them — --world-size 4 does not make four workers, --epoch 3 is not --epochs. */

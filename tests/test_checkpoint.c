@@ -972,6 +972,30 @@ START_TEST(test_save_dir_without_room_refused_before_launch) {
 }
 END_TEST
 
+/* --resume FILE that is no checkpoint (another file, an empty one): refused with the other flag checks,
+ * before the run header and the model — and in stages 3–5 before the launch, once; it was found only by
+ * checkpoint_load, after both (stages 3–5: by rank 0, after the rendezvous). */
+START_TEST(test_resume_not_a_checkpoint_refused_before_the_header) {
+    char path[200], *out;
+    snprintf(path, sizeof path, "%s/notes.txt", g_dir);
+    for (int empty = 0; empty < 2; empty++) {
+        write_bytes(path, (const unsigned char *)"notes\n", empty ? 0 : 6);
+        for (int stage = 1; stage <= 5; stage++) {
+            char cmd[1024];
+            snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s/stage%d --device cpu --model tiny --train-size 256 "
+                     "--test-size 32 --batch-size 16 --epochs 2 --progress off --resume %s%s", test_root(), stage,
+                     path, stage >= 3 ? " --nproc-per-node 2 --standalone" : "");
+            int rc = test_run(cmd, &out);
+            const char *said = empty ? "is empty, not a checkpoint" : "is not a checkpoint of this trainer";
+            ck_assert_msg(rc == 2 && strstr(out, said) && !strstr(strstr(out, said) + 1, said) &&
+                          !strstr(out, "parameters,") && !strstr(out, "launching"), "stage %d: exit %d:\n%s", stage,
+                          rc, out);
+            free(out);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_checkpoint_path) {
     char dir[160];
     snprintf(dir, sizeof dir, "%s/run/ckpts", g_dir); /* two levels to create */
@@ -1031,6 +1055,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);
     tcase_add_test(tc, test_save_dir_without_room_refused_before_launch);
+    tcase_add_test(tc, test_resume_not_a_checkpoint_refused_before_the_header);
     tcase_add_test(tc, test_wrong_model);
     tcase_add_test(tc, test_failed_save_keeps_previous);
     tcase_add_test(tc, test_checkpoint_path);

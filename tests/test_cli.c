@@ -389,9 +389,20 @@ START_TEST(test_resolve_paths) {
     snprintf(missing, sizeof missing, "%s/missing.ckpt", dir);
     snprintf(report_missing, sizeof report_missing, "%s/no/such/dir/r.jsonl", dir);
     snprintf(report_ok, sizeof report_ok, "%s/r.jsonl", dir);
-    test_write_text(file, "x");
+    test_write_ckpt_header_only(file); /* a checkpoint as far as the flag checks read it */
 
     REFUSED(A("--resume", missing), "--resume", missing);
+    /* a file that is no checkpoint: refused here, with the other flags, not after the run header and the
+     * model (checkpoint_load's words) */
+    char other[160];
+    snprintf(other, sizeof other, "%s/notes.txt", dir);
+    test_write_text(other, "x");
+    REFUSED(A("--resume", other), other, "is not a checkpoint of this trainer", "expected a file written by --save");
+    test_write_text(other, "");
+    REFUSED(A("--resume", other), other, "is empty, not a checkpoint", "give --resume a file written by --save");
+    test_write_text(other, "DPDDPCKP\x09");
+    REFUSED(A("--resume", other), other, "is truncated", "less than a checkpoint's header");
+    unlink(other);
     REFUSED(A("--resume", dir), "--resume", "is a directory, and holds no checkpoint", "give a checkpoint file");
     /* a --save directory (after Ctrl-C, say): its newest checkpoint is named, not an epoch003.ckpt it lacks */
     char ckdir[160], ck[200];
@@ -504,7 +515,9 @@ START_TEST(test_resolve_output_files) {
     test_write_text(ck, "DPDDPCKP and the rest of a checkpoint");
     REFUSED(A("--report", ck), "--report", ck, "is a checkpoint", "give --report another file name");
     REFUSED(A("--trace", ck), "--trace", "is a checkpoint");
-    /* the same file under two flags: the same inode (a hard link), or the same new path spelled twice */
+    /* the same file under two flags: the same inode (a hard link), or the same new path spelled twice
+     * (the checkpoint's whole header now: --resume's own check reads that far) */
+    test_write_ckpt_header_only(ck);
     snprintf(alias, sizeof alias, "%s/alias", dir);
     ck_assert_int_eq(link(ck, alias), 0);
     REFUSED(A("--report", alias, "--resume", ck), "--report", "--resume", "same file",
@@ -749,10 +762,10 @@ START_TEST(test_resolve_save_holding_checkpoints) {
     snprintf(path, sizeof path, "%s/epoch004.ckpt", save);
     ck_assert_int_eq(mkdir(path, 0700), 0);
     ACCEPTED("--save", save);
-    snprintf(path, sizeof path, "%s/epoch001.ckpt", save);
-    test_write_text(path, "x");
+    snprintf(path, sizeof path, "%s/epoch001.ckpt", save); /* a header: --resume's flag check reads it */
+    test_write_ckpt_header_only(path);
     snprintf(newest, sizeof newest, "%s/step00000020.ckpt", save);
-    test_write_text(newest, "x");
+    test_write_ckpt_header_only(newest);
     struct timespec old[2] = {{1000, 0}, {1000, 0}};
     ck_assert_int_eq(utimensat(AT_FDCWD, path, old, 0), 0); /* written before step00000020.ckpt */
     char fix[500];
@@ -764,7 +777,7 @@ START_TEST(test_resolve_save_holding_checkpoints) {
     snprintf(fix, sizeof fix, "%s/../ckpts//", save); /* another spelling of it */
     ACCEPTED("--save", fix, "--resume", newest);
     snprintf(path, sizeof path, "%s/elsewhere.ckpt", dir);
-    test_write_text(path, "x");
+    test_write_ckpt_header_only(path);
     REFUSED(A("--save", save, "--resume", path), "--save", "--resume", "is not one of them", newest);
     free(dir);
 }

@@ -1116,8 +1116,11 @@ START_TEST(a_refused_resume_is_reported_once_per_job) {
     run_ok("stage3", args);
     snprintf(path, sizeof path, "%s/not_a_checkpoint", dir);
     test_write_text(path, "not a checkpoint at all\n");
+    snprintf(path, sizeof path, "%s/header_only", dir);
+    test_write_ckpt_header_only(path);
     static const struct { const char *flags, *file, *said; } cases[] = {
-        {"--epochs 2", "not_a_checkpoint", "is not a checkpoint of this trainer"}, /* checkpoint_load */
+        {"--epochs 2", "not_a_checkpoint", "is not a checkpoint of this trainer"}, /* the launcher's flag checks */
+        {"--epochs 2", "header_only", "is truncated"},                             /* checkpoint_load */
         {"--epochs 2 --seed 7", "j/epoch001.ckpt", "trained with --seed 0, this run has --seed 7"},
         {"--epochs 1", "j/epoch001.ckpt", "is a finished run"},                        /* resume_check */
         {"--epochs 2 --drop-last --train-size 95", "j/epoch001.ckpt", "--train-size"},
