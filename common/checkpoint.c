@@ -5,9 +5,10 @@
  *
  *   offset size  field
  *        0    8  magic "DPDDPCKP"
- *        8    4  u32 format version (8; version 1 ended the header at 128, versions 2–4 at 192, 5–6 at 256,
- *                7 at 272)
- *       12    4  u32 header size in bytes (296; 128 in version 1, 192 in versions 2–4, 256 in 5–6, 272 in 7)
+ *        8    4  u32 format version (9; version 1 ended the header at 128, versions 2–4 at 192, 5–6 at 256,
+ *                7 at 272, 8 at 296)
+ *       12    4  u32 header size in bytes (304; 128 in version 1, 192 in versions 2–4, 256 in 5–6, 272 in 7,
+ *                296 in 8)
  *       16   32  arch, NUL-padded ("resnet18" | "tiny")
  *       48    8  norm, NUL-padded ("bn" | "none")
  *       56    8  i64 n_params        64  8  i64 n_buffers      72  8  u64 shape_hash
@@ -29,7 +30,8 @@
  *      272    8  f64 SGD's momentum, --momentum (version 8; 0 for Adam)
  *      280    8  f64 the weight decay, --weight-decay (version 8)
  *      288    8  f64 clip_grad_norm_'s max_norm, --clip-grad-norm (version 8; 0 = no clipping)
- *      296       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
+ *      296    8  u64 the training set's signature (version 9: FNV-1a-64 of its source, size, labels and images)
+ *      304       f32 params[n_params], f32 buffers[n_buffers], f32 momentum[n_params] (Adam: exp_avg),
  *                and for Adam f32 exp_avg_sq[n_params]
  *      end    8  u64 FNV-1a-64 of every byte before it
  *
@@ -56,8 +58,9 @@
 #endif
 
 #define CKPT_MAGIC "DPDDPCKP"
-#define CKPT_VERSION 8u
-#define CKPT_HEADER 296    /* version 8 */
+#define CKPT_VERSION 9u
+#define CKPT_HEADER 304    /* version 9 */
+#define CKPT_HEADER_V8 296 /* version 8 */
 #define CKPT_HEADER_V7 272 /* version 7 */
 #define CKPT_HEADER_V5 256 /* versions 5 and 6 */
 #define CKPT_HEADER_V2 192 /* versions 2 to 4 */
@@ -93,7 +96,7 @@ static double get_f64(const unsigned char *p) {
 }
 static uint32_t header_size(uint32_t version) {
     return version == 1 ? CKPT_HEADER_V1 : version <= 4 ? CKPT_HEADER_V2 : version <= 6 ? CKPT_HEADER_V5
-           : version == 7 ? CKPT_HEADER_V7 : CKPT_HEADER;
+           : version == 7 ? CKPT_HEADER_V7 : version == 8 ? CKPT_HEADER_V8 : CKPT_HEADER;
 }
 
 static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m) {
@@ -128,6 +131,7 @@ static void header_encode(unsigned char h[CKPT_HEADER], const CheckpointMeta *m)
     put_f64(h + 272, m->momentum);
     put_f64(h + 280, m->weight_decay);
     put_f64(h + 288, m->clip_grad_norm);
+    put_u64(h + 296, m->data_signature);
 }
 
 static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m) {
@@ -173,6 +177,7 @@ static void header_decode(const unsigned char h[CKPT_HEADER], CheckpointMeta *m)
         m->weight_decay = get_f64(h + 280);
         m->clip_grad_norm = get_f64(h + 288);
     }
+    if (m->version >= 9) m->data_signature = get_u64(h + 296); /* any value: a hash */
 }
 
 const char *checkpoint_escape(const char *s, size_t len, char *out, size_t cap) {

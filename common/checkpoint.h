@@ -14,7 +14,8 @@
  * version 2 all but the sampler's shuffle and drop_last, version 3 all but the data source, version 4
  * all but the GradScaler's state and the optimizer's kind (it is SGD's), version 5 all but the
  * learning-rate schedule, version 6 all but its warm-up, version 7 all but the optimizer's
- * hyperparameters (momentum, weight decay, gradient clipping). */
+ * hyperparameters (momentum, weight decay, gradient clipping), version 8 all but the training set's
+ * signature (a resume then cannot tell another --data of the same size from the one it trained on). */
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
@@ -77,7 +78,11 @@ typedef struct CheckpointMeta {
     double momentum;                /* --momentum (SGD's; 0 for Adam, which has none) */
     double weight_decay;            /* --weight-decay */
     double clip_grad_norm;          /* --clip-grad-norm (0: no clipping) */
-    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 8) */
+    /* the training set itself (format version 9; unknown before): a hash of its bytes, so that a resume
+     * on another set of the same source and size — another CIFAR-10-format directory, or a copy that
+     * differs — is refused rather than continued on other samples (data_signature's training half) */
+    uint64_t data_signature;
+    uint32_t version;       /* set by checkpoint_load: the file's format version (1 to 9) */
     int64_t head_params;    /* in an expectation only, never saved: the floats --unused-param's extra
                              * head has in this model, so a count off by exactly that names the flag */
     uint64_t head_hash;     /* in an expectation only (--evaluate): this model's fingerprint with that head

@@ -3,7 +3,9 @@
  *
  * data_open also records what it opened: the sizes and the source, which the run writes into its
  * checkpoints (what their data position means) and resume.c checks a --resume against; and a hash of
- * the bytes, which the ranks of a job compare (data_signature), since --data is each node's own copy.
+ * the bytes, which the ranks of a job compare (data_signature), since --data is each node's own copy —
+ * its training set's part goes into the checkpoints too, since another --data of the same size is
+ * other samples.
  * The InputPipe holds two device slots: on CUDA each batch is copied into one on the copy stream,
  * which the compute stream (not the host) waits for, so that with pinned memory the copy overlaps the
  * previous step; on the CPU backend a step reads the loader's batch in place. */
@@ -20,6 +22,7 @@
  * its data here before run_begin). */
 int64_t train_size_opened;
 int data_source_opened; /* CKPT_DATA_* */
+uint64_t train_signature_opened; /* the hash below, up to the end of the training set */
 int64_t test_size_opened;  /* …and the test set's, for what --evaluate reports */
 static uint64_t data_signature_opened;
 char test_source_opened[sizeof ((Dataset *)0)->source];
@@ -57,6 +60,8 @@ void data_open(const TrainConfig *cfg, Dataset *train, Dataset *test) {
         if (cfg->data[0]) h = fnv1a64(h, sets[s]->images, (size_t)sets[s]->n * IMG_PIXELS);
         else
             for (int64_t i = 0; i < sets[s]->n * IMG_PIXELS; i += 61) h = fnv1a64(h, sets[s]->images + i, 1);
+        /* the training set alone, for the checkpoints: another test set (--test-size) trains the same */
+        if (s == 0) train_signature_opened = h;
     }
     data_signature_opened = h;
 }

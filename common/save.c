@@ -57,7 +57,8 @@ static int same_line(const CheckpointMeta *a, const CheckpointMeta *b) {
            a->schedule == b->schedule && a->schedule_steps == b->schedule_steps && a->lr == b->lr &&
            a->warmup_steps == b->warmup_steps && a->warmup_start_factor == b->warmup_start_factor &&
            a->momentum == b->momentum && a->weight_decay == b->weight_decay &&
-           a->clip_grad_norm == b->clip_grad_norm && !strcmp(a->arch, b->arch) && !strcmp(a->norm, b->norm);
+           a->clip_grad_norm == b->clip_grad_norm && a->data_signature == b->data_signature &&
+           !strcmp(a->arch, b->arch) && !strcmp(a->norm, b->norm);
 }
 void run_keep_resumed(const Run *r) {
     const TrainConfig *c = r->cfg;
@@ -114,6 +115,7 @@ void run_save(Run *r, int64_t epoch, int64_t batch_in_epoch, int end_of_epoch) {
     meta.shuffle = r->shuffle;
     meta.drop_last = r->drop_last;
     meta.data_source = data_source_opened;
+    meta.data_signature = train_signature_opened;
     meta.schedule = !strcmp(c->schedule, "cosine") ? CKPT_SCHED_COSINE : CKPT_SCHED_CONST;
     meta.schedule_steps = r->total_steps;
     meta.lr = c->lr;

@@ -19,6 +19,7 @@
  * writes it, resume.c checks it) and what --evaluate reports ---- */
 extern int64_t train_size_opened;
 extern int data_source_opened; /* CKPT_DATA_* */
+extern uint64_t train_signature_opened; /* the training set's half of data_signature: its source, size and bytes */
 extern int64_t test_size_opened;
 extern char test_source_opened[sizeof ((Dataset *)0)->source];
 

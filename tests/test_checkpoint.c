@@ -31,7 +31,8 @@
  * a small fake model, a temporary directory per test */
 
 enum { NP = 1000, NB = 37 };
-#define HEADER 296    /* format version 8 */
+#define HEADER 304    /* format version 9 */
+#define HEADER_V8 296 /* format version 8 */
 #define HEADER_V7 272 /* format version 7 */
 #define HEADER_V5 256 /* format versions 5 and 6 */
 #define HEADER_V2 192 /* format versions 2 to 4 */
@@ -84,6 +85,7 @@ static void fixture_setup(void) {
     g_meta.momentum = 0.85; /* SGD's, with weight decay and clipping: no default among them */
     g_meta.weight_decay = 1e-4;
     g_meta.clip_grad_norm = 2.5;
+    g_meta.data_signature = 0xfedcba9876543210ull; /* the training set's: every bit of a u64 may be set */
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
@@ -153,7 +155,7 @@ START_TEST(test_round_trip) {
     unsigned char *b = read_bytes(g_path, &n);
     ck_assert_uint_eq(n, FILE_BYTES);
     ck_assert(memcmp(b, "DPDDPCKP", 8) == 0);
-    ck_assert(b[8] == 8 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 8, little-endian */
+    ck_assert(b[8] == 9 && b[9] == 0 && b[10] == 0 && b[11] == 0); /* version 9, little-endian */
     ck_assert(b[12] == (HEADER & 0xff) && b[13] == HEADER >> 8);    /* header size */
     ck_assert(b[128] == 16 && b[136] == (50000 & 0xff) && b[144] == 3); /* batch, train size, K */
     ck_assert(b[152] == 0 && b[160] == 1);                          /* shuffle, drop_last */
@@ -167,6 +169,7 @@ START_TEST(test_round_trip) {
     double hyper[3];
     memcpy(hyper, b + 272, 24); /* the optimizer's hyperparameters: f64 at 272, 280, 288 */
     ck_assert(hyper[0] == 0.85 && hyper[1] == 1e-4 && hyper[2] == 2.5);
+    ck_assert(b[296] == 0x10 && b[303] == 0xfe); /* the training set's signature, u64 LE at 296 */
     ck_assert_str_eq((const char *)b + 16, "tiny");
     ck_assert(b[56] == (NP & 0xff) && b[57] == (NP >> 8));          /* n_params LE at 56 */
     ck_assert(b[72] == 0xef && b[79] == 0x01);                      /* shape_hash LE at 72 */
@@ -201,7 +204,8 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(got.shuffle, 0);
     ck_assert_int_eq(got.drop_last, 1);
     ck_assert_int_eq(got.data_source, CKPT_DATA_CIFAR10);
-    ck_assert_int_eq(got.version, 8);
+    ck_assert_int_eq(got.version, 9);
+    ck_assert_uint_eq(got.data_signature, 0xfedcba9876543210ull);
     ck_assert(got.schedule == CKPT_SCHED_COSINE && got.schedule_steps == 1760 && got.lr == 0.05);
     ck_assert(got.warmup_steps == 40 && got.warmup_start_factor == 0.1);
     ck_assert(got.momentum == 0.85 && got.weight_decay == 1e-4 && got.clip_grad_norm == 2.5);
@@ -415,24 +419,27 @@ START_TEST(test_bad_magic_version_missing) {
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "text file");
     write_bytes(bad, (const unsigned char *)"PK", 2);
     expect_load_refused(bad, &g_meta, "not a checkpoint of this trainer", "2-byte non-checkpoint");
-    b[8] = 9;
+    b[8] = 11;
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "version 9", "future version");
-    /* a flipped bit (8 → 9) reads the same: the message names both causes, and the fix for each */
+    expect_load_refused(bad, &g_meta, "version 11", "future version");
+    /* a flipped bit (9 → 11) reads the same: the message names both causes, and the fix for each */
     expect_load_refused(bad, &g_meta, "or, if this one wrote it, the file was damaged", "future version: damaged?");
     b[8] = 0;
     write_bytes(bad, b, n);
     expect_load_refused(bad, &g_meta, "version 0", "version 0");
-    b[8] = 4; /* version 4 with version 8's header size */
+    b[8] = 4; /* version 4 with version 9's header size */
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "header size 296, expected 192", "version 4, 296-byte header");
-    b[8] = 6; /* version 6 with version 8's header size */
+    expect_load_refused(bad, &g_meta, "header size 304, expected 192", "version 4, 304-byte header");
+    b[8] = 6; /* version 6 with version 9's header size */
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "header size 296, expected 256", "version 6, 296-byte header");
-    expect_load_refused(bad, &g_meta, "use an earlier checkpoint", "version 6, 296-byte header: the fix");
-    b[8] = 7; /* version 7 with version 8's header size */
+    expect_load_refused(bad, &g_meta, "header size 304, expected 256", "version 6, 304-byte header");
+    expect_load_refused(bad, &g_meta, "use an earlier checkpoint", "version 6, 304-byte header: the fix");
+    b[8] = 7; /* version 7 with version 9's header size */
     write_bytes(bad, b, n);
-    expect_load_refused(bad, &g_meta, "header size 296, expected 272", "version 7, 296-byte header");
+    expect_load_refused(bad, &g_meta, "header size 304, expected 272", "version 7, 304-byte header");
+    b[8] = 8; /* version 8 with version 9's header size */
+    write_bytes(bad, b, n);
+    expect_load_refused(bad, &g_meta, "header size 304, expected 296", "version 8, 304-byte header");
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.ckpt", g_dir);
     expect_load_refused(missing, &g_meta, "No such file", "missing file");
@@ -595,6 +602,25 @@ static CheckpointMeta load_resealed(const char *name, unsigned char *b, size_t n
     return got;
 }
 
+/* A version 8 file (a 296-byte header: no signature of the training set) still loads, its signature
+ * unknown (0), so that a resume says the data could not be checked rather than refusing it. */
+START_TEST(test_version8_still_loads) {
+    checkpoint_save(g_path, &g_meta, g_params, g_buffers, g_mom, NULL);
+    size_t n, n8;
+    unsigned char *b = read_bytes(g_path, &n), *v8 = test_ckpt_as_version(8, HEADER_V8, b, n, &n8);
+    ck_assert_uint_eq(n8, n - 8);
+    CheckpointMeta got = load_resealed("v8.ckpt", v8, n8);
+    ck_assert_int_eq(got.version, 8);
+    ck_assert_uint_eq(got.data_signature, 0);
+    ck_assert(got.momentum == 0.85 && got.weight_decay == 1e-4 && got.clip_grad_norm == 2.5);
+    ck_assert(got.data_source == CKPT_DATA_CIFAR10 && got.train_size == 50000);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/v8_flipped.ckpt", g_dir);
+    expect_size_flips_refused(bad, v8, n8, "version 8: ");
+    free(b), free(v8);
+}
+END_TEST
+
 /* A version 7 file (a 272-byte header: no optimizer hyperparameters) still loads, with them unknown (0),
  * so that a resume says nothing about them. */
 START_TEST(test_version7_still_loads) {
@@ -616,11 +642,11 @@ END_TEST
 
 /* The files committed as the fuzzer's seeds (tests/fuzz/checkpoint/), written by the trainer versions of
  * their day — one of every header layout — still load, as the checkpoints users keep would; and only
- * version 8 records the optimizer's hyperparameters. */
+ * versions 8 on record the optimizer's hyperparameters, only version 9 the training set's signature. */
 START_TEST(test_committed_files_still_load) {
     static const struct { const char *name; uint32_t version; int adam; } files[] = {
         {"v1.ckpt", 1, 0}, {"v2.ckpt", 2, 0}, {"v3.ckpt", 3, 0}, {"v5.ckpt", 5, 0},
-        {"v5_adam.ckpt", 5, 1}, {"v7_warmup.ckpt", 7, 0}, {"v8_clip.ckpt", 8, 0},
+        {"v5_adam.ckpt", 5, 1}, {"v7_warmup.ckpt", 7, 0}, {"v8_clip.ckpt", 8, 0}, {"v9_data.ckpt", 9, 0},
     };
     static float p[NP], bu[NB], m[NP], sq[NP];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -634,6 +660,9 @@ START_TEST(test_committed_files_still_load) {
             ck_assert_msg(got.momentum == 0 && got.weight_decay == 0 && got.clip_grad_norm == 0, "%s", files[i].name);
         else
             ck_assert(got.momentum == 0.9 && got.weight_decay == 5e-4 && got.clip_grad_norm == 1.0);
+        /* v9_data.ckpt is v8_clip.ckpt with a signature (0xfedcba9876543210) added */
+        ck_assert_msg(got.data_signature == (got.version < 9 ? 0 : 0xfedcba9876543210ull), "%s: signature %016llx",
+                      files[i].name, (unsigned long long)got.data_signature);
     }
 }
 END_TEST
@@ -1051,6 +1080,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_version5_still_loads);
     tcase_add_test(tc, test_version6_still_loads);
     tcase_add_test(tc, test_version7_still_loads);
+    tcase_add_test(tc, test_version8_still_loads);
     tcase_add_test(tc, test_committed_files_still_load);
     tcase_add_test(tc, test_is_one_and_list);
     tcase_add_test(tc, test_save_probe);

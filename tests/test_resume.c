@@ -679,17 +679,17 @@ static void write_resealed(const char *path, unsigned char *b, long n) {
 }
 
 /* Writes the checkpoint `from` (today's format) to `to` as an older version's file
- * (test_ckpt_as_version: versions 5, 7 and 8 added the GradScaler's 64 bytes, the warm-up's 16 and the
- * optimizer's 24 at the header's end), the checksum made good. Versions 1 and 2 recorded no
+ * (test_ckpt_as_version: versions 5, 7, 8 and 9 added the GradScaler's 64 bytes, the warm-up's 16, the
+ * optimizer's 24 and the training set's signature's 8 at the header's end), the checksum made good. Versions 1 and 2 recorded no
  * sampler or data source: zeros where versions 3 and 4 put them (152–175; what version 6 puts in
  * 176–191, the schedule, the older versions do not read). */
 static void write_as_version(const char *from, const char *to, int version, int hsize) {
-    long n8;
+    long n9;
     size_t n;
-    unsigned char *b8 = (unsigned char *)test_slurp(from, &n8);
-    ck_assert_ptr_nonnull(b8);
-    unsigned char *b = test_ckpt_as_version(version, (size_t)hsize, b8, (size_t)n8, &n);
-    free(b8);
+    unsigned char *b9 = (unsigned char *)test_slurp(from, &n9);
+    ck_assert_ptr_nonnull(b9);
+    unsigned char *b = test_ckpt_as_version(version, (size_t)hsize, b9, (size_t)n9, &n);
+    free(b9);
     if (version <= 2 && hsize >= 176) memset(b + 152, 0, 24);
     write_resealed(to, b, (long)n);
     free(b);
@@ -879,14 +879,14 @@ START_TEST(a_checkpoint_holding_nan_is_refused_at_once) {
     free(b);
     /* a NaN weight: refused for training and for --evaluate alike */
     snprintf(bad, sizeof bad, "%s/nan.ckpt", dir);
-    write_with_value(ck, bad, 296, NAN); /* the first parameter, after format 8's header */
+    write_with_value(ck, bad, 304, NAN); /* the first parameter, after format 9's header */
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", bad);
     expect_refused("stage1", args, "the parameters are not finite (NaN or inf)", "use an earlier checkpoint");
     snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
     expect_refused("stage1", args, "the parameters are not finite (NaN or inf)", "use an earlier checkpoint");
     /* an infinite momentum: refused for training (--evaluate takes only the model) */
     snprintf(bad, sizeof bad, "%s/inf.ckpt", dir);
-    write_with_value(ck, bad, 296 + 4 * (long)(np + nb), INFINITY);
+    write_with_value(ck, bad, 304 + 4 * (long)(np + nb), INFINITY);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --resume %s", bad);
     expect_refused("stage1", args, "the momentum buffer is not finite (NaN or inf)", "use an earlier checkpoint");
     snprintf(args, sizeof args, TINY " --evaluate --resume %s", bad);
@@ -898,7 +898,7 @@ START_TEST(a_checkpoint_holding_nan_is_refused_at_once) {
     run_ok("stage1", args);
     snprintf(ck, sizeof ck, "%s/adam/step00000002.ckpt", dir);
     snprintf(bad, sizeof bad, "%s/adam_inf.ckpt", dir);
-    write_with_value(ck, bad, 296 + 4 * (long)(2 * np + nb + 1), INFINITY); /* the second of exp_avg_sq */
+    write_with_value(ck, bad, 304 + 4 * (long)(2 * np + nb + 1), INFINITY); /* the second of exp_avg_sq */
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 2 --optimizer adam --resume %s", bad);
     expect_refused("stage1", args, "Adam's moments are not finite (NaN or inf)", "use an earlier checkpoint");
     free(dir);
@@ -1970,7 +1970,7 @@ START_TEST(a_checkpoint_is_a_pytorch_model) {
     float *p = malloc(pb), *mom = malloc(pb), *buf = malloc((size_t)m->n_buffer_floats * sizeof(float));
     checkpoint_load(ck, &expect, &got, p, buf, mom, NULL);
     char want[300];
-    snprintf(want, sizeof want, "format 8, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
+    snprintf(want, sizeof want, "format 9, checksum ok | tiny (norm bn), %lld parameters, %lld buffer values | step 7, "
              "after batch 7 of epoch 1 | trained by 1 rank(s), batch 8, sgd, synthetic data, seed 0",
              (long long)m->n_param_floats, (long long)m->n_buffer_floats);
     snprintf(cmd, sizeof cmd, "python3 %s/tests/torch/checkpoint_to_torch.py %s 2>&1", test_root(), ck);

@@ -222,16 +222,16 @@ void test_write_text(const char *path, const char *text) {
 }
 
 void test_write_ckpt_header_only(const char *path) {
-    unsigned char h[296] = "DPDDPCKP";
-    h[8] = 8, h[12] = 296 & 0xff, h[13] = 296 >> 8; /* little-endian u32s: version, header size */
+    unsigned char h[304] = "DPDDPCKP";
+    h[8] = 9, h[12] = 304 & 0xff, h[13] = 304 >> 8; /* little-endian u32s: version, header size */
     FILE *f = fopen(path, "wb");
     ck_assert_msg(f, "cannot write %s", path);
     ck_assert_msg(fwrite(h, 1, sizeof h, f) == sizeof h && fclose(f) == 0, "writing %s", path);
 }
 
 unsigned char *test_ckpt_as_version(int version, size_t header, const unsigned char *b, size_t n, size_t *n_old) {
-    const size_t now = 296; /* version 8's header */
-    ck_assert(n > now && b[8] == 8 && b[12] == (now & 0xff) && b[13] == now >> 8 && header <= now);
+    const size_t now = 304; /* version 9's header */
+    ck_assert(n > now && b[8] == 9 && b[12] == (now & 0xff) && b[13] == now >> 8 && header <= now);
     *n_old = n - (now - header);
     unsigned char *old = malloc(*n_old);
     memcpy(old, b, header);

@@ -74,11 +74,11 @@ int test_torch_schedule(const char *schedule, int total, double lr, double *out,
 char *test_slurp(const char *path, long *len);
 /* text written to path (created or emptied); a test failure if it cannot be. */
 void test_write_text(const char *path, const char *text);
-/* A checkpoint's header alone (magic, version 8, its 296-byte header size, then zeros) written to path:
+/* A checkpoint's header alone (magic, version 9, its 304-byte header size, then zeros) written to path:
  * a file that --resume's up-front check passes (checkpoint_check_start) and checkpoint_load refuses
  * ("is truncated") — for tests of the refusals that come later, in the run (rank 0's, in a job). */
 void test_write_ckpt_header_only(const char *path);
-/* The bytes b (n, a checkpoint in today's format: version 8, a 296-byte header) rewritten as an older
+/* The bytes b (n, a checkpoint in today's format: version 9, a 304-byte header) rewritten as an older
  * version whose header ends at `header` (each older header is a prefix of today's): the fields after it
  * dropped, the blobs moved up, version and header size set. A malloc'd copy, its length in *n_old; the
  * checksum is the caller's to make good. */

@@ -30,7 +30,7 @@ import struct
 import sys
 
 MAGIC = b"DPDDPCKP"
-HEADER_SIZE = {1: 128, 2: 192, 3: 192, 4: 192, 5: 256, 6: 256, 7: 272, 8: 296}
+HEADER_SIZE = {1: 128, 2: 192, 3: 192, 4: 192, 5: 256, 6: 256, 7: 272, 8: 296, 9: 304}
 FNV_INIT, FNV_PRIME, MASK64 = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
 OPTIMIZERS = {0: "sgd", 1: "adam"}
 DATA = {0: "unknown", 1: "synthetic", 2: "cifar10"}
@@ -81,6 +81,8 @@ def read_checkpoint(path):
         # the optimizer's hyperparameters (version 8; 0 before: unknown) — torch.optim's param_groups'
         # momentum and weight_decay, and clip_grad_norm_'s max_norm
         "momentum": f64(272), "weight_decay": f64(280), "clip_grad_norm": f64(288),
+        # the training set's signature (version 9; 0 before: unknown) — what a resume checks --data against
+        "data_signature": struct.unpack_from("<Q", h, 296)[0],
     }
     n_p, n_b = meta["n_params"], meta["n_buffers"]
     if not (0 < n_p < 1 << 40 and 0 <= n_b < 1 << 40) or meta["optimizer"] == "?":
