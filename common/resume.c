@@ -2,10 +2,11 @@
  *
  * A checkpoint holds the model, the optimizer's state and a position: epoch, batch and step. Resuming
  * continues the run that wrote it only where that position means the same samples and the same point
- * of training here. So it refuses another --seed, data source or --train-size; inside an epoch, another
- * world size, --batch-size or --accum-steps; another shuffle (or --drop-last, where that changes the
- * shards); a position this run's schedule never reaches; and a run with nothing left to train (finished,
- * or at --steps already). Each refusal names the flag that continues it and every other one it needs
+ * of training here. So it refuses another --seed, data source or --train-size, or other images of the
+ * same size (the training set's signature, format version 9: another --data directory); inside an
+ * epoch, another world size, --batch-size or --accum-steps; another shuffle (or --drop-last, where that
+ * changes the shards); a position this run's schedule never reaches; and a run with nothing left to
+ * train (finished, or at --steps already). Each refusal names the flag that continues it and every other one it needs
  * too (resume_also), so one retry fixes them all. A state holding a NaN or an infinity is refused as it
  * is read (refuse_nonfinite). What a PyTorch script may change on a resume is allowed, with a note of
  * what differs and the flags that restore it: the learning-rate schedule (schedule_note), --momentum,
@@ -242,6 +243,14 @@ static int same_samples(const Run *r, const CheckpointMeta *g) {
     return splittable(r, g) && g->world_size * g->batch_size == (int64_t)r->world_size * r->cfg->batch_size;
 }
 
+/* The checkpoint records its training set's signature (format version 9) and this run's --data holds
+ * other images of the same size: another CIFAR-10-format directory (the synthetic set exported by
+ * tests/write_synthetic, say), or a copy changed since. (Another size is --train-size's to name.) */
+static int other_images(const CheckpointMeta *g) {
+    return g->version >= 9 && g->data_signature != train_signature_opened && data_source_opened == CKPT_DATA_CIFAR10 &&
+           g->data_source == CKPT_DATA_CIFAR10 && g->train_size == train_size_opened;
+}
+
 /* The flags a refused resume also needs, besides the one its message names (`skip`): every simple
  * setting the checkpoint was trained with that this run gives otherwise, as " (it also needs --seed 0
  * --train-size 96)". A student who forgot the run's flags then fixes them in one retry, not one refusal
@@ -261,6 +270,8 @@ static const char *resume_also(const Run *r, const CheckpointMeta *g, const char
     if (g->data_source != CKPT_DATA_UNKNOWN && data_source_opened && g->data_source != data_source_opened)
         also_add(buf, n, &at, skip, "--data",
                  g->data_source == CKPT_DATA_CIFAR10 ? "--data with its CIFAR-10 directory" : "no --data");
+    else if (other_images(g))
+        also_add(buf, n, &at, skip, "--data", "the --data it was trained on");
     if (g->version >= 2 && g->batch_size != c->batch_size && !free_batch)
         snprintf(item, sizeof item, "--batch-size %lld", (long long)g->batch_size),
             also_add(buf, n, &at, skip, "--batch-size", item);
@@ -347,6 +358,27 @@ static void resume_check(Run *r) {
                      path, (long long)g->accum_steps, r->accum, (long long)g->accum_steps,
                      resume_also(r, g, "--accum-steps", also, sizeof also));
     }
+    /* The training set itself (format version 9): the same source and size may still be other images, and
+     * the run would continue on other samples without a word — at an epoch's end too (another run's data
+     * is no continuation of this one's). For synthetic data the seed and size were checked: a signature
+     * that differs then is another build's generator (or an edited file). */
+    if (g->version >= 9 && g->data_signature != train_signature_opened) {
+        if (data_source_opened == CKPT_DATA_CIFAR10)
+            die_user("checkpoint '%s' was trained on other images than --data '%s' holds: its %lld training images "
+                     "have signature %016llx, this run's %016llx — the run would continue on other samples: resume with "
+                     "the --data it was trained on, or start a new run (drop --resume)%s", path, c->data,
+                     (long long)g->train_size, (unsigned long long)g->data_signature,
+                     (unsigned long long)train_signature_opened, resume_also(r, g, "--data", also, sizeof also));
+        die_user("checkpoint '%s' was trained on synthetic data other than this trainer draws from --seed %lld and "
+                 "--train-size %lld (signature %016llx, here %016llx): it was written by a build whose generator "
+                 "differs, or edited since — resume it with the build that wrote it, or start a new run (drop "
+                 "--resume)", path, (long long)c->seed, (long long)train_size_opened,
+                 (unsigned long long)g->data_signature, (unsigned long long)train_signature_opened);
+    }
+    if (g->version < 9)
+        report_printf(&r->report, "note: checkpoint '%s' has format version %u, which does not record a signature of "
+                      "its training data: whether this run's %s the one it was trained on could not be checked\n",
+                      path, g->version, data_source_opened == CKPT_DATA_CIFAR10 ? "--data is" : "synthetic data is");
     if (g->version >= 2) sampler_check(r, g); /* version 1 has had its note */
     /* Stopped inside an epoch beyond this run's last: not a finished run (its own --epochs went further,
      * which its schedule's length says when this run counts the same steps an epoch) */

@@ -74,6 +74,13 @@ static void keeps_file(const char *path, int refused, const char *stage, const c
     free(before), free(after);
 }
 
+/* The number of times `needle` occurs in `hay`. */
+static int occurrences(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
 /* The resumed run's step losses (DIR/resumed.jsonl: steps skip+1 … total) are the uninterrupted
  * run's (DIR/whole.jsonl), bit for bit. */
 static void expect_continued_exactly(const char *dir, int skip, int total) {
@@ -725,8 +732,9 @@ START_TEST(version2_checkpoint_resumes_with_a_note) {
     write_as_version(ck, ck, 4, 192);
     snprintf(args, sizeof args, TINY " --train-size 64 --batch-size 8 --epochs 1 --steps 3 --resume %s", ck);
     ck_assert_int_eq(run("stage1", args, &out), 0);
-    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "does not record"), "a version 4 file noted as an older "
-                  "one:\n%s", out);
+    ck_assert_msg(strstr(out, "resumed from") && occurrences(out, "does not record") == 1 &&
+                      strstr(out, "does not record a signature of its training data"),
+                  "a version 4 file noted as an older one (its one note: no signature of its data):\n%s", out);
     free(out);
     /* a version 1 file does not say what its step count means (no batch size): even at an epoch's end it
      * continues only on the world size it was trained on (at_epoch_end is version 2 on) */
@@ -771,13 +779,6 @@ START_TEST(a_checkpoint_whose_step_and_position_disagree_is_refused) {
     free(b0), free(dir);
 }
 END_TEST
-
-/* The number of times `needle` occurs in `hay`. */
-static int occurrences(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
-    return n;
-}
 
 /* The optimizer's hyperparameters ride in the checkpoint (format version 8). A resume under another
  * --momentum, --weight-decay or --clip-grad-norm used to go on with them silently; PyTorch's
@@ -840,13 +841,16 @@ START_TEST(resume_under_other_optimizer_flags_says_so) {
     ck_assert_int_eq(run("stage3", args, &out), 0);
     ck_assert_msg(occurrences(out, "this run has --weight-decay 0.001: this run's value is used") == 1, "%s", out);
     free(out);
-    /* a version 7 file (a 272-byte header, without the optimizer's 24 bytes) loads, and says nothing of them */
+    /* a version 7 file (a 272-byte header, without the optimizer's 24 bytes) loads, and says nothing of them
+     * (its one note: no signature of its training data, which version 9 records) */
     snprintf(v7, sizeof v7, "%s/v7.ckpt", dir);
     write_as_version(ck, v7, 7, 272);
     snprintf(args, sizeof args, "%s --steps 6 --momentum 0.5 --weight-decay 0.001 --clip-grad-norm 1 --resume %s", t,
              v7);
     ck_assert_int_eq(run("stage1", args, &out), 0);
-    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "note: checkpoint"), "%s", out);
+    ck_assert_msg(strstr(out, "resumed from") && occurrences(out, "note: checkpoint") == 1 &&
+                      strstr(out, "has format version 7, which does not record a signature of its training data"),
+                  "%s", out);
     free(out);
     free(dir);
 }
@@ -1064,6 +1068,69 @@ START_TEST(resume_on_other_data_is_refused) {
     ck_assert_int_eq(run("stage1", args, &out), 0);
     ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "does not record"), "%s", out);
     free(out);
+    free(cifar), free(dir);
+}
+END_TEST
+
+/* The training set itself (format version 9): the same source and size may be other images. A CIFAR-10
+ * checkpoint resumed with --data pointing at the synthetic set exported as CIFAR-10 files
+ * (tests/write_synthetic), or at a copy of its files with one training image's byte changed, used to
+ * continue silently on other samples — inside an epoch and at its end alike. Another test set trains the
+ * same and continues; so does a version 8 file (no signature), saying the data could not be checked. */
+START_TEST(resume_on_other_images_of_the_same_size_is_refused) {
+    char *dir = test_tmpdir(), *cifar = make_cifar(), args[2048], cmd[2048], ck[700], v8[700], *out;
+    const char *t = TINY " --train-size 80 --epochs 1";
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 2 --data %s --save %s/c", t, cifar, dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/c/step00000002.ckpt", dir);
+    snprintf(cmd, sizeof cmd, "%s/tests/write_synthetic %s/syn --train-size 160 --test-size 32 >/dev/null 2>&1",
+             test_root(), dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 4 --data %s/syn --resume %s", t, dir, ck);
+    expect_refused("stage1", args, "was trained on other images than --data",
+                   "resume with the --data it was trained on, or start a new run (drop --resume)");
+    /* refused for another flag first, the data is among what it also needs */
+    snprintf(args, sizeof args, "%s --batch-size 4 --steps 4 --data %s/syn --resume %s", t, dir, ck);
+    expect_refused("stage1", args, "pass --batch-size 8 to continue it", "(it also needs the --data it was trained on)");
+    /* a copy of its files: one byte of the first training image changed is refused; the test file changed
+     * (another test set, the same training samples) continues */
+    snprintf(cmd, sizeof cmd, "cp -r %s %s/train_edit && cp -r %s %s/test_edit && "
+             "printf 'Z' | dd of=%s/train_edit/data_batch_1.bin bs=1 seek=100 conv=notrunc status=none && "
+             "printf 'Z' | dd of=%s/test_edit/test_batch.bin bs=1 seek=100 conv=notrunc status=none",
+             cifar, dir, cifar, dir, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 4 --data %s/train_edit --resume %s", t, dir, ck);
+    expect_refused("stage1", args, "was trained on other images than --data", "train_edit");
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 4 --data %s/test_edit --resume %s", t, dir, ck);
+    ck_assert_int_eq(run("stage1", args, &out), 0);
+    ck_assert_msg(strstr(out, "resumed from") && !strstr(out, "does not record"), "%s", out);
+    free(out);
+    /* at an epoch's end too: the next epoch would be another set's permutation */
+    snprintf(args, sizeof args, "%s --batch-size 8 --data %s --save %s/e", t, cifar, dir);
+    run_ok("stage1", args);
+    snprintf(args, sizeof args, TINY " --train-size 80 --epochs 2 --batch-size 16 --data %s/syn --resume "
+             "%s/e/epoch001.ckpt", dir, dir);
+    expect_refused("stage1", args, "was trained on other images than --data", "start a new run");
+    /* a version 8 file records no signature: it continues, and says that the data could not be checked */
+    snprintf(v8, sizeof v8, "%s/v8.ckpt", dir);
+    write_as_version(ck, v8, 8, 296);
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 4 --data %s/syn --resume %s", t, dir, v8);
+    ok_saying("stage1", args, "note: checkpoint '", "has format version 8, which does not record a signature of its "
+              "training data: whether this run's --data is the one it was trained on could not be checked");
+    /* synthetic data is drawn from --seed and the size, which are checked: a signature that differs there is
+     * another build's generator — here, a file whose signature was edited (its checksum made good) */
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 2 --save %s/s", t, dir);
+    run_ok("stage1", args);
+    snprintf(ck, sizeof ck, "%s/s/step00000002.ckpt", dir);
+    long len;
+    unsigned char *b = (unsigned char *)test_slurp(ck, &len);
+    ck_assert_ptr_nonnull(b);
+    b[296] ^= 1; /* the signature, u64 at 296 */
+    write_resealed(ck, b, len);
+    free(b);
+    snprintf(args, sizeof args, "%s --batch-size 8 --steps 4 --resume %s", t, ck);
+    expect_refused("stage1", args, "was trained on synthetic data other than this trainer draws from --seed 0 and "
+                   "--train-size 80", "resume it with the build that wrote it, or start a new run (drop --resume)");
     free(cifar), free(dir);
 }
 END_TEST
@@ -2109,6 +2176,7 @@ Suite *suite_resume(void) {
     tcase_add_test(tc, a_checkpoint_holding_nan_is_refused_at_once);
     tcase_add_test(tc, fifos_full_disks_and_bad_save_dirs_fail_at_once);
     tcase_add_test(tc, resume_on_other_data_is_refused);
+    tcase_add_test(tc, resume_on_other_images_of_the_same_size_is_refused);
     tcase_add_test(tc, report_or_trace_on_the_checkpoint_is_refused);
     tcase_add_test(tc, another_users_report_file_is_named);
     tcase_add_test(tc, save_into_another_runs_checkpoints_is_refused);
