@@ -10,23 +10,13 @@
 #include "optim.h"
 #include "tests.h"
 
-/* ---- the fixture (tests.h: fx_open, fx_get) --------------------------------------------------- */
-static const void *need(const Fx *fx, const char *cas, const char *field, int dtype, int64_t count) {
-    char k[64];
-    snprintf(k, sizeof k, "%s.%s", cas, field);
-    int64_t n;
-    int dt;
-    const void *p = fx_get(fx, k, &n, &dt);
-    ck_assert_msg(dt == dtype && n == count, "%s: dtype %d, %lld values", k, dt, (long long)n);
-    return p;
-}
-
+/* ---- the fixture (tests.h: fx_open, fx_need) -------------------------------------------------- */
 enum { N = 1003, STEPS = 6 };
 
 /* Run one fixture case through optim_step on a device; params after each step into out[STEPS][N]. */
 static void run_case(const Fx *fx, const char *cas, DeviceKind kind, float *out) {
-    const float *p0 = need(fx, cas, "p0", 0, N), *grads = need(fx, cas, "grads", 0, STEPS * N);
-    const double *lrs = need(fx, cas, "lrs", 1, STEPS), *wd = need(fx, cas, "wd", 1, 1);
+    const float *p0 = fx_need(fx, cas, "p0", 0, N), *grads = fx_need(fx, cas, "grads", 0, STEPS * N);
+    const double *lrs = fx_need(fx, cas, "lrs", 1, STEPS), *wd = fx_need(fx, cas, "wd", 1, 1);
     Device d = {0};
     device_init(&d, kind, 0, kind == DEV_CUDA ? 0 : -1);
     float *p = device_alloc(&d, N * sizeof(float), "p"), *g = device_alloc(&d, N * sizeof(float), "g");
@@ -69,14 +59,14 @@ START_TEST(adam_matches_torch_cpu) {
     const char *cases[2] = {"wd", "nowd"};
     float *ours = malloc(STEPS * N * sizeof(float));
     for (int c = 0; c < 2; c++) {
-        const float *want = need(&fx, cases[c], "params", 0, STEPS * N);
+        const float *want = fx_need(&fx, cases[c], "params", 0, STEPS * N);
         run_case(&fx, cases[c], DEV_CPU, ours);
         for (int s = 0; s < STEPS; s++) {
             double u = max_ulps(ours + (size_t)s * N, want + (size_t)s * N, N);
             ck_assert_msg(u <= 8, "%s, step %d: %.1f ulps from torch.optim.Adam", cases[c], s + 1, u);
         }
         /* and the trajectory really moved: the fixture is not a no-op */
-        const float *p0 = need(&fx, cases[c], "p0", 0, N);
+        const float *p0 = fx_need(&fx, cases[c], "p0", 0, N);
         ck_assert(max_ulps(want + (size_t)(STEPS - 1) * N, p0, N) > 1000);
     }
     free(ours);
@@ -106,8 +96,8 @@ END_TEST
  * fall through to an SGD step here. */
 static void run_case_unless(const Fx *fx, const char *cas, DeviceKind kind, const char *pattern, float *out,
                             float *every) {
-    const float *p0 = need(fx, cas, "p0", 0, N), *grads = need(fx, cas, "grads", 0, STEPS * N);
-    const double *lrs = need(fx, cas, "lrs", 1, STEPS), *wd = need(fx, cas, "wd", 1, 1);
+    const float *p0 = fx_need(fx, cas, "p0", 0, N), *grads = fx_need(fx, cas, "grads", 0, STEPS * N);
+    const double *lrs = fx_need(fx, cas, "lrs", 1, STEPS), *wd = fx_need(fx, cas, "wd", 1, 1);
     Device d = {0};
     device_init(&d, kind, 0, kind == DEV_CUDA ? 0 : -1);
     float *p = device_alloc(&d, N * sizeof(float), "p"), *g = device_alloc(&d, N * sizeof(float), "g");
@@ -178,7 +168,7 @@ START_TEST(adam_under_the_scaler_matches_torch_fused) {
         char pattern[32];
         for (int64_t i = 0; i < attempts; i++) pattern[i] = pat[i] != 0 ? 'I' : 'F';
         pattern[attempts] = 0;
-        const float *want = need(&fx, cas, "params", 0, attempts * N);
+        const float *want = fx_need(&fx, cas, "params", 0, attempts * N);
         float *taken = malloc(STEPS * N * sizeof(float)), *every = malloc((size_t)attempts * N * sizeof(float));
         run_case_unless(&fx, cas, DEV_CPU, pattern, taken, every);
         double worst = 0;

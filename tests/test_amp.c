@@ -653,27 +653,17 @@ END_TEST
  * the first step taken. Ours skips on the device, from a zeroed buffer: 0.9 · 0 + g is that birth,
  * so parameters, buffer and scale must follow torch's after every attempt. (Measured relative to the
  * largest value, as the Adam oracle is: torch's CUDA kernels round their own way.) */
-enum { SGD_FX_N = 1003, SGD_FX_STEPS = 6 };
-static const void *sgd_fx(const Fx *fx, const char *cas, const char *field, int dtype, int64_t count) {
-    char k[64];
-    snprintf(k, sizeof k, "%s.%s", cas, field);
-    int64_t n;
-    int dt;
-    const void *p = fx_get(fx, k, &n, &dt);
-    ck_assert_msg(dt == dtype && n == count, "%s: dtype %d, %lld values", k, dt, (long long)n);
-    return p;
-}
 START_TEST(sgd_under_the_scaler_matches_torch) {
-    enum { N = SGD_FX_N, STEPS = SGD_FX_STEPS };
+    enum { N = 1003, STEPS = 6 }; /* the fixture's (make_adam_fixture.py's N and STEPS) */
     Fx fx = fx_open("sgd_scaler.bin", "tests/torch/sgd_scaler_fixture.py");
     int64_t attempts;
     int dt;
     const double *pat = fx_get(&fx, "foreach.pattern", &attempts, &dt);
     ck_assert(dt == 1 && attempts > STEPS && attempts < 32 && pat[0] != 0); /* the first attempt overflows */
-    const float *p0 = sgd_fx(&fx, "foreach", "p0", 0, N), *grads = sgd_fx(&fx, "foreach", "grads", 0, STEPS * N);
-    const float *want_p = sgd_fx(&fx, "foreach", "params", 0, attempts * N),
-                *want_buf = sgd_fx(&fx, "foreach", "buf", 0, attempts * N);
-    const double *lrs = sgd_fx(&fx, "foreach", "lrs", 1, STEPS), *scales = sgd_fx(&fx, "foreach", "scales", 1, attempts);
+    const float *p0 = fx_need(&fx, "foreach", "p0", 0, N), *grads = fx_need(&fx, "foreach", "grads", 0, STEPS * N);
+    const float *want_p = fx_need(&fx, "foreach", "params", 0, attempts * N),
+                *want_buf = fx_need(&fx, "foreach", "buf", 0, attempts * N);
+    const double *lrs = fx_need(&fx, "foreach", "lrs", 1, STEPS), *scales = fx_need(&fx, "foreach", "scales", 1, attempts);
     Device d = cpu();
     AmpConfig a;
     amp_defaults(&a, "fp16");
@@ -715,8 +705,8 @@ START_TEST(sgd_under_the_scaler_matches_torch) {
      * is no longer the first, so it takes 0.9 · that + g. Ours keeps to the contract (foreach's
      * trajectory) and so leaves the fused one at the first step taken; this says both, from the
      * fixture, so a torch that mends it shows here when the fixture is made again. */
-    const float *fused_p = sgd_fx(&fx, "fused", "params", 0, attempts * N),
-                *fused_buf = sgd_fx(&fx, "fused", "buf", 0, attempts * N);
+    const float *fused_p = fx_need(&fx, "fused", "params", 0, attempts * N),
+                *fused_buf = fx_need(&fx, "fused", "buf", 0, attempts * N);
     ck_assert_msg(!memcmp(fused_p, p0, N * sizeof(float)), "torch's fused SGD moved the parameters on a skipped step");
     int written = 0;
     for (int i = 0; i < N; i++) written += fused_buf[i] != 0.f;

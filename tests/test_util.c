@@ -311,6 +311,16 @@ const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype) {
     return NULL;
 }
 
+const void *fx_need(const Fx *fx, const char *cas, const char *field, int dtype, int64_t count) {
+    char k[64];
+    snprintf(k, sizeof k, "%s.%s", cas, field);
+    int64_t n;
+    int dt;
+    const void *p = fx_get(fx, k, &n, &dt);
+    ck_assert_msg(dt == dtype && n == count, "%s: dtype %d, %lld values", k, dt, (long long)n);
+    return p;
+}
+
 int test_torch_schedule(const char *schedule, int total, double lr, double *out, int max) {
     char path[1200], head[128];
     snprintf(path, sizeof path, "%s/tests/fixtures/schedule.txt", test_root());

@@ -108,6 +108,9 @@ Fx fx_open(const char *name, const char *maker);
 /* Record `name` (fails the test if absent): a copy of its data — the file does not align records —
  * and its element count and dtype (0 f32, 1 f64, 2 i64, 3 i32). */
 const void *fx_get(const Fx *fx, const char *name, int64_t *count, int *dtype);
+/* Record "CAS.FIELD" of a fixture whose cases share field names (the optimizers' oracles): fails the
+ * test unless it has that dtype and count. */
+const void *fx_need(const Fx *fx, const char *cas, const char *field, int dtype, int64_t count);
 /* p, listed so that it stays reachable until the process ends (leak checks); returns p. */
 void *fx_keep(void *p);
 /* (test_ddp.c) A checkpoint's parameters (malloc'd), and a model's parameter count. */
