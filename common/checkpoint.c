@@ -284,15 +284,14 @@ _Noreturn static void save_fail_at(int line, const char *tmp, int fd, const char
                           "checkpoint there is intact and can be given to --resume");
 }
 
-/* fsync the directory holding path, so the rename itself is durable. */
-static void fsync_dir_of(const char *path) {
+void fsync_dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     char *dir = slash ? xstrndup(path, slash == path ? 1 : (size_t)(slash - path)) : xstrdup(".");
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         /* some filesystems cannot fsync a directory (EINVAL); the data itself is already synced */
         if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)
-            die_at(__FILE__, __LINE__, "fsync(checkpoint directory)", errno_string(), dir);
+            die_at(__FILE__, __LINE__, "fsync(directory)", errno_string(), dir);
         close(fd);
     }
     free(dir);

@@ -103,6 +103,11 @@ enum { CKPT_SCHED_UNKNOWN = 0, CKPT_SCHED_CONST = 1, CKPT_SCHED_COSINE = 2 };
 uint64_t checkpoint_save(const char *path, const CheckpointMeta *meta, const float *params,
                      const float *buffers, const float *momentum, const float *exp_avg_sq);
 
+/* fsync the directory holding path, so that a rename into it is durable (checkpoint_save's, and the
+ * synthetic set's export, data.c). A file system that cannot fsync a directory is let be: the data
+ * itself is synced already. */
+void fsync_dir_of(const char *path);
+
 /* Read and verify `path` against `expect` (arch, norm, n_params, n_buffers, shape_hash and the
  * optimizer must match, unless expect->optimizer is CKPT_OPT_ANY; its counters are ignored). On
  * success fills *meta with the file's meta and the host arrays (sized as in expect; exp_avg_sq only

@@ -1066,6 +1066,10 @@ static void evaluate_check(const TrainConfig *c) {
                      "train)", given[i]->name, given[i]->name);
 }
 
+/* This stage's options (config_options' table) include --flag: stages 3–5 have --nproc-per-node (a
+ * launcher and workers), stages 4–5 --accum-steps. */
+static int stage_has(const char *flag) { return last_table && find_option(last_table, flag, strlen(flag)); }
+
 void config_resolve(TrainConfig *c, int cuda, int saver) {
     const int synthetic = !c->data || !c->data[0];
     if (!strcmp(c->device, "auto")) c->device = cuda ? "cuda" : "cpu";
@@ -1177,7 +1181,7 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         check_not_clobbering(c, "--report", c->report);
         /* rank 0 writes it: stages 3–5's launcher of node 0 checks (launch.c) — another node's rank may
          * have no such directory to write in, and needs none */
-        if (!(last_table && find_option(last_table, "nproc-per-node", strlen("nproc-per-node"))))
+        if (!stage_has("nproc-per-node"))
             cli_check_dir_takes_files("--report", c->report, "report.jsonl", 1);
     }
     int64_t ta, tb;
@@ -1196,12 +1200,12 @@ void config_resolve(TrainConfig *c, int cuda, int saver) {
         /* One process (stages 1 and 2, which have no --nproc-per-node): the file another run is writing,
          * or another user's, refused now as trace_configure would after the run header. Stages 3–5's
          * launcher does this for every rank (launch.c); a worker must not, its rank 0 may hold the lock. */
-        if (!(last_table && find_option(last_table, "nproc-per-node", strlen("nproc-per-node"))))
+        if (!stage_has("nproc-per-node"))
             trace_check_free(c->trace, 0, 1, 1);
     }
     /* What an out-of-memory error will advise (device.c): the levers this run has. Accumulation keeps
      * the optimizer's batch while a micro-batch shrinks (stages 4 and 5). */
-    const int accum = last_table && find_option(last_table, "accum-steps", strlen("accum-steps"));
+    const int accum = stage_has("accum-steps");
     char more[160] = "";
     if (accum && c->accum_steps > 1)
         snprintf(more, sizeof more, "; raise --accum-steps (now %d) as --batch-size falls to keep the optimizer's "

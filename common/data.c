@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint.h" /* fsync_dir_of: the export renames as a save does */
 #include "errors.h"
 #include "rng.h"
 
@@ -545,11 +546,7 @@ void dataset_write_cifar10(const Dataset *train, const Dataset *test, const char
         }
         snprintf(w.path[k], sizeof w.path[0], "%s", path); /* a later failure removes it under its name */
     }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the renames themselves durable */
-    if (fd >= 0) {
-        fsync(fd); /* some file systems cannot fsync a directory: the data itself is synced already */
-        close(fd);
-    }
+    fsync_dir_of(path); /* the renames themselves durable (path: the last of the six) */
 }
 
 void dataset_free(Dataset *ds) {
